@@ -1,0 +1,8 @@
+//! throttle-worker: a Kafka consumer-side throttling worker.
+//!
+//! Many replicas join one consumer group; before a job calls the downstream
+//! API it asks a shared, atomic Redis Lua limiter for a permit keyed by seller.
+//!
+//! - [`limiter`]: rules, typed decisions, reference models and the Redis glue.
+
+pub mod limiter;

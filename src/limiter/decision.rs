@@ -1,0 +1,110 @@
+//! What the limiter answers: three outcomes, each its own type.
+//!
+//! A refusal carries the time after which the same request can succeed
+//! (never earlier: every script rounds up), and a request that can never pass
+//! is a different outcome from one that must wait, so a caller cannot retry
+//! the impossible forever.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// How many units a call may be granted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// Grant the whole cost or nothing.
+    AllOrNothing,
+    /// Grant as many as can pass now, from 1 up to the cost. Used to release
+    /// a waiting backlog with one call.
+    UpTo,
+}
+
+impl Mode {
+    pub(crate) fn wire(self) -> &'static str {
+        match self {
+            Mode::AllOrNothing => "all",
+            Mode::UpTo => "upto",
+        }
+    }
+}
+
+/// The limiter's answer for one seller and one cost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    Granted(Granted),
+    Denied(Denied),
+    /// The cost is above what some rule can ever hold: waiting will not help.
+    Never(CannotPass),
+}
+
+impl Decision {
+    /// Units granted (0 unless [`Decision::Granted`]).
+    pub fn granted(&self) -> u64 {
+        match self {
+            Decision::Granted(g) => g.granted,
+            _ => 0,
+        }
+    }
+}
+
+/// Permission for `granted` units (at least 1).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Granted {
+    pub granted: u64,
+    /// Units still admissible now under the tightest rule, after this grant.
+    pub remaining: u64,
+    /// Time until every rule is back to its full, unused state.
+    pub reset_after: Duration,
+    /// Set when a pacer (leaky_bucket) rule took part: the instant each
+    /// granted unit may go.
+    pub pace: Option<Pace>,
+}
+
+/// When paced units may leave: the first at `first`, each next one `interval` later.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pace {
+    /// Unix time in microseconds, on the Redis clock.
+    pub first_at_us: u64,
+    pub interval_us: u64,
+}
+
+impl Pace {
+    /// The instant unit `i` (0-based) of the grant may go.
+    pub fn unit_at(&self, i: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_micros(self.first_at_us + i * self.interval_us)
+    }
+}
+
+/// Refusal: nothing was charged; try again after `retry_after`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Denied {
+    /// Exact wait, rounded up to the microsecond; never early.
+    pub retry_after: Duration,
+    pub remaining: u64,
+    pub reset_after: Duration,
+    pub by: DeniedBy,
+}
+
+impl Denied {
+    /// The retry-after as the scripts report it to operators: whole
+    /// milliseconds, rounded up.
+    pub fn retry_after_ms(&self) -> u64 {
+        (self.retry_after.as_micros() as u64).div_ceil(1000)
+    }
+}
+
+/// What refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeniedBy {
+    /// The rule at this index of the seller's rule set (global rules follow
+    /// the seller's rules).
+    Rule(usize),
+    /// The downstream answered 429 for this seller; the block is shared.
+    DownstreamBlock,
+}
+
+/// A cost above the capacity of rule `rule`: it can never be granted whole.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CannotPass {
+    pub cost: u64,
+    pub capacity: u64,
+    pub rule: usize,
+}
