@@ -1,0 +1,23 @@
+-- block.lua: the downstream answered 429 for a seller; hold that seller for
+-- every replica. limiter.lua refuses the seller while the block lasts.
+-- A shorter block never shortens a longer one.
+--
+-- KEYS[1]  the seller's block key
+-- ARGV[1]  now in µs, or '' for Redis' clock
+-- ARGV[2]  block duration in µs (>= 1)
+-- Reply: the µs instant the block ends.
+local now
+if ARGV[1] == '' then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+else
+  now = tonumber(ARGV[1])
+end
+local dur = tonumber(ARGV[2])
+local until_ = now + dur
+local current = redis.call('GET', KEYS[1])
+if current and tonumber(current) >= until_ then
+  return tonumber(current)
+end
+redis.call('SET', KEYS[1], string.format('%d', until_), 'PX', math.max(1, math.ceil(dur / 1000)))
+return until_

@@ -1,0 +1,54 @@
+-- burst_fill: `limit` tokens per period; the period starts at the first
+-- request, and when it ends the bucket is refilled to exactly `limit` at once
+-- (unused tokens never carry over). A refused request learns the time to the
+-- next refill.
+--
+-- Because the refill is all at once, up to 2*limit - 1 requests can pass in
+-- a span shorter than one period around a refill instant: the tail of one
+-- period's tokens and the whole of the next. Use gcra or a sliding window
+-- where that matters.
+-- State: hash { s = period start µs, n = tokens left }.
+ALGO.burst_fill = {
+  cap = function(r)
+    return r.limit
+  end,
+  load = function(key, r, now)
+    local h = redis.call('HMGET', key, 's', 'n')
+    local s = num(h[1], nil)
+    if s == nil or now >= s + r.period then
+      return { fresh = true, s = now, n = r.limit }
+    end
+    return { fresh = false, s = s, n = num(h[2], 0) }
+  end,
+  avail = function(st, r, now)
+    return math.max(0, st.n)
+  end,
+  wait = function(st, r, now, need)
+    return st.s + r.period - now
+  end,
+  left = function(st, r, now, n)
+    return math.max(0, st.n - n)
+  end,
+  reset = function(st, r, now, n)
+    if st.fresh and n == 0 then
+      return 0
+    end
+    return st.s + r.period - now
+  end,
+  take = function(key, st, r, now, n, id)
+    if st.fresh then
+      redis.call('HSET', key, 's', I(now), 'n', I(r.limit - n))
+      expire_in(key, r.period)
+    else
+      redis.call('HINCRBY', key, 'n', I(-n))
+    end
+  end,
+  refund = function(key, r, now, n, id, skip)
+    local h = redis.call('HMGET', key, 's', 'n')
+    local s = num(h[1], nil)
+    if s ~= nil and s <= now and now < s + r.period then
+      redis.call('HSET', key, 'n', I(math.min(r.limit, num(h[2], 0) + n)))
+    end
+  end,
+}
+

@@ -1,0 +1,80 @@
+-- common.lua: helpers shared by every algorithm. The limiter script is
+-- assembled as common.lua, one file per algorithm, then limiter.lua.
+--
+-- All quantities are integers carried in Lua doubles. Rule validation keeps
+-- every product (limit * period_us, burst * period_us) below 2^53, where
+-- doubles are exact, and every division goes through fdiv/cdiv, which correct
+-- the rounding of a / b. So the scripts and the Rust reference models compute
+-- the very same integers.
+--
+-- Every algorithm is a table in ALGO with these functions (st = state read
+-- by load, never written by anything but take/refund):
+--   cap(r)                      the largest cost one call can ever be granted
+--   load(key, r, now)           read the state as of `now` (no writes)
+--   avail(st, r, now)           units admissible now
+--   wait(st, r, now, need)      µs until `need` units are admissible (need <= cap)
+--   left(st, r, now, n)         units still admissible after taking n
+--   reset(st, r, now, n)        µs until the state is back to fresh after taking n
+--   take(key, st, r, now, n, id) write the state for n >= 1 units, set the TTL
+--   refund(key, r, now, n, id, skip) give back n units taken by call `id` at `now`
+--   go(st, r, now)              (pacers only) µs instant the next unit may leave
+-- r = { limit, period, burst } with period in µs; `now` is µs since the epoch.
+
+local ALGO = {}
+
+-- Integer as a decimal string: redis.call would format large doubles with
+-- an exponent, which would not read back exactly.
+local function I(x)
+  return string.format('%d', x)
+end
+
+-- floor(a / b), exact for |a|, |b| < 2^53.
+local function fdiv(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+
+-- ceil(a / b), exact for |a|, |b| < 2^53.
+local function cdiv(a, b)
+  return -fdiv(-a, b)
+end
+
+local function num(v, default)
+  if v == false or v == nil then
+    return default
+  end
+  return tonumber(v)
+end
+
+-- Expire `key` `us` microseconds from now, rounded up to Redis' millisecond
+-- resolution, plus a fixed second of slack. The slack keeps a key from
+-- expiring (on Redis' own clock) a moment before the script's time says its
+-- state is stale, which would otherwise differ from the state a caller with
+-- an explicit clock expects; every algorithm reads stale state correctly, so
+-- the slack only costs an idle seller's bytes for one more second.
+local EXPIRY_SLACK_MS = 1000
+local function expire_in(key, us)
+  redis.call('PEXPIRE', key, math.max(0, cdiv(us, 1000)) + EXPIRY_SLACK_MS)
+end
+
+-- Debt of a TAT-based algorithm (gcra, leaky_bucket), in units of µs * limit:
+-- how far the theoretical arrival time `u + f/limit` lies beyond `now`.
+local function tat_debt(u, f, limit, now)
+  if u < now then
+    return 0
+  end
+  return (u - now) * limit + f
+end
+
+-- Store a TAT `now + debt/limit` exactly as whole µs `u` and remainder `f`.
+local function tat_store(key, debt, limit, now)
+  local whole = fdiv(debt, limit)
+  redis.call('HSET', key, 'tat', I(now + whole), 'f', I(debt - whole * limit))
+  expire_in(key, cdiv(debt, limit))
+end
+

@@ -1,0 +1,50 @@
+-- fixed_window: at most `limit` per window; windows are aligned to the epoch
+-- (a "1d" window is a UTC day). State: hash { w = window start µs, n = count }.
+--
+-- The expiry is set only when a window's state is created. The well-known
+-- INCR + EXPIRE-on-every-hit script keeps pushing the expiry forward under
+-- steady traffic, so the count never resets; here the window start is stored
+-- and a hit in a new window starts a new count, whatever the TTL.
+ALGO.fixed_window = {
+  cap = function(r)
+    return r.limit
+  end,
+  load = function(key, r, now)
+    local start = fdiv(now, r.period) * r.period
+    local h = redis.call('HMGET', key, 'w', 'n')
+    local fresh = num(h[1], -1) ~= start
+    return { start = start, fresh = fresh, n = fresh and 0 or num(h[2], 0) }
+  end,
+  avail = function(st, r, now)
+    return math.max(0, r.limit - st.n)
+  end,
+  wait = function(st, r, now, need)
+    -- need <= limit, and the next window starts empty.
+    return st.start + r.period - now
+  end,
+  left = function(st, r, now, n)
+    return math.max(0, r.limit - st.n - n)
+  end,
+  reset = function(st, r, now, n)
+    if st.n + n > 0 then
+      return st.start + r.period - now
+    end
+    return 0
+  end,
+  take = function(key, st, r, now, n, id)
+    if st.fresh then
+      redis.call('HSET', key, 'w', I(st.start), 'n', I(n))
+      expire_in(key, st.start + r.period - now)
+    else
+      redis.call('HINCRBY', key, 'n', I(n))
+    end
+  end,
+  refund = function(key, r, now, n, id, skip)
+    local start = fdiv(now, r.period) * r.period
+    local h = redis.call('HMGET', key, 'w', 'n')
+    if num(h[1], -1) == start then
+      redis.call('HSET', key, 'n', I(math.max(0, num(h[2], 0) - n)))
+    end
+  end,
+}
+

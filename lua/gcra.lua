@@ -1,0 +1,38 @@
+-- gcra: the generic cell rate algorithm, as in redis-cell's CL.THROTTLE.
+-- Emission interval T = period/limit, tolerance = burst * T: a fresh key
+-- admits `burst` at once, then one every T. (CL.THROTTLE's max_burst is our
+-- burst - 1.) One timestamp per seller.
+-- State: hash { tat = theoretical arrival time µs, f = remainder in 1/limit µs }.
+ALGO.gcra = {
+  cap = function(r)
+    return r.burst
+  end,
+  load = function(key, r, now)
+    local h = redis.call('HMGET', key, 'tat', 'f')
+    return { debt = tat_debt(num(h[1], 0), num(h[2], 0), r.limit, now) }
+  end,
+  avail = function(st, r, now)
+    return math.max(0, fdiv(r.burst * r.period - st.debt, r.period))
+  end,
+  wait = function(st, r, now, need)
+    -- now must reach tat + need*T - tolerance.
+    return cdiv(st.debt + need * r.period - r.burst * r.period, r.limit)
+  end,
+  left = function(st, r, now, n)
+    return math.max(0, fdiv(r.burst * r.period - st.debt - n * r.period, r.period))
+  end,
+  reset = function(st, r, now, n)
+    return cdiv(st.debt + n * r.period, r.limit)
+  end,
+  take = function(key, st, r, now, n, id)
+    tat_store(key, st.debt + n * r.period, r.limit, now)
+  end,
+  refund = function(key, r, now, n, id, skip)
+    local h = redis.call('HMGET', key, 'tat', 'f')
+    local debt = tat_debt(num(h[1], 0), num(h[2], 0), r.limit, now)
+    if debt > 0 then
+      tat_store(key, math.max(0, debt - n * r.period), r.limit, now)
+    end
+  end,
+}
+

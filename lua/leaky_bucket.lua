@@ -1,0 +1,42 @@
+-- leaky_bucket: a pacer. Admitted units leave one every period/limit; at
+-- most `burst` units may be queued (scheduled and not yet gone). A unit that
+-- fits is told the instant it may go and the caller waits until then, so the
+-- downstream sees a smooth rate and never a burst. A unit that does not fit
+-- is refused with the time until a queue slot frees.
+-- State: hash { tat = µs the queue drains, f = remainder in 1/limit µs }.
+ALGO.leaky_bucket = {
+  cap = function(r)
+    return r.burst
+  end,
+  load = function(key, r, now)
+    local h = redis.call('HMGET', key, 'tat', 'f')
+    return { debt = tat_debt(num(h[1], 0), num(h[2], 0), r.limit, now) }
+  end,
+  avail = function(st, r, now)
+    return math.max(0, fdiv(r.burst * r.period - st.debt, r.period))
+  end,
+  wait = function(st, r, now, need)
+    return cdiv(st.debt + need * r.period - r.burst * r.period, r.limit)
+  end,
+  left = function(st, r, now, n)
+    return math.max(0, fdiv(r.burst * r.period - st.debt - n * r.period, r.period))
+  end,
+  reset = function(st, r, now, n)
+    return cdiv(st.debt + n * r.period, r.limit)
+  end,
+  go = function(st, r, now)
+    -- The first unit leaves when everything queued before it has left.
+    return now + cdiv(st.debt, r.limit)
+  end,
+  take = function(key, st, r, now, n, id)
+    tat_store(key, st.debt + n * r.period, r.limit, now)
+  end,
+  refund = function(key, r, now, n, id, skip)
+    local h = redis.call('HMGET', key, 'tat', 'f')
+    local debt = tat_debt(num(h[1], 0), num(h[2], 0), r.limit, now)
+    if debt > 0 then
+      tat_store(key, math.max(0, debt - n * r.period), r.limit, now)
+    end
+  end,
+}
+

@@ -1,0 +1,130 @@
+-- limiter.lua: the decision for one seller, over all of its rules at once.
+--
+-- KEYS[1]     the seller's downstream block (set by block.lua on a 429)
+-- KEYS[1+i]   the state of rule i
+-- ARGV[1]     op: 'acquire', 'peek' (dry run: decide, write nothing) or 'refund'
+-- ARGV[2]     now in µs since the epoch, or '' to read Redis' clock (TIME);
+--             explicit times exist only so tests can be deterministic
+-- ARGV[3]     cost (units asked for, >= 1); for refund, units to give back
+-- ARGV[4]     mode: 'all' (whole cost or nothing) or 'upto' (1..cost);
+--             for refund, how many of the call's units to skip
+-- ARGV[5]     call id, unique per call (names sliding-log members)
+-- ARGV[6]     number of rules; then per rule: algorithm, limit, period_us, burst
+--
+-- Reply: { status, granted, remaining, retry_after_ms, reset_after_ms,
+--          go_at_us, retry_after_us, reset_after_us, now_us, by }
+--   status 1 granted, 0 denied, -1 never (cost above a rule's capacity);
+--   retry/reset in ms are rounded up, never early;
+--   go_at_us is when the first granted unit may go (pacers; else now);
+--   by is the refusing rule (1-based), 0 for a downstream block, or on a
+--   grant the rule with the fewest units left.
+--
+-- All or nothing across rules: every rule is evaluated before any is
+-- charged, so when one refuses no counter moves.
+
+local op = ARGV[1]
+local now
+if ARGV[2] == '' then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+else
+  now = tonumber(ARGV[2])
+end
+local cost = tonumber(ARGV[3])
+local id = ARGV[5]
+local nrules = tonumber(ARGV[6])
+local rules = {}
+for i = 1, nrules do
+  local b = 6 + (i - 1) * 4
+  local algo = ALGO[ARGV[b + 1]]
+  if algo == nil then
+    return redis.error_reply('unknown algorithm ' .. tostring(ARGV[b + 1]))
+  end
+  rules[i] = {
+    algo = algo,
+    key = KEYS[i + 1],
+    limit = tonumber(ARGV[b + 2]),
+    period = tonumber(ARGV[b + 3]),
+    burst = tonumber(ARGV[b + 4]),
+  }
+end
+
+if op == 'refund' then
+  local skip = tonumber(ARGV[4])
+  for i = 1, nrules do
+    local r = rules[i]
+    r.algo.refund(r.key, r, now, cost, id, skip)
+  end
+  return { 1, cost, 0, 0, 0, now, 0, 0, now, 0 }
+end
+
+local function reply(status, granted, remaining, retry_us, reset_us, go_at, by)
+  return { status, granted, remaining, cdiv(retry_us, 1000), cdiv(reset_us, 1000),
+    go_at, retry_us, reset_us, now, by }
+end
+
+local all = ARGV[4] == 'all'
+if all then
+  for i = 1, nrules do
+    if cost > rules[i].algo.cap(rules[i]) then
+      return reply(-1, 0, 0, 0, 0, now, i)
+    end
+  end
+end
+
+local blocked_until = num(redis.call('GET', KEYS[1]), 0)
+if blocked_until > now then
+  return reply(0, 0, 0, blocked_until - now, blocked_until - now, now, 0)
+end
+
+local need = all and cost or 1
+local n = cost
+local wait, by = 0, 0
+local states = {}
+for i = 1, nrules do
+  local r = rules[i]
+  local st = r.algo.load(r.key, r, now)
+  states[i] = st
+  local av = r.algo.avail(st, r, now)
+  if av < need then
+    local w = r.algo.wait(st, r, now, need)
+    if w > wait then
+      wait, by = w, i
+    end
+  end
+  n = math.min(n, av)
+end
+
+local function summary(taken)
+  local remaining, reset, tight = nil, 0, 1
+  for i = 1, nrules do
+    local r = rules[i]
+    local left = r.algo.left(states[i], r, now, taken)
+    if remaining == nil or left < remaining then
+      remaining, tight = left, i
+    end
+    reset = math.max(reset, r.algo.reset(states[i], r, now, taken))
+  end
+  return remaining or 0, reset, tight
+end
+
+if wait > 0 then
+  local remaining, reset = summary(0)
+  return reply(0, 0, remaining, wait, reset, now, by)
+end
+
+local go_at = now
+for i = 1, nrules do
+  local r = rules[i]
+  if r.algo.go ~= nil then
+    go_at = math.max(go_at, r.algo.go(states[i], r, now))
+  end
+end
+local remaining, reset, tight = summary(n)
+if op == 'acquire' then
+  for i = 1, nrules do
+    local r = rules[i]
+    r.algo.take(r.key, states[i], r, now, n, id)
+  end
+end
+return reply(1, n, remaining, 0, reset, go_at, tight)

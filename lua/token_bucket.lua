@@ -1,0 +1,52 @@
+-- token_bucket: a bucket of `burst` tokens refilled continuously at
+-- `limit` per `period`; a new bucket starts full.
+-- State: hash { c = tokens * period_us (an exact integer), ts = µs of c }.
+ALGO.token_bucket = {
+  cap = function(r)
+    return r.burst
+  end,
+  load = function(key, r, now)
+    local full = r.burst * r.period
+    local h = redis.call('HMGET', key, 'c', 'ts')
+    local c = num(h[1], nil)
+    if c == nil then
+      return { c = full }
+    end
+    local elapsed = math.max(0, now - num(h[2], now))
+    -- Compare before multiplying: a long idle time times the rate could
+    -- leave the exact range.
+    if elapsed >= cdiv(full - c, r.limit) then
+      c = full
+    else
+      c = c + elapsed * r.limit
+    end
+    return { c = c }
+  end,
+  avail = function(st, r, now)
+    return fdiv(st.c, r.period)
+  end,
+  wait = function(st, r, now, need)
+    return cdiv(need * r.period - st.c, r.limit)
+  end,
+  left = function(st, r, now, n)
+    return fdiv(st.c - n * r.period, r.period)
+  end,
+  reset = function(st, r, now, n)
+    return cdiv(r.burst * r.period - (st.c - n * r.period), r.limit)
+  end,
+  take = function(key, st, r, now, n, id)
+    local c = st.c - n * r.period
+    redis.call('HSET', key, 'c', I(c), 'ts', I(now))
+    -- Once full again the state equals no state at all.
+    expire_in(key, cdiv(r.burst * r.period - c, r.limit))
+  end,
+  refund = function(key, r, now, n, id, skip)
+    if redis.call('EXISTS', key) == 1 then
+      local st = ALGO.token_bucket.load(key, r, now)
+      local c = math.min(r.burst * r.period, st.c + n * r.period)
+      redis.call('HSET', key, 'c', I(c), 'ts', I(now))
+      expire_in(key, math.max(1, cdiv(r.burst * r.period - c, r.limit)))
+    end
+  end,
+}
+

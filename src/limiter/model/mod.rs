@@ -1,0 +1,1 @@
+//! Reference models (being written).
