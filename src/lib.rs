@@ -5,4 +5,5 @@
 //!
 //! - [`limiter`]: rules, typed decisions, reference models and the Redis glue.
 
+pub mod config;
 pub mod limiter;

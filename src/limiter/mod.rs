@@ -2,14 +2,31 @@
 //!
 //! - [`rule`]: a validated rule (algorithm, limit per period, burst).
 //! - [`decision`]: the typed answers: granted, denied with a retry-after, never.
+//! - [`policy`]: which rules apply to a seller (default, tiers, overrides,
+//!   unlimited, global), built once from config.
+//! - [`keys`]: Redis key names, one hash tag per seller.
+//! - [`script`]: one call of the Lua script as data, and the [`Store`] trait.
 //! - [`reply`]: the script's raw reply and its reading as a [`Decision`].
+//! - [`permits`]: [`Limiter`], which resolves rules, calls the store and
+//!   answers with a [`Decision`].
 //! - [`model`]: pure-Rust reference models of every script, with an injected clock.
+//! - [`redis`]: the only module that talks to Redis; runs `lua/` with EVALSHA.
 
 pub mod decision;
+pub mod keys;
 pub mod model;
+pub mod permits;
+pub mod policy;
+pub mod redis;
 pub mod reply;
 pub mod rule;
+pub mod script;
 
 pub use decision::{CannotPass, Decision, Denied, DeniedBy, Granted, Mode, Pace};
+pub use keys::KeySpace;
+pub use permits::{Limiter, LimiterError, Request};
+pub use policy::{Policy, Resolved};
+pub use redis::{RedisError, RedisStore};
 pub use reply::Reply;
 pub use rule::{Algorithm, Rule, RuleError};
+pub use script::{Op, ScriptCall, Store};

@@ -100,6 +100,8 @@ pub enum RuleError {
     RateTooHigh { limit: u64, period_us: u64 },
     #[error("limit {0} is above the maximum of 1000000000")]
     LimitTooLarge(u64),
+    #[error("{units} × {period_us}µs exceeds 2^53, the range in which the scripts' arithmetic is exact; use a shorter period with a proportionally smaller limit")]
+    TooPrecise { units: u64, period_us: u64 },
 }
 
 /// The longest period a rule may have. Keeps every microsecond product in
@@ -163,6 +165,12 @@ impl Rule {
             Some(b) if b > MAX_LIMIT => return Err(RuleError::LimitTooLarge(b)),
             Some(b) => NonZeroU64::new(b).ok_or(RuleError::ZeroBurst)?,
         };
+        // Every script multiplies units by the period in µs; Lua's doubles
+        // are exact only below 2^53.
+        let units = limit.max(burst.get());
+        if u128::from(units) * u128::from(period_us) >= 1u128 << 53 {
+            return Err(RuleError::TooPrecise { units, period_us });
+        }
         Ok(Rule {
             algorithm,
             limit: limit_nz,
@@ -232,9 +240,17 @@ mod tests {
     #[test]
     fn every_invalid_rule_has_its_own_error() {
         let s = Duration::from_secs(1);
-        let cases: [(u32, Result<Rule, RuleError>, RuleError); 6] = [
-            (1, Rule::new(Algorithm::Gcra, 0, s, None), RuleError::ZeroLimit),
-            (2, Rule::new(Algorithm::Gcra, 5, s, Some(0)), RuleError::ZeroBurst),
+        let cases: [(u32, Result<Rule, RuleError>, RuleError); 7] = [
+            (
+                1,
+                Rule::new(Algorithm::Gcra, 0, s, None),
+                RuleError::ZeroLimit,
+            ),
+            (
+                2,
+                Rule::new(Algorithm::Gcra, 5, s, Some(0)),
+                RuleError::ZeroBurst,
+            ),
             (
                 3,
                 Rule::new(Algorithm::Gcra, 5, Duration::from_micros(49), None),
@@ -248,12 +264,33 @@ mod tests {
             (
                 5,
                 Rule::new(Algorithm::Gcra, 100, Duration::from_micros(50), None),
-                RuleError::RateTooHigh { limit: 100, period_us: 50 },
+                RuleError::RateTooHigh {
+                    limit: 100,
+                    period_us: 50,
+                },
             ),
             (
                 6,
-                Rule::new(Algorithm::Gcra, MAX_LIMIT + 1, Duration::from_secs(3600), None),
+                Rule::new(
+                    Algorithm::Gcra,
+                    MAX_LIMIT + 1,
+                    Duration::from_secs(3600),
+                    None,
+                ),
                 RuleError::LimitTooLarge(MAX_LIMIT + 1),
+            ),
+            (
+                7,
+                Rule::new(
+                    Algorithm::Gcra,
+                    MAX_LIMIT,
+                    Duration::from_secs(366 * 86400),
+                    None,
+                ),
+                RuleError::TooPrecise {
+                    units: MAX_LIMIT,
+                    period_us: 366 * 86_400_000_000,
+                },
             ),
         ];
         for (row, got, want) in cases {

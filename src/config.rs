@@ -1,0 +1,476 @@
+//! Settings: `config/default.toml`, then an optional file from the command
+//! line, then environment variables `THROTTLE__SECTION__KEY`.
+//!
+//! This module only reads and checks shapes; the limiter turns
+//! [`LimitsConfig`] into validated rules. Every error names the file (or
+//! "environment"), the key and the problem, because an operator reading a
+//! crash loop has nothing else to go on.
+//!
+//! A leaf module: it depends on no other module of this crate.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+/// The defaults every deployment starts from, compiled in so that the binary
+/// runs with no file at all.
+pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
+
+/// Where the compiled-in defaults appear in error messages.
+pub const DEFAULT_NAME: &str = "config/default.toml";
+
+/// All settings of one worker process.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    pub kafka: KafkaSettings,
+    pub redis: RedisSettings,
+    pub downstream: DownstreamSettings,
+    pub http: HttpSettings,
+    pub worker: WorkerSettings,
+    pub limits: LimitsConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaSettings {
+    /// Bootstrap servers, comma separated (librdkafka `bootstrap.servers`).
+    pub brokers: String,
+    /// The consumer group every replica joins.
+    pub group_id: String,
+    /// Topic of product-registration jobs.
+    pub topic: String,
+    /// Topic for jobs whose wait is longer than `worker.max_inline_delay`.
+    /// The same workers consume it.
+    pub retry_topic: String,
+    /// Topic for jobs that can never succeed, with the reason in `x-error`.
+    pub dlq_topic: String,
+    /// Passed to librdkafka as is (SASL, SSL, tuning). Values are never logged.
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+    /// How often finished offsets are committed (also on revoke and shutdown).
+    #[serde(deserialize_with = "human_duration")]
+    pub commit_interval: Duration,
+}
+
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisSettings {
+    /// `redis://[user:password@]host:port[/db]`; the password is never logged.
+    pub url: String,
+    /// Prefix of every key the limiter writes.
+    pub key_prefix: String,
+    /// `single`: global rules are checked in the same script call as the
+    /// seller's (exact). `cluster`: the global keys live in another slot, so
+    /// they are checked in a second call that refunds the seller's units when
+    /// the global rule refuses.
+    pub topology: Topology,
+    /// Longest a limiter call may take before it counts as a Redis failure.
+    #[serde(deserialize_with = "human_duration")]
+    pub timeout: Duration,
+}
+
+impl fmt::Debug for RedisSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisSettings")
+            .field("url", &redact_url(&self.url))
+            .field("key_prefix", &self.key_prefix)
+            .field("topology", &self.topology)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+/// How the Redis behind the limiter is deployed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Topology {
+    Single,
+    Cluster,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DownstreamSettings {
+    /// The product-registration endpoint; jobs are POSTed here.
+    pub url: String,
+    /// Per call, connect to last byte.
+    #[serde(deserialize_with = "human_duration")]
+    pub timeout: Duration,
+    /// Calls in flight at once, per replica.
+    pub concurrency: usize,
+    /// Calls per job before a retryable failure (5xx, timeout) is dead-lettered.
+    pub max_attempts: u32,
+    /// First backoff after a retryable failure; doubles per attempt, with jitter.
+    #[serde(deserialize_with = "human_duration")]
+    pub backoff_base: Duration,
+    /// Upper bound of one backoff.
+    #[serde(deserialize_with = "human_duration")]
+    pub backoff_max: Duration,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSettings {
+    /// Address of /metrics, /healthz and /readyz.
+    pub listen: SocketAddr,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerSettings {
+    /// Jobs held in memory per replica (waiting + in flight); fetching
+    /// pauses beyond it.
+    pub max_buffered: usize,
+    /// A job that would wait longer than this goes to the retry topic
+    /// instead of being held in memory.
+    #[serde(deserialize_with = "human_duration")]
+    pub max_inline_delay: Duration,
+    /// How long in-flight calls may take to finish on SIGTERM.
+    #[serde(deserialize_with = "human_duration")]
+    pub shutdown_timeout: Duration,
+    /// Larger payloads are dead-lettered.
+    pub max_payload_bytes: usize,
+}
+
+/// The `[limits]` section as written; `limiter::Policy` validates it.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Rules of every seller not named in `sellers`.
+    #[serde(default)]
+    pub default: Vec<RuleConfig>,
+    /// Rules over all sellers together, protecting the downstream.
+    #[serde(default)]
+    pub global: Vec<RuleConfig>,
+    /// Named rule sets sellers can refer to.
+    #[serde(default)]
+    pub tiers: BTreeMap<String, Vec<RuleConfig>>,
+    /// Per-seller overrides.
+    #[serde(default)]
+    pub sellers: BTreeMap<String, SellerConfig>,
+}
+
+/// One rule; the same shape for every algorithm.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleConfig {
+    pub algorithm: String,
+    pub limit: u64,
+    #[serde(deserialize_with = "human_duration")]
+    pub period: Duration,
+    #[serde(default)]
+    pub burst: Option<u64>,
+}
+
+/// A seller override: exactly one of `tier`, `rules`, `unlimited = true`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SellerConfig {
+    #[serde(default)]
+    pub tier: Option<String>,
+    #[serde(default)]
+    pub rules: Option<Vec<RuleConfig>>,
+    #[serde(default)]
+    pub unlimited: bool,
+}
+
+/// Why the settings could not be loaded: where, which key, and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}: {key}: {problem}")]
+pub struct ConfigError {
+    /// The file the offending value came from, or "environment".
+    pub file: String,
+    /// Dotted path of the key, e.g. `limits.sellers.seller-7.rules[0].limit`.
+    pub key: String,
+    pub problem: String,
+}
+
+/// Loaded settings, with what is needed to say where a value came from.
+pub struct Loaded {
+    pub settings: Settings,
+    /// Each source on its own, in merge order, to find where a key was set.
+    layers: Vec<(String, config::Config)>,
+}
+
+impl Loaded {
+    /// An error about `key`, naming the file its value came from.
+    pub fn error_at(&self, key: &str, problem: impl fmt::Display) -> ConfigError {
+        ConfigError {
+            file: self.origin(key),
+            key: key.to_owned(),
+            problem: problem.to_string(),
+        }
+    }
+
+    /// The file (or "environment") that gave `key` its value. Falls back to
+    /// the list of files when the key has no value of its own (a missing key).
+    pub fn origin(&self, key: &str) -> String {
+        let mut probe = key.to_owned();
+        loop {
+            // The last layer that sets the key is the one that won the merge.
+            let found = self
+                .layers
+                .iter()
+                .rev()
+                .find(|(_, layer)| layer.get::<config::Value>(&probe).is_ok());
+            if let Some((name, _)) = found {
+                return name.clone();
+            }
+            // A missing key: name the file of its nearest parent.
+            match probe.rfind(['.', '[']) {
+                Some(i) => probe.truncate(i),
+                None => return DEFAULT_NAME.to_owned(),
+            }
+        }
+    }
+}
+
+/// Loads the defaults, then `file` if given, then the environment.
+pub fn load(file: Option<&Path>) -> Result<Loaded, ConfigError> {
+    load_from(file, std::env::vars())
+}
+
+/// [`load`] with an explicit environment, so tests need not mutate the process's.
+pub fn load_from(
+    file: Option<&Path>,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Result<Loaded, ConfigError> {
+    let defaults = config::File::from_str(DEFAULT_TOML, config::FileFormat::Toml);
+    let mut files = vec![DEFAULT_NAME.to_owned()];
+    let mut builder = config::Config::builder().add_source(defaults.clone());
+    let mut layers = vec![(DEFAULT_NAME.to_owned(), single(defaults, &files)?)];
+    if let Some(path) = file {
+        let shown = path.display().to_string();
+        if !path.exists() {
+            return Err(ConfigError {
+                file: shown,
+                key: "-".into(),
+                problem: "no such file".into(),
+            });
+        }
+        let source = config::File::from(PathBuf::from(path)).required(true);
+        files.push(shown.clone());
+        builder = builder.add_source(source.clone());
+        layers.push((shown, single(source, &files)?));
+    }
+    let env: config::Map<String, String> = env
+        .into_iter()
+        .filter(|(k, _)| k.starts_with("THROTTLE__"))
+        .collect();
+    let env = config::Environment::with_prefix("THROTTLE")
+        .prefix_separator("__")
+        .separator("__")
+        .try_parsing(true)
+        .source(Some(env));
+    builder = builder.add_source(env.clone());
+    files.push("environment".to_owned());
+    layers.push(("environment".to_owned(), single(env, &files)?));
+    let merged = builder.build().map_err(|e| from_config_error(e, &files))?;
+    let settings: Settings = merged
+        .try_deserialize()
+        .map_err(|e| from_config_error(e, &files))?;
+    let loaded = Loaded { settings, layers };
+    loaded.settings.validate(&loaded)?;
+    Ok(loaded)
+}
+
+/// One source read alone, to answer "who set this key".
+fn single<S>(source: S, files: &[String]) -> Result<config::Config, ConfigError>
+where
+    S: config::Source + Send + Sync + 'static,
+{
+    config::Config::builder()
+        .add_source(source)
+        .build()
+        .map_err(|e| from_config_error(e, files))
+}
+
+impl Settings {
+    /// Checks that serde's types cannot express.
+    fn validate(&self, at: &Loaded) -> Result<(), ConfigError> {
+        let nonempty = [
+            ("kafka.brokers", &self.kafka.brokers),
+            ("kafka.group_id", &self.kafka.group_id),
+            ("kafka.topic", &self.kafka.topic),
+            ("kafka.retry_topic", &self.kafka.retry_topic),
+            ("kafka.dlq_topic", &self.kafka.dlq_topic),
+            ("redis.url", &self.redis.url),
+            ("redis.key_prefix", &self.redis.key_prefix),
+            ("downstream.url", &self.downstream.url),
+        ];
+        for (key, value) in nonempty {
+            if value.trim().is_empty() {
+                return Err(at.error_at(key, "must not be empty"));
+            }
+        }
+        if self.redis.key_prefix.contains(['{', '}']) {
+            return Err(at.error_at(
+                "redis.key_prefix",
+                "must not contain '{' or '}': the limiter puts each seller in its own hash tag",
+            ));
+        }
+        let positive = [
+            ("downstream.concurrency", self.downstream.concurrency as u64),
+            (
+                "downstream.max_attempts",
+                u64::from(self.downstream.max_attempts),
+            ),
+            ("worker.max_buffered", self.worker.max_buffered as u64),
+            (
+                "worker.max_payload_bytes",
+                self.worker.max_payload_bytes as u64,
+            ),
+        ];
+        for (key, value) in positive {
+            if value == 0 {
+                return Err(at.error_at(key, "must be at least 1"));
+            }
+        }
+        let durations = [
+            ("kafka.commit_interval", self.kafka.commit_interval),
+            ("redis.timeout", self.redis.timeout),
+            ("downstream.timeout", self.downstream.timeout),
+            ("downstream.backoff_base", self.downstream.backoff_base),
+        ];
+        for (key, value) in durations {
+            if value.is_zero() {
+                return Err(at.error_at(key, "must be longer than 0"));
+            }
+        }
+        if self.downstream.backoff_max < self.downstream.backoff_base {
+            return Err(at.error_at(
+                "downstream.backoff_max",
+                "must not be shorter than downstream.backoff_base",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The config crate's messages already say "for key `x` in file"; keep the
+/// text, and pull the key out when it is there.
+fn from_config_error(e: config::ConfigError, files: &[String]) -> ConfigError {
+    let text = e.to_string();
+    let key = text
+        .split("for key `")
+        .nth(1)
+        .and_then(|rest| rest.split('`').next())
+        .unwrap_or("-")
+        .to_owned();
+    let file = text
+        .rsplit(" in ")
+        .next()
+        .filter(|f| files.iter().any(|known| f.contains(known.as_str())))
+        .map(str::to_owned)
+        .unwrap_or_else(|| files.join(" + "));
+    ConfigError {
+        file,
+        key,
+        problem: text,
+    }
+}
+
+/// Durations in human form: "250ms", "1m", "1d", "50us".
+fn human_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let s = String::deserialize(d)?;
+    humantime::parse_duration(s.trim()).map_err(|e| {
+        serde::de::Error::custom(format!(
+            "invalid duration {s:?}: {e} (write e.g. \"250ms\", \"1m\", \"1d\")"
+        ))
+    })
+}
+
+/// `redis://user:secret@host` → `redis://user:***@host`, for logs.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let creds = &url[scheme + 3..at];
+            let user = creds.split(':').next().unwrap_or("");
+            if creds.contains(':') {
+                format!("{}{}:***{}", &url[..scheme + 3], user, &url[at..])
+            } else {
+                format!("{}***{}", &url[..scheme + 3], &url[at..])
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn file(contents: &str) -> tempfile::NamedTempFile {
+        let mut f = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+        f.write_all(contents.as_bytes()).unwrap();
+        f
+    }
+
+    #[test]
+    fn defaults_load_with_no_file() {
+        let loaded = load_from(None, Vec::new()).expect("defaults must load");
+        assert!(!loaded.settings.limits.default.is_empty());
+    }
+
+    #[test]
+    fn file_and_environment_override_defaults_in_order() {
+        let f = file("[kafka]\ngroup_id = \"from-file\"\ntopic = \"t-file\"\n");
+        let env = vec![("THROTTLE__KAFKA__TOPIC".to_owned(), "t-env".to_owned())];
+        let s = load_from(Some(f.path()), env).unwrap().settings;
+        assert_eq!(s.kafka.group_id, "from-file");
+        assert_eq!(s.kafka.topic, "t-env");
+    }
+
+    #[test]
+    fn unknown_key_names_file_and_key() {
+        let f = file("[worker]\nmax_bufered = 10\n");
+        let err = load_from(Some(f.path()), Vec::new())
+            .err()
+            .expect("must fail");
+        let text = err.to_string();
+        assert!(text.contains("max_bufered"), "{text}");
+        assert!(text.contains(&f.path().display().to_string()), "{text}");
+    }
+
+    #[test]
+    fn bad_duration_names_the_key() {
+        let f = file("[worker]\nmax_inline_delay = \"soon\"\n");
+        let err = load_from(Some(f.path()), Vec::new())
+            .err()
+            .expect("must fail");
+        assert!(err.to_string().contains("max_inline_delay"), "{err}");
+        assert!(err.to_string().contains("invalid duration"), "{err}");
+    }
+
+    #[test]
+    fn zero_concurrency_is_refused_with_its_origin() {
+        let f = file("[downstream]\nconcurrency = 0\n");
+        let err = load_from(Some(f.path()), Vec::new())
+            .err()
+            .expect("must fail");
+        assert_eq!(err.key, "downstream.concurrency");
+        assert_eq!(err.file, f.path().display().to_string());
+        assert_eq!(err.problem, "must be at least 1");
+    }
+
+    #[test]
+    fn missing_file_is_an_error() {
+        let err = load_from(Some(Path::new("/nonexistent/x.toml")), Vec::new())
+            .err()
+            .expect("must fail");
+        assert_eq!(err.problem, "no such file");
+    }
+
+    #[test]
+    fn redis_password_is_redacted() {
+        assert_eq!(redact_url("redis://u:secret@h:1/0"), "redis://u:***@h:1/0");
+        assert_eq!(redact_url("redis://secret@h:1"), "redis://***@h:1");
+        assert_eq!(redact_url("redis://h:1"), "redis://h:1");
+    }
+}

@@ -1,0 +1,114 @@
+//! Redis key names.
+//!
+//! Every key of one seller carries the seller in one hash tag (`{…}`), so a
+//! Redis Cluster puts all of them in one slot and one script can touch them
+//! all. A rule's key includes its fingerprint: when an operator changes a
+//! rule, the new rule starts from fresh state instead of misreading the old
+//! rule's state (or hitting WRONGTYPE when the algorithm changed).
+
+use super::rule::Rule;
+
+/// Key names under one prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeySpace {
+    /// Validated by config: contains no `{` or `}`.
+    prefix: String,
+}
+
+/// The hash tag of the global rules, which belong to no seller. It cannot
+/// collide with a seller's tag: seller tags are escaped and never contain `*`.
+const GLOBAL_TAG: &str = "*global*";
+
+impl KeySpace {
+    pub fn new(prefix: impl Into<String>) -> KeySpace {
+        KeySpace {
+            prefix: prefix.into(),
+        }
+    }
+
+    /// Where a downstream 429 holds a seller for every replica.
+    pub fn block(&self, seller: &str) -> String {
+        format!("{}:{{{}}}:block", self.prefix, tag(seller))
+    }
+
+    /// The state of one of a seller's rules.
+    pub fn rule(&self, seller: &str, rule: &Rule) -> String {
+        format!("{}:{{{}}}:{}", self.prefix, tag(seller), rule.fingerprint())
+    }
+
+    /// The state of a global rule.
+    pub fn global_rule(&self, rule: &Rule) -> String {
+        format!("{}:{{{}}}:{}", self.prefix, GLOBAL_TAG, rule.fingerprint())
+    }
+
+    /// The block key that goes with global rules checked in a call of their
+    /// own (Redis Cluster): never set, read as "not blocked".
+    pub fn global_block(&self) -> String {
+        format!("{}:{{{}}}:block", self.prefix, GLOBAL_TAG)
+    }
+}
+
+/// Escapes a seller id so that it is exactly one hash tag: `{`, `}`, `%` and
+/// `*` are percent-encoded (`}` would end the tag early, `*` is reserved for
+/// the global tag). An empty id never reaches here: jobs without a seller are
+/// dead-lettered.
+fn tag(seller: &str) -> std::borrow::Cow<'_, str> {
+    if !seller.contains(['{', '}', '%', '*']) {
+        return seller.into();
+    }
+    let mut out = String::with_capacity(seller.len() + 8);
+    for c in seller.chars() {
+        match c {
+            '{' => out.push_str("%7B"),
+            '}' => out.push_str("%7D"),
+            '%' => out.push_str("%25"),
+            '*' => out.push_str("%2A"),
+            c => out.push(c),
+        }
+    }
+    out.into()
+}
+
+/// The hash tag Redis Cluster would use for `key`: the part between the
+/// first `{` and the next `}`, when non-empty; else the whole key.
+pub fn hash_tag(key: &str) -> &str {
+    if let Some(open) = key.find('{') {
+        if let Some(len) = key[open + 1..].find('}') {
+            if len > 0 {
+                return &key[open + 1..open + 1 + len];
+            }
+        }
+    }
+    key
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::Algorithm;
+    use std::time::Duration;
+
+    #[test]
+    fn all_keys_of_a_seller_share_one_tag_even_with_braces_in_the_id() {
+        let ks = KeySpace::new("tw");
+        let r = Rule::new(Algorithm::Gcra, 10, Duration::from_secs(1), Some(5)).unwrap();
+        for seller in ["s1", "a{b}c", "}", "{", "%7B", "*global*", "sel ler"] {
+            let tag = hash_tag(&ks.block(seller)).to_owned();
+            assert_eq!(hash_tag(&ks.rule(seller, &r)), tag, "seller {seller:?}");
+            assert_ne!(
+                tag, GLOBAL_TAG,
+                "seller {seller:?} must not share the global tag"
+            );
+        }
+        assert_ne!(hash_tag(&ks.block("{")), hash_tag(&ks.block("%7B")));
+    }
+
+    #[test]
+    fn rule_keys_change_with_the_rule() {
+        let ks = KeySpace::new("tw");
+        let a = Rule::new(Algorithm::Gcra, 10, Duration::from_secs(1), None).unwrap();
+        let b = Rule::new(Algorithm::Gcra, 11, Duration::from_secs(1), None).unwrap();
+        assert_ne!(ks.rule("s", &a), ks.rule("s", &b));
+        assert_eq!(ks.rule("s", &a), "tw:{s}:gcra:10:1000000:10");
+    }
+}

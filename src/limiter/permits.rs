@@ -1,0 +1,319 @@
+//! [`Limiter`]: the answer to "may this seller's job go now?".
+//!
+//! Resolves the seller's rules from the current [`Policy`], builds one
+//! [`ScriptCall`] and reads the reply as a [`Decision`]. Unlimited sellers and
+//! costs no rule can ever hold are answered without a round trip.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use crate::config::Topology;
+
+use super::decision::{CannotPass, Decision, Denied, DeniedBy, Granted, Mode};
+use super::keys::KeySpace;
+use super::policy::{Policy, Resolved};
+use super::reply::Reply;
+use super::rule::Rule;
+use super::script::{Op, ScriptCall, Store};
+
+/// A question for the limiter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Request<'a> {
+    pub seller: &'a str,
+    /// Units asked for (>= 1).
+    pub cost: u64,
+    pub mode: Mode,
+    /// Decide without charging (operators' dry run).
+    pub dry_run: bool,
+    /// Explicit time in µs since the epoch, for deterministic tests; `None`
+    /// uses Redis' clock, which every replica shares.
+    pub at_us: Option<u64>,
+}
+
+impl<'a> Request<'a> {
+    /// The production form: charge, on Redis' clock.
+    pub fn new(seller: &'a str, cost: u64, mode: Mode) -> Request<'a> {
+        Request {
+            seller,
+            cost,
+            mode,
+            dry_run: false,
+            at_us: None,
+        }
+    }
+}
+
+/// Why the limiter could not answer.
+#[derive(Debug, thiserror::Error)]
+pub enum LimiterError<E: std::error::Error + 'static> {
+    #[error("cost must be at least 1")]
+    ZeroCost,
+    #[error(transparent)]
+    Store(E),
+}
+
+/// The shared per-seller limiter over a [`Store`].
+pub struct Limiter<S> {
+    store: S,
+    keys: KeySpace,
+    /// Swapped whole when limits are reloaded; readers take a cheap clone.
+    policy: RwLock<Arc<Policy>>,
+    topology: Topology,
+    ids: CallIds,
+}
+
+impl<S: Store> Limiter<S> {
+    pub fn new(store: S, keys: KeySpace, policy: Policy, topology: Topology) -> Limiter<S> {
+        Limiter {
+            store,
+            keys,
+            policy: RwLock::new(Arc::new(policy)),
+            topology,
+            ids: CallIds::new(),
+        }
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> Arc<Policy> {
+        // A poisoned lock only means a writer panicked mid-swap of an Arc,
+        // which cannot leave it half-written.
+        self.policy
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Replaces the policy; calls already under way finish with the old one.
+    pub fn set_policy(&self, policy: Policy) {
+        *self.policy.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(policy);
+    }
+
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    pub fn keys(&self) -> &KeySpace {
+        &self.keys
+    }
+
+    /// Asks for `cost` units for `seller` on Redis' clock, charging them.
+    pub async fn acquire(
+        &self,
+        seller: &str,
+        cost: u64,
+        mode: Mode,
+    ) -> Result<Decision, LimiterError<S::Error>> {
+        self.check(Request::new(seller, cost, mode)).await
+    }
+
+    /// The general form of [`Limiter::acquire`].
+    pub async fn check(&self, req: Request<'_>) -> Result<Decision, LimiterError<S::Error>> {
+        if req.cost == 0 {
+            return Err(LimiterError::ZeroCost);
+        }
+        let policy = self.policy();
+        let (own, global) = match policy.resolve(req.seller) {
+            Resolved::Unlimited => return Ok(unlimited(req.cost)),
+            Resolved::Limited { seller, global } => (seller, global),
+        };
+        if let Some(never) = never(own.iter().chain(global), req) {
+            return Ok(never);
+        }
+        let op = if req.dry_run { Op::Peek } else { Op::Acquire };
+        let mut seller_rules: Vec<(String, Rule)> = own
+            .iter()
+            .map(|r| (self.keys.rule(req.seller, r), *r))
+            .collect();
+        let global_rules: Vec<(String, Rule)> = global
+            .iter()
+            .map(|r| (self.keys.global_rule(r), *r))
+            .collect();
+        if self.topology == Topology::Single || global_rules.is_empty() {
+            seller_rules.extend(global_rules);
+            let call = self.call(op, req, self.keys.block(req.seller), seller_rules);
+            let reply = self.store.run(&call).await.map_err(LimiterError::Store)?;
+            let rules: Vec<Rule> = call.rules.iter().map(|(_, r)| *r).collect();
+            return Ok(reply.decision(&rules, req.cost));
+        }
+        self.check_split(op, req, seller_rules, global_rules).await
+    }
+
+    /// Redis Cluster: the global keys live in another slot than the seller's,
+    /// so one script cannot hold both. The seller's rules are charged first
+    /// (most refusals are per seller, and they then never touch the shared
+    /// global key); the global rules are asked for what the seller got; what
+    /// the global rules refuse is refunded to the seller. Between the two
+    /// calls another replica may see the seller's units as taken: the seller
+    /// can be refused early for that instant, never admitted beyond its limit.
+    async fn check_split(
+        &self,
+        op: Op,
+        req: Request<'_>,
+        seller_rules: Vec<(String, Rule)>,
+        global_rules: Vec<(String, Rule)>,
+    ) -> Result<Decision, LimiterError<S::Error>> {
+        let n_own = seller_rules.len();
+        let first = self.call(op, req, self.keys.block(req.seller), seller_rules);
+        let own_reply = self.store.run(&first).await.map_err(LimiterError::Store)?;
+        let own_rules: Vec<Rule> = first.rules.iter().map(|(_, r)| *r).collect();
+        let granted = match own_reply.decision(&own_rules, req.cost) {
+            Decision::Granted(g) => g,
+            other => return Ok(other),
+        };
+        let second_req = Request {
+            cost: granted.granted,
+            // The seller's grant already respects the mode; the global rules
+            // may still cut an up-to grant down.
+            at_us: Some(own_reply.now_us as u64),
+            ..req
+        };
+        let second = self.call(op, second_req, self.keys.global_block(), global_rules);
+        let global_rules: Vec<Rule> = second.rules.iter().map(|(_, r)| *r).collect();
+        let global = match self.store.run(&second).await {
+            Ok(reply) => reply.decision(&global_rules, granted.granted),
+            Err(e) => {
+                self.refund(&first, &own_reply, granted.granted, 0).await;
+                return Err(LimiterError::Store(e));
+            }
+        };
+        match global {
+            Decision::Granted(g) => {
+                if g.granted < granted.granted {
+                    self.refund(&first, &own_reply, granted.granted - g.granted, g.granted)
+                        .await;
+                }
+                Ok(Decision::Granted(Granted {
+                    granted: g.granted,
+                    remaining: g.remaining.min(granted.remaining),
+                    reset_after: g.reset_after.max(granted.reset_after),
+                    pace: match (granted.pace, g.pace) {
+                        (Some(a), Some(b)) if b.first_at_us > a.first_at_us => Some(b),
+                        (a, b) => a.or(b),
+                    },
+                }))
+            }
+            Decision::Denied(d) => {
+                self.refund(&first, &own_reply, granted.granted, 0).await;
+                Ok(Decision::Denied(Denied {
+                    by: match d.by {
+                        DeniedBy::Rule(i) => DeniedBy::Rule(n_own + i),
+                        other => other,
+                    },
+                    ..d
+                }))
+            }
+            Decision::Never(c) => {
+                self.refund(&first, &own_reply, granted.granted, 0).await;
+                Ok(Decision::Never(CannotPass {
+                    rule: n_own + c.rule,
+                    ..c
+                }))
+            }
+        }
+    }
+
+    /// Gives back units of an earlier call. A failed refund leaves the seller
+    /// charged for units it did not use: the safe direction, so it is logged
+    /// and not retried.
+    async fn refund(&self, call: &ScriptCall, reply: &Reply, units: u64, skip: u64) {
+        if call.op != Op::Acquire || units == 0 {
+            return;
+        }
+        let refund = ScriptCall {
+            op: Op::Refund { skip },
+            now_us: Some(reply.now_us as u64),
+            cost: units,
+            ..call.clone()
+        };
+        if let Err(e) = self.store.run(&refund).await {
+            tracing::warn!(error = %e, units, "refund of seller units after a global refusal failed; the seller stays charged until its window passes");
+        }
+    }
+
+    /// Holds `seller` for every replica for `dur` (a downstream 429).
+    pub async fn block(&self, seller: &str, dur: Duration) -> Result<u64, S::Error> {
+        let dur_us = u64::try_from(dur.as_micros()).unwrap_or(u64::MAX).max(1);
+        self.store
+            .block(&self.keys.block(seller), None, dur_us)
+            .await
+    }
+
+    /// [`Limiter::block`] at an explicit time, for tests.
+    pub async fn block_at(
+        &self,
+        seller: &str,
+        now_us: u64,
+        dur: Duration,
+    ) -> Result<u64, S::Error> {
+        let dur_us = u64::try_from(dur.as_micros()).unwrap_or(u64::MAX).max(1);
+        self.store
+            .block(&self.keys.block(seller), Some(now_us), dur_us)
+            .await
+    }
+
+    fn call(
+        &self,
+        op: Op,
+        req: Request<'_>,
+        block_key: String,
+        rules: Vec<(String, Rule)>,
+    ) -> ScriptCall {
+        ScriptCall {
+            op,
+            now_us: req.at_us,
+            cost: req.cost,
+            mode: req.mode,
+            call_id: self.ids.next(),
+            block_key,
+            rules,
+        }
+    }
+}
+
+/// A grant that costs nothing: for sellers configured `unlimited`.
+fn unlimited(cost: u64) -> Decision {
+    Decision::Granted(Granted {
+        granted: cost,
+        remaining: u64::MAX,
+        reset_after: Duration::ZERO,
+        pace: None,
+    })
+}
+
+/// A whole cost above some rule's capacity can never pass: no need to ask.
+fn never<'r>(rules: impl Iterator<Item = &'r Rule>, req: Request<'_>) -> Option<Decision> {
+    if req.mode != Mode::AllOrNothing {
+        return None;
+    }
+    rules.enumerate().find_map(|(i, r)| {
+        (req.cost > r.capacity()).then(|| {
+            Decision::Never(CannotPass {
+                cost: req.cost,
+                capacity: r.capacity(),
+                rule: i,
+            })
+        })
+    })
+}
+
+/// Call ids unique across replicas and restarts: a random instance part and
+/// a counter.
+struct CallIds {
+    instance: u64,
+    next: AtomicU64,
+}
+
+impl CallIds {
+    fn new() -> CallIds {
+        CallIds {
+            instance: rand::random(),
+            next: AtomicU64::new(0),
+        }
+    }
+
+    fn next(&self) -> String {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        format!("{:x}.{:x}", self.instance, n)
+    }
+}

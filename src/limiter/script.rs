@@ -1,0 +1,102 @@
+//! One call of the limiter script, as data.
+//!
+//! The call is built here, in plain Rust, and run by a [`Store`]: Redis in
+//! production, the reference model in tests. Nothing in this file knows how
+//! Redis is reached.
+
+use std::future::Future;
+
+use super::decision::Mode;
+use super::reply::Reply;
+use super::rule::Rule;
+
+/// The limiter script assembled from `lua/`: helpers, one file per
+/// algorithm, then the driver. Hashed once when the store is built.
+pub const LIMITER_LUA: &str = concat!(
+    include_str!("../../lua/common.lua"),
+    include_str!("../../lua/fixed_window.lua"),
+    include_str!("../../lua/sliding_window_log.lua"),
+    include_str!("../../lua/sliding_window_counter.lua"),
+    include_str!("../../lua/token_bucket.lua"),
+    include_str!("../../lua/leaky_bucket.lua"),
+    include_str!("../../lua/burst_fill.lua"),
+    include_str!("../../lua/gcra.lua"),
+    include_str!("../../lua/limiter.lua"),
+);
+
+/// Sets a seller's downstream block.
+pub const BLOCK_LUA: &str = include_str!("../../lua/block.lua");
+
+/// What a call does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// Decide and charge.
+    Acquire,
+    /// Decide, charge nothing (operators' dry run).
+    Peek,
+    /// Give back `cost` units of an earlier call, skipping its first `skip`.
+    Refund { skip: u64 },
+}
+
+/// One invocation of [`LIMITER_LUA`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScriptCall {
+    pub op: Op,
+    /// µs since the epoch; `None` reads Redis' clock (production).
+    pub now_us: Option<u64>,
+    pub cost: u64,
+    pub mode: Mode,
+    /// Unique per call across all replicas; names sliding-log entries.
+    pub call_id: String,
+    pub block_key: String,
+    /// Each rule with the key of its state.
+    pub rules: Vec<(String, Rule)>,
+}
+
+impl ScriptCall {
+    /// KEYS of the script: the block key, then one per rule.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.block_key.as_str()).chain(self.rules.iter().map(|(k, _)| k.as_str()))
+    }
+
+    /// ARGV of the script, as `lua/limiter.lua` documents it.
+    pub fn args(&self) -> Vec<String> {
+        let (op, mode) = match self.op {
+            Op::Acquire => ("acquire", self.mode.wire().to_owned()),
+            Op::Peek => ("peek", self.mode.wire().to_owned()),
+            Op::Refund { skip } => ("refund", skip.to_string()),
+        };
+        let mut args = vec![
+            op.to_owned(),
+            self.now_us.map(|n| n.to_string()).unwrap_or_default(),
+            self.cost.to_string(),
+            mode,
+            self.call_id.clone(),
+            self.rules.len().to_string(),
+        ];
+        for (_, r) in &self.rules {
+            args.push(r.algorithm().name().to_owned());
+            args.push(r.limit().to_string());
+            args.push(r.period_us().to_string());
+            args.push(r.burst().to_string());
+        }
+        args
+    }
+}
+
+/// Where the limiter's state lives.
+pub trait Store: Send + Sync {
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// Runs one limiter call.
+    fn run(&self, call: &ScriptCall) -> impl Future<Output = Result<Reply, Self::Error>> + Send;
+
+    /// Blocks the seller whose block key is `key` for `dur_us` from now
+    /// (never shortening a longer block); returns when the block ends (µs).
+    fn block(
+        &self,
+        key: &str,
+        now_us: Option<u64>,
+        dur_us: u64,
+    ) -> impl Future<Output = Result<u64, Self::Error>> + Send;
+}

@@ -1,0 +1,92 @@
+//! Helpers shared by the integration tests: where Redis is, unique key
+//! prefixes so that runs never collide, and limiters over literal rules.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use throttle_worker::config::{LimitsConfig, RuleConfig, SellerConfig, Topology};
+use throttle_worker::limiter::{KeySpace, Limiter, Policy, RedisStore};
+
+/// `REDIS_URL`, defaulting to the loopback server `.ci/run` starts.
+pub fn redis_url() -> String {
+    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+}
+
+/// A key prefix no other test or run uses.
+pub fn unique_prefix(test: &str) -> String {
+    format!("test-{test}-{:08x}", rand::random::<u32>())
+}
+
+pub fn rule(algorithm: &str, limit: u64, period: &str, burst: Option<u64>) -> RuleConfig {
+    RuleConfig {
+        algorithm: algorithm.to_owned(),
+        limit,
+        period: humantime::parse_duration(period).expect("test period"),
+        burst,
+    }
+}
+
+/// A policy whose default rules are `rules` and whose global rules are `global`.
+pub fn policy(rules: Vec<RuleConfig>, global: Vec<RuleConfig>) -> Policy {
+    let cfg = LimitsConfig {
+        default: rules,
+        global,
+        ..Default::default()
+    };
+    Policy::from_config(&cfg).expect("test policy must be valid")
+}
+
+pub fn policy_with_sellers(rules: Vec<RuleConfig>, sellers: Vec<(&str, SellerConfig)>) -> Policy {
+    let cfg = LimitsConfig {
+        default: rules,
+        sellers: sellers
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect(),
+        ..Default::default()
+    };
+    Policy::from_config(&cfg).expect("test policy must be valid")
+}
+
+pub async fn store() -> RedisStore {
+    RedisStore::connect(&redis_url(), Duration::from_secs(5))
+        .await
+        .unwrap_or_else(|e| panic!("integration tests need Redis at {}: {e}", redis_url()))
+}
+
+pub async fn limiter(prefix: &str, policy: Policy) -> Limiter<RedisStore> {
+    Limiter::new(
+        store().await,
+        KeySpace::new(prefix),
+        policy,
+        Topology::Single,
+    )
+}
+
+pub async fn limiter_with(prefix: &str, policy: Policy, topology: Topology) -> Limiter<RedisStore> {
+    Limiter::new(store().await, KeySpace::new(prefix), policy, topology)
+}
+
+/// A plain connection for looking at what the scripts wrote.
+pub async fn raw() -> redis::aio::MultiplexedConnection {
+    redis::Client::open(redis_url())
+        .expect("redis url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis connection")
+}
+
+/// Every key under `prefix`.
+pub async fn keys_under(prefix: &str) -> Vec<String> {
+    let mut conn = raw().await;
+    let mut keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}:*"))
+        .query_async(&mut conn)
+        .await
+        .expect("KEYS");
+    keys.sort();
+    keys
+}
+
+/// A base time well inside one aligned window of every period the tests use.
+pub const T0: u64 = 1_700_000_000_000_000 - (1_700_000_000_000_000 % 86_400_000_000);
