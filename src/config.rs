@@ -207,25 +207,27 @@ impl Loaded {
         }
     }
 
-    /// The file (or "environment") that gave `key` its value. Falls back to
-    /// the list of files when the key has no value of its own (a missing key).
+    /// The file (or "environment") that gave `key` its value.
     pub fn origin(&self, key: &str) -> String {
-        let mut probe = key.to_owned();
-        loop {
-            // The last layer that sets the key is the one that won the merge.
-            let found = self
-                .layers
-                .iter()
-                .rev()
-                .find(|(_, layer)| layer.get::<config::Value>(&probe).is_ok());
-            if let Some((name, _)) = found {
-                return name.clone();
-            }
-            // A missing key: name the file of its nearest parent.
-            match probe.rfind(['.', '[']) {
-                Some(i) => probe.truncate(i),
-                None => return DEFAULT_NAME.to_owned(),
-            }
+        origin(&self.layers, key)
+    }
+}
+
+/// The last layer that sets `key` (or, for a missing key, its nearest
+/// parent) is the one that won the merge.
+fn origin(layers: &[(String, config::Config)], key: &str) -> String {
+    let mut probe = key.to_owned();
+    loop {
+        let found = layers
+            .iter()
+            .rev()
+            .find(|(_, layer)| layer.get::<config::Value>(&probe).is_ok());
+        if let Some((name, _)) = found {
+            return name.clone();
+        }
+        match probe.rfind(['.', '[']) {
+            Some(i) => probe.truncate(i),
+            None => return DEFAULT_NAME.to_owned(),
         }
     }
 }
@@ -271,9 +273,13 @@ pub fn load_from(
     files.push("environment".to_owned());
     layers.push(("environment".to_owned(), single(env, &files)?));
     let merged = builder.build().map_err(|e| from_config_error(e, &files))?;
-    let settings: Settings = merged
-        .try_deserialize()
-        .map_err(|e| from_config_error(e, &files))?;
+    let settings: Settings = merged.try_deserialize().map_err(|e| {
+        let mut err = from_config_error(e, &files);
+        if err.key != "-" {
+            err.file = origin(&layers, &err.key);
+        }
+        err
+    })?;
     let loaded = Loaded { settings, layers };
     loaded.settings.validate(&loaded)?;
     Ok(loaded)
@@ -352,26 +358,31 @@ impl Settings {
     }
 }
 
-/// The config crate's messages already say "for key `x` in file"; keep the
-/// text, and pull the key out when it is there.
+/// The config crate's messages end in "for key `x` in file"; keep the
+/// problem, and pull out the key (normalised: the crate writes `a[0]b` for
+/// `a[0].b`).
 fn from_config_error(e: config::ConfigError, files: &[String]) -> ConfigError {
     let text = e.to_string();
-    let key = text
-        .split("for key `")
-        .nth(1)
-        .and_then(|rest| rest.split('`').next())
-        .unwrap_or("-")
-        .to_owned();
-    let file = text
-        .rsplit(" in ")
-        .next()
-        .filter(|f| files.iter().any(|known| f.contains(known.as_str())))
-        .map(str::to_owned)
-        .unwrap_or_else(|| files.join(" + "));
+    let (problem, key) = match text.split_once(" for key `") {
+        Some((problem, rest)) => (
+            problem.to_owned(),
+            rest.split('`').next().unwrap_or("-").to_owned(),
+        ),
+        None => (text.clone(), "-".to_owned()),
+    };
+    let mut normal = String::with_capacity(key.len() + 2);
+    let mut prev = ' ';
+    for c in key.chars() {
+        if prev == ']' && c != '[' && c != '.' {
+            normal.push('.');
+        }
+        normal.push(c);
+        prev = c;
+    }
     ConfigError {
-        file,
-        key,
-        problem: text,
+        file: files.join(" + "),
+        key: normal,
+        problem,
     }
 }
 

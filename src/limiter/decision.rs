@@ -56,20 +56,31 @@ pub struct Granted {
     /// Set when a pacer (leaky_bucket) rule took part: the instant each
     /// granted unit may go.
     pub pace: Option<Pace>,
+    /// When the script decided, on the store's clock (µs since the epoch).
+    pub decided_at_us: u64,
 }
 
-/// When paced units may leave: the first at `first`, each next one `interval` later.
+/// When paced units may leave: the first at `first_at_us`, each next one
+/// `interval_us` later (rounded up, so never early).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Pace {
-    /// Unix time in microseconds, on the Redis clock.
+    /// Unix time in microseconds, on the store's clock.
     pub first_at_us: u64,
+    /// The same instant as a wait from the decision, for callers whose own
+    /// clock differs from Redis': wait this long after receiving the grant.
+    pub first_after: Duration,
     pub interval_us: u64,
 }
 
 impl Pace {
-    /// The instant unit `i` (0-based) of the grant may go.
+    /// The instant unit `i` (0-based) of the grant may go, on the store's clock.
     pub fn unit_at(&self, i: u64) -> SystemTime {
         UNIX_EPOCH + Duration::from_micros(self.first_at_us + i * self.interval_us)
+    }
+
+    /// How long after the decision unit `i` may go.
+    pub fn unit_after(&self, i: u64) -> Duration {
+        self.first_after + Duration::from_micros(i * self.interval_us)
     }
 }
 
@@ -81,6 +92,8 @@ pub struct Denied {
     pub remaining: u64,
     pub reset_after: Duration,
     pub by: DeniedBy,
+    /// When the script decided, on the store's clock (µs since the epoch).
+    pub decided_at_us: u64,
 }
 
 impl Denied {

@@ -161,11 +161,11 @@ impl<S: Store> Limiter<S> {
             Decision::Granted(g) => g,
             other => return Ok(other),
         };
+        // The seller's grant already respects the mode; the global rules may
+        // still cut an up-to grant down. The global keys' node reads its own
+        // clock (or the test's explicit time).
         let second_req = Request {
             cost: granted.granted,
-            // The seller's grant already respects the mode; the global rules
-            // may still cut an up-to grant down.
-            at_us: Some(own_reply.now_us as u64),
             ..req
         };
         let second = self.call(op, second_req, self.keys.global_block(), global_rules);
@@ -191,6 +191,7 @@ impl<S: Store> Limiter<S> {
                         (Some(a), Some(b)) if b.first_at_us > a.first_at_us => Some(b),
                         (a, b) => a.or(b),
                     },
+                    decided_at_us: granted.decided_at_us,
                 }))
             }
             Decision::Denied(d) => {
@@ -278,7 +279,15 @@ fn unlimited(cost: u64) -> Decision {
         remaining: u64::MAX,
         reset_after: Duration::ZERO,
         pace: None,
+        decided_at_us: now_us(),
     })
+}
+
+/// The local clock, for answers given without asking the store.
+fn now_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
 }
 
 /// A whole cost above some rule's capacity can never pass: no need to ask.

@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use crate::config::{LimitsConfig, RuleConfig, SellerConfig};
+use crate::config::{ConfigError, LimitsConfig, Loaded, RuleConfig, SellerConfig};
 
 use super::rule::{Algorithm, Rule};
 
@@ -55,6 +55,12 @@ pub struct InvalidLimits {
 }
 
 impl Policy {
+    /// Validates the `[limits]` section of loaded settings; the error names
+    /// the file the offending value came from.
+    pub fn load(loaded: &Loaded) -> Result<Policy, ConfigError> {
+        Policy::from_config(&loaded.settings.limits).map_err(|e| loaded.error_at(&e.key, e.problem))
+    }
+
     /// Validates the `[limits]` section.
     pub fn from_config(cfg: &LimitsConfig) -> Result<Policy, InvalidLimits> {
         let default = rule_set(&cfg.default, "limits.default")?;

@@ -70,6 +70,9 @@ impl Reply {
                     .max()
                     .map(|interval_us| Pace {
                         first_at_us: self.go_at_us as u64,
+                        first_after: Duration::from_micros(
+                            self.go_at_us.saturating_sub(self.now_us) as u64,
+                        ),
                         interval_us,
                     });
                 Decision::Granted(Granted {
@@ -77,6 +80,7 @@ impl Reply {
                     remaining: self.remaining as u64,
                     reset_after: Duration::from_micros(self.reset_after_us as u64),
                     pace,
+                    decided_at_us: self.now_us as u64,
                 })
             }
             0 => Decision::Denied(Denied {
@@ -88,6 +92,7 @@ impl Reply {
                 } else {
                     DeniedBy::Rule(rule_index(self.by))
                 },
+                decided_at_us: self.now_us as u64,
             }),
             _ => {
                 let rule = rule_index(self.by);

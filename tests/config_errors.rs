@@ -1,0 +1,84 @@
+//! A bad config stops startup with the file, the key and what is wrong:
+//! one case per kind of mistake, through the same path `run` uses.
+
+use std::io::Write;
+
+use throttle_worker::config::{self, ConfigError};
+use throttle_worker::limiter::Policy;
+
+fn load(toml: &str) -> (Result<Policy, ConfigError>, String) {
+    let mut f = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    f.write_all(toml.as_bytes()).unwrap();
+    let path = f.path().display().to_string();
+    let result = config::load_from(Some(f.path()), Vec::new()).and_then(|l| Policy::load(&l));
+    (result, path)
+}
+
+#[test]
+fn each_invalid_rule_has_its_own_error() {
+    // (row, [limits] body, key that must be named, words the problem must contain)
+    let rows: &[(u32, &str, &str, &str)] = &[
+        (1, r#"default = [{ algorithm = "gcra", limit = 0, period = "1s" }]"#, "limits.default[0].limit", "at least 1"),
+        (2, r#"default = [{ algorithm = "leaky", limit = 5, period = "1s" }]"#, "limits.default[0].algorithm", "unknown algorithm \"leaky\""),
+        (3, r#"default = [{ algorithm = "burst_fill", limit = 1, period = "10us" }]"#, "limits.default[0].period", "below the minimum of 50µs"),
+        (4, r#"default = [{ algorithm = "gcra", limit = 5, period = "1s", burts = 3 }]"#, "limits.default[0]", "burts"),
+        (5, r#"default = [{ algorithm = "fixed_window", limit = 5, period = "1s", burst = 3 }]"#, "limits.default[0].burst", "only meaningful"),
+        (6, r#"default = [{ algorithm = "gcra", limit = 5, period = "soon" }]"#, "limits.default[0].period", "invalid duration \"soon\""),
+        (7, r#"default = []"#, "limits.default", "at least one rule"),
+        (8, "default = [{ algorithm = \"gcra\", limit = 5, period = \"1s\" }]\n[limits.sellers]\n\"s1\" = { tier = \"gold\" }", "limits.sellers.s1.tier", "unknown tier \"gold\""),
+        (9, "default = [{ algorithm = \"gcra\", limit = 5, period = \"1s\" }]\n[limits.sellers]\n\"s1\" = { unlimited = true, rules = [{ algorithm = \"gcra\", limit = 1, period = \"1s\" }] }", "limits.sellers.s1", "only one of"),
+        (10, "default = [{ algorithm = \"gcra\", limit = 5, period = \"1s\" }]\n[limits.tiers]\nbulk = [{ algorithm = \"token_bucket\", limit = 5, period = \"1s\", burst = 0 }]", "limits.tiers.bulk[0].burst", "burst must be at least 1"),
+        (11, r#"default = [{ algorithm = "gcra", limit = 200, period = "100us" }]"#, "limits.default[0].limit", "more than one admission per microsecond"),
+        (12, r#"default = [{ algorithm = "gcra", limit = 5, period = "1s" }, { algorithm = "gcra", limit = 5, period = "1s" }]"#, "limits.default[1]", "listed twice"),
+    ];
+    for &(row, body, key, problem) in rows {
+        let (result, path) = load(&format!("[limits]\n{body}\n"));
+        let err = result
+            .err()
+            .unwrap_or_else(|| panic!("row {row}: {body} must be refused"));
+        let text = err.to_string();
+        assert!(
+            text.contains(key),
+            "row {row}: error must name key {key:?}: {text}"
+        );
+        assert!(
+            text.contains(problem),
+            "row {row}: error must say {problem:?}: {text}"
+        );
+        assert!(
+            text.contains(&path),
+            "row {row}: error must name the file {path}: {text}"
+        );
+    }
+}
+
+#[test]
+fn the_issue_example_loads() {
+    let (result, _) = load(
+        r#"
+[limits]
+default = [{ algorithm = "sliding_window_log", limit = 100, period = "1m" }]
+global = [{ algorithm = "gcra", limit = 2000, period = "1s" }]
+[limits.tiers]
+bulk = [{ algorithm = "token_bucket", limit = 600, period = "1m", burst = 50 },
+        { algorithm = "fixed_window", limit = 20000, period = "1d" }]
+[limits.sellers]
+"seller-42" = { tier = "bulk" }
+"seller-7"  = { rules = [{ algorithm = "gcra", limit = 10, period = "1s", burst = 5 }] }
+"internal"  = { unlimited = true }
+"#,
+    );
+    let policy = result.expect("the documented example must load");
+    use throttle_worker::limiter::Resolved;
+    match policy.resolve("seller-42") {
+        Resolved::Limited { seller, global } => {
+            assert_eq!((seller.len(), global.len()), (2, 1));
+        }
+        other => panic!("seller-42: {other:?}"),
+    }
+    assert_eq!(policy.resolve("internal"), Resolved::Unlimited);
+    match policy.resolve("anyone") {
+        Resolved::Limited { seller, .. } => assert_eq!(seller[0].limit().get(), 100),
+        other => panic!("{other:?}"),
+    }
+}
