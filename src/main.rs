@@ -1,3 +1,126 @@
-fn main() {
-    println!("throttle-worker: under construction");
+//! The `throttle-worker` binary: parses the command line, sets up logging
+//! and hands over to the library.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+use throttle_worker::limiter::{KeySpace, Limiter, Mode, Policy, RedisStore, Request};
+use throttle_worker::{config, demo, telemetry};
+
+#[derive(Parser)]
+#[command(
+    version,
+    about = "Kafka consumer-side throttling worker with a shared Redis limiter per seller"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Operator tools for the limiter.
+    Limiter {
+        #[command(subcommand)]
+        command: LimiterCommand,
+    },
+    /// Load and validate the configuration, then print every seller rule set.
+    CheckConfig {
+        /// Merged over config/default.toml; THROTTLE__SECTION__KEY overrides both.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum LimiterCommand {
+    /// Live run of every algorithm against Redis: grants, refusals, retry-after.
+    Demo {
+        #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
+        redis_url: String,
+    },
+    /// Dry run for one seller: what the limiter would answer now, charging nothing.
+    Peek {
+        #[arg(long)]
+        config: Option<PathBuf>,
+        #[arg(long)]
+        seller: String,
+        #[arg(long, default_value_t = 1)]
+        cost: u64,
+        /// Grant up to `cost` instead of all or nothing.
+        #[arg(long)]
+        up_to: bool,
+    },
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    telemetry::init();
+    match Cli::parse().command {
+        Command::Limiter {
+            command: LimiterCommand::Demo { redis_url },
+        } => demo::limiter_demo(&redis_url).await,
+        Command::Limiter {
+            command:
+                LimiterCommand::Peek {
+                    config,
+                    seller,
+                    cost,
+                    up_to,
+                },
+        } => {
+            let (settings, policy) = load(config)?;
+            let store = RedisStore::connect(&settings.redis.url, settings.redis.timeout).await?;
+            let limiter = Limiter::new(
+                store,
+                KeySpace::new(settings.redis.key_prefix.clone()),
+                policy,
+                settings.redis.topology,
+            );
+            let mode = if up_to {
+                Mode::UpTo
+            } else {
+                Mode::AllOrNothing
+            };
+            let decision = limiter
+                .check(Request {
+                    dry_run: true,
+                    ..Request::new(&seller, cost, mode)
+                })
+                .await?;
+            println!("{decision:#?}");
+            Ok(())
+        }
+        Command::CheckConfig { config } => {
+            let (settings, policy) = load(config)?;
+            println!("configuration is valid");
+            println!("redis: {:?}", settings.redis);
+            println!(
+                "global: {:?}",
+                policy
+                    .global()
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+            );
+            for (tier, rules) in policy.tiers() {
+                println!(
+                    "tier {tier}: {:?}",
+                    rules.iter().map(ToString::to_string).collect::<Vec<_>>()
+                );
+            }
+            for seller in policy.named_sellers() {
+                println!("seller {seller}: {:?}", policy.resolve(seller));
+            }
+            Ok(())
+        }
+    }
+}
+
+fn load(file: Option<PathBuf>) -> anyhow::Result<(config::Settings, Policy)> {
+    let loaded = config::load(file.as_deref()).context("invalid configuration")?;
+    let policy = Policy::load(&loaded).context("invalid configuration")?;
+    Ok((loaded.settings, policy))
 }

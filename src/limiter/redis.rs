@@ -142,3 +142,19 @@ impl Store for RedisStore {
         Ok(until)
     }
 }
+
+impl RedisStore {
+    /// `MEMORY USAGE key`: bytes a key takes, for the README's per-seller
+    /// figures and the demo. `None` when the key does not exist.
+    pub async fn memory_usage(&self, key: &str) -> Result<Option<u64>, RedisError> {
+        let mut conn = self.conn.clone();
+        redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg(key)
+            .arg("SAMPLES")
+            .arg(0)
+            .query_async(&mut conn)
+            .await
+            .map_err(RedisError::Script)
+    }
+}
