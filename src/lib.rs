@@ -4,5 +4,7 @@
 //! API it asks a shared, atomic Redis Lua limiter for a permit keyed by seller.
 //!
 //! - [`limiter`]: rules, typed decisions, reference models and the Redis glue.
+//! - [`job`]: the job envelope a Kafka record carries, and its checks.
 
+pub mod job;
 pub mod limiter;
