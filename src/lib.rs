@@ -5,6 +5,8 @@
 //!
 //! - [`limiter`]: rules, typed decisions, reference models and the Redis glue.
 //! - [`job`]: the job envelope a Kafka record carries, and its checks.
+//! - [`downstream`]: the HTTP client; classifies answers into typed outcomes.
 
+pub mod downstream;
 pub mod job;
 pub mod limiter;
