@@ -6,7 +6,9 @@
 //! - [`limiter`]: rules, typed decisions, reference models and the Redis glue.
 //! - [`job`]: the job envelope a Kafka record carries, and its checks.
 //! - [`downstream`]: the HTTP client; classifies answers into typed outcomes.
+//! - [`kafka`]: offset tracking, retry/DLQ producer, embedded dev broker.
 
 pub mod downstream;
 pub mod job;
+pub mod kafka;
 pub mod limiter;
