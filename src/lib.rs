@@ -5,12 +5,24 @@
 //!
 //! - [`config`]: settings from `config/default.toml`, a file and the
 //!   environment; errors name the file and key. Leaf module.
+//! - [`job`]: the job envelope and its parsing; a bad record gets a reason
+//!   fit for the dead-letter header.
 //! - [`limiter`]: rules, typed decisions, reference models and the Redis glue
 //!   (the only module that talks to Redis).
-//! - [`telemetry`]: logging setup. Leaf module.
+//! - [`downstream`]: the HTTP client (the only module importing reqwest) and
+//!   the classification of its answers: done, retry-after, retryable, fatal.
+//! - [`kafka`]: consumer, offset tracker, retry/dead-letter producer and the
+//!   embedded mock broker (the only module importing rdkafka).
+//! - [`worker`]: one job's path, decode → permit → call → outcome, for many
+//!   sellers at once without head-of-line blocking.
+//! - [`telemetry`]: logging, typed events, the HTTP endpoints. Leaf module.
 //! - [`demo`]: the live limiter demo behind `throttle-worker limiter demo`.
 
 pub mod config;
 pub mod demo;
+pub mod downstream;
+pub mod job;
+pub mod kafka;
 pub mod limiter;
 pub mod telemetry;
+pub mod worker;

@@ -1,0 +1,17 @@
+//! Kafka: the only module that imports `rdkafka`.
+//!
+//! - [`offsets`]: per-partition tracker of finished records; says which
+//!   offset may be committed (pure, no rdkafka).
+//! - [`producer`]: [`RecordSink`] writes retry-topic and dead-letter records
+//!   and waits for the broker's acknowledgement; [`RetryHeaders`] reads the
+//!   worker's headers back.
+//! - [`mock`]: [`DevBroker`], librdkafka's embedded mock cluster for tests,
+//!   the demo and `throttle-worker dev-broker`.
+
+pub mod mock;
+pub mod offsets;
+pub mod producer;
+
+pub use mock::{parse_topic_spec, serve_dev_broker, DevBroker, MockError, TopicSpecError};
+pub use offsets::{Commit, Finish, Offsets, PartitionOffsets, TrackError};
+pub use producer::{HeaderError, OriginalRecord, Position, RecordSink, RetryHeaders, SinkError};

@@ -1,0 +1,404 @@
+//! Which offset of each partition may be committed.
+//!
+//! A record is *tracked* when the worker takes it and *finished* when it is
+//! done, dead-lettered or acknowledged on the retry topic. Jobs finish out of
+//! order (sellers wait for different times), but a Kafka commit means "every
+//! record before this offset is finished", so only the contiguous finished
+//! prefix may be committed. This module is pure bookkeeping: no rdkafka.
+//!
+//! Offsets of one partition need not be consecutive (compacted topics,
+//! transaction markers): only tracked offsets matter, and a gap counts as
+//! finished.
+
+use std::collections::{BTreeMap, HashMap};
+
+/// What [`PartitionOffsets::track`] refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TrackError {
+    /// Kafka delivers a partition's records in offset order; an offset at
+    /// or below one already tracked means the consumer was rewound without
+    /// the tracker being reset (call `remove_partition` on revoke/seek).
+    #[error("offset {offset} is not above the last tracked offset {last}; reset the tracker after a seek or reassignment")]
+    NotIncreasing { offset: i64, last: i64 },
+    #[error("offset {0} is negative; only real record offsets can be tracked")]
+    Negative(i64),
+}
+
+/// What [`PartitionOffsets::finish`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// The offset was tracked and is now finished.
+    Finished,
+    /// It was finished before; nothing changed (finishing twice is harmless).
+    AlreadyFinished,
+    /// It was never tracked here (e.g. its partition was revoked and reset).
+    NotTracked,
+}
+
+/// The tracker for one partition.
+#[derive(Debug, Clone, Default)]
+pub struct PartitionOffsets {
+    /// Tracked offsets above the finished prefix, with whether each is
+    /// finished. The first entry, if any, is always unfinished.
+    open: BTreeMap<i64, bool>,
+    /// The highest offset of the contiguous finished prefix.
+    done_through: Option<i64>,
+    /// The highest offset ever tracked; later offsets must be above it.
+    last_tracked: Option<i64>,
+    /// The last offset handed to [`mark_committed`](Self::mark_committed).
+    committed: Option<i64>,
+}
+
+impl PartitionOffsets {
+    pub fn new() -> PartitionOffsets {
+        PartitionOffsets::default()
+    }
+
+    /// Records that the worker took the record at `offset`.
+    pub fn track(&mut self, offset: i64) -> Result<(), TrackError> {
+        if offset < 0 {
+            return Err(TrackError::Negative(offset));
+        }
+        if let Some(last) = self.last_tracked.filter(|&last| offset <= last) {
+            return Err(TrackError::NotIncreasing { offset, last });
+        }
+        self.last_tracked = Some(offset);
+        self.open.insert(offset, false);
+        Ok(())
+    }
+
+    /// Records that the record at `offset` is finished.
+    pub fn finish(&mut self, offset: i64) -> Finish {
+        match self.open.get_mut(&offset) {
+            Some(true) => return Finish::AlreadyFinished,
+            Some(done) => *done = true,
+            None if self.done_through.is_some_and(|d| offset <= d) => {
+                return Finish::AlreadyFinished
+            }
+            None => return Finish::NotTracked,
+        }
+        // Advance the prefix past every finished entry at the front.
+        while let Some(entry) = self.open.first_entry() {
+            if !*entry.get() {
+                break;
+            }
+            self.done_through = Some(*entry.key());
+            entry.remove();
+        }
+        Finish::Finished
+    }
+
+    /// The next offset to commit: one past the contiguous finished prefix,
+    /// or `None` while the first tracked record is unfinished.
+    pub fn committable(&self) -> Option<i64> {
+        self.done_through.map(|o| o + 1)
+    }
+
+    /// [`committable`](Self::committable), but only if it moved since the
+    /// last [`mark_committed`](Self::mark_committed): saves empty commits.
+    pub fn uncommitted(&self) -> Option<i64> {
+        self.committable().filter(|&c| Some(c) > self.committed)
+    }
+
+    /// Notes that `offset` was committed.
+    pub fn mark_committed(&mut self, offset: i64) {
+        self.committed = self.committed.max(Some(offset));
+    }
+
+    /// Tracked records not finished yet.
+    pub fn unfinished(&self) -> usize {
+        self.open.values().filter(|done| !**done).count()
+    }
+
+    /// The lowest tracked offset that is not finished.
+    pub fn lowest_unfinished(&self) -> Option<i64> {
+        // By the invariant on `open`, that is its first key.
+        self.open.keys().next().copied()
+    }
+}
+
+/// One topic-partition and its next offset to commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Commit {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+}
+
+/// Trackers for every assigned partition, keyed by topic then partition
+/// (two levels so lookups borrow the topic instead of allocating a key).
+#[derive(Debug, Clone, Default)]
+pub struct Offsets {
+    topics: HashMap<String, HashMap<i32, PartitionOffsets>>,
+}
+
+impl Offsets {
+    pub fn new() -> Offsets {
+        Offsets::default()
+    }
+
+    /// Tracks `offset`, creating the partition's tracker on first use.
+    pub fn track(&mut self, topic: &str, partition: i32, offset: i64) -> Result<(), TrackError> {
+        if !self.topics.contains_key(topic) {
+            self.topics.insert(topic.to_owned(), HashMap::new());
+        }
+        // Cannot fail: the topic was inserted just above. (The entry API
+        // would allocate a String key on every record.)
+        let partitions = self.topics.get_mut(topic).expect("topic inserted above");
+        partitions.entry(partition).or_default().track(offset)
+    }
+
+    pub fn finish(&mut self, topic: &str, partition: i32, offset: i64) -> Finish {
+        self.partition_mut(topic, partition)
+            .map_or(Finish::NotTracked, |p| p.finish(offset))
+    }
+
+    pub fn partition(&self, topic: &str, partition: i32) -> Option<&PartitionOffsets> {
+        self.topics.get(topic)?.get(&partition)
+    }
+
+    pub fn partition_mut(&mut self, topic: &str, partition: i32) -> Option<&mut PartitionOffsets> {
+        self.topics.get_mut(topic)?.get_mut(&partition)
+    }
+
+    /// Forgets a partition (revoked, or seeked): later finishes for it are
+    /// [`Finish::NotTracked`]. Returns its tracker for a last commit.
+    pub fn remove_partition(&mut self, topic: &str, partition: i32) -> Option<PartitionOffsets> {
+        let partitions = self.topics.get_mut(topic)?;
+        let removed = partitions.remove(&partition);
+        if partitions.is_empty() {
+            self.topics.remove(topic);
+        }
+        removed
+    }
+
+    /// Every partition whose committable offset moved since it was last
+    /// marked committed.
+    pub fn uncommitted(&self) -> Vec<Commit> {
+        self.commits(PartitionOffsets::uncommitted)
+    }
+
+    /// Every partition with a committable offset, moved or not (for the
+    /// synchronous commit on revoke and shutdown).
+    pub fn committable(&self) -> Vec<Commit> {
+        self.commits(PartitionOffsets::committable)
+    }
+
+    /// Marks each commit as done.
+    pub fn mark_committed(&mut self, commits: &[Commit]) {
+        for c in commits {
+            if let Some(p) = self.partition_mut(&c.topic, c.partition) {
+                p.mark_committed(c.offset);
+            }
+        }
+    }
+
+    /// Unfinished records over all partitions.
+    pub fn unfinished(&self) -> usize {
+        self.topics
+            .values()
+            .flat_map(HashMap::values)
+            .map(PartitionOffsets::unfinished)
+            .sum()
+    }
+
+    fn commits(&self, pick: impl Fn(&PartitionOffsets) -> Option<i64>) -> Vec<Commit> {
+        let mut out: Vec<Commit> = self
+            .topics
+            .iter()
+            .flat_map(|(topic, partitions)| {
+                partitions.iter().filter_map(|(&partition, p)| {
+                    pick(p).map(|offset| Commit {
+                        topic: topic.clone(),
+                        partition,
+                        offset,
+                    })
+                })
+            })
+            .collect();
+        // Stable order makes commits and logs reproducible.
+        out.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn scripted_steps() {
+        // (row, action, offset, expected result, committable afterwards)
+        #[derive(Debug)]
+        enum Do {
+            Track,
+            Done(Finish),
+        }
+        use Do::*;
+        let steps: Vec<(u32, Do, i64, Option<i64>)> = vec![
+            (1, Track, 10, None),
+            (2, Track, 11, None),
+            (3, Track, 14, None), // gap: 12, 13 are markers or compacted away
+            (4, Track, 15, None),
+            (5, Done(Finish::Finished), 11, None), // out of order: 10 still open
+            (6, Done(Finish::Finished), 10, Some(12)),
+            (7, Done(Finish::AlreadyFinished), 10, Some(12)),
+            (8, Done(Finish::AlreadyFinished), 11, Some(12)),
+            (9, Done(Finish::NotTracked), 12, Some(12)), // a gap offset
+            (10, Done(Finish::Finished), 15, Some(12)),
+            (11, Done(Finish::AlreadyFinished), 15, Some(12)),
+            (12, Done(Finish::Finished), 14, Some(16)),
+            (13, Done(Finish::NotTracked), 99, Some(16)),
+        ];
+        let mut p = PartitionOffsets::new();
+        for (row, action, offset, want) in steps {
+            match action {
+                Track => assert_eq!(p.track(offset), Ok(()), "row {row}"),
+                Done(want) => assert_eq!(p.finish(offset), want, "row {row}"),
+            }
+            assert_eq!(
+                p.committable(),
+                want,
+                "row {row}: committable after {offset}"
+            );
+        }
+        assert_eq!(p.unfinished(), 0);
+    }
+
+    #[test]
+    fn track_rejects_rewinds_and_negatives() {
+        let mut p = PartitionOffsets::new();
+        p.track(5).unwrap();
+        assert_eq!(
+            p.track(5),
+            Err(TrackError::NotIncreasing { offset: 5, last: 5 })
+        );
+        assert_eq!(
+            p.track(3),
+            Err(TrackError::NotIncreasing { offset: 3, last: 5 })
+        );
+        assert_eq!(p.track(-1), Err(TrackError::Negative(-1)));
+        p.finish(5);
+        assert_eq!(
+            p.track(4),
+            Err(TrackError::NotIncreasing { offset: 4, last: 5 }),
+            "also after the prefix moved past it"
+        );
+    }
+
+    #[test]
+    fn uncommitted_only_reports_movement() {
+        let mut p = PartitionOffsets::new();
+        p.track(0).unwrap();
+        p.track(1).unwrap();
+        assert_eq!(p.uncommitted(), None);
+        p.finish(0);
+        assert_eq!(p.uncommitted(), Some(1));
+        p.mark_committed(1);
+        assert_eq!(p.uncommitted(), None, "nothing moved since the commit");
+        assert_eq!(
+            p.committable(),
+            Some(1),
+            "but a forced commit still has an offset"
+        );
+        p.finish(1);
+        assert_eq!(p.uncommitted(), Some(2));
+    }
+
+    #[test]
+    fn map_over_partitions() {
+        let mut o = Offsets::new();
+        o.track("jobs", 0, 0).unwrap();
+        o.track("jobs", 0, 1).unwrap();
+        o.track("jobs", 1, 7).unwrap();
+        o.track("retry", 0, 3).unwrap();
+        assert_eq!(o.unfinished(), 4);
+        o.finish("jobs", 0, 0);
+        o.finish("jobs", 1, 7);
+        o.finish("retry", 0, 3);
+        let c = |t: &str, p, off| Commit {
+            topic: t.into(),
+            partition: p,
+            offset: off,
+        };
+        assert_eq!(
+            o.uncommitted(),
+            vec![c("jobs", 0, 1), c("jobs", 1, 8), c("retry", 0, 4)]
+        );
+        o.mark_committed(&o.uncommitted());
+        assert_eq!(o.uncommitted(), vec![]);
+        assert_eq!(o.committable().len(), 3);
+
+        let removed = o
+            .remove_partition("jobs", 0)
+            .expect("partition 0 was tracked");
+        assert_eq!(removed.unfinished(), 1, "offset 1 was still open");
+        assert_eq!(
+            o.finish("jobs", 0, 1),
+            Finish::NotTracked,
+            "a revoked partition ignores late finishes"
+        );
+        assert!(o.remove_partition("retry", 0).is_some());
+        assert!(o.partition("retry", 0).is_none());
+        assert!(o.remove_partition("nope", 0).is_none());
+        assert_eq!(o.unfinished(), 0);
+    }
+
+    /// Offsets with random gaps, finished in a random order, some twice.
+    fn scenario() -> impl Strategy<Value = (Vec<i64>, Vec<usize>)> {
+        (0i64..1000, prop::collection::vec(1i64..4, 1..60)).prop_flat_map(|(start, gaps)| {
+            let offsets: Vec<i64> = gaps
+                .iter()
+                .scan(start, |next, gap| {
+                    let o = *next;
+                    *next += gap;
+                    Some(o)
+                })
+                .collect();
+            let n = offsets.len();
+            let order = (0..n).collect::<Vec<_>>();
+            let dups = prop::collection::vec(0..n, 0..10);
+            (Just(offsets), Just(order).prop_shuffle(), dups).prop_map(
+                |(offsets, mut order, dups)| {
+                    // Duplicates go after the original finish, like a retried ack.
+                    for d in dups {
+                        let at = order.iter().position(|&i| i == d).unwrap_or(0);
+                        order.insert(at + 1, d);
+                    }
+                    (offsets, order)
+                },
+            )
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn committable_never_passes_an_unfinished_offset((offsets, order) in scenario()) {
+            let mut p = PartitionOffsets::new();
+            for &o in &offsets {
+                p.track(o).unwrap();
+            }
+            let mut finished = vec![false; offsets.len()];
+            let mut previous = None;
+            for &i in &order {
+                p.finish(offsets[i]);
+                finished[i] = true;
+                let c = p.committable();
+                let lowest_open = offsets.iter().zip(&finished).find(|(_, f)| !**f).map(|(o, _)| *o);
+                // The model: one past the last offset of the finished prefix.
+                let prefix = finished.iter().take_while(|f| **f).count();
+                let model = prefix.checked_sub(1).map(|last| offsets[last] + 1);
+                prop_assert_eq!(c, model);
+                if let (Some(c), Some(open)) = (c, lowest_open) {
+                    prop_assert!(c <= open, "committable {} passes unfinished {}", c, open);
+                }
+                prop_assert!(c >= previous, "committable went back from {:?} to {:?}", previous, c);
+                prop_assert_eq!(p.lowest_unfinished(), lowest_open);
+                previous = c;
+            }
+            prop_assert_eq!(p.committable(), Some(offsets[offsets.len() - 1] + 1));
+            prop_assert_eq!(p.unfinished(), 0);
+        }
+    }
+}

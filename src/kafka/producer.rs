@@ -1,0 +1,480 @@
+//! Writing records the worker could not finish in place: to the retry topic
+//! (to be tried later) or to the dead-letter topic (never tried again).
+//!
+//! Both writes wait for the broker's acknowledgement, because the original
+//! record only counts as finished — and its offset may only be committed —
+//! once its copy is safely stored.
+//!
+//! Headers (values are decimal ASCII, except `x-error` which is UTF-8 text):
+//!
+//! | header                 | retry | DLQ | meaning                                  |
+//! |------------------------|-------|-----|------------------------------------------|
+//! | `x-not-before`         | yes   |     | Unix ms before which it must not be run  |
+//! | `x-attempts`           | yes   | yes | downstream attempts made so far          |
+//! | `x-error`              |       | yes | why it was dead-lettered                 |
+//! | `x-original-topic`     | yes   | yes | where the job first entered, ...         |
+//! | `x-original-partition` | yes   | yes | ... kept across retry-topic round trips  |
+//! | `x-original-offset`    | yes   | yes |                                          |
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use rdkafka::message::{Header, Headers, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::util::Timeout;
+use rdkafka::{ClientConfig, Message};
+
+pub const X_ERROR: &str = "x-error";
+pub const X_ATTEMPTS: &str = "x-attempts";
+pub const X_NOT_BEFORE: &str = "x-not-before";
+pub const X_ORIGINAL_TOPIC: &str = "x-original-topic";
+pub const X_ORIGINAL_PARTITION: &str = "x-original-partition";
+pub const X_ORIGINAL_OFFSET: &str = "x-original-offset";
+
+/// `x-error` is a header, not a log: keep it bounded.
+const MAX_ERROR_HEADER_BYTES: usize = 1024;
+
+/// Why a record could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum SinkError {
+    #[error("could not create the Kafka producer for brokers {brokers:?}: {reason}")]
+    Create { brokers: String, reason: String },
+    #[error("broker did not acknowledge the record for topic {topic:?}: {reason}")]
+    Delivery { topic: String, reason: String },
+}
+
+/// Where a record sits in Kafka.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Position {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+}
+
+/// The record a retry or dead letter is a copy of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OriginalRecord {
+    /// Where the job first entered: for a record consumed from the retry
+    /// topic, the position named by its `x-original-*` headers, so a job
+    /// that went round the retry topic is still traceable to its source.
+    pub origin: Position,
+    pub key: Option<Vec<u8>>,
+    /// The record value, byte for byte.
+    pub value: Vec<u8>,
+}
+
+impl OriginalRecord {
+    /// Copies a consumed record, resolving its origin as described on
+    /// [`OriginalRecord::origin`].
+    pub fn from_message<M: Message>(message: &M) -> OriginalRecord {
+        let here = Position {
+            topic: message.topic().to_owned(),
+            partition: message.partition(),
+            offset: message.offset(),
+        };
+        let origin = message
+            .headers()
+            .and_then(|h| RetryHeaders::from_headers(header_pairs(h)).ok())
+            .and_then(|h| h.original)
+            .unwrap_or(here);
+        OriginalRecord {
+            origin,
+            key: message.key().map(<[u8]>::to_vec),
+            value: message.payload().map(<[u8]>::to_vec).unwrap_or_default(),
+        }
+    }
+}
+
+/// A header of [`RetryHeaders`] that is present but unreadable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("header {name} has value {value:?}, expected {expected}")]
+pub struct HeaderError {
+    pub name: &'static str,
+    /// Lossy UTF-8 of the raw value.
+    pub value: String,
+    pub expected: &'static str,
+}
+
+/// The worker's headers read back from a consumed record.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RetryHeaders {
+    /// `x-not-before`; `None` on records that never went to the retry topic.
+    pub not_before_unix_ms: Option<u64>,
+    /// `x-attempts`; 0 when absent (a fresh job).
+    pub attempts: u32,
+    /// `x-error`, if present.
+    pub error: Option<String>,
+    /// All three `x-original-*` headers, or `None` if any is absent.
+    pub original: Option<Position>,
+}
+
+impl RetryHeaders {
+    /// Reads the worker's headers from `(name, value)` pairs; other headers
+    /// are ignored, and for a repeated name the last one wins (Kafka
+    /// headers are a list, and appenders add at the end).
+    pub fn from_headers<'a>(
+        headers: impl IntoIterator<Item = (&'a str, Option<&'a [u8]>)>,
+    ) -> Result<RetryHeaders, HeaderError> {
+        let mut out = RetryHeaders::default();
+        let (mut topic, mut partition, mut offset) = (None, None, None);
+        for (name, value) in headers {
+            let Some(value) = value else { continue };
+            match name {
+                X_NOT_BEFORE => out.not_before_unix_ms = Some(number(X_NOT_BEFORE, value)?),
+                X_ATTEMPTS => out.attempts = number(X_ATTEMPTS, value)?,
+                X_ERROR => out.error = Some(String::from_utf8_lossy(value).into_owned()),
+                X_ORIGINAL_TOPIC => topic = Some(String::from_utf8_lossy(value).into_owned()),
+                X_ORIGINAL_PARTITION => partition = Some(number(X_ORIGINAL_PARTITION, value)?),
+                X_ORIGINAL_OFFSET => offset = Some(number(X_ORIGINAL_OFFSET, value)?),
+                _ => {}
+            }
+        }
+        if let (Some(topic), Some(partition), Some(offset)) = (topic, partition, offset) {
+            out.original = Some(Position {
+                topic,
+                partition,
+                offset,
+            });
+        }
+        Ok(out)
+    }
+}
+
+fn number<T: std::str::FromStr>(name: &'static str, value: &[u8]) -> Result<T, HeaderError> {
+    std::str::from_utf8(value)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| HeaderError {
+            name,
+            value: String::from_utf8_lossy(value).into_owned(),
+            expected: "a decimal number",
+        })
+}
+
+/// Adapts rdkafka headers to the pairs [`RetryHeaders::from_headers`] reads.
+pub fn header_pairs<H: Headers>(headers: &H) -> impl Iterator<Item = (&str, Option<&[u8]>)> {
+    headers.iter().map(|h| (h.key, h.value))
+}
+
+/// Writes retry and dead-letter records through one idempotent producer.
+pub struct RecordSink {
+    producer: FutureProducer,
+}
+
+impl RecordSink {
+    /// `properties` are passed to librdkafka as they are (SASL, SSL,
+    /// tuning); `enable.idempotence` and `acks` are then forced, because
+    /// at-least-once depends on them.
+    pub fn new(
+        brokers: &str,
+        properties: &BTreeMap<String, String>,
+    ) -> Result<RecordSink, SinkError> {
+        let mut config = ClientConfig::new();
+        for (k, v) in properties {
+            config.set(k, v);
+        }
+        config
+            .set("bootstrap.servers", brokers)
+            .set("enable.idempotence", "true")
+            .set("acks", "all");
+        let producer = config.create().map_err(|e| SinkError::Create {
+            brokers: brokers.to_owned(),
+            reason: e.to_string(),
+        })?;
+        Ok(RecordSink { producer })
+    }
+
+    /// Writes `original` to `dlq_topic` with the reason and attempt count,
+    /// and waits for the broker's acknowledgement.
+    pub async fn dead_letter(
+        &self,
+        dlq_topic: &str,
+        original: &OriginalRecord,
+        reason: &str,
+        attempts: u32,
+    ) -> Result<(), SinkError> {
+        let headers = origin_headers(&original.origin)
+            .insert(text(X_ERROR, truncate(reason, MAX_ERROR_HEADER_BYTES)))
+            .insert(text(X_ATTEMPTS, &attempts.to_string()));
+        self.send(dlq_topic, original, headers).await
+    }
+
+    /// Writes `original` to `retry_topic`, not to be run before
+    /// `not_before_unix_ms`, and waits for the broker's acknowledgement.
+    pub async fn to_retry_topic(
+        &self,
+        retry_topic: &str,
+        original: &OriginalRecord,
+        not_before_unix_ms: u64,
+        attempts: u32,
+    ) -> Result<(), SinkError> {
+        let headers = origin_headers(&original.origin)
+            .insert(text(X_NOT_BEFORE, &not_before_unix_ms.to_string()))
+            .insert(text(X_ATTEMPTS, &attempts.to_string()));
+        self.send(retry_topic, original, headers).await
+    }
+
+    async fn send(
+        &self,
+        topic: &str,
+        original: &OriginalRecord,
+        headers: OwnedHeaders,
+    ) -> Result<(), SinkError> {
+        let mut record = FutureRecord::to(topic)
+            .payload(original.value.as_slice())
+            .headers(headers);
+        if let Some(key) = &original.key {
+            record = record.key(key.as_slice());
+        }
+        // Never give up on a full local queue: delivery itself is bounded
+        // by librdkafka's message.timeout.ms, which reports an error.
+        match self.producer.send(record, Timeout::Never).await {
+            Ok(_) => Ok(()),
+            Err((e, _)) => Err(SinkError::Delivery {
+                topic: topic.to_owned(),
+                reason: e.to_string(),
+            }),
+        }
+    }
+
+    /// Waits up to `timeout` for queued records to be acknowledged (on
+    /// shutdown).
+    pub fn flush(&self, timeout: Duration) -> Result<(), SinkError> {
+        use rdkafka::producer::Producer;
+        self.producer
+            .flush(timeout)
+            .map_err(|e| SinkError::Delivery {
+                topic: "(flush)".to_owned(),
+                reason: e.to_string(),
+            })
+    }
+}
+
+fn origin_headers(origin: &Position) -> OwnedHeaders {
+    OwnedHeaders::new_with_capacity(6)
+        .insert(text(X_ORIGINAL_TOPIC, &origin.topic))
+        .insert(text(X_ORIGINAL_PARTITION, &origin.partition.to_string()))
+        .insert(text(X_ORIGINAL_OFFSET, &origin.offset.to_string()))
+}
+
+fn text<'a>(key: &'a str, value: &'a str) -> Header<'a, &'a str> {
+    Header {
+        key,
+        value: Some(value),
+    }
+}
+
+/// Cuts `s` to at most `max` bytes on a character boundary.
+fn truncate(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kafka::mock::DevBroker;
+    use rdkafka::consumer::{Consumer, StreamConsumer};
+
+    type Pairs<'a> = Vec<(&'a str, &'a [u8])>;
+
+    fn unique(prefix: &str) -> String {
+        format!("{prefix}-{}", rand::random::<u64>())
+    }
+
+    #[test]
+    fn headers_read_back() {
+        let pairs: Vec<(&str, Option<&[u8]>)> = vec![
+            ("traceparent", Some(b"00-abc")),
+            (X_NOT_BEFORE, Some(b"1700000000123")),
+            (X_ATTEMPTS, Some(b"2")),
+            (X_ATTEMPTS, Some(b"3")),
+            (X_ORIGINAL_TOPIC, Some(b"jobs")),
+            (X_ORIGINAL_PARTITION, Some(b"4")),
+            (X_ORIGINAL_OFFSET, Some(b"99")),
+            (X_ERROR, None),
+        ];
+        let h = RetryHeaders::from_headers(pairs).unwrap();
+        let want = RetryHeaders {
+            not_before_unix_ms: Some(1_700_000_000_123),
+            attempts: 3,
+            error: None,
+            original: Some(Position {
+                topic: "jobs".into(),
+                partition: 4,
+                offset: 99,
+            }),
+        };
+        assert_eq!(h, want);
+    }
+
+    #[test]
+    fn header_table() {
+        let cases: Vec<(u32, Pairs, Result<RetryHeaders, HeaderError>)> = vec![
+            (1, vec![], Ok(RetryHeaders::default())),
+            (
+                2,
+                vec![(X_ATTEMPTS, b"1")],
+                Ok(RetryHeaders {
+                    attempts: 1,
+                    ..Default::default()
+                }),
+            ),
+            (
+                3,
+                vec![(X_ORIGINAL_TOPIC, b"jobs"), (X_ORIGINAL_OFFSET, b"1")],
+                Ok(RetryHeaders::default()),
+            ),
+            (
+                4,
+                vec![(X_ERROR, "caf\u{e9}".as_bytes())],
+                Ok(RetryHeaders {
+                    error: Some("caf\u{e9}".into()),
+                    ..Default::default()
+                }),
+            ),
+            (
+                5,
+                vec![(X_ATTEMPTS, b"-1")],
+                Err(HeaderError {
+                    name: X_ATTEMPTS,
+                    value: "-1".into(),
+                    expected: "a decimal number",
+                }),
+            ),
+            (
+                6,
+                vec![(X_NOT_BEFORE, b"soon")],
+                Err(HeaderError {
+                    name: X_NOT_BEFORE,
+                    value: "soon".into(),
+                    expected: "a decimal number",
+                }),
+            ),
+            (
+                7,
+                vec![(X_ORIGINAL_PARTITION, b"\xff")],
+                Err(HeaderError {
+                    name: X_ORIGINAL_PARTITION,
+                    value: "\u{fffd}".into(),
+                    expected: "a decimal number",
+                }),
+            ),
+        ];
+        for (row, pairs, want) in cases {
+            let got = RetryHeaders::from_headers(pairs.into_iter().map(|(k, v)| (k, Some(v))));
+            assert_eq!(got, want, "row {row}");
+        }
+    }
+
+    #[test]
+    fn truncate_respects_char_boundaries() {
+        assert_eq!(truncate("abc", 5), "abc");
+        assert_eq!(truncate("abc", 2), "ab");
+        assert_eq!(truncate("\u{e9}\u{e9}", 3), "\u{e9}");
+    }
+
+    async fn read_one(bootstrap: &str, topic: &str) -> rdkafka::message::OwnedMessage {
+        let consumer: StreamConsumer = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .set("group.id", unique("reader"))
+            .set("auto.offset.reset", "earliest")
+            .create()
+            .unwrap();
+        consumer.subscribe(&[topic]).unwrap();
+        let msg = tokio::time::timeout(Duration::from_secs(15), consumer.recv())
+            .await
+            .unwrap_or_else(|_| panic!("nothing on {topic} after 15 s"))
+            .unwrap();
+        msg.detach()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn dead_letter_and_retry_round_trip() {
+        let (jobs, dlq, retry) = (unique("jobs"), unique("dlq"), unique("retry"));
+        let broker =
+            DevBroker::start(&[(jobs.clone(), 3), (dlq.clone(), 1), (retry.clone(), 1)]).unwrap();
+        let sink = RecordSink::new(broker.bootstrap_servers(), &BTreeMap::new()).unwrap();
+        // Not valid JSON, not UTF-8, with a NUL: must survive byte for byte.
+        let value = b"{\"job_id\": \xff\x00 broken".to_vec();
+        let original = OriginalRecord {
+            origin: Position {
+                topic: jobs.clone(),
+                partition: 2,
+                offset: 41,
+            },
+            key: Some(b"seller-7".to_vec()),
+            value: value.clone(),
+        };
+        sink.dead_letter(
+            &dlq,
+            &original,
+            "record value is not valid UTF-8 (invalid byte at offset 12)",
+            0,
+        )
+        .await
+        .expect("dead letter acknowledged");
+        let got = read_one(broker.bootstrap_servers(), &dlq).await;
+        assert_eq!(got.payload(), Some(value.as_slice()), "value byte for byte");
+        assert_eq!(got.key(), Some(&b"seller-7"[..]), "original key kept");
+        let h = RetryHeaders::from_headers(header_pairs(got.headers().expect("headers"))).unwrap();
+        assert_eq!(
+            h.error.as_deref(),
+            Some("record value is not valid UTF-8 (invalid byte at offset 12)")
+        );
+        assert_eq!(h.attempts, 0);
+        assert_eq!(h.not_before_unix_ms, None);
+        assert_eq!(h.original, Some(original.origin.clone()));
+
+        sink.to_retry_topic(&retry, &original, 1_700_000_000_500, 2)
+            .await
+            .expect("retry acknowledged");
+        let got = read_one(broker.bootstrap_servers(), &retry).await;
+        assert_eq!(got.payload(), Some(value.as_slice()));
+        let h = RetryHeaders::from_headers(header_pairs(got.headers().expect("headers"))).unwrap();
+        assert_eq!(h.not_before_unix_ms, Some(1_700_000_000_500));
+        assert_eq!(h.attempts, 2);
+        assert_eq!(h.error, None);
+        // Consumed from the retry topic, the origin is still the jobs topic.
+        let again = OriginalRecord::from_message(&got);
+        assert_eq!(
+            again.origin, original.origin,
+            "origin survives the retry topic"
+        );
+        assert_eq!(again.value, value);
+        sink.flush(Duration::from_secs(5)).unwrap();
+    }
+
+    #[tokio::test]
+    async fn unreachable_broker_is_a_delivery_error() {
+        // A free loopback port: nothing listens there.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut props = BTreeMap::new();
+        props.insert("message.timeout.ms".to_owned(), "500".to_owned());
+        let sink = RecordSink::new(&format!("127.0.0.1:{port}"), &props).unwrap();
+        let original = OriginalRecord {
+            origin: Position {
+                topic: "jobs".into(),
+                partition: 0,
+                offset: 0,
+            },
+            key: None,
+            value: b"{}".to_vec(),
+        };
+        let err = sink
+            .dead_letter("dlq", &original, "x", 1)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("\"dlq\""), "{err}");
+    }
+}
