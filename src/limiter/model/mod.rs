@@ -370,6 +370,10 @@ impl Out {
 /// `lua/limiter.lua`: one decision for one seller over all of its rules,
 /// all or nothing. `rules` pairs each rule's key (`KEYS[1+i]`) with the rule.
 ///
+/// `cost` must be at least 1, as the script documents. For 0 the model
+/// answers as the script does, which is not a sound answer: status 1 with
+/// 0 granted, and the takes still write (a burst_fill rule starts a period).
+///
 /// The arguments are the script's KEYS and ARGV one for one, which is why
 /// there are more than clippy likes.
 #[allow(clippy::too_many_arguments)]

@@ -345,6 +345,31 @@ fn model_limiter_gives_three_kinds_of_answer() {
     );
 }
 
+/// Pins the script's answer to a cost of 0 (a caller bug the script does
+/// not reject): "granted" 0 units, and a burst_fill period is started.
+#[test]
+fn cost_zero_mirrors_the_script() {
+    let rules = [rule(Algorithm::BurstFill, 3, Duration::from_secs(1), None)];
+    let mut store = ModelStore::new();
+    let got = go(
+        &mut store,
+        Op::Acquire,
+        0,
+        0,
+        Mode::AllOrNothing,
+        "c1",
+        &rules,
+    );
+    assert_eq!(brief(&got), [1, 0, 3, 0, 0, 1]);
+    assert_eq!(
+        store.get("model-test:{seller}:r1"),
+        Some(&State::BurstFill(super::burst_fill::Stored {
+            s: T0 as i128,
+            n: 3
+        }))
+    );
+}
+
 fn any_rule() -> impl Strategy<Value = Rule> {
     (0..Algorithm::ALL.len(), 1u64..6, 50u64..2_000, 1u64..6).prop_map(
         |(a, limit, period, burst)| {
