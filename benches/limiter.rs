@@ -145,10 +145,7 @@ fn baseline(
     let rps = text
         .split("requests per second")
         .next()
-        .and_then(|head| {
-            head.rsplit(|c: char| c == ' ' || c == '\r')
-                .find(|w| !w.is_empty())
-        })
+        .and_then(|head| head.rsplit([' ', '\r']).find(|w| !w.is_empty()))
         .and_then(|w| w.parse::<f64>().ok());
     if rps.is_none() {
         eprintln!("could not read redis-benchmark output: {text}");

@@ -19,5 +19,7 @@ local current = redis.call('GET', KEYS[1])
 if current and tonumber(current) >= until_ then
   return tonumber(current)
 end
-redis.call('SET', KEYS[1], string.format('%d', until_), 'PX', math.max(1, math.ceil(dur / 1000)))
+-- One second of slack, as every limiter key has: the value says when the
+-- block ends, so a key that outlives it is read as "not blocked".
+redis.call('SET', KEYS[1], string.format('%d', until_), 'PX', math.ceil(dur / 1000) + 1000)
 return until_

@@ -4,7 +4,9 @@
 -- KEYS[1+i]   the state of rule i
 -- ARGV[1]     op: 'acquire', 'peek' (dry run: decide, write nothing) or 'refund'
 -- ARGV[2]     now in µs since the epoch, or '' to read Redis' clock (TIME);
---             explicit times exist only so tests can be deterministic
+--             explicit times exist only so tests can be deterministic.
+--             For a refund it must be the now_us the acquire replied with:
+--             windows and periods are those of the take being undone
 -- ARGV[3]     cost (units asked for, >= 1); for refund, units to give back
 -- ARGV[4]     mode: 'all' (whole cost or nothing) or 'upto' (1..cost);
 --             for refund, how many of the call's units to skip
@@ -31,6 +33,9 @@ else
   now = tonumber(ARGV[2])
 end
 local cost = tonumber(ARGV[3])
+if cost == nil or cost < 1 then
+  return redis.error_reply('cost must be at least 1')
+end
 local id = ARGV[5]
 local nrules = tonumber(ARGV[6])
 local rules = {}
@@ -72,11 +77,6 @@ if all then
   end
 end
 
-local blocked_until = num(redis.call('GET', KEYS[1]), 0)
-if blocked_until > now then
-  return reply(0, 0, 0, blocked_until - now, blocked_until - now, now, 0)
-end
-
 local need = all and cost or 1
 local n = cost
 local wait, by = 0, 0
@@ -106,6 +106,19 @@ local function summary(taken)
     reset = math.max(reset, r.algo.reset(states[i], r, now, taken))
   end
   return remaining or 0, reset, tight
+end
+
+-- A downstream block refuses the seller; the retry-after is the longer of
+-- the block and the rules' own wait, so that a caller retrying at the end
+-- of the block is not refused again by a rule.
+local blocked_until = num(redis.call('GET', KEYS[1]), 0)
+if blocked_until > now then
+  local block = blocked_until - now
+  local _, reset = summary(0)
+  if block >= wait then
+    wait, by = block, 0
+  end
+  return reply(0, 0, 0, wait, math.max(block, reset), now, by)
 end
 
 if wait > 0 then

@@ -41,11 +41,15 @@ ALGO.token_bucket = {
     expire_in(key, cdiv(r.burst * r.period - c, r.limit))
   end,
   refund = function(key, r, now, n, id, skip)
-    if redis.call('EXISTS', key) == 1 then
-      local st = ALGO.token_bucket.load(key, r, now)
+    local ts = num(redis.call('HGET', key, 'ts'), nil)
+    if ts ~= nil then
+      -- Credit at the later of the take's time and the last write, never
+      -- moving `ts` back (which would refill the span between twice).
+      local at = math.max(now, ts)
+      local st = ALGO.token_bucket.load(key, r, at)
       local c = math.min(r.burst * r.period, st.c + n * r.period)
-      redis.call('HSET', key, 'c', I(c), 'ts', I(now))
-      expire_in(key, math.max(1, cdiv(r.burst * r.period - c, r.limit)))
+      redis.call('HSET', key, 'c', I(c), 'ts', I(at))
+      expire_in(key, cdiv(r.burst * r.period - c, r.limit))
     end
   end,
 }

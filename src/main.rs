@@ -7,7 +7,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 use throttle_worker::limiter::{KeySpace, Limiter, Mode, Policy, RedisStore, Request};
-use throttle_worker::{config, demo, telemetry};
+use throttle_worker::{config, demo, kafka, telemetry, worker};
 
 #[derive(Parser)]
 #[command(
@@ -21,6 +21,19 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run a worker: consume jobs, ask the limiter, call the downstream.
+    Run {
+        /// Merged over config/default.toml; THROTTLE__SECTION__KEY overrides both.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Host librdkafka's mock cluster for local runs and multi-process tests.
+    /// Prints `bootstrap.servers=<list>` first, then serves until SIGTERM.
+    DevBroker {
+        /// A topic to create, as NAME:PARTITIONS (repeatable).
+        #[arg(long = "topic", value_parser = parse_topic)]
+        topics: Vec<(String, i32)>,
+    },
     /// Operator tools for the limiter.
     Limiter {
         #[command(subcommand)]
@@ -59,6 +72,21 @@ enum LimiterCommand {
 async fn main() -> anyhow::Result<()> {
     telemetry::init();
     match Cli::parse().command {
+        Command::Run { config } => {
+            let (settings, policy) = load(config)?;
+            let summary = worker::run(settings, policy, shutdown_signal()).await?;
+            if summary.abandoned > 0 {
+                tracing::warn!(
+                    abandoned = summary.abandoned,
+                    "in-flight work abandoned at shutdown; it will be redelivered"
+                );
+            }
+            Ok(())
+        }
+        Command::DevBroker { topics } => {
+            kafka::serve_dev_broker(topics, shutdown_signal()).await?;
+            Ok(())
+        }
         Command::Limiter {
             command: LimiterCommand::Demo { redis_url },
         } => demo::limiter_demo(&redis_url).await,
@@ -123,4 +151,36 @@ fn load(file: Option<PathBuf>) -> anyhow::Result<(config::Settings, Policy)> {
     let loaded = config::load(file.as_deref()).context("invalid configuration")?;
     let policy = Policy::load(&loaded).context("invalid configuration")?;
     Ok((loaded.settings, policy))
+}
+
+fn parse_topic(spec: &str) -> Result<(String, i32), String> {
+    kafka::parse_topic_spec(spec).map_err(|e| e.to_string())
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::warn!(error = %e, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => tracing::info!("Ctrl-C: shutting down"),
+        _ = term => tracing::info!("SIGTERM: shutting down"),
+    }
 }

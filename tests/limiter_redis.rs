@@ -207,30 +207,6 @@ async fn a_refusing_rule_leaves_the_other_rules_uncharged() {
 }
 
 #[tokio::test]
-async fn the_script_is_reloaded_after_script_flush() {
-    let prefix = unique_prefix("noscript");
-    let lim = limiter(&prefix, policy(vec![rule("gcra", 5, "1s", None)], vec![])).await;
-    assert_eq!(lim.check(at("s", 0, 1)).await.unwrap().granted(), 1);
-    let mut conn = raw().await;
-    let _: () = redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    // EVALSHA now answers NOSCRIPT; the store must load and retry.
-    assert_eq!(lim.check(at("s", 1, 1)).await.unwrap().granted(), 1);
-    // The block script too.
-    let _: () = redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    lim.block_at("s", T0, Duration::from_millis(5))
-        .await
-        .expect("block after SCRIPT FLUSH");
-}
-
-#[tokio::test]
 async fn every_key_has_a_ttl_and_a_sellers_keys_share_one_slot() {
     let prefix = unique_prefix("ttl");
     let all = vec![

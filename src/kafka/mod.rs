@@ -1,5 +1,7 @@
 //! Kafka: the only module that imports `rdkafka`.
 //!
+//! - [`consumer`]: the group consumer with manual commits; tracks each
+//!   record's offset and commits revoked partitions inside the rebalance.
 //! - [`offsets`]: per-partition tracker of finished records; says which
 //!   offset may be committed (pure, no rdkafka).
 //! - [`producer`]: [`RecordSink`] writes retry-topic and dead-letter records
@@ -8,6 +10,7 @@
 //! - [`mock`]: [`DevBroker`], librdkafka's embedded mock cluster for tests,
 //!   the demo and `throttle-worker dev-broker`.
 
+pub mod consumer;
 pub mod mock;
 pub mod offsets;
 pub mod producer;

@@ -112,6 +112,9 @@ pub enum DeniedBy {
     Rule(usize),
     /// The downstream answered 429 for this seller; the block is shared.
     DownstreamBlock,
+    /// The limiter could not be asked (Redis unavailable) and the failure
+    /// policy refused in its place.
+    Unavailable,
 }
 
 /// A cost above the capacity of rule `rule`: it can never be granted whole.

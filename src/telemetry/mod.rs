@@ -1,7 +1,11 @@
-//! Logging setup. Typed events (one struct per occurrence that logs and
-//! counts in one place) live beside it as the worker grows.
+//! Logging setup and typed events.
+//!
+//! - [`events`]: one struct per occurrence that logs and counts in one place.
 //!
 //! A leaf module: it depends on no other module of this crate.
+
+pub mod events;
+pub mod http;
 
 use tracing_subscriber::EnvFilter;
 

@@ -1,0 +1,95 @@
+//! The worker: Kafka consumer group → per-seller permit → downstream API.
+//!
+//! - [`engine`]: the event loop: per-seller queues, timers, runs, retry
+//!   topic, dead letters, commits, backpressure, graceful shutdown.
+//! - [`permit`]: the limiter as the worker sees it, and the one place where
+//!   a limiter failure becomes a decision.
+//!
+//! [`run`] checks every dependency at startup, then runs the engine until
+//! the shutdown future resolves.
+
+pub mod engine;
+pub mod permit;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::sync::mpsc;
+
+use crate::config::Settings;
+use crate::downstream::Downstream;
+use crate::kafka::consumer::Consumer;
+use crate::kafka::RecordSink;
+use crate::limiter::{KeySpace, Limiter, Policy, RedisStore};
+use crate::telemetry::http;
+
+pub use engine::{Engine, Summary};
+pub use permit::{OnLimiterError, Permits};
+
+/// How long startup waits for Kafka metadata.
+const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Runs one worker until `shutdown` resolves. Fails at startup, with what to
+/// fix, when Redis, Kafka or the downstream URL is not usable.
+pub async fn run(
+    settings: Settings,
+    policy: Policy,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<Summary> {
+    let settings = Arc::new(settings);
+    let downstream = Downstream::new(
+        &settings.downstream.url,
+        settings.downstream.timeout,
+        settings.downstream.concurrency,
+    )
+    .context("downstream.url / downstream settings")?;
+    let store = RedisStore::connect(&settings.redis.url, settings.redis.timeout)
+        .await
+        .context("redis.url: Redis must answer PING and accept the limiter scripts")?;
+    let limiter = Limiter::new(
+        store,
+        KeySpace::new(settings.redis.key_prefix.clone()),
+        policy,
+        settings.redis.topology,
+    );
+    let (part_tx, part_rx) = mpsc::unbounded_channel();
+    let consumer = Consumer::new(&settings.kafka, part_tx).context("kafka settings")?;
+    let k = &settings.kafka;
+    let topics = [
+        k.topic.as_str(),
+        k.retry_topic.as_str(),
+        k.dlq_topic.as_str(),
+    ];
+    let check = tokio::task::block_in_place(|| consumer.check_topics(&topics, METADATA_TIMEOUT));
+    check.context("kafka.brokers / topics")?;
+    let sink = RecordSink::new(&k.brokers, &k.properties).context("kafka producer")?;
+    consumer
+        .subscribe(&[k.topic.as_str(), k.retry_topic.as_str()])
+        .context("kafka subscribe")?;
+    let health = http::Health::default();
+    let server = http::serve(settings.http.listen, health.clone())
+        .await
+        .context("http.listen")?;
+    tracing::info!(
+        group = %k.group_id,
+        topic = %k.topic,
+        retry_topic = %k.retry_topic,
+        dlq_topic = %k.dlq_topic,
+        http = %server,
+        "worker started"
+    );
+    health.set_ready(true);
+    let deps = engine::Deps {
+        permits: Arc::new(limiter),
+        downstream: Arc::new(downstream),
+        sink: Arc::new(sink),
+        consumer: Arc::new(consumer),
+        partitions: part_rx,
+    };
+    let summary = Engine::new(settings.clone(), deps).run(shutdown).await;
+    health.set_ready(false);
+    tracing::info!(?summary, "worker stopped");
+    Ok(summary)
+}
