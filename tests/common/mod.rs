@@ -2,6 +2,8 @@
 //! prefixes so that runs never collide, and limiters over literal rules.
 #![allow(dead_code)]
 
+pub mod worker;
+
 use std::time::Duration;
 
 use throttle_worker::config::{LimitsConfig, RuleConfig, SellerConfig, Topology};

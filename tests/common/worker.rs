@@ -1,0 +1,343 @@
+//! A test bench for the worker: an embedded Kafka (librdkafka's mock
+//! cluster), an in-test downstream that records every arrival with its time
+//! and answers as the test says, worker instances in this process, and
+//! helpers to produce jobs and read the dead-letter topic.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::ClientConfig;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use throttle_worker::config::{self, RuleConfig, Settings};
+use throttle_worker::kafka::DevBroker;
+use throttle_worker::limiter::Policy;
+use throttle_worker::worker::{self, Summary};
+
+/// One call that reached the downstream.
+#[derive(Debug, Clone)]
+pub struct Arrival {
+    pub job_id: String,
+    pub seller: String,
+    pub at: Instant,
+    pub wall: SystemTime,
+    pub body: Bytes,
+}
+
+/// What the downstream answers, decided per arrival (with the count of
+/// earlier arrivals of the same job).
+pub type Behaviour = Arc<dyn Fn(&Arrival, usize) -> (StatusCode, Option<String>) + Send + Sync>;
+
+pub fn always_ok() -> Behaviour {
+    Arc::new(|_, _| (StatusCode::OK, None))
+}
+
+#[derive(Clone)]
+struct DownstreamState {
+    arrivals: Arc<Mutex<Vec<Arrival>>>,
+    behaviour: Behaviour,
+}
+
+/// The in-test downstream API.
+pub struct Downstream {
+    pub url: String,
+    arrivals: Arc<Mutex<Vec<Arrival>>>,
+}
+
+impl Downstream {
+    pub async fn start(behaviour: Behaviour) -> Downstream {
+        let arrivals = Arc::new(Mutex::new(Vec::new()));
+        let state = DownstreamState {
+            arrivals: arrivals.clone(),
+            behaviour,
+        };
+        let app = Router::new()
+            .route("/registrations", post(register))
+            .with_state(state);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr: SocketAddr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Downstream {
+            url: format!("http://{addr}/registrations"),
+            arrivals,
+        }
+    }
+
+    pub fn arrivals(&self) -> Vec<Arrival> {
+        self.arrivals.lock().unwrap().clone()
+    }
+
+    /// Arrivals answered 2xx, by job id (the last one).
+    pub fn count(&self) -> usize {
+        self.arrivals.lock().unwrap().len()
+    }
+
+    /// Waits until `pred` holds over the arrivals, or panics after `timeout`
+    /// with `what` and the count so far.
+    pub async fn wait_for(&self, what: &str, timeout: Duration, pred: impl Fn(&[Arrival]) -> bool) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            {
+                let a = self.arrivals.lock().unwrap();
+                if pred(&a) {
+                    return;
+                }
+                if Instant::now() > deadline {
+                    panic!(
+                        "timed out after {timeout:?} waiting for {what}; {} arrivals so far",
+                        a.len()
+                    );
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+async fn register(State(s): State<DownstreamState>, headers: HeaderMap, body: Bytes) -> Response {
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned()
+    };
+    let arrival = Arrival {
+        job_id: header("idempotency-key"),
+        seller: header("x-seller-id"),
+        at: Instant::now(),
+        wall: SystemTime::now(),
+        body,
+    };
+    let earlier = {
+        let mut a = s.arrivals.lock().unwrap();
+        let earlier = a.iter().filter(|x| x.job_id == arrival.job_id).count();
+        a.push(arrival.clone());
+        earlier
+    };
+    let (status, retry_after) = (s.behaviour)(&arrival, earlier);
+    let mut resp = status.into_response();
+    if let Some(ra) = retry_after {
+        resp.headers_mut()
+            .insert("retry-after", HeaderValue::from_str(&ra).unwrap());
+    }
+    resp
+}
+
+/// Topic names unique to one test.
+#[derive(Debug, Clone)]
+pub struct Topics {
+    pub jobs: String,
+    pub retry: String,
+    pub dlq: String,
+}
+
+/// An embedded broker with the three topics of one test.
+pub struct Bench {
+    pub broker: DevBroker,
+    pub topics: Topics,
+    pub group: String,
+    pub prefix: String,
+}
+
+impl Bench {
+    pub fn new(name: &str, partitions: i32) -> Bench {
+        let id = format!("{name}-{:08x}", rand::random::<u32>());
+        let topics = Topics {
+            jobs: format!("jobs-{id}"),
+            retry: format!("retry-{id}"),
+            dlq: format!("dlq-{id}"),
+        };
+        let broker = DevBroker::start(&[
+            (topics.jobs.clone(), partitions),
+            (topics.retry.clone(), partitions),
+            (topics.dlq.clone(), 1),
+        ])
+        .expect("mock cluster");
+        Bench {
+            broker,
+            topics,
+            group: format!("group-{id}"),
+            prefix: format!("wtest-{id}"),
+        }
+    }
+
+    pub fn bootstrap(&self) -> String {
+        self.broker.bootstrap_servers().to_owned()
+    }
+
+    /// Default settings pointed at this bench, with `rules` as every
+    /// seller's limits and fast group membership for the mock.
+    pub fn settings(&self, downstream_url: &str) -> Settings {
+        let mut s = config::load_from(None, Vec::new())
+            .expect("defaults")
+            .settings;
+        s.kafka.brokers = self.bootstrap();
+        s.kafka.group_id = self.group.clone();
+        s.kafka.topic = self.topics.jobs.clone();
+        s.kafka.retry_topic = self.topics.retry.clone();
+        s.kafka.dlq_topic = self.topics.dlq.clone();
+        s.kafka.commit_interval = Duration::from_millis(200);
+        // The mock waits session.timeout.ms − 1 s on every rebalance.
+        for (k, v) in [
+            ("session.timeout.ms", "3000"),
+            ("heartbeat.interval.ms", "300"),
+        ] {
+            s.kafka.properties.insert(k.to_owned(), v.to_owned());
+        }
+        s.redis.url = super::redis_url();
+        s.redis.key_prefix = self.prefix.clone();
+        s.downstream.url = downstream_url.to_owned();
+        s.downstream.timeout = Duration::from_secs(5);
+        s.downstream.backoff_base = Duration::from_millis(50);
+        s.downstream.backoff_max = Duration::from_millis(400);
+        s.http.listen = "127.0.0.1:0".parse().unwrap();
+        s.worker.shutdown_timeout = Duration::from_secs(5);
+        s
+    }
+
+    pub async fn produce(&self, records: &[(Option<String>, Vec<u8>)]) -> Vec<(i32, i64)> {
+        produce(&self.bootstrap(), &self.topics.jobs, records).await
+    }
+
+    /// Every record on the dead-letter topic so far: value and headers.
+    pub fn dead_letters(
+        &self,
+        expect: usize,
+        timeout: Duration,
+    ) -> Vec<(Vec<u8>, HashMap<String, String>)> {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", self.bootstrap())
+            .set(
+                "group.id",
+                format!("{}-dlq-reader-{:x}", self.group, rand::random::<u32>()),
+            )
+            .set("auto.offset.reset", "earliest")
+            .set("enable.auto.commit", "false")
+            .create()
+            .unwrap();
+        consumer.subscribe(&[&self.topics.dlq]).unwrap();
+        let mut out = Vec::new();
+        let deadline = Instant::now() + timeout;
+        while out.len() < expect && Instant::now() < deadline {
+            if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+                let mut headers = HashMap::new();
+                if let Some(h) = m.headers() {
+                    for hd in h.iter() {
+                        headers.insert(
+                            hd.key.to_owned(),
+                            String::from_utf8_lossy(hd.value.unwrap_or_default()).into_owned(),
+                        );
+                    }
+                }
+                out.push((m.payload().unwrap_or_default().to_vec(), headers));
+            }
+        }
+        out
+    }
+}
+
+/// Produces `records` (key, value) and returns each one's (partition, offset).
+pub async fn produce(
+    bootstrap: &str,
+    topic: &str,
+    records: &[(Option<String>, Vec<u8>)],
+) -> Vec<(i32, i64)> {
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("linger.ms", "5")
+        .create()
+        .unwrap();
+    let sends = records.iter().map(|(key, value)| {
+        let producer = &producer;
+        async move {
+            let mut rec = FutureRecord::to(topic).payload(value.as_slice());
+            if let Some(k) = key {
+                rec = rec.key(k.as_str());
+            }
+            producer
+                .send(rec, Duration::from_secs(10))
+                .await
+                .expect("produce")
+        }
+    });
+    futures::future::join_all(sends)
+        .await
+        .into_iter()
+        .map(|d| (d.partition, d.offset))
+        .collect()
+}
+
+/// A job record: JSON envelope, keyed by a random product so that one
+/// seller's jobs spread over partitions.
+pub fn job(job_id: &str, seller: &str) -> (Option<String>, Vec<u8>) {
+    let value = serde_json::json!({
+        "job_id": job_id,
+        "seller_id": seller,
+        "payload": { "sku": job_id, "title": "a product" }
+    });
+    (
+        Some(format!("product-{}", rand::random::<u32>())),
+        value.to_string().into_bytes(),
+    )
+}
+
+pub fn policy(rules: Vec<RuleConfig>) -> Policy {
+    super::policy(rules, vec![])
+}
+
+/// A worker running in this process.
+pub struct Running {
+    pub handle: JoinHandle<anyhow::Result<Summary>>,
+    stop: Option<oneshot::Sender<()>>,
+}
+
+impl Running {
+    pub fn start(settings: Settings, policy: Policy) -> Running {
+        let (tx, rx) = oneshot::channel::<()>();
+        let handle = tokio::spawn(worker::run(settings, policy, async move {
+            let _ = rx.await;
+        }));
+        Running {
+            handle,
+            stop: Some(tx),
+        }
+    }
+
+    /// Graceful shutdown; returns the worker's summary.
+    pub async fn stop(mut self) -> Summary {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(30), self.handle)
+            .await
+            .expect("worker stops within 30s")
+            .expect("worker task")
+            .expect("worker result")
+    }
+}
+
+/// p-th percentile (0..=100) of `xs` (sorted here).
+pub fn percentile(xs: &mut [f64], p: f64) -> f64 {
+    xs.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    if xs.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((p / 100.0) * (xs.len() - 1) as f64).round() as usize;
+    xs[i]
+}

@@ -1,0 +1,151 @@
+//! The worker end to end on the embedded broker, real Redis and an in-test
+//! downstream: bad input, downstream failures and the downstream's 429.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use common::rule;
+use common::worker::{always_ok, job, policy, Bench, Downstream, Running};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn poison_records_are_dead_lettered_with_their_reason_and_good_jobs_are_done() {
+    let bench = Bench::new("poison", 3);
+    let down = Downstream::start(always_ok()).await;
+    let mut settings = bench.settings(&down.url);
+    settings.worker.max_payload_bytes = 200;
+    let big = serde_json::json!({"job_id": "big", "seller_id": "s1", "payload": "x".repeat(300)})
+        .to_string();
+    // (row, value, the words x-error must contain)
+    let poison: Vec<(u32, Vec<u8>, &str)> = vec![
+        (1, b"not json at all".to_vec(), "JSON"),
+        (2, br#"{"job_id":"j","payload":{}}"#.to_vec(), "seller_id"),
+        (
+            3,
+            br#"{"job_id":"","seller_id":"s1","payload":{}}"#.to_vec(),
+            "job_id",
+        ),
+        (
+            4,
+            br#"{"job_id":"j4","seller_id":"s1"}"#.to_vec(),
+            "payload",
+        ),
+        (5, big.into_bytes(), "over the limit of 200 bytes"),
+        (6, vec![0xff, 0xfe, 0x00, 0x01], "UTF-8"),
+    ];
+    let mut records: Vec<(Option<String>, Vec<u8>)> =
+        poison.iter().map(|(_, v, _)| (None, v.clone())).collect();
+    let good: Vec<String> = (0..30).map(|i| format!("good-{i}")).collect();
+    records.extend(
+        good.iter()
+            .map(|id| job(id, &format!("seller-{}", id.len() % 3))),
+    );
+    bench.produce(&records).await;
+
+    let w = Running::start(settings, policy(vec![rule("gcra", 1000, "1s", None)]));
+    down.wait_for("every good job", Duration::from_secs(20), |a| {
+        let ids: HashSet<&str> = a.iter().map(|x| x.job_id.as_str()).collect();
+        good.iter().all(|g| ids.contains(g.as_str()))
+    })
+    .await;
+    let dlq = bench.dead_letters(poison.len(), Duration::from_secs(10));
+    w.stop().await;
+    assert_eq!(
+        dlq.len(),
+        poison.len(),
+        "every poison record must be dead-lettered once: {dlq:?}"
+    );
+    for (row, value, words) in &poison {
+        let (_, headers) = dlq
+            .iter()
+            .find(|(v, _)| v == value)
+            .unwrap_or_else(|| panic!("row {row}: value not found byte for byte in the DLQ"));
+        let err = headers.get("x-error").map(String::as_str).unwrap_or("");
+        assert!(
+            err.contains(words),
+            "row {row}: x-error {err:?} must mention {words:?}"
+        );
+        for h in [
+            "x-attempts",
+            "x-original-topic",
+            "x-original-partition",
+            "x-original-offset",
+        ] {
+            assert!(
+                headers.contains_key(h),
+                "row {row}: header {h} missing: {headers:?}"
+            );
+        }
+        assert_eq!(headers["x-original-topic"], bench.topics.jobs, "row {row}");
+    }
+    assert!(
+        down.arrivals()
+            .iter()
+            .all(|a| a.job_id.starts_with("good-")),
+        "a poison record reached the downstream"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn downstream_5xx_backs_off_and_dead_letters_after_max_attempts() {
+    let bench = Bench::new("fivexx", 2);
+    // Seller "broken" always fails; everyone else succeeds.
+    let down = Downstream::start(std::sync::Arc::new(|a: &common::worker::Arrival, _| {
+        if a.seller == "broken" {
+            (StatusCode::INTERNAL_SERVER_ERROR, None)
+        } else {
+            (StatusCode::OK, None)
+        }
+    }))
+    .await;
+    let mut settings = bench.settings(&down.url);
+    settings.downstream.max_attempts = 3;
+    settings.downstream.backoff_base = Duration::from_millis(100);
+    settings.downstream.backoff_max = Duration::from_millis(400);
+    let mut records = vec![job("b1", "broken"), job("b2", "broken")];
+    records.extend((0..10).map(|i| job(&format!("ok-{i}"), "fine")));
+    bench.produce(&records).await;
+    let w = Running::start(settings, policy(vec![rule("gcra", 1000, "1s", None)]));
+    let dlq = bench.dead_letters(2, Duration::from_secs(20));
+    w.stop().await;
+    assert_eq!(
+        dlq.len(),
+        2,
+        "both failing jobs must be dead-lettered: {dlq:?}"
+    );
+    for (_, h) in &dlq {
+        assert_eq!(h.get("x-attempts").map(String::as_str), Some("3"), "{h:?}");
+        assert!(h["x-error"].contains("3 times"), "{h:?}");
+    }
+    let arrivals = down.arrivals();
+    let mut by_job: HashMap<&str, Vec<std::time::Instant>> = HashMap::new();
+    for a in &arrivals {
+        by_job.entry(a.job_id.as_str()).or_default().push(a.at);
+    }
+    for id in ["b1", "b2"] {
+        let times = &by_job[id];
+        assert_eq!(
+            times.len(),
+            3,
+            "{id}: exactly max_attempts calls, no tight loop: {}",
+            times.len()
+        );
+        for (k, pair) in times.windows(2).enumerate() {
+            let gap = pair[1] - pair[0];
+            // Equal jitter: the k-th backoff is at least half of base·2^k.
+            let floor = Duration::from_millis(50) * 2u32.pow(k as u32);
+            assert!(
+                gap >= floor,
+                "{id}: retry {k} after {gap:?}, backoff floor {floor:?}"
+            );
+        }
+    }
+    for i in 0..10 {
+        assert!(
+            by_job.contains_key(format!("ok-{i}").as_str()),
+            "ok-{i} not done"
+        );
+    }
+}
