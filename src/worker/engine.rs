@@ -520,6 +520,12 @@ impl<P: Permits> Engine<P> {
         }
     }
 
+    /// Runs a granted batch: the jobs of each partition one after the
+    /// other (so one seller's jobs of a partition reach the downstream in
+    /// offset order), the partitions side by side (so every job is called
+    /// close to its grant, which is what keeps the downstream's view of the
+    /// rate exact). A 429 stops the whole batch; what was not called comes
+    /// back in order.
     fn spawn_run(
         &mut self,
         seller: Arc<str>,
@@ -529,41 +535,67 @@ impl<P: Permits> Engine<P> {
     ) {
         let (downstream, tx) = (self.deps.downstream.clone(), self.tx.clone());
         self.tasks += 1;
-        tokio::spawn(async move {
-            let mut jobs = batch.into_iter().enumerate();
-            while let Some((i, p)) = jobs.next() {
-                if let Some(pace) = pace {
-                    // A pacer grant: unit i may go this long after the
-                    // decision, which came after `asked_at`.
-                    sleep_until((asked_at + pace.unit_after(i as u64)).into()).await;
-                }
-                events::counters()
-                    .downstream_calls
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                match downstream.call(&p.job).await {
-                    Outcome::RetryAfter(wait) => {
-                        let unused: Vec<Pending> =
-                            std::iter::once(p).chain(jobs.map(|(_, p)| p)).collect();
-                        let _ = tx.send(Event::RunEnded {
-                            seller,
-                            unused,
-                            throttled: Some(wait),
-                        });
-                        return;
-                    }
-                    outcome => {
-                        let _ = tx.send(Event::Called {
-                            seller: seller.clone(),
-                            pending: p,
-                            outcome,
-                        });
-                    }
-                }
+        let mut chains: Vec<(Partition, Vec<(usize, Pending)>)> = Vec::new();
+        for (i, p) in batch.into_iter().enumerate() {
+            let part = (p.origin.topic.clone(), p.origin.partition);
+            match chains.iter_mut().find(|(k, _)| *k == part) {
+                Some((_, chain)) => chain.push((i, p)),
+                None => chains.push((part, vec![(i, p)])),
             }
+        }
+        tokio::spawn(async move {
+            let throttled: std::sync::Mutex<Option<Duration>> = std::sync::Mutex::new(None);
+            let stopped = || throttled.lock().map_or(true, |t| t.is_some());
+            let runs = chains.into_iter().map(|(_, chain)| {
+                let (downstream, tx, seller, throttled) = (&downstream, &tx, &seller, &throttled);
+                async move {
+                    let mut unused = Vec::new();
+                    let mut jobs = chain.into_iter();
+                    while let Some((i, p)) = jobs.next() {
+                        if let Some(pace) = pace {
+                            // A pacer grant: unit i may go this long after the
+                            // decision, which came after `asked_at`.
+                            sleep_until((asked_at + pace.unit_after(i as u64)).into()).await;
+                        }
+                        if stopped() {
+                            unused.push((i, p));
+                            continue;
+                        }
+                        events::counters()
+                            .downstream_calls
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        match downstream.call(&p.job).await {
+                            Outcome::RetryAfter(wait) => {
+                                if let Ok(mut t) = throttled.lock() {
+                                    *t = Some(t.map_or(wait, |w| w.max(wait)));
+                                }
+                                unused.push((i, p));
+                                unused.extend(jobs.by_ref());
+                            }
+                            outcome => {
+                                let _ = tx.send(Event::Called {
+                                    seller: seller.clone(),
+                                    pending: p,
+                                    outcome,
+                                });
+                            }
+                        }
+                    }
+                    unused
+                }
+            });
+            let mut unused: Vec<(usize, Pending)> = futures::future::join_all(runs)
+                .await
+                .into_iter()
+                .flatten()
+                .collect();
+            unused.sort_by_key(|(i, _)| *i);
+            let throttled = throttled.lock().ok().and_then(|t| *t);
+            let unused = unused.into_iter().map(|(_, p)| p).collect();
             let _ = tx.send(Event::RunEnded {
                 seller,
-                unused: Vec::new(),
-                throttled: None,
+                unused,
+                throttled,
             });
         });
     }
