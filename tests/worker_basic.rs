@@ -149,3 +149,69 @@ async fn downstream_5xx_backs_off_and_dead_letters_after_max_attempts() {
         );
     }
 }
+
+/// A wait longer than `worker.max_inline_delay` goes through the retry
+/// topic: the jobs leave memory, come back with `x-not-before`, and are not
+/// called before it; meanwhile other sellers flow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn long_waits_go_through_the_retry_topic_and_are_not_called_early() {
+    let bench = Bench::new("retrytopic", 2);
+    let down = Downstream::start(always_ok()).await;
+    let mut settings = bench.settings(&down.url);
+    settings.worker.max_inline_delay = Duration::from_millis(300);
+    let mut records: Vec<_> = (0..12).map(|i| job(&format!("slow-{i}"), "slow")).collect();
+    records.extend((0..12).map(|i| job(&format!("free-{i}"), "free")));
+    bench.produce(&records).await;
+    let cfg = throttle_worker::config::LimitsConfig {
+        default: vec![rule("gcra", 1000, "1s", None)],
+        sellers: [(
+            "slow".to_owned(),
+            throttle_worker::config::SellerConfig {
+                rules: Some(vec![rule("fixed_window", 4, "2s", None)]),
+                ..Default::default()
+            },
+        )]
+        .into(),
+        ..Default::default()
+    };
+    let w = Running::start(
+        settings,
+        throttle_worker::limiter::Policy::from_config(&cfg).unwrap(),
+    );
+    down.wait_for("all 24 jobs", Duration::from_secs(30), |a| {
+        a.iter()
+            .map(|x| x.job_id.as_str())
+            .collect::<HashSet<_>>()
+            .len()
+            == 24
+    })
+    .await;
+    w.stop().await;
+    let mut per_window: HashMap<u128, usize> = HashMap::new();
+    for a in down.arrivals().iter().filter(|a| a.seller == "slow") {
+        let us = a
+            .wall
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros();
+        *per_window.entry(us / 2_000_000).or_default() += 1;
+    }
+    assert!(
+        per_window.len() >= 3,
+        "12 jobs at 4 per 2 s window need 3 windows: {per_window:?}"
+    );
+    assert!(
+        per_window.values().all(|n| *n <= 4),
+        "a deferred job was called early: {per_window:?}"
+    );
+    let deferred = throttle_worker::telemetry::events::counters()
+        .jobs_to_retry_topic
+        .load(std::sync::atomic::Ordering::Relaxed);
+    // The first window may end within max_inline_delay (those jobs wait in
+    // memory); the wait for the window after it is 2 s: at least the 4 jobs
+    // beyond the second window went through the retry topic.
+    assert!(
+        deferred >= 4,
+        "jobs waiting 2 s must go through the retry topic, counted {deferred}"
+    );
+}

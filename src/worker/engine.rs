@@ -53,7 +53,9 @@ enum Event {
     Permit {
         seller: Arc<str>,
         result: Result<Decision, String>,
-        asked_at: Instant,
+        /// When the answer reached this process: waits count from here,
+        /// so they are never early whatever the clocks say.
+        answered_at: Instant,
     },
     Called {
         seller: Arc<str>,
@@ -407,12 +409,11 @@ impl<P: Permits> Engine<P> {
             .limiter_calls
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         tokio::spawn(async move {
-            let asked_at = Instant::now();
             let result = permits.acquire(&seller_id, n).await;
             let _ = tx.send(Event::Permit {
                 seller: seller_id,
                 result,
-                asked_at,
+                answered_at: Instant::now(),
             });
         });
     }
@@ -424,10 +425,10 @@ impl<P: Permits> Engine<P> {
             Event::Permit {
                 seller,
                 result,
-                asked_at,
+                answered_at,
             } => {
                 self.tasks -= 1;
-                self.on_permit(seller, result, asked_at);
+                self.on_permit(seller, result, answered_at);
             }
             Event::Called {
                 seller,
@@ -449,7 +450,7 @@ impl<P: Permits> Engine<P> {
         }
     }
 
-    fn on_permit(&mut self, key: Arc<str>, result: Result<Decision, String>, asked_at: Instant) {
+    fn on_permit(&mut self, key: Arc<str>, result: Result<Decision, String>, answered_at: Instant) {
         let decision = match result {
             Ok(d) => d,
             Err(error) => {
@@ -484,26 +485,18 @@ impl<P: Permits> Engine<P> {
                     return self.poke(&key);
                 }
                 seller.phase = Phase::Running;
-                self.spawn_run(key, batch, g.pace, asked_at);
+                self.spawn_run(key, batch, g.pace, answered_at);
             }
             Decision::Denied(d) => {
-                // Counted from when the answer arrived: never early, whatever
-                // the clocks of Redis and this host say.
-                let until = Instant::now() + d.retry_after;
-                seller.blocked_until = Some(until);
                 SellerThrottled {
                     seller: &key,
                     retry_after: d.retry_after,
                     waiting: seller.queue.len(),
                 }
                 .emit();
-                if d.retry_after > self.settings.worker.max_inline_delay {
-                    let waiting: Vec<Pending> = seller.queue.drain(..).collect();
-                    for p in waiting {
-                        self.defer(p, d.retry_after);
-                    }
-                }
-                self.timers.push(Reverse((until, Timer::Seller(key))));
+                // Counted from when the answer arrived: never early, whatever
+                // the clocks of Redis and this host say.
+                self.hold(&key, answered_at + d.retry_after);
             }
             Decision::Never(c) => {
                 // Cannot happen for grant-up-to calls; kept total so a
@@ -531,7 +524,7 @@ impl<P: Permits> Engine<P> {
         seller: Arc<str>,
         batch: Vec<Pending>,
         pace: Option<Pace>,
-        asked_at: Instant,
+        answered_at: Instant,
     ) {
         let (downstream, tx) = (self.deps.downstream.clone(), self.tx.clone());
         self.tasks += 1;
@@ -554,8 +547,8 @@ impl<P: Permits> Engine<P> {
                     while let Some((i, p)) = jobs.next() {
                         if let Some(pace) = pace {
                             // A pacer grant: unit i may go this long after the
-                            // decision, which came after `asked_at`.
-                            sleep_until((asked_at + pace.unit_after(i as u64)).into()).await;
+                            // decision, which came before `answered_at`.
+                            sleep_until((answered_at + pace.unit_after(i as u64)).into()).await;
                         }
                         if stopped() {
                             unused.push((i, p));
@@ -635,10 +628,9 @@ impl<P: Permits> Engine<P> {
                 }
                 .emit();
                 let at = Instant::now() + wait;
-                if let Some(seller) = self.sellers.get_mut(&key) {
-                    seller.delayed.push((at, p));
-                    self.timers.push(Reverse((at, Timer::Seller(key))));
-                }
+                let seller = self.sellers.entry(key.clone()).or_insert_with(Seller::new);
+                seller.delayed.push((at, p));
+                self.timers.push(Reverse((at, Timer::Seller(key))));
             }
             Outcome::RetryAfter(_) => {
                 unreachable!("a run ends at a 429 and returns the job as unused")
@@ -647,9 +639,7 @@ impl<P: Permits> Engine<P> {
     }
 
     fn on_run_ended(&mut self, key: Arc<str>, unused: Vec<Pending>, throttled: Option<Duration>) {
-        let Some(seller) = self.sellers.get_mut(&key) else {
-            return;
-        };
+        let seller = self.sellers.entry(key.clone()).or_insert_with(Seller::new);
         seller.phase = Phase::Idle;
         for p in unused.into_iter().rev() {
             seller.queue.push_front(p);
@@ -660,10 +650,7 @@ impl<P: Permits> Engine<P> {
                 retry_after: wait,
             }
             .emit();
-            let until = Instant::now() + wait;
-            seller.blocked_until = Some(seller.blocked_until.map_or(until, |t| t.max(until)));
-            self.timers
-                .push(Reverse((until, Timer::Seller(key.clone()))));
+            self.hold(&key, Instant::now() + wait);
             // Share the 429 with every replica through the limiter.
             let (permits, seller_id) = (self.deps.permits.clone(), key.clone());
             tokio::spawn(async move {
@@ -673,6 +660,26 @@ impl<P: Permits> Engine<P> {
             });
         }
         self.poke(&key);
+    }
+
+    /// Refuses a seller until `until` (never shortening a longer hold). A
+    /// wait longer than `worker.max_inline_delay` sends its waiting jobs to
+    /// the retry topic instead of holding them in memory.
+    fn hold(&mut self, key: &Arc<str>, until: Instant) {
+        let Some(seller) = self.sellers.get_mut(key) else {
+            return;
+        };
+        let until = seller.blocked_until.map_or(until, |t| t.max(until));
+        seller.blocked_until = Some(until);
+        let wait = until.saturating_duration_since(Instant::now());
+        if wait > self.settings.worker.max_inline_delay {
+            let waiting: Vec<Pending> = seller.queue.drain(..).collect();
+            for p in waiting {
+                self.defer(p, wait);
+            }
+        }
+        self.timers
+            .push(Reverse((until, Timer::Seller(key.clone()))));
     }
 
     // ---- writes to the retry and dead-letter topics ----
