@@ -107,6 +107,10 @@ struct Seller {
     phase: Phase,
     /// Refused (by the limiter, a 429 or the failure policy) until then.
     blocked_until: Option<Instant>,
+    /// Downstream slots held for the limiter call under way or the run.
+    reserved: usize,
+    /// In `capacity_waiters`: ready to ask, but every downstream slot is taken.
+    wants_capacity: bool,
 }
 
 impl Seller {
@@ -116,11 +120,16 @@ impl Seller {
             delayed: Vec::new(),
             phase: Phase::Idle,
             blocked_until: None,
+            reserved: 0,
+            wants_capacity: false,
         }
     }
 
     fn is_empty(&self) -> bool {
-        self.queue.is_empty() && self.delayed.is_empty() && self.phase == Phase::Idle
+        self.queue.is_empty()
+            && self.delayed.is_empty()
+            && self.phase == Phase::Idle
+            && !self.wants_capacity
     }
 }
 
@@ -161,6 +170,13 @@ pub struct Engine<P> {
     buffered: usize,
     /// Spawned runs, limiter calls and writes not yet reported back.
     tasks: usize,
+    /// Downstream slots (of `downstream.concurrency`) not reserved. A seller
+    /// asks the limiter only for as many units as it can call at once, so a
+    /// grant is used right away: a grant that waited for capacity would
+    /// reach the downstream late and bunch up with the next window's.
+    slots_free: usize,
+    /// Sellers ready to ask but waiting for a slot, served in turn.
+    capacity_waiters: VecDeque<Arc<str>>,
     paused: bool,
     tx: mpsc::UnboundedSender<Event>,
     rx: mpsc::UnboundedReceiver<Event>,
@@ -170,7 +186,7 @@ impl<P: Permits> Engine<P> {
     pub fn new(settings: Arc<Settings>, deps: Deps<P>) -> Engine<P> {
         let (tx, rx) = mpsc::unbounded_channel();
         Engine {
-            settings,
+            settings: settings.clone(),
             deps,
             on_limiter_error: OnLimiterError::DEFAULT,
             sellers: HashMap::new(),
@@ -178,6 +194,8 @@ impl<P: Permits> Engine<P> {
             parked: HashMap::new(),
             buffered: 0,
             tasks: 0,
+            slots_free: settings.downstream.concurrency,
+            capacity_waiters: VecDeque::new(),
             paused: false,
             tx,
             rx,
@@ -401,8 +419,19 @@ impl<P: Permits> Engine<P> {
             }
             return;
         }
+        if self.slots_free == 0 {
+            // Capacity-bound: wait for a slot without asking Redis.
+            if !seller.wants_capacity {
+                seller.wants_capacity = true;
+                self.capacity_waiters.push_back(key.clone());
+            }
+            return;
+        }
+        let n = seller.queue.len().min(MAX_BATCH).min(self.slots_free);
+        self.slots_free -= n;
+        seller.reserved = n;
         seller.phase = Phase::Asking;
-        let n = seller.queue.len().min(MAX_BATCH) as u64;
+        let n = n as u64;
         let (permits, tx, seller_id) = (self.deps.permits.clone(), self.tx.clone(), key.clone());
         self.tasks += 1;
         events::counters()
@@ -477,13 +506,17 @@ impl<P: Permits> Engine<P> {
         let before = seller.queue.len();
         seller.queue.retain(|p| consumer.is_current(&p.origin));
         self.buffered -= before - seller.queue.len();
+        let reserved = std::mem::take(&mut seller.reserved);
         match decision {
             Decision::Granted(g) => {
-                let n = (g.granted as usize).min(seller.queue.len());
+                let n = (g.granted as usize).min(seller.queue.len()).min(reserved);
                 let batch: Vec<Pending> = seller.queue.drain(..n).collect();
+                seller.reserved = n;
+                self.release(reserved - n);
                 if batch.is_empty() {
                     return self.poke(&key);
                 }
+                let seller = self.sellers.get_mut(&key).expect("looked up above");
                 seller.phase = Phase::Running;
                 self.spawn_run(key, batch, g.pace, answered_at);
             }
@@ -494,6 +527,7 @@ impl<P: Permits> Engine<P> {
                     waiting: seller.queue.len(),
                 }
                 .emit();
+                self.release(reserved);
                 // Counted from when the answer arrived: never early, whatever
                 // the clocks of Redis and this host say.
                 self.hold(&key, answered_at + d.retry_after);
@@ -501,7 +535,9 @@ impl<P: Permits> Engine<P> {
             Decision::Never(c) => {
                 // Cannot happen for grant-up-to calls; kept total so a
                 // policy change cannot wedge a seller.
-                if let Some(p) = seller.queue.pop_front() {
+                let popped = seller.queue.pop_front();
+                self.release(reserved);
+                if let Some(p) = popped {
                     let reason = format!(
                         "cost {} can never pass: the seller's rule {} holds at most {}",
                         c.cost, c.rule, c.capacity
@@ -595,6 +631,10 @@ impl<P: Permits> Engine<P> {
 
     fn on_called(&mut self, key: Arc<str>, mut p: Pending, outcome: Outcome) {
         p.attempts += 1;
+        if let Some(seller) = self.sellers.get_mut(&key) {
+            seller.reserved = seller.reserved.saturating_sub(1);
+        }
+        self.release(1);
         match outcome {
             Outcome::Done => {
                 JobDone {
@@ -641,6 +681,7 @@ impl<P: Permits> Engine<P> {
     fn on_run_ended(&mut self, key: Arc<str>, unused: Vec<Pending>, throttled: Option<Duration>) {
         let seller = self.sellers.entry(key.clone()).or_insert_with(Seller::new);
         seller.phase = Phase::Idle;
+        let slots = std::mem::take(&mut seller.reserved);
         for p in unused.into_iter().rev() {
             seller.queue.push_front(p);
         }
@@ -659,7 +700,22 @@ impl<P: Permits> Engine<P> {
                 }
             });
         }
+        self.release(slots);
         self.poke(&key);
+    }
+
+    /// Gives `n` downstream slots back and lets waiting sellers ask, in turn.
+    fn release(&mut self, n: usize) {
+        self.slots_free += n;
+        while self.slots_free > 0 {
+            let Some(key) = self.capacity_waiters.pop_front() else {
+                break;
+            };
+            if let Some(seller) = self.sellers.get_mut(&key) {
+                seller.wants_capacity = false;
+            }
+            self.poke(&key);
+        }
     }
 
     /// Refuses a seller until `until` (never shortening a longer hold). A
