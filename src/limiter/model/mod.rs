@@ -14,18 +14,11 @@
 //! All arithmetic is exact `i128`; the scripts use integer-valued doubles,
 //! which agree as long as every product stays below 2^53.
 //!
-//! # Where the model deliberately differs from the scripts
-//!
-//! The model does what is correct; each difference is a known script bug:
-//! - `token_bucket` refund never moves the refill clock backwards (the script
-//!   writes `ts = now` even when the stored `ts` is later, which refills the
-//!   bucket a second time for the span in between).
-//! - A downstream block does not hide a longer wait of a rule: while blocked,
-//!   retry-after is the larger of the block and the rules' wait, and
-//!   reset-after the larger of the block and the rules' reset (the script
-//!   answers with the block alone, so a caller retrying then can be refused).
-//! - Products above 2^53 (e.g. `burst * period_us` of a token bucket of 10^6
-//!   per day) are exact here and rounded in the script.
+//! The model and the scripts are meant to agree on every call with a cost
+//! of at least 1 over rules that [`Rule::new`] accepts (which keeps
+//! `limit * period_us` and `burst * period_us` below 2^53);
+//! `tests/limiter_agreement.rs` checks that step by step against a real
+//! Redis, on random rule sets and arrival sequences.
 //!
 //! Key expiry is not modelled: every script leaves one second of slack on its
 //! TTLs and reads stale state as if the key were gone, so the decisions are
@@ -465,8 +458,8 @@ pub fn run(
     };
 
     if blocked_until > now {
-        // The script answers with the block alone; a rule that needs longer
-        // would then refuse the caller that retried at the block's end.
+        // Not the block alone: a rule that needs longer would then refuse
+        // the caller that retried at the block's end.
         let block = blocked_until - now;
         let (_, reset, _) = summary(0);
         let (retry, by) = if wait > block { (wait, by) } else { (block, 0) };

@@ -252,9 +252,9 @@ fn a_block_refuses_with_its_own_time() {
     assert_eq!(brief(&got), [1, 2, 0, 0, S as i64, 1]);
 }
 
-/// Regression (script bug): limiter.lua answers a blocked seller with the
-/// block's time alone, so a caller that retries when the block ends is
-/// refused again by an exhausted rule. The model waits for both.
+/// Regression: answering a blocked seller with the block's time alone (as
+/// limiter.lua once did) makes a caller that retries when the block ends be
+/// refused again by an exhausted rule. Both wait for the longer of the two.
 #[test]
 fn a_block_does_not_hide_a_longer_wait() {
     let rules = [rule(Algorithm::Gcra, 1, Duration::from_secs(1), None)];
@@ -282,7 +282,7 @@ fn a_block_does_not_hide_a_longer_wait() {
         "c2",
         &rules,
     );
-    // The script answers [0, 0, 0, 200_000, 200_000, 0].
+    // The block alone would answer [0, 0, 0, 200_000, 200_000, 0].
     assert_eq!(brief(&got), [0, 0, 0, 900_000, 900_000, 1]);
     let retry = go(
         &mut store,
