@@ -363,9 +363,15 @@ impl Out {
 /// `lua/limiter.lua`: one decision for one seller over all of its rules,
 /// all or nothing. `rules` pairs each rule's key (`KEYS[1+i]`) with the rule.
 ///
-/// `cost` must be at least 1, as the script documents. For 0 the model
-/// answers as the script does, which is not a sound answer: status 1 with
-/// 0 granted, and the takes still write (a burst_fill rule starts a period).
+/// # Panics
+///
+/// If `cost` is 0, for every op. The script answers 0 with an error reply
+/// (`cost must be at least 1`) and writes nothing, and the production
+/// [`Limiter`](crate::limiter::Limiter) refuses it with
+/// `LimiterError::ZeroCost` before calling the script, so a 0 reaching the
+/// model is a bug in the test that sent it. A panic says so at the call,
+/// where a `Result` would make every caller unwrap a case no valid call
+/// reaches; like the script, the model has written nothing when it panics.
 ///
 /// The arguments are the script's KEYS and ARGV one for one, which is why
 /// there are more than clippy likes.
@@ -380,6 +386,10 @@ pub fn run(
     block_key: &str,
     rules: &[(String, Rule)],
 ) -> Reply {
+    assert!(
+        cost >= 1,
+        "cost must be at least 1 (limiter.lua refuses 0 with an error reply)"
+    );
     let now = i128::from(now_us);
     let cost = i128::from(cost);
     let op = match op {
@@ -585,6 +595,7 @@ impl<C: Clock> ModelLimiter<C> {
         format!("model:{{seller}}:{}", rule.fingerprint())
     }
 
+    /// Decides and charges. Panics if `cost` is 0, as [`run`] does.
     pub fn acquire(&mut self, seller_rules: &[Rule], cost: u64, mode: Mode) -> Decision {
         self.decide(Op::Acquire, seller_rules, cost, mode)
     }

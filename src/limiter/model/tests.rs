@@ -345,29 +345,46 @@ fn model_limiter_gives_three_kinds_of_answer() {
     );
 }
 
-/// Pins the script's answer to a cost of 0 (a caller bug the script does
-/// not reject): "granted" 0 units, and a burst_fill period is started.
+/// A cost of 0 is refused for every op, as limiter.lua refuses it with an
+/// error reply: the model panics (see [`run`]) and writes nothing. The
+/// model used to answer 0 with a "grant" of 0 units that started a
+/// burst_fill period.
 #[test]
-fn cost_zero_mirrors_the_script() {
+fn cost_zero_is_refused_for_every_op() {
     let rules = [rule(Algorithm::BurstFill, 3, Duration::from_secs(1), None)];
     let mut store = ModelStore::new();
-    let got = go(
-        &mut store,
-        Op::Acquire,
-        0,
-        0,
-        Mode::AllOrNothing,
-        "c1",
-        &rules,
-    );
-    assert_eq!(brief(&got), [1, 0, 3, 0, 0, 1]);
     assert_eq!(
-        store.get("model-test:{seller}:r1"),
-        Some(&State::BurstFill(super::burst_fill::Stored {
-            s: T0 as i128,
-            n: 3
-        }))
+        go(
+            &mut store,
+            Op::Acquire,
+            0,
+            1,
+            Mode::AllOrNothing,
+            "c1",
+            &rules
+        )
+        .status,
+        1
     );
+    let before = store.clone();
+    for op in [Op::Acquire, Op::Peek, Op::Refund { skip: 0 }] {
+        for mode in [Mode::AllOrNothing, Mode::UpTo] {
+            let mut probe = store.clone();
+            let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                go(&mut probe, op, 10, 0, mode, "c1", &rules)
+            }));
+            let msg = got
+                .expect_err(&format!("{op:?} {mode:?} with cost 0 must panic"))
+                .downcast::<&str>()
+                .map(|m| m.to_string())
+                .unwrap_or_default();
+            assert!(
+                msg.starts_with("cost must be at least 1"),
+                "{op:?} {mode:?}: panicked with {msg:?}"
+            );
+            assert_eq!(probe, before, "{op:?} {mode:?} with cost 0 wrote state");
+        }
+    }
 }
 
 fn any_rule() -> impl Strategy<Value = Rule> {
