@@ -14,18 +14,11 @@
 //! All arithmetic is exact `i128`; the scripts use integer-valued doubles,
 //! which agree as long as every product stays below 2^53.
 //!
-//! # Where the model deliberately differs from the scripts
-//!
-//! The model does what is correct; each difference is a known script bug:
-//! - `token_bucket` refund never moves the refill clock backwards (the script
-//!   writes `ts = now` even when the stored `ts` is later, which refills the
-//!   bucket a second time for the span in between).
-//! - A downstream block does not hide a longer wait of a rule: while blocked,
-//!   retry-after is the larger of the block and the rules' wait, and
-//!   reset-after the larger of the block and the rules' reset (the script
-//!   answers with the block alone, so a caller retrying then can be refused).
-//! - Products above 2^53 (e.g. `burst * period_us` of a token bucket of 10^6
-//!   per day) are exact here and rounded in the script.
+//! The model and the scripts are meant to agree on every call with a cost
+//! of at least 1 over rules that [`Rule::new`] accepts (which keeps
+//! `limit * period_us` and `burst * period_us` below 2^53);
+//! `tests/limiter_agreement.rs` checks that step by step against a real
+//! Redis, on random rule sets and arrival sequences.
 //!
 //! Key expiry is not modelled: every script leaves one second of slack on its
 //! TTLs and reads stale state as if the key were gone, so the decisions are
@@ -370,9 +363,15 @@ impl Out {
 /// `lua/limiter.lua`: one decision for one seller over all of its rules,
 /// all or nothing. `rules` pairs each rule's key (`KEYS[1+i]`) with the rule.
 ///
-/// `cost` must be at least 1, as the script documents. For 0 the model
-/// answers as the script does, which is not a sound answer: status 1 with
-/// 0 granted, and the takes still write (a burst_fill rule starts a period).
+/// # Panics
+///
+/// If `cost` is 0, for every op. The script answers 0 with an error reply
+/// (`cost must be at least 1`) and writes nothing, and the production
+/// [`Limiter`](crate::limiter::Limiter) refuses it with
+/// `LimiterError::ZeroCost` before calling the script, so a 0 reaching the
+/// model is a bug in the test that sent it. A panic says so at the call,
+/// where a `Result` would make every caller unwrap a case no valid call
+/// reaches; like the script, the model has written nothing when it panics.
 ///
 /// The arguments are the script's KEYS and ARGV one for one, which is why
 /// there are more than clippy likes.
@@ -387,6 +386,10 @@ pub fn run(
     block_key: &str,
     rules: &[(String, Rule)],
 ) -> Reply {
+    assert!(
+        cost >= 1,
+        "cost must be at least 1 (limiter.lua refuses 0 with an error reply)"
+    );
     let now = i128::from(now_us);
     let cost = i128::from(cost);
     let op = match op {
@@ -465,8 +468,8 @@ pub fn run(
     };
 
     if blocked_until > now {
-        // The script answers with the block alone; a rule that needs longer
-        // would then refuse the caller that retried at the block's end.
+        // Not the block alone: a rule that needs longer would then refuse
+        // the caller that retried at the block's end.
         let block = blocked_until - now;
         let (_, reset, _) = summary(0);
         let (retry, by) = if wait > block { (wait, by) } else { (block, 0) };
@@ -592,6 +595,7 @@ impl<C: Clock> ModelLimiter<C> {
         format!("model:{{seller}}:{}", rule.fingerprint())
     }
 
+    /// Decides and charges. Panics if `cost` is 0, as [`run`] does.
     pub fn acquire(&mut self, seller_rules: &[Rule], cost: u64, mode: Mode) -> Decision {
         self.decide(Op::Acquire, seller_rules, cost, mode)
     }

@@ -252,9 +252,9 @@ fn a_block_refuses_with_its_own_time() {
     assert_eq!(brief(&got), [1, 2, 0, 0, S as i64, 1]);
 }
 
-/// Regression (script bug): limiter.lua answers a blocked seller with the
-/// block's time alone, so a caller that retries when the block ends is
-/// refused again by an exhausted rule. The model waits for both.
+/// Regression: answering a blocked seller with the block's time alone (as
+/// limiter.lua once did) makes a caller that retries when the block ends be
+/// refused again by an exhausted rule. Both wait for the longer of the two.
 #[test]
 fn a_block_does_not_hide_a_longer_wait() {
     let rules = [rule(Algorithm::Gcra, 1, Duration::from_secs(1), None)];
@@ -282,7 +282,7 @@ fn a_block_does_not_hide_a_longer_wait() {
         "c2",
         &rules,
     );
-    // The script answers [0, 0, 0, 200_000, 200_000, 0].
+    // The block alone would answer [0, 0, 0, 200_000, 200_000, 0].
     assert_eq!(brief(&got), [0, 0, 0, 900_000, 900_000, 1]);
     let retry = go(
         &mut store,
@@ -345,29 +345,46 @@ fn model_limiter_gives_three_kinds_of_answer() {
     );
 }
 
-/// Pins the script's answer to a cost of 0 (a caller bug the script does
-/// not reject): "granted" 0 units, and a burst_fill period is started.
+/// A cost of 0 is refused for every op, as limiter.lua refuses it with an
+/// error reply: the model panics (see [`run`]) and writes nothing. The
+/// model used to answer 0 with a "grant" of 0 units that started a
+/// burst_fill period.
 #[test]
-fn cost_zero_mirrors_the_script() {
+fn cost_zero_is_refused_for_every_op() {
     let rules = [rule(Algorithm::BurstFill, 3, Duration::from_secs(1), None)];
     let mut store = ModelStore::new();
-    let got = go(
-        &mut store,
-        Op::Acquire,
-        0,
-        0,
-        Mode::AllOrNothing,
-        "c1",
-        &rules,
-    );
-    assert_eq!(brief(&got), [1, 0, 3, 0, 0, 1]);
     assert_eq!(
-        store.get("model-test:{seller}:r1"),
-        Some(&State::BurstFill(super::burst_fill::Stored {
-            s: T0 as i128,
-            n: 3
-        }))
+        go(
+            &mut store,
+            Op::Acquire,
+            0,
+            1,
+            Mode::AllOrNothing,
+            "c1",
+            &rules
+        )
+        .status,
+        1
     );
+    let before = store.clone();
+    for op in [Op::Acquire, Op::Peek, Op::Refund { skip: 0 }] {
+        for mode in [Mode::AllOrNothing, Mode::UpTo] {
+            let mut probe = store.clone();
+            let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                go(&mut probe, op, 10, 0, mode, "c1", &rules)
+            }));
+            let msg = got
+                .expect_err(&format!("{op:?} {mode:?} with cost 0 must panic"))
+                .downcast::<&str>()
+                .map(|m| m.to_string())
+                .unwrap_or_default();
+            assert!(
+                msg.starts_with("cost must be at least 1"),
+                "{op:?} {mode:?}: panicked with {msg:?}"
+            );
+            assert_eq!(probe, before, "{op:?} {mode:?} with cost 0 wrote state");
+        }
+    }
 }
 
 fn any_rule() -> impl Strategy<Value = Rule> {

@@ -92,8 +92,9 @@ impl Algo for TokenBucket {
             return;
         };
         // `now` is the take's time; a later call may have moved `ts` past
-        // it. The refill clock never goes back: the script writes `ts = now`
-        // here, which refills the span from `now` to the old `ts` twice.
+        // it. Credit at the later of the two and never move the refill
+        // clock back: `ts = now` would refill the span from `now` to the old
+        // `ts` a second time.
         let at = now.max(h.ts);
         let st = Self::load(store, key, r, at);
         let c = (r.burst * r.period).min(st.c + n * r.period);
@@ -133,8 +134,8 @@ mod tests {
             (10, S, all(), 1, [1, 1, 1, 0, 1_500_000, 0]),
             // Refund of row 4's token, taken at 0, after row 10 moved ts to 1 s.
             (11, 0, Step::Refund { skip: 0, call: 4 }, 1, [1, 1, 0, 0, 0, 0]),
-            // Regression (script bug): the script writes ts = 0 in row 11 and
-            // refills 0..1 s a second time, granting 4 here instead of 2.
+            // Regression: writing ts = 0 in row 11 would refill 0..1 s a
+            // second time and grant 4 here instead of 2.
             (12, S, Step::Peek(Mode::UpTo), 9, [1, 2, 0, 0, 2 * S, 0]),
         ];
         check(&r, &rows);

@@ -1,0 +1,684 @@
+//! The Lua scripts against their reference models, step by step, on a real
+//! Redis: for the same keys, time and arguments, `lua/limiter.lua` (through
+//! [`RedisStore`]) and [`model::run`] must give the same ten integers, and
+//! `lua/block.lua` and [`model::block`] the same end of block.
+//!
+//! - `lua_and_model_agree_on_random_sequences`: random rule sets of 1–3 mixed
+//!   algorithms (50 µs periods, fractional intervals), random non-decreasing
+//!   times, costs within and above capacity, both modes, acquires, dry runs,
+//!   refunds of earlier acquires at their own time, and downstream blocks.
+//!   256 cases by default (about a second); `PROPTEST_CASES=20000` runs more.
+//! - One deterministic test per script finding that was fixed, asserting
+//!   Lua == model and the answer that makes the fix right.
+//!
+//! Every case and test uses fresh keys (`unique_prefix`). The property test
+//! deletes each case's keys when the case ends; the deterministic tests'
+//! keys expire within seconds.
+
+mod common;
+
+use std::cell::RefCell;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::{Duration, Instant};
+
+use common::{keys_under, raw, store, unique_prefix, T0};
+use proptest::prelude::*;
+use proptest::sample::Index;
+use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
+use redis::aio::MultiplexedConnection;
+use throttle_worker::limiter::model::{self, ModelStore};
+use throttle_worker::limiter::{Algorithm, Mode, Op, RedisStore, Reply, Rule, ScriptCall, Store};
+
+/// Cases the property test runs unless `PROPTEST_CASES` says otherwise:
+/// under a second against a local Redis with a debug build (2 cores).
+const DEFAULT_CASES: u32 = 256;
+
+/// Steps per case at most.
+const MAX_STEPS: usize = 40;
+
+// ---------------------------------------------------------------------------
+// Running one call on both sides
+
+/// One seller's keys: the block key and one key per rule, all new.
+struct Seller {
+    prefix: String,
+    block_key: String,
+    rules: Vec<(String, Rule)>,
+}
+
+impl Seller {
+    fn new(test: &str, rules: &[Rule]) -> Seller {
+        let prefix = unique_prefix(test);
+        Seller {
+            block_key: format!("{prefix}:{{s}}:block"),
+            rules: rules
+                .iter()
+                .enumerate()
+                .map(|(i, r)| (format!("{prefix}:{{s}}:r{}:{}", i + 1, r.fingerprint()), *r))
+                .collect(),
+            prefix,
+        }
+    }
+
+    fn call(&self, op: Op, now_us: u64, cost: u64, mode: Mode, call_id: &str) -> ScriptCall {
+        ScriptCall {
+            op,
+            now_us: Some(now_us),
+            cost,
+            mode,
+            call_id: call_id.to_owned(),
+            block_key: self.block_key.clone(),
+            rules: self.rules.clone(),
+        }
+    }
+
+    /// Deletes every key of the seller: a large rule's state lives as long
+    /// as its period (up to 366 days).
+    async fn forget(&self, conn: &mut MultiplexedConnection) {
+        let mut del = redis::cmd("DEL");
+        del.arg(&self.block_key);
+        for (key, _) in &self.rules {
+            del.arg(key);
+        }
+        let _: i64 = del
+            .query_async(conn)
+            .await
+            .unwrap_or_else(|e| panic!("DEL the keys under {}: {e}", self.prefix));
+    }
+
+    fn describe_rules(&self) -> String {
+        let rules: Vec<String> = self
+            .rules
+            .iter()
+            .enumerate()
+            .map(|(i, (_, r))| {
+                format!(
+                    "{}: {} {}/{}µs burst {}",
+                    i + 1,
+                    r.algorithm(),
+                    r.limit(),
+                    r.period_us(),
+                    r.burst()
+                )
+            })
+            .collect();
+        rules.join("; ")
+    }
+}
+
+fn model_op(op: Op) -> model::Op {
+    match op {
+        Op::Acquire => model::Op::Acquire,
+        Op::Peek => model::Op::Peek,
+        Op::Refund { skip } => model::Op::Refund { skip },
+    }
+}
+
+const FIELDS: [&str; Reply::LEN] = [
+    "status",
+    "granted",
+    "remaining",
+    "retry_after_ms",
+    "reset_after_ms",
+    "go_at_us",
+    "retry_after_us",
+    "reset_after_us",
+    "now_us",
+    "by",
+];
+
+fn fields(r: &Reply) -> [i64; Reply::LEN] {
+    [
+        r.status,
+        r.granted,
+        r.remaining,
+        r.retry_after_ms,
+        r.reset_after_ms,
+        r.go_at_us,
+        r.retry_after_us,
+        r.reset_after_us,
+        r.now_us,
+        r.by,
+    ]
+}
+
+/// `name lua≠model` for every field that differs.
+fn differing(lua: &Reply, model: &Reply) -> String {
+    let diffs: Vec<String> = FIELDS
+        .iter()
+        .zip(fields(lua).iter().zip(fields(model).iter()))
+        .filter(|(_, (l, m))| l != m)
+        .map(|(name, (l, m))| format!("{name} lua {l} ≠ model {m}"))
+        .collect();
+    diffs.join(", ")
+}
+
+/// Runs `call` on Redis and on the model; the reply when both agree, else
+/// a message with the step, the inputs and both replies.
+async fn both(
+    redis: &RedisStore,
+    model: &mut ModelStore,
+    seller: &Seller,
+    step: &str,
+    call: &ScriptCall,
+) -> Result<Reply, String> {
+    let now_us = call.now_us.expect("agreement calls carry an explicit time");
+    let inputs = format!(
+        "{step}: {:?} at T0+{}µs ({now_us}), cost {}, {:?}, id {:?}; rules [{}]",
+        call.op,
+        now_us - T0,
+        call.cost,
+        call.mode,
+        call.call_id,
+        seller.describe_rules()
+    );
+    let lua = redis
+        .run(call)
+        .await
+        .map_err(|e| format!("{inputs}\n  lua failed: {e}"))?;
+    let want = model::run(
+        model,
+        model_op(call.op),
+        now_us,
+        call.cost,
+        call.mode,
+        &call.call_id,
+        &call.block_key,
+        &call.rules,
+    );
+    if lua != want {
+        return Err(format!(
+            "{inputs}\n  differ: {}\n  lua:   {lua:?}\n  model: {want:?}",
+            differing(&lua, &want)
+        ));
+    }
+    Ok(lua)
+}
+
+/// Blocks on Redis and in the model; the end of the block when both agree.
+async fn both_block(
+    redis: &RedisStore,
+    model: &mut ModelStore,
+    seller: &Seller,
+    step: &str,
+    now_us: u64,
+    dur_us: u64,
+) -> Result<u64, String> {
+    let inputs = format!(
+        "{step}: block {dur_us}µs at T0+{}µs ({now_us}); rules [{}]",
+        now_us - T0,
+        seller.describe_rules()
+    );
+    let lua = redis
+        .block(&seller.block_key, Some(now_us), dur_us)
+        .await
+        .map_err(|e| format!("{inputs}\n  lua failed: {e}"))?;
+    let want = model::block(model, &seller.block_key, now_us, dur_us);
+    if lua != want {
+        return Err(format!("{inputs}\n  block ends: lua {lua} ≠ model {want}"));
+    }
+    Ok(lua)
+}
+
+// ---------------------------------------------------------------------------
+// The property test
+
+/// What one step does.
+#[derive(Debug, Clone)]
+enum Step {
+    /// Acquire or peek `gap` µs after the previous step.
+    Call {
+        gap: u64,
+        op: Op,
+        cost: u64,
+        mode: Mode,
+    },
+    /// Give back part of an earlier granted acquire that was not refunded
+    /// yet (picked by `pick`), at that acquire's time: skip `skip` of its
+    /// units, then give back `1 + len` of the rest (both as indices into
+    /// what is there). No-op when there is none.
+    Refund {
+        pick: Index,
+        skip: Index,
+        len: Index,
+    },
+    /// Downstream block for `dur_us`, `gap` µs after the previous step.
+    Block { gap: u64, dur_us: u64 },
+}
+
+#[derive(Debug, Clone)]
+struct Case {
+    rules: Vec<Rule>,
+    /// µs after T0 of the first step, so windows do not all start aligned.
+    start: u64,
+    steps: Vec<Step>,
+}
+
+fn any_rule() -> impl Strategy<Value = Rule> {
+    prop_oneof![9 => small_rule(), 1 => large_rule()]
+}
+
+/// Small limits and short periods: every decision kind within a few steps.
+fn small_rule() -> impl Strategy<Value = Rule> {
+    let period_us = prop_oneof![
+        // The shortest period a rule may have.
+        2 => Just(50u64),
+        // Mostly not a multiple of the limit: fractional intervals.
+        6 => 51u64..3_000,
+        // Long against the gaps: stays exhausted across many steps.
+        1 => Just(1_000_000u64),
+    ];
+    (
+        prop::sample::select(Algorithm::ALL.to_vec()),
+        1u64..=6,
+        period_us,
+        1u64..=8,
+    )
+        .prop_map(|(algorithm, limit, period_us, burst)| {
+            let burst = algorithm.uses_burst().then_some(burst);
+            valid(algorithm, limit, period_us, burst)
+        })
+}
+
+/// Limits and bursts up to what `Rule::new` accepts (`units * period_us`
+/// just below 2^53): the scripts' doubles must stay exact there.
+///
+/// Not sliding_window_log: it counts members rather than multiplying, and
+/// keeps one member per admitted unit, so a large grant costs Redis memory
+/// and time (a million members per call) and tests no arithmetic.
+fn large_rule() -> impl Strategy<Value = Rule> {
+    const DAY_US: u64 = 86_400_000_000;
+    let period_us = prop_oneof![1_000_000u64..=DAY_US, Just(366 * DAY_US)];
+    let algorithm = prop::sample::select(
+        Algorithm::ALL
+            .into_iter()
+            .filter(|&a| a != Algorithm::SlidingWindowLog)
+            .collect::<Vec<_>>(),
+    );
+    (algorithm, period_us)
+        .prop_flat_map(|(algorithm, period_us)| {
+            // Rule::new: limit <= MAX_LIMIT, limit <= period_us, and
+            // max(limit, burst) * period_us < 2^53.
+            let max = ((1u64 << 53) - 1) / period_us;
+            let max = max.min(1_000_000_000).min(period_us);
+            let units = prop_oneof![1u64..=max, Just(max)];
+            (Just(algorithm), units.clone(), Just(period_us), units)
+        })
+        .prop_map(|(algorithm, limit, period_us, burst)| {
+            let burst = algorithm.uses_burst().then_some(burst);
+            valid(algorithm, limit, period_us, burst)
+        })
+}
+
+fn valid(algorithm: Algorithm, limit: u64, period_us: u64, burst: Option<u64>) -> Rule {
+    Rule::new(algorithm, limit, Duration::from_micros(period_us), burst).unwrap_or_else(|e| {
+        panic!("generated rule {algorithm} {limit}/{period_us}µs burst {burst:?}: {e}")
+    })
+}
+
+fn gap() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        1 => Just(0u64),
+        4 => 0u64..200,
+        4 => 0u64..3_000,
+        1 => 100_000u64..3_000_000,
+    ]
+}
+
+fn any_step() -> impl Strategy<Value = Step> {
+    let mode = prop_oneof![Just(Mode::AllOrNothing), Just(Mode::UpTo)];
+    let op = prop_oneof![3 => Just(Op::Acquire), 1 => Just(Op::Peek)];
+    prop_oneof![
+        // Mostly within a small rule's capacity (1..=8), sometimes above,
+        // sometimes at the scale of a large rule.
+        8 => (gap(), op, prop_oneof![12 => 1u64..=3, 4 => 1u64..=9, 1 => 10u64..=1_000_000_000], mode)
+            .prop_map(|(gap, op, cost, mode)| Step::Call { gap, op, cost, mode }),
+        2 => (any::<Index>(), any::<Index>(), any::<Index>())
+            .prop_map(|(pick, skip, len)| Step::Refund { pick, skip, len }),
+        // Mostly as short as the rules' waits (either may be longer);
+        // sometimes long enough to cover the rest of the case.
+        1 => (gap(), prop_oneof![6 => 1u64..3_000, 1 => 100_000u64..2_000_000])
+            .prop_map(|(gap, dur_us)| Step::Block { gap, dur_us }),
+    ]
+}
+
+fn any_case() -> impl Strategy<Value = Case> {
+    (
+        prop::collection::vec(any_rule(), 1..=3),
+        0u64..1_000_000,
+        prop::collection::vec(any_step(), 1..=MAX_STEPS),
+    )
+        .prop_map(|(rules, start, steps)| Case {
+            rules,
+            start,
+            steps,
+        })
+}
+
+/// What the property test exercised, printed so that a run shows its
+/// coverage (a generator that never reaches a branch is a silent gap).
+#[derive(Debug, Default)]
+struct Seen {
+    granted: u64,
+    partial: u64,
+    denied_by_rule: u64,
+    denied_by_block: u64,
+    never: u64,
+    refunds: u64,
+    blocks: u64,
+}
+
+impl Seen {
+    fn reply(&mut self, cost: u64, r: &Reply) {
+        match r.status {
+            1 if (r.granted as u64) < cost => self.partial += 1,
+            1 => self.granted += 1,
+            0 if r.by == 0 => self.denied_by_block += 1,
+            0 => self.denied_by_rule += 1,
+            _ => self.never += 1,
+        }
+    }
+}
+
+/// An acquire that was granted and not refunded yet.
+struct Taken {
+    call_id: String,
+    now_us: u64,
+    granted: u64,
+}
+
+/// Runs one case on fresh keys; the first disagreement as the error.
+async fn agree(
+    redis: &RedisStore,
+    conn: &MultiplexedConnection,
+    case: &Case,
+    seen: &RefCell<Seen>,
+) -> Result<(), String> {
+    let seller = Seller::new("agree", &case.rules);
+    let agreed = steps(redis, &seller, case, seen).await;
+    seller.forget(&mut conn.clone()).await;
+    agreed
+}
+
+async fn steps(
+    redis: &RedisStore,
+    seller: &Seller,
+    case: &Case,
+    seen: &RefCell<Seen>,
+) -> Result<(), String> {
+    let mut model = ModelStore::new();
+    let mut now = T0 + case.start;
+    let mut taken: Vec<Taken> = Vec::new();
+    for (i, step) in case.steps.iter().enumerate() {
+        let label = format!("step {i} of {}", case.steps.len());
+        match step {
+            Step::Call {
+                gap,
+                op,
+                cost,
+                mode,
+            } => {
+                now += gap;
+                let call_id = format!("c{i}");
+                let call = seller.call(*op, now, *cost, *mode, &call_id);
+                let reply = both(redis, &mut model, seller, &label, &call).await?;
+                seen.borrow_mut().reply(*cost, &reply);
+                if *op == Op::Acquire && reply.status == 1 && reply.granted > 0 {
+                    taken.push(Taken {
+                        call_id,
+                        now_us: now,
+                        granted: reply.granted as u64,
+                    });
+                }
+            }
+            Step::Refund { pick, skip, len } => {
+                if taken.is_empty() {
+                    continue;
+                }
+                let t = taken.remove(pick.index(taken.len()));
+                let skip = skip.index(t.granted as usize) as u64;
+                let cost = 1 + len.index((t.granted - skip) as usize) as u64;
+                let call = seller.call(
+                    Op::Refund { skip },
+                    t.now_us,
+                    cost,
+                    Mode::AllOrNothing,
+                    &t.call_id,
+                );
+                both(redis, &mut model, seller, &label, &call).await?;
+                seen.borrow_mut().refunds += 1;
+            }
+            Step::Block { gap, dur_us } => {
+                now += gap;
+                both_block(redis, &mut model, seller, &label, now, *dur_us).await?;
+                seen.borrow_mut().blocks += 1;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn cases() -> u32 {
+    match std::env::var("PROPTEST_CASES") {
+        Ok(v) => v
+            .parse()
+            .unwrap_or_else(|_| panic!("PROPTEST_CASES={v:?} is not a number")),
+        Err(_) => DEFAULT_CASES,
+    }
+}
+
+/// Property test of the issue: "random arrival sequences, Lua vs reference
+/// model, identical decisions".
+#[test]
+fn lua_and_model_agree_on_random_sequences() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let redis = rt.block_on(store());
+    let conn = rt.block_on(raw());
+    let config = Config {
+        cases: cases(),
+        // A failure prints its shrunk case in full; one worth keeping
+        // becomes a named deterministic test below, so nothing is written
+        // to a regressions file.
+        failure_persistence: None,
+        // Each shrink step replays a case against Redis; bound the time a
+        // failure takes to report.
+        max_shrink_iters: 2_000,
+        ..Config::default()
+    };
+    let seen = RefCell::new(Seen::default());
+    let started = Instant::now();
+    let mut runner = TestRunner::new(config.clone());
+    let result = runner.run(&any_case(), |case| {
+        rt.block_on(agree(&redis, &conn, &case, &seen))
+            .map_err(TestCaseError::fail)
+    });
+    match result {
+        Ok(()) => eprintln!(
+            "lua == model on {} cases of up to {MAX_STEPS} steps in {:?}: {:?}",
+            config.cases,
+            started.elapsed(),
+            seen.into_inner()
+        ),
+        Err(TestError::Fail(why, case)) => {
+            panic!("Lua and model disagree:\n{why}\nminimal case: {case:#?}")
+        }
+        Err(TestError::Abort(why)) => panic!("property test aborted: {why}"),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// One deterministic test per fixed script finding
+
+fn rule(algorithm: Algorithm, limit: u64, period: Duration, burst: Option<u64>) -> Rule {
+    Rule::new(algorithm, limit, period, burst).expect("test rules are valid")
+}
+
+/// The agreed value, or a panic with the disagreement.
+fn ok<T>(agreed: Result<T, String>) -> T {
+    agreed.unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// status, granted, remaining, retry µs, reset µs, by.
+fn brief(r: &Reply) -> [i64; 6] {
+    [
+        r.status,
+        r.granted,
+        r.remaining,
+        r.retry_after_us,
+        r.reset_after_us,
+        r.by,
+    ]
+}
+
+/// Regression, limiter.lua: a downstream block answered with the block's
+/// time alone, so a caller that retried when a short block ended was
+/// refused again by an exhausted rule. Now retry-after is the longer of the
+/// two and `by` names the rule when its wait is longer.
+#[tokio::test]
+async fn a_block_does_not_hide_a_longer_rule_wait() {
+    let redis = store().await;
+    let seller = Seller::new(
+        "agree-block-wait",
+        &[rule(Algorithm::Gcra, 1, Duration::from_secs(1), None)],
+    );
+    let mut model = ModelStore::new();
+    let all = Mode::AllOrNothing;
+    let run = |op, at: u64, id: &str| seller.call(op, T0 + at, 1, all, id);
+
+    let first = ok(both(
+        &redis,
+        &mut model,
+        &seller,
+        "acquire",
+        &run(Op::Acquire, 0, "c1"),
+    )
+    .await);
+    assert_eq!(first.status, 1, "{first:?}");
+    // A block shorter than the rule's wait: the rule's wait wins.
+    ok(both_block(&redis, &mut model, &seller, "short block", T0, 300_000).await);
+    let got = ok(both(
+        &redis,
+        &mut model,
+        &seller,
+        "while blocked",
+        &run(Op::Acquire, 100_000, "c2"),
+    )
+    .await);
+    assert_eq!(
+        brief(&got),
+        [0, 0, 0, 900_000, 900_000, 1],
+        "the block alone would answer retry 200000, by 0: {got:?}"
+    );
+    let retry = ok(both(
+        &redis,
+        &mut model,
+        &seller,
+        "retry",
+        &run(Op::Peek, 1_000_000, "c3"),
+    )
+    .await);
+    assert_eq!(
+        retry.status, 1,
+        "retry at now + retry_after passes: {retry:?}"
+    );
+    // A block longer than the rule's wait: the block wins, by 0.
+    ok(both_block(
+        &redis,
+        &mut model,
+        &seller,
+        "long block",
+        T0 + 1_000_000,
+        2_000_000,
+    )
+    .await);
+    let got = ok(both(
+        &redis,
+        &mut model,
+        &seller,
+        "while blocked",
+        &run(Op::Acquire, 1_500_000, "c4"),
+    )
+    .await);
+    assert_eq!(brief(&got), [0, 0, 0, 1_500_000, 1_500_000, 0], "{got:?}");
+}
+
+/// Regression, token_bucket.lua: a refund at the take's time wrote
+/// `ts = now` even after a later call had moved `ts` on, refilling the span
+/// in between a second time. Now it credits at max(now, ts).
+#[tokio::test]
+async fn token_bucket_refund_after_a_later_call_does_not_refill_twice() {
+    let redis = store().await;
+    // 2 per second (a token every 0.5 s), bucket of 4.
+    let r = rule(Algorithm::TokenBucket, 2, Duration::from_secs(1), Some(4));
+    let seller = Seller::new("agree-tb-refund", &[r]);
+    let mut model = ModelStore::new();
+    let s = 1_000_000;
+
+    let c1 = seller.call(Op::Acquire, T0, 4, Mode::AllOrNothing, "c1");
+    let got = ok(both(&redis, &mut model, &seller, "empty the bucket", &c1).await);
+    assert_eq!((got.status, got.granted), (1, 4), "{got:?}");
+    // At 1 s two tokens have come back; take one, which moves ts to 1 s.
+    let c2 = seller.call(Op::Acquire, T0 + s, 1, Mode::AllOrNothing, "c2");
+    let got = ok(both(&redis, &mut model, &seller, "later call", &c2).await);
+    assert_eq!((got.status, got.remaining), (1, 1), "{got:?}");
+    // Give back one of c1's tokens, at c1's time.
+    let refund = seller.call(Op::Refund { skip: 0 }, T0, 1, Mode::AllOrNothing, "c1");
+    ok(both(
+        &redis,
+        &mut model,
+        &seller,
+        "refund at the take's time",
+        &refund,
+    )
+    .await);
+    // 1 left + 1 refunded = 2. With ts moved back to 0 the span 0..1 s
+    // would refill again and 4 would pass.
+    let peek = seller.call(Op::Peek, T0 + s, 9, Mode::UpTo, "c3");
+    let got = ok(both(&redis, &mut model, &seller, "peek", &peek).await);
+    assert_eq!(got.granted, 2, "{got:?}");
+}
+
+/// Regression, limiter.lua: cost 0 used to be "granted" 0 units (and start
+/// a burst_fill period). Now the script refuses it with an error reply and
+/// writes nothing; the model panics (see `model::run`).
+#[tokio::test]
+async fn cost_zero_is_refused_by_both() {
+    let redis = store().await;
+    let r = rule(Algorithm::BurstFill, 3, Duration::from_secs(1), None);
+    let seller = Seller::new("agree-cost-zero", &[r]);
+    for op in [Op::Acquire, Op::Peek, Op::Refund { skip: 0 }] {
+        let call = seller.call(op, T0, 0, Mode::AllOrNothing, "c1");
+        let lua = redis.run(&call).await;
+        let err = lua.expect_err(&format!("{op:?} cost 0: the script must refuse"));
+        assert!(
+            err.to_string().contains("must be at least 1"),
+            "{op:?} cost 0: {err}"
+        );
+        let mut model = ModelStore::new();
+        let refused = catch_unwind(AssertUnwindSafe(|| {
+            model::run(
+                &mut model,
+                model_op(op),
+                T0,
+                0,
+                Mode::AllOrNothing,
+                "c1",
+                &seller.block_key,
+                &seller.rules,
+            )
+        }));
+        assert!(
+            refused.is_err(),
+            "{op:?} cost 0: the model must refuse, got {refused:?}"
+        );
+        assert_eq!(model, ModelStore::new(), "{op:?} cost 0: the model wrote");
+    }
+    assert_eq!(
+        keys_under(&seller.prefix).await,
+        Vec::<String>::new(),
+        "the script wrote"
+    );
+}
