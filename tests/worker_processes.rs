@@ -225,15 +225,37 @@ async fn kill_9_of_one_of_three_worker_processes_loses_no_job() {
         .map(|(k, v)| (k.as_str(), v))
         .collect();
     let extra_calls: usize = duplicated.iter().map(|(_, v)| v.len() - 1).sum();
+    // Every partition event of every worker, in ms relative to the kill:
+    // an unexpected rebalance (a missed heartbeat) shows up here.
+    let rebalances: Vec<(&str, &str, i128)> = names
+        .iter()
+        .zip(&workers)
+        .flat_map(|(name, w)| {
+            w.log_events()
+                .into_iter()
+                .filter(|e| e.message == "partitions assigned" || e.message == "partitions revoked")
+                .map(move |e| {
+                    let what = if e.message == "partitions assigned" {
+                        "assigned"
+                    } else {
+                        "revoked"
+                    };
+                    (*name, what, ms_between(e.at, killed_at))
+                })
+        })
+        .collect();
     for (id, calls) in &duplicated {
         let (p, o) = position[id];
         assert!(
             may_repeat.contains(id),
-            "{id} (partition {p}, offset {o}; committed before the kill: {}) was delivered {} times, first by {} {} ms after the kill; the rebalance ended {} ms after the kill",
+            "{id} (partition {p}, offset {o}; committed before the kill: {}) was delivered {} times: {:?} (worker, ms after the kill); \
+             the rebalance ended {} ms after the kill; partition events (worker, event, ms after the kill): {rebalances:?}",
             committed(p),
             calls.len(),
-            calls[0].0,
-            ms_between(calls[0].1, killed_at),
+            calls
+                .iter()
+                .map(|(w, at)| (w.as_str(), ms_between(*at, killed_at)))
+                .collect::<Vec<_>>(),
             ms_between(reassigned_at, killed_at),
         );
     }
