@@ -149,6 +149,7 @@ impl ConsumerContext for WorkerContext {
             return;
         };
         let revoked = partitions_of(tpl);
+        tracing::info!(partitions = %describe(&revoked), "partitions revoked");
         let mut tracker = lock(&self.tracker);
         let commits: Vec<Commit> = tracker
             .offsets
@@ -184,6 +185,7 @@ impl ConsumerContext for WorkerContext {
         match rebalance {
             Rebalance::Assign(tpl) => {
                 let assigned = partitions_of(tpl);
+                tracing::info!(partitions = %describe(&assigned), "partitions assigned");
                 let mut tracker = lock(&self.tracker);
                 for (topic, partition) in &assigned {
                     tracker.offsets.remove_partition(topic, *partition);
@@ -411,6 +413,15 @@ fn partitions_of(tpl: &TopicPartitionList) -> Vec<Partition> {
         .iter()
         .map(|e| (Arc::from(e.topic()), e.partition()))
         .collect()
+}
+
+/// `topic[0],topic[3]`: one log field an operator (or a test) can read back.
+fn describe(parts: &[Partition]) -> String {
+    parts
+        .iter()
+        .map(|(t, p)| format!("{t}[{p}]"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 fn partition_list(parts: &[Partition]) -> TopicPartitionList {

@@ -1,0 +1,545 @@
+//! The worker as operators run it: processes of the binary against a
+//! `dev-broker` process, real Redis and an in-test downstream — a kill -9
+//! mid-run (issue test 7) and a SIGTERM under load (issue test 9) — and
+//! replicas joining and leaving a running group (issue test 8, in process).
+//! Each test prints the figures it measures (`--nocapture` to see them):
+//!
+//! ```sh
+//! REDIS_URL=redis://127.0.0.1:6379 cargo test --test worker_processes -- --nocapture
+//! ```
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::{Duration, Instant, SystemTime};
+
+use common::procs::{
+    by_job, committed_offsets, end_offsets, start_worker, wait_committed_to_end, wait_settled,
+    BrokerProc, LogEvent, Proc, Scratch, TaggedDownstream, WorkerConfig,
+};
+use common::rule;
+use common::worker::{always_ok, job, policy, produce, Bench, Downstream, Running};
+
+/// These tests start several workers and time them; side by side on two
+/// cores they would disturb each other. Each holds this lock for its run.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Every seller's limit: 10 per second after a burst of 5, so 75 jobs of a
+/// seller take about 7 s however many workers share them, and a run lasts
+/// long enough to kill, stop or add a worker in the middle of it.
+const RULES_TOML: &str = r#"[{ algorithm = "gcra", limit = 10, period = "1s", burst = 5 }]"#;
+
+/// The default `downstream.concurrency` (config/default.toml).
+const DOWNSTREAM_CONCURRENCY: usize = 64;
+
+/// Names no other test or run uses.
+struct Names {
+    jobs: String,
+    retry: String,
+    dlq: String,
+    group: String,
+    prefix: String,
+}
+
+impl Names {
+    fn new(test: &str) -> Names {
+        let id = format!("{test}-{:08x}", rand::random::<u32>());
+        Names {
+            jobs: format!("jobs-{id}"),
+            retry: format!("retry-{id}"),
+            dlq: format!("dlq-{id}"),
+            group: format!("group-{id}"),
+            prefix: format!("ptest-{id}"),
+        }
+    }
+
+    fn topics(&self, partitions: i32) -> Vec<(String, i32)> {
+        vec![
+            (self.jobs.clone(), partitions),
+            (self.retry.clone(), partitions),
+            (self.dlq.clone(), 1),
+        ]
+    }
+
+    fn config<'a>(&'a self, bootstrap: &'a str, shutdown_timeout: &'a str) -> WorkerConfig<'a> {
+        WorkerConfig {
+            bootstrap,
+            group: &self.group,
+            jobs_topic: &self.jobs,
+            retry_topic: &self.retry,
+            dlq_topic: &self.dlq,
+            key_prefix: &self.prefix,
+            rules: RULES_TOML,
+            shutdown_timeout,
+        }
+    }
+}
+
+/// Kafka records as `produce` takes them: (key, value).
+type Records = Vec<(Option<String>, Vec<u8>)>;
+
+/// `per_seller` jobs for each of `sellers` sellers, interleaved, with ids
+/// `<tag>-<seller>-<i>`; each record keyed by a random product, so one
+/// seller's jobs spread over every partition.
+fn jobs(tag: &str, sellers: usize, per_seller: usize) -> (Vec<String>, Records) {
+    let mut ids = Vec::new();
+    let mut records = Vec::new();
+    for i in 0..per_seller {
+        for s in 0..sellers {
+            let id = format!("{tag}-{s}-{i}");
+            records.push(job(&id, &format!("seller-{s}")));
+            ids.push(id);
+        }
+    }
+    (ids, records)
+}
+
+fn ms_between(later: SystemTime, earlier: SystemTime) -> i128 {
+    match later.duration_since(earlier) {
+        Ok(d) => d.as_millis() as i128,
+        Err(e) => -(e.duration().as_millis() as i128),
+    }
+}
+
+/// Issue test 7: three worker processes; one is killed with SIGKILL after a
+/// third of the jobs arrived. Every job still reaches the downstream, and
+/// only jobs the group had not committed are delivered twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_of_one_of_three_worker_processes_loses_no_job() {
+    let _serial = SERIAL.lock().await;
+    const PARTITIONS: i32 = 6;
+    let dir = Scratch::new("crash");
+    let n = Names::new("crash");
+    let broker = BrokerProc::start(dir.path(), &n.topics(PARTITIONS));
+    let down = TaggedDownstream::start(Duration::ZERO).await;
+    let config = n
+        .config(&broker.bootstrap, "5s")
+        .write(dir.path(), "worker");
+    let names = ["w0", "w1", "w2"];
+    let mut workers: Vec<Proc> = names
+        .iter()
+        .map(|w| start_worker(dir.path(), w, &config, &down.url(w)))
+        .collect();
+    // Produce only once the group has settled, so that the kill is the only
+    // rebalance during the run and every duplicate is the kill's.
+    let held = wait_settled(
+        &workers.iter().collect::<Vec<_>>(),
+        &n.jobs,
+        PARTITIONS,
+        Duration::from_secs(30),
+    )
+    .await;
+    let (ids, records) = jobs("crash", 20, 75);
+    let produced = produce(&broker.bootstrap, &n.jobs, &records).await;
+    let started = Instant::now();
+    down.wait_distinct(
+        "a third of the jobs, before the kill",
+        ids.len() / 3,
+        Duration::from_secs(30),
+    )
+    .await;
+    let committed_before = committed_offsets(
+        &broker.bootstrap,
+        &n.group,
+        &n.jobs,
+        PARTITIONS,
+        Duration::from_secs(5),
+    )
+    .await;
+    let victim = 1;
+    let killed_at = SystemTime::now();
+    let killed_after = started.elapsed();
+    let arrived_at_kill = down.distinct();
+    workers[victim].kill9();
+    down.wait_distinct(
+        "every job, after the kill",
+        ids.len(),
+        Duration::from_secs(45),
+    )
+    .await;
+    let end = end_offsets(&produced);
+    wait_committed_to_end(
+        &broker.bootstrap,
+        &n.group,
+        &n.jobs,
+        &end,
+        Duration::from_secs(20),
+    )
+    .await;
+    let run_time = started.elapsed();
+
+    // When the survivors got their partitions after the kill: the last
+    // "partitions assigned" either logged after it.
+    let reassigned_at = workers
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != victim)
+        .flat_map(|(_, w)| w.log_events())
+        .filter(|e: &LogEvent| e.message == "partitions assigned" && e.at > killed_at)
+        .map(|e| e.at)
+        .max()
+        .expect("the survivors were assigned partitions after the kill");
+
+    let arrivals = down.arrivals();
+    let per_job = by_job(&arrivals);
+    let missing: Vec<&String> = ids.iter().filter(|id| !per_job.contains_key(*id)).collect();
+    assert!(missing.is_empty(), "jobs lost: {missing:?}");
+    let position: HashMap<&str, (i32, i64)> = ids
+        .iter()
+        .map(String::as_str)
+        .zip(produced.iter().copied())
+        .collect();
+    let committed = |p: i32| committed_before.get(&p).copied().flatten().unwrap_or(0);
+
+    // Which jobs may be delivered twice. A record is fetched again only by
+    // a new assignment of its partition, which starts at the group's
+    // committed offset. Committed offsets only grow, so a redelivered job
+    // sits at or above the offset committed just before the kill. And its
+    // first delivery happened before its partition moved: by the killed
+    // worker before the kill, or by a survivor before the rebalance that
+    // followed (the classic protocol revokes *every* partition, and a
+    // survivor that gets one back restarts it at the committed offset too).
+    // One second of slack covers a survivor's run that was already calling
+    // the downstream when its partitions were revoked.
+    //
+    // Why not "downstream.concurrency plus the granted batches"? Offsets are
+    // committed as the contiguous finished prefix of a partition, and one
+    // partition interleaves all 20 sellers: while one seller waits for a
+    // permit, jobs of the others at higher offsets finish but cannot be
+    // committed past it. At the kill, every finished job above its
+    // partition's first unfinished offset is redone. That number grows
+    // with the spread between sellers' progress, not with the calls in
+    // flight, so it is the bound this test can defend.
+    let horizon = reassigned_at + Duration::from_secs(1);
+    let may_repeat: HashSet<&str> = ids
+        .iter()
+        .map(String::as_str)
+        .filter(|id| {
+            let (p, o) = position[id];
+            o >= committed(p) && per_job[*id][0].1 < horizon
+        })
+        .collect();
+    let duplicated: Vec<(&str, &Vec<(String, SystemTime)>)> = per_job
+        .iter()
+        .filter(|(_, v)| v.len() > 1)
+        .map(|(k, v)| (k.as_str(), v))
+        .collect();
+    let extra_calls: usize = duplicated.iter().map(|(_, v)| v.len() - 1).sum();
+    // Every partition event of every worker, in ms relative to the kill:
+    // an unexpected rebalance (a missed heartbeat) shows up here.
+    let rebalances: Vec<(&str, &str, i128)> = names
+        .iter()
+        .zip(&workers)
+        .flat_map(|(name, w)| {
+            w.log_events()
+                .into_iter()
+                .filter(|e| e.message == "partitions assigned" || e.message == "partitions revoked")
+                .map(move |e| {
+                    let what = if e.message == "partitions assigned" {
+                        "assigned"
+                    } else {
+                        "revoked"
+                    };
+                    (*name, what, ms_between(e.at, killed_at))
+                })
+        })
+        .collect();
+    for (id, calls) in &duplicated {
+        let (p, o) = position[id];
+        assert!(
+            may_repeat.contains(id),
+            "{id} (partition {p}, offset {o}; committed before the kill: {}) was delivered {} times: {:?} (worker, ms after the kill); \
+             the rebalance ended {} ms after the kill; partition events (worker, event, ms after the kill): {rebalances:?}",
+            committed(p),
+            calls.len(),
+            calls
+                .iter()
+                .map(|(w, at)| (w.as_str(), ms_between(*at, killed_at)))
+                .collect::<Vec<_>>(),
+            ms_between(reassigned_at, killed_at),
+        );
+    }
+    let victim_tag = names[victim];
+    let victim_uncommitted = ids
+        .iter()
+        .filter(|id| {
+            let (p, o) = position[id.as_str()];
+            let first = &per_job[id.as_str()][0];
+            first.0 == victim_tag && o >= committed(p)
+        })
+        .count();
+    // Why each duplicate was redone. For each partition, the moment its
+    // owner stopped working on it (the kill for the victim's, the
+    // survivor's first revocation after the kill for the others') and the
+    // contiguous prefix delivered by then: a duplicate below that prefix
+    // was finished in order but its offset never committed (since the last
+    // periodic commit, or because the commit on revoke was refused: the
+    // mock refuses every commit while the group is joining); one above it
+    // was finished past a job still waiting for its permit.
+    let mut stopped_at: HashMap<i32, SystemTime> = HashMap::new();
+    for (w, parts) in held.iter().enumerate() {
+        let at = if w == victim {
+            killed_at
+        } else {
+            workers[w]
+                .log_events()
+                .into_iter()
+                .find(|e| e.message == "partitions revoked" && e.at > killed_at)
+                .map_or(reassigned_at, |e| e.at)
+        };
+        for p in parts {
+            stopped_at.insert(*p, at);
+        }
+    }
+    let mut by_position: BTreeMap<(i32, i64), &str> = BTreeMap::new();
+    for (id, pos) in &position {
+        by_position.insert(*pos, id);
+    }
+    let prefix_end = |p: i32| {
+        let mut o = committed(p);
+        while let Some(id) = by_position.get(&(p, o)) {
+            if per_job[*id][0].1 >= stopped_at[&p] {
+                break;
+            }
+            o += 1;
+        }
+        o
+    };
+    let prefix: HashMap<i32, i64> = (0..PARTITIONS).map(|p| (p, prefix_end(p))).collect();
+    let in_prefix = duplicated
+        .iter()
+        .filter(|(id, _)| {
+            let (p, o) = position[id];
+            o < prefix[&p]
+        })
+        .count();
+    let most_calls = duplicated.iter().map(|(_, v)| v.len()).max().unwrap_or(1);
+    let first_by_victim = duplicated
+        .iter()
+        .filter(|(_, v)| v[0].0 == victim_tag)
+        .count();
+    eprintln!(
+        "crash: {} jobs, 3 worker processes holding {held:?} of {PARTITIONS} partitions; kill -9 of {victim_tag} after {killed_after:?} with {arrived_at_kill} jobs arrived; \
+         rebalance done {} ms after the kill; all jobs arrived and committed after {run_time:?}",
+        ids.len(),
+        ms_between(reassigned_at, killed_at),
+    );
+    eprintln!(
+        "crash: duplicates per kill: {extra_calls} extra calls over {} jobs (at most {most_calls} calls for one job; {first_by_victim} first delivered by the killed worker, {} by survivors); \
+         bound (finished above the committed offset before the partitions moved): {}; the killed worker's own finished-but-uncommitted jobs: {victim_uncommitted}; \
+         downstream.concurrency: {DOWNSTREAM_CONCURRENCY}",
+        duplicated.len(),
+        duplicated.len() - first_by_victim,
+        may_repeat.len(),
+    );
+    eprintln!(
+        "crash: of the {} duplicated jobs, {in_prefix} were in their partition's finished prefix but not committed, {} were finished above a job still waiting; \
+         committed before the kill {committed_before:?}, finished prefix when each owner stopped {prefix:?}",
+        duplicated.len(),
+        duplicated.len() - in_prefix,
+    );
+}
+
+/// Issue test 9: SIGTERM to a worker process under load: it exits 0 within
+/// `worker.shutdown_timeout` plus a margin, and its committed offsets are
+/// exactly as far as its finished jobs allow: every job below the committed
+/// offset reached the downstream, the job at it did not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_under_load_exits_0_and_commits_every_finished_job() {
+    let _serial = SERIAL.lock().await;
+    const PARTITIONS: i32 = 4;
+    let shutdown_timeout = Duration::from_secs(5);
+    let margin = Duration::from_secs(5);
+    let dir = Scratch::new("shutdown");
+    let n = Names::new("shutdown");
+    let broker = BrokerProc::start(dir.path(), &n.topics(PARTITIONS));
+    // Every call takes 100 ms, so calls are in flight when SIGTERM comes.
+    let down = TaggedDownstream::start(Duration::from_millis(100)).await;
+    let config = n
+        .config(&broker.bootstrap, "5s")
+        .write(dir.path(), "worker");
+    let mut worker = start_worker(dir.path(), "w0", &config, &down.url("w0"));
+    wait_settled(&[&worker], &n.jobs, PARTITIONS, Duration::from_secs(30)).await;
+    let (ids, records) = jobs("term", 20, 50);
+    let produced = produce(&broker.bootstrap, &n.jobs, &records).await;
+    down.wait_distinct(
+        "a fifth of the jobs, before SIGTERM",
+        ids.len() / 5,
+        Duration::from_secs(30),
+    )
+    .await;
+    let term = Instant::now();
+    worker.sigterm();
+    let status = worker
+        .wait_exit(
+            "the worker to exit after SIGTERM",
+            shutdown_timeout + margin,
+        )
+        .await;
+    let exit_after = term.elapsed();
+    assert!(
+        status.success(),
+        "the worker must exit 0 after SIGTERM, got {status}"
+    );
+    assert!(
+        exit_after <= shutdown_timeout + margin,
+        "exit took {exit_after:?}, shutdown_timeout {shutdown_timeout:?} + {margin:?}"
+    );
+    let summary = worker
+        .log_events()
+        .into_iter()
+        .find(|e| e.message == "worker stopped")
+        .and_then(|e| e.field("summary").map(str::to_owned))
+        .unwrap_or_else(|| "(no \"worker stopped\" line)".to_owned());
+
+    let committed = committed_offsets(
+        &broker.bootstrap,
+        &n.group,
+        &n.jobs,
+        PARTITIONS,
+        Duration::from_secs(5),
+    )
+    .await;
+    let arrived: HashSet<String> = down.arrivals().into_iter().map(|(_, a)| a.job_id).collect();
+    let mut at: BTreeMap<(i32, i64), &str> = BTreeMap::new();
+    for (id, pos) in ids.iter().zip(produced.iter()) {
+        at.insert(*pos, id);
+    }
+    let end = end_offsets(&produced);
+    let (mut below, mut above_done, mut left) = (0, 0, 0);
+    for (&p, &e) in &end {
+        let c = committed.get(&p).copied().flatten().unwrap_or(0);
+        for o in 0..e {
+            let id = at[&(p, o)];
+            let done = arrived.contains(id);
+            if o < c {
+                assert!(
+                    done,
+                    "partition {p}: {id} at offset {o} is below the committed offset {c} but never reached the downstream (lost)"
+                );
+                below += 1;
+            } else if o == c {
+                assert!(
+                    !done,
+                    "partition {p}: {id} at the committed offset {c} reached the downstream: the commit stopped short of the finished prefix"
+                );
+            } else if done {
+                above_done += 1;
+            }
+            if o >= c {
+                left += 1;
+            }
+        }
+    }
+    eprintln!(
+        "shutdown: SIGTERM after {} of {} jobs arrived; exit status {status} after {exit_after:?} (shutdown_timeout {shutdown_timeout:?}); {summary}",
+        arrived.len(),
+        ids.len()
+    );
+    eprintln!(
+        "shutdown: committed {committed:?} of ends {end:?}: {below} jobs below the committed offsets, all arrived; \
+         {left} left to the next owner, of which {above_done} already arrived (finished above a waiting job: they will be redone)"
+    );
+    assert!(
+        below > 0,
+        "nothing was committed: the check above proves nothing"
+    );
+    assert!(left > 0, "the run finished before SIGTERM: not under load");
+}
+
+/// Issue test 8: two workers start, a third joins mid-run, then one of the
+/// first two leaves gracefully. Nothing is lost; duplicates are reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_joins_and_another_leaves_mid_run_and_no_job_is_lost() {
+    let _serial = SERIAL.lock().await;
+    const PARTITIONS: i32 = 6;
+    let bench = Bench::new("rebalance", PARTITIONS);
+    let down = Downstream::start(always_ok()).await;
+    let rules = || policy(vec![rule("gcra", 10, "1s", Some(5))]);
+    let (ids, records) = jobs("reb", 20, 75);
+    let produced = bench.produce(&records).await;
+    let distinct = |down: &Downstream| {
+        down.arrivals()
+            .into_iter()
+            .map(|a| a.job_id)
+            .collect::<HashSet<_>>()
+            .len()
+    };
+    let started = Instant::now();
+    let first = Running::start(bench.settings(&down.url), rules());
+    let second = Running::start(bench.settings(&down.url), rules());
+    let quarter = ids.len() / 4;
+    down.wait_for(
+        "a quarter of the jobs, before the join",
+        Duration::from_secs(30),
+        |a| {
+            a.iter()
+                .map(|x| x.job_id.as_str())
+                .collect::<HashSet<_>>()
+                .len()
+                >= quarter
+        },
+    )
+    .await;
+    let third = Running::start(bench.settings(&down.url), rules());
+    let (joined_after, at_join) = (started.elapsed(), distinct(&down));
+    let half = ids.len() / 2;
+    down.wait_for(
+        "half of the jobs, before the leave",
+        Duration::from_secs(30),
+        |a| {
+            a.iter()
+                .map(|x| x.job_id.as_str())
+                .collect::<HashSet<_>>()
+                .len()
+                >= half
+        },
+    )
+    .await;
+    let (left_after, at_leave) = (started.elapsed(), distinct(&down));
+    let left = first.stop().await;
+    let all: HashSet<&str> = ids.iter().map(String::as_str).collect();
+    down.wait_for("every job, after the leave", Duration::from_secs(45), |a| {
+        a.iter()
+            .map(|x| x.job_id.as_str())
+            .collect::<HashSet<_>>()
+            .len()
+            >= all.len()
+    })
+    .await;
+    let end = end_offsets(&produced);
+    wait_committed_to_end(
+        &bench.bootstrap(),
+        &bench.group,
+        &bench.topics.jobs,
+        &end,
+        Duration::from_secs(20),
+    )
+    .await;
+    let run_time = started.elapsed();
+    let (s2, s3) = (second.stop().await, third.stop().await);
+
+    let arrivals = down.arrivals();
+    let mut calls: HashMap<&str, usize> = HashMap::new();
+    for a in &arrivals {
+        *calls.entry(a.job_id.as_str()).or_default() += 1;
+    }
+    let missing: Vec<&&str> = all.iter().filter(|id| !calls.contains_key(**id)).collect();
+    assert!(missing.is_empty(), "jobs lost: {missing:?}");
+    let strangers: Vec<&&str> = calls.keys().filter(|id| !all.contains(**id)).collect();
+    assert!(strangers.is_empty(), "unknown jobs arrived: {strangers:?}");
+    let duplicated = calls.values().filter(|c| **c > 1).count();
+    let extra: usize = calls.values().map(|c| c - 1).sum();
+    eprintln!(
+        "rebalance: {} jobs; third worker joined after {joined_after:?} ({at_join} arrived), first left after {left_after:?} ({at_leave} arrived); \
+         all arrived and committed after {run_time:?}",
+        ids.len()
+    );
+    eprintln!(
+        "rebalance: duplicates: {extra} extra calls over {duplicated} jobs; summaries: leaver {left:?}, others {s2:?} {s3:?}"
+    );
+    assert_eq!(
+        left.abandoned, 0,
+        "the leaving worker abandoned in-flight work"
+    );
+}
