@@ -139,6 +139,11 @@ fn lock(t: &SharedTracker) -> MutexGuard<'_, Tracker> {
 pub struct WorkerContext {
     tracker: SharedTracker,
     events: mpsc::UnboundedSender<PartitionEvent>,
+    /// Set once the worker has made its final synchronous commit. Closing
+    /// the consumer revokes every partition from inside librdkafka's close,
+    /// where a synchronous commit would wait forever for a reply the closing
+    /// consumer no longer serves.
+    closing: std::sync::atomic::AtomicBool,
 }
 
 impl ClientContext for WorkerContext {}
@@ -150,6 +155,7 @@ impl ConsumerContext for WorkerContext {
         };
         let revoked = partitions_of(tpl);
         tracing::info!(partitions = %describe(&revoked), "partitions revoked");
+        let closing = self.closing.load(std::sync::atomic::Ordering::Acquire);
         let mut tracker = lock(&self.tracker);
         let commits: Vec<Commit> = tracker
             .offsets
@@ -161,7 +167,7 @@ impl ConsumerContext for WorkerContext {
                     .any(|(t, p)| **t == *c.topic && *p == c.partition)
             })
             .collect();
-        if !commits.is_empty() {
+        if !commits.is_empty() && !closing {
             match consumer.commit(&commit_list(&commits), CommitMode::Sync) {
                 Ok(()) => tracing::info!(
                     partitions = commits.len(),
@@ -233,6 +239,7 @@ impl Consumer {
         let context = WorkerContext {
             tracker: tracker.clone(),
             events,
+            closing: std::sync::atomic::AtomicBool::new(false),
         };
         let inner: WorkerConsumer =
             config
@@ -401,10 +408,13 @@ impl Consumer {
             .collect())
     }
 
-    /// Leaves the group: unsubscribes, which revokes every partition (and so
-    /// runs the commit-on-revoke above).
-    pub fn unsubscribe(&self) {
-        self.inner.unsubscribe();
+    /// After the final synchronous commit: closing (dropping) the consumer
+    /// must not commit again from inside librdkafka's close.
+    pub fn mark_closing(&self) {
+        self.inner
+            .context()
+            .closing
+            .store(true, std::sync::atomic::Ordering::Release);
     }
 }
 

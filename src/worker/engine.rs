@@ -34,9 +34,13 @@ use crate::telemetry::events::{
 
 use super::permit::{OnLimiterError, Permits};
 
-/// The most units one limiter call asks for: bounds how long a granted
-/// batch takes to run, so grants reach the downstream close to their time.
+/// The most units one limiter call asks for.
 const MAX_BATCH: usize = 64;
+
+/// How deep into a seller's queue to look for the next job of each
+/// partition; bounds the work per limiter call for a seller with a deep
+/// backlog on few partitions.
+const HEAD_SCAN: usize = 512;
 
 /// A job in memory, with everything needed to finish its record.
 #[derive(Debug)]
@@ -260,6 +264,7 @@ impl<P: Permits> Engine<P> {
             );
         }
         let committed_partitions = self.commit(true);
+        self.deps.consumer.mark_closing();
         Summary {
             abandoned,
             committed_partitions,
@@ -427,7 +432,7 @@ impl<P: Permits> Engine<P> {
             }
             return;
         }
-        let n = seller.queue.len().min(MAX_BATCH).min(self.slots_free);
+        let n = partition_heads(&seller.queue, MAX_BATCH.min(self.slots_free)).len();
         self.slots_free -= n;
         seller.reserved = n;
         seller.phase = Phase::Asking;
@@ -509,8 +514,9 @@ impl<P: Permits> Engine<P> {
         let reserved = std::mem::take(&mut seller.reserved);
         match decision {
             Decision::Granted(g) => {
-                let n = (g.granted as usize).min(seller.queue.len()).min(reserved);
-                let batch: Vec<Pending> = seller.queue.drain(..n).collect();
+                let n = (g.granted as usize).min(reserved);
+                let batch = take_partition_heads(&mut seller.queue, n);
+                let n = batch.len();
                 seller.reserved = n;
                 self.release(reserved - n);
                 if batch.is_empty() {
@@ -950,6 +956,40 @@ impl<P: Permits> Engine<P> {
             .emit();
         }
     }
+}
+
+/// Indexes (ascending) of the first waiting job of each partition, at most
+/// `max` of them. A seller asks the limiter for exactly these: each can be
+/// called the moment it is granted (the jobs behind it in its partition
+/// must wait for it, to keep their order), so a grant reaches the downstream
+/// within one call of being made, and the downstream's view of the rate is
+/// the limiter's.
+fn partition_heads(queue: &VecDeque<Pending>, max: usize) -> Vec<usize> {
+    let mut seen: Vec<(&str, i32)> = Vec::new();
+    let mut heads = Vec::new();
+    for (i, p) in queue.iter().take(HEAD_SCAN).enumerate() {
+        if heads.len() == max {
+            break;
+        }
+        let part = (&*p.origin.topic, p.origin.partition);
+        if !seen.contains(&part) {
+            seen.push(part);
+            heads.push(i);
+        }
+    }
+    heads
+}
+
+/// Removes and returns the first `n` partition heads, in queue order.
+fn take_partition_heads(queue: &mut VecDeque<Pending>, n: usize) -> Vec<Pending> {
+    let heads = partition_heads(queue, n);
+    let mut out: Vec<Pending> = heads
+        .iter()
+        .rev()
+        .filter_map(|&i| queue.remove(i))
+        .collect();
+    out.reverse();
+    out
 }
 
 fn far() -> Instant {

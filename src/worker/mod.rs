@@ -31,6 +31,9 @@ pub use permit::{OnLimiterError, Permits};
 /// How long startup waits for Kafka metadata.
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long closing the Kafka clients may take at shutdown.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Runs one worker until `shutdown` resolves. Fails at startup, with what to
 /// fix, when Redis, Kafka or the downstream URL is not usable.
 pub async fn run(
@@ -81,14 +84,26 @@ pub async fn run(
         "worker started"
     );
     health.set_ready(true);
+    let consumer = Arc::new(consumer);
+    let sink = Arc::new(sink);
     let deps = engine::Deps {
         permits: Arc::new(limiter),
         downstream: Arc::new(downstream),
-        sink: Arc::new(sink),
-        consumer: Arc::new(consumer),
+        sink: sink.clone(),
+        consumer: consumer.clone(),
         partitions: part_rx,
     };
     let summary = Engine::new(settings.clone(), deps).run(shutdown).await;
+    // Closing a librdkafka client blocks (leaving the group, flushing); do it
+    // off the async threads, and do not let a broker that stopped answering
+    // hold the process forever.
+    let close = tokio::task::spawn_blocking(move || {
+        drop(consumer);
+        drop(sink);
+    });
+    if tokio::time::timeout(CLOSE_TIMEOUT, close).await.is_err() {
+        tracing::warn!(timeout = ?CLOSE_TIMEOUT, "Kafka clients did not close in time; exiting anyway");
+    }
     health.set_ready(false);
     tracing::info!(?summary, "worker stopped");
     Ok(summary)
