@@ -170,7 +170,9 @@ fn rules(list: &[RuleConfig], key: &str) -> Result<Vec<Rule>, InvalidLimits> {
         let rule = Rule::new(algorithm, rc.limit, rc.period, rc.burst).map_err(|e| {
             use super::rule::RuleError as E;
             let field = match e {
-                E::ZeroLimit | E::LimitTooLarge(_) | E::RateTooHigh { .. } => "limit",
+                E::ZeroLimit | E::LimitTooLarge(_) | E::RateTooHigh { .. } | E::LogTooLong(_) => {
+                    "limit"
+                }
                 E::ZeroBurst | E::BurstNotSupported(_) => "burst",
                 E::PeriodTooShort(_) | E::PeriodTooLong(_) | E::TooPrecise { .. } => "period",
             };

@@ -100,6 +100,8 @@ pub enum RuleError {
     RateTooHigh { limit: u64, period_us: u64 },
     #[error("limit {0} is above the maximum of 1000000000")]
     LimitTooLarge(u64),
+    #[error("sliding_window_log keeps one entry per admission, so a limit of {0} would keep that many entries per seller in Redis; the maximum is 10000 (use sliding_window_counter or gcra for larger limits)")]
+    LogTooLong(u64),
     #[error("{units} × {period_us}µs exceeds 2^53, the range in which the scripts' arithmetic is exact; use a shorter period with a proportionally smaller limit")]
     TooPrecise { units: u64, period_us: u64 },
 }
@@ -110,6 +112,10 @@ pub const MAX_PERIOD: Duration = Duration::from_secs(366 * 24 * 3600);
 
 /// The largest `limit` or `burst`; same reason as [`MAX_PERIOD`].
 pub const MAX_LIMIT: u64 = 1_000_000_000;
+
+/// The largest sliding_window_log limit: its state is one sorted-set entry
+/// per admission in the window (about 37 bytes each).
+pub const MAX_LOG_LIMIT: u64 = 10_000;
 
 /// One validated rule: at most `limit` per `period` sustained, with a bucket
 /// (or pacer queue) of `burst`.
@@ -145,6 +151,9 @@ impl Rule {
         let limit_nz = NonZeroU64::new(limit).ok_or(RuleError::ZeroLimit)?;
         if limit > MAX_LIMIT {
             return Err(RuleError::LimitTooLarge(limit));
+        }
+        if algorithm == Algorithm::SlidingWindowLog && limit > MAX_LOG_LIMIT {
+            return Err(RuleError::LogTooLong(limit));
         }
         if period < MIN_PERIOD {
             return Err(RuleError::PeriodTooShort(period));
@@ -240,7 +249,7 @@ mod tests {
     #[test]
     fn every_invalid_rule_has_its_own_error() {
         let s = Duration::from_secs(1);
-        let cases: [(u32, Result<Rule, RuleError>, RuleError); 7] = [
+        let cases: [(u32, Result<Rule, RuleError>, RuleError); 8] = [
             (
                 1,
                 Rule::new(Algorithm::Gcra, 0, s, None),
@@ -291,6 +300,16 @@ mod tests {
                     units: MAX_LIMIT,
                     period_us: 366 * 86_400_000_000,
                 },
+            ),
+            (
+                8,
+                Rule::new(
+                    Algorithm::SlidingWindowLog,
+                    20_000,
+                    Duration::from_secs(60),
+                    None,
+                ),
+                RuleError::LogTooLong(20_000),
             ),
         ];
         for (row, got, want) in cases {
