@@ -204,7 +204,7 @@ async fn main() {
             ),
         }
     }
-    println!("\ngrant up to 64 units per call vs 1 per call (admitted jobs/s; rule: 100000 per second per seller)");
+    println!("\ngrant up to 64 units per call vs 1 per call (admitted jobs/s; rule: 10000 per second per seller)");
     println!(
         "{:<24} {:>14} {:>14} {:>7}",
         "algorithm", "1 per call", "up to 64", "ratio"
@@ -214,7 +214,7 @@ async fn main() {
         Algorithm::Gcra,
         Algorithm::TokenBucket,
     ] {
-        let rc = || rule_config(algorithm, 100_000, Duration::from_secs(1), None);
+        let rc = || rule_config(algorithm, 10_000, Duration::from_secs(1), None);
         let (_, one) = ours(
             &store,
             &format!("bench-{run}-{algorithm}-1"),

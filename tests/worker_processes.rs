@@ -438,7 +438,7 @@ async fn sigterm_under_load_exits_0_and_commits_every_finished_job() {
     );
     eprintln!(
         "shutdown: committed {committed:?} of ends {end:?}: {below} jobs below the committed offsets, all arrived; \
-         {left} left to the next owner, of which {above_done} already arrived (finished above a waiting job: they will be redone)"
+         {left} left to the next owner, of which {above_done} already arrived (finished above a waiting job: named in the commit metadata, so the next owner skips them)"
     );
     assert!(
         below > 0,

@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 
 use crate::config::KafkaSettings;
 
-use super::offsets::{Commit, Finish, Offsets};
+use super::offsets::{decode_done, Commit, Finish, Offsets};
 use super::producer::{header_pairs, HeaderError, OriginalRecord, RetryHeaders};
 
 /// A topic-partition.
@@ -87,7 +87,14 @@ pub struct Tracker {
     offsets: Offsets,
     /// Bumped at every assignment and revocation of a partition.
     generations: HashMap<(String, i32), u64>,
+    /// Offset ranges (inclusive) a previous owner finished above its
+    /// committed offset, read from the commit's metadata at assignment:
+    /// their records are finished on receipt, not processed again.
+    already_done: HashMap<(String, i32), DoneRanges>,
 }
+
+/// Inclusive offset ranges already finished.
+type DoneRanges = Vec<(i64, i64)>;
 
 impl Tracker {
     fn generation(&self, topic: &str, partition: i32) -> u64 {
@@ -123,7 +130,42 @@ impl Tracker {
     pub fn unfinished(&self) -> usize {
         self.offsets.unfinished()
     }
+
+    fn was_done(&self, topic: &str, partition: i32, offset: i64) -> bool {
+        self.already_done
+            .get(&(topic.to_owned(), partition))
+            .is_some_and(|r| r.iter().any(|(lo, hi)| (*lo..=*hi).contains(&offset)))
+    }
 }
+
+/// The finished ranges the partitions' previous owners committed in their
+/// metadata. A failed look-up only means those records are redone.
+fn already_done(
+    consumer: &BaseConsumer<WorkerContext>,
+    tpl: &TopicPartitionList,
+) -> Vec<((String, i32), DoneRanges)> {
+    let committed = match consumer.committed_offsets(tpl.clone(), COMMITTED_TIMEOUT) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read committed metadata; records finished past the committed offsets will be redone");
+            return Vec::new();
+        }
+    };
+    committed
+        .elements()
+        .iter()
+        .filter_map(|e| match e.offset() {
+            Offset::Offset(base) => {
+                let ranges = decode_done(base, e.metadata());
+                (!ranges.is_empty()).then(|| ((e.topic().to_owned(), e.partition()), ranges))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// How long an assignment waits to read the committed metadata.
+const COMMITTED_TIMEOUT: Duration = Duration::from_secs(5);
 
 type SharedTracker = Arc<Mutex<Tracker>>;
 
@@ -187,15 +229,22 @@ impl ConsumerContext for WorkerContext {
         let _ = self.events.send(PartitionEvent::Revoked(revoked));
     }
 
-    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
             Rebalance::Assign(tpl) => {
                 let assigned = partitions_of(tpl);
                 tracing::info!(partitions = %describe(&assigned), "partitions assigned");
+                let done = already_done(consumer, tpl);
                 let mut tracker = lock(&self.tracker);
                 for (topic, partition) in &assigned {
                     tracker.offsets.remove_partition(topic, *partition);
                     tracker.bump(topic, *partition);
+                    tracker
+                        .already_done
+                        .remove(&(topic.to_string(), *partition));
+                }
+                for (key, ranges) in done {
+                    tracker.already_done.insert(key, ranges);
                 }
                 drop(tracker);
                 let _ = self.events.send(PartitionEvent::Assigned(assigned));
@@ -292,32 +341,46 @@ impl Consumer {
     /// The next record, already tracked as unfinished. Rebalance callbacks
     /// run inside this call.
     pub async fn recv(&self) -> Result<Record, ConsumerError> {
-        let msg = self.inner.recv().await.map_err(ConsumerError::Receive)?;
-        let topic: Arc<str> = Arc::from(msg.topic());
+        loop {
+            let msg = self.inner.recv().await.map_err(ConsumerError::Receive)?;
+            let topic: Arc<str> = Arc::from(msg.topic());
+            let (partition, offset) = (msg.partition(), msg.offset());
+            let generation = {
+                let mut tracker = lock(&self.tracker);
+                if let Err(e) = tracker.offsets.track(&topic, partition, offset) {
+                    // Offsets only go backwards after a seek we never make; the
+                    // record is still processed, its offset simply not tracked.
+                    tracing::warn!(error = %e, topic = &*topic, partition, offset, "offset not tracked");
+                }
+                if tracker.was_done(&topic, partition, offset) {
+                    // Finished by the partition's previous owner after its
+                    // committed offset: done, not done again.
+                    tracker.offsets.finish(&topic, partition, offset);
+                    crate::telemetry::events::AlreadyDone { offset }.emit();
+                    continue;
+                }
+                tracker.generation(&topic, partition)
+            };
+            return Ok(self.record(&msg, topic, generation));
+        }
+    }
+
+    fn record(&self, msg: &impl Message, topic: Arc<str>, generation: u64) -> Record {
         let (partition, offset) = (msg.partition(), msg.offset());
-        let generation = {
-            let mut tracker = lock(&self.tracker);
-            if let Err(e) = tracker.offsets.track(&topic, partition, offset) {
-                // Offsets only go backwards after a seek we never make; the
-                // record is still processed, its offset simply not tracked.
-                tracing::warn!(error = %e, topic = &*topic, partition, offset, "offset not tracked");
-            }
-            tracker.generation(&topic, partition)
-        };
         let headers = match msg.headers() {
             Some(h) => RetryHeaders::from_headers(header_pairs(h)),
             None => Ok(RetryHeaders::default()),
         };
-        Ok(Record {
+        Record {
             origin: Origin {
                 topic,
                 partition,
                 offset,
                 generation,
             },
-            original: OriginalRecord::from_message(&msg),
+            original: OriginalRecord::from_message(msg),
             headers,
-        })
+        }
     }
 
     /// See [`Tracker::finish`].
@@ -447,9 +510,9 @@ fn commit_list(commits: &[Commit]) -> TopicPartitionList {
     for c in commits {
         // Cannot fail for a partition just added: set_partition_offset only
         // errs when the partition is missing from the list.
-        let _ = tpl
-            .add_partition(&c.topic, c.partition)
-            .set_offset(Offset::Offset(c.offset));
+        let mut elem = tpl.add_partition(&c.topic, c.partition);
+        let _ = elem.set_offset(Offset::Offset(c.offset));
+        elem.set_metadata(c.metadata.as_str());
     }
     tpl
 }

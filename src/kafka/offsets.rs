@@ -47,6 +47,8 @@ pub struct PartitionOffsets {
     last_tracked: Option<i64>,
     /// The last offset handed to [`mark_committed`](Self::mark_committed).
     committed: Option<i64>,
+    /// The metadata committed with it.
+    committed_metadata: String,
 }
 
 impl PartitionOffsets {
@@ -88,21 +90,46 @@ impl PartitionOffsets {
         Finish::Finished
     }
 
-    /// The next offset to commit: one past the contiguous finished prefix,
-    /// or `None` while the first tracked record is unfinished.
+    /// The next offset to commit: one past the contiguous finished prefix;
+    /// while the first tracked record is unfinished but later ones are
+    /// finished, that first record's offset (so that [`metadata`] can name
+    /// them); `None` while nothing is finished.
+    ///
+    /// [`metadata`]: Self::metadata
     pub fn committable(&self) -> Option<i64> {
-        self.done_through.map(|o| o + 1)
+        self.done_through.map(|o| o + 1).or_else(|| {
+            self.open
+                .values()
+                .any(|done| *done)
+                .then(|| self.open.keys().next().copied())
+                .flatten()
+        })
     }
 
-    /// [`committable`](Self::committable), but only if it moved since the
-    /// last [`mark_committed`](Self::mark_committed): saves empty commits.
+    /// [`committable`](Self::committable), but only if it or the
+    /// [`metadata`](Self::metadata) changed since the last
+    /// [`mark_committed`](Self::mark_committed): saves empty commits.
     pub fn uncommitted(&self) -> Option<i64> {
-        self.committable().filter(|&c| Some(c) > self.committed)
+        self.committable()
+            .filter(|&c| Some(c) > self.committed || self.metadata() != self.committed_metadata)
     }
 
-    /// Notes that `offset` was committed.
+    /// Notes that `offset` was committed with `metadata`.
     pub fn mark_committed(&mut self, offset: i64) {
         self.committed = self.committed.max(Some(offset));
+        self.committed_metadata = self.metadata();
+    }
+
+    /// The finished records above the committable offset, for the commit's
+    /// metadata: a new owner of the partition skips them instead of calling
+    /// the downstream again. Only what fits in [`MAX_METADATA`] is named;
+    /// the rest is redone (at-least-once either way).
+    pub fn metadata(&self) -> String {
+        let Some(base) = self.committable() else {
+            return String::new();
+        };
+        let done = self.open.iter().filter(|(_, d)| **d).map(|(o, _)| *o);
+        encode_done(base, done)
     }
 
     /// Tracked records not finished yet.
@@ -123,6 +150,66 @@ pub struct Commit {
     pub topic: String,
     pub partition: i32,
     pub offset: i64,
+    /// Finished offsets above `offset` (see [`PartitionOffsets::metadata`]).
+    pub metadata: String,
+}
+
+/// Longest commit metadata written; Kafka's default limit
+/// (`offset.metadata.max.bytes`) is 4096.
+pub const MAX_METADATA: usize = 3000;
+
+const METADATA_PREFIX: &str = "tw1:";
+
+/// `tw1:` then comma-separated ranges of offsets relative to `base`
+/// (`3-5,9`), ascending, cut at [`MAX_METADATA`].
+fn encode_done(base: i64, done: impl Iterator<Item = i64>) -> String {
+    let mut ranges: Vec<(i64, i64)> = Vec::new();
+    for o in done {
+        match ranges.last_mut() {
+            Some((_, hi)) if *hi + 1 == o => *hi = o,
+            _ => ranges.push((o, o)),
+        }
+    }
+    if ranges.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from(METADATA_PREFIX);
+    for (i, (lo, hi)) in ranges.iter().enumerate() {
+        let part = if lo == hi {
+            format!("{}", lo - base)
+        } else {
+            format!("{}-{}", lo - base, hi - base)
+        };
+        if out.len() + part.len() + 1 > MAX_METADATA {
+            break;
+        }
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&part);
+    }
+    out
+}
+
+/// The finished offset ranges (absolute, inclusive) named by a commit's
+/// metadata; empty for metadata this worker did not write.
+pub fn decode_done(base: i64, metadata: &str) -> Vec<(i64, i64)> {
+    let Some(body) = metadata.strip_prefix(METADATA_PREFIX) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for part in body.split(',').filter(|p| !p.is_empty()) {
+        let (lo, hi) = match part.split_once('-') {
+            Some((a, b)) => (a.parse::<i64>(), b.parse::<i64>()),
+            None => (part.parse::<i64>(), part.parse::<i64>()),
+        };
+        match (lo, hi) {
+            (Ok(lo), Ok(hi)) if lo > 0 && hi >= lo => out.push((base + lo, base + hi)),
+            // Unreadable: skip nothing rather than skip the wrong records.
+            _ => return Vec::new(),
+        }
+    }
+    out
 }
 
 /// Trackers for every assigned partition, keyed by topic then partition
@@ -212,6 +299,7 @@ impl Offsets {
                         topic: topic.clone(),
                         partition,
                         offset,
+                        metadata: p.metadata(),
                     })
                 })
             })
@@ -241,7 +329,7 @@ mod tests {
             (2, Track, 11, None),
             (3, Track, 14, None), // gap: 12, 13 are markers or compacted away
             (4, Track, 15, None),
-            (5, Done(Finish::Finished), 11, None), // out of order: 10 still open
+            (5, Done(Finish::Finished), 11, Some(10)), // out of order: 10 still open; 11 goes in the metadata
             (6, Done(Finish::Finished), 10, Some(12)),
             (7, Done(Finish::AlreadyFinished), 10, Some(12)),
             (8, Done(Finish::AlreadyFinished), 11, Some(12)),
@@ -307,6 +395,51 @@ mod tests {
     }
 
     #[test]
+    fn finished_offsets_above_the_prefix_travel_in_the_metadata() {
+        let mut p = PartitionOffsets::new();
+        for o in 10..20 {
+            p.track(o).unwrap();
+        }
+        assert_eq!(p.committable(), None, "nothing finished yet");
+        for o in [12, 13, 14, 17] {
+            p.finish(o);
+        }
+        // 10 is still waiting: commit at 10, and name 12-14 and 17.
+        assert_eq!(p.committable(), Some(10));
+        assert_eq!(p.metadata(), "tw1:2-4,7");
+        assert_eq!(decode_done(10, &p.metadata()), vec![(12, 14), (17, 17)]);
+        p.finish(10);
+        p.finish(11);
+        assert_eq!(p.committable(), Some(15));
+        assert_eq!(p.metadata(), "tw1:2");
+        p.mark_committed(15);
+        assert_eq!(p.uncommitted(), None);
+        p.finish(19);
+        assert_eq!(p.uncommitted(), Some(15), "new metadata is worth a commit");
+        assert!(decode_done(5, "garbage").is_empty());
+        assert!(decode_done(5, "tw1:3-x").is_empty());
+        assert!(
+            decode_done(5, "tw1:0").is_empty(),
+            "offset 0 is the commit itself"
+        );
+    }
+
+    #[test]
+    fn metadata_is_cut_to_its_maximum() {
+        let mut p = PartitionOffsets::new();
+        for o in 0..20_000 {
+            p.track(o).unwrap();
+        }
+        for o in (1..20_000).step_by(2) {
+            p.finish(o);
+        }
+        let m = p.metadata();
+        assert!(m.len() <= MAX_METADATA, "{}", m.len());
+        let ranges = decode_done(0, &m);
+        assert!(ranges.len() > 100 && ranges.iter().all(|(lo, _)| lo % 2 == 1));
+    }
+
+    #[test]
     fn map_over_partitions() {
         let mut o = Offsets::new();
         o.track("jobs", 0, 0).unwrap();
@@ -321,6 +454,7 @@ mod tests {
             topic: t.into(),
             partition: p,
             offset: off,
+            metadata: String::new(),
         };
         assert_eq!(
             o.uncommitted(),
@@ -388,7 +522,11 @@ mod tests {
                 let lowest_open = offsets.iter().zip(&finished).find(|(_, f)| !**f).map(|(o, _)| *o);
                 // The model: one past the last offset of the finished prefix.
                 let prefix = finished.iter().take_while(|f| **f).count();
-                let model = prefix.checked_sub(1).map(|last| offsets[last] + 1);
+                let model = prefix.checked_sub(1).map(|last| offsets[last] + 1).or_else(|| {
+                    // Nothing in the prefix yet, but something finished above
+                    // it: commit at the first record, naming the rest in the metadata.
+                    finished.iter().any(|f| *f).then(|| offsets[0])
+                });
                 prop_assert_eq!(c, model);
                 if let (Some(c), Some(open)) = (c, lowest_open) {
                     prop_assert!(c <= open, "committable {} passes unfinished {}", c, open);

@@ -23,6 +23,7 @@ pub struct Counters {
     pub commits: AtomicU64,
     pub commit_errors: AtomicU64,
     pub backpressure_pauses: AtomicU64,
+    pub jobs_already_done: AtomicU64,
 }
 
 /// The counters of this process.
@@ -301,6 +302,22 @@ impl Backpressure {
             paused = self.paused,
             buffered = self.buffered,
             "backpressure"
+        );
+    }
+}
+
+/// A redelivered record the partition's previous owner had finished (named
+/// in its commit metadata): finished again without a downstream call.
+pub struct AlreadyDone {
+    pub offset: i64,
+}
+
+impl AlreadyDone {
+    pub fn emit(&self) {
+        inc(&counters().jobs_already_done);
+        tracing::trace!(
+            offset = self.offset,
+            "record already done by the previous owner; skipped"
         );
     }
 }
