@@ -507,15 +507,18 @@ impl<P: Permits> Engine<P> {
             return;
         };
         seller.phase = Phase::Idle;
-        // Jobs of partitions revoked meanwhile belong to their new owner.
-        let before = seller.queue.len();
-        seller.queue.retain(|p| consumer.is_current(&p.origin));
-        self.buffered -= before - seller.queue.len();
         let reserved = std::mem::take(&mut seller.reserved);
         match decision {
             Decision::Granted(g) => {
                 let n = (g.granted as usize).min(reserved);
-                let batch = take_partition_heads(&mut seller.queue, n);
+                let mut batch = take_partition_heads(&mut seller.queue, n);
+                // Jobs of partitions revoked since the revoke event was
+                // handled belong to their new owner. (The queue itself is
+                // purged by that event; checking the batch only keeps this
+                // O(batch), not O(backlog), per limiter answer.)
+                let taken = batch.len();
+                batch.retain(|p| consumer.is_current(&p.origin));
+                self.buffered -= taken - batch.len();
                 let n = batch.len();
                 seller.reserved = n;
                 self.release(reserved - n);
