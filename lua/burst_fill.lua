@@ -23,7 +23,8 @@ ALGO.burst_fill = {
   avail = function(st, r, now)
     return math.max(0, st.n)
   end,
-  wait = function(st, r, now, need)
+  wait = function(st, r, now, need, taken)
+    -- need <= limit, and the next period starts full.
     return st.s + r.period - now
   end,
   left = function(st, r, now, n)
@@ -43,11 +44,21 @@ ALGO.burst_fill = {
       redis.call('HINCRBY', key, 'n', I(-n))
     end
   end,
-  refund = function(key, r, now, n, id, skip)
+  refund = function(key, r, at, n, id, skip, now)
+    -- Tokens are additive: the period the take fell in gets them back.
+    -- When every token of the period is back, nothing taken in it is held
+    -- any more, so the period is as if never opened and the key goes: a
+    -- period kept with all `limit` tokens would let its tail take `limit`
+    -- and the refill `limit` more, 2*limit in under a period.
     local h = redis.call('HMGET', key, 's', 'n')
     local s = num(h[1], nil)
     if s ~= nil and s <= now and now < s + r.period then
-      redis.call('HSET', key, 'n', I(math.min(r.limit, num(h[2], 0) + n)))
+      local left = math.min(r.limit, num(h[2], 0) + n)
+      if left >= r.limit then
+        redis.call('DEL', key)
+      else
+        redis.call('HSET', key, 'n', I(left))
+      end
     end
   end,
 }

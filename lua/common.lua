@@ -12,11 +12,20 @@
 --   cap(r)                      the largest cost one call can ever be granted
 --   load(key, r, now)           read the state as of `now` (no writes)
 --   avail(st, r, now)           units admissible now
---   wait(st, r, now, need)      µs until `need` units are admissible (need <= cap)
+--   wait(st, r, now, need, taken)
+--                               µs until `need` more units are admissible after
+--                               `taken` are taken now (need <= cap; the state
+--                               after the take refuses them)
 --   left(st, r, now, n)         units still admissible after taking n
 --   reset(st, r, now, n)        µs until the state is back to fresh after taking n
 --   take(key, st, r, now, n, id) write the state for n >= 1 units, set the TTL
---   refund(key, r, now, n, id, skip) give back n units taken by call `id` at `now`
+--   refund(key, r, at, n, id, skip, taken)
+--                               give back n units of call `id`, taken at `taken`,
+--                               skipping its first `skip`; `at` (>= taken) is the
+--                               refund's own time, at or after every take since.
+--                               Only what is provably unused may come back: after
+--                               the refund the state must never admit more than
+--                               if the call had taken only what it keeps.
 --   go(st, r, now)              (pacers only) µs instant the next unit may leave
 -- r = { limit, period, burst } with period in µs; `now` is µs since the epoch.
 
@@ -62,6 +71,28 @@ local function expire_in(key, us)
   redis.call('PEXPIRE', key, math.max(0, cdiv(us, 1000)) + EXPIRY_SLACK_MS)
 end
 
+-- The rules of a request: `nrules` groups of ARGV (algorithm, limit,
+-- period_us, burst) from ARGV[a], with their keys from KEYS[k]. Returns nil
+-- and a message for an algorithm no script implements.
+local function read_rules(a, nrules, k)
+  local rules = {}
+  for i = 1, nrules do
+    local b = a + (i - 1) * 4
+    local algo = ALGO[ARGV[b]]
+    if algo == nil then
+      return nil, 'unknown algorithm ' .. tostring(ARGV[b])
+    end
+    rules[i] = {
+      algo = algo,
+      key = KEYS[k + i - 1],
+      limit = tonumber(ARGV[b + 1]),
+      period = tonumber(ARGV[b + 2]),
+      burst = tonumber(ARGV[b + 3]),
+    }
+  end
+  return rules
+end
+
 -- Debt of a TAT-based algorithm (gcra, leaky_bucket), in units of µs * limit:
 -- how far the theoretical arrival time `u + f/limit` lies beyond `now`.
 local function tat_debt(u, f, limit, now)
@@ -76,5 +107,17 @@ local function tat_store(key, debt, limit, now)
   local whole = fdiv(debt, limit)
   redis.call('HSET', key, 'tat', I(now + whole), 'f', I(debt - whole * limit))
   expire_in(key, cdiv(debt, limit))
+end
+
+-- Debt (µs * limit) that a refund of n units taken at `taken` may give back
+-- at `at` when other calls may have taken since: n * period less what has
+-- drained since the take. Why this is safe: with x the queue end (TAT)
+-- before the take, each later take maps x to max(x, t) + m*T, and their
+-- composition is max(x + M, c) with c <= at + M (every take since happened at
+-- or before `at`). With and without the refunded units, the queue ends then
+-- differ by at least min(n*T, x + n*T - max(x, at)) >= n*T - (at - taken),
+-- since x >= taken. token_bucket is the same with the deficit for the debt.
+local function drained_refund(r, n, at, taken)
+  return math.max(0, n * r.period - (at - taken) * r.limit)
 end
 

@@ -18,7 +18,7 @@ ALGO.fixed_window = {
   avail = function(st, r, now)
     return math.max(0, r.limit - st.n)
   end,
-  wait = function(st, r, now, need)
+  wait = function(st, r, now, need, taken)
     -- need <= limit, and the next window starts empty.
     return st.start + r.period - now
   end,
@@ -39,7 +39,9 @@ ALGO.fixed_window = {
       redis.call('HINCRBY', key, 'n', I(n))
     end
   end,
-  refund = function(key, r, now, n, id, skip)
+  refund = function(key, r, at, n, id, skip, now)
+    -- Counts are additive: the window the take fell in gets them back,
+    -- whatever was counted since.
     local start = fdiv(now, r.period) * r.period
     local h = redis.call('HMGET', key, 'w', 'n')
     if num(h[1], -1) == start then

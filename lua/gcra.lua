@@ -14,9 +14,9 @@ ALGO.gcra = {
   avail = function(st, r, now)
     return math.max(0, fdiv(r.burst * r.period - st.debt, r.period))
   end,
-  wait = function(st, r, now, need)
+  wait = function(st, r, now, need, taken)
     -- now must reach tat + need*T - tolerance.
-    return cdiv(st.debt + need * r.period - r.burst * r.period, r.limit)
+    return cdiv(st.debt + (taken + need) * r.period - r.burst * r.period, r.limit)
   end,
   left = function(st, r, now, n)
     return math.max(0, fdiv(r.burst * r.period - st.debt - n * r.period, r.period))
@@ -27,11 +27,14 @@ ALGO.gcra = {
   take = function(key, st, r, now, n, id)
     tat_store(key, st.debt + n * r.period, r.limit, now)
   end,
-  refund = function(key, r, now, n, id, skip)
+  refund = function(key, r, at, n, id, skip, taken)
+    -- Other calls may have queued behind this one: only the part of its
+    -- charge that cannot have drained yet comes back (drained_refund).
+    local back = drained_refund(r, n, at, taken)
     local h = redis.call('HMGET', key, 'tat', 'f')
-    local debt = tat_debt(num(h[1], 0), num(h[2], 0), r.limit, now)
-    if debt > 0 then
-      tat_store(key, math.max(0, debt - n * r.period), r.limit, now)
+    local debt = tat_debt(num(h[1], 0), num(h[2], 0), r.limit, at)
+    if back > 0 and debt > 0 then
+      tat_store(key, math.max(0, debt - back), r.limit, at)
     end
   end,
 }

@@ -3,7 +3,13 @@
 -- fits is told the instant it may go and the caller waits until then, so the
 -- downstream sees a smooth rate and never a burst. A unit that does not fit
 -- is refused with the time until a queue slot frees.
--- State: hash { tat = µs the queue drains, f = remainder in 1/limit µs }.
+-- State: hash { tat = µs the queue drains, f = remainder in 1/limit µs,
+--               id = the call that queued last }.
+--
+-- A refund gives back slots only from the end of the queue: the call must
+-- still be the last one queued. A slot in the middle cannot be handed out
+-- again (the queue is one TAT, not a list of slots), and pulling the end
+-- back would give the next caller a slot a later call already holds.
 ALGO.leaky_bucket = {
   cap = function(r)
     return r.burst
@@ -15,8 +21,8 @@ ALGO.leaky_bucket = {
   avail = function(st, r, now)
     return math.max(0, fdiv(r.burst * r.period - st.debt, r.period))
   end,
-  wait = function(st, r, now, need)
-    return cdiv(st.debt + need * r.period - r.burst * r.period, r.limit)
+  wait = function(st, r, now, need, taken)
+    return cdiv(st.debt + (taken + need) * r.period - r.burst * r.period, r.limit)
   end,
   left = function(st, r, now, n)
     return math.max(0, fdiv(r.burst * r.period - st.debt - n * r.period, r.period))
@@ -30,12 +36,18 @@ ALGO.leaky_bucket = {
   end,
   take = function(key, st, r, now, n, id)
     tat_store(key, st.debt + n * r.period, r.limit, now)
+    redis.call('HSET', key, 'id', id)
   end,
-  refund = function(key, r, now, n, id, skip)
-    local h = redis.call('HMGET', key, 'tat', 'f')
-    local debt = tat_debt(num(h[1], 0), num(h[2], 0), r.limit, now)
+  refund = function(key, r, at, n, id, skip, taken)
+    -- A caller uses a grant's first slots, so the units given back are its
+    -- last ones: the end of the queue, if nothing queued behind them.
+    local h = redis.call('HMGET', key, 'tat', 'f', 'id')
+    if h[3] ~= id then
+      return
+    end
+    local debt = tat_debt(num(h[1], 0), num(h[2], 0), r.limit, at)
     if debt > 0 then
-      tat_store(key, math.max(0, debt - n * r.period), r.limit, now)
+      tat_store(key, math.max(0, debt - n * r.period), r.limit, at)
     end
   end,
 }

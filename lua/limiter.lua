@@ -2,16 +2,21 @@
 --
 -- KEYS[1]     the seller's downstream block (set by block.lua on a 429)
 -- KEYS[1+i]   the state of rule i
--- ARGV[1]     op: 'acquire', 'peek' (dry run: decide, write nothing) or 'refund'
+-- ARGV[1]     op: 'acquire', 'peek' (dry run: decide, write nothing) or
+--             'refund'; 'jobs' and 'jobs_peek' are a list of job costs per
+--             request, with their own layout (see jobs.lua)
 -- ARGV[2]     now in µs since the epoch, or '' to read Redis' clock (TIME);
 --             explicit times exist only so tests can be deterministic.
---             For a refund it must be the now_us the acquire replied with:
---             windows and periods are those of the take being undone
+--             For a refund, the refund's own time: at or after every call
+--             that may have moved the rules since the take (Redis' clock in
+--             production)
 -- ARGV[3]     cost (units asked for, >= 1); for refund, units to give back
 -- ARGV[4]     mode: 'all' (whole cost or nothing) or 'upto' (1..cost);
 --             for refund, how many of the call's units to skip
 -- ARGV[5]     call id, unique per call (names sliding-log members)
 -- ARGV[6]     number of rules; then per rule: algorithm, limit, period_us, burst
+-- refund only: after the rules, the now_us the acquire replied with
+--             (windows and periods are those of the take being undone)
 --
 -- Reply: { status, granted, remaining, retry_after_ms, reset_after_ms,
 --          go_at_us, retry_after_us, reset_after_us, now_us, by }
@@ -32,33 +37,30 @@ if ARGV[2] == '' then
 else
   now = tonumber(ARGV[2])
 end
+if op == 'jobs' or op == 'jobs_peek' then
+  return run_jobs(op, now)
+end
 local cost = tonumber(ARGV[3])
 if cost == nil or cost < 1 then
   return redis.error_reply('cost must be at least 1')
 end
 local id = ARGV[5]
 local nrules = tonumber(ARGV[6])
-local rules = {}
-for i = 1, nrules do
-  local b = 6 + (i - 1) * 4
-  local algo = ALGO[ARGV[b + 1]]
-  if algo == nil then
-    return redis.error_reply('unknown algorithm ' .. tostring(ARGV[b + 1]))
-  end
-  rules[i] = {
-    algo = algo,
-    key = KEYS[i + 1],
-    limit = tonumber(ARGV[b + 2]),
-    period = tonumber(ARGV[b + 3]),
-    burst = tonumber(ARGV[b + 4]),
-  }
+local rules, err = read_rules(7, nrules, 2)
+if rules == nil then
+  return redis.error_reply(err)
 end
 
 if op == 'refund' then
   local skip = tonumber(ARGV[4])
+  local taken = tonumber(ARGV[7 + nrules * 4])
+  if taken == nil then
+    return redis.error_reply('refund needs the time of the take')
+  end
+  local at = math.max(now, taken)
   for i = 1, nrules do
     local r = rules[i]
-    r.algo.refund(r.key, r, now, cost, id, skip)
+    r.algo.refund(r.key, r, at, cost, id, skip, taken)
   end
   return { 1, cost, 0, 0, 0, now, 0, 0, now, 0 }
 end
@@ -87,7 +89,7 @@ for i = 1, nrules do
   states[i] = st
   local av = r.algo.avail(st, r, now)
   if av < need then
-    local w = r.algo.wait(st, r, now, need)
+    local w = r.algo.wait(st, r, now, need, 0)
     if w > wait then
       wait, by = w, i
     end

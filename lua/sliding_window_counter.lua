@@ -24,14 +24,15 @@ ALGO.sliding_window_counter = {
     local room = fdiv(r.limit * r.period - st.prev * (r.period - st.e), r.period)
     return math.max(0, room - st.cur)
   end,
-  wait = function(st, r, now, need)
-    if st.cur + need <= r.limit then
+  wait = function(st, r, now, need, taken)
+    local cur = st.cur + taken
+    if cur + need <= r.limit then
       -- Within this window, once enough of the previous window has slid out.
-      local e = r.period - fdiv((r.limit - st.cur - need) * r.period, st.prev)
+      local e = r.period - fdiv((r.limit - cur - need) * r.period, st.prev)
       return e - st.e
     end
     -- In the next window, where this window's count is the weighted one.
-    local e = r.period - fdiv((r.limit - need) * r.period, st.cur)
+    local e = r.period - fdiv((r.limit - need) * r.period, cur)
     return st.start + r.period + e - now
   end,
   left = function(st, r, now, n)
@@ -55,7 +56,9 @@ ALGO.sliding_window_counter = {
       expire_in(key, st.start + 2 * r.period - now)
     end
   end,
-  refund = function(key, r, now, n, id, skip)
+  refund = function(key, r, at, n, id, skip, now)
+    -- Counts are additive: the window the take fell in gets them back,
+    -- whatever was counted since.
     local start = fdiv(now, r.period) * r.period
     local h = redis.call('HMGET', key, 'w', 'cur', 'prev')
     local w = num(h[1], -1)

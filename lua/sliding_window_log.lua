@@ -23,9 +23,13 @@ ALGO.sliding_window_log = {
   avail = function(st, r, now)
     return math.max(0, r.limit - st.count)
   end,
-  wait = function(st, r, now, need)
+  wait = function(st, r, now, need, taken)
     -- The k-th oldest live entry must leave the window: it does at score + period.
-    local k = st.count + need - r.limit
+    local k = st.count + taken + need - r.limit
+    if k > st.count then
+      -- One of the `taken` entries, written now.
+      return r.period
+    end
     local e = redis.call('ZRANGEBYSCORE', st.key, st.lo, '+inf', 'WITHSCORES', 'LIMIT', k - 1, 1)
     return tonumber(e[2]) + r.period - now
   end,
@@ -59,7 +63,8 @@ ALGO.sliding_window_log = {
     -- The newest entry, written now, leaves the window one period from now.
     expire_in(key, r.period)
   end,
-  refund = function(key, r, now, n, id, skip)
+  refund = function(key, r, at, n, id, skip, taken)
+    -- Exact: the call's own members, whatever came since.
     local j = skip + 1
     while j <= skip + n do
       local members = {}

@@ -25,8 +25,8 @@ ALGO.token_bucket = {
   avail = function(st, r, now)
     return fdiv(st.c, r.period)
   end,
-  wait = function(st, r, now, need)
-    return cdiv(need * r.period - st.c, r.limit)
+  wait = function(st, r, now, need, taken)
+    return cdiv((taken + need) * r.period - st.c, r.limit)
   end,
   left = function(st, r, now, n)
     return fdiv(st.c - n * r.period, r.period)
@@ -40,16 +40,21 @@ ALGO.token_bucket = {
     -- Once full again the state equals no state at all.
     expire_in(key, cdiv(r.burst * r.period - c, r.limit))
   end,
-  refund = function(key, r, now, n, id, skip)
+  refund = function(key, r, at, n, id, skip, taken)
     local ts = num(redis.call('HGET', key, 'ts'), nil)
     if ts ~= nil then
-      -- Credit at the later of the take's time and the last write, never
-      -- moving `ts` back (which would refill the span between twice).
-      local at = math.max(now, ts)
-      local st = ALGO.token_bucket.load(key, r, at)
-      local c = math.min(r.burst * r.period, st.c + n * r.period)
-      redis.call('HSET', key, 'c', I(c), 'ts', I(at))
-      expire_in(key, cdiv(r.burst * r.period - c, r.limit))
+      -- Credit at the later of the refund's time and the last write, never
+      -- moving `ts` back (which would refill the span between twice), and
+      -- only the tokens that have not refilled since the take: the deficit
+      -- drains like a gcra debt (drained_refund).
+      at = math.max(at, ts)
+      local back = drained_refund(r, n, at, taken)
+      if back > 0 then
+        local st = ALGO.token_bucket.load(key, r, at)
+        local c = math.min(r.burst * r.period, st.c + back)
+        redis.call('HSET', key, 'c', I(c), 'ts', I(at))
+        expire_in(key, cdiv(r.burst * r.period - c, r.limit))
+      end
     end
   end,
 }

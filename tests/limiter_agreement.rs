@@ -6,7 +6,8 @@
 //! - `lua_and_model_agree_on_random_sequences`: random rule sets of 1–3 mixed
 //!   algorithms (50 µs periods, fractional intervals), random non-decreasing
 //!   times, costs within and above capacity, both modes, acquires, dry runs,
-//!   refunds of earlier acquires at their own time, and downstream blocks.
+//!   refunds of earlier acquires (at their own time or later), and downstream
+//!   blocks.
 //!   256 cases by default (about a second); `PROPTEST_CASES=20000` runs more.
 //! - One deterministic test per script finding that was fixed, asserting
 //!   Lua == model and the answer that makes the fix right.
@@ -27,7 +28,10 @@ use proptest::sample::Index;
 use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
 use redis::aio::MultiplexedConnection;
 use throttle_worker::limiter::model::{self, ModelStore};
-use throttle_worker::limiter::{Algorithm, Mode, Op, RedisStore, Reply, Rule, ScriptCall, Store};
+use throttle_worker::limiter::{
+    Algorithm, JobsCall, JobsReply, JobsRequest, Mode, Op, RedisStore, Reply, Rule, ScriptCall,
+    Store,
+};
 
 /// Cases the property test runs unless `PROPTEST_CASES` says otherwise:
 /// under a second against a local Redis with a debug build (2 cores).
@@ -86,6 +90,19 @@ impl Seller {
             .unwrap_or_else(|e| panic!("DEL the keys under {}: {e}", self.prefix));
     }
 
+    fn jobs(&self, now_us: u64, costs: &[u64], dry_run: bool, call_id: &str) -> JobsCall {
+        JobsCall {
+            now_us: Some(now_us),
+            dry_run,
+            requests: vec![JobsRequest {
+                call_id: call_id.to_owned(),
+                block_key: self.block_key.clone(),
+                rules: self.rules.clone(),
+                costs: costs.to_vec(),
+            }],
+        }
+    }
+
     fn describe_rules(&self) -> String {
         let rules: Vec<String> = self
             .rules
@@ -110,7 +127,7 @@ fn model_op(op: Op) -> model::Op {
     match op {
         Op::Acquire => model::Op::Acquire,
         Op::Peek => model::Op::Peek,
-        Op::Refund { skip } => model::Op::Refund { skip },
+        Op::Refund { skip, taken_at_us } => model::Op::Refund { skip, taken_at_us },
     }
 }
 
@@ -195,6 +212,52 @@ async fn both(
     Ok(lua)
 }
 
+/// Runs a jobs call on Redis and on the model; the reply when both agree
+/// on all twelve fields.
+async fn both_jobs(
+    redis: &RedisStore,
+    model: &mut ModelStore,
+    seller: &Seller,
+    step: &str,
+    call: &JobsCall,
+) -> Result<JobsReply, String> {
+    let now_us = call.now_us.expect("agreement calls carry an explicit time");
+    let inputs = format!(
+        "{step}: jobs{} at T0+{}µs ({now_us}), costs {:?}, id {:?}; rules [{}]",
+        if call.dry_run { " (dry run)" } else { "" },
+        now_us - T0,
+        call.requests.iter().map(|q| &q.costs).collect::<Vec<_>>(),
+        call.requests[0].call_id,
+        seller.describe_rules()
+    );
+    let lua = redis
+        .run_jobs(call)
+        .await
+        .map_err(|e| format!("{inputs}\n  lua failed: {e}"))?;
+    let want = model::run_jobs(model, now_us, call.dry_run, &call.requests);
+    if lua != want {
+        let mut diffs = String::new();
+        if lua.len() != want.len() {
+            diffs = format!("replies: lua {} ≠ model {}", lua.len(), want.len());
+        }
+        for (q, (l, m)) in lua.iter().zip(&want).enumerate() {
+            let mut d = differing(&l.head, &m.head);
+            for (name, a, b) in [("jobs", l.jobs, m.jobs), ("next", l.next, m.next)] {
+                if a != b {
+                    d.push_str(&format!(", {name} lua {a} ≠ model {b}"));
+                }
+            }
+            if !d.is_empty() {
+                diffs.push_str(&format!("request {q}: {d}; "));
+            }
+        }
+        return Err(format!(
+            "{inputs}\n  differ: {diffs}\n  lua:   {lua:?}\n  model: {want:?}"
+        ));
+    }
+    Ok(lua[0])
+}
+
 /// Blocks on Redis and in the model; the end of the block when both agree.
 async fn both_block(
     redis: &RedisStore,
@@ -234,16 +297,29 @@ enum Step {
         mode: Mode,
     },
     /// Give back part of an earlier granted acquire that was not refunded
-    /// yet (picked by `pick`), at that acquire's time: skip `skip` of its
-    /// units, then give back `1 + len` of the rest (both as indices into
-    /// what is there). No-op when there is none.
+    /// yet (picked by `pick`): skip `skip` of its units, then give back
+    /// `1 + len` of the rest (both as indices into what is there). The
+    /// refund's own time is now, or with `at_take` the acquire's time
+    /// (earlier than later calls: the scripts must not move a clock back).
+    /// No-op when there is none.
     Refund {
         pick: Index,
         skip: Index,
         len: Index,
+        at_take: bool,
     },
     /// Downstream block for `dur_us`, `gap` µs after the previous step.
     Block { gap: u64, dur_us: u64 },
+    /// A list of jobs with mixed costs (longest prefix that fits), `gap` µs
+    /// after the previous step; charged unless `dry_run`. With `then`, the
+    /// same call carries a second request (a coalesced call): the seller's
+    /// first rule alone with those costs, decided after the first request.
+    Jobs {
+        gap: u64,
+        costs: Vec<u64>,
+        dry_run: bool,
+        then: Option<Vec<u64>>,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -333,13 +409,29 @@ fn any_step() -> impl Strategy<Value = Step> {
         // sometimes at the scale of a large rule.
         8 => (gap(), op, prop_oneof![12 => 1u64..=3, 4 => 1u64..=9, 1 => 10u64..=1_000_000_000], mode)
             .prop_map(|(gap, op, cost, mode)| Step::Call { gap, op, cost, mode }),
-        2 => (any::<Index>(), any::<Index>(), any::<Index>())
-            .prop_map(|(pick, skip, len)| Step::Refund { pick, skip, len }),
+        2 => (any::<Index>(), any::<Index>(), any::<Index>(), any::<bool>())
+            .prop_map(|(pick, skip, len, at_take)| Step::Refund { pick, skip, len, at_take }),
         // Mostly as short as the rules' waits (either may be longer);
         // sometimes long enough to cover the rest of the case.
         1 => (gap(), prop_oneof![6 => 1u64..3_000, 1 => 100_000u64..2_000_000])
             .prop_map(|(gap, dur_us)| Step::Block { gap, dur_us }),
+        // Mixed costs, mostly within a small rule's capacity, sometimes a
+        // job that can never pass (first, in the middle or last).
+        4 => (
+            gap(),
+            job_costs(),
+            prop::bool::weighted(0.2),
+            prop::option::weighted(0.25, job_costs()),
+        )
+            .prop_map(|(gap, costs, dry_run, then)| Step::Jobs { gap, costs, dry_run, then }),
     ]
+}
+
+fn job_costs() -> impl Strategy<Value = Vec<u64>> {
+    prop::collection::vec(
+        prop_oneof![10 => 1u64..=3, 4 => 1u64..=9, 1 => 10u64..=1_000_000_000],
+        1..=6,
+    )
 }
 
 fn any_case() -> impl Strategy<Value = Case> {
@@ -366,9 +458,27 @@ struct Seen {
     never: u64,
     refunds: u64,
     blocks: u64,
+    jobs_all: u64,
+    jobs_prefix_then_wait: u64,
+    jobs_prefix_then_never: u64,
+    jobs_denied: u64,
+    jobs_never: u64,
+    jobs_listed: u64,
+    coalesced: u64,
 }
 
 impl Seen {
+    fn jobs(&mut self, listed: usize, r: &JobsReply) {
+        match (r.head.status, r.next) {
+            (1, 0) => self.jobs_all += 1,
+            (1, 1) => self.jobs_prefix_then_wait += 1,
+            (1, _) => self.jobs_prefix_then_never += 1,
+            (0, _) => self.jobs_denied += 1,
+            _ => self.jobs_never += 1,
+        }
+        self.jobs_listed += listed as u64;
+    }
+
     fn reply(&mut self, cost: u64, r: &Reply) {
         match r.status {
             1 if (r.granted as u64) < cost => self.partial += 1,
@@ -431,7 +541,12 @@ async fn steps(
                     });
                 }
             }
-            Step::Refund { pick, skip, len } => {
+            Step::Refund {
+                pick,
+                skip,
+                len,
+                at_take,
+            } => {
                 if taken.is_empty() {
                     continue;
                 }
@@ -439,8 +554,11 @@ async fn steps(
                 let skip = skip.index(t.granted as usize) as u64;
                 let cost = 1 + len.index((t.granted - skip) as usize) as u64;
                 let call = seller.call(
-                    Op::Refund { skip },
-                    t.now_us,
+                    Op::Refund {
+                        skip,
+                        taken_at_us: t.now_us,
+                    },
+                    if *at_take { t.now_us } else { now },
                     cost,
                     Mode::AllOrNothing,
                     &t.call_id,
@@ -452,6 +570,31 @@ async fn steps(
                 now += gap;
                 both_block(redis, &mut model, seller, &label, now, *dur_us).await?;
                 seen.borrow_mut().blocks += 1;
+            }
+            Step::Jobs {
+                gap,
+                costs,
+                dry_run,
+                then,
+            } => {
+                now += gap;
+                let call_id = format!("c{i}");
+                let mut call = seller.jobs(now, costs, *dry_run, &call_id);
+                if let Some(then) = then {
+                    let mut second = seller.jobs(now, then, *dry_run, &format!("c{i}b"));
+                    second.requests[0].rules.truncate(1);
+                    call.requests.extend(second.requests);
+                    seen.borrow_mut().coalesced += 1;
+                }
+                let r = both_jobs(redis, &mut model, seller, &label, &call).await?;
+                seen.borrow_mut().jobs(costs.len(), &r);
+                if !*dry_run && r.head.status == 1 {
+                    taken.push(Taken {
+                        call_id,
+                        now_us: now,
+                        granted: r.head.granted as u64,
+                    });
+                }
             }
         }
     }
@@ -607,7 +750,8 @@ async fn a_block_does_not_hide_a_longer_rule_wait() {
 
 /// Regression, token_bucket.lua: a refund at the take's time wrote
 /// `ts = now` even after a later call had moved `ts` on, refilling the span
-/// in between a second time. Now it credits at max(now, ts).
+/// in between a second time. Now it credits at max(now, ts), and only the
+/// tokens that have not refilled since the take (issue 6 defect 6).
 #[tokio::test]
 async fn token_bucket_refund_after_a_later_call_does_not_refill_twice() {
     let redis = store().await;
@@ -625,7 +769,16 @@ async fn token_bucket_refund_after_a_later_call_does_not_refill_twice() {
     let got = ok(both(&redis, &mut model, &seller, "later call", &c2).await);
     assert_eq!((got.status, got.remaining), (1, 1), "{got:?}");
     // Give back one of c1's tokens, at c1's time.
-    let refund = seller.call(Op::Refund { skip: 0 }, T0, 1, Mode::AllOrNothing, "c1");
+    let refund = seller.call(
+        Op::Refund {
+            skip: 0,
+            taken_at_us: T0,
+        },
+        T0,
+        1,
+        Mode::AllOrNothing,
+        "c1",
+    );
     ok(both(
         &redis,
         &mut model,
@@ -634,11 +787,13 @@ async fn token_bucket_refund_after_a_later_call_does_not_refill_twice() {
         &refund,
     )
     .await);
-    // 1 left + 1 refunded = 2. With ts moved back to 0 the span 0..1 s
-    // would refill again and 4 would pass.
+    // 1 left, and nothing comes back: the 2 tokens that refilled in the
+    // second since c1 may hold its refunded one, and c2 may have used it.
+    // With ts moved back to 0 the span 0..1 s would refill again and 4
+    // would pass; crediting the whole token, 2.
     let peek = seller.call(Op::Peek, T0 + s, 9, Mode::UpTo, "c3");
     let got = ok(both(&redis, &mut model, &seller, "peek", &peek).await);
-    assert_eq!(got.granted, 2, "{got:?}");
+    assert_eq!(got.granted, 1, "{got:?}");
 }
 
 /// Regression, limiter.lua: cost 0 used to be "granted" 0 units (and start
@@ -649,7 +804,14 @@ async fn cost_zero_is_refused_by_both() {
     let redis = store().await;
     let r = rule(Algorithm::BurstFill, 3, Duration::from_secs(1), None);
     let seller = Seller::new("agree-cost-zero", &[r]);
-    for op in [Op::Acquire, Op::Peek, Op::Refund { skip: 0 }] {
+    for op in [
+        Op::Acquire,
+        Op::Peek,
+        Op::Refund {
+            skip: 0,
+            taken_at_us: T0,
+        },
+    ] {
         let call = seller.call(op, T0, 0, Mode::AllOrNothing, "c1");
         let lua = redis.run(&call).await;
         let err = lua.expect_err(&format!("{op:?} cost 0: the script must refuse"));
@@ -680,5 +842,28 @@ async fn cost_zero_is_refused_by_both() {
         keys_under(&seller.prefix).await,
         Vec::<String>::new(),
         "the script wrote"
+    );
+}
+
+/// An unlimited seller's call runs the script with no rules: it reads only
+/// the block, writes nothing, and agrees with the model.
+#[tokio::test]
+async fn no_rules_reads_only_the_block() {
+    let redis = store().await;
+    let seller = Seller::new("agree-no-rules", &[]);
+    let mut model = ModelStore::new();
+    for mode in [Mode::AllOrNothing, Mode::UpTo] {
+        let call = seller.call(Op::Acquire, T0, 5, mode, "c1");
+        let got = ok(both(&redis, &mut model, &seller, "unblocked", &call).await);
+        assert_eq!((got.status, got.granted), (1, 5), "{got:?}");
+    }
+    ok(both_block(&redis, &mut model, &seller, "block", T0, 2_000).await);
+    let call = seller.call(Op::Acquire, T0 + 500, 5, Mode::UpTo, "c2");
+    let got = ok(both(&redis, &mut model, &seller, "blocked", &call).await);
+    assert_eq!(brief(&got), [0, 0, 0, 1_500, 1_500, 0], "{got:?}");
+    assert_eq!(
+        keys_under(&seller.prefix).await,
+        vec![seller.block_key.clone()],
+        "only the block key"
     );
 }

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use common::{
     keys_under, limiter, limiter_with, policy, policy_with_sellers, raw, rule, unique_prefix, T0,
 };
-use throttle_worker::config::{SellerConfig, Topology};
-use throttle_worker::limiter::{Decision, DeniedBy, Mode, Request};
+use throttle_worker::config::{LimitsConfig, SellerConfig, Topology};
+use throttle_worker::limiter::{Decision, DeniedBy, Mode, Policy, Request};
 
 fn at(seller: &str, t: u64, cost: u64) -> Request<'_> {
     Request {
@@ -36,8 +36,10 @@ async fn sixteen_connections_admit_exactly_the_limit_per_window() {
         ("fixed_window", None),
         ("sliding_window_log", None),
         ("burst_fill", None),
+        ("sliding_window_counter", None),
         ("token_bucket", Some(LIMIT)),
         ("gcra", Some(LIMIT)),
+        ("leaky_bucket", Some(LIMIT)),
     ] {
         let prefix = unique_prefix("race");
         let mut tasks = Vec::new();
@@ -56,20 +58,25 @@ async fn sixteen_connections_admit_exactly_the_limit_per_window() {
                     if let Decision::Granted(g) =
                         lim.acquire("hot", 1, Mode::AllOrNothing).await.unwrap()
                     {
-                        admitted.push(g.decided_at_us);
+                        // Redis' clock: the decision's time, and for the
+                        // pacer the instant the unit may go.
+                        admitted.push((g.decided_at_us, g.pace.map(|p| p.first_at_us)));
                     }
                 }
                 (admitted, calls)
             }));
         }
         let mut times = Vec::new();
+        let mut departures = Vec::new();
         let mut calls = 0;
         for t in tasks {
             let (a, c) = t.await.unwrap();
-            times.extend(a);
+            times.extend(a.iter().map(|(at, _)| *at));
+            departures.extend(a.iter().filter_map(|(_, go)| *go));
             calls += c;
         }
         times.sort_unstable();
+        departures.sort_unstable();
         assert!(
             calls > 5 * times.len() as u64,
             "{algorithm}: not contended enough ({calls} calls for {} grants)",
@@ -101,6 +108,36 @@ async fn sixteen_connections_admit_exactly_the_limit_per_window() {
                     assert_eq!(*n, LIMIT, "{algorithm}: full window {w} admitted {n}");
                 }
             }
+            "sliding_window_counter" => {
+                // Its documented approximation: at most the limit per
+                // aligned window, fewer than twice it in any span under one
+                // period (the previous window weighs (period − elapsed)/period).
+                let mut per: BTreeMap<u64, u64> = BTreeMap::new();
+                for t in &times {
+                    *per.entry(t / PERIOD_US).or_default() += 1;
+                }
+                for (w, n) in &per {
+                    assert!(
+                        *n <= LIMIT,
+                        "{algorithm}: window {w} admitted {n} > {LIMIT}"
+                    );
+                }
+                let mut lo = 0;
+                for hi in 0..times.len() {
+                    while times[hi] - times[lo] >= PERIOD_US {
+                        lo += 1;
+                    }
+                    assert!(
+                        ((hi - lo + 1) as u64) < 2 * LIMIT,
+                        "{algorithm}: {} in under one period",
+                        hi - lo + 1
+                    );
+                }
+                assert!(
+                    per.len() >= 3,
+                    "{algorithm}: want several windows, got {per:?}"
+                );
+            }
             "sliding_window_log" | "burst_fill" => {
                 // No span shorter than one period holds more than the limit
                 // (sliding log), or than 2·limit − 1 (burst fill refills at once);
@@ -130,9 +167,10 @@ async fn sixteen_connections_admit_exactly_the_limit_per_window() {
                 );
             }
             _ => {
-                // Token bucket and GCRA: in any span d, at most burst + d·rate.
+                // Token bucket, GCRA and the leaky bucket's admissions: in
+                // every span d, at most burst + d·rate.
                 for (i, &a) in times.iter().enumerate() {
-                    for (j, &b) in times.iter().enumerate().skip(i).step_by(7) {
+                    for (j, &b) in times.iter().enumerate().skip(i) {
                         let allowed = LIMIT + ((b - a) * LIMIT).div_ceil(PERIOD_US);
                         assert!(
                             (j - i + 1) as u64 <= allowed,
@@ -148,6 +186,20 @@ async fn sixteen_connections_admit_exactly_the_limit_per_window() {
                     "{algorithm}: {} admitted, {expected} possible",
                     times.len()
                 );
+                if algorithm == "leaky_bucket" {
+                    // The pacer: units k apart go at least k·period/limit
+                    // apart (each go-at rounded up to the µs: 2 µs slack).
+                    assert_eq!(departures.len(), times.len(), "every grant is paced");
+                    for j in 0..departures.len() {
+                        for k in j + 1..departures.len() {
+                            let gap = departures[k] - departures[j];
+                            assert!(
+                                (gap + 2) * LIMIT > (k - j) as u64 * PERIOD_US,
+                                "{algorithm}: units {j} and {k} go {gap}µs apart"
+                            );
+                        }
+                    }
+                }
             }
         }
     }
@@ -219,7 +271,11 @@ async fn every_key_has_a_ttl_and_a_sellers_keys_share_one_slot() {
         rule("gcra", 5, "1s", Some(3)),
     ];
     let lim = limiter(&prefix, policy(all, vec![])).await;
-    for seller in ["seller-1", "odd{seller}", "x"] {
+    let sellers = ["seller-1", "odd{seller}", "x"];
+    // Block lengths differ per seller so a block key's TTL is checked
+    // against its own block.
+    let block_ms = [2_000u64, 700, 5_000];
+    for (seller, ms) in sellers.iter().zip(block_ms) {
         assert_eq!(
             lim.acquire(seller, 1, Mode::AllOrNothing)
                 .await
@@ -227,7 +283,7 @@ async fn every_key_has_a_ttl_and_a_sellers_keys_share_one_slot() {
                 .granted(),
             1
         );
-        lim.block(seller, Duration::from_secs(2)).await.unwrap();
+        lim.block(seller, Duration::from_millis(ms)).await.unwrap();
     }
     let keys = keys_under(&prefix).await;
     assert_eq!(
@@ -235,26 +291,63 @@ async fn every_key_has_a_ttl_and_a_sellers_keys_share_one_slot() {
         3 * 8,
         "7 rule keys and a block key per seller: {keys:?}"
     );
+    // Which seller a key belongs to: its stem is that of the seller's block key.
+    let owner = |k: &str| {
+        sellers
+            .iter()
+            .position(|s| {
+                let block = lim.keys().block(s);
+                k.starts_with(block.trim_end_matches("block"))
+            })
+            .unwrap_or_else(|| panic!("{k} belongs to no seller"))
+    };
     let mut conn = raw().await;
-    let mut slots: BTreeMap<String, std::collections::BTreeSet<u16>> = BTreeMap::new();
     for k in &keys {
         let ttl: i64 = redis::cmd("PTTL")
             .arg(k)
             .query_async(&mut conn)
             .await
             .unwrap();
-        assert!(ttl > 0, "{k} has no TTL ({ttl})");
-        let tag = throttle_worker::limiter::keys::hash_tag(k).to_owned();
-        let slot = crc16::State::<crc16::XMODEM>::calculate(tag.as_bytes()) % 16384;
-        slots.entry(tag).or_default().insert(slot);
+        // Useful life + 1 s: a block lasts its length; every rule here has
+        // a 1 s period, and the longest-lived state (sliding_window_counter's
+        // current window) matters for at most two.
+        let life_ms = if k.ends_with(":block") {
+            block_ms[owner(k)]
+        } else if k.contains("sliding_window_counter") {
+            2_000
+        } else {
+            1_000
+        };
+        assert!(
+            ttl > 0 && ttl <= life_ms as i64 + 1_000,
+            "{k}: PTTL {ttl} ms, want 0 < PTTL <= {life_ms} + 1000"
+        );
     }
-    assert_eq!(slots.len(), 3, "one hash tag per seller: {slots:?}");
-    assert!(slots.values().all(|s| s.len() == 1));
+    // Each seller's keys in one slot, as Redis computes slots (not the
+    // crate's hash_tag); and not every seller in the same slot.
+    let slots = common::cluster_keyslots(&keys).await;
+    let mut per_seller: BTreeMap<usize, std::collections::BTreeSet<u16>> = BTreeMap::new();
+    for (k, slot) in keys.iter().zip(&slots) {
+        per_seller.entry(owner(k)).or_default().insert(*slot);
+    }
+    assert_eq!(per_seller.len(), 3, "{keys:?}: {per_seller:?}");
+    for (i, s) in &per_seller {
+        assert_eq!(s.len(), 1, "{}'s keys span slots {s:?}", sellers[*i]);
+    }
+    let distinct: std::collections::BTreeSet<_> = slots.iter().collect();
+    assert!(
+        distinct.len() > 1,
+        "every seller in one slot: {per_seller:?}"
+    );
 }
 
 /// The INCR-then-EXPIRE script refreshes the expiry on every hit, so a busy
 /// key never resets. Ours sets it when the window is created, and later hits
-/// leave it alone.
+/// leave it alone: between two reads the TTL falls by exactly the time that
+/// passed on Redis' clock (± 2 ms of PTTL rounding). A reset to the full
+/// period would raise it; a reset to "what is left of the window from the
+/// hit's time" (the hits run 1–5 min into the window) would drop it by
+/// minutes. Both fail here.
 #[tokio::test]
 async fn fixed_window_expiry_is_not_pushed_forward_by_hits() {
     let prefix = unique_prefix("fwttl");
@@ -266,11 +359,29 @@ async fn fixed_window_expiry_is_not_pushed_forward_by_hits() {
     assert_eq!(lim.check(at("s", 0, 1)).await.unwrap().granted(), 1);
     let key = keys_under(&prefix).await.pop().unwrap();
     let mut conn = raw().await;
-    let first: i64 = redis::cmd("PTTL")
-        .arg(&key)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    async fn redis_now_ms(conn: &mut redis::aio::MultiplexedConnection) -> i64 {
+        let (s, us): (i64, i64) = redis::cmd("TIME").query_async(conn).await.unwrap();
+        s * 1000 + us / 1000
+    }
+    let pttl = |conn: &mut redis::aio::MultiplexedConnection| {
+        let mut c = conn.clone();
+        let key = key.clone();
+        async move {
+            redis::cmd("PTTL")
+                .arg(&key)
+                .query_async::<i64>(&mut c)
+                .await
+                .unwrap()
+        }
+    };
+    // The two reads lie between these two TIMEs, so Redis' clock moved by
+    // at most t1 - t0 between them.
+    let t0 = redis_now_ms(&mut conn).await;
+    let first = pttl(&mut conn).await;
+    assert!(
+        (3_600_000 + 1_000 - 100..=3_600_000 + 1_000).contains(&first),
+        "window end + 1 s for a hit at its start: {first} ms"
+    );
     tokio::time::sleep(Duration::from_millis(30)).await;
     for t in 1..=5 {
         assert_eq!(
@@ -281,14 +392,16 @@ async fn fixed_window_expiry_is_not_pushed_forward_by_hits() {
             1
         );
     }
-    let later: i64 = redis::cmd("PTTL")
-        .arg(&key)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let later = pttl(&mut conn).await;
+    let t1 = redis_now_ms(&mut conn).await;
+    let elapsed = t1 - t0;
     assert!(
-        later < first - 20,
-        "expiry moved: {first} ms then {later} ms"
+        later <= first && first - later <= elapsed + 2,
+        "expiry moved: {first} ms then {later} ms, {elapsed} ms apart on Redis' clock"
+    );
+    assert!(
+        first - later >= 30 - 2,
+        "the TTL did not run down across a 30 ms sleep: {first} then {later}"
     );
 }
 
@@ -350,31 +463,38 @@ async fn a_downstream_block_holds_the_seller_for_every_replica() {
 }
 
 #[tokio::test]
-async fn unlimited_sellers_never_touch_redis_and_tiers_apply() {
+async fn unlimited_sellers_write_nothing_and_tiers_apply() {
     let prefix = unique_prefix("unlimited");
-    let lim = limiter(
-        &prefix,
-        policy_with_sellers(
-            vec![rule("fixed_window", 1, "1h", None)],
-            vec![
-                (
-                    "internal",
-                    SellerConfig {
-                        unlimited: true,
-                        ..Default::default()
-                    },
-                ),
-                (
-                    "own",
-                    SellerConfig {
-                        rules: Some(vec![rule("fixed_window", 3, "1h", None)]),
-                        ..Default::default()
-                    },
-                ),
-            ],
-        ),
-    )
-    .await;
+    let cfg = LimitsConfig {
+        default: vec![rule("fixed_window", 1, "1h", None)],
+        tiers: [("gold".to_owned(), vec![rule("fixed_window", 5, "1h", None)])].into(),
+        sellers: [
+            (
+                "internal".to_owned(),
+                SellerConfig {
+                    unlimited: true,
+                    ..Default::default()
+                },
+            ),
+            (
+                "own".to_owned(),
+                SellerConfig {
+                    rules: Some(vec![rule("fixed_window", 3, "1h", None)]),
+                    ..Default::default()
+                },
+            ),
+            (
+                "tiered".to_owned(),
+                SellerConfig {
+                    tier: Some("gold".to_owned()),
+                    ..Default::default()
+                },
+            ),
+        ]
+        .into(),
+        ..Default::default()
+    };
+    let lim = limiter(&prefix, Policy::from_config(&cfg).expect("valid policy")).await;
     for t in 0..50 {
         assert_eq!(
             lim.check(at("internal", t, 10)).await.unwrap().granted(),
@@ -382,14 +502,20 @@ async fn unlimited_sellers_never_touch_redis_and_tiers_apply() {
         );
     }
     assert!(keys_under(&prefix).await.is_empty());
-    assert_eq!(lim.check(at("own", 0, 3)).await.unwrap().granted(), 3);
-    assert_eq!(
-        lim.check(at("default-seller", 0, 2))
-            .await
-            .unwrap()
-            .granted(),
-        0
-    );
+    // Each seller gets exactly its own set's limit: 3 (override), 5 (tier
+    // gold), 1 (default); one more is refused.
+    for (seller, limit) in [("own", 3), ("tiered", 5), ("default-seller", 1)] {
+        assert_eq!(
+            lim.check(at(seller, 0, limit)).await.unwrap().granted(),
+            limit,
+            "{seller}"
+        );
+        let d = lim.check(at(seller, 1, 1)).await.unwrap();
+        assert!(
+            matches!(d, Decision::Denied(ref x) if x.by == DeniedBy::Rule(0)),
+            "{seller} past its limit of {limit}: {d:?}"
+        );
+    }
 }
 
 /// On a Cluster the global rule is a second call; what it refuses is given
@@ -502,4 +628,53 @@ async fn split_global_check_refunds_the_seller_when_the_global_rule_refuses() {
             "{algorithm}: the seller must keep the 3 units the global rule cut: {d:?}"
         );
     }
+}
+
+/// An unlimited seller has no rules, but the downstream's 429 still holds it
+/// on every replica: replica b must honour the block replica a wrote, and
+/// the check writes nothing.
+#[tokio::test]
+async fn an_unlimited_seller_honours_a_downstream_block_from_another_replica() {
+    let prefix = unique_prefix("unlimited-block");
+    let p = || {
+        policy_with_sellers(
+            vec![rule("fixed_window", 1, "1h", None)],
+            vec![(
+                "internal",
+                SellerConfig {
+                    unlimited: true,
+                    ..Default::default()
+                },
+            )],
+        )
+    };
+    let (a, b) = (limiter(&prefix, p()).await, limiter(&prefix, p()).await);
+    assert_eq!(b.check(at("internal", 0, 7)).await.unwrap().granted(), 7);
+    a.block_at("internal", T0 + 100, Duration::from_millis(1500))
+        .await
+        .unwrap();
+    for mode in [Mode::AllOrNothing, Mode::UpTo] {
+        let d = b
+            .check(Request {
+                mode,
+                ..at("internal", 500_100, 3)
+            })
+            .await
+            .unwrap();
+        match d {
+            Decision::Denied(ref x) => {
+                assert_eq!(x.by, DeniedBy::DownstreamBlock, "{mode:?}: {d:?}");
+                assert_eq!(x.retry_after, Duration::from_millis(1000), "{mode:?}");
+            }
+            _ => panic!("{mode:?}: blocked unlimited seller admitted: {d:?}"),
+        }
+    }
+    let d = b.check(at("internal", 1_500_100, 3)).await.unwrap();
+    assert!(
+        matches!(d, Decision::Granted(ref g) if g.granted == 3 && g.remaining == u64::MAX),
+        "the block has ended: {d:?}"
+    );
+    let keys = keys_under(&prefix).await;
+    assert_eq!(keys.len(), 1, "only the block key: {keys:?}");
+    assert!(keys[0].ends_with(":block"), "{keys:?}");
 }

@@ -1,11 +1,15 @@
-//! What the limiter answers: three outcomes, each its own type.
+//! What the limiter answers: three outcomes, each its own type, for one
+//! cost ([`Decision`]) or for a list of job costs ([`BatchDecision`]).
 //!
 //! A refusal carries the time after which the same request can succeed
 //! (never earlier: every script rounds up), and a request that can never pass
 //! is a different outcome from one that must wait, so a caller cannot retry
 //! the impossible forever.
 
+use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use super::rule::Rule;
 
 /// How many units a call may be granted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -118,9 +122,127 @@ pub enum DeniedBy {
 }
 
 /// A cost above the capacity of rule `rule`: it can never be granted whole.
+///
+/// Displays as the reason a dead-lettered job carries:
+///
+/// ```
+/// use std::time::Duration;
+/// use throttle_worker::limiter::{Algorithm, CannotPass, Rule};
+///
+/// let rule = Rule::new(Algorithm::SlidingWindowLog, 100, Duration::from_secs(60), None).unwrap();
+/// let never = CannotPass { cost: 500, capacity: 100, rule: 0, limit: Some(rule) };
+/// assert_eq!(
+///     never.to_string(),
+///     "cost 500 exceeds rule sliding_window_log 100/1m (capacity 100); split the job or give the seller a burst"
+/// );
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CannotPass {
     pub cost: u64,
     pub capacity: u64,
+    /// Index in the seller's rule set (global rules follow the seller's).
     pub rule: usize,
+    /// That rule; `None` only for a reply that names a rule the call did
+    /// not send (never produced by the scripts).
+    pub limit: Option<Rule>,
+}
+
+impl fmt::Display for CannotPass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "cost {} exceeds rule ", self.cost)?;
+        match &self.limit {
+            Some(r) => {
+                write!(
+                    f,
+                    "{} {}/{}",
+                    r.algorithm(),
+                    r.limit(),
+                    humantime::format_duration(r.period())
+                )?;
+                if r.algorithm().uses_burst() && r.burst() != r.limit() {
+                    write!(f, " burst {}", r.burst())?;
+                }
+            }
+            None => write!(f, "#{}", self.rule + 1)?,
+        }
+        write!(
+            f,
+            " (capacity {}); split the job or give the seller a burst",
+            self.capacity
+        )
+    }
+}
+
+/// The limiter's answer for a list of jobs with their costs (in queue
+/// order), each granted all or nothing across every rule: the longest
+/// prefix that fits. A refused job ends the prefix; lighter jobs after it
+/// are not granted past it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BatchDecision {
+    /// At least the first job may run.
+    Granted(BatchGranted),
+    /// The first job must wait; nothing was charged.
+    Denied(Denied),
+    /// The first job can never pass: its cost is above a rule's capacity.
+    Never(CannotPass),
+}
+
+impl BatchDecision {
+    /// Jobs granted (0 unless [`BatchDecision::Granted`]).
+    pub fn jobs(&self) -> usize {
+        match self {
+            BatchDecision::Granted(g) => g.jobs,
+            _ => 0,
+        }
+    }
+
+    /// A grant-up-to answer for jobs of cost 1 each, read as a batch: `n`
+    /// units granted are the first `n` jobs. Nothing is known of why the
+    /// grant stopped, so `next` is empty.
+    pub fn from_units(d: Decision) -> BatchDecision {
+        match d {
+            Decision::Granted(g) => BatchDecision::Granted(BatchGranted {
+                jobs: g.granted as usize,
+                units: g.granted,
+                remaining: g.remaining,
+                reset_after: g.reset_after,
+                pace: g.pace,
+                decided_at_us: g.decided_at_us,
+                next: None,
+            }),
+            Decision::Denied(d) => BatchDecision::Denied(d),
+            Decision::Never(c) => BatchDecision::Never(c),
+        }
+    }
+}
+
+/// Permission for the first `jobs` jobs of the list, `units` units in all;
+/// exactly those units were charged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchGranted {
+    /// At least 1.
+    pub jobs: usize,
+    /// The sum of the granted jobs' costs.
+    pub units: u64,
+    /// Units still admissible now under the tightest rule, after this grant.
+    pub remaining: u64,
+    /// Time until every rule is back to its full, unused state.
+    pub reset_after: Duration,
+    /// Set when a pacer took part: unit `i` of the grant may go at
+    /// `unit_at(i)`; job `j` starts at the unit after the costs of the
+    /// jobs before it.
+    pub pace: Option<Pace>,
+    /// When the script decided, on the store's clock (µs since the epoch).
+    pub decided_at_us: u64,
+    /// The first job not granted, if the grant stopped short of the list.
+    pub next: Option<NextJob>,
+}
+
+/// Why the job after a granted prefix was not granted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NextJob {
+    /// It can pass `retry_after` after the decision (the grant included).
+    Wait { retry_after: Duration, by: DeniedBy },
+    /// It can never pass.
+    Never(CannotPass),
 }

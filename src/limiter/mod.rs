@@ -9,9 +9,12 @@
 //! - [`reply`]: the script's raw reply and its reading as a [`Decision`].
 //! - [`permits`]: [`Limiter`], which resolves rules, calls the store and
 //!   answers with a [`Decision`].
+//! - [`batch`]: [`Limiter::acquire_jobs`], a list of job costs granted as
+//!   the longest prefix that fits, in one script call ([`BatchDecision`]).
 //! - [`model`]: pure-Rust reference models of every script, with an injected clock.
 //! - [`redis`]: the only module that talks to Redis; runs `lua/` with EVALSHA.
 
+pub mod batch;
 pub mod decision;
 pub mod keys;
 pub mod model;
@@ -22,11 +25,15 @@ pub mod reply;
 pub mod rule;
 pub mod script;
 
-pub use decision::{CannotPass, Decision, Denied, DeniedBy, Granted, Mode, Pace};
+pub use batch::JobsQuery;
+pub use decision::{
+    BatchDecision, BatchGranted, CannotPass, Decision, Denied, DeniedBy, Granted, Mode, NextJob,
+    Pace,
+};
 pub use keys::KeySpace;
 pub use permits::{Limiter, LimiterError, Request};
 pub use policy::{Policy, Resolved};
 pub use redis::{RedisError, RedisStore};
-pub use reply::Reply;
+pub use reply::{JobsReply, Reply};
 pub use rule::{Algorithm, Rule, RuleError};
-pub use script::{Op, ScriptCall, Store};
+pub use script::{JobsCall, JobsRequest, Op, ScriptCall, Store};

@@ -1,8 +1,9 @@
 //! [`Limiter`]: the answer to "may this seller's job go now?".
 //!
 //! Resolves the seller's rules from the current [`Policy`], builds one
-//! [`ScriptCall`] and reads the reply as a [`Decision`]. Unlimited sellers and
-//! costs no rule can ever hold are answered without a round trip.
+//! [`ScriptCall`] and reads the reply as a [`Decision`]. Costs no rule can
+//! ever hold are answered without a round trip; unlimited sellers cost one
+//! that reads only their downstream block.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -49,18 +50,20 @@ impl<'a> Request<'a> {
 pub enum LimiterError<E: std::error::Error + 'static> {
     #[error("cost must be at least 1")]
     ZeroCost,
+    #[error("a batch needs at least one job")]
+    NoJobs,
     #[error(transparent)]
     Store(E),
 }
 
 /// The shared per-seller limiter over a [`Store`].
 pub struct Limiter<S> {
-    store: S,
-    keys: KeySpace,
+    pub(super) store: S,
+    pub(super) keys: KeySpace,
     /// Swapped whole when limits are reloaded; readers take a cheap clone.
     policy: RwLock<Arc<Policy>>,
-    topology: Topology,
-    ids: CallIds,
+    pub(super) topology: Topology,
+    pub(super) ids: CallIds,
 }
 
 impl<S: Store> Limiter<S> {
@@ -114,7 +117,7 @@ impl<S: Store> Limiter<S> {
         }
         let policy = self.policy();
         let (own, global) = match policy.resolve(req.seller) {
-            Resolved::Unlimited => return Ok(unlimited(req.cost)),
+            Resolved::Unlimited => return self.check_unlimited(req).await,
             Resolved::Limited { seller, global } => (seller, global),
         };
         if let Some(never) = never(own.iter().chain(global), req) {
@@ -139,13 +142,28 @@ impl<S: Store> Limiter<S> {
         self.check_split(op, req, seller_rules, global_rules).await
     }
 
+    /// An unlimited seller has no rules, but a downstream 429 written by any
+    /// replica still holds it: the script runs with no rules, which reads
+    /// only the block key (and the clock) and writes nothing.
+    async fn check_unlimited(&self, req: Request<'_>) -> Result<Decision, LimiterError<S::Error>> {
+        let op = if req.dry_run { Op::Peek } else { Op::Acquire };
+        let call = self.call(op, req, self.keys.block(req.seller), Vec::new());
+        let reply = self.store.run(&call).await.map_err(LimiterError::Store)?;
+        Ok(match reply.decision(&[], req.cost) {
+            Decision::Granted(g) => unlimited(req.cost, g.decided_at_us),
+            blocked => blocked,
+        })
+    }
+
     /// Redis Cluster: the global keys live in another slot than the seller's,
     /// so one script cannot hold both. The seller's rules are charged first
     /// (most refusals are per seller, and they then never touch the shared
     /// global key); the global rules are asked for what the seller got; what
     /// the global rules refuse is refunded to the seller. Between the two
-    /// calls another replica may see the seller's units as taken: the seller
-    /// can be refused early for that instant, never admitted beyond its limit.
+    /// calls another replica may see the seller's units as taken (the seller
+    /// can be refused early for that instant) or take after them; the refund
+    /// then gives back only what no later call can have used, so the rules
+    /// never admit more than if the refused units had not been asked for.
     async fn check_split(
         &self,
         op: Op,
@@ -214,20 +232,32 @@ impl<S: Store> Limiter<S> {
         }
     }
 
-    /// Gives back units of an earlier call. A failed refund leaves the seller
-    /// charged for units it did not use: the safe direction, so it is logged
-    /// and not retried.
+    /// Gives back units of an earlier call: the units, less what other calls
+    /// may have made use of since (see `lua/common.lua`), so a refund never
+    /// lets the seller's rules admit more than if the units had never been
+    /// taken. A failed refund leaves the seller charged for units it did not
+    /// use: the safe direction, so it is logged and not retried.
     async fn refund(&self, call: &ScriptCall, reply: &Reply, units: u64, skip: u64) {
         if call.op != Op::Acquire || units == 0 {
             return;
         }
+        // The refund runs on the clock of the acquire's call: Redis' own in
+        // production (after every call that moved the seller since), the
+        // test's explicit time otherwise.
         let refund = ScriptCall {
-            op: Op::Refund { skip },
-            now_us: Some(reply.now_us as u64),
+            op: Op::Refund {
+                skip,
+                taken_at_us: reply.now_us as u64,
+            },
             cost: units,
             ..call.clone()
         };
-        if let Err(e) = self.store.run(&refund).await {
+        self.run_refund(&refund, units).await;
+    }
+
+    /// Runs a refund; a failure is logged (see [`Limiter::refund`]).
+    pub(super) async fn run_refund(&self, refund: &ScriptCall, units: u64) {
+        if let Err(e) = self.store.run(refund).await {
             tracing::warn!(error = %e, units, "refund of seller units after a global refusal failed; the seller stays charged until its window passes");
         }
     }
@@ -272,22 +302,16 @@ impl<S: Store> Limiter<S> {
     }
 }
 
-/// A grant that costs nothing: for sellers configured `unlimited`.
-fn unlimited(cost: u64) -> Decision {
+/// A grant that costs nothing: for sellers configured `unlimited` and not
+/// blocked by the downstream.
+fn unlimited(cost: u64, decided_at_us: u64) -> Decision {
     Decision::Granted(Granted {
         granted: cost,
         remaining: u64::MAX,
         reset_after: Duration::ZERO,
         pace: None,
-        decided_at_us: now_us(),
+        decided_at_us,
     })
-}
-
-/// The local clock, for answers given without asking the store.
-fn now_us() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64)
 }
 
 /// A whole cost above some rule's capacity can never pass: no need to ask.
@@ -301,6 +325,7 @@ fn never<'r>(rules: impl Iterator<Item = &'r Rule>, req: Request<'_>) -> Option<
                 cost: req.cost,
                 capacity: r.capacity(),
                 rule: i,
+                limit: Some(*r),
             })
         })
     })
@@ -308,7 +333,7 @@ fn never<'r>(rules: impl Iterator<Item = &'r Rule>, req: Request<'_>) -> Option<
 
 /// Call ids unique across replicas and restarts: a random instance part and
 /// a counter.
-struct CallIds {
+pub(super) struct CallIds {
     instance: u64,
     next: AtomicU64,
 }
@@ -321,7 +346,7 @@ impl CallIds {
         }
     }
 
-    fn next(&self) -> String {
+    pub(super) fn next(&self) -> String {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         format!("{:x}.{:x}", self.instance, n)
     }

@@ -28,7 +28,8 @@ pub struct Policy {
 /// What one seller is held to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SellerLimits {
-    /// Never touches Redis.
+    /// No rules; only a downstream 429 block (shared by every replica)
+    /// holds the seller.
     Unlimited,
     Rules(RuleSet),
 }

@@ -4,13 +4,16 @@
 //! no decision about what a Redis failure means: the error goes back to the
 //! caller.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::Script;
+use redis::io::tcp::{socket2::TcpKeepalive, TcpSettings};
+use redis::{IntoConnectionInfo, Script};
 
-use super::reply::{MalformedReply, Reply};
-use super::script::{ScriptCall, Store, BLOCK_LUA, LIMITER_LUA};
+use super::reply::{JobsReply, MalformedReply, Reply};
+use super::script::{JobsCall, ScriptCall, Store, BLOCK_LUA, LIMITER_LUA};
 
 /// Why a Redis call failed.
 #[derive(Debug, thiserror::Error)]
@@ -51,9 +54,17 @@ impl RedisError {
 }
 
 /// Scripts on one multiplexed, reconnecting connection; cheap to clone.
+///
+/// redis-rs reconnects when a connection breaks, but a call that times out
+/// leaves the connection as it is: a Redis that stops answering without
+/// closing the socket (a hung host, a network that drops packets, a
+/// failover that moved its address) would keep every call timing out until
+/// the kernel gives the socket up, minutes later. So a timeout replaces the
+/// connection in the background, and the sockets carry TCP keepalive and a
+/// user timeout that bound how long the kernel waits for a silent peer.
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: ConnectionManager,
+    conn: Arc<Connection>,
     limiter: Script,
     block: Script,
 }
@@ -63,26 +74,31 @@ impl RedisStore {
     /// a misconfigured Redis stops startup instead of the first job.
     pub async fn connect(url: &str, timeout: Duration) -> Result<RedisStore, RedisError> {
         let shown = crate::config::redact_url(url);
-        let client = redis::Client::open(url).map_err(|source| RedisError::Url {
+        let url_error = |source| RedisError::Url {
             url: shown.clone(),
             source,
-        })?;
-        let cfg = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeout))
-            .set_response_timeout(Some(timeout))
-            .set_number_of_retries(2);
-        let mut conn = ConnectionManager::new_with_config(client, cfg)
-            .await
-            .map_err(|source| RedisError::Connect {
-                url: shown.clone(),
-                source,
-            })?;
+        };
+        let info = url.into_connection_info().map_err(url_error)?;
+        let info = info.set_tcp_settings(tcp_settings(timeout));
+        let client = redis::Client::open(info).map_err(url_error)?;
+        let mut conn =
+            Connection::open(&client, timeout)
+                .await
+                .map_err(|source| RedisError::Connect {
+                    url: shown.clone(),
+                    source,
+                })?;
         let _: String = redis::cmd("PING")
             .query_async(&mut conn)
             .await
             .map_err(|source| RedisError::Connect { url: shown, source })?;
         let store = RedisStore {
-            conn,
+            conn: Arc::new(Connection {
+                client,
+                timeout,
+                current: RwLock::new(conn),
+                replacing: AtomicBool::new(false),
+            }),
             limiter: Script::new(LIMITER_LUA),
             block: Script::new(BLOCK_LUA),
         };
@@ -92,7 +108,7 @@ impl RedisStore {
 
     /// Loads both scripts into the server's script cache.
     pub async fn load(&self) -> Result<(), RedisError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn.get();
         self.limiter
             .load_async(&mut conn)
             .await
@@ -110,6 +126,84 @@ impl RedisStore {
     }
 }
 
+impl RedisStore {
+    /// A failed call: a timeout gets the connection replaced.
+    fn failed(&self, e: redis::RedisError) -> RedisError {
+        if e.is_timeout() {
+            self.conn.replace();
+        }
+        RedisError::Script(e)
+    }
+}
+
+/// The connection in use and how to make a new one.
+struct Connection {
+    client: redis::Client,
+    timeout: Duration,
+    current: RwLock<ConnectionManager>,
+    /// A replacement is being connected: calls keep using the current one.
+    replacing: AtomicBool,
+}
+
+impl Connection {
+    async fn open(
+        client: &redis::Client,
+        timeout: Duration,
+    ) -> redis::RedisResult<ConnectionManager> {
+        let cfg = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout))
+            .set_number_of_retries(2);
+        ConnectionManager::new_with_config(client.clone(), cfg).await
+    }
+
+    /// A handle on the current connection (cheap: it is multiplexed).
+    fn get(&self) -> ConnectionManager {
+        // A poisoned lock only means a writer panicked while swapping in a
+        // whole handle; the handle it holds is still usable.
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Connects a new connection in the background and swaps it in; at most
+    /// one at a time. If Redis does not answer, the attempt fails and the
+    /// next timeout tries again.
+    fn replace(self: &Arc<Self>) {
+        if self.replacing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let this = self.clone();
+        tokio::spawn(async move {
+            match Connection::open(&this.client, this.timeout).await {
+                Ok(fresh) => {
+                    *this.current.write().unwrap_or_else(|p| p.into_inner()) = fresh;
+                    tracing::info!("Redis calls timed out; switched to a new connection");
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "new Redis connection failed; the next timeout tries again")
+                }
+            }
+            this.replacing.store(false, Ordering::Release);
+        });
+    }
+}
+
+/// Keepalive probes and a user timeout, so the kernel notices a silent
+/// peer in seconds rather than the ~15 minutes of TCP retransmissions.
+fn tcp_settings(timeout: Duration) -> TcpSettings {
+    let probe = Duration::from_secs(5);
+    let keepalive = TcpKeepalive::new()
+        .with_time(probe)
+        .with_interval(Duration::from_secs(1))
+        .with_retries(3);
+    TcpSettings::default()
+        .set_nodelay(true)
+        .set_keepalive(keepalive)
+        .set_user_timeout((timeout * 4).max(Duration::from_secs(10)))
+}
+
 impl Store for RedisStore {
     type Error = RedisError;
 
@@ -121,16 +215,32 @@ impl Store for RedisStore {
         for a in call.args() {
             inv.arg(a);
         }
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn.get();
         let raw: Vec<i64> = inv
             .invoke_async(&mut conn)
             .await
-            .map_err(RedisError::Script)?;
+            .map_err(|e| self.failed(e))?;
         Ok(Reply::from_slice(&raw)?)
     }
 
+    async fn run_jobs(&self, call: &JobsCall) -> Result<Vec<JobsReply>, RedisError> {
+        let mut inv = self.limiter.prepare_invoke();
+        for k in call.keys() {
+            inv.key(k);
+        }
+        for a in call.args() {
+            inv.arg(a);
+        }
+        let mut conn = self.conn.get();
+        let raw: Vec<i64> = inv
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.failed(e))?;
+        Ok(JobsReply::many_from_slice(&raw)?)
+    }
+
     async fn block(&self, key: &str, now_us: Option<u64>, dur_us: u64) -> Result<u64, RedisError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn.get();
         let until: u64 = self
             .block
             .key(key)
@@ -138,7 +248,7 @@ impl Store for RedisStore {
             .arg(dur_us.max(1))
             .invoke_async(&mut conn)
             .await
-            .map_err(RedisError::Script)?;
+            .map_err(|e| self.failed(e))?;
         Ok(until)
     }
 }
@@ -147,7 +257,7 @@ impl RedisStore {
     /// `MEMORY USAGE key`: bytes a key takes, for the README's per-seller
     /// figures and the demo. `None` when the key does not exist.
     pub async fn memory_usage(&self, key: &str) -> Result<Option<u64>, RedisError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn.get();
         redis::cmd("MEMORY")
             .arg("USAGE")
             .arg(key)

@@ -6,7 +6,9 @@
 
 use std::time::Duration;
 
-use super::decision::{CannotPass, Decision, Denied, DeniedBy, Granted, Pace};
+use super::decision::{
+    BatchDecision, BatchGranted, CannotPass, Decision, Denied, DeniedBy, Granted, NextJob, Pace,
+};
 use super::rule::{Algorithm, Rule};
 
 /// The ten integers `lua/limiter.lua` returns, in order.
@@ -60,48 +62,133 @@ impl Reply {
     /// Reads the reply for a call over `rules` (in the order they were sent)
     /// with `cost`.
     pub fn decision(&self, rules: &[Rule], cost: u64) -> Decision {
-        let rule_index = |by: i64| (by.max(1) - 1) as usize;
         match self.status {
+            1 => Decision::Granted(self.grant(rules)),
+            0 => Decision::Denied(self.refusal()),
+            _ => Decision::Never(cannot_pass(rules, self.rule_index(), cost)),
+        }
+    }
+
+    /// `by` as an index into the rules sent (1-based on the wire).
+    fn rule_index(&self) -> usize {
+        (self.by.max(1) - 1) as usize
+    }
+
+    /// `by` as what refused: 0 is the downstream block.
+    fn denied_by(&self) -> DeniedBy {
+        if self.by == 0 {
+            DeniedBy::DownstreamBlock
+        } else {
+            DeniedBy::Rule(self.rule_index())
+        }
+    }
+
+    fn grant(&self, rules: &[Rule]) -> Granted {
+        let pace =
+            rules
+                .iter()
+                .filter(|r| r.algorithm() == Algorithm::LeakyBucket)
+                .map(|r| r.period_us().div_ceil(r.limit().get()))
+                .max()
+                .map(|interval_us| Pace {
+                    first_at_us: self.go_at_us as u64,
+                    first_after: Duration::from_micros(
+                        self.go_at_us.saturating_sub(self.now_us) as u64
+                    ),
+                    interval_us,
+                });
+        Granted {
+            granted: self.granted as u64,
+            remaining: self.remaining as u64,
+            reset_after: Duration::from_micros(self.reset_after_us as u64),
+            pace,
+            decided_at_us: self.now_us as u64,
+        }
+    }
+
+    fn refusal(&self) -> Denied {
+        Denied {
+            retry_after: Duration::from_micros(self.retry_after_us as u64),
+            remaining: self.remaining as u64,
+            reset_after: Duration::from_micros(self.reset_after_us as u64),
+            by: self.denied_by(),
+            decided_at_us: self.now_us as u64,
+        }
+    }
+}
+
+fn cannot_pass(rules: &[Rule], rule: usize, cost: u64) -> CannotPass {
+    let limit = rules.get(rule).copied();
+    CannotPass {
+        cost,
+        capacity: limit.map_or(0, |r| r.capacity()),
+        rule,
+        limit,
+    }
+}
+
+/// One request's reply to a jobs call (`lua/jobs.lua`): the ten fields of
+/// [`Reply`] (`granted` = units, `by` = what stops the prefix) and two more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct JobsReply {
+    pub head: Reply,
+    /// Jobs granted, a prefix of the list.
+    pub jobs: i64,
+    /// What stops the prefix: 0 nothing, 1 the next job must wait, 2 it can
+    /// never pass.
+    pub next: i64,
+}
+
+impl JobsReply {
+    pub const LEN: usize = Reply::LEN + 2;
+
+    /// One reply per request of the call, in order.
+    pub fn many_from_slice(v: &[i64]) -> Result<Vec<JobsReply>, MalformedReply> {
+        if v.is_empty() || v.len() % Self::LEN != 0 {
+            return Err(MalformedReply(v.to_vec()));
+        }
+        v.chunks(Self::LEN)
+            .map(|c| {
+                let head = Reply::from_slice(&c[..Reply::LEN])?;
+                let (jobs, next) = (c[Reply::LEN], c[Reply::LEN + 1]);
+                if jobs < 0 || !(0..=2).contains(&next) {
+                    return Err(MalformedReply(c.to_vec()));
+                }
+                Ok(JobsReply { head, jobs, next })
+            })
+            .collect()
+    }
+
+    /// Reads the reply for a request over `rules` (in the order sent) and
+    /// job `costs`.
+    pub fn decision(&self, rules: &[Rule], costs: &[u64]) -> BatchDecision {
+        let h = &self.head;
+        let jobs = self.jobs as usize;
+        let at = |j: usize| costs.get(j).copied().unwrap_or(0);
+        let rule_index = h.rule_index();
+        match h.status {
             1 => {
-                let pace = rules
-                    .iter()
-                    .filter(|r| r.algorithm() == Algorithm::LeakyBucket)
-                    .map(|r| r.period_us().div_ceil(r.limit().get()))
-                    .max()
-                    .map(|interval_us| Pace {
-                        first_at_us: self.go_at_us as u64,
-                        first_after: Duration::from_micros(
-                            self.go_at_us.saturating_sub(self.now_us) as u64,
-                        ),
-                        interval_us,
-                    });
-                Decision::Granted(Granted {
-                    granted: self.granted as u64,
-                    remaining: self.remaining as u64,
-                    reset_after: Duration::from_micros(self.reset_after_us as u64),
-                    pace,
-                    decided_at_us: self.now_us as u64,
+                let g = h.grant(rules);
+                let next = match self.next {
+                    1 => Some(NextJob::Wait {
+                        retry_after: Duration::from_micros(h.retry_after_us as u64),
+                        by: h.denied_by(),
+                    }),
+                    2 => Some(NextJob::Never(cannot_pass(rules, rule_index, at(jobs)))),
+                    _ => None,
+                };
+                BatchDecision::Granted(BatchGranted {
+                    jobs,
+                    units: g.granted,
+                    remaining: g.remaining,
+                    reset_after: g.reset_after,
+                    pace: g.pace,
+                    decided_at_us: g.decided_at_us,
+                    next,
                 })
             }
-            0 => Decision::Denied(Denied {
-                retry_after: Duration::from_micros(self.retry_after_us as u64),
-                remaining: self.remaining as u64,
-                reset_after: Duration::from_micros(self.reset_after_us as u64),
-                by: if self.by == 0 {
-                    DeniedBy::DownstreamBlock
-                } else {
-                    DeniedBy::Rule(rule_index(self.by))
-                },
-                decided_at_us: self.now_us as u64,
-            }),
-            _ => {
-                let rule = rule_index(self.by);
-                Decision::Never(CannotPass {
-                    cost,
-                    capacity: rules.get(rule).map_or(0, |r| r.capacity()),
-                    rule,
-                })
-            }
+            0 => BatchDecision::Denied(h.refusal()),
+            _ => BatchDecision::Never(cannot_pass(rules, rule_index, at(0))),
         }
     }
 }

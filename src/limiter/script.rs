@@ -7,11 +7,11 @@
 use std::future::Future;
 
 use super::decision::Mode;
-use super::reply::Reply;
+use super::reply::{JobsReply, Reply};
 use super::rule::Rule;
 
 /// The limiter script assembled from `lua/`: helpers, one file per
-/// algorithm, then the driver. Hashed once when the store is built.
+/// algorithm, the job-list driver, then the driver. Hashed once when the store is built.
 pub const LIMITER_LUA: &str = concat!(
     include_str!("../../lua/common.lua"),
     include_str!("../../lua/fixed_window.lua"),
@@ -21,6 +21,7 @@ pub const LIMITER_LUA: &str = concat!(
     include_str!("../../lua/leaky_bucket.lua"),
     include_str!("../../lua/burst_fill.lua"),
     include_str!("../../lua/gcra.lua"),
+    include_str!("../../lua/jobs.lua"),
     include_str!("../../lua/limiter.lua"),
 );
 
@@ -35,7 +36,11 @@ pub enum Op {
     /// Decide, charge nothing (operators' dry run).
     Peek,
     /// Give back `cost` units of an earlier call, skipping its first `skip`.
-    Refund { skip: u64 },
+    /// The call's `now_us` is the refund's own time (at or after every
+    /// call since the take; `None` = Redis' clock); `taken_at_us` is the
+    /// `now_us` the acquire replied with. Only what is provably unused comes
+    /// back (see `lua/common.lua`).
+    Refund { skip: u64, taken_at_us: u64 },
 }
 
 /// One invocation of [`LIMITER_LUA`].
@@ -64,7 +69,7 @@ impl ScriptCall {
         let (op, mode) = match self.op {
             Op::Acquire => ("acquire", self.mode.wire().to_owned()),
             Op::Peek => ("peek", self.mode.wire().to_owned()),
-            Op::Refund { skip } => ("refund", skip.to_string()),
+            Op::Refund { skip, .. } => ("refund", skip.to_string()),
         };
         let mut args = vec![
             op.to_owned(),
@@ -80,6 +85,67 @@ impl ScriptCall {
             args.push(r.period_us().to_string());
             args.push(r.burst().to_string());
         }
+        if let Op::Refund { taken_at_us, .. } = self.op {
+            args.push(taken_at_us.to_string());
+        }
+        args
+    }
+}
+
+/// One seller's part of a jobs call: its keys and rules and the costs of
+/// its jobs, in queue order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobsRequest {
+    /// Unique per call across all replicas; names sliding-log entries.
+    pub call_id: String,
+    pub block_key: String,
+    /// Each rule with the key of its state.
+    pub rules: Vec<(String, Rule)>,
+    /// At least one, each >= 1.
+    pub costs: Vec<u64>,
+}
+
+/// One invocation of [`LIMITER_LUA`] that grants, per request, the longest
+/// prefix of its jobs that fits (`lua/jobs.lua`). A call is a list of
+/// requests decided in order in one round trip: one seller's heads today,
+/// several sellers' when calls are coalesced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobsCall {
+    /// µs since the epoch; `None` reads Redis' clock (production).
+    pub now_us: Option<u64>,
+    /// Decide without charging.
+    pub dry_run: bool,
+    pub requests: Vec<JobsRequest>,
+}
+
+impl JobsCall {
+    /// KEYS: per request its block key, then one per rule.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.requests.iter().flat_map(|q| {
+            std::iter::once(q.block_key.as_str()).chain(q.rules.iter().map(|(k, _)| k.as_str()))
+        })
+    }
+
+    /// ARGV, as `lua/jobs.lua` documents it.
+    pub fn args(&self) -> Vec<String> {
+        let op = if self.dry_run { "jobs_peek" } else { "jobs" };
+        let mut args = vec![
+            op.to_owned(),
+            self.now_us.map(|n| n.to_string()).unwrap_or_default(),
+            self.requests.len().to_string(),
+        ];
+        for q in &self.requests {
+            args.push(q.call_id.clone());
+            let costs: Vec<String> = q.costs.iter().map(u64::to_string).collect();
+            args.push(costs.join(","));
+            args.push(q.rules.len().to_string());
+            for (_, r) in &q.rules {
+                args.push(r.algorithm().name().to_owned());
+                args.push(r.limit().to_string());
+                args.push(r.period_us().to_string());
+                args.push(r.burst().to_string());
+            }
+        }
         args
     }
 }
@@ -90,6 +156,12 @@ pub trait Store: Send + Sync {
 
     /// Runs one limiter call.
     fn run(&self, call: &ScriptCall) -> impl Future<Output = Result<Reply, Self::Error>> + Send;
+
+    /// Runs one jobs call: one reply per request, in order.
+    fn run_jobs(
+        &self,
+        call: &JobsCall,
+    ) -> impl Future<Output = Result<Vec<JobsReply>, Self::Error>> + Send;
 
     /// Blocks the seller whose block key is `key` for `dur_us` from now
     /// (never shortening a longer block); returns when the block ends (µs).

@@ -93,3 +93,60 @@ pub async fn keys_under(prefix: &str) -> Vec<String> {
 
 /// A base time well inside one aligned window of every period the tests use.
 pub const T0: u64 = 1_700_000_000_000_000 - (1_700_000_000_000_000 % 86_400_000_000);
+
+/// The hash slot Redis Cluster gives each key, as Redis itself computes it
+/// (`CLUSTER KEYSLOT`), not as the crate's `hash_tag` thinks. A plain Redis
+/// refuses the command ("cluster support disabled"), so a cluster-enabled
+/// `redis-server` is started on a free loopback port for the question and
+/// stopped after; it needs no slots assigned to answer.
+pub async fn cluster_keyslots(keys: &[String]) -> Vec<u16> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let dir = std::env::temp_dir().join(format!("keyslot-{port}-{:08x}", rand::random::<u32>()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let mut server = std::process::Command::new("redis-server")
+        .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+        .args([
+            "--cluster-enabled",
+            "yes",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .arg("--dir")
+        .arg(&dir)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("redis-server must be installed");
+    let url = format!("redis://127.0.0.1:{port}");
+    let mut conn = None;
+    for _ in 0..100 {
+        if let Ok(c) = redis::Client::open(url.as_str())
+            .expect("url")
+            .get_multiplexed_async_connection()
+            .await
+        {
+            conn = Some(c);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut conn = conn.expect("cluster-enabled redis-server did not start");
+    let mut slots = Vec::new();
+    for k in keys {
+        let slot: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(k)
+            .query_async(&mut conn)
+            .await
+            .expect("CLUSTER KEYSLOT");
+        slots.push(slot);
+    }
+    let _ = server.kill();
+    let _ = server.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    slots
+}

@@ -61,7 +61,8 @@ impl Algo for BurstFill {
         st.n.max(0)
     }
 
-    fn wait(st: &View, r: &Params, now: i128, _need: i128) -> i128 {
+    fn wait(st: &View, r: &Params, now: i128, _need: i128, _taken: i128) -> i128 {
+        // need <= limit, and the next period starts full.
         st.s + r.period - now
     }
 
@@ -104,15 +105,22 @@ impl Algo for BurstFill {
         store: &mut ModelStore,
         key: &str,
         r: &Params,
-        now: i128,
+        _at: i128,
         n: i128,
         _id: &str,
         _skip: i128,
+        now: i128,
     ) {
         // `now` is the take's time: only the period it fell in gets units back.
         if let Some(h) = stored(store, key).filter(|h| h.s <= now && now < h.s + r.period) {
+            // Every token back: the period is as if never opened (see
+            // lua/burst_fill.lua).
             let n = r.limit.min(h.n + n);
-            store.put(key, State::BurstFill(Stored { s: h.s, n }));
+            if n >= r.limit {
+                store.remove(key);
+            } else {
+                store.put(key, State::BurstFill(Stored { s: h.s, n }));
+            }
         }
     }
 }

@@ -55,7 +55,7 @@ impl Algo for FixedWindow {
         (r.limit - st.n).max(0)
     }
 
-    fn wait(st: &View, r: &Params, now: i128, _need: i128) -> i128 {
+    fn wait(st: &View, r: &Params, now: i128, _need: i128, _taken: i128) -> i128 {
         // need <= limit, and the next window starts empty.
         st.start + r.period - now
     }
@@ -89,10 +89,11 @@ impl Algo for FixedWindow {
         store: &mut ModelStore,
         key: &str,
         r: &Params,
-        now: i128,
+        _at: i128,
         n: i128,
         _id: &str,
         _skip: i128,
+        now: i128,
     ) {
         let start = fdiv(now, r.period) * r.period;
         if let Some(h) = stored(store, key).filter(|h| h.w == start) {

@@ -4,7 +4,9 @@
 //! max_burst is our burst - 1.) All times are kept in µs * limit ("debt"),
 //! so T = period exactly.
 
-use super::{cdiv, fdiv, tat_debt, tat_store, Algo, ModelStore, Params, State, Tat};
+use super::{
+    cdiv, drained_refund, fdiv, tat_debt, tat_store, Algo, ModelStore, Params, State, Tat,
+};
 
 #[derive(Debug, Clone, Copy)]
 pub struct View {
@@ -16,13 +18,13 @@ pub enum Gcra {}
 
 pub(crate) fn stored_tat(store: &ModelStore, key: &str) -> Option<Tat> {
     match store.get(key) {
-        Some(State::Tat(t)) => Some(*t),
+        Some(State::Tat(t)) | Some(State::Queue(t, _)) => Some(*t),
         _ => None,
     }
 }
 
-/// The TAT algorithms' shared `load`, `avail`, `wait`, `left`, `reset`,
-/// `take` and `refund` (leaky_bucket adds `go`).
+/// The TAT algorithms' shared `load`, `avail`, `wait`, `left`, `reset` and
+/// `take` (leaky_bucket adds `go` and its own `refund`).
 pub(crate) mod tat {
     use super::*;
 
@@ -59,13 +61,6 @@ pub(crate) mod tat {
     ) {
         tat_store(store, key, st.debt + n * r.period, r.limit, now);
     }
-
-    pub(crate) fn refund(store: &mut ModelStore, key: &str, r: &Params, now: i128, n: i128) {
-        let debt = tat_debt(stored_tat(store, key), r.limit, now);
-        if debt > 0 {
-            tat_store(store, key, (debt - n * r.period).max(0), r.limit, now);
-        }
-    }
 }
 
 impl Algo for Gcra {
@@ -83,8 +78,8 @@ impl Algo for Gcra {
         tat::avail(st, r)
     }
 
-    fn wait(st: &View, r: &Params, _now: i128, need: i128) -> i128 {
-        tat::wait(st, r, need)
+    fn wait(st: &View, r: &Params, _now: i128, need: i128, taken: i128) -> i128 {
+        tat::wait(st, r, taken + need)
     }
 
     fn left(st: &View, r: &Params, _now: i128, n: i128) -> i128 {
@@ -111,12 +106,19 @@ impl Algo for Gcra {
         store: &mut ModelStore,
         key: &str,
         r: &Params,
-        now: i128,
+        at: i128,
         n: i128,
         _id: &str,
         _skip: i128,
+        taken: i128,
     ) {
-        tat::refund(store, key, r, now, n);
+        // Other calls may have queued behind this one: only the part of its
+        // charge that cannot have drained yet comes back.
+        let back = drained_refund(r, n, at, taken);
+        let debt = tat_debt(stored_tat(store, key), r.limit, at);
+        if back > 0 && debt > 0 {
+            tat_store(store, key, (debt - back).max(0), r.limit, at);
+        }
     }
 }
 

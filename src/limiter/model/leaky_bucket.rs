@@ -3,10 +3,10 @@
 //! told the instant it may go (the caller waits until then), so the
 //! downstream sees a smooth rate; one that does not fit is refused with the
 //! time until a queue slot frees. The state is a TAT, as for gcra: the
-//! instant the queue drains.
+//! instant the queue drains, and the id of the call that queued last.
 
 use super::gcra::{tat, View};
-use super::{cdiv, Algo, ModelStore, Params};
+use super::{cdiv, fdiv, tat_debt, Algo, ModelStore, Params, State, Tat};
 
 pub enum LeakyBucket {}
 
@@ -25,8 +25,8 @@ impl Algo for LeakyBucket {
         tat::avail(st, r)
     }
 
-    fn wait(st: &View, r: &Params, _now: i128, need: i128) -> i128 {
-        tat::wait(st, r, need)
+    fn wait(st: &View, r: &Params, _now: i128, need: i128, taken: i128) -> i128 {
+        tat::wait(st, r, taken + need)
     }
 
     fn left(st: &View, r: &Params, _now: i128, n: i128) -> i128 {
@@ -49,22 +49,48 @@ impl Algo for LeakyBucket {
         r: &Params,
         now: i128,
         n: i128,
-        _id: &str,
+        id: &str,
     ) {
-        tat::take(store, key, st, r, now, n);
+        let debt = st.debt + n * r.period;
+        queue_store(store, key, debt, r.limit, now, id.to_owned());
     }
 
+    /// A caller uses a grant's first slots, so the units given back are its
+    /// last ones: the end of the queue, and only while nothing has queued
+    /// behind them. A slot in the middle cannot be handed out again (the
+    /// queue is one TAT, not a list of slots), and pulling the end back
+    /// would give the next caller a slot a later call already holds.
     fn refund(
         store: &mut ModelStore,
         key: &str,
         r: &Params,
-        now: i128,
+        at: i128,
         n: i128,
-        _id: &str,
+        id: &str,
         _skip: i128,
+        _taken: i128,
     ) {
-        tat::refund(store, key, r, now, n);
+        let Some(State::Queue(t, last)) = store.get(key).cloned() else {
+            return;
+        };
+        if last != id {
+            return;
+        }
+        let debt = tat_debt(Some(t), r.limit, at);
+        if debt > 0 {
+            queue_store(store, key, (debt - n * r.period).max(0), r.limit, at, last);
+        }
     }
+}
+
+/// `tat_store` plus the id of the call that queued last.
+fn queue_store(store: &mut ModelStore, key: &str, debt: i128, limit: i128, now: i128, id: String) {
+    let whole = fdiv(debt, limit);
+    let t = Tat {
+        tat: now + whole,
+        f: debt - whole * limit,
+    };
+    store.put(key, State::Queue(t, id));
 }
 
 #[cfg(test)]

@@ -39,8 +39,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::decision::{Decision, Mode};
-use super::reply::Reply;
+use super::reply::{JobsReply, Reply};
 use super::rule::{Algorithm, Rule};
+use super::script::JobsRequest;
 
 pub use burst_fill::BurstFill;
 pub use fixed_window::FixedWindow;
@@ -87,8 +88,11 @@ pub enum State {
     SlidingWindowLog(Log),
     SlidingWindowCounter(sliding_window_counter::Stored),
     TokenBucket(token_bucket::Stored),
-    /// gcra and leaky_bucket: a theoretical arrival time `tat + f/limit`.
+    /// gcra: a theoretical arrival time `tat + f/limit`.
     Tat(Tat),
+    /// leaky_bucket: the TAT at which the queue drains, and the call that
+    /// queued last (hash `{ tat, f, id }`).
+    Queue(Tat, String),
     BurstFill(burst_fill::Stored),
     /// The downstream block: the µs instant it ends.
     Block(i128),
@@ -181,9 +185,10 @@ pub trait Algo {
     fn load(store: &ModelStore, key: &str, r: &Params, now: i128) -> Self::View;
     /// Units admissible now.
     fn avail(st: &Self::View, r: &Params, now: i128) -> i128;
-    /// µs until `need` units are admissible; only called when
-    /// `avail < need <= cap`, and then always > 0.
-    fn wait(st: &Self::View, r: &Params, now: i128, need: i128) -> i128;
+    /// µs until `need` more units are admissible after `taken` are taken
+    /// now; only called when `avail - taken < need <= cap`, and then
+    /// always > 0.
+    fn wait(st: &Self::View, r: &Params, now: i128, need: i128, taken: i128) -> i128;
     /// Units still admissible after taking `n`.
     fn left(st: &Self::View, r: &Params, now: i128, n: i128) -> i128;
     /// µs until the state is back to fresh after taking `n`.
@@ -202,16 +207,21 @@ pub trait Algo {
         n: i128,
         id: &str,
     );
-    /// Give back `n` units of call `id`, skipping its first `skip`; `now` is
-    /// the time of the acquire that took them.
+    /// Give back `n` units of call `id`, skipping its first `skip`; `taken`
+    /// is the time of the acquire that took them, `at` (>= taken) the
+    /// refund's own time, at or after every take since. Only what is
+    /// provably unused comes back (`drained_refund`, the leaky bucket's
+    /// end-of-queue rule).
+    #[allow(clippy::too_many_arguments)]
     fn refund(
         store: &mut ModelStore,
         key: &str,
         r: &Params,
-        now: i128,
+        at: i128,
         n: i128,
         id: &str,
         skip: i128,
+        taken: i128,
     );
 }
 
@@ -219,7 +229,7 @@ pub trait Algo {
 /// hold a rule set of mixed algorithms.
 trait Loaded {
     fn avail(&self, now: i128) -> i128;
-    fn wait(&self, now: i128, need: i128) -> i128;
+    fn wait(&self, now: i128, need: i128, taken: i128) -> i128;
     fn left(&self, now: i128, n: i128) -> i128;
     fn reset(&self, now: i128, n: i128) -> i128;
     fn go(&self, now: i128) -> Option<i128>;
@@ -235,8 +245,8 @@ impl<A: Algo> Loaded for Bound<A> {
     fn avail(&self, now: i128) -> i128 {
         A::avail(&self.view, &self.r, now)
     }
-    fn wait(&self, now: i128, need: i128) -> i128 {
-        A::wait(&self.view, &self.r, now, need)
+    fn wait(&self, now: i128, need: i128, taken: i128) -> i128 {
+        A::wait(&self.view, &self.r, now, need, taken)
     }
     fn left(&self, now: i128, n: i128) -> i128 {
         A::left(&self.view, &self.r, now, n)
@@ -300,17 +310,26 @@ fn load_rule(store: &ModelStore, key: &str, rule: &Rule, now: i128) -> Box<dyn L
     }))
 }
 
+#[allow(clippy::too_many_arguments)]
 fn refund_rule(
     store: &mut ModelStore,
     key: &str,
     rule: &Rule,
-    now: i128,
+    at: i128,
     n: i128,
     id: &str,
     skip: i128,
+    taken: i128,
 ) {
     let r = Params::from(rule);
-    with_algo!(rule.algorithm(), A => A::refund(store, key, &r, now, n, id, skip))
+    with_algo!(rule.algorithm(), A => A::refund(store, key, &r, at, n, id, skip, taken))
+}
+
+/// `drained_refund` of common.lua: the debt (µs * limit) a refund of `n`
+/// units taken at `taken` may give back at `at`, when other calls may have
+/// taken since: `n * period` less what has drained in between.
+pub fn drained_refund(r: &Params, n: i128, at: i128, taken: i128) -> i128 {
+    (n * r.period - (at - taken) * r.limit).max(0)
 }
 
 /// What the limiter is asked to do (`ARGV[1]`).
@@ -321,10 +340,11 @@ pub enum Op {
     /// Dry run: decide, write nothing.
     Peek,
     /// Give back `cost` units of call `call_id`, skipping its first `skip`
-    /// (only the sliding log names units). `now_us` must be the `now_us` of
-    /// the acquire whose units are given back: the window algorithms and
-    /// burst_fill find the window or period that was charged by it.
-    Refund { skip: u64 },
+    /// (only the sliding log names units). `taken_at_us` must be the `now_us`
+    /// of the acquire whose units are given back (the window algorithms and
+    /// burst_fill find the window or period it charged); the call's `now_us`
+    /// is the refund's own time.
+    Refund { skip: u64, taken_at_us: u64 },
 }
 
 /// The fields of a reply before the script's rounding to milliseconds.
@@ -393,9 +413,11 @@ pub fn run(
     let now = i128::from(now_us);
     let cost = i128::from(cost);
     let op = match op {
-        Op::Refund { skip } => {
+        Op::Refund { skip, taken_at_us } => {
+            let taken = i128::from(taken_at_us);
+            let at = now.max(taken);
             for (key, rule) in rules {
-                refund_rule(store, key, rule, now, cost, call_id, i128::from(skip));
+                refund_rule(store, key, rule, at, cost, call_id, i128::from(skip), taken);
             }
             return Out {
                 status: 1,
@@ -447,7 +469,7 @@ pub fn run(
     for (i, st) in states.iter().enumerate() {
         let av = st.avail(now);
         if av < need {
-            let w = st.wait(now, need);
+            let w = st.wait(now, need, 0);
             if w > wait {
                 (wait, by) = (w, i as i128 + 1);
             }
@@ -500,6 +522,144 @@ pub fn run(
         by: tight,
     }
     .reply(now)
+}
+
+/// `lua/jobs.lua`: per request, the longest prefix of its jobs that fits,
+/// each job all or nothing across the request's rules; requests in order,
+/// each seeing what the ones before it wrote. One [`JobsReply`] per request.
+///
+/// # Panics
+///
+/// If a request has no jobs or a job costs 0 (the script answers with an
+/// error reply; [`Limiter`](crate::limiter::Limiter) never sends either).
+pub fn run_jobs(
+    store: &mut ModelStore,
+    now_us: u64,
+    dry_run: bool,
+    requests: &[JobsRequest],
+) -> Vec<JobsReply> {
+    assert!(
+        requests
+            .iter()
+            .all(|q| !q.costs.is_empty() && q.costs.iter().all(|&c| c >= 1)),
+        "every request needs at least one job, each of cost >= 1"
+    );
+    let now = i128::from(now_us);
+    requests
+        .iter()
+        .map(|q| jobs_request(store, now, !dry_run, q))
+        .collect()
+}
+
+fn jobs_request(store: &mut ModelStore, now: i128, charge: bool, q: &JobsRequest) -> JobsReply {
+    let costs: Vec<i128> = q.costs.iter().map(|&c| i128::from(c)).collect();
+    let reply = |out: Out, jobs: i64, next: i64| JobsReply {
+        head: out.reply(now),
+        jobs,
+        next,
+    };
+    let out = |status, granted, remaining, retry_us, reset_us, go_at, by| Out {
+        status,
+        granted,
+        remaining,
+        retry_us,
+        reset_us,
+        go_at,
+        by,
+    };
+    // 1-based index of the first rule whose capacity `cost` exceeds, else 0.
+    let never = |cost: i128| {
+        q.rules
+            .iter()
+            .position(|(_, rule)| cost > cap_of(rule))
+            .map_or(0, |i| i as i128 + 1)
+    };
+    let first_never = never(costs[0]);
+    if first_never > 0 {
+        return reply(out(-1, 0, 0, 0, 0, now, first_never), 0, 2);
+    }
+
+    let states: Vec<Box<dyn Loaded>> = q
+        .rules
+        .iter()
+        .map(|(key, rule)| load_rule(store, key, rule, now))
+        .collect();
+    let avail: Vec<i128> = states.iter().map(|st| st.avail(now)).collect();
+    let n = avail.iter().copied().min();
+    let wait_for = |cost: i128, taken: i128| {
+        let (mut wait, mut by) = (0, 0);
+        for (i, st) in states.iter().enumerate() {
+            if avail[i] - taken < cost {
+                let w = st.wait(now, cost, taken);
+                if w > wait {
+                    (wait, by) = (w, i as i128 + 1);
+                }
+            }
+        }
+        (wait, by)
+    };
+    let summary = |taken: i128| {
+        let (mut remaining, mut reset) = (None, 0);
+        for st in &states {
+            let left = st.left(now, taken);
+            if remaining.is_none_or(|r| left < r) {
+                remaining = Some(left);
+            }
+            reset = reset.max(st.reset(now, taken));
+        }
+        (remaining.unwrap_or(0), reset)
+    };
+
+    let blocked_until = store.block_until(&q.block_key).unwrap_or(0);
+    if blocked_until > now {
+        let block = blocked_until - now;
+        let (wait, by) = wait_for(costs[0], 0);
+        let (_, reset) = summary(0);
+        let (retry, by) = if block >= wait {
+            (block, 0)
+        } else {
+            (wait, by)
+        };
+        return reply(out(0, 0, 0, retry, block.max(reset), now, by), 0, 1);
+    }
+
+    let (mut jobs, mut units, mut stop) = (0usize, 0i128, 0i128);
+    for &c in &costs {
+        stop = never(c);
+        if stop > 0 || n.is_some_and(|n| units + c > n) {
+            break;
+        }
+        (jobs, units) = (jobs + 1, units + c);
+    }
+    if jobs == 0 {
+        let (wait, by) = wait_for(costs[0], 0);
+        let (remaining, reset) = summary(0);
+        return reply(out(0, 0, remaining, wait, reset, now, by), 0, 1);
+    }
+
+    let go_at = states
+        .iter()
+        .filter_map(|st| st.go(now))
+        .fold(now, i128::max);
+    let (remaining, reset) = summary(units);
+    let (retry, by, next) = if jobs == costs.len() {
+        (0, 0, 0)
+    } else if stop > 0 {
+        (0, stop, 2)
+    } else {
+        let (wait, by) = wait_for(costs[jobs], units);
+        (wait, by, 1)
+    };
+    if charge {
+        for ((key, _), st) in q.rules.iter().zip(&states) {
+            st.take(store, key, now, units, &q.call_id);
+        }
+    }
+    reply(
+        out(1, units, remaining, retry, reset, go_at, by),
+        jobs as i64,
+        next,
+    )
 }
 
 /// `lua/block.lua`: hold the seller until `now_us + dur_us`; a shorter block

@@ -71,16 +71,17 @@ impl Algo for SlidingWindowCounter {
         (room(st, r) - st.cur).max(0)
     }
 
-    fn wait(st: &View, r: &Params, now: i128, need: i128) -> i128 {
-        if st.cur + need <= r.limit {
+    fn wait(st: &View, r: &Params, now: i128, need: i128, taken: i128) -> i128 {
+        let cur = st.cur + taken;
+        if cur + need <= r.limit {
             // Within this window, once enough of the previous window has
             // slid out (prev > 0 here, or avail would be enough).
-            let e = r.period - fdiv((r.limit - st.cur - need) * r.period, st.prev);
+            let e = r.period - fdiv((r.limit - cur - need) * r.period, st.prev);
             return e - st.e;
         }
         // In the next window, where this window's count is the weighted one
         // (cur > 0 here since need <= limit).
-        let e = r.period - fdiv((r.limit - need) * r.period, st.cur);
+        let e = r.period - fdiv((r.limit - need) * r.period, cur);
         st.start + r.period + e - now
     }
 
@@ -127,10 +128,11 @@ impl Algo for SlidingWindowCounter {
         store: &mut ModelStore,
         key: &str,
         r: &Params,
-        now: i128,
+        _at: i128,
         n: i128,
         _id: &str,
         _skip: i128,
+        now: i128,
     ) {
         // `now` is the take's time: its window is either the stored one
         // (`cur`) or the one before it (`prev`).

@@ -94,10 +94,14 @@ impl Algo for SlidingWindowLog {
         (r.limit - st.live.len() as i128).max(0)
     }
 
-    fn wait(st: &View, r: &Params, now: i128, need: i128) -> i128 {
+    fn wait(st: &View, r: &Params, now: i128, need: i128, taken: i128) -> i128 {
         // The k-th oldest live entry must leave the window: it does at score + period.
-        let k = st.live.len() as i128 + need - r.limit;
-        st.live[(k - 1) as usize] + r.period - now
+        let k = st.live.len() as i128 + taken + need - r.limit;
+        match st.live.get((k - 1) as usize) {
+            Some(score) => score + r.period - now,
+            // One of the `taken` entries, written now.
+            None => r.period,
+        }
     }
 
     fn left(st: &View, r: &Params, _now: i128, n: i128) -> i128 {
@@ -143,10 +147,11 @@ impl Algo for SlidingWindowLog {
         store: &mut ModelStore,
         key: &str,
         _r: &Params,
-        _now: i128,
+        _at: i128,
         n: i128,
         id: &str,
         skip: i128,
+        _taken: i128,
     ) {
         let Some(log) = log_mut(store, key) else {
             return;

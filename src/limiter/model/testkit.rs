@@ -70,7 +70,14 @@ pub(crate) fn check(rule: &Rule, rows: &[Row]) {
         let (op, mode, id) = match step {
             Step::Acquire(mode) => (Op::Acquire, mode, call_id(row)),
             Step::Peek(mode) => (Op::Peek, mode, call_id(row)),
-            Step::Refund { skip, call } => (Op::Refund { skip }, Mode::AllOrNothing, call_id(call)),
+            Step::Refund { skip, call } => (
+                Op::Refund {
+                    skip,
+                    taken_at_us: T0 + at,
+                },
+                Mode::AllOrNothing,
+                call_id(call),
+            ),
         };
         let got = call(&mut store, rule, op, at, cost, mode, &id);
         let fields = [

@@ -2,7 +2,7 @@
 //! at `limit` per `period`; a new bucket starts full. Tokens are counted in
 //! token-µs (`tokens * period`), so the refill `elapsed * limit` is exact.
 
-use super::{cdiv, fdiv, Algo, ModelStore, Params, State};
+use super::{cdiv, drained_refund, fdiv, Algo, ModelStore, Params, State};
 
 /// Hash `{ c, ts }`: `tokens * period` at time `ts` (µs);
 /// invariant `0 <= c <= burst * period`.
@@ -54,8 +54,8 @@ impl Algo for TokenBucket {
         fdiv(st.c, r.period)
     }
 
-    fn wait(st: &View, r: &Params, _now: i128, need: i128) -> i128 {
-        cdiv(need * r.period - st.c, r.limit)
+    fn wait(st: &View, r: &Params, _now: i128, need: i128, taken: i128) -> i128 {
+        cdiv((taken + need) * r.period - st.c, r.limit)
     }
 
     fn left(st: &View, r: &Params, _now: i128, n: i128) -> i128 {
@@ -83,22 +83,27 @@ impl Algo for TokenBucket {
         store: &mut ModelStore,
         key: &str,
         r: &Params,
-        now: i128,
+        at: i128,
         n: i128,
         _id: &str,
         _skip: i128,
+        taken: i128,
     ) {
         let Some(h) = stored(store, key) else {
             return;
         };
-        // `now` is the take's time; a later call may have moved `ts` past
-        // it. Credit at the later of the two and never move the refill
-        // clock back: `ts = now` would refill the span from `now` to the old
-        // `ts` a second time.
-        let at = now.max(h.ts);
-        let st = Self::load(store, key, r, at);
-        let c = (r.burst * r.period).min(st.c + n * r.period);
-        store.put(key, State::TokenBucket(Stored { c, ts: at }));
+        // A later call may have moved `ts` past the refund's time. Credit at
+        // the later of the two and never move the refill clock back: an
+        // earlier `ts` would refill the span in between a second time. Only
+        // the tokens that have not refilled since the take come back: the
+        // deficit drains like a gcra debt (`drained_refund`).
+        let at = at.max(h.ts);
+        let back = drained_refund(r, n, at, taken);
+        if back > 0 {
+            let st = Self::load(store, key, r, at);
+            let c = (r.burst * r.period).min(st.c + back);
+            store.put(key, State::TokenBucket(Stored { c, ts: at }));
+        }
     }
 }
 
@@ -135,8 +140,11 @@ mod tests {
             // Refund of row 4's token, taken at 0, after row 10 moved ts to 1 s.
             (11, 0, Step::Refund { skip: 0, call: 4 }, 1, [1, 1, 0, 0, 0, 0]),
             // Regression: writing ts = 0 in row 11 would refill 0..1 s a
-            // second time and grant 4 here instead of 2.
-            (12, S, Step::Peek(Mode::UpTo), 9, [1, 2, 0, 0, 2 * S, 0]),
+            // second time and grant 4 here. Crediting the whole token would
+            // grant 2, but the 2 tokens that refilled in the second since
+            // the take may hold the refunded one, which row 10 may have
+            // used: nothing comes back (issue 6 defect 6).
+            (12, S, Step::Peek(Mode::UpTo), 9, [1, 1, 0, 0, 2 * S, 0]),
         ];
         check(&r, &rows);
     }

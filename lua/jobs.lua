@@ -1,0 +1,180 @@
+-- jobs.lua: grant the longest prefix of a list of jobs, each with its own
+-- cost, all or nothing per job across every rule of a request, in one call.
+-- limiter.lua hands the call here when ARGV[1] is 'jobs' or 'jobs_peek'.
+--
+-- A call is a list of requests; a request is one seller's keys and rules
+-- with its list of job costs. Requests are decided in order, each seeing
+-- what the ones before it wrote, so one call can carry several sellers.
+--
+-- ARGV[1]   'jobs' (decide and charge) or 'jobs_peek' (decide, write nothing)
+-- ARGV[2]   now in µs, or '' for Redis' clock (TIME)
+-- ARGV[3]   number of requests (>= 1); then per request:
+--             call id (unique per call; names sliding-log members),
+--             the job costs 'c1,c2,...' (each >= 1, at least one),
+--             number of rules, then per rule: algorithm, limit, period_us, burst
+-- KEYS      per request: its block key, then one key per rule
+--
+-- Reply: 12 integers per request, in order:
+--   { status, units, remaining, retry_after_ms, reset_after_ms, go_at_us,
+--     retry_after_us, reset_after_us, now_us, by, jobs, next }
+--   status 1: the first `jobs` jobs (`units` units) are granted and charged;
+--          0: none, the first job must wait (by 0: a downstream block);
+--         -1: none, the first job can never pass (cost above rule `by`'s cap).
+--   next   what stops the prefix: 0 nothing (every job granted),
+--          1 the next job must wait retry_after (by = the rule, 0 = block),
+--          2 the next job can never pass (by = the rule).
+--   A refused job ends the prefix: later, lighter jobs are not looked at.
+--   remaining and reset_after are after the grant; go_at_us is when the
+--   first granted unit may go (pacers; else now).
+
+-- The index of the first rule whose capacity `cost` exceeds, else 0.
+local function never_rule(rules, cost)
+  for i = 1, #rules do
+    if cost > rules[i].algo.cap(rules[i]) then
+      return i
+    end
+  end
+  return 0
+end
+
+local function jobs_request(now, charge, id, block_key, rules, costs)
+  local function reply(status, units, remaining, retry, reset, go_at, by, jobs, next)
+    return { status, units, remaining, cdiv(retry, 1000), cdiv(reset, 1000), go_at,
+      retry, reset, now, by, jobs, next }
+  end
+  local first_never = never_rule(rules, costs[1])
+  if first_never > 0 then
+    return reply(-1, 0, 0, 0, 0, now, first_never, 0, 2)
+  end
+
+  local states, avail = {}, {}
+  local n = nil
+  for i = 1, #rules do
+    local r = rules[i]
+    states[i] = r.algo.load(r.key, r, now)
+    avail[i] = r.algo.avail(states[i], r, now)
+    if n == nil or avail[i] < n then
+      n = avail[i]
+    end
+  end
+  -- µs until a job of `cost` fits after `taken` units are taken now, and
+  -- the rule that needs the longest (the first of equals).
+  local function wait_for(cost, taken)
+    local wait, by = 0, 0
+    for i = 1, #rules do
+      local r = rules[i]
+      if avail[i] - taken < cost then
+        local w = r.algo.wait(states[i], r, now, cost, taken)
+        if w > wait then
+          wait, by = w, i
+        end
+      end
+    end
+    return wait, by
+  end
+  local function summary(taken)
+    local remaining, reset = nil, 0
+    for i = 1, #rules do
+      local r = rules[i]
+      local left = r.algo.left(states[i], r, now, taken)
+      if remaining == nil or left < remaining then
+        remaining = left
+      end
+      reset = math.max(reset, r.algo.reset(states[i], r, now, taken))
+    end
+    return remaining or 0, reset
+  end
+
+  -- A downstream block refuses the whole list; as in limiter.lua the wait
+  -- is the longer of the block and the first job's own.
+  local blocked_until = num(redis.call('GET', block_key), 0)
+  if blocked_until > now then
+    local block = blocked_until - now
+    local wait, by = wait_for(costs[1], 0)
+    local _, reset = summary(0)
+    if block >= wait then
+      wait, by = block, 0
+    end
+    return reply(0, 0, 0, wait, math.max(block, reset), now, by, 0, 1)
+  end
+
+  -- Every algorithm admits `taken + c` units exactly when it admits `c`
+  -- more after `taken`, so the prefix is the longest whose sum fits the
+  -- tightest rule. No rules (an unlimited seller): everything fits.
+  local jobs, units, stop = 0, 0, 0
+  for j = 1, #costs do
+    local c = costs[j]
+    stop = never_rule(rules, c)
+    if stop > 0 or (n ~= nil and units + c > n) then
+      break
+    end
+    jobs, units = j, units + c
+  end
+
+  if jobs == 0 then
+    local wait, by = wait_for(costs[1], 0)
+    local remaining, reset = summary(0)
+    return reply(0, 0, remaining, wait, reset, now, by, 0, 1)
+  end
+
+  local go_at = now
+  for i = 1, #rules do
+    local r = rules[i]
+    if r.algo.go ~= nil then
+      go_at = math.max(go_at, r.algo.go(states[i], r, now))
+    end
+  end
+  local remaining, reset = summary(units)
+  local retry, by, next = 0, 0, 0
+  if jobs < #costs then
+    if stop > 0 then
+      by, next = stop, 2
+    else
+      retry, by = wait_for(costs[jobs + 1], units)
+      next = 1
+    end
+  end
+  if charge then
+    for i = 1, #rules do
+      local r = rules[i]
+      r.algo.take(r.key, states[i], r, now, units, id)
+    end
+  end
+  return reply(1, units, remaining, retry, reset, go_at, by, jobs, next)
+end
+
+local function run_jobs(op, now)
+  local charge = op == 'jobs'
+  local nreq = tonumber(ARGV[3])
+  if nreq == nil or nreq < 1 then
+    return redis.error_reply('a jobs call needs at least one request')
+  end
+  local a, k = 4, 1
+  local out = {}
+  for _ = 1, nreq do
+    local id = ARGV[a]
+    local costs = {}
+    for c in string.gmatch(ARGV[a + 1] or '', '[^,]+') do
+      local cost = tonumber(c)
+      if cost == nil or cost < 1 then
+        return redis.error_reply('cost must be at least 1')
+      end
+      costs[#costs + 1] = cost
+    end
+    if #costs == 0 then
+      return redis.error_reply('a request needs at least one job')
+    end
+    local nrules = tonumber(ARGV[a + 2])
+    local rules, err = read_rules(a + 3, nrules, k + 1)
+    if rules == nil then
+      return redis.error_reply(err)
+    end
+    local r = jobs_request(now, charge, id, KEYS[k], rules, costs)
+    for _, v in ipairs(r) do
+      out[#out + 1] = v
+    end
+    a = a + 3 + 4 * nrules
+    k = k + 1 + nrules
+  end
+  return out
+end

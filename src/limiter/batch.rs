@@ -1,0 +1,340 @@
+//! [`Limiter::acquire_jobs`]: a seller's waiting jobs, each with its own
+//! cost, granted as the longest prefix that fits, in one script call.
+//!
+//! The worker asks once per seller for the heads of its partitions. Each job
+//! is all or nothing across every rule of the seller (and the global rules
+//! in single topology); a job that does not fit ends the prefix, so a light
+//! job never overtakes a heavy one. Exactly the granted jobs' units are
+//! charged.
+
+use super::decision::{BatchDecision, BatchGranted, CannotPass, Denied, DeniedBy, Mode, NextJob};
+use super::permits::{Limiter, LimiterError};
+use super::policy::Resolved;
+use super::reply::JobsReply;
+use super::rule::Rule;
+use super::script::{JobsCall, JobsRequest, Op, ScriptCall, Store};
+use crate::config::Topology;
+
+/// A list of jobs for the limiter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JobsQuery<'a> {
+    pub seller: &'a str,
+    /// The jobs' costs in queue order; at least one, each >= 1.
+    pub costs: &'a [u64],
+    /// Decide without charging.
+    pub dry_run: bool,
+    /// Explicit time in µs since the epoch, for deterministic tests; `None`
+    /// uses Redis' clock.
+    pub at_us: Option<u64>,
+}
+
+impl<'a> JobsQuery<'a> {
+    /// The production form: charge, on Redis' clock.
+    pub fn new(seller: &'a str, costs: &'a [u64]) -> JobsQuery<'a> {
+        JobsQuery {
+            seller,
+            costs,
+            dry_run: false,
+            at_us: None,
+        }
+    }
+}
+
+impl<S: Store> Limiter<S> {
+    /// Grants `seller` the longest prefix of `costs` (its waiting jobs'
+    /// costs, in order) that fits, on Redis' clock, charging exactly the
+    /// granted jobs' units.
+    pub async fn acquire_jobs(
+        &self,
+        seller: &str,
+        costs: &[u64],
+    ) -> Result<BatchDecision, LimiterError<S::Error>> {
+        self.check_jobs(JobsQuery::new(seller, costs)).await
+    }
+
+    /// The general form of [`Limiter::acquire_jobs`].
+    pub async fn check_jobs(
+        &self,
+        q: JobsQuery<'_>,
+    ) -> Result<BatchDecision, LimiterError<S::Error>> {
+        if q.costs.is_empty() {
+            return Err(LimiterError::NoJobs);
+        }
+        if q.costs.contains(&0) {
+            return Err(LimiterError::ZeroCost);
+        }
+        let policy = self.policy();
+        let (own, global) = match policy.resolve(q.seller) {
+            Resolved::Unlimited => return self.unlimited_jobs(q).await,
+            Resolved::Limited { seller, global } => (seller, global),
+        };
+        // The first job above a rule's capacity: no need to ask.
+        if let Some((i, r)) = own
+            .iter()
+            .chain(global)
+            .enumerate()
+            .find(|(_, r)| q.costs[0] > r.capacity())
+        {
+            return Ok(BatchDecision::Never(CannotPass {
+                cost: q.costs[0],
+                capacity: r.capacity(),
+                rule: i,
+                limit: Some(*r),
+            }));
+        }
+        let mut seller_rules: Vec<(String, Rule)> = own
+            .iter()
+            .map(|r| (self.keys.rule(q.seller, r), *r))
+            .collect();
+        let global_rules: Vec<(String, Rule)> = global
+            .iter()
+            .map(|r| (self.keys.global_rule(r), *r))
+            .collect();
+        if self.topology == Topology::Single || global_rules.is_empty() {
+            seller_rules.extend(global_rules);
+            let req = self.jobs_request(self.keys.block(q.seller), seller_rules, q.costs);
+            return self.one(q, req).await;
+        }
+        self.jobs_split(q, seller_rules, global_rules).await
+    }
+
+    /// Several sellers' job lists in one round trip (coalescing): one
+    /// answer per list, in order, each as [`Limiter::check_jobs`] would give
+    /// it. Lists are decided in order inside one script, so a seller listed
+    /// twice sees its first list's charge. With `redis.topology = cluster`
+    /// the sellers' keys live in different slots, so each list is its own
+    /// call. `dry_run` and `at_us` apply to every list.
+    pub async fn check_jobs_many(
+        &self,
+        lists: &[(&str, &[u64])],
+        dry_run: bool,
+        at_us: Option<u64>,
+    ) -> Result<Vec<BatchDecision>, LimiterError<S::Error>> {
+        for (_, costs) in lists {
+            if costs.is_empty() {
+                return Err(LimiterError::NoJobs);
+            }
+            if costs.contains(&0) {
+                return Err(LimiterError::ZeroCost);
+            }
+        }
+        if self.topology == Topology::Cluster || lists.len() == 1 {
+            let mut out = Vec::with_capacity(lists.len());
+            for &(seller, costs) in lists {
+                let q = JobsQuery {
+                    seller,
+                    costs,
+                    dry_run,
+                    at_us,
+                };
+                out.push(self.check_jobs(q).await?);
+            }
+            return Ok(out);
+        }
+        let policy = self.policy();
+        let mut unlimited = Vec::with_capacity(lists.len());
+        let mut requests = Vec::with_capacity(lists.len());
+        for &(seller, costs) in lists {
+            let rules: Vec<(String, Rule)> = match policy.resolve(seller) {
+                Resolved::Unlimited => Vec::new(),
+                Resolved::Limited {
+                    seller: own,
+                    global,
+                } => own
+                    .iter()
+                    .map(|r| (self.keys.rule(seller, r), *r))
+                    .chain(global.iter().map(|r| (self.keys.global_rule(r), *r)))
+                    .collect(),
+            };
+            unlimited.push(matches!(policy.resolve(seller), Resolved::Unlimited));
+            requests.push(self.jobs_request(self.keys.block(seller), rules, costs));
+        }
+        let call = JobsCall {
+            now_us: at_us,
+            dry_run,
+            requests,
+        };
+        let replies = self
+            .store
+            .run_jobs(&call)
+            .await
+            .map_err(LimiterError::Store)?;
+        Ok(call
+            .requests
+            .iter()
+            .zip(replies)
+            .zip(unlimited)
+            .map(|((req, reply), unlimited)| {
+                let rules: Vec<Rule> = req.rules.iter().map(|(_, r)| *r).collect();
+                match reply.decision(&rules, &req.costs) {
+                    BatchDecision::Granted(g) if unlimited => {
+                        BatchDecision::Granted(BatchGranted {
+                            remaining: u64::MAX,
+                            ..g
+                        })
+                    }
+                    d => d,
+                }
+            })
+            .collect())
+    }
+
+    fn jobs_request(
+        &self,
+        block_key: String,
+        rules: Vec<(String, Rule)>,
+        costs: &[u64],
+    ) -> JobsRequest {
+        JobsRequest {
+            call_id: self.ids.next(),
+            block_key,
+            rules,
+            costs: costs.to_vec(),
+        }
+    }
+
+    /// Runs one request; its reply, read.
+    async fn one(
+        &self,
+        q: JobsQuery<'_>,
+        req: JobsRequest,
+    ) -> Result<BatchDecision, LimiterError<S::Error>> {
+        let (reply, req) = self.run_one(q, req).await?;
+        let rules: Vec<Rule> = req.rules.iter().map(|(_, r)| *r).collect();
+        Ok(reply.decision(&rules, &req.costs))
+    }
+
+    async fn run_one(
+        &self,
+        q: JobsQuery<'_>,
+        req: JobsRequest,
+    ) -> Result<(JobsReply, JobsRequest), LimiterError<S::Error>> {
+        let call = JobsCall {
+            now_us: q.at_us,
+            dry_run: q.dry_run,
+            requests: vec![req],
+        };
+        let replies = self
+            .store
+            .run_jobs(&call)
+            .await
+            .map_err(LimiterError::Store)?;
+        // One request went in, and the script answers one reply per
+        // request (`JobsReply::many_from_slice` refuses an empty answer).
+        let req = call
+            .requests
+            .into_iter()
+            .next()
+            .expect("one request was sent");
+        let reply = replies.into_iter().next().expect("a reply per request");
+        Ok((reply, req))
+    }
+
+    /// An unlimited seller: every job, unless a downstream 429 holds it.
+    async fn unlimited_jobs(
+        &self,
+        q: JobsQuery<'_>,
+    ) -> Result<BatchDecision, LimiterError<S::Error>> {
+        let req = self.jobs_request(self.keys.block(q.seller), Vec::new(), q.costs);
+        Ok(match self.one(q, req).await? {
+            BatchDecision::Granted(g) => BatchDecision::Granted(BatchGranted {
+                remaining: u64::MAX,
+                ..g
+            }),
+            blocked => blocked,
+        })
+    }
+
+    /// Redis Cluster: as `check_split`, with job lists. The seller's rules
+    /// grant a prefix; the global rules are asked for that prefix and may cut
+    /// it shorter; the seller gets back the units of the jobs they cut (what
+    /// a refund can soundly give back, see `lua/common.lua`).
+    async fn jobs_split(
+        &self,
+        q: JobsQuery<'_>,
+        seller_rules: Vec<(String, Rule)>,
+        global_rules: Vec<(String, Rule)>,
+    ) -> Result<BatchDecision, LimiterError<S::Error>> {
+        let n_own = seller_rules.len();
+        let first = self.jobs_request(self.keys.block(q.seller), seller_rules, q.costs);
+        let (own_reply, first) = self.run_one(q, first).await?;
+        let own_rules: Vec<Rule> = first.rules.iter().map(|(_, r)| *r).collect();
+        let mine = match own_reply.decision(&own_rules, q.costs) {
+            BatchDecision::Granted(g) => g,
+            other => return Ok(other),
+        };
+        let second = self.jobs_request(
+            self.keys.global_block(),
+            global_rules,
+            &q.costs[..mine.jobs],
+        );
+        let global_rule_list: Vec<Rule> = second.rules.iter().map(|(_, r)| *r).collect();
+        // (units to give back, units to skip): the jobs the global rules cut.
+        let (global, refund) = match self.run_one(q, second).await {
+            Ok((reply, _)) => {
+                let d = reply.decision(&global_rule_list, &q.costs[..mine.jobs]);
+                let refund = match &d {
+                    BatchDecision::Granted(g) => (mine.units - g.units, g.units),
+                    _ => (mine.units, 0),
+                };
+                (Ok(d), refund)
+            }
+            Err(e) => (Err(e), (mine.units, 0)),
+        };
+        if !q.dry_run && refund.0 > 0 {
+            let call = ScriptCall {
+                op: Op::Refund {
+                    skip: refund.1,
+                    taken_at_us: own_reply.head.now_us as u64,
+                },
+                now_us: q.at_us,
+                cost: refund.0,
+                mode: Mode::AllOrNothing,
+                call_id: first.call_id.clone(),
+                block_key: first.block_key.clone(),
+                rules: first.rules.clone(),
+            };
+            self.run_refund(&call, refund.0).await;
+        }
+        let shift = |by: DeniedBy| match by {
+            DeniedBy::Rule(i) => DeniedBy::Rule(n_own + i),
+            other => other,
+        };
+        let shift_never = |c: CannotPass| CannotPass {
+            rule: n_own + c.rule,
+            ..c
+        };
+        Ok(match global? {
+            BatchDecision::Granted(g) => {
+                let next = if g.jobs < mine.jobs {
+                    g.next.map(|n| match n {
+                        NextJob::Wait { retry_after, by } => NextJob::Wait {
+                            retry_after,
+                            by: shift(by),
+                        },
+                        NextJob::Never(c) => NextJob::Never(shift_never(c)),
+                    })
+                } else {
+                    mine.next
+                };
+                BatchDecision::Granted(BatchGranted {
+                    jobs: g.jobs,
+                    units: g.units,
+                    remaining: g.remaining.min(mine.remaining),
+                    reset_after: g.reset_after.max(mine.reset_after),
+                    pace: match (mine.pace, g.pace) {
+                        (Some(a), Some(b)) if b.first_at_us > a.first_at_us => Some(b),
+                        (a, b) => a.or(b),
+                    },
+                    decided_at_us: mine.decided_at_us,
+                    next,
+                })
+            }
+            BatchDecision::Denied(d) => BatchDecision::Denied(Denied {
+                by: shift(d.by),
+                ..d
+            }),
+            BatchDecision::Never(c) => BatchDecision::Never(shift_never(c)),
+        })
+    }
+}

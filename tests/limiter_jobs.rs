@@ -1,0 +1,313 @@
+//! Per-job costs, batched (issue 7): `Limiter::acquire_jobs` grants the
+//! longest prefix of a seller's job list that fits, each job all or nothing
+//! across every rule, in one script call.
+//!
+//! - Against Redis: a refused job ends the prefix (a lighter job after it is
+//!   not granted), exactly the granted units are charged, a job above a
+//!   rule's capacity is `CannotPass` with the issue's reason, an unlimited
+//!   seller honours the downstream block, and in cluster topology the global
+//!   rules may cut the prefix (the seller gets the cut jobs' units back).
+//! - `the_next_jobs_retry_after_is_exact` (reference model, which
+//!   `tests/limiter_agreement.rs` holds equal to the Lua): whenever a job
+//!   stops the prefix with a wait, that job alone passes at exactly
+//!   now + retry-after and not 1 µs earlier.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{
+    keys_under, limiter, limiter_with, policy, policy_with_sellers, rule, unique_prefix, T0,
+};
+use proptest::prelude::*;
+use throttle_worker::config::{SellerConfig, Topology};
+use throttle_worker::limiter::model::{self, ModelStore};
+use throttle_worker::limiter::{
+    Algorithm, BatchDecision, DeniedBy, JobsQuery, JobsRequest, Mode, NextJob, Request, Rule,
+};
+
+fn at<'a>(seller: &'a str, t: u64, costs: &'a [u64]) -> JobsQuery<'a> {
+    JobsQuery {
+        seller,
+        costs,
+        dry_run: false,
+        at_us: Some(T0 + t),
+    }
+}
+
+fn peek<'a>(seller: &'a str, t: u64, costs: &'a [u64]) -> JobsQuery<'a> {
+    JobsQuery {
+        dry_run: true,
+        ..at(seller, t, costs)
+    }
+}
+
+#[tokio::test]
+async fn a_refused_job_ends_the_prefix_and_only_granted_units_are_charged() {
+    let prefix = unique_prefix("jobs-prefix");
+    let lim = limiter(
+        &prefix,
+        policy(
+            vec![
+                rule("sliding_window_log", 4, "1s", None),
+                rule("gcra", 5, "1s", Some(5)),
+            ],
+            vec![],
+        ),
+    )
+    .await;
+    // 2 + 1 fit; 3 does not (1 left); the last job (1) would fit but must
+    // not pass the heavier job ahead of it.
+    let d = lim.check_jobs(at("s", 0, &[2, 1, 3, 1])).await.unwrap();
+    let BatchDecision::Granted(g) = d else {
+        panic!("want a grant of two jobs: {d:?}")
+    };
+    assert_eq!((g.jobs, g.units, g.remaining), (2, 3, 1), "{g:?}");
+    let Some(NextJob::Wait { retry_after, by }) = g.next else {
+        panic!("the third job must wait: {g:?}")
+    };
+    // The log's oldest entries (written now) leave after the 1 s period.
+    assert_eq!(
+        (retry_after, by),
+        (Duration::from_secs(1), DeniedBy::Rule(0))
+    );
+    // Exactly 3 units were charged: one unit is left, under both rules.
+    let single = lim
+        .check(Request {
+            seller: "s",
+            cost: 9,
+            mode: Mode::UpTo,
+            dry_run: true,
+            at_us: Some(T0),
+        })
+        .await
+        .unwrap();
+    assert_eq!(single.granted(), 1, "{single:?}");
+    // The third job passes at the retry-after, not a microsecond before.
+    let early = lim.check_jobs(peek("s", 999_999, &[3])).await.unwrap();
+    assert!(matches!(early, BatchDecision::Denied(_)), "{early:?}");
+    let due = lim.check_jobs(peek("s", 1_000_000, &[3, 1])).await.unwrap();
+    assert_eq!(due.jobs(), 2, "{due:?}");
+}
+
+#[tokio::test]
+async fn a_job_above_a_rules_capacity_can_never_pass_and_says_why() {
+    let prefix = unique_prefix("jobs-never");
+    let lim = limiter(
+        &prefix,
+        policy(vec![rule("sliding_window_log", 100, "1m", None)], vec![]),
+    )
+    .await;
+    let reason = "cost 500 exceeds rule sliding_window_log 100/1m (capacity 100); split the job or give the seller a burst";
+    // First in the list: nothing to grant, no round trip needed.
+    match lim.check_jobs(at("s", 0, &[500, 1])).await.unwrap() {
+        BatchDecision::Never(c) => assert_eq!(c.to_string(), reason),
+        d => panic!("{d:?}"),
+    }
+    assert!(keys_under(&prefix).await.is_empty(), "nothing charged");
+    // Behind a job that fits: that job is granted, the list stops there.
+    match lim.check_jobs(at("s", 0, &[7, 500, 1])).await.unwrap() {
+        BatchDecision::Granted(g) => {
+            assert_eq!((g.jobs, g.units), (1, 7), "{g:?}");
+            match g.next {
+                Some(NextJob::Never(c)) => assert_eq!(c.to_string(), reason),
+                n => panic!("{n:?}"),
+            }
+        }
+        d => panic!("{d:?}"),
+    }
+}
+
+#[tokio::test]
+async fn an_unlimited_seller_gets_every_job_unless_blocked() {
+    let prefix = unique_prefix("jobs-unlimited");
+    let lim = limiter(
+        &prefix,
+        policy_with_sellers(
+            vec![rule("fixed_window", 1, "1h", None)],
+            vec![(
+                "internal",
+                SellerConfig {
+                    unlimited: true,
+                    ..Default::default()
+                },
+            )],
+        ),
+    )
+    .await;
+    let d = lim.check_jobs(at("internal", 0, &[500, 3])).await.unwrap();
+    assert!(
+        matches!(d, BatchDecision::Granted(ref g) if g.jobs == 2 && g.units == 503 && g.next.is_none()),
+        "{d:?}"
+    );
+    lim.block_at("internal", T0, Duration::from_secs(2))
+        .await
+        .unwrap();
+    let d = lim.check_jobs(at("internal", 500_000, &[1])).await.unwrap();
+    assert!(
+        matches!(d, BatchDecision::Denied(ref x) if x.by == DeniedBy::DownstreamBlock
+            && x.retry_after == Duration::from_millis(1500)),
+        "{d:?}"
+    );
+}
+
+/// Cluster: the seller grants [2, 2, 1]; the global rule (3 per hour) only
+/// [2]. The seller keeps the 2 units of the job that runs and gets the
+/// other 3 back.
+#[tokio::test]
+async fn cluster_global_rules_cut_the_prefix_and_the_seller_gets_the_cut_units_back() {
+    let prefix = unique_prefix("jobs-split");
+    let own = || vec![rule("gcra", 5, "1h", Some(5))];
+    let lim = limiter_with(
+        &prefix,
+        policy(own(), vec![rule("fixed_window", 3, "1h", None)]),
+        Topology::Cluster,
+    )
+    .await;
+    let d = lim.check_jobs(at("a", 0, &[2, 2, 1])).await.unwrap();
+    let BatchDecision::Granted(g) = d else {
+        panic!("{d:?}")
+    };
+    assert_eq!((g.jobs, g.units), (1, 2), "{g:?}");
+    assert!(
+        matches!(
+            g.next,
+            Some(NextJob::Wait {
+                by: DeniedBy::Rule(1),
+                ..
+            })
+        ),
+        "the global rule (index 1, after the seller's one) stops it: {g:?}"
+    );
+    let seller_only = limiter(&prefix, policy(own(), vec![])).await;
+    let left = seller_only
+        .check_jobs(peek("a", 1, &[1, 1, 1, 1, 1]))
+        .await
+        .unwrap();
+    assert_eq!(left.jobs(), 3, "the seller keeps 3 of its 5: {left:?}");
+}
+
+/// Coalescing: several sellers' lists in one round trip answer exactly as
+/// one call per list would, in order (a seller listed twice sees its first
+/// list's charge; an unlimited seller still honours its block).
+#[tokio::test]
+async fn several_sellers_in_one_call_answer_as_separate_calls() {
+    let p = || {
+        policy_with_sellers(
+            vec![
+                rule("sliding_window_log", 4, "1s", None),
+                rule("leaky_bucket", 10, "1s", Some(6)),
+            ],
+            vec![
+                (
+                    "internal",
+                    SellerConfig {
+                        unlimited: true,
+                        ..Default::default()
+                    },
+                ),
+                (
+                    "small",
+                    SellerConfig {
+                        rules: Some(vec![rule("token_bucket", 2, "1s", Some(3))]),
+                        ..Default::default()
+                    },
+                ),
+            ],
+        )
+    };
+    let (one, many) = (unique_prefix("jobs-one"), unique_prefix("jobs-many"));
+    let (one, many) = (limiter(&one, p()).await, limiter(&many, p()).await);
+    for lim in [&one, &many] {
+        lim.block_at("blocked", T0, Duration::from_secs(1))
+            .await
+            .unwrap();
+    }
+    let lists: [(&str, &[u64]); 6] = [
+        ("a", &[2, 1, 3]),
+        ("small", &[1, 1, 1, 1]),
+        ("a", &[1, 1]),
+        ("internal", &[500]),
+        ("blocked", &[1]),
+        ("b", &[5, 1]),
+    ];
+    for t in [0, 100_000, 1_000_000] {
+        let mut separate = Vec::new();
+        for (seller, costs) in lists {
+            separate.push(one.check_jobs(at(seller, t, costs)).await.unwrap());
+        }
+        let together = many
+            .check_jobs_many(&lists, false, Some(T0 + t))
+            .await
+            .unwrap();
+        assert_eq!(together, separate, "at +{t} µs");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Exact retry-after of the job that stops the prefix (reference model).
+
+fn small_rule() -> impl Strategy<Value = Rule> {
+    let period_us = prop_oneof![Just(50u64), 51u64..3_000, Just(1_000_000u64)];
+    (
+        prop::sample::select(Algorithm::ALL.to_vec()),
+        1u64..=6,
+        period_us,
+        1u64..=8,
+    )
+        .prop_map(|(a, limit, period_us, burst)| {
+            Rule::new(
+                a,
+                limit,
+                Duration::from_micros(period_us),
+                a.uses_burst().then_some(burst),
+            )
+            .expect("valid rule")
+        })
+}
+
+fn request(rules: &[Rule], costs: &[u64], id: &str) -> JobsRequest {
+    JobsRequest {
+        call_id: id.to_owned(),
+        block_key: "m:{s}:block".to_owned(),
+        rules: rules
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (format!("m:{{s}}:r{i}"), *r))
+            .collect(),
+        costs: costs.to_vec(),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2_000, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn the_next_jobs_retry_after_is_exact(
+        rules in prop::collection::vec(small_rule(), 1..=3),
+        history in prop::collection::vec((0u64..2_000, prop::collection::vec(1u64..=4, 1..=4)), 0..8),
+        costs in prop::collection::vec(1u64..=8, 1..=6),
+    ) {
+        let mut store = ModelStore::new();
+        let mut now = T0;
+        for (i, (gap, list)) in history.iter().enumerate() {
+            now += gap;
+            model::run_jobs(&mut store, now, false, &[request(&rules, list, &format!("h{i}"))]);
+        }
+        let r = model::run_jobs(&mut store, now, false, &[request(&rules, &costs, "x")])[0];
+        let (stopper, retry) = match (r.head.status, r.next) {
+            (1, 1) => (costs[r.jobs as usize], r.head.retry_after_us as u64),
+            (0, _) => (costs[0], r.head.retry_after_us as u64),
+            _ => return Ok(()),
+        };
+        prop_assert!(retry > 0, "{r:?}");
+        let probe = |t: u64| {
+            let mut s = store.clone();
+            model::run_jobs(&mut s, t, true, &[request(&rules, &[stopper], "p")])[0]
+        };
+        let early = probe(now + retry - 1);
+        prop_assert_eq!(early.head.status, 0, "1 µs early must be refused: {:?} then {:?}", r, early);
+        let due = probe(now + retry);
+        prop_assert_eq!(due.jobs, 1, "at the retry-after the job passes: {:?} then {:?}", r, due);
+    }
+}
