@@ -23,6 +23,9 @@ pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 /// Where the compiled-in defaults appear in error messages.
 pub const DEFAULT_NAME: &str = "config/default.toml";
 
+/// Upper bound of `downstream.max_retry_after`.
+const MAX_RETRY_AFTER_LIMIT: Duration = Duration::from_secs(7 * 24 * 3600);
+
 /// All settings of one worker process.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -44,9 +47,19 @@ pub struct KafkaSettings {
     pub group_id: String,
     /// Topic of product-registration jobs.
     pub topic: String,
-    /// Topic for jobs whose wait is longer than `worker.max_inline_delay`.
-    /// The same workers consume it.
+    /// Prefix of the retry topics: a job whose wait is longer than
+    /// `worker.max_inline_delay` goes to `{retry_topic}.{tier}` (e.g.
+    /// `product-registrations.retry.1m`), one topic per `retry_tiers` entry.
+    /// The same workers consume them.
     pub retry_topic: String,
+    /// Delays of the retry topics, shortest first. A record written to tier
+    /// `d` is held for exactly `d` by the consumer, so each topic stays in
+    /// due order and a record never waits behind one due later; a job
+    /// waiting longer than a tier hops down the tiers until its due time.
+    /// The longest tier is the longest a retry partition is ever held: keep
+    /// it well under the retry topics' retention.
+    #[serde(deserialize_with = "human_durations")]
+    pub retry_tiers: Vec<Duration>,
     /// Topic for jobs that can never succeed, with the reason in `x-error`.
     pub dlq_topic: String,
     /// Passed to librdkafka as is (SASL, SSL, tuning). Values are never logged.
@@ -72,6 +85,9 @@ pub struct RedisSettings {
     /// Longest a limiter call may take before it counts as a Redis failure.
     #[serde(deserialize_with = "human_duration")]
     pub timeout: Duration,
+    /// `/readyz` reports Redis down after this many failed limiter calls in
+    /// a row (and ready again after the next success).
+    pub unready_after: u32,
 }
 
 impl fmt::Debug for RedisSettings {
@@ -81,6 +97,7 @@ impl fmt::Debug for RedisSettings {
             .field("key_prefix", &self.key_prefix)
             .field("topology", &self.topology)
             .field("timeout", &self.timeout)
+            .field("unready_after", &self.unready_after)
             .finish()
     }
 }
@@ -111,6 +128,10 @@ pub struct DownstreamSettings {
     /// Upper bound of one backoff.
     #[serde(deserialize_with = "human_duration")]
     pub backoff_max: Duration,
+    /// Longest wait a 429's `Retry-After` can impose on a seller; longer
+    /// ones are clamped (and logged). Greater than zero. Default 1h.
+    #[serde(deserialize_with = "human_duration")]
+    pub max_retry_after: Duration,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -126,6 +147,18 @@ pub struct WorkerSettings {
     /// Jobs held in memory per replica (waiting + in flight); fetching
     /// pauses beyond it.
     pub max_buffered: usize,
+    /// Bytes of jobs held in memory per replica (record key and value plus
+    /// a fixed overhead per job); fetching pauses beyond it too.
+    pub max_buffered_bytes: usize,
+    /// A partition's first unfinished record that has waited this long in
+    /// memory while later records finished is sent to the retry topic, so
+    /// the partition can commit past it.
+    #[serde(deserialize_with = "human_duration")]
+    pub max_head_wait: Duration,
+    /// The most finished records a partition keeps above its first
+    /// unfinished one before that record is sent to the retry topic (bounds
+    /// the offset tracker and the commit metadata).
+    pub max_finished_ahead: usize,
     /// A job that would wait longer than this goes to the retry topic
     /// instead of being held in memory.
     #[serde(deserialize_with = "human_duration")]
@@ -135,6 +168,9 @@ pub struct WorkerSettings {
     pub shutdown_timeout: Duration,
     /// Larger payloads are dead-lettered.
     pub max_payload_bytes: usize,
+    /// Highest `cost` a job may declare; above it the job is dead-lettered.
+    /// At least 1. Default 10000.
+    pub max_job_cost: u64,
 }
 
 /// The `[limits]` section as written; `limiter::Policy` validates it.
@@ -296,6 +332,95 @@ where
         .map_err(|e| from_config_error(e, files))
 }
 
+/// One retry topic: records written to it are held `delay` after they were
+/// written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryTier {
+    pub delay: Duration,
+    pub topic: String,
+}
+
+/// The longest retry tier accepted: a retry partition is held at most this
+/// long, which must stay well under the topic's retention (Kafka's default
+/// is 7 days).
+pub const MAX_RETRY_TIER: Duration = Duration::from_secs(24 * 3600);
+
+impl KafkaSettings {
+    /// The retry topics, shortest delay first.
+    pub fn retry_tiers(&self) -> Vec<RetryTier> {
+        self.retry_tiers
+            .iter()
+            .map(|&delay| RetryTier {
+                delay,
+                topic: format!("{}.{}", self.retry_topic, tier_label(delay)),
+            })
+            .collect()
+    }
+
+    /// Every topic the worker needs: jobs, the retry tiers, dead letters.
+    pub fn all_topics(&self) -> Vec<String> {
+        let mut topics = vec![self.topic.clone()];
+        topics.extend(self.retry_tiers().into_iter().map(|t| t.topic));
+        topics.push(self.dlq_topic.clone());
+        topics
+    }
+
+    /// `(topic, partitions)` for every topic the worker needs, as a local
+    /// broker would create them: `partitions` for the jobs topic and each
+    /// retry tier (the same count, so a job keeps its partition), one for
+    /// the dead-letter topic.
+    pub fn topic_specs(&self, partitions: i32) -> Vec<(String, i32)> {
+        let mut specs: Vec<(String, i32)> = self
+            .all_topics()
+            .into_iter()
+            .map(|t| (t, partitions))
+            .collect();
+        if let Some(dlq) = specs.last_mut() {
+            dlq.1 = 1;
+        }
+        specs
+    }
+
+    fn validate_tiers(&self, at: &Loaded) -> Result<(), ConfigError> {
+        let key = "kafka.retry_tiers";
+        if self.retry_tiers.is_empty() {
+            return Err(at.error_at(key, "must name at least one delay, e.g. [\"1m\"]"));
+        }
+        for w in self.retry_tiers.windows(2) {
+            if w[1] <= w[0] {
+                return Err(at.error_at(key, "delays must be in increasing order"));
+            }
+        }
+        for d in &self.retry_tiers {
+            if *d < Duration::from_secs(1) || d.subsec_nanos() != 0 {
+                return Err(at.error_at(
+                    key,
+                    format!(
+                        "{} is not a whole number of seconds of at least 1s",
+                        tier_label(*d)
+                    ),
+                ));
+            }
+            if *d > MAX_RETRY_TIER {
+                return Err(at.error_at(
+                    key,
+                    format!(
+                        "{} is longer than {}: a retry partition is held for the longest tier, which must stay well under the topic's retention",
+                        tier_label(*d),
+                        tier_label(MAX_RETRY_TIER)
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `1m30s`: humantime's form without spaces, fit for a topic name.
+pub fn tier_label(d: Duration) -> String {
+    humantime::format_duration(d).to_string().replace(' ', "")
+}
+
 impl Settings {
     /// Checks that serde's types cannot express.
     fn validate(&self, at: &Loaded) -> Result<(), ConfigError> {
@@ -327,10 +452,20 @@ impl Settings {
                 u64::from(self.downstream.max_attempts),
             ),
             ("worker.max_buffered", self.worker.max_buffered as u64),
+            ("redis.unready_after", u64::from(self.redis.unready_after)),
+            (
+                "worker.max_buffered_bytes",
+                self.worker.max_buffered_bytes as u64,
+            ),
+            (
+                "worker.max_finished_ahead",
+                self.worker.max_finished_ahead as u64,
+            ),
             (
                 "worker.max_payload_bytes",
                 self.worker.max_payload_bytes as u64,
             ),
+            ("worker.max_job_cost", self.worker.max_job_cost),
         ];
         for (key, value) in positive {
             if value == 0 {
@@ -342,11 +477,26 @@ impl Settings {
             ("redis.timeout", self.redis.timeout),
             ("downstream.timeout", self.downstream.timeout),
             ("downstream.backoff_base", self.downstream.backoff_base),
+            ("worker.max_head_wait", self.worker.max_head_wait),
+            (
+                "downstream.max_retry_after",
+                self.downstream.max_retry_after,
+            ),
         ];
         for (key, value) in durations {
             if value.is_zero() {
                 return Err(at.error_at(key, "must be longer than 0"));
             }
+        }
+        self.kafka.validate_tiers(at)?;
+        // The worker adds this to `Instant::now()`; an absurd value (a typo
+        // such as "1000000y") would bring back the overflow the clamp exists
+        // to prevent, and a week is already longer than any real throttle.
+        if self.downstream.max_retry_after > MAX_RETRY_AFTER_LIMIT {
+            return Err(at.error_at(
+                "downstream.max_retry_after",
+                "must be at most 7d (longer waits belong to the retry topic)",
+            ));
         }
         if self.downstream.backoff_max < self.downstream.backoff_base {
             return Err(at.error_at(
@@ -384,6 +534,20 @@ fn from_config_error(e: config::ConfigError, files: &[String]) -> ConfigError {
         key: normal,
         problem,
     }
+}
+
+/// A list of durations in human form.
+fn human_durations<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Duration>, D::Error> {
+    let list = Vec::<String>::deserialize(d)?;
+    list.iter()
+        .map(|s| {
+            humantime::parse_duration(s.trim()).map_err(|e| {
+                serde::de::Error::custom(format!(
+                    "invalid duration {s:?}: {e} (write e.g. \"5s\", \"1m\", \"1h\")"
+                ))
+            })
+        })
+        .collect()
 }
 
 /// Durations in human form: "250ms", "1m", "1d", "50us".
@@ -468,6 +632,49 @@ mod tests {
         assert_eq!(err.key, "downstream.concurrency");
         assert_eq!(err.file, f.path().display().to_string());
         assert_eq!(err.problem, "must be at least 1");
+    }
+
+    #[test]
+    fn edge_limits_have_defaults_and_are_validated() {
+        let s = load_from(None, Vec::new()).unwrap().settings;
+        assert_eq!(s.downstream.max_retry_after, Duration::from_secs(3600));
+        assert_eq!(s.worker.max_job_cost, 10_000);
+        let cases = [
+            (
+                1,
+                "[downstream]\nmax_retry_after = \"0s\"\n",
+                "downstream.max_retry_after",
+                "must be longer than 0",
+            ),
+            (
+                2,
+                "[worker]\nmax_job_cost = 0\n",
+                "worker.max_job_cost",
+                "must be at least 1",
+            ),
+            (
+                3,
+                "[downstream]\nmax_retry_after = \"1000000y\"\n",
+                "downstream.max_retry_after",
+                "must be at most 7d (longer waits belong to the retry topic)",
+            ),
+        ];
+        for (row, text, key, problem) in cases {
+            let f = file(text);
+            let err = load_from(Some(f.path()), Vec::new())
+                .err()
+                .expect("must fail");
+            assert_eq!(
+                (err.key.as_str(), err.problem.as_str()),
+                (key, problem),
+                "row {row}: {err}"
+            );
+        }
+        let f = file("[worker]\nmax_job_cost = -1\n");
+        let err = load_from(Some(f.path()), Vec::new())
+            .err()
+            .expect("negative cost cap");
+        assert!(err.to_string().contains("max_job_cost"), "{err}");
     }
 
     #[test]

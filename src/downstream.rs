@@ -1,9 +1,15 @@
 //! The downstream HTTP API: the only module that imports `reqwest`.
 //!
-//! [`Downstream::call`] sends one job and classifies the answer into an
-//! [`Outcome`]; the worker decides what each outcome means for the record
+//! [`Downstream::send`] sends one job and classifies the answer into an
+//! [`Answer`]; the worker decides what each answer means for the record
 //! (commit, wait, retry topic, dead letter). [`backoff`] is the retry delay
-//! for [`Outcome::Retryable`].
+//! for [`Answer::Retryable`] and for a 429 whose wait is
+//! [`RetryAfter::Unspecified`].
+//!
+//! Everything read from the response is hostile input: a `Retry-After` is
+//! parsed without panicking and every wait it yields is clamped to
+//! `downstream.max_retry_after`, so one absurd header cannot overflow the
+//! worker's `Instant + wait` (issue 6, defect 3).
 
 use std::error::Error as _;
 use std::time::{Duration, SystemTime};
@@ -14,11 +20,12 @@ use reqwest::{StatusCode, Url};
 use tokio::sync::Semaphore;
 
 use crate::job::Job;
+use crate::telemetry::events::RetryAfterClamped;
 
-/// The wait used for a 429 whose `Retry-After` is missing or unreadable.
-/// One second is the smallest unit `Retry-After` can express, so it is the
-/// shortest wait that still honours "the server asked us to slow down".
-pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
+/// The default of `downstream.max_retry_after`: an hour is longer than any
+/// sane rate-limit window, yet short enough that a bogus header (a year, or
+/// 10^19 seconds) cannot park a seller for good.
+pub const DEFAULT_MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
 
 /// How much of an error response's body goes into a fatal reason (which
 /// becomes a dead letter's `x-error` header, so it must stay short).
@@ -40,14 +47,26 @@ pub enum DownstreamError {
     Client(String),
 }
 
+/// The wait a 429 asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryAfter {
+    /// Do not call again for this seller before this much time has passed.
+    /// Already clamped to `downstream.max_retry_after`; zero for a date in
+    /// the past or a negative number ("now").
+    Wait(Duration),
+    /// No `Retry-After`, or none that could be read (garbage, non-ASCII,
+    /// fractions): the worker chooses the wait, with its [`backoff`], rather
+    /// than a fixed delay that would make every replica retry in lockstep.
+    Unspecified,
+}
+
 /// What one call's answer means for the job.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+pub enum Answer {
     /// 2xx: the job is done.
     Done,
-    /// 429: do not call again for this seller before this much time has
-    /// passed (from `Retry-After`, else [`DEFAULT_RETRY_AFTER`]).
-    RetryAfter(Duration),
+    /// 429: the downstream throttles this seller.
+    Throttled(RetryAfter),
     /// 5xx, timeout, connection or transport error: worth another attempt
     /// after [`backoff`].
     Retryable { reason: String },
@@ -65,6 +84,8 @@ pub struct Downstream {
     timeout: Duration,
     /// Holds `concurrency` permits; one per call in flight. Never closed.
     permits: Semaphore,
+    /// Upper bound of every [`RetryAfter::Wait`]; greater than zero.
+    max_retry_after: Duration,
 }
 
 impl Downstream {
@@ -96,7 +117,19 @@ impl Downstream {
             url,
             timeout,
             permits: Semaphore::new(concurrency.min(Semaphore::MAX_PERMITS)),
+            max_retry_after: DEFAULT_MAX_RETRY_AFTER,
         })
+    }
+
+    /// Sets `downstream.max_retry_after` (default [`DEFAULT_MAX_RETRY_AFTER`]).
+    /// Config validation keeps it above zero; a zero here is ignored, since
+    /// clamping every 429 to "now" would turn a throttled seller into a
+    /// tight loop.
+    pub fn with_max_retry_after(mut self, max: Duration) -> Downstream {
+        if !max.is_zero() {
+            self.max_retry_after = max;
+        }
+        self
     }
 
     /// The validated URL every job is posted to.
@@ -106,12 +139,12 @@ impl Downstream {
 
     /// Posts one job and classifies the answer. Waits for a concurrency
     /// permit first.
-    pub async fn call(&self, job: &Job) -> Outcome {
+    pub async fn send(&self, job: &Job) -> Answer {
         // The semaphore is owned by `self` and never closed, so acquire can
         // only fail if that invariant is broken; report it as retryable
         // rather than panic inside the worker.
         let Ok(_permit) = self.permits.acquire().await else {
-            return Outcome::Retryable {
+            return Answer::Retryable {
                 reason: "downstream concurrency limiter is closed".to_owned(),
             };
         };
@@ -129,18 +162,19 @@ impl Downstream {
             .header(CONTENT_TYPE, "application/json")
             .header("Idempotency-Key", key)
             .header("X-Seller-Id", seller)
-            .body(job.payload_bytes().to_vec())
+            .header("X-Job-Cost", HeaderValue::from(job.cost))
+            .body(job.payload.clone())
             .send()
             .await;
         match sent {
-            Ok(response) => classify_response(response).await,
+            Ok(response) => classify_response(response, self.max_retry_after).await,
             Err(e) => self.classify_error(&e),
         }
     }
 
-    fn classify_error(&self, e: &reqwest::Error) -> Outcome {
+    fn classify_error(&self, e: &reqwest::Error) -> Answer {
         if e.is_builder() {
-            return Outcome::Fatal {
+            return Answer::Fatal {
                 status: None,
                 reason: format!("could not build the downstream request: {}", error_chain(e)),
             };
@@ -152,14 +186,14 @@ impl Downstream {
         } else {
             format!("downstream request failed: {}", error_chain(e))
         };
-        Outcome::Retryable { reason }
+        Answer::Retryable { reason }
     }
 }
 
-fn fatal_header(field: &str) -> Outcome {
+fn fatal_header(field: &str) -> Answer {
     // Job::parse rejects control characters, so this only fires for ids
     // built some other way.
-    Outcome::Fatal {
+    Answer::Fatal {
         status: None,
         reason: format!("{field} cannot be sent as an HTTP header value"),
     }
@@ -188,17 +222,19 @@ fn parse_url(url: &str) -> Result<Url, DownstreamError> {
     Ok(parsed)
 }
 
-async fn classify_response(mut response: reqwest::Response) -> Outcome {
+async fn classify_response(mut response: reqwest::Response, max_retry_after: Duration) -> Answer {
     let status = response.status();
     if status.is_success() {
-        return Outcome::Done;
+        return Answer::Done;
     }
     if status == StatusCode::TOO_MANY_REQUESTS {
-        let header = response
+        // Non-ASCII values cannot be read and count as absent.
+        let values = response
             .headers()
-            .get(RETRY_AFTER)
-            .and_then(|v| v.to_str().ok());
-        return Outcome::RetryAfter(parse_retry_after(header, SystemTime::now()));
+            .get_all(RETRY_AFTER)
+            .iter()
+            .filter_map(|v| v.to_str().ok());
+        return Answer::Throttled(retry_after(values, SystemTime::now(), max_retry_after));
     }
     let excerpt = body_excerpt(&mut response).await;
     let reason = match excerpt {
@@ -206,9 +242,9 @@ async fn classify_response(mut response: reqwest::Response) -> Outcome {
         None => format!("downstream answered {status}"),
     };
     if status.is_server_error() {
-        Outcome::Retryable { reason }
+        Answer::Retryable { reason }
     } else {
-        Outcome::Fatal {
+        Answer::Fatal {
             status: Some(status.as_u16()),
             reason,
         }
@@ -234,23 +270,72 @@ async fn body_excerpt(response: &mut reqwest::Response) -> Option<String> {
     (!text.is_empty()).then(|| text.to_owned())
 }
 
-/// Reads a `Retry-After` value: delta-seconds (`"120"`) or an HTTP date
-/// (`"Wed, 21 Oct 2015 07:28:00 GMT"`), relative to `now`. A date in the past
-/// means zero. Missing or unreadable → [`DEFAULT_RETRY_AFTER`].
-pub fn parse_retry_after(header: Option<&str>, now: SystemTime) -> Duration {
-    let Some(value) = header.map(str::trim) else {
-        return DEFAULT_RETRY_AFTER;
+/// The wait a 429 response asks for, from all its `Retry-After` values,
+/// clamped to `max` (a clamp is logged as [`RetryAfterClamped`]).
+///
+/// The field is not a list (RFC 9110 §10.2.3), so several values mean a
+/// confused server or proxy; the longest readable one wins, because waiting
+/// too long only delays a seller while waiting too little earns another 429.
+/// No readable value at all is [`RetryAfter::Unspecified`].
+pub fn retry_after<'a>(
+    values: impl IntoIterator<Item = &'a str>,
+    now: SystemTime,
+    max: Duration,
+) -> RetryAfter {
+    let Some(wait) = values
+        .into_iter()
+        .filter_map(|v| parse_retry_after(v, now))
+        .max()
+    else {
+        return RetryAfter::Unspecified;
     };
-    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
-        return value
-            .parse::<u64>()
-            .map(Duration::from_secs)
-            .unwrap_or(DEFAULT_RETRY_AFTER);
+    if wait > max {
+        RetryAfterClamped {
+            requested: wait,
+            max,
+        }
+        .emit();
+        return RetryAfter::Wait(max);
     }
-    match httpdate::parse_http_date(value) {
-        Ok(at) => at.duration_since(now).unwrap_or(Duration::ZERO),
-        Err(_) => DEFAULT_RETRY_AFTER,
+    RetryAfter::Wait(wait)
+}
+
+/// Reads one `Retry-After` value relative to `now`, unclamped: delta-seconds
+/// (`"120"`) or an HTTP date (`"Wed, 21 Oct 2015 07:28:00 GMT"`).
+///
+/// A date in the past and a negative number (not allowed by the RFC, but
+/// its only sensible meaning) are zero. Seconds beyond `u64` saturate to
+/// [`Duration::MAX`]. Anything else (empty, fractions, `+5`, words) is
+/// `None`: the server said nothing usable.
+///
+/// ```
+/// use std::time::{Duration, SystemTime};
+/// use throttle_worker::downstream::parse_retry_after;
+///
+/// let now = SystemTime::now();
+/// assert_eq!(parse_retry_after("120", now), Some(Duration::from_secs(120)));
+/// assert_eq!(parse_retry_after("-3", now), Some(Duration::ZERO));
+/// assert_eq!(parse_retry_after("soon", now), None);
+/// ```
+pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    let (negative, digits) = match value.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, value),
+    };
+    if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
+        if negative {
+            return Some(Duration::ZERO);
+        }
+        // All digits, so the only possible parse error is overflow.
+        return Some(
+            digits
+                .parse::<u64>()
+                .map_or(Duration::MAX, Duration::from_secs),
+        );
     }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
 }
 
 /// The delay before retry number `attempt` (1 = first retry), exponential
@@ -333,6 +418,8 @@ mod tests {
         seen: Seen,
         in_flight: Arc<AtomicUsize>,
         max_in_flight: Arc<AtomicUsize>,
+        /// Calls the storm route has answered.
+        storm: Arc<AtomicUsize>,
     }
 
     async fn record(State(s): State<Server>, headers: HeaderMap, body: Bytes) -> AxStatus {
@@ -352,12 +439,51 @@ mod tests {
                 SystemTime::now() + Duration::from_secs(30),
             )),
             "garbage" => Some("soon".to_owned()),
+            "huge" => Some("10000000000000000000".to_owned()),
+            "beyond-u64" => Some("99999999999999999999999999999".to_owned()),
+            "negative" => Some("-30".to_owned()),
+            "past" => Some("Wed, 21 Oct 2015 07:28:00 GMT".to_owned()),
+            "fraction" => Some("1.5".to_owned()),
             _ => None,
         };
         if let Some(v) = value {
             headers.insert("retry-after", v.parse().unwrap());
         }
+        match kind.as_str() {
+            // Two values: the longest readable one wins.
+            "multiple" => {
+                headers.append("retry-after", "3".parse().unwrap());
+                headers.append("retry-after", "junk".parse().unwrap());
+                headers.append("retry-after", "9".parse().unwrap());
+            }
+            // Bytes that are not visible ASCII: unreadable, so absent.
+            "non-ascii" => {
+                headers.insert(
+                    "retry-after",
+                    axum::http::HeaderValue::from_bytes("5 sécondes".as_bytes()).unwrap(),
+                );
+            }
+            "huge-and-small" => {
+                headers.append("retry-after", "2".parse().unwrap());
+                headers.append("retry-after", "18446744073709551615".parse().unwrap());
+            }
+            _ => {}
+        }
         (AxStatus::TOO_MANY_REQUESTS, headers)
+    }
+
+    /// A 5xx storm: every status of the class, with bodies a proxy might
+    /// send (empty, binary, control characters, 256 KiB).
+    async fn storm(State(s): State<Server>) -> impl IntoResponse {
+        let n = s.storm.fetch_add(1, Ordering::SeqCst);
+        let codes = [500, 502, 503, 504, 507, 599];
+        let body: Vec<u8> = match n % 4 {
+            0 => Vec::new(),
+            1 => vec![0xff, 0xfe, 0, 1, 2, b'\n', 0x80],
+            2 => "bad\r\n\tgateway\u{7}".repeat(50).into_bytes(),
+            _ => vec![b'x'; 256 << 10],
+        };
+        (AxStatus::from_u16(codes[n % codes.len()]).unwrap(), body)
     }
 
     async fn slow() -> AxStatus {
@@ -382,6 +508,7 @@ mod tests {
             .route("/status/{code}", post(status))
             .route("/429/{kind}", post(too_many))
             .route("/slow", post(slow))
+            .route("/storm", post(storm))
             .route("/busy", post(busy))
             .with_state(server.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -391,7 +518,8 @@ mod tests {
     }
 
     fn job(payload: &str) -> Job {
-        let value = format!(r#"{{"job_id":"job-1","seller_id":"seller-9","payload":{payload}}}"#);
+        let value =
+            format!(r#"{{"job_id":"job-1","seller_id":"seller-9","payload":{payload},"cost":3}}"#);
         Job::parse(value.as_bytes(), 1 << 20).unwrap()
     }
 
@@ -408,8 +536,8 @@ mod tests {
     async fn posts_payload_verbatim_with_headers() {
         let (addr, server) = serve().await;
         let payload = r#"{ "b" : 1.50, "a": ["x"] }"#;
-        let outcome = client(addr, "/ok").call(&job(payload)).await;
-        assert_eq!(outcome, Outcome::Done);
+        let outcome = client(addr, "/ok").send(&job(payload)).await;
+        assert_eq!(outcome, Answer::Done);
         let seen = server.seen.lock().unwrap();
         assert_eq!(seen.len(), 1, "exactly one request");
         let (headers, body) = &seen[0];
@@ -421,6 +549,18 @@ mod tests {
         assert_eq!(headers["content-type"], "application/json");
         assert_eq!(headers["idempotency-key"], "job-1");
         assert_eq!(headers["x-seller-id"], "seller-9");
+        assert_eq!(headers["x-job-cost"], "3");
+    }
+
+    /// The clamp used by the status table: small, to show it applies.
+    const MAX_RA: Duration = Duration::from_secs(600);
+
+    fn wait(d: Duration) -> Answer {
+        Answer::Throttled(RetryAfter::Wait(d))
+    }
+
+    fn unspecified() -> Answer {
+        Answer::Throttled(RetryAfter::Unspecified)
     }
 
     #[tokio::test]
@@ -430,27 +570,27 @@ mod tests {
             let text = AxStatus::from_u16(code).unwrap().to_string();
             format!("downstream answered {text}: line one line two")
         };
-        let cases: Vec<(u32, &str, Outcome)> = vec![
-            (1, "/status/200", Outcome::Done),
-            (2, "/status/204", Outcome::Done),
+        let cases: Vec<(u32, &str, Answer)> = vec![
+            (1, "/status/200", Answer::Done),
+            (2, "/status/204", Answer::Done),
             (
                 3,
                 "/status/500",
-                Outcome::Retryable {
+                Answer::Retryable {
                     reason: reason(500),
                 },
             ),
             (
                 4,
                 "/status/503",
-                Outcome::Retryable {
+                Answer::Retryable {
                     reason: reason(503),
                 },
             ),
             (
                 5,
                 "/status/400",
-                Outcome::Fatal {
+                Answer::Fatal {
                     status: Some(400),
                     reason: reason(400),
                 },
@@ -458,7 +598,7 @@ mod tests {
             (
                 6,
                 "/status/404",
-                Outcome::Fatal {
+                Answer::Fatal {
                     status: Some(404),
                     reason: reason(404),
                 },
@@ -466,7 +606,7 @@ mod tests {
             (
                 7,
                 "/status/409",
-                Outcome::Fatal {
+                Answer::Fatal {
                     status: Some(409),
                     reason: reason(409),
                 },
@@ -474,26 +614,33 @@ mod tests {
             (
                 8,
                 "/status/302",
-                Outcome::Fatal {
+                Answer::Fatal {
                     status: Some(302),
                     reason: reason(302),
                 },
             ),
-            (
-                9,
-                "/429/seconds",
-                Outcome::RetryAfter(Duration::from_secs(7)),
-            ),
-            (10, "/429/none", Outcome::RetryAfter(DEFAULT_RETRY_AFTER)),
-            (11, "/429/garbage", Outcome::RetryAfter(DEFAULT_RETRY_AFTER)),
+            (9, "/429/seconds", wait(Duration::from_secs(7))),
+            (10, "/429/none", unspecified()),
+            (11, "/429/garbage", unspecified()),
+            (12, "/429/huge", wait(MAX_RA)),
+            (13, "/429/beyond-u64", wait(MAX_RA)),
+            (14, "/429/negative", wait(Duration::ZERO)),
+            (15, "/429/past", wait(Duration::ZERO)),
+            (16, "/429/fraction", unspecified()),
+            (17, "/429/multiple", wait(Duration::from_secs(9))),
+            (18, "/429/non-ascii", unspecified()),
+            (19, "/429/huge-and-small", wait(MAX_RA)),
         ];
         for (row, path, want) in cases {
-            let got = client(addr, path).call(&job("1")).await;
+            let got = client(addr, path)
+                .with_max_retry_after(MAX_RA)
+                .send(&job("1"))
+                .await;
             assert_eq!(got, want, "row {row}: POST {path}");
         }
         // An HTTP date 30 s ahead, at one-second resolution.
-        match client(addr, "/429/date").call(&job("1")).await {
-            Outcome::RetryAfter(d) => assert!(
+        match client(addr, "/429/date").send(&job("1")).await {
+            Answer::Throttled(RetryAfter::Wait(d)) => assert!(
                 d > Duration::from_secs(28) && d <= Duration::from_secs(30),
                 "date-based retry-after {d:?}"
             ),
@@ -510,8 +657,8 @@ mod tests {
             1,
         )
         .unwrap();
-        match slow.call(&job("1")).await {
-            Outcome::Retryable { reason } => assert!(reason.contains("timed out"), "{reason}"),
+        match slow.send(&job("1")).await {
+            Answer::Retryable { reason } => assert!(reason.contains("timed out"), "{reason}"),
             other => panic!("slow server: got {other:?}"),
         }
         // A port that was just free: nothing listens there.
@@ -519,10 +666,162 @@ mod tests {
             .unwrap()
             .local_addr()
             .unwrap();
-        match client(free, "/ok").call(&job("1")).await {
-            Outcome::Retryable { reason } => assert!(reason.contains("connect"), "{reason}"),
+        match client(free, "/ok").send(&job("1")).await {
+            Answer::Retryable { reason } => assert!(reason.contains("connect"), "{reason}"),
             other => panic!("refused connection: got {other:?}"),
         }
+    }
+
+    #[tokio::test]
+    async fn a_5xx_storm_is_retryable_with_short_one_line_reasons() {
+        let (addr, server) = serve().await;
+        let downstream =
+            Downstream::new(&format!("http://{addr}/storm"), Duration::from_secs(5), 8).unwrap();
+        let j = job("1");
+        let calls = (0..200).map(|n| {
+            let (c, j) = (&downstream, &j);
+            async move { (n, c.send(j).await) }
+        });
+        for (n, answer) in futures::future::join_all(calls).await {
+            let Answer::Retryable { reason } = answer else {
+                panic!("storm call {n}: got {answer:?}");
+            };
+            assert!(
+                reason.len() <= 400,
+                "call {n}: {} byte reason",
+                reason.len()
+            );
+            assert!(
+                !reason.chars().any(char::is_control),
+                "call {n}: {reason:?}"
+            );
+        }
+        assert_eq!(
+            server.storm.load(Ordering::SeqCst),
+            200,
+            "every call reached the server"
+        );
+    }
+
+    /// A server that answers one canned byte string per connection, after
+    /// reading the request, then closes: responses no framework would send.
+    async fn raw(response: &'static [u8]) -> SocketAddr {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let mut seen = Vec::new();
+                let mut buf = [0u8; 4096];
+                // Read the head, then as many body bytes as it announces.
+                while let Ok(n) = conn.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    seen.extend_from_slice(&buf[..n]);
+                    let text = String::from_utf8_lossy(&seen).to_ascii_lowercase();
+                    if let Some(end) = text.find("\r\n\r\n") {
+                        let len = text
+                            .split("content-length:")
+                            .nth(1)
+                            .and_then(|r| r.split("\r\n").next())
+                            .and_then(|v| v.trim().parse::<usize>().ok())
+                            .unwrap_or(0);
+                        if seen.len() >= end + 4 + len {
+                            break;
+                        }
+                    }
+                }
+                let _ = conn.write_all(response).await;
+                let _ = conn.shutdown().await;
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn hostile_responses_classify_and_never_panic() {
+        let max = Duration::from_secs(60);
+        let ok_429 = |ra: RetryAfter| move |a: &Answer| *a == Answer::Throttled(ra);
+        let retryable = |a: &Answer| matches!(a, Answer::Retryable { .. });
+        type Check = Box<dyn Fn(&Answer) -> bool>;
+        let cases: Vec<(u32, &'static [u8], Check)> = vec![
+            (
+                1,
+                b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: \xff\xfe5\r\ncontent-length: 0\r\n\r\n",
+                Box::new(ok_429(RetryAfter::Unspecified)),
+            ),
+            (
+                2,
+                b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: -1\r\ncontent-length: 0\r\n\r\n",
+                Box::new(ok_429(RetryAfter::Wait(Duration::ZERO))),
+            ),
+            (
+                3,
+                b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 1\r\nRetry-After: 99999999999999999999999\r\ncontent-length: 0\r\n\r\n",
+                Box::new(ok_429(RetryAfter::Wait(max))),
+            ),
+            (
+                4,
+                b"HTTP/1.1 429 Too Many Requests\r\nRetry-After:\r\ncontent-length: 0\r\n\r\n",
+                Box::new(ok_429(RetryAfter::Unspecified)),
+            ),
+            (
+                5,
+                b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 5, 10\r\ncontent-length: 0\r\n\r\n",
+                Box::new(ok_429(RetryAfter::Unspecified)),
+            ),
+            (
+                6,
+                b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 10000000000000000000\r\ncontent-length: 0\r\n\r\n",
+                Box::new(ok_429(RetryAfter::Wait(max))),
+            ),
+            (
+                7,
+                b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: Fri, 31 Dec 9999 23:59:59 GMT\r\ncontent-length: 0\r\n\r\n",
+                Box::new(ok_429(RetryAfter::Wait(max))),
+            ),
+            // Not HTTP, nothing at all, a truncated 503 body: transport faults.
+            (8, b"hello\r\n\r\n", Box::new(retryable)),
+            (9, b"", Box::new(retryable)),
+            (
+                10,
+                b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 100\r\n\r\nonly ten b",
+                Box::new(retryable),
+            ),
+            (
+                11,
+                b"HTTP/1.1 999 Whatever\r\ncontent-length: 0\r\n\r\n",
+                Box::new(|a: &Answer| matches!(a, Answer::Fatal { status: Some(999), .. })),
+            ),
+            (
+                12,
+                b"HTTP/1.1 200 OK\r\nX-Bad: a\0b\r\ncontent-length: 0\r\n\r\n",
+                Box::new(|a: &Answer| *a == Answer::Done || matches!(a, Answer::Retryable { .. })),
+            ),
+        ];
+        for (row, response, check) in cases {
+            let addr = raw(response).await;
+            let got = client(addr, "/x")
+                .with_max_retry_after(max)
+                .send(&job("1"))
+                .await;
+            assert!(check(&got), "row {row}: got {got:?}");
+        }
+        // A Retry-After of 64 KiB of digits: clamped, or refused by the
+        // HTTP parser as too large, never a panic.
+        let mut long = b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: ".to_vec();
+        long.extend(std::iter::repeat_n(b'9', 64 << 10));
+        long.extend_from_slice(b"\r\ncontent-length: 0\r\n\r\n");
+        let addr = raw(Box::leak(long.into_boxed_slice())).await;
+        let got = client(addr, "/x")
+            .with_max_retry_after(max)
+            .send(&job("1"))
+            .await;
+        assert!(
+            got == Answer::Throttled(RetryAfter::Wait(max)) || retryable(&got),
+            "64 KiB Retry-After: got {got:?}"
+        );
     }
 
     #[tokio::test]
@@ -531,9 +830,9 @@ mod tests {
         let downstream =
             Downstream::new(&format!("http://{addr}/busy"), Duration::from_secs(2), 2).unwrap();
         let j = job("1");
-        let calls = (0..8).map(|_| downstream.call(&j));
+        let calls = (0..8).map(|_| downstream.send(&j));
         let outcomes = futures::future::join_all(calls).await;
-        assert!(outcomes.iter().all(|o| *o == Outcome::Done), "{outcomes:?}");
+        assert!(outcomes.iter().all(|o| *o == Answer::Done), "{outcomes:?}");
         let max = server.max_in_flight.load(Ordering::SeqCst);
         assert_eq!(
             max, 2,
@@ -580,30 +879,85 @@ mod tests {
         assert_eq!(ok.url(), "https://api.example.com/v1/jobs");
     }
 
+    /// Issue 6 defect 3: a 10^19 s Retry-After overflowed `Instant + wait`
+    /// in the worker and panicked every replica.
+    #[test]
+    fn absurd_retry_after_is_clamped_and_addable_to_an_instant() {
+        let now = SystemTime::now();
+        let max = DEFAULT_MAX_RETRY_AFTER;
+        for value in [
+            "10000000000000000000",
+            "18446744073709551615",
+            "9".repeat(400).as_str(),
+        ] {
+            let RetryAfter::Wait(wait) = retry_after([value], now, max) else {
+                panic!("{value:.30}: a number is a wait");
+            };
+            assert_eq!(
+                wait, max,
+                "{value:.30} is clamped to downstream.max_retry_after"
+            );
+            assert!(std::time::Instant::now().checked_add(wait).is_some());
+        }
+        // A date centuries ahead is clamped too.
+        let far = "Fri, 31 Dec 9999 23:59:59 GMT";
+        assert_eq!(retry_after([far], now, max), RetryAfter::Wait(max));
+    }
+
     #[test]
     fn retry_after_parsing() {
         let now = httpdate::parse_http_date("Wed, 21 Oct 2015 07:28:00 GMT").unwrap();
-        let cases: Vec<(u32, Option<&str>, Duration)> = vec![
-            (1, Some("120"), Duration::from_secs(120)),
-            (2, Some(" 0 "), Duration::ZERO),
-            (
-                3,
-                Some("Wed, 21 Oct 2015 07:28:05 GMT"),
-                Duration::from_secs(5),
-            ),
-            (4, Some("Wed, 21 Oct 2015 07:27:00 GMT"), Duration::ZERO),
-            (5, None, DEFAULT_RETRY_AFTER),
-            (6, Some(""), DEFAULT_RETRY_AFTER),
-            (7, Some("-5"), DEFAULT_RETRY_AFTER),
-            (8, Some("1.5"), DEFAULT_RETRY_AFTER),
-            (9, Some("99999999999999999999999"), DEFAULT_RETRY_AFTER),
-            (10, Some("tomorrow"), DEFAULT_RETRY_AFTER),
+        let s = Duration::from_secs;
+        let cases: Vec<(u32, &str, Option<Duration>)> = vec![
+            (1, "120", Some(s(120))),
+            (2, " 0 ", Some(Duration::ZERO)),
+            (3, "Wed, 21 Oct 2015 07:28:05 GMT", Some(s(5))),
+            (4, "Wed, 21 Oct 2015 07:27:00 GMT", Some(Duration::ZERO)),
+            (5, "", None),
+            (6, "-5", Some(Duration::ZERO)),
+            (7, "-99999999999999999999999", Some(Duration::ZERO)),
+            (8, "1.5", None),
+            (9, "99999999999999999999999", Some(Duration::MAX)),
+            (10, "tomorrow", None),
+            (11, "+5", None),
+            (12, "-", None),
+            (13, "--5", None),
+            (14, "5 5", None),
+            (15, "0x10", None),
+            (16, "１２", None),
+            (17, "18446744073709551615", Some(s(u64::MAX))),
+            (18, "Wed, 21 Oct 2015 07:28:00 GMT trailing", None),
         ];
         for (row, header, want) in cases {
             assert_eq!(
                 parse_retry_after(header, now),
                 want,
                 "row {row}: {header:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn retry_after_clamps_picks_the_longest_and_treats_garbage_as_absent() {
+        let now = httpdate::parse_http_date("Wed, 21 Oct 2015 07:28:00 GMT").unwrap();
+        let max = Duration::from_secs(60);
+        let s = Duration::from_secs;
+        let cases: Vec<(u32, Vec<&str>, RetryAfter)> = vec![
+            (1, vec![], RetryAfter::Unspecified),
+            (2, vec!["soon"], RetryAfter::Unspecified),
+            (3, vec!["30"], RetryAfter::Wait(s(30))),
+            (4, vec!["60"], RetryAfter::Wait(max)),
+            (5, vec!["61"], RetryAfter::Wait(max)),
+            (6, vec!["-1"], RetryAfter::Wait(Duration::ZERO)),
+            (7, vec!["5", "garbage", "20"], RetryAfter::Wait(s(20))),
+            (8, vec!["garbage", "-3"], RetryAfter::Wait(Duration::ZERO)),
+            (9, vec!["2", "99999999999999999999"], RetryAfter::Wait(max)),
+        ];
+        for (row, values, want) in cases {
+            assert_eq!(
+                retry_after(values.clone(), now, max),
+                want,
+                "row {row}: {values:?}"
             );
         }
     }
@@ -665,5 +1019,44 @@ mod tests {
             Duration::ZERO,
             "zero base never panics"
         );
+    }
+
+    proptest::proptest! {
+        /// Any attempt count, base and max: no panic, never above max (nor
+        /// the ceiling), never below half the ceiling.
+        #[test]
+        fn backoff_never_overflows_and_stays_bounded(
+            attempt in proptest::prelude::any::<u32>(),
+            base_ns in proptest::prelude::any::<u64>(),
+            max_s in proptest::prelude::any::<u64>(),
+            max_ns in 0u32..1_000_000_000,
+            seed in proptest::prelude::any::<u64>(),
+        ) {
+            let base = Duration::from_nanos(base_ns);
+            let max = Duration::new(max_s, max_ns);
+            let mut rng = StdRng::seed_from_u64(seed);
+            let ceiling = backoff_ceiling(attempt, base, max);
+            let d = backoff_with(attempt, base, max, &mut rng);
+            proptest::prop_assert!(ceiling <= max);
+            proptest::prop_assert!(d <= ceiling, "{:?} > ceiling {:?}", d, ceiling);
+            let floor = ceiling.min(Duration::from_nanos(u64::MAX)) / 2;
+            proptest::prop_assert!(d >= floor, "{:?} < floor {:?}", d, floor);
+            let _ = backoff(attempt, base, max);
+        }
+
+        /// Jitter: replicas retrying the same attempt do not line up.
+        #[test]
+        fn backoff_has_jitter(
+            attempt in 1u32..64,
+            base_us in 1u64..1_000_000,
+            seed in proptest::prelude::any::<u64>(),
+        ) {
+            let base = Duration::from_micros(base_us);
+            let max = Duration::from_secs(30);
+            let mut rng = StdRng::seed_from_u64(seed);
+            let draws: std::collections::HashSet<Duration> =
+                (0..16).map(|_| backoff_with(attempt, base, max, &mut rng)).collect();
+            proptest::prop_assert!(draws.len() > 8, "{} distinct of 16", draws.len());
+        }
     }
 }

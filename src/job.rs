@@ -1,15 +1,55 @@
 //! The job envelope: what one Kafka record value carries, and how it is
 //! checked before anything else touches it.
 //!
-//! A record value is JSON `{"job_id": "...", "seller_id": "...", "payload": <any JSON>}`.
+//! A record value is JSON `{"job_id": "...", "seller_id": "...", "payload": <any JSON>}`,
+//! with an optional `"cost"`: a positive integer (default 1, at most
+//! `worker.max_job_cost`) that the limiter charges and the downstream
+//! receives as `X-Job-Cost`.
 //! The payload is kept as raw JSON text and forwarded byte for byte as the
 //! downstream body, so parsing never re-serialises it. Unknown top-level
 //! fields are ignored so producers can add metadata without breaking workers.
 
 use std::fmt;
 
+use bytes::Bytes;
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
+
+use crate::config::WorkerSettings;
+
+/// The default of `worker.max_job_cost`: far above any real batch, low
+/// enough that one job cannot drain a seller's quota for a day.
+pub const DEFAULT_MAX_JOB_COST: u64 = 10_000;
+
+/// What a record value is checked against (the `[worker]` limits).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Longest accepted `payload`, in bytes.
+    pub max_payload_bytes: usize,
+    /// Highest accepted `cost`; at least 1 (config validates it).
+    pub max_job_cost: u64,
+}
+
+impl From<&WorkerSettings> for Limits {
+    fn from(w: &WorkerSettings) -> Limits {
+        Limits {
+            max_payload_bytes: w.max_payload_bytes,
+            max_job_cost: w.max_job_cost,
+        }
+    }
+}
+
+/// A bare payload limit, with the default cost cap. Kept so that
+/// `Job::parse(value, max_payload_bytes)` callers still build; the engine
+/// should pass `Limits::from(&settings.worker)` so the configured cap holds.
+impl From<usize> for Limits {
+    fn from(max_payload_bytes: usize) -> Limits {
+        Limits {
+            max_payload_bytes,
+            max_job_cost: DEFAULT_MAX_JOB_COST,
+        }
+    }
+}
 
 /// The seller a job is throttled under. Never empty and free of control
 /// characters (it travels as the `X-Seller-Id` header and inside Redis keys).
@@ -42,8 +82,12 @@ pub struct Job {
     pub job_id: String,
     pub seller_id: SellerId,
     /// The `payload` member exactly as it appeared in the record (any JSON,
-    /// `null` included), at most the configured `max_payload_bytes` long.
-    pub payload: Box<RawValue>,
+    /// `null` included), at most the configured `max_payload_bytes` long:
+    /// a view into the record's value, not a copy of it (see
+    /// [`Job::parse_shared`]), so a job in memory holds its payload once.
+    pub payload: Bytes,
+    /// Units the job weighs: at least 1, at most `worker.max_job_cost`.
+    pub cost: u64,
 }
 
 /// Which id field an error is about.
@@ -89,6 +133,9 @@ pub enum JobError {
     MissingPayload,
     #[error("job payload is {size} bytes, over the limit of {limit} bytes")]
     PayloadTooLarge { size: usize, limit: usize },
+    /// `problem` never quotes the value beyond a parsed integer.
+    #[error("job has an invalid cost: {problem}")]
+    BadCost { problem: String },
 }
 
 impl JobError {
@@ -105,6 +152,7 @@ impl JobError {
             JobError::ControlCharacter(_) => "control_character",
             JobError::MissingPayload => "missing_payload",
             JobError::PayloadTooLarge { .. } => "payload_too_large",
+            JobError::BadCost { .. } => "bad_cost",
         }
     }
 }
@@ -112,32 +160,51 @@ impl JobError {
 /// The wire shape. Every member is optional here so that a missing one gets
 /// its own error instead of serde's generic "missing field".
 #[derive(Deserialize)]
-struct Envelope {
+struct Envelope<'a> {
     #[serde(default)]
     job_id: Option<String>,
     #[serde(default)]
     seller_id: Option<String>,
     /// `None` only when the member is absent; a JSON `null` is kept as raw
-    /// `null` (a plain `Option` would fold it into `None`).
-    #[serde(default, deserialize_with = "present")]
-    payload: Option<Box<RawValue>>,
+    /// `null` (a plain `Option` would fold it into `None`). Borrowed from
+    /// the record's text, so that the job can point into it.
+    #[serde(default, borrow, deserialize_with = "present")]
+    payload: Option<&'a RawValue>,
+    /// Kept raw so that `1e9` and `2.0` can be told apart from integers
+    /// (serde would accept or round them); `null` is kept too and refused.
+    #[serde(default, borrow, deserialize_with = "present")]
+    cost: Option<&'a RawValue>,
 }
 
-fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Box<RawValue>>, D::Error> {
-    Box::<RawValue>::deserialize(d).map(Some)
+fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(d).map(Some)
 }
 
 impl Job {
     /// Parses one record value. Pass `&[]` for a record without a value.
     ///
     /// ```
-    /// use throttle_worker::job::{Job, JobError};
+    /// use throttle_worker::job::{Job, JobError, Limits};
     ///
-    /// let job = Job::parse(br#"{"job_id":"j1","seller_id":"s1","payload":{"a": 1}}"#, 1024).unwrap();
-    /// assert_eq!(job.payload.get(), r#"{"a": 1}"#);
-    /// assert_eq!(Job::parse(b"", 1024).unwrap_err(), JobError::Empty);
+    /// let limits = Limits { max_payload_bytes: 1024, max_job_cost: 100 };
+    /// let job = Job::parse(br#"{"job_id":"j1","seller_id":"s1","payload":{"a": 1}}"#, limits).unwrap();
+    /// assert_eq!(job.payload_bytes(), br#"{"a": 1}"#);
+    /// assert_eq!(job.cost, 1);
+    /// let job = Job::parse(br#"{"job_id":"j1","seller_id":"s1","payload":1,"cost":7}"#, limits).unwrap();
+    /// assert_eq!(job.cost, 7);
+    /// assert_eq!(Job::parse(b"", limits).unwrap_err(), JobError::Empty);
     /// ```
-    pub fn parse(value: &[u8], max_payload_bytes: usize) -> Result<Job, JobError> {
+    pub fn parse(value: &[u8], limits: impl Into<Limits>) -> Result<Job, JobError> {
+        Job::parse_shared(&Bytes::copy_from_slice(value), limits)
+    }
+
+    /// [`Job::parse`] of a value the caller keeps: the job's payload is a
+    /// view into `value`, not a copy.
+    pub fn parse_shared(value: &Bytes, limits: impl Into<Limits>) -> Result<Job, JobError> {
+        let Limits {
+            max_payload_bytes,
+            max_job_cost,
+        } = limits.into();
         let text = std::str::from_utf8(value).map_err(|e| JobError::NotUtf8 {
             valid_up_to: e.valid_up_to(),
         })?;
@@ -152,25 +219,70 @@ impl Job {
         let envelope: Envelope = serde_json::from_str(text).map_err(classify)?;
         let job_id = required_id(Field::JobId, envelope.job_id)?;
         let seller_id = SellerId(required_id(Field::SellerId, envelope.seller_id)?);
-        let payload = envelope.payload.ok_or(JobError::MissingPayload)?;
-        let size = payload.get().len();
+        let raw = envelope.payload.ok_or(JobError::MissingPayload)?.get();
+        let size = raw.len();
         if size > max_payload_bytes {
             return Err(JobError::PayloadTooLarge {
                 size,
                 limit: max_payload_bytes,
             });
         }
+        let cost = match envelope.cost {
+            None => 1,
+            Some(raw) => parse_cost(raw.get(), max_job_cost)?,
+        };
+        // `raw` borrows from `text`, which is `value`: its place in it.
+        let start = raw.as_ptr() as usize - text.as_ptr() as usize;
         Ok(Job {
             job_id,
             seller_id,
-            payload,
+            payload: value.slice(start..start + size),
+            cost,
         })
     }
 
     /// The downstream body: the payload's bytes as they were in the record.
     pub fn payload_bytes(&self) -> &[u8] {
-        self.payload.get().as_bytes()
+        &self.payload
     }
+}
+
+/// Checks the raw JSON text of `cost`: a plain positive integer within the
+/// cap. Strings are named, never quoted (they could be anything).
+fn parse_cost(raw: &str, max: u64) -> Result<u64, JobError> {
+    let bad = |problem: String| Err(JobError::BadCost { problem });
+    let kind = match raw.as_bytes().first() {
+        Some(b'"') => Some("a string"),
+        Some(b't' | b'f') => Some("a boolean"),
+        Some(b'n') => Some("null"),
+        Some(b'[') => Some("an array"),
+        Some(b'{') => Some("an object"),
+        _ => None,
+    };
+    if let Some(kind) = kind {
+        return bad(format!("must be a positive integer, got {kind}"));
+    }
+    if raw.starts_with('-') {
+        return bad("must be a positive integer, got a negative number".into());
+    }
+    if raw.contains(['e', 'E']) {
+        return bad("must be a plain integer such as 3, got exponent form".into());
+    }
+    if raw.contains('.') {
+        return bad("must be a whole number, got a fraction".into());
+    }
+    // serde_json has checked the syntax: what is left is ASCII digits, so
+    // the only parse error is a number beyond u64, which is over any cap.
+    let Ok(cost) = raw.parse::<u64>() else {
+        return bad(format!("is over worker.max_job_cost ({max})"));
+    };
+    if cost == 0 {
+        return bad("must be at least 1, got 0".into());
+    }
+    if cost > max {
+        return bad(format!("{cost} is over worker.max_job_cost ({max})"));
+    }
+    Ok(cost)
 }
 
 fn required_id(field: Field, value: Option<String>) -> Result<String, JobError> {
@@ -226,6 +338,25 @@ fn classify(e: serde_json::Error) -> JobError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 6, defect 7: a job in memory holds its payload once, as a view
+    /// into the record's value, not a second copy of it.
+    #[test]
+    fn shared_parse_points_into_the_record_value() {
+        let value =
+            Bytes::from_static(br#"{"job_id":"j","seller_id":"s","payload":{"big":"xxxxxxxx"}}"#);
+        let job = Job::parse_shared(&value, 1024).unwrap();
+        assert_eq!(job.payload_bytes(), br#"{"big":"xxxxxxxx"}"#);
+        let (start, end) = (
+            value.as_ptr() as usize,
+            value.as_ptr() as usize + value.len(),
+        );
+        let at = job.payload.as_ptr() as usize;
+        assert!(
+            (start..end).contains(&at),
+            "the payload was copied instead of shared"
+        );
+    }
 
     const LIMIT: usize = 64;
 
@@ -351,7 +482,7 @@ mod tests {
                 (Ok(job), Ok((id, seller, payload))) => {
                     assert_eq!(job.job_id, id, "row {row}");
                     assert_eq!(job.seller_id.as_str(), seller, "row {row}");
-                    assert_eq!(job.payload.get(), payload, "row {row}");
+                    assert_eq!(job.payload_bytes(), payload.as_bytes(), "row {row}");
                 }
                 (Err(got), Err(want)) => assert_eq!(got, want, "row {row}: {got}"),
                 (got, want) => panic!("row {row}: got {got:?}, want {want:?}"),
@@ -390,6 +521,133 @@ mod tests {
             JobError::EmptyId(Field::SellerId).to_string(),
             "job has an empty seller_id"
         );
+    }
+
+    /// Issue 7: the optional `cost` member. Every refusal names the field
+    /// and what is wrong (it becomes the dead letter's `x-error`).
+    #[test]
+    fn cost_table() {
+        let limits = Limits {
+            max_payload_bytes: LIMIT,
+            max_job_cost: 100,
+        };
+        let bad = |problem: &str| -> Result<u64, String> {
+            Err(format!("job has an invalid cost: {problem}"))
+        };
+        let cases: Vec<(u32, &str, Result<u64, String>)> = vec![
+            (1, "", Ok(1)),
+            (2, r#","cost":1"#, Ok(1)),
+            (3, r#","cost":7"#, Ok(7)),
+            (4, r#","cost":100"#, Ok(100)),
+            (5, r#","cost": 42 "#, Ok(42)),
+            (6, r#","cost":0"#, bad("must be at least 1, got 0")),
+            (
+                7,
+                r#","cost":-3"#,
+                bad("must be a positive integer, got a negative number"),
+            ),
+            (
+                8,
+                r#","cost":-0"#,
+                bad("must be a positive integer, got a negative number"),
+            ),
+            (
+                9,
+                r#","cost":2.5"#,
+                bad("must be a whole number, got a fraction"),
+            ),
+            (
+                10,
+                r#","cost":2.0"#,
+                bad("must be a whole number, got a fraction"),
+            ),
+            (
+                11,
+                r#","cost":"ten""#,
+                bad("must be a positive integer, got a string"),
+            ),
+            (
+                12,
+                r#","cost":"5""#,
+                bad("must be a positive integer, got a string"),
+            ),
+            (
+                13,
+                r#","cost":1e9"#,
+                bad("must be a plain integer such as 3, got exponent form"),
+            ),
+            (
+                14,
+                r#","cost":1E2"#,
+                bad("must be a plain integer such as 3, got exponent form"),
+            ),
+            (
+                15,
+                r#","cost":101"#,
+                bad("101 is over worker.max_job_cost (100)"),
+            ),
+            (
+                16,
+                r#","cost":1000000000"#,
+                bad("1000000000 is over worker.max_job_cost (100)"),
+            ),
+            (
+                17,
+                r#","cost":18446744073709551616"#,
+                bad("is over worker.max_job_cost (100)"),
+            ),
+            (
+                18,
+                r#","cost":null"#,
+                bad("must be a positive integer, got null"),
+            ),
+            (
+                19,
+                r#","cost":true"#,
+                bad("must be a positive integer, got a boolean"),
+            ),
+            (
+                20,
+                r#","cost":[1]"#,
+                bad("must be a positive integer, got an array"),
+            ),
+            (
+                21,
+                r#","cost":{"n":1}"#,
+                bad("must be a positive integer, got an object"),
+            ),
+            (
+                22,
+                r#","cost":-1.5e3"#,
+                bad("must be a positive integer, got a negative number"),
+            ),
+        ];
+        for (row, member, want) in cases {
+            let value = format!(r#"{{"job_id":"j","seller_id":"s","payload":1{member}}}"#);
+            let got = Job::parse(value.as_bytes(), limits)
+                .map(|j| j.cost)
+                .map_err(|e| {
+                    assert_eq!(e.kind(), "bad_cost", "row {row}: {e}");
+                    e.to_string()
+                });
+            assert_eq!(got, want, "row {row}: {value}");
+        }
+    }
+
+    #[test]
+    fn cost_cap_comes_from_limits_and_a_bare_payload_limit_uses_the_default() {
+        let value = br#"{"job_id":"j","seller_id":"s","payload":1,"cost":10000}"#;
+        assert_eq!(
+            Job::parse(value, LIMIT).map(|j| j.cost),
+            Ok(DEFAULT_MAX_JOB_COST)
+        );
+        let tight = Limits {
+            max_payload_bytes: LIMIT,
+            max_job_cost: 9_999,
+        };
+        assert_eq!(Job::parse(value, tight).unwrap_err().kind(), "bad_cost");
+        let dup = br#"{"job_id":"j","seller_id":"s","payload":1,"cost":1,"cost":2}"#;
+        assert_eq!(Job::parse(dup, LIMIT).unwrap_err().kind(), "bad_field");
     }
 
     #[test]

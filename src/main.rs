@@ -33,6 +33,13 @@ enum Command {
         /// A topic to create, as NAME:PARTITIONS (repeatable).
         #[arg(long = "topic", value_parser = parse_topic)]
         topics: Vec<(String, i32)>,
+        /// Also create every topic the worker's config names (jobs, each
+        /// retry tier, dead letters), the first two with this many partitions.
+        #[arg(long = "worker-topics", value_name = "PARTITIONS")]
+        worker_topics: Option<i32>,
+        /// The config whose topics `--worker-topics` creates.
+        #[arg(long)]
+        config: Option<PathBuf>,
     },
     /// Operator tools for the limiter.
     Limiter {
@@ -83,7 +90,15 @@ async fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::DevBroker { topics } => {
+        Command::DevBroker {
+            mut topics,
+            worker_topics,
+            config,
+        } => {
+            if let Some(partitions) = worker_topics {
+                let loaded = throttle_worker::config::load(config.as_deref())?;
+                topics.extend(loaded.settings.kafka.topic_specs(partitions));
+            }
             kafka::serve_dev_broker(topics, shutdown_signal()).await?;
             Ok(())
         }

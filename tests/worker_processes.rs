@@ -54,11 +54,12 @@ impl Names {
     }
 
     fn topics(&self, partitions: i32) -> Vec<(String, i32)> {
-        vec![
-            (self.jobs.clone(), partitions),
-            (self.retry.clone(), partitions),
-            (self.dlq.clone(), 1),
-        ]
+        let topics = common::worker::Topics {
+            jobs: self.jobs.clone(),
+            retry: self.retry.clone(),
+            dlq: self.dlq.clone(),
+        };
+        common::worker::topic_specs(&topics, partitions)
     }
 
     fn config<'a>(&'a self, bootstrap: &'a str, shutdown_timeout: &'a str) -> WorkerConfig<'a> {

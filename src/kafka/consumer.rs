@@ -1,26 +1,34 @@
 //! The consumer side: one librdkafka consumer per worker, subscribed to the
 //! jobs topic and the retry topic, with manual offset commits.
 //!
+//! Every call into librdkafka that can block (polling, the rebalance
+//! callbacks with their synchronous commit and committed-offset look-up, the
+//! periodic and final commits) runs on one dedicated thread, never on the
+//! async runtime's threads: a slow broker then delays only that thread, not
+//! the worker's event loop. Records reach the worker through a small bounded
+//! channel; commits are asked of the thread and acknowledged by the broker
+//! before they count.
+//!
 //! Offsets are tracked here, next to the consumer, because the rebalance
-//! callback runs inside the consumer's poll and must commit the finished
-//! prefix of revoked partitions synchronously, without waiting for the
-//! worker's task (which is the one polling). A record is tracked in the same
-//! call that receives it, so no rebalance can fall between the two.
+//! callback runs inside the poll and must commit the finished prefix of
+//! revoked partitions before they go. A record is tracked in the same poll
+//! that receives it, so no rebalance can fall between the two.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc as std_mpsc, Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{
-    BaseConsumer, CommitMode, Consumer as _, ConsumerContext, Rebalance, StreamConsumer,
-};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer as _, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::config::KafkaSettings;
+use crate::telemetry::events::{CommitFailed, KafkaPollFailed, OffsetsCommitted};
 
 use super::offsets::{decode_done, Commit, Finish, Offsets};
 use super::producer::{header_pairs, HeaderError, OriginalRecord, RetryHeaders};
@@ -50,6 +58,15 @@ pub struct Record {
     pub headers: Result<RetryHeaders, HeaderError>,
 }
 
+/// A partition's first unfinished record and how many finished records
+/// behind it wait to be committed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldBack {
+    pub partition: Partition,
+    pub offset: i64,
+    pub finished_behind: usize,
+}
+
 /// Partition changes the worker must act on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PartitionEvent {
@@ -74,10 +91,12 @@ pub enum ConsumerError {
         topics: Vec<String>,
         source: KafkaError,
     },
-    #[error("Kafka consumer error: {0}")]
-    Receive(KafkaError),
     #[error("offset commit failed: {0}")]
     Commit(KafkaError),
+    #[error("the Kafka poll thread is not running (it stopped or was never started)")]
+    Stopped,
+    #[error("could not start the Kafka poll thread: {0}")]
+    Spawn(std::io::Error),
 }
 
 /// The offsets of every assigned partition, shared by the worker and the
@@ -169,6 +188,17 @@ const COMMITTED_TIMEOUT: Duration = Duration::from_secs(5);
 
 type SharedTracker = Arc<Mutex<Tracker>>;
 
+/// Whether a record still belongs to the current assignment of its
+/// partition; see [`Consumer::currency`].
+#[derive(Clone)]
+pub struct Currency(SharedTracker);
+
+impl Currency {
+    pub fn is_current(&self, origin: &Origin) -> bool {
+        lock(&self.0).is_current(origin)
+    }
+}
+
 fn lock(t: &SharedTracker) -> MutexGuard<'_, Tracker> {
     // The tracker holds plain data; a panic while it was held cannot have
     // left it in a state worse than "some offsets not finished", which only
@@ -197,9 +227,8 @@ impl ConsumerContext for WorkerContext {
         };
         let revoked = partitions_of(tpl);
         tracing::info!(partitions = %describe(&revoked), "partitions revoked");
-        let closing = self.closing.load(std::sync::atomic::Ordering::Acquire);
-        let mut tracker = lock(&self.tracker);
-        let commits: Vec<Commit> = tracker
+        let closing = self.closing.load(Ordering::Acquire);
+        let commits: Vec<Commit> = lock(&self.tracker)
             .offsets
             .committable()
             .into_iter()
@@ -209,22 +238,39 @@ impl ConsumerContext for WorkerContext {
                     .any(|(t, p)| **t == *c.topic && *p == c.partition)
             })
             .collect();
+        // The tracker is not held during the commit: the worker's tasks keep
+        // finishing records meanwhile (those of revoked partitions are
+        // forgotten just below, so nothing is lost by letting them in).
         if !commits.is_empty() && !closing {
             match consumer.commit(&commit_list(&commits), CommitMode::Sync) {
-                Ok(()) => tracing::info!(
-                    partitions = commits.len(),
-                    "committed finished offsets of revoked partitions"
-                ),
-                Err(e) => {
-                    tracing::warn!(error = %e, "commit on revoke failed; the new owner will redo the uncommitted records")
+                Ok(()) => {
+                    lock(&self.tracker).offsets.mark_committed(&commits);
+                    OffsetsCommitted {
+                        partitions: commits.len(),
+                        sync: true,
+                    }
+                    .emit();
                 }
+                Err(e) => CommitFailed {
+                    error: &format!(
+                        "{e} (on revoke: the new owner redoes the uncommitted records)"
+                    ),
+                }
+                .emit(),
             }
         }
+        let mut tracker = lock(&self.tracker);
         for (topic, partition) in &revoked {
             tracker.offsets.remove_partition(topic, *partition);
             tracker.bump(topic, *partition);
         }
         drop(tracker);
+        // librdkafka clears only its own pause flag on unassign: a pause the
+        // worker made (backpressure, a parked retry record) would survive
+        // into the next assignment of the partition and stop it for good.
+        if let Err(e) = consumer.resume(tpl) {
+            tracing::warn!(error = %e, "could not resume revoked partitions");
+        }
         // The worker may already be gone at shutdown; nothing to tell then.
         let _ = self.events.send(PartitionEvent::Revoked(revoked));
     }
@@ -256,13 +302,39 @@ impl ConsumerContext for WorkerContext {
 }
 
 /// The consumer type, named once.
-pub type WorkerConsumer = StreamConsumer<WorkerContext>;
+pub type WorkerConsumer = BaseConsumer<WorkerContext>;
 
-/// The worker's consumer: receive, pause, resume, commit.
+/// How long one poll waits for a record; also the longest a commit asked of
+/// the poll thread waits to start when no record arrives.
+const POLL_TIMEOUT: Duration = Duration::from_millis(50);
+
+/// Records received and not yet taken by the worker. Small: a pause stops
+/// librdkafka's fetching, not what already sits here.
+const RECORD_CHANNEL: usize = 16;
+
+/// Work the poll thread does between polls.
+enum Command {
+    /// Commit the finished prefix: of every partition that moved since the
+    /// last commit, or (`all`) of every partition with a committable offset.
+    Commit {
+        all: bool,
+        reply: Option<oneshot::Sender<Result<usize, ConsumerError>>>,
+    },
+}
+
+/// The worker's consumer: records from the poll thread; pause, resume and
+/// commits.
 pub struct Consumer {
-    inner: WorkerConsumer,
+    inner: Arc<WorkerConsumer>,
     tracker: SharedTracker,
     brokers: String,
+    commands: std_mpsc::Sender<Command>,
+    /// Taken by [`Consumer::start`].
+    commands_rx: Mutex<Option<std_mpsc::Receiver<Command>>>,
+    /// A periodic commit is queued and not yet done: do not queue another.
+    commit_queued: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+    thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Consumer {
@@ -288,7 +360,7 @@ impl Consumer {
         let context = WorkerContext {
             tracker: tracker.clone(),
             events,
-            closing: std::sync::atomic::AtomicBool::new(false),
+            closing: AtomicBool::new(false),
         };
         let inner: WorkerConsumer =
             config
@@ -297,15 +369,21 @@ impl Consumer {
                     brokers: settings.brokers.clone(),
                     source,
                 })?;
+        let (commands, commands_rx) = std_mpsc::channel();
         Ok(Consumer {
-            inner,
+            inner: Arc::new(inner),
             tracker,
             brokers: settings.brokers.clone(),
+            commands,
+            commands_rx: Mutex::new(Some(commands_rx)),
+            commit_queued: Arc::default(),
+            stop: Arc::default(),
+            thread: Mutex::new(None),
         })
     }
 
     /// Checks that every topic exists, so a typo stops startup with a
-    /// message instead of a worker that silently consumes nothing.
+    /// message instead of a worker that silently consumes nothing. Blocks.
     pub fn check_topics(&self, topics: &[&str], timeout: Duration) -> Result<(), ConsumerError> {
         for topic in topics {
             let md = self
@@ -338,48 +416,73 @@ impl Consumer {
             })
     }
 
-    /// The next record, already tracked as unfinished. Rebalance callbacks
-    /// run inside this call.
-    pub async fn recv(&self) -> Result<Record, ConsumerError> {
-        loop {
-            let msg = self.inner.recv().await.map_err(ConsumerError::Receive)?;
-            let topic: Arc<str> = Arc::from(msg.topic());
-            let (partition, offset) = (msg.partition(), msg.offset());
-            let generation = {
-                let mut tracker = lock(&self.tracker);
-                if let Err(e) = tracker.offsets.track(&topic, partition, offset) {
-                    // Offsets only go backwards after a seek we never make; the
-                    // record is still processed, its offset simply not tracked.
-                    tracing::warn!(error = %e, topic = &*topic, partition, offset, "offset not tracked");
-                }
-                if tracker.was_done(&topic, partition, offset) {
-                    // Finished by the partition's previous owner after its
-                    // committed offset: done, not done again.
-                    tracker.offsets.finish(&topic, partition, offset);
-                    crate::telemetry::events::AlreadyDone { offset }.emit();
-                    continue;
-                }
-                tracker.generation(&topic, partition)
-            };
-            return Ok(self.record(&msg, topic, generation));
+    /// Starts the poll thread; returns the records it receives, each
+    /// already tracked as unfinished. Rebalance callbacks run on that
+    /// thread. Call once.
+    pub fn start(&self) -> Result<mpsc::Receiver<Record>, ConsumerError> {
+        let commands = lock_opt(&self.commands_rx)
+            .take()
+            .ok_or(ConsumerError::Stopped)?;
+        let (tx, rx) = mpsc::channel(RECORD_CHANNEL);
+        let poller = Poller {
+            inner: self.inner.clone(),
+            tracker: self.tracker.clone(),
+            records: tx,
+            commands,
+            commit_queued: self.commit_queued.clone(),
+            stop: self.stop.clone(),
+        };
+        let handle = std::thread::Builder::new()
+            .name("kafka-poll".to_owned())
+            .spawn(move || poller.run())
+            .map_err(ConsumerError::Spawn)?;
+        *lock_opt(&self.thread) = Some(handle);
+        Ok(rx)
+    }
+
+    /// Asks the poll thread for a commit of every partition that moved since
+    /// the last one; returns at once. Done, failed (counted and logged) and
+    /// acknowledged by the broker on that thread.
+    pub fn request_commit(&self) {
+        if self.commit_queued.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if self
+            .commands
+            .send(Command::Commit {
+                all: false,
+                reply: None,
+            })
+            .is_err()
+        {
+            self.commit_queued.store(false, Ordering::Release);
         }
     }
 
-    fn record(&self, msg: &impl Message, topic: Arc<str>, generation: u64) -> Record {
-        let (partition, offset) = (msg.partition(), msg.offset());
-        let headers = match msg.headers() {
-            Some(h) => RetryHeaders::from_headers(header_pairs(h)),
-            None => Ok(RetryHeaders::default()),
-        };
-        Record {
-            origin: Origin {
-                topic,
-                partition,
-                offset,
-                generation,
-            },
-            original: OriginalRecord::from_message(msg),
-            headers,
+    /// Commits every partition with a committable offset and waits for the
+    /// broker's answer (at shutdown). Returns how many partitions were
+    /// committed.
+    pub async fn commit_all(&self) -> Result<usize, ConsumerError> {
+        let (reply, answer) = oneshot::channel();
+        self.commands
+            .send(Command::Commit {
+                all: true,
+                reply: Some(reply),
+            })
+            .map_err(|_| ConsumerError::Stopped)?;
+        answer.await.map_err(|_| ConsumerError::Stopped)?
+    }
+
+    /// Stops the poll thread and waits for it. Blocks: call it off the async
+    /// threads. Afterwards the consumer does not commit again, not even
+    /// from inside librdkafka's close (which revokes every partition).
+    pub fn shutdown(&self) {
+        self.inner.context().closing.store(true, Ordering::Release);
+        self.stop.store(true, Ordering::Release);
+        if let Some(handle) = lock_opt(&self.thread).take() {
+            if handle.join().is_err() {
+                tracing::warn!("the Kafka poll thread panicked");
+            }
         }
     }
 
@@ -391,6 +494,27 @@ impl Consumer {
     /// See [`Tracker::is_current`].
     pub fn is_current(&self, origin: &Origin) -> bool {
         lock(&self.tracker).is_current(origin)
+    }
+
+    /// A handle that answers [`Consumer::is_current`] without holding the
+    /// consumer, for tasks that may outlive it.
+    pub fn currency(&self) -> Currency {
+        Currency(self.tracker.clone())
+    }
+
+    /// Partitions whose first unfinished record holds finished ones back
+    /// from the commit: see [`Offsets::held_back`].
+    pub fn held_back(&self) -> Vec<HeldBack> {
+        lock(&self.tracker)
+            .offsets
+            .held_back()
+            .into_iter()
+            .map(|(topic, partition, offset, finished_behind)| HeldBack {
+                partition: (Arc::from(topic.as_str()), partition),
+                offset,
+                finished_behind,
+            })
+            .collect()
     }
 
     /// Records received and not finished, over all assigned partitions.
@@ -420,33 +544,6 @@ impl Consumer {
             .unwrap_or_default()
     }
 
-    /// Commits the finished prefix of every partition that moved since the
-    /// last commit (`sync`: every partition with a committable offset, and
-    /// wait for the broker). Returns how many partitions were committed.
-    pub fn commit(&self, sync: bool) -> Result<usize, ConsumerError> {
-        let commits = {
-            let tracker = lock(&self.tracker);
-            if sync {
-                tracker.offsets.committable()
-            } else {
-                tracker.offsets.uncommitted()
-            }
-        };
-        if commits.is_empty() {
-            return Ok(0);
-        }
-        let mode = if sync {
-            CommitMode::Sync
-        } else {
-            CommitMode::Async
-        };
-        self.inner
-            .commit(&commit_list(&commits), mode)
-            .map_err(ConsumerError::Commit)?;
-        lock(&self.tracker).offsets.mark_committed(&commits);
-        Ok(commits.len())
-    }
-
     /// The committed offsets of `parts` as the broker has them (for tests and
     /// operators; the commit callback does not fire for async commits).
     pub fn committed(
@@ -470,15 +567,142 @@ impl Consumer {
             })
             .collect())
     }
+}
 
-    /// After the final synchronous commit: closing (dropping) the consumer
-    /// must not commit again from inside librdkafka's close.
-    pub fn mark_closing(&self) {
-        self.inner
-            .context()
-            .closing
-            .store(true, std::sync::atomic::Ordering::Release);
+/// The poll thread: polls, tracks and hands over records, runs the
+/// rebalance callbacks (inside the poll) and the commits asked of it.
+struct Poller {
+    inner: Arc<WorkerConsumer>,
+    tracker: SharedTracker,
+    records: mpsc::Sender<Record>,
+    commands: std_mpsc::Receiver<Command>,
+    commit_queued: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Poller {
+    fn run(mut self) {
+        while !self.stop.load(Ordering::Acquire) {
+            self.serve_commands();
+            let record = match self.inner.poll(POLL_TIMEOUT) {
+                None => continue,
+                Some(Ok(msg)) => self.track(&msg),
+                Some(Err(e)) => {
+                    KafkaPollFailed {
+                        error: &e.to_string(),
+                    }
+                    .emit();
+                    continue;
+                }
+            };
+            if let Some(record) = record {
+                self.deliver(record);
+            }
+        }
+        // A final commit asked for just before the stop still gets its answer.
+        self.serve_commands();
     }
+
+    /// Tracks a received record as unfinished, or finishes it at once when
+    /// the partition's previous owner already did it.
+    fn track(&self, msg: &impl Message) -> Option<Record> {
+        let topic: Arc<str> = Arc::from(msg.topic());
+        let (partition, offset) = (msg.partition(), msg.offset());
+        let generation = {
+            let mut tracker = lock(&self.tracker);
+            if let Err(e) = tracker.offsets.track(&topic, partition, offset) {
+                // Offsets only go backwards after a seek we never make; the
+                // record is still processed, its offset simply not tracked.
+                tracing::warn!(error = %e, topic = &*topic, partition, offset, "offset not tracked");
+            }
+            if tracker.was_done(&topic, partition, offset) {
+                // Finished by the partition's previous owner after its
+                // committed offset: done, not done again.
+                tracker.offsets.finish(&topic, partition, offset);
+                crate::telemetry::events::AlreadyDone { offset }.emit();
+                return None;
+            }
+            tracker.generation(&topic, partition)
+        };
+        let headers = match msg.headers() {
+            Some(h) => RetryHeaders::from_headers(header_pairs(h)),
+            None => Ok(RetryHeaders::default()),
+        };
+        Some(Record {
+            origin: Origin {
+                topic,
+                partition,
+                offset,
+                generation,
+            },
+            original: OriginalRecord::from_message(msg),
+            headers,
+        })
+    }
+
+    /// Hands a record to the worker, waiting while the channel is full (the
+    /// worker takes records as fast as it can, so the wait is short; a full
+    /// channel is what keeps records fetched past a pause few). Once the
+    /// worker stops taking records, they are let go: they stay unfinished,
+    /// so uncommitted, and the partition's next owner gets them.
+    fn deliver(&mut self, record: Record) {
+        if !self.records.is_closed() {
+            let _ = self.records.blocking_send(record);
+        }
+    }
+
+    fn serve_commands(&self) {
+        while let Ok(Command::Commit { all, reply }) = self.commands.try_recv() {
+            let result = self.commit(all);
+            if let Some(reply) = reply {
+                let _ = reply.send(result);
+            }
+        }
+    }
+
+    /// Commits synchronously: an offset counts as committed only once the
+    /// broker acknowledged it. Failures are counted and logged here; the
+    /// next commit tries again.
+    fn commit(&self, all: bool) -> Result<usize, ConsumerError> {
+        if !all {
+            self.commit_queued.store(false, Ordering::Release);
+        }
+        let commits = {
+            let tracker = lock(&self.tracker);
+            if all {
+                tracker.offsets.committable()
+            } else {
+                tracker.offsets.uncommitted()
+            }
+        };
+        if commits.is_empty() {
+            return Ok(0);
+        }
+        match self.inner.commit(&commit_list(&commits), CommitMode::Sync) {
+            Ok(()) => {
+                lock(&self.tracker).offsets.mark_committed(&commits);
+                OffsetsCommitted {
+                    partitions: commits.len(),
+                    sync: all,
+                }
+                .emit();
+                Ok(commits.len())
+            }
+            Err(e) => {
+                CommitFailed {
+                    error: &e.to_string(),
+                }
+                .emit();
+                Err(ConsumerError::Commit(e))
+            }
+        }
+    }
+}
+
+fn lock_opt<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Plain data (a handle or a receiver taken once): a panic elsewhere
+    // cannot have left it half-written.
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn partitions_of(tpl: &TopicPartitionList) -> Vec<Partition> {

@@ -49,6 +49,8 @@ pub struct PartitionOffsets {
     committed: Option<i64>,
     /// The metadata committed with it.
     committed_metadata: String,
+    /// How many entries of `open` are finished (all behind its first).
+    finished_ahead: usize,
 }
 
 impl PartitionOffsets {
@@ -73,7 +75,10 @@ impl PartitionOffsets {
     pub fn finish(&mut self, offset: i64) -> Finish {
         match self.open.get_mut(&offset) {
             Some(true) => return Finish::AlreadyFinished,
-            Some(done) => *done = true,
+            Some(done) => {
+                *done = true;
+                self.finished_ahead += 1;
+            }
             None if self.done_through.is_some_and(|d| offset <= d) => {
                 return Finish::AlreadyFinished
             }
@@ -86,6 +91,7 @@ impl PartitionOffsets {
             }
             self.done_through = Some(*entry.key());
             entry.remove();
+            self.finished_ahead -= 1;
         }
         Finish::Finished
     }
@@ -135,6 +141,12 @@ impl PartitionOffsets {
     /// Tracked records not finished yet.
     pub fn unfinished(&self) -> usize {
         self.open.values().filter(|done| !**done).count()
+    }
+
+    /// Finished records above the first unfinished one: what a stuck head
+    /// holds back from the commit.
+    pub fn finished_ahead(&self) -> usize {
+        self.finished_ahead
     }
 
     /// The lowest tracked offset that is not finished.
@@ -280,6 +292,21 @@ impl Offsets {
         }
     }
 
+    /// Every partition whose first unfinished record holds finished ones
+    /// back: `(topic, partition, that record's offset, finished behind it)`.
+    pub fn held_back(&self) -> Vec<(String, i32, i64, usize)> {
+        self.topics
+            .iter()
+            .flat_map(|(topic, partitions)| {
+                partitions.iter().filter_map(|(&partition, p)| {
+                    let head = p.lowest_unfinished()?;
+                    (p.finished_ahead() > 0)
+                        .then(|| (topic.clone(), partition, head, p.finished_ahead()))
+                })
+            })
+            .collect()
+    }
+
     /// Unfinished records over all partitions.
     pub fn unfinished(&self) -> usize {
         self.topics
@@ -314,6 +341,25 @@ impl Offsets {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn finished_ahead_counts_what_a_stuck_head_holds_back() {
+        let mut o = Offsets::new();
+        for off in 0..5 {
+            o.track("t", 0, off).unwrap();
+        }
+        o.finish("t", 0, 2);
+        o.finish("t", 0, 3);
+        o.finish("t", 0, 3); // twice: counted once
+        assert_eq!(o.held_back(), vec![("t".to_owned(), 0, 0, 2)]);
+        o.finish("t", 0, 0); // 1 is now the head, 2 and 3 still behind it
+        assert_eq!(o.held_back(), vec![("t".to_owned(), 0, 1, 2)]);
+        o.finish("t", 0, 1); // the prefix runs through 3
+        assert_eq!(o.held_back(), vec![]);
+        assert_eq!(o.partition("t", 0).unwrap().finished_ahead(), 0);
+        o.finish("t", 0, 4);
+        assert_eq!(o.partition("t", 0).unwrap().committable(), Some(5));
+    }
 
     #[test]
     fn scripted_steps() {

@@ -19,6 +19,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use bytes::Bytes;
 use rdkafka::message::{Header, Headers, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
@@ -27,6 +28,10 @@ use rdkafka::{ClientConfig, Message};
 pub const X_ERROR: &str = "x-error";
 pub const X_ATTEMPTS: &str = "x-attempts";
 pub const X_NOT_BEFORE: &str = "x-not-before";
+/// When a retry-tier record may be taken up (written + the tier's delay):
+/// ascending within a tier's partition, so holding the head never holds
+/// back a record that is due earlier.
+pub const X_RELEASE_AT: &str = "x-release-at";
 pub const X_ORIGINAL_TOPIC: &str = "x-original-topic";
 pub const X_ORIGINAL_PARTITION: &str = "x-original-partition";
 pub const X_ORIGINAL_OFFSET: &str = "x-original-offset";
@@ -59,8 +64,9 @@ pub struct OriginalRecord {
     /// that went round the retry topic is still traceable to its source.
     pub origin: Position,
     pub key: Option<Vec<u8>>,
-    /// The record value, byte for byte.
-    pub value: Vec<u8>,
+    /// The record value, byte for byte; shared (not copied) with the job
+    /// parsed from it.
+    pub value: Bytes,
 }
 
 impl OriginalRecord {
@@ -80,7 +86,10 @@ impl OriginalRecord {
         OriginalRecord {
             origin,
             key: message.key().map(<[u8]>::to_vec),
-            value: message.payload().map(<[u8]>::to_vec).unwrap_or_default(),
+            value: message
+                .payload()
+                .map(Bytes::copy_from_slice)
+                .unwrap_or_default(),
         }
     }
 }
@@ -100,6 +109,9 @@ pub struct HeaderError {
 pub struct RetryHeaders {
     /// `x-not-before`; `None` on records that never went to the retry topic.
     pub not_before_unix_ms: Option<u64>,
+    /// `x-release-at`; `None` on records not written to a retry tier by
+    /// this worker (they are taken up at once).
+    pub release_at_unix_ms: Option<u64>,
     /// `x-attempts`; 0 when absent (a fresh job).
     pub attempts: u32,
     /// `x-error`, if present.
@@ -121,6 +133,7 @@ impl RetryHeaders {
             let Some(value) = value else { continue };
             match name {
                 X_NOT_BEFORE => out.not_before_unix_ms = Some(number(X_NOT_BEFORE, value)?),
+                X_RELEASE_AT => out.release_at_unix_ms = Some(number(X_RELEASE_AT, value)?),
                 X_ATTEMPTS => out.attempts = number(X_ATTEMPTS, value)?,
                 X_ERROR => out.error = Some(String::from_utf8_lossy(value).into_owned()),
                 X_ORIGINAL_TOPIC => topic = Some(String::from_utf8_lossy(value).into_owned()),
@@ -199,17 +212,20 @@ impl RecordSink {
         self.send(dlq_topic, original, headers).await
     }
 
-    /// Writes `original` to `retry_topic`, not to be run before
-    /// `not_before_unix_ms`, and waits for the broker's acknowledgement.
+    /// Writes `original` to a retry tier's topic, to be taken up at
+    /// `release_at_unix_ms` and not run before `not_before_unix_ms`, and waits
+    /// for the broker's acknowledgement.
     pub async fn to_retry_topic(
         &self,
         retry_topic: &str,
         original: &OriginalRecord,
         not_before_unix_ms: u64,
+        release_at_unix_ms: u64,
         attempts: u32,
     ) -> Result<(), SinkError> {
         let headers = origin_headers(&original.origin)
             .insert(text(X_NOT_BEFORE, &not_before_unix_ms.to_string()))
+            .insert(text(X_RELEASE_AT, &release_at_unix_ms.to_string()))
             .insert(text(X_ATTEMPTS, &attempts.to_string()));
         self.send(retry_topic, original, headers).await
     }
@@ -221,7 +237,7 @@ impl RecordSink {
         headers: OwnedHeaders,
     ) -> Result<(), SinkError> {
         let mut record = FutureRecord::to(topic)
-            .payload(original.value.as_slice())
+            .payload(&original.value[..])
             .headers(headers);
         if let Some(key) = &original.key {
             record = record.key(key.as_slice());
@@ -293,6 +309,7 @@ mod tests {
         let pairs: Vec<(&str, Option<&[u8]>)> = vec![
             ("traceparent", Some(b"00-abc")),
             (X_NOT_BEFORE, Some(b"1700000000123")),
+            (X_RELEASE_AT, Some(b"1700000000100")),
             (X_ATTEMPTS, Some(b"2")),
             (X_ATTEMPTS, Some(b"3")),
             (X_ORIGINAL_TOPIC, Some(b"jobs")),
@@ -303,6 +320,7 @@ mod tests {
         let h = RetryHeaders::from_headers(pairs).unwrap();
         let want = RetryHeaders {
             not_before_unix_ms: Some(1_700_000_000_123),
+            release_at_unix_ms: Some(1_700_000_000_100),
             attempts: 3,
             error: None,
             original: Some(Position {
@@ -410,7 +428,7 @@ mod tests {
                 offset: 41,
             },
             key: Some(b"seller-7".to_vec()),
-            value: value.clone(),
+            value: value.clone().into(),
         };
         sink.dead_letter(
             &dlq,
@@ -432,13 +450,14 @@ mod tests {
         assert_eq!(h.not_before_unix_ms, None);
         assert_eq!(h.original, Some(original.origin.clone()));
 
-        sink.to_retry_topic(&retry, &original, 1_700_000_000_500, 2)
+        sink.to_retry_topic(&retry, &original, 1_700_000_000_500, 1_700_000_000_400, 2)
             .await
             .expect("retry acknowledged");
         let got = read_one(broker.bootstrap_servers(), &retry).await;
         assert_eq!(got.payload(), Some(value.as_slice()));
         let h = RetryHeaders::from_headers(header_pairs(got.headers().expect("headers"))).unwrap();
         assert_eq!(h.not_before_unix_ms, Some(1_700_000_000_500));
+        assert_eq!(h.release_at_unix_ms, Some(1_700_000_000_400));
         assert_eq!(h.attempts, 2);
         assert_eq!(h.error, None);
         // Consumed from the retry topic, the origin is still the jobs topic.
@@ -469,7 +488,7 @@ mod tests {
                 offset: 0,
             },
             key: None,
-            value: b"{}".to_vec(),
+            value: bytes::Bytes::from_static(b"{}"),
         };
         let err = sink
             .dead_letter("dlq", &original, "x", 1)

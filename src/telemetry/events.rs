@@ -6,6 +6,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use super::Every;
+
 /// Process-wide counters, rendered by `/metrics`.
 #[derive(Debug, Default)]
 pub struct Counters {
@@ -24,6 +26,11 @@ pub struct Counters {
     pub commit_errors: AtomicU64,
     pub backpressure_pauses: AtomicU64,
     pub jobs_already_done: AtomicU64,
+    pub partitions_assigned: AtomicU64,
+    pub kafka_errors: AtomicU64,
+    pub heads_moved: AtomicU64,
+    pub jobs_admitted: AtomicU64,
+    pub units_admitted: AtomicU64,
 }
 
 /// The counters of this process.
@@ -79,11 +86,26 @@ impl Counters {
             ),
             ("limiter_denied", &self.limiter_denied, "limiter refusals"),
             (
+                "jobs_admitted",
+                &self.jobs_admitted,
+                "jobs the limiter admitted",
+            ),
+            (
+                "units_admitted",
+                &self.units_admitted,
+                "units (job costs) the limiter admitted",
+            ),
+            (
                 "limiter_errors",
                 &self.limiter_errors,
                 "limiter calls that failed (Redis unavailable)",
             ),
             ("offset_commits", &self.commits, "offset commits"),
+            (
+                "kafka_errors",
+                &self.kafka_errors,
+                "Kafka consumer errors (broker down, transport)",
+            ),
             (
                 "offset_commit_errors",
                 &self.commit_errors,
@@ -225,17 +247,25 @@ pub struct LimiterUnavailable<'a> {
     pub error: &'a str,
     pub policy: &'a str,
     pub hold: Duration,
+    /// Failed calls in a row, this one included.
+    pub in_a_row: u32,
 }
 
 impl LimiterUnavailable<'_> {
     pub fn emit(&self) {
+        // Every seller's call fails while Redis is out: one line per interval.
+        static LOG: Every = Every::new(Duration::from_secs(5));
         inc(&counters().limiter_errors);
-        tracing::warn!(
-            error = self.error,
-            policy = self.policy,
-            hold_ms = self.hold.as_millis() as u64,
-            "limiter unavailable"
-        );
+        if let Some(more) = LOG.tick() {
+            tracing::warn!(
+                error = self.error,
+                policy = self.policy,
+                hold_ms = self.hold.as_millis() as u64,
+                in_a_row = self.in_a_row,
+                more_since_last_line = more,
+                "limiter unavailable"
+            );
+        }
     }
 }
 
@@ -263,8 +293,36 @@ pub struct CommitFailed<'a> {
 
 impl CommitFailed<'_> {
     pub fn emit(&self) {
+        // While a broker is down every commit fails: one line per interval.
+        static LOG: Every = Every::new(Duration::from_secs(10));
         inc(&counters().commit_errors);
-        tracing::warn!(error = self.error, "offset commit failed");
+        if let Some(more) = LOG.tick() {
+            tracing::warn!(
+                error = self.error,
+                more_since_last_line = more,
+                "offset commit failed; the next commit carries the same offsets"
+            );
+        }
+    }
+}
+
+/// Polling Kafka failed (a broker down, a transport error); librdkafka keeps
+/// reconnecting on its own.
+pub struct KafkaPollFailed<'a> {
+    pub error: &'a str,
+}
+
+impl KafkaPollFailed<'_> {
+    pub fn emit(&self) {
+        static LOG: Every = Every::new(Duration::from_secs(10));
+        inc(&counters().kafka_errors);
+        if let Some(more) = LOG.tick() {
+            tracing::warn!(
+                error = self.error,
+                more_since_last_line = more,
+                "Kafka consumer error; librdkafka retries by itself"
+            );
+        }
     }
 }
 
@@ -287,10 +345,11 @@ impl RevokedJobsDropped {
     }
 }
 
-/// Fetching paused or resumed at `worker.max_buffered`.
+/// Fetching paused or resumed at `worker.max_buffered` or `worker.max_buffered_bytes`.
 pub struct Backpressure {
     pub paused: bool,
     pub buffered: usize,
+    pub bytes: usize,
 }
 
 impl Backpressure {
@@ -301,6 +360,7 @@ impl Backpressure {
         tracing::info!(
             paused = self.paused,
             buffered = self.buffered,
+            bytes = self.bytes,
             "backpressure"
         );
     }
@@ -319,5 +379,99 @@ impl AlreadyDone {
             offset = self.offset,
             "record already done by the previous owner; skipped"
         );
+    }
+}
+
+/// The group gave this worker partitions (after a rebalance).
+pub struct PartitionsAssigned {
+    pub partitions: usize,
+}
+
+impl PartitionsAssigned {
+    pub fn emit(&self) {
+        inc(&counters().partitions_assigned);
+        tracing::debug!(
+            partitions = self.partitions,
+            "partitions assigned to the worker"
+        );
+    }
+}
+
+/// Work of a revoked partition dropped instead of finished: its new owner
+/// processes the record again (`stage`: a downstream answer that came back,
+/// a write to the retry or dead-letter topic, or calls not yet made).
+pub struct RevokedWorkDropped {
+    pub jobs: usize,
+    pub stage: &'static str,
+}
+
+impl RevokedWorkDropped {
+    pub fn emit(&self) {
+        counters()
+            .jobs_dropped_on_revoke
+            .fetch_add(self.jobs as u64, Ordering::Relaxed);
+        tracing::debug!(
+            jobs = self.jobs,
+            stage = self.stage,
+            "work of a revoked partition dropped; the new owner redoes it"
+        );
+    }
+}
+
+/// A partition's first unfinished record held finished ones back from the
+/// commit too long and was sent round the retry topic.
+pub struct HeadMoved<'a> {
+    pub job_id: &'a str,
+    pub partition: i32,
+    pub offset: i64,
+    pub waited: Duration,
+}
+
+impl HeadMoved<'_> {
+    pub fn emit(&self) {
+        inc(&counters().heads_moved);
+        tracing::info!(
+            job_id = self.job_id,
+            partition = self.partition,
+            offset = self.offset,
+            waited_ms = self.waited.as_millis() as u64,
+            "a partition's head held its commit back; sent round the retry topic"
+        );
+    }
+}
+
+/// A downstream 429 asked for a longer wait than `downstream.max_retry_after`;
+/// the seller waits the maximum instead. Often a misconfigured or hostile
+/// server: a 10^19 s `Retry-After` once overflowed the worker's clock
+/// arithmetic.
+pub struct RetryAfterClamped {
+    pub requested: Duration,
+    pub max: Duration,
+}
+
+impl RetryAfterClamped {
+    pub fn emit(&self) {
+        tracing::warn!(
+            requested_s = self.requested.as_secs(),
+            max_s = self.max.as_secs(),
+            "downstream Retry-After is over downstream.max_retry_after; clamped"
+        );
+    }
+}
+
+/// The limiter admitted jobs of a seller: `units` is the sum of their costs.
+pub struct JobsAdmitted {
+    pub jobs: usize,
+    pub units: u64,
+}
+
+impl JobsAdmitted {
+    pub fn emit(&self) {
+        counters()
+            .jobs_admitted
+            .fetch_add(self.jobs as u64, Ordering::Relaxed);
+        counters()
+            .units_admitted
+            .fetch_add(self.units, Ordering::Relaxed);
     }
 }

@@ -13,11 +13,18 @@ use axum::Router;
 #[derive(Debug, Clone, Default)]
 pub struct Health {
     ready: Arc<AtomicBool>,
+    /// Set after `redis.unready_after` failed limiter calls in a row,
+    /// cleared by the next success.
+    redis_down: Arc<AtomicBool>,
 }
 
 impl Health {
     pub fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::Relaxed);
+    }
+
+    pub fn set_redis_down(&self, down: bool) {
+        self.redis_down.store(down, Ordering::Relaxed);
     }
 }
 
@@ -43,9 +50,14 @@ pub async fn serve(addr: SocketAddr, health: Health) -> std::io::Result<SocketAd
 }
 
 async fn readyz(State(h): State<Health>) -> (StatusCode, &'static str) {
-    if h.ready.load(Ordering::Relaxed) {
-        (StatusCode::OK, "ready\n")
-    } else {
+    if !h.ready.load(Ordering::Relaxed) {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+    } else if h.redis_down.load(Ordering::Relaxed) {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: Redis does not answer the limiter\n",
+        )
+    } else {
+        (StatusCode::OK, "ready\n")
     }
 }

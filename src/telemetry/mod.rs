@@ -1,11 +1,16 @@
 //! Logging setup and typed events.
 //!
 //! - [`events`]: one struct per occurrence that logs and counts in one place.
+//! - [`every`]: [`Every`], one log line per interval for repeated failures.
+//! - [`http`]: `/healthz`, `/readyz`, `/metrics`.
 //!
 //! A leaf module: it depends on no other module of this crate.
 
 pub mod events;
+pub mod every;
 pub mod http;
+
+pub use every::Every;
 
 use tracing_subscriber::EnvFilter;
 

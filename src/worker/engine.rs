@@ -20,19 +20,24 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
 use tokio::time::sleep_until;
 
-use crate::config::Settings;
-use crate::downstream::{backoff, Downstream, Outcome};
+use crate::config::{RetryTier, Settings};
+use crate::downstream::{backoff, Answer, Downstream, RetryAfter};
 use crate::job::Job;
-use crate::kafka::consumer::{Consumer, Origin, Partition, PartitionEvent, Record};
+use crate::kafka::consumer::{Consumer, Currency, Origin, Partition, PartitionEvent, Record};
 use crate::kafka::{OriginalRecord, RecordSink};
-use crate::limiter::{Decision, Pace};
+use crate::limiter::{BatchDecision, BatchGranted, CannotPass, NextJob, Pace};
 use crate::telemetry::events::{
-    self, Backpressure, CommitFailed, DownstreamFailed, DownstreamThrottled, JobDeadLettered,
-    JobDeferred, JobDone, LimiterUnavailable, OffsetsCommitted, RevokedJobsDropped,
-    SellerThrottled,
+    self, Backpressure, DownstreamFailed, DownstreamThrottled, HeadMoved, JobDeadLettered,
+    JobDeferred, JobDone, JobsAdmitted, LimiterUnavailable, PartitionsAssigned, RevokedJobsDropped,
+    RevokedWorkDropped, SellerThrottled,
 };
+use crate::telemetry::http::Health;
 
+use super::memory::{self, Memory, Pressure};
 use super::permit::{OnLimiterError, Permits};
+
+/// How long shutdown waits for the broker to acknowledge the final commit.
+const FINAL_COMMIT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The most units one limiter call asks for.
 const MAX_BATCH: usize = 64;
@@ -50,13 +55,17 @@ pub struct Pending {
     pub original: OriginalRecord,
     /// Downstream calls made so far, across retry-topic round trips.
     pub attempts: u32,
+    /// What it holds in memory ([`memory::weight`]).
+    pub bytes: usize,
+    /// When this worker took the record (how long a partition's head waits).
+    pub received_at: Instant,
 }
 
 /// What the spawned tasks report.
 enum Event {
     Permit {
         seller: Arc<str>,
-        result: Result<Decision, String>,
+        result: Result<BatchDecision, String>,
         /// When the answer reached this process: waits count from here,
         /// so they are never early whatever the clocks say.
         answered_at: Instant,
@@ -64,7 +73,7 @@ enum Event {
     Called {
         seller: Arc<str>,
         pending: Pending,
-        outcome: Outcome,
+        outcome: Answer,
     },
     RunEnded {
         seller: Arc<str>,
@@ -82,6 +91,7 @@ enum Event {
 /// counts as finished only once the broker acknowledged it.
 #[derive(Debug)]
 struct PendingWrite {
+    bytes: usize,
     origin: Origin,
     original: OriginalRecord,
     job_id: Option<String>,
@@ -91,8 +101,23 @@ struct PendingWrite {
 
 #[derive(Debug, Clone)]
 enum Target {
-    DeadLetter { reason: String },
-    Retry { not_before_unix_ms: u64 },
+    DeadLetter {
+        reason: String,
+    },
+    /// A retry tier's topic: taken up at `release_at`, run from `not_before`.
+    Retry {
+        topic: String,
+        not_before_unix_ms: u64,
+        release_at_unix_ms: u64,
+    },
+}
+
+/// A retry-tier record held until its release time.
+#[derive(Debug)]
+struct Parked {
+    release_at_unix_ms: u64,
+    not_before_unix_ms: Option<u64>,
+    pending: Pending,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -149,7 +174,12 @@ pub struct Deps<P> {
     pub downstream: Arc<Downstream>,
     pub sink: Arc<RecordSink>,
     pub consumer: Arc<Consumer>,
+    /// Records from the consumer's poll thread ([`Consumer::start`]).
+    pub records: mpsc::Receiver<Record>,
     pub partitions: mpsc::UnboundedReceiver<PartitionEvent>,
+    /// Readiness: Redis is reported down after `redis.unready_after`
+    /// failed limiter calls in a row.
+    pub health: Health,
 }
 
 /// What a run of the worker did, for the caller and for tests.
@@ -165,13 +195,21 @@ pub struct Engine<P> {
     settings: Arc<Settings>,
     deps: Deps<P>,
     on_limiter_error: OnLimiterError,
+    /// Limiter calls failed in a row (0 after a success).
+    limiter_failures: u32,
     sellers: HashMap<Arc<str>, Seller>,
     timers: BinaryHeap<Reverse<(Instant, Timer)>>,
-    /// Retry-topic records not yet due, per partition, in offset order; the
-    /// partition is paused while it has any.
-    parked: HashMap<Partition, VecDeque<(u64, Pending)>>,
-    /// Jobs in memory: waiting, delayed, parked, running, being written.
-    buffered: usize,
+    /// Retry-tier records not yet released, per partition, in offset order
+    /// (which is release order within a tier); the partition is paused
+    /// while it has any.
+    parked: HashMap<Partition, VecDeque<Parked>>,
+    /// The retry tiers, shortest first, and each tier topic's delay.
+    tiers: Vec<RetryTier>,
+    tier_delay: HashMap<String, Duration>,
+    /// Jobs and bytes in memory: waiting, delayed, parked, running, being
+    /// written; fetching pauses at `worker.max_buffered` or
+    /// `worker.max_buffered_bytes`.
+    memory: Memory,
     /// Spawned runs, limiter calls and writes not yet reported back.
     tasks: usize,
     /// Downstream slots (of `downstream.concurrency`) not reserved. A seller
@@ -181,7 +219,6 @@ pub struct Engine<P> {
     slots_free: usize,
     /// Sellers ready to ask but waiting for a slot, served in turn.
     capacity_waiters: VecDeque<Arc<str>>,
-    paused: bool,
     tx: mpsc::UnboundedSender<Event>,
     rx: mpsc::UnboundedReceiver<Event>,
 }
@@ -193,14 +230,24 @@ impl<P: Permits> Engine<P> {
             settings: settings.clone(),
             deps,
             on_limiter_error: OnLimiterError::DEFAULT,
+            limiter_failures: 0,
             sellers: HashMap::new(),
             timers: BinaryHeap::new(),
             parked: HashMap::new(),
-            buffered: 0,
+            tiers: settings.kafka.retry_tiers(),
+            tier_delay: settings
+                .kafka
+                .retry_tiers()
+                .into_iter()
+                .map(|t| (t.topic, t.delay))
+                .collect(),
+            memory: Memory::new(
+                settings.worker.max_buffered,
+                settings.worker.max_buffered_bytes,
+            ),
             tasks: 0,
             slots_free: settings.downstream.concurrency,
             capacity_waiters: VecDeque::new(),
-            paused: false,
             tx,
             rx,
         }
@@ -212,7 +259,6 @@ impl<P: Permits> Engine<P> {
         tokio::pin!(shutdown);
         let mut commit = tokio::time::interval(self.settings.kafka.commit_interval);
         commit.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let consumer = self.deps.consumer.clone();
         loop {
             let next = self.timers.peek().map(|Reverse((at, _))| *at);
             tokio::select! {
@@ -221,16 +267,12 @@ impl<P: Permits> Engine<P> {
                 Some(ev) = self.rx.recv() => self.on_event(ev),
                 Some(pe) = self.deps.partitions.recv() => self.on_partitions(pe),
                 _ = sleep_until(next.unwrap_or_else(far).into()), if next.is_some() => self.on_timers(),
+                // Done on the consumer's poll thread, acknowledged there.
                 _ = commit.tick() => {
-                    self.commit(false);
+                    self.unstick();
+                    self.deps.consumer.request_commit();
                 }
-                rec = consumer.recv() => match rec {
-                    Ok(r) => self.on_record(r),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "Kafka receive failed");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                },
+                Some(rec) = self.deps.records.recv() => self.on_record(rec),
             }
             self.backpressure();
         }
@@ -238,6 +280,9 @@ impl<P: Permits> Engine<P> {
     }
 
     async fn drain(mut self) -> Summary {
+        // No more records: the consumer's poll thread stops handing them
+        // over (and keeps serving the final commit).
+        self.deps.records.close();
         tracing::info!(
             in_flight = self.tasks,
             "shutting down: no new records; waiting for in-flight work"
@@ -263,8 +308,7 @@ impl<P: Permits> Engine<P> {
                 "shutdown timeout: in-flight work abandoned, its records stay uncommitted"
             );
         }
-        let committed_partitions = self.commit(true);
-        self.deps.consumer.mark_closing();
+        let committed_partitions = self.commit_all().await;
         Summary {
             abandoned,
             committed_partitions,
@@ -275,7 +319,9 @@ impl<P: Permits> Engine<P> {
         match ev {
             Event::RunEnded { unused, .. } => {
                 self.tasks -= 1;
-                self.buffered -= unused.len();
+                for p in &unused {
+                    self.memory.remove(p.bytes);
+                }
             }
             Event::Permit { .. } => self.tasks -= 1,
             other => self.on_event(other),
@@ -285,15 +331,22 @@ impl<P: Permits> Engine<P> {
     // ---- records ----
 
     fn on_record(&mut self, rec: Record) {
+        if !self.deps.consumer.is_current(&rec.origin) {
+            // Received before its partition was revoked, taken after: the
+            // new owner has it.
+            return;
+        }
         events::counters()
             .jobs_received
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.buffered += 1;
+        let bytes = memory::weight(rec.original.key.as_deref(), &rec.original.value);
+        self.memory.add(bytes);
         let headers = match rec.headers {
             Ok(h) => h,
             Err(e) => {
                 let reason = format!("unreadable worker header: {e}");
                 return self.write(
+                    bytes,
                     rec.origin,
                     rec.original,
                     None,
@@ -302,11 +355,12 @@ impl<P: Permits> Engine<P> {
                 );
             }
         };
-        let job = match Job::parse(&rec.original.value, self.settings.worker.max_payload_bytes) {
+        let job = match Job::parse_shared(&rec.original.value, &self.settings.worker) {
             Ok(job) => job,
             Err(e) => {
                 let reason = e.to_string();
                 return self.write(
+                    bytes,
                     rec.origin,
                     rec.original,
                     None,
@@ -320,24 +374,69 @@ impl<P: Permits> Engine<P> {
             origin: rec.origin,
             original: rec.original,
             attempts: headers.attempts,
+            bytes,
+            received_at: Instant::now(),
         };
-        match headers.not_before_unix_ms {
-            Some(nb) if nb > unix_ms() => self.park(nb, pending),
-            _ => self.enqueue(pending),
+        let now = unix_ms();
+        match headers.release_at_unix_ms {
+            // Held for its tier's delay. A release further off than the
+            // tier's delay (a clock jump, a hand-written header) is not
+            // trusted to hold the partition: the record is taken up now
+            // and hops tiers by its due time instead.
+            Some(release) if release > now && self.holds_at_most(&pending, release - now) => self
+                .park(Parked {
+                    release_at_unix_ms: release,
+                    not_before_unix_ms: headers.not_before_unix_ms,
+                    pending,
+                }),
+            _ => self.take_up(pending, headers.not_before_unix_ms),
         }
     }
 
-    /// A retry-topic record that is not due: hold it and pause its
-    /// partition, so that waiting neither spins nor holds up other partitions.
-    fn park(&mut self, not_before: u64, pending: Pending) {
-        let part: Partition = (pending.origin.topic.clone(), pending.origin.partition);
+    /// Whether holding `pending`'s partition for `wait_ms` stays within its
+    /// tier's delay (plus a second for clocks and transit).
+    fn holds_at_most(&self, pending: &Pending, wait_ms: u64) -> bool {
+        self.tier_delay
+            .get(&*pending.origin.topic)
+            .is_some_and(|d| wait_ms <= ceil_ms(*d) + 1000)
+    }
+
+    /// A record taken up from a retry tier (or a fresh one): run it when
+    /// due. A short remaining wait is held in memory, without holding the
+    /// partition; a longer one hops to the tier that fits it.
+    fn take_up(&mut self, pending: Pending, not_before: Option<u64>) {
+        let remaining = match not_before {
+            Some(nb) if nb > unix_ms() => Duration::from_millis(nb - unix_ms()),
+            _ => return self.enqueue(pending),
+        };
+        if remaining > self.settings.worker.max_inline_delay {
+            return self.defer(pending, remaining);
+        }
+        let key: Arc<str> = Arc::from(pending.job.seller_id.as_str());
+        let at = after(Instant::now(), remaining);
+        self.sellers
+            .entry(key.clone())
+            .or_insert_with(Seller::new)
+            .delayed
+            .push((at, pending));
+        self.timers.push(Reverse((at, Timer::Seller(key))));
+    }
+
+    /// A retry-tier record not yet released: hold it and pause its
+    /// partition, so that waiting neither spins nor holds up other
+    /// partitions. Records behind it in the partition are released later
+    /// (a tier's release times ascend), so none waits behind the head.
+    fn park(&mut self, parked: Parked) {
+        let origin = &parked.pending.origin;
+        let part: Partition = (origin.topic.clone(), origin.partition);
+        let release = parked.release_at_unix_ms;
         let queue = self.parked.entry(part.clone()).or_default();
         let first = queue.is_empty();
-        queue.push_back((not_before, pending));
+        queue.push_back(parked);
         if first {
             self.deps.consumer.pause(std::slice::from_ref(&part));
             self.timers.push(Reverse((
-                instant_of(not_before),
+                instant_of(release),
                 Timer::Parked(part.0, part.1),
             )));
         }
@@ -345,33 +444,31 @@ impl<P: Permits> Engine<P> {
 
     fn unpark(&mut self, part: Partition) {
         let now = unix_ms();
-        let mut due = Vec::new();
+        let mut released = Vec::new();
         let mut next = None;
         if let Some(queue) = self.parked.get_mut(&part) {
-            while let Some((nb, _)) = queue.front() {
-                if *nb > now {
-                    next = Some(*nb);
+            while let Some(head) = queue.front() {
+                if head.release_at_unix_ms > now {
+                    next = Some(head.release_at_unix_ms);
                     break;
                 }
-                if let Some((_, p)) = queue.pop_front() {
-                    due.push(p);
-                }
+                released.extend(queue.pop_front());
             }
         }
         match next {
-            Some(nb) => self.timers.push(Reverse((
-                instant_of(nb),
+            Some(release) => self.timers.push(Reverse((
+                instant_of(release),
                 Timer::Parked(part.0.clone(), part.1),
             ))),
             None => {
                 self.parked.remove(&part);
-                if !self.paused {
+                if !self.memory.is_paused() {
                     self.deps.consumer.resume(std::slice::from_ref(&part));
                 }
             }
         }
-        for p in due {
-            self.enqueue(p);
+        for p in released {
+            self.take_up(p.pending, p.not_before_unix_ms);
         }
     }
 
@@ -432,18 +529,24 @@ impl<P: Permits> Engine<P> {
             }
             return;
         }
-        let n = partition_heads(&seller.queue, MAX_BATCH.min(self.slots_free)).len();
+        // The heads in queue order, with their costs: the limiter grants the
+        // longest prefix that fits, so a heavy job that does not fit yet
+        // stops lighter later ones from taking the units it waits for.
+        let costs: Vec<u64> = partition_heads(&seller.queue, MAX_BATCH.min(self.slots_free))
+            .into_iter()
+            .map(|i| seller.queue[i].job.cost)
+            .collect();
+        let n = costs.len();
         self.slots_free -= n;
         seller.reserved = n;
         seller.phase = Phase::Asking;
-        let n = n as u64;
         let (permits, tx, seller_id) = (self.deps.permits.clone(), self.tx.clone(), key.clone());
         self.tasks += 1;
         events::counters()
             .limiter_calls
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         tokio::spawn(async move {
-            let result = permits.acquire(&seller_id, n).await;
+            let result = permits.acquire_jobs(&seller_id, &costs).await;
             let _ = tx.send(Event::Permit {
                 seller: seller_id,
                 result,
@@ -484,18 +587,35 @@ impl<P: Permits> Engine<P> {
         }
     }
 
-    fn on_permit(&mut self, key: Arc<str>, result: Result<Decision, String>, answered_at: Instant) {
+    fn on_permit(
+        &mut self,
+        key: Arc<str>,
+        result: Result<BatchDecision, String>,
+        answered_at: Instant,
+    ) {
+        let unready_after = self.settings.redis.unready_after;
         let decision = match result {
-            Ok(d) => d,
+            Ok(d) => {
+                if self.limiter_failures >= unready_after {
+                    self.deps.health.set_redis_down(false);
+                }
+                self.limiter_failures = 0;
+                d
+            }
             Err(error) => {
+                self.limiter_failures = self.limiter_failures.saturating_add(1);
+                if self.limiter_failures == unready_after {
+                    self.deps.health.set_redis_down(true);
+                }
                 // The one place where a limiter failure becomes a decision.
                 let policy = self.on_limiter_error;
-                let decision = policy.decide();
-                if let Decision::Denied(d) = &decision {
+                let decision = BatchDecision::from_units(policy.decide(self.limiter_failures));
+                if let BatchDecision::Denied(d) = &decision {
                     LimiterUnavailable {
                         error: &error,
                         policy: policy.name(),
                         hold: d.retry_after,
+                        in_a_row: self.limiter_failures,
                     }
                     .emit();
                 }
@@ -509,19 +629,51 @@ impl<P: Permits> Engine<P> {
         seller.phase = Phase::Idle;
         let reserved = std::mem::take(&mut seller.reserved);
         match decision {
-            Decision::Granted(g) => {
-                let n = (g.granted as usize).min(reserved);
-                let mut batch = take_partition_heads(&mut seller.queue, n);
+            BatchDecision::Granted(g) => {
+                // The job the prefix stopped at, found before the grant is
+                // taken out of the queue.
+                let next = partition_heads(&seller.queue, reserved)
+                    .get(g.jobs)
+                    .map(|&i| seller.queue[i].origin.clone());
+                let batch = take_granted(&mut seller.queue, &g, reserved);
                 // Jobs of partitions revoked since the revoke event was
                 // handled belong to their new owner. (The queue itself is
                 // purged by that event; checking the batch only keeps this
                 // O(batch), not O(backlog), per limiter answer.)
-                let taken = batch.len();
-                batch.retain(|p| consumer.is_current(&p.origin));
-                self.buffered -= taken - batch.len();
+                let (batch, gone): (Vec<Pending>, Vec<Pending>) = batch
+                    .into_iter()
+                    .partition(|p| consumer.is_current(&p.origin));
+                for p in &gone {
+                    self.memory.remove(p.bytes);
+                }
                 let n = batch.len();
                 seller.reserved = n;
                 self.release(reserved - n);
+                JobsAdmitted {
+                    jobs: n,
+                    units: batch.iter().map(|p| p.job.cost).sum(),
+                }
+                .emit();
+                // Why the prefix stopped short: the next job waits (so does
+                // the seller, without asking again before then), or can
+                // never pass (dead-lettered now, not retried forever).
+                match g.next {
+                    Some(NextJob::Wait { retry_after, .. }) => {
+                        let until = after(answered_at, retry_after);
+                        if let Some(seller) = self.sellers.get_mut(&key) {
+                            seller.blocked_until =
+                                Some(seller.blocked_until.map_or(until, |t| t.max(until)));
+                        }
+                        self.timers
+                            .push(Reverse((until, Timer::Seller(key.clone()))));
+                    }
+                    Some(NextJob::Never(c)) => {
+                        if let Some(origin) = next {
+                            self.never(&key, &origin, c);
+                        }
+                    }
+                    None => {}
+                }
                 if batch.is_empty() {
                     return self.poke(&key);
                 }
@@ -529,7 +681,7 @@ impl<P: Permits> Engine<P> {
                 seller.phase = Phase::Running;
                 self.spawn_run(key, batch, g.pace, answered_at);
             }
-            Decision::Denied(d) => {
+            BatchDecision::Denied(d) => {
                 SellerThrottled {
                     seller: &key,
                     retry_after: d.retry_after,
@@ -539,22 +691,32 @@ impl<P: Permits> Engine<P> {
                 self.release(reserved);
                 // Counted from when the answer arrived: never early, whatever
                 // the clocks of Redis and this host say.
-                self.hold(&key, answered_at + d.retry_after);
+                self.hold(&key, after(answered_at, d.retry_after));
             }
-            Decision::Never(c) => {
-                // Cannot happen for grant-up-to calls; kept total so a
-                // policy change cannot wedge a seller.
-                let popped = seller.queue.pop_front();
+            BatchDecision::Never(c) => {
+                let first = seller.queue.front().map(|p| p.origin.clone());
                 self.release(reserved);
-                if let Some(p) = popped {
-                    let reason = format!(
-                        "cost {} can never pass: the seller's rule {} holds at most {}",
-                        c.cost, c.rule, c.capacity
-                    );
-                    self.write_pending(p, Target::DeadLetter { reason });
+                if let Some(origin) = first {
+                    self.never(&key, &origin, c);
                 }
                 self.poke(&key);
             }
+        }
+    }
+
+    /// The seller's first waiting job (the head the limiter looked at
+    /// first) costs more than a rule can ever hold: dead-letter it with the
+    /// rule, its capacity and the cost, so it is not retried forever.
+    fn never(&mut self, key: &Arc<str>, origin: &Origin, c: CannotPass) {
+        let Some(seller) = self.sellers.get_mut(key) else {
+            return;
+        };
+        let Some(i) = seller.queue.iter().position(|p| p.origin == *origin) else {
+            return;
+        };
+        if let Some(p) = seller.queue.remove(i) {
+            let reason = c.to_string();
+            self.write_pending(p, Target::DeadLetter { reason });
         }
     }
 
@@ -572,20 +734,29 @@ impl<P: Permits> Engine<P> {
         answered_at: Instant,
     ) {
         let (downstream, tx) = (self.deps.downstream.clone(), self.tx.clone());
+        let currency: Currency = self.deps.consumer.currency();
+        let d = &self.settings.downstream;
+        let (backoff_base, backoff_max) = (d.backoff_base, d.backoff_max);
         self.tasks += 1;
-        let mut chains: Vec<(Partition, Vec<(usize, Pending)>)> = Vec::new();
-        for (i, p) in batch.into_iter().enumerate() {
+        // Each job with its first unit's index in the grant (the costs of
+        // the jobs before it): a pacer's go-at instants are per unit.
+        let mut chains: Vec<(Partition, Vec<(u64, Pending)>)> = Vec::new();
+        let mut unit = 0u64;
+        for p in batch {
+            let first_unit = unit;
+            unit += p.job.cost;
             let part = (p.origin.topic.clone(), p.origin.partition);
             match chains.iter_mut().find(|(k, _)| *k == part) {
-                Some((_, chain)) => chain.push((i, p)),
-                None => chains.push((part, vec![(i, p)])),
+                Some((_, chain)) => chain.push((first_unit, p)),
+                None => chains.push((part, vec![(first_unit, p)])),
             }
         }
         tokio::spawn(async move {
             let throttled: std::sync::Mutex<Option<Duration>> = std::sync::Mutex::new(None);
             let stopped = || throttled.lock().map_or(true, |t| t.is_some());
             let runs = chains.into_iter().map(|(_, chain)| {
-                let (downstream, tx, seller, throttled) = (&downstream, &tx, &seller, &throttled);
+                let (downstream, tx, seller, throttled, currency) =
+                    (&downstream, &tx, &seller, &throttled, &currency);
                 async move {
                     let mut unused = Vec::new();
                     let mut jobs = chain.into_iter();
@@ -593,17 +764,27 @@ impl<P: Permits> Engine<P> {
                         if let Some(pace) = pace {
                             // A pacer grant: unit i may go this long after the
                             // decision, which came before `answered_at`.
-                            sleep_until((answered_at + pace.unit_after(i as u64)).into()).await;
+                            sleep_until(after(answered_at, pace.unit_after(i)).into()).await;
                         }
-                        if stopped() {
+                        // A revoked job is not called: its new owner does.
+                        if stopped() || !currency.is_current(&p.origin) {
                             unused.push((i, p));
                             continue;
                         }
                         events::counters()
                             .downstream_calls
                             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        match downstream.call(&p.job).await {
-                            Outcome::RetryAfter(wait) => {
+                        match downstream.send(&p.job).await {
+                            Answer::Throttled(retry_after) => {
+                                // No readable Retry-After: the worker's own
+                                // backoff, so that replicas do not come back
+                                // in lockstep.
+                                let wait = match retry_after {
+                                    RetryAfter::Wait(wait) => wait,
+                                    RetryAfter::Unspecified => {
+                                        backoff(p.attempts + 1, backoff_base, backoff_max)
+                                    }
+                                };
                                 if let Ok(mut t) = throttled.lock() {
                                     *t = Some(t.map_or(wait, |w| w.max(wait)));
                                 }
@@ -622,7 +803,7 @@ impl<P: Permits> Engine<P> {
                     unused
                 }
             });
-            let mut unused: Vec<(usize, Pending)> = futures::future::join_all(runs)
+            let mut unused: Vec<(u64, Pending)> = futures::future::join_all(runs)
                 .await
                 .into_iter()
                 .flatten()
@@ -638,30 +819,40 @@ impl<P: Permits> Engine<P> {
         });
     }
 
-    fn on_called(&mut self, key: Arc<str>, mut p: Pending, outcome: Outcome) {
+    fn on_called(&mut self, key: Arc<str>, mut p: Pending, outcome: Answer) {
         p.attempts += 1;
         if let Some(seller) = self.sellers.get_mut(&key) {
             seller.reserved = seller.reserved.saturating_sub(1);
         }
         self.release(1);
+        if !self.deps.consumer.is_current(&p.origin) {
+            // The partition moved on while the call was out: its new owner
+            // has the record and decides; no retry, no dead letter from here.
+            self.memory.remove(p.bytes);
+            return RevokedWorkDropped {
+                jobs: 1,
+                stage: "answer",
+            }
+            .emit();
+        }
         match outcome {
-            Outcome::Done => {
+            Answer::Done => {
                 JobDone {
                     job_id: &p.job.job_id,
                     attempts: p.attempts,
                 }
                 .emit();
                 self.deps.consumer.finish(&p.origin);
-                self.buffered -= 1;
+                self.memory.remove(p.bytes);
             }
-            Outcome::Fatal { status, reason } => {
+            Answer::Fatal { status, reason } => {
                 let reason = match status {
                     Some(s) => format!("downstream refused the job with HTTP {s}: {reason}"),
                     None => format!("downstream refused the job: {reason}"),
                 };
                 self.write_pending(p, Target::DeadLetter { reason });
             }
-            Outcome::Retryable { reason } => {
+            Answer::Retryable { reason } => {
                 let max = self.settings.downstream.max_attempts;
                 if p.attempts >= max {
                     let reason = format!("downstream failed {} times (downstream.max_attempts = {max}); last: {reason}", p.attempts);
@@ -676,18 +867,34 @@ impl<P: Permits> Engine<P> {
                     backoff: wait,
                 }
                 .emit();
-                let at = Instant::now() + wait;
+                let at = after(Instant::now(), wait);
                 let seller = self.sellers.entry(key.clone()).or_insert_with(Seller::new);
                 seller.delayed.push((at, p));
                 self.timers.push(Reverse((at, Timer::Seller(key))));
             }
-            Outcome::RetryAfter(_) => {
+            Answer::Throttled(_) => {
                 unreachable!("a run ends at a 429 and returns the job as unused")
             }
         }
     }
 
     fn on_run_ended(&mut self, key: Arc<str>, unused: Vec<Pending>, throttled: Option<Duration>) {
+        let before = unused.len();
+        let consumer = self.deps.consumer.clone();
+        let (kept, gone): (Vec<Pending>, Vec<Pending>) = unused
+            .into_iter()
+            .partition(|p| consumer.is_current(&p.origin));
+        let unused = kept;
+        for p in &gone {
+            self.memory.remove(p.bytes);
+        }
+        if !gone.is_empty() {
+            RevokedWorkDropped {
+                jobs: before - unused.len(),
+                stage: "run",
+            }
+            .emit();
+        }
         let seller = self.sellers.entry(key.clone()).or_insert_with(Seller::new);
         seller.phase = Phase::Idle;
         let slots = std::mem::take(&mut seller.reserved);
@@ -700,7 +907,7 @@ impl<P: Permits> Engine<P> {
                 retry_after: wait,
             }
             .emit();
-            self.hold(&key, Instant::now() + wait);
+            self.hold(&key, after(Instant::now(), wait));
             // Share the 429 with every replica through the limiter.
             let (permits, seller_id) = (self.deps.permits.clone(), key.clone());
             tokio::spawn(async move {
@@ -755,8 +962,28 @@ impl<P: Permits> Engine<P> {
             wait,
         }
         .emit();
-        let not_before_unix_ms = unix_ms() + (wait.as_micros() as u64).div_ceil(1000);
-        self.write_pending(p, Target::Retry { not_before_unix_ms });
+        // The longest tier that does not pass the due time (the shortest if
+        // none fits): the record is released no later than it is due, and
+        // hops down the tiers until then.
+        let tier = self
+            .tiers
+            .iter()
+            .rev()
+            .find(|t| t.delay <= wait)
+            .or(self.tiers.first());
+        let Some(tier) = tier else {
+            unreachable!("config validation keeps at least one retry tier")
+        };
+        let now = unix_ms();
+        let due = now.saturating_add(ceil_ms(wait));
+        // A wait shorter than every tier is released when due: it may sit
+        // behind the tier's head for at most that tier's delay.
+        let target = Target::Retry {
+            topic: tier.topic.clone(),
+            not_before_unix_ms: due,
+            release_at_unix_ms: due.min(now.saturating_add(ceil_ms(tier.delay))),
+        };
+        self.write_pending(p, target);
     }
 
     fn write_pending(&mut self, p: Pending, target: Target) {
@@ -765,19 +992,32 @@ impl<P: Permits> Engine<P> {
             origin,
             original,
             attempts,
+            bytes,
+            ..
         } = p;
-        self.write(origin, original, Some(job.job_id), attempts, target);
+        self.write(bytes, origin, original, Some(job.job_id), attempts, target);
     }
 
     fn write(
         &mut self,
+        bytes: usize,
         origin: Origin,
         original: OriginalRecord,
         job_id: Option<String>,
         attempts: u32,
         target: Target,
     ) {
+        if !self.deps.consumer.is_current(&origin) {
+            // Written by the partition's new owner, if at all.
+            self.memory.remove(bytes);
+            return RevokedWorkDropped {
+                jobs: 1,
+                stage: "write",
+            }
+            .emit();
+        }
         let pending = PendingWrite {
+            bytes,
             origin,
             original,
             job_id,
@@ -790,9 +1030,9 @@ impl<P: Permits> Engine<P> {
     fn spawn_write(&mut self, pending: PendingWrite, after: Duration) {
         let (sink, tx) = (self.deps.sink.clone(), self.tx.clone());
         let kafka = &self.settings.kafka;
-        let topic = match pending.target {
+        let topic = match &pending.target {
             Target::DeadLetter { .. } => kafka.dlq_topic.clone(),
-            Target::Retry { .. } => kafka.retry_topic.clone(),
+            Target::Retry { topic, .. } => topic.clone(),
         };
         self.tasks += 1;
         tokio::spawn(async move {
@@ -804,11 +1044,16 @@ impl<P: Permits> Engine<P> {
                     sink.dead_letter(&topic, &pending.original, reason, pending.attempts)
                         .await
                 }
-                Target::Retry { not_before_unix_ms } => {
+                Target::Retry {
+                    not_before_unix_ms,
+                    release_at_unix_ms,
+                    ..
+                } => {
                     sink.to_retry_topic(
                         &topic,
                         &pending.original,
                         *not_before_unix_ms,
+                        *release_at_unix_ms,
                         pending.attempts,
                     )
                     .await
@@ -835,7 +1080,7 @@ impl<P: Permits> Engine<P> {
                     .emit();
                 }
                 self.deps.consumer.finish(&pending.origin);
-                self.buffered -= 1;
+                self.memory.remove(pending.bytes);
             }
             Err(error) => {
                 // Losing it is not an option: the record stays unfinished
@@ -849,7 +1094,7 @@ impl<P: Permits> Engine<P> {
                 if self.deps.consumer.is_current(&pending.origin) {
                     self.spawn_write(pending, Duration::from_secs(1));
                 } else {
-                    self.buffered -= 1;
+                    self.memory.remove(pending.bytes);
                 }
             }
         }
@@ -876,27 +1121,51 @@ impl<P: Permits> Engine<P> {
     fn on_partitions(&mut self, ev: PartitionEvent) {
         match ev {
             PartitionEvent::Assigned(parts) => {
-                if self.paused {
+                PartitionsAssigned {
+                    partitions: parts.len(),
+                }
+                .emit();
+                // An assignment starts unpaused as far as librdkafka knows,
+                // but a pause of ours from before a revoke may linger: set
+                // each partition to what the worker wants now.
+                if self.memory.is_paused() {
                     self.deps.consumer.pause(&parts);
+                } else {
+                    let parts: Vec<Partition> = parts
+                        .into_iter()
+                        .filter(|p| !self.parked.contains_key(p))
+                        .collect();
+                    self.deps.consumer.resume(&parts);
                 }
             }
             PartitionEvent::Revoked(parts) => {
                 let consumer = self.deps.consumer.clone();
-                let mut dropped = 0;
+                let mut dropped: Vec<usize> = Vec::new();
                 for seller in self.sellers.values_mut() {
-                    let before = seller.queue.len() + seller.delayed.len();
-                    seller.queue.retain(|p| consumer.is_current(&p.origin));
-                    seller
-                        .delayed
-                        .retain(|(_, p)| consumer.is_current(&p.origin));
-                    dropped += before - seller.queue.len() - seller.delayed.len();
+                    seller.queue.retain(|p| {
+                        let keep = consumer.is_current(&p.origin);
+                        if !keep {
+                            dropped.push(p.bytes);
+                        }
+                        keep
+                    });
+                    seller.delayed.retain(|(_, p)| {
+                        let keep = consumer.is_current(&p.origin);
+                        if !keep {
+                            dropped.push(p.bytes);
+                        }
+                        keep
+                    });
                 }
                 for part in &parts {
                     if let Some(q) = self.parked.remove(part) {
-                        dropped += q.len();
+                        dropped.extend(q.iter().map(|p| p.pending.bytes));
                     }
                 }
-                self.buffered -= dropped;
+                for bytes in &dropped {
+                    self.memory.remove(*bytes);
+                }
+                let dropped = dropped.len();
                 self.sellers.retain(|_, s| !s.is_empty());
                 RevokedJobsDropped {
                     partitions: parts.len(),
@@ -907,43 +1176,90 @@ impl<P: Permits> Engine<P> {
         }
     }
 
-    /// Commits the finished prefix of each partition; returns how many
-    /// partitions were committed.
-    fn commit(&mut self, sync: bool) -> usize {
-        match self.deps.consumer.commit(sync) {
-            Ok(0) => 0,
-            Ok(n) => {
-                OffsetsCommitted {
-                    partitions: n,
-                    sync,
+    /// A partition commits only up to its first unfinished record. When
+    /// that record has waited in memory longer than `worker.max_head_wait`
+    /// while later ones finished, or holds back more than
+    /// `worker.max_finished_ahead` of them, it goes round the retry topic
+    /// (keeping its due time), so the partition commits past it: the offset
+    /// tracker and the commit metadata stay bounded, and a crash does not
+    /// redo hours of finished work. Records in flight are left alone.
+    fn unstick(&mut self) {
+        let held = self.deps.consumer.held_back();
+        if held.is_empty() {
+            return;
+        }
+        let w = &self.settings.worker;
+        let (max_wait, max_ahead) = (w.max_head_wait, w.max_finished_ahead);
+        let now = Instant::now();
+        let stuck = |p: &Pending| {
+            held.iter().any(|h| {
+                h.offset == p.origin.offset
+                    && h.partition.1 == p.origin.partition
+                    && *h.partition.0 == *p.origin.topic
+                    && (h.finished_behind >= max_ahead
+                        || now.saturating_duration_since(p.received_at) >= max_wait)
+            })
+        };
+        let mut moved: Vec<(Pending, Duration)> = Vec::new();
+        for seller in self.sellers.values_mut() {
+            let blocked = seller
+                .blocked_until
+                .map_or(Duration::ZERO, |t| t.saturating_duration_since(now));
+            let mut i = 0;
+            while i < seller.queue.len() {
+                if stuck(&seller.queue[i]) {
+                    moved.extend(seller.queue.remove(i).map(|p| (p, blocked)));
+                } else {
+                    i += 1;
                 }
-                .emit();
-                n
             }
-            Err(e) => {
-                CommitFailed {
-                    error: &e.to_string(),
+            let mut i = 0;
+            while i < seller.delayed.len() {
+                if stuck(&seller.delayed[i].1) {
+                    let (at, p) = seller.delayed.swap_remove(i);
+                    moved.push((p, at.saturating_duration_since(now)));
+                } else {
+                    i += 1;
                 }
-                .emit();
+            }
+        }
+        for (p, wait) in moved {
+            HeadMoved {
+                job_id: &p.job.job_id,
+                partition: p.origin.partition,
+                offset: p.origin.offset,
+                waited: now.saturating_duration_since(p.received_at),
+            }
+            .emit();
+            self.defer(p, wait);
+        }
+    }
+
+    /// The final commit: every finished prefix, acknowledged by the broker
+    /// (failures are counted and logged by the consumer). Returns how many
+    /// partitions were committed.
+    async fn commit_all(&mut self) -> usize {
+        let commit = self.deps.consumer.commit_all();
+        match tokio::time::timeout(FINAL_COMMIT_TIMEOUT, commit).await {
+            Ok(Ok(n)) => n,
+            Ok(Err(_)) => 0,
+            Err(_) => {
+                tracing::warn!(timeout = ?FINAL_COMMIT_TIMEOUT, "final commit got no answer in time; the next owner redoes the uncommitted records");
                 0
             }
         }
     }
 
-    /// Pauses every partition at `worker.max_buffered` jobs in memory and
-    /// resumes below 90 % of it.
+    /// Pauses every partition at `worker.max_buffered` jobs or
+    /// `worker.max_buffered_bytes` in memory and resumes below 90 % of both.
     fn backpressure(&mut self) {
-        let max = self.settings.worker.max_buffered;
-        if !self.paused && self.buffered >= max {
-            self.paused = true;
+        let Some(pressure) = self.memory.pressure() else {
+            return;
+        };
+        let paused = pressure == Pressure::Pause;
+        if paused {
             self.deps.consumer.pause(&self.deps.consumer.assignment());
-            Backpressure {
-                paused: true,
-                buffered: self.buffered,
-            }
-            .emit();
-        } else if self.paused && self.buffered < max - max / 10 {
-            self.paused = false;
+        } else {
             let parts: Vec<Partition> = self
                 .deps
                 .consumer
@@ -952,12 +1268,13 @@ impl<P: Permits> Engine<P> {
                 .filter(|p| !self.parked.contains_key(p))
                 .collect();
             self.deps.consumer.resume(&parts);
-            Backpressure {
-                paused: false,
-                buffered: self.buffered,
-            }
-            .emit();
         }
+        Backpressure {
+            paused,
+            buffered: self.memory.jobs(),
+            bytes: self.memory.bytes(),
+        }
+        .emit();
     }
 }
 
@@ -983,20 +1300,44 @@ fn partition_heads(queue: &VecDeque<Pending>, max: usize) -> Vec<usize> {
     heads
 }
 
-/// Removes and returns the first `n` partition heads, in queue order.
-fn take_partition_heads(queue: &mut VecDeque<Pending>, n: usize) -> Vec<Pending> {
-    let heads = partition_heads(queue, n);
-    let mut out: Vec<Pending> = heads
-        .iter()
-        .rev()
-        .filter_map(|&i| queue.remove(i))
-        .collect();
+/// Removes and returns the granted heads, in queue order: the first
+/// `g.jobs` partition heads (at most `reserved`, the slots held for them),
+/// never more units than were charged. (A revoke between the question and
+/// the answer can only remove heads; the ones that take their place are
+/// then cut by the units.)
+fn take_granted(queue: &mut VecDeque<Pending>, g: &BatchGranted, reserved: usize) -> Vec<Pending> {
+    let mut units = 0u64;
+    let mut take = Vec::new();
+    for i in partition_heads(queue, g.jobs.min(reserved)) {
+        let cost = queue[i].job.cost;
+        if units + cost > g.units {
+            break;
+        }
+        units += cost;
+        take.push(i);
+    }
+    let mut out: Vec<Pending> = take.iter().rev().filter_map(|&i| queue.remove(i)).collect();
     out.reverse();
     out
 }
 
 fn far() -> Instant {
-    Instant::now() + Duration::from_secs(3600)
+    after(Instant::now(), Duration::from_secs(3600))
+}
+
+/// `at + d`, saturating: durations that come from outside (a Retry-After,
+/// a limiter's wait, a header) must not overflow `Instant` and panic the
+/// worker. A century stands in for "never" on any platform's clock.
+fn after(at: Instant, d: Duration) -> Instant {
+    const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    at.checked_add(d.min(CENTURY))
+        .or_else(|| at.checked_add(Duration::from_secs(24 * 3600)))
+        .unwrap_or(at)
+}
+
+/// A duration in whole ms, rounded up (so a wait is never cut short).
+fn ceil_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_micros().div_ceil(1000)).unwrap_or(u64::MAX)
 }
 
 fn unix_ms() -> u64 {
@@ -1007,5 +1348,8 @@ fn unix_ms() -> u64 {
 
 /// The local instant of a Unix time in ms (now, if it has passed).
 fn instant_of(unix_ms_at: u64) -> Instant {
-    Instant::now() + Duration::from_millis(unix_ms_at.saturating_sub(unix_ms()))
+    after(
+        Instant::now(),
+        Duration::from_millis(unix_ms_at.saturating_sub(unix_ms())),
+    )
 }

@@ -2,6 +2,7 @@
 //!
 //! - [`engine`]: the event loop: per-seller queues, timers, runs, retry
 //!   topic, dead letters, commits, backpressure, graceful shutdown.
+//! - [`memory`]: jobs and bytes held, and when fetching pauses.
 //! - [`permit`]: the limiter as the worker sees it, and the one place where
 //!   a limiter failure becomes a decision.
 //!
@@ -9,6 +10,7 @@
 //! the shutdown future resolves.
 
 pub mod engine;
+pub mod memory;
 pub mod permit;
 
 use std::future::Future;
@@ -47,7 +49,8 @@ pub async fn run(
         settings.downstream.timeout,
         settings.downstream.concurrency,
     )
-    .context("downstream.url / downstream settings")?;
+    .context("downstream.url / downstream settings")?
+    .with_max_retry_after(settings.downstream.max_retry_after);
     let store = RedisStore::connect(&settings.redis.url, settings.redis.timeout)
         .await
         .context("redis.url: Redis must answer PING and accept the limiter scripts")?;
@@ -60,17 +63,16 @@ pub async fn run(
     let (part_tx, part_rx) = mpsc::unbounded_channel();
     let consumer = Consumer::new(&settings.kafka, part_tx).context("kafka settings")?;
     let k = &settings.kafka;
-    let topics = [
-        k.topic.as_str(),
-        k.retry_topic.as_str(),
-        k.dlq_topic.as_str(),
-    ];
+    let all = k.all_topics();
+    let topics: Vec<&str> = all.iter().map(String::as_str).collect();
     let check = tokio::task::block_in_place(|| consumer.check_topics(&topics, METADATA_TIMEOUT));
     check.context("kafka.brokers / topics")?;
     let sink = RecordSink::new(&k.brokers, &k.properties).context("kafka producer")?;
+    // The jobs topic and every retry tier: all but the dead-letter topic.
     consumer
-        .subscribe(&[k.topic.as_str(), k.retry_topic.as_str()])
+        .subscribe(&topics[..topics.len() - 1])
         .context("kafka subscribe")?;
+    let records = consumer.start().context("kafka consumer")?;
     let health = http::Health::default();
     let server = http::serve(settings.http.listen, health.clone())
         .await
@@ -91,13 +93,16 @@ pub async fn run(
         downstream: Arc::new(downstream),
         sink: sink.clone(),
         consumer: consumer.clone(),
+        records,
         partitions: part_rx,
+        health: health.clone(),
     };
     let summary = Engine::new(settings.clone(), deps).run(shutdown).await;
     // Closing a librdkafka client blocks (leaving the group, flushing); do it
     // off the async threads, and do not let a broker that stopped answering
     // hold the process forever.
     let close = tokio::task::spawn_blocking(move || {
+        consumer.shutdown();
         drop(consumer);
         drop(sink);
     });

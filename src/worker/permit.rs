@@ -4,7 +4,8 @@
 use std::future::Future;
 use std::time::Duration;
 
-use crate::limiter::{Decision, Denied, DeniedBy, Limiter, Mode, Store};
+use crate::downstream::backoff;
+use crate::limiter::{BatchDecision, Decision, Denied, DeniedBy, Limiter, Mode, Store};
 
 /// The limiter as the worker sees it.
 pub trait Permits: Send + Sync + 'static {
@@ -19,6 +20,25 @@ pub trait Permits: Send + Sync + 'static {
     /// Holds `seller` for every replica for `dur` (the downstream's 429).
     fn block(&self, seller: &str, dur: Duration)
         -> impl Future<Output = Result<(), String>> + Send;
+
+    /// The longest prefix of `seller`'s waiting jobs (their costs, in
+    /// order) that fits, each job all or nothing, in one call. The default
+    /// serves jobs of cost 1 through [`Permits::acquire`] and refuses other
+    /// costs, for implementations that know no costs.
+    fn acquire_jobs(
+        &self,
+        seller: &str,
+        costs: &[u64],
+    ) -> impl Future<Output = Result<BatchDecision, String>> + Send {
+        let ones = costs.iter().all(|&c| c == 1);
+        let n = costs.len() as u64;
+        async move {
+            if !ones {
+                return Err("this limiter grants jobs of cost 1 only".to_owned());
+            }
+            self.acquire(seller, n).await.map(BatchDecision::from_units)
+        }
+    }
 }
 
 impl<S: Store + 'static> Permits for Limiter<S> {
@@ -34,38 +54,86 @@ impl<S: Store + 'static> Permits for Limiter<S> {
             .map(|_| ())
             .map_err(|e| e.to_string())
     }
+
+    async fn acquire_jobs(&self, seller: &str, costs: &[u64]) -> Result<BatchDecision, String> {
+        Limiter::acquire_jobs(self, seller, costs)
+            .await
+            .map_err(|e| e.to_string())
+    }
 }
 
 /// What a limiter failure means. Only fail-closed exists today; fail-open
 /// and a local share of the limit slot in here.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OnLimiterError {
-    /// Treat the seller as refused and ask again after `hold`: no job passes
-    /// unchecked, the backlog waits.
-    FailClosed { hold: Duration },
+    /// Treat the seller as refused and ask again after a backoff that grows
+    /// with the failures in a row (`base` doubling up to `max`, with equal
+    /// jitter so that replicas and sellers do not retry in lockstep): no job
+    /// passes unchecked, the backlog waits, and an outage costs Redis few
+    /// calls when it comes back.
+    FailClosed { base: Duration, max: Duration },
 }
 
 impl OnLimiterError {
     pub const DEFAULT: OnLimiterError = OnLimiterError::FailClosed {
-        hold: Duration::from_millis(500),
+        base: Duration::from_millis(100),
+        max: Duration::from_secs(5),
     };
 
-    /// The decision to act on when the limiter could not answer.
-    pub fn decide(self) -> Decision {
+    /// The decision to act on when the limiter could not answer, after
+    /// `in_a_row` failed calls (at least 1).
+    pub fn decide(self, in_a_row: u32) -> Decision {
         match self {
-            OnLimiterError::FailClosed { hold } => Decision::Denied(Denied {
-                retry_after: hold,
-                remaining: 0,
-                reset_after: hold,
-                by: DeniedBy::Unavailable,
-                decided_at_us: 0,
-            }),
+            OnLimiterError::FailClosed { base, max } => {
+                let hold = backoff(in_a_row.max(1), base, max);
+                Decision::Denied(Denied {
+                    retry_after: hold,
+                    remaining: 0,
+                    reset_after: hold,
+                    by: DeniedBy::Unavailable,
+                    decided_at_us: 0,
+                })
+            }
         }
     }
 
     pub fn name(self) -> &'static str {
         match self {
             OnLimiterError::FailClosed { .. } => "fail_closed",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hold(d: Decision) -> Duration {
+        match d {
+            Decision::Denied(d) => d.retry_after,
+            other => panic!("fail-closed must refuse, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn fail_closed_backs_off_with_jitter_up_to_its_cap() {
+        let policy = OnLimiterError::DEFAULT;
+        let first: Vec<Duration> = (0..50).map(|_| hold(policy.decide(1))).collect();
+        assert!(first
+            .iter()
+            .all(|h| *h >= Duration::from_millis(50) && *h <= Duration::from_millis(100)));
+        assert!(first.iter().any(|h| *h != first[0]), "no jitter: {first:?}");
+        let later = hold(policy.decide(4));
+        assert!(
+            later >= Duration::from_millis(400),
+            "grows with failures in a row: {later:?}"
+        );
+        for n in [10, 100, u32::MAX] {
+            let h = hold(policy.decide(n));
+            assert!(
+                h >= Duration::from_millis(2500) && h <= Duration::from_secs(5),
+                "{n} in a row: {h:?}"
+            );
         }
     }
 }

@@ -471,6 +471,7 @@ async fn tagged_register(
     let arrival = Arrival {
         job_id: header("idempotency-key"),
         seller: header("x-seller-id"),
+        cost: header("x-job-cost").parse().unwrap_or(1),
         at: Instant::now(),
         wall: SystemTime::now(),
         body,

@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -32,6 +33,8 @@ use throttle_worker::worker::{self, Summary};
 pub struct Arrival {
     pub job_id: String,
     pub seller: String,
+    /// `X-Job-Cost`: the units the job weighs (1 when absent).
+    pub cost: u64,
     pub at: Instant,
     pub wall: SystemTime,
     pub body: Bytes,
@@ -49,20 +52,25 @@ pub fn always_ok() -> Behaviour {
 struct DownstreamState {
     arrivals: Arc<Mutex<Vec<Arrival>>>,
     behaviour: Behaviour,
+    /// How long each answer takes, in ms (a slow downstream).
+    delay_ms: Arc<AtomicU64>,
 }
 
 /// The in-test downstream API.
 pub struct Downstream {
     pub url: String,
     arrivals: Arc<Mutex<Vec<Arrival>>>,
+    delay_ms: Arc<AtomicU64>,
 }
 
 impl Downstream {
     pub async fn start(behaviour: Behaviour) -> Downstream {
         let arrivals = Arc::new(Mutex::new(Vec::new()));
+        let delay_ms = Arc::new(AtomicU64::new(0));
         let state = DownstreamState {
             arrivals: arrivals.clone(),
             behaviour,
+            delay_ms: delay_ms.clone(),
         };
         let app = Router::new()
             .route("/registrations", post(register))
@@ -75,7 +83,14 @@ impl Downstream {
         Downstream {
             url: format!("http://{addr}/registrations"),
             arrivals,
+            delay_ms,
         }
+    }
+
+    /// Makes every later answer take `delay` (after the arrival is recorded).
+    pub fn set_delay(&self, delay: Duration) {
+        self.delay_ms
+            .store(delay.as_millis() as u64, Ordering::Relaxed);
     }
 
     pub fn arrivals(&self) -> Vec<Arrival> {
@@ -120,6 +135,7 @@ async fn register(State(s): State<DownstreamState>, headers: HeaderMap, body: By
     let arrival = Arrival {
         job_id: header("idempotency-key"),
         seller: header("x-seller-id"),
+        cost: header("x-job-cost").parse().unwrap_or(1),
         at: Instant::now(),
         wall: SystemTime::now(),
         body,
@@ -131,6 +147,10 @@ async fn register(State(s): State<DownstreamState>, headers: HeaderMap, body: By
         earlier
     };
     let (status, retry_after) = (s.behaviour)(&arrival, earlier);
+    let delay = s.delay_ms.load(Ordering::Relaxed);
+    if delay > 0 {
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+    }
     let mut resp = status.into_response();
     if let Some(ra) = retry_after {
         resp.headers_mut()
@@ -163,18 +183,18 @@ impl Bench {
             retry: format!("retry-{id}"),
             dlq: format!("dlq-{id}"),
         };
-        let broker = DevBroker::start(&[
-            (topics.jobs.clone(), partitions),
-            (topics.retry.clone(), partitions),
-            (topics.dlq.clone(), 1),
-        ])
-        .expect("mock cluster");
+        let broker = DevBroker::start(&topic_specs(&topics, partitions)).expect("mock cluster");
         Bench {
             broker,
             topics,
             group: format!("group-{id}"),
             prefix: format!("wtest-{id}"),
         }
+    }
+
+    /// The topic of the default retry tier whose delay is `delay`.
+    pub fn retry_tier(&self, delay: &str) -> String {
+        format!("{}.{delay}", self.topics.retry)
     }
 
     pub fn bootstrap(&self) -> String {
@@ -252,6 +272,19 @@ impl Bench {
     }
 }
 
+/// Every topic a worker with the default retry tiers needs, with
+/// `partitions` partitions (the dead-letter topic one).
+pub fn topic_specs(topics: &Topics, partitions: i32) -> Vec<(String, i32)> {
+    let mut kafka = config::load_from(None, Vec::new())
+        .expect("defaults")
+        .settings
+        .kafka;
+    kafka.topic = topics.jobs.clone();
+    kafka.retry_topic = topics.retry.clone();
+    kafka.dlq_topic = topics.dlq.clone();
+    kafka.topic_specs(partitions)
+}
+
 /// Produces `records` (key, value) and returns each one's (partition, offset).
 pub async fn produce(
     bootstrap: &str,
@@ -281,6 +314,83 @@ pub async fn produce(
         .into_iter()
         .map(|d| (d.partition, d.offset))
         .collect()
+}
+
+/// Produces one record with headers to `topic`'s `partition`.
+pub async fn produce_with_headers(
+    bootstrap: &str,
+    topic: &str,
+    partition: i32,
+    value: &[u8],
+    headers: &[(&str, String)],
+) -> i64 {
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .unwrap();
+    let mut owned = rdkafka::message::OwnedHeaders::new();
+    for (k, v) in headers {
+        owned = owned.insert(rdkafka::message::Header {
+            key: k,
+            value: Some(v.as_str()),
+        });
+    }
+    let rec = FutureRecord::<(), [u8]>::to(topic)
+        .partition(partition)
+        .payload(value)
+        .headers(owned);
+    producer
+        .send(rec, Duration::from_secs(10))
+        .await
+        .expect("produce")
+        .offset
+}
+
+/// Every record on `topic` (read to its end, `wait` at most): value and headers.
+pub fn read_topic(
+    bootstrap: &str,
+    topic: &str,
+    wait: Duration,
+) -> Vec<(Vec<u8>, HashMap<String, String>)> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", format!("reader-{:x}", rand::random::<u64>()))
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    consumer.subscribe(&[topic]).unwrap();
+    let mut out = Vec::new();
+    let deadline = Instant::now() + wait;
+    while Instant::now() < deadline {
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+            let mut headers = HashMap::new();
+            if let Some(h) = m.headers() {
+                for hd in h.iter() {
+                    headers.insert(
+                        hd.key.to_owned(),
+                        String::from_utf8_lossy(hd.value.unwrap_or_default()).into_owned(),
+                    );
+                }
+            }
+            out.push((m.payload().unwrap_or_default().to_vec(), headers));
+        }
+    }
+    out
+}
+
+/// A job record of `cost` units, keyed like [`job`].
+pub fn job_of_cost(job_id: &str, seller: &str, cost: u64) -> (Option<String>, Vec<u8>) {
+    let value = serde_json::json!({
+        "job_id": job_id,
+        "seller_id": seller,
+        "cost": cost,
+        "payload": { "sku": job_id, "title": "a bulk upload" }
+    });
+    (
+        Some(format!("product-{}", rand::random::<u32>())),
+        value.to_string().into_bytes(),
+    )
 }
 
 /// A job record: JSON envelope, keyed by a random product so that one
