@@ -88,6 +88,9 @@ pub struct RedisSettings {
     /// `/readyz` reports Redis down after this many failed limiter calls in
     /// a row (and ready again after the next success).
     pub unready_after: u32,
+    /// With `topology = "cluster"`: more seed nodes beside `url`
+    /// (`redis://host:port`), in case that one is down at startup.
+    pub cluster_nodes: Vec<String>,
 }
 
 impl fmt::Debug for RedisSettings {
@@ -98,6 +101,14 @@ impl fmt::Debug for RedisSettings {
             .field("topology", &self.topology)
             .field("timeout", &self.timeout)
             .field("unready_after", &self.unready_after)
+            .field(
+                "cluster_nodes",
+                &self
+                    .cluster_nodes
+                    .iter()
+                    .map(|u| redact_url(u))
+                    .collect::<Vec<_>>(),
+            )
             .finish()
     }
 }
@@ -445,6 +456,12 @@ impl Settings {
                 "must not contain '{' or '}': the limiter puts each seller in its own hash tag",
             ));
         }
+        if !self.redis.cluster_nodes.is_empty() && self.redis.topology != Topology::Cluster {
+            return Err(at.error_at(
+                "redis.cluster_nodes",
+                "is only used with redis.topology = \"cluster\"",
+            ));
+        }
         let positive = [
             ("downstream.concurrency", self.downstream.concurrency as u64),
             (
@@ -632,6 +649,22 @@ mod tests {
         assert_eq!(err.key, "downstream.concurrency");
         assert_eq!(err.file, f.path().display().to_string());
         assert_eq!(err.problem, "must be at least 1");
+    }
+
+    #[test]
+    fn cluster_nodes_need_the_cluster_topology_and_are_redacted() {
+        let f = file("[redis]\ncluster_nodes = [\"redis://u:secret@10.0.0.2:6379\"]\n");
+        let err = load_from(Some(f.path()), Vec::new())
+            .err()
+            .expect("must fail");
+        assert_eq!(err.key, "redis.cluster_nodes");
+        let f = file(
+            "[redis]\ntopology = \"cluster\"\ncluster_nodes = [\"redis://u:secret@10.0.0.2:6379\"]\n",
+        );
+        let s = load_from(Some(f.path()), Vec::new()).unwrap().settings;
+        assert_eq!(s.redis.cluster_nodes.len(), 1);
+        let shown = format!("{:?}", s.redis);
+        assert!(!shown.contains("secret"), "{shown}");
     }
 
     #[test]

@@ -115,7 +115,7 @@ async fn main() -> anyhow::Result<()> {
                 },
         } => {
             let (settings, policy) = load(config)?;
-            let store = RedisStore::connect(&settings.redis.url, settings.redis.timeout).await?;
+            let store = RedisStore::open(&settings.redis).await?;
             let limiter = Limiter::new(
                 store,
                 KeySpace::new(settings.redis.key_prefix.clone()),

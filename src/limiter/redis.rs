@@ -8,9 +8,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
 use redis::io::tcp::{socket2::TcpKeepalive, TcpSettings};
-use redis::{IntoConnectionInfo, Script};
+use redis::{Cmd, IntoConnectionInfo, Pipeline, RedisFuture, Script, Value};
+
+use crate::config::{RedisSettings, Topology};
 
 use super::reply::{JobsReply, MalformedReply, Reply};
 use super::script::{JobsCall, ScriptCall, Store, BLOCK_LUA, LIMITER_LUA};
@@ -70,8 +74,21 @@ pub struct RedisStore {
 }
 
 impl RedisStore {
-    /// Connects, checks the server with PING and loads both scripts, so that
-    /// a misconfigured Redis stops startup instead of the first job.
+    /// Connects as `settings.topology` says: one server at `url`, or a
+    /// Redis Cluster discovered from `url` and `cluster_nodes`.
+    pub async fn open(settings: &RedisSettings) -> Result<RedisStore, RedisError> {
+        match settings.topology {
+            Topology::Single => RedisStore::connect(&settings.url, settings.timeout).await,
+            Topology::Cluster => {
+                let mut seeds = vec![settings.url.clone()];
+                seeds.extend(settings.cluster_nodes.iter().cloned());
+                RedisStore::connect_cluster(&seeds, settings.timeout).await
+            }
+        }
+    }
+
+    /// Connects to one server, checks it with PING and loads both scripts,
+    /// so that a misconfigured Redis stops startup instead of the first job.
     pub async fn connect(url: &str, timeout: Duration) -> Result<RedisStore, RedisError> {
         let shown = crate::config::redact_url(url);
         let url_error = |source| RedisError::Url {
@@ -81,14 +98,58 @@ impl RedisStore {
         let info = url.into_connection_info().map_err(url_error)?;
         let info = info.set_tcp_settings(tcp_settings(timeout));
         let client = redis::Client::open(info).map_err(url_error)?;
-        let mut conn =
-            Connection::open(&client, timeout)
-                .await
-                .map_err(|source| RedisError::Connect {
-                    url: shown.clone(),
+        RedisStore::start(Client::Single(client), timeout, shown).await
+    }
+
+    /// Connects to a Redis Cluster through any of `seeds` (MOVED and ASK are
+    /// followed, the slot map refreshed), checks it and loads both scripts
+    /// on every primary. Each limiter call's keys share one hash slot.
+    pub async fn connect_cluster(
+        seeds: &[String],
+        timeout: Duration,
+    ) -> Result<RedisStore, RedisError> {
+        let shown = seeds
+            .iter()
+            .map(|u| crate::config::redact_url(u))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut infos = Vec::with_capacity(seeds.len());
+        for url in seeds {
+            let info = url
+                .as_str()
+                .into_connection_info()
+                .map_err(|source| RedisError::Url {
+                    url: crate::config::redact_url(url),
                     source,
                 })?;
-        let _: String = redis::cmd("PING")
+            infos.push(info);
+        }
+        let client = ClusterClientBuilder::new(infos)
+            .connection_timeout(timeout)
+            .response_timeout(timeout)
+            .tcp_settings(tcp_settings(timeout))
+            .retries(2)
+            .build()
+            .map_err(|source| RedisError::Url {
+                url: shown.clone(),
+                source,
+            })?;
+        RedisStore::start(Client::Cluster(Box::new(client)), timeout, shown).await
+    }
+
+    async fn start(
+        client: Client,
+        timeout: Duration,
+        shown: String,
+    ) -> Result<RedisStore, RedisError> {
+        let mut conn = client
+            .open(timeout)
+            .await
+            .map_err(|source| RedisError::Connect {
+                url: shown.clone(),
+                source,
+            })?;
+        let _: Value = redis::cmd("PING")
             .query_async(&mut conn)
             .await
             .map_err(|source| RedisError::Connect { url: shown, source })?;
@@ -136,29 +197,79 @@ impl RedisStore {
     }
 }
 
+/// How to make a connection: to one server or to a cluster.
+enum Client {
+    Single(redis::Client),
+    // Boxed: built once, and three times the size of the other.
+    Cluster(Box<ClusterClient>),
+}
+
+impl Client {
+    async fn open(&self, timeout: Duration) -> redis::RedisResult<Handle> {
+        match self {
+            Client::Single(client) => {
+                let cfg = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(timeout))
+                    .set_response_timeout(Some(timeout))
+                    .set_number_of_retries(2);
+                ConnectionManager::new_with_config(client.clone(), cfg)
+                    .await
+                    .map(Handle::Single)
+            }
+            Client::Cluster(client) => client.get_async_connection().await.map(Handle::Cluster),
+        }
+    }
+}
+
+/// A multiplexed connection, cheap to clone: a reconnecting connection to
+/// one server, or a cluster connection that routes each call by its keys'
+/// slot and follows MOVED and ASK.
+#[derive(Clone)]
+enum Handle {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Handle {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Handle::Single(c) => c.req_packed_command(cmd),
+            Handle::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Handle::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Handle::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Handle::Single(c) => c.get_db(),
+            Handle::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
 /// The connection in use and how to make a new one.
 struct Connection {
-    client: redis::Client,
+    client: Client,
     timeout: Duration,
-    current: RwLock<ConnectionManager>,
+    current: RwLock<Handle>,
     /// A replacement is being connected: calls keep using the current one.
     replacing: AtomicBool,
 }
 
 impl Connection {
-    async fn open(
-        client: &redis::Client,
-        timeout: Duration,
-    ) -> redis::RedisResult<ConnectionManager> {
-        let cfg = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeout))
-            .set_response_timeout(Some(timeout))
-            .set_number_of_retries(2);
-        ConnectionManager::new_with_config(client.clone(), cfg).await
-    }
-
     /// A handle on the current connection (cheap: it is multiplexed).
-    fn get(&self) -> ConnectionManager {
+    fn get(&self) -> Handle {
         // A poisoned lock only means a writer panicked while swapping in a
         // whole handle; the handle it holds is still usable.
         self.current
@@ -176,7 +287,7 @@ impl Connection {
         }
         let this = self.clone();
         tokio::spawn(async move {
-            match Connection::open(&this.client, this.timeout).await {
+            match this.client.open(this.timeout).await {
                 Ok(fresh) => {
                     *this.current.write().unwrap_or_else(|p| p.into_inner()) = fresh;
                     tracing::info!("Redis calls timed out; switched to a new connection");

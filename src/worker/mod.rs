@@ -51,7 +51,7 @@ pub async fn run(
     )
     .context("downstream.url / downstream settings")?
     .with_max_retry_after(settings.downstream.max_retry_after);
-    let store = RedisStore::connect(&settings.redis.url, settings.redis.timeout)
+    let store = RedisStore::open(&settings.redis)
         .await
         .context("redis.url: Redis must answer PING and accept the limiter scripts")?;
     let limiter = Limiter::new(
