@@ -88,6 +88,11 @@ pub struct RedisSettings {
     /// `/readyz` reports Redis down after this many failed limiter calls in
     /// a row (and ready again after the next success).
     pub unready_after: u32,
+    /// What a limiter call that fails (Redis down or timed out) means:
+    /// `fail_closed` (jobs wait with backoff), `fail_open` (jobs pass
+    /// unchecked, counted and logged) or `local` (each replica enforces its
+    /// share of every limit in memory).
+    pub on_error: OnError,
     /// With `topology = "cluster"`: more seed nodes beside `url`
     /// (`redis://host:port`), in case that one is down at startup.
     pub cluster_nodes: Vec<String>,
@@ -101,6 +106,7 @@ impl fmt::Debug for RedisSettings {
             .field("topology", &self.topology)
             .field("timeout", &self.timeout)
             .field("unready_after", &self.unready_after)
+            .field("on_error", &self.on_error)
             .field(
                 "cluster_nodes",
                 &self
@@ -111,6 +117,15 @@ impl fmt::Debug for RedisSettings {
             )
             .finish()
     }
+}
+
+/// `redis.on_error`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnError {
+    FailClosed,
+    FailOpen,
+    Local,
 }
 
 /// How the Redis behind the limiter is deployed.

@@ -14,7 +14,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use common::{policy, rule, unique_prefix};
-use throttle_worker::config::Topology;
+use throttle_worker::config::{OnError, Topology};
 use throttle_worker::limiter::{KeySpace, Limiter, Mode, RedisStore};
 
 /// A TCP proxy in front of Redis that can go silent: while `silent`, it
@@ -188,6 +188,16 @@ async fn readyz_reports_redis_down_and_recovers() {
     assert_eq!(downstream.count(), 1, "a job was called without a grant");
 
     proxy.silent.store(false, Ordering::Relaxed);
+    let back = Instant::now();
+    downstream
+        .wait_for("a job that waited", Duration::from_secs(20), |a| {
+            a.len() >= 2
+        })
+        .await;
+    println!(
+        "fail_closed: first call {:?} after Redis was reachable again",
+        back.elapsed()
+    );
     status(200, "Redis back").await;
     downstream
         .wait_for("the jobs that waited", Duration::from_secs(20), |a| {
@@ -196,4 +206,131 @@ async fn readyz_reports_redis_down_and_recovers() {
         .await;
     let summary = worker.stop().await;
     assert_eq!(downstream.count(), 3, "{summary:?}");
+}
+
+/// A worker whose Redis sits behind `proxy`, with `on_error` and `rules`.
+async fn worker_behind(
+    proxy: &Proxy,
+    name: &str,
+    partitions: i32,
+    on_error: OnError,
+    rules: Vec<throttle_worker::config::RuleConfig>,
+) -> (
+    common::worker::Bench,
+    common::worker::Downstream,
+    common::worker::Running,
+) {
+    use common::worker::{always_ok, Bench, Downstream, Running};
+    let bench = Bench::new(name, partitions);
+    let downstream = Downstream::start(always_ok()).await;
+    let mut settings = bench.settings(&downstream.url);
+    settings.redis.url = format!("redis://{}", proxy.addr);
+    settings.redis.timeout = Duration::from_millis(200);
+    settings.redis.on_error = on_error;
+    let worker = Running::start(settings, common::worker::policy(rules));
+    (bench, downstream, worker)
+}
+
+/// `redis.on_error = "fail_open"`: while Redis is silent, jobs still reach
+/// the downstream (unchecked), none is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_open_lets_jobs_through_while_redis_is_silent() {
+    use common::worker::job;
+    let proxy = Proxy::start(upstream()).await;
+    let (bench, downstream, worker) = worker_behind(
+        &proxy,
+        "fail-open",
+        2,
+        OnError::FailOpen,
+        vec![rule("gcra", 1000, "1s", None)],
+    )
+    .await;
+    bench.produce(&[job("before", "s1")]).await;
+    downstream
+        .wait_for("the job before the fault", Duration::from_secs(20), |a| {
+            a.len() == 1
+        })
+        .await;
+    proxy.silent.store(true, Ordering::Relaxed);
+    let during: Vec<_> = (0..20)
+        .map(|i| job(&format!("d{i}"), &format!("s{}", i % 4)))
+        .collect();
+    bench.produce(&during).await;
+    downstream
+        .wait_for(
+            "every job, with Redis silent",
+            Duration::from_secs(20),
+            |a| a.len() == 21,
+        )
+        .await;
+    proxy.silent.store(false, Ordering::Relaxed);
+    worker.stop().await;
+    assert_eq!(downstream.count(), 21);
+}
+
+/// `redis.on_error = "local"`: while Redis is silent, the one replica that
+/// holds every partition enforces the whole limit in memory: jobs keep
+/// flowing, at no more than the limit; after Redis is back, the rest pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_enforces_the_replicas_share_while_redis_is_silent() {
+    use common::worker::job;
+    let proxy = Proxy::start(upstream()).await;
+    let limit = 5;
+    let (bench, downstream, worker) = worker_behind(
+        &proxy,
+        "local",
+        2,
+        OnError::Local,
+        vec![rule("sliding_window_log", limit, "1s", None)],
+    )
+    .await;
+    bench.produce(&[job("before", "hot")]).await;
+    downstream
+        .wait_for("the job before the fault", Duration::from_secs(20), |a| {
+            a.len() == 1
+        })
+        .await;
+    // Into the next window, so the pre-fault call is not counted twice.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    proxy.silent.store(true, Ordering::Relaxed);
+    let silent_at = Instant::now();
+    let during: Vec<_> = (0..30).map(|i| job(&format!("d{i}"), "hot")).collect();
+    bench.produce(&during).await;
+    downstream
+        .wait_for(
+            "jobs flowing with Redis silent",
+            Duration::from_secs(20),
+            |a| a.len() >= 11,
+        )
+        .await;
+    let arrivals = downstream.arrivals();
+    let took = silent_at.elapsed();
+    proxy.silent.store(false, Ordering::Relaxed);
+    let mut times: Vec<Instant> = arrivals.iter().skip(1).map(|a| a.at).collect();
+    times.sort();
+    let window = Duration::from_millis(900);
+    let mut busiest = 0;
+    let mut lo = 0;
+    for hi in 0..times.len() {
+        while times[hi].duration_since(times[lo]) >= window {
+            lo += 1;
+        }
+        busiest = busiest.max(hi - lo + 1);
+    }
+    println!(
+        "{} calls in {took:?} with Redis silent; busiest 900 ms: {busiest} (limit {limit}/1s)",
+        times.len()
+    );
+    assert!(
+        busiest <= limit as usize,
+        "local fallback let {busiest} through in 900 ms"
+    );
+    downstream
+        .wait_for(
+            "every job after Redis is back",
+            Duration::from_secs(30),
+            |a| a.len() == 31,
+        )
+        .await;
+    worker.stop().await;
 }

@@ -383,8 +383,14 @@ impl Consumer {
     }
 
     /// Checks that every topic exists, so a typo stops startup with a
-    /// message instead of a worker that silently consumes nothing. Blocks.
-    pub fn check_topics(&self, topics: &[&str], timeout: Duration) -> Result<(), ConsumerError> {
+    /// message instead of a worker that silently consumes nothing; returns
+    /// each topic's partition count, in order. Blocks.
+    pub fn check_topics(
+        &self,
+        topics: &[&str],
+        timeout: Duration,
+    ) -> Result<Vec<usize>, ConsumerError> {
+        let mut counts = Vec::with_capacity(topics.len());
         for topic in topics {
             let md = self
                 .inner
@@ -393,18 +399,20 @@ impl Consumer {
                     brokers: self.brokers.clone(),
                     source,
                 })?;
-            let ok = md
+            let found = md
                 .topics()
                 .iter()
-                .any(|t| t.name() == *topic && t.error().is_none() && !t.partitions().is_empty());
-            if !ok {
+                .find(|t| t.name() == *topic && t.error().is_none() && !t.partitions().is_empty());
+            if let Some(t) = found {
+                counts.push(t.partitions().len());
+            } else {
                 return Err(ConsumerError::MissingTopic {
                     topic: (*topic).to_owned(),
                     brokers: self.brokers.clone(),
                 });
             }
         }
-        Ok(())
+        Ok(counts)
     }
 
     pub fn subscribe(&self, topics: &[&str]) -> Result<(), ConsumerError> {

@@ -12,11 +12,15 @@
 //! - [`batch`]: [`Limiter::acquire_jobs`], a list of job costs granted as
 //!   the longest prefix that fits, in one script call ([`BatchDecision`]).
 //! - [`model`]: pure-Rust reference models of every script, with an injected clock.
-//! - [`redis`]: the only module that talks to Redis; runs `lua/` with EVALSHA.
+//! - [`local`]: a replica's share of every limit in memory, for
+//!   `redis.on_error = "local"` while Redis does not answer.
+//! - [`redis`]: the only module that talks to Redis; runs `lua/` with EVALSHA,
+//!   on one server or a Redis Cluster.
 
 pub mod batch;
 pub mod decision;
 pub mod keys;
+pub mod local;
 pub mod model;
 pub mod permits;
 pub mod policy;

@@ -22,6 +22,7 @@ pub struct Counters {
     pub limiter_calls: AtomicU64,
     pub limiter_denied: AtomicU64,
     pub limiter_errors: AtomicU64,
+    pub jobs_admitted_without_redis: AtomicU64,
     pub commits: AtomicU64,
     pub commit_errors: AtomicU64,
     pub backpressure_pauses: AtomicU64,
@@ -99,6 +100,11 @@ impl Counters {
                 "limiter_errors",
                 &self.limiter_errors,
                 "limiter calls that failed (Redis unavailable)",
+            ),
+            (
+                "jobs_admitted_without_redis",
+                &self.jobs_admitted_without_redis,
+                "jobs admitted by redis.on_error = fail_open or local while the limiter failed",
             ),
             ("offset_commits", &self.commits, "offset commits"),
             (
@@ -249,6 +255,8 @@ pub struct LimiterUnavailable<'a> {
     pub hold: Duration,
     /// Failed calls in a row, this one included.
     pub in_a_row: u32,
+    /// Jobs let through anyway (fail_open, local).
+    pub admitted: usize,
 }
 
 impl LimiterUnavailable<'_> {
@@ -256,10 +264,14 @@ impl LimiterUnavailable<'_> {
         // Every seller's call fails while Redis is out: one line per interval.
         static LOG: Every = Every::new(Duration::from_secs(5));
         inc(&counters().limiter_errors);
+        counters()
+            .jobs_admitted_without_redis
+            .fetch_add(self.admitted as u64, Ordering::Relaxed);
         if let Some(more) = LOG.tick() {
             tracing::warn!(
                 error = self.error,
                 policy = self.policy,
+                admitted = self.admitted,
                 hold_ms = self.hold.as_millis() as u64,
                 in_a_row = self.in_a_row,
                 more_since_last_line = more,

@@ -12,7 +12,7 @@
 //! units as jobs are waiting.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -25,6 +25,7 @@ use crate::downstream::{backoff, Answer, Downstream, RetryAfter};
 use crate::job::Job;
 use crate::kafka::consumer::{Consumer, Currency, Origin, Partition, PartitionEvent, Record};
 use crate::kafka::{OriginalRecord, RecordSink};
+use crate::limiter::local::{self, LocalShare};
 use crate::limiter::{BatchDecision, BatchGranted, CannotPass, NextJob, Pace};
 use crate::telemetry::events::{
     self, Backpressure, DownstreamFailed, DownstreamThrottled, HeadMoved, JobDeadLettered,
@@ -180,6 +181,9 @@ pub struct Deps<P> {
     /// Readiness: Redis is reported down after `redis.unready_after`
     /// failed limiter calls in a row.
     pub health: Health,
+    /// Partitions of the jobs topic: this replica's share of a limit under
+    /// `redis.on_error = "local"` is the fraction of them it holds.
+    pub jobs_partitions: usize,
 }
 
 /// What a run of the worker did, for the caller and for tests.
@@ -197,6 +201,11 @@ pub struct Engine<P> {
     on_limiter_error: OnLimiterError,
     /// Limiter calls failed in a row (0 after a success).
     limiter_failures: u32,
+    /// The in-memory limits of `redis.on_error = "local"`, used only while
+    /// Redis does not answer.
+    local: LocalShare,
+    /// Partitions of the jobs topic assigned here.
+    jobs_assigned: HashSet<i32>,
     sellers: HashMap<Arc<str>, Seller>,
     timers: BinaryHeap<Reverse<(Instant, Timer)>>,
     /// Retry-tier records not yet released, per partition, in offset order
@@ -229,8 +238,10 @@ impl<P: Permits> Engine<P> {
         Engine {
             settings: settings.clone(),
             deps,
-            on_limiter_error: OnLimiterError::DEFAULT,
+            on_limiter_error: OnLimiterError::from_setting(settings.redis.on_error),
             limiter_failures: 0,
+            local: LocalShare::new(),
+            jobs_assigned: HashSet::new(),
             sellers: HashMap::new(),
             timers: BinaryHeap::new(),
             parked: HashMap::new(),
@@ -599,6 +610,9 @@ impl<P: Permits> Engine<P> {
                 if self.limiter_failures >= unready_after {
                     self.deps.health.set_redis_down(false);
                 }
+                if self.limiter_failures > 0 {
+                    self.local.clear();
+                }
                 self.limiter_failures = 0;
                 d
             }
@@ -607,18 +621,20 @@ impl<P: Permits> Engine<P> {
                 if self.limiter_failures == unready_after {
                     self.deps.health.set_redis_down(true);
                 }
-                // The one place where a limiter failure becomes a decision.
-                let policy = self.on_limiter_error;
-                let decision = BatchDecision::from_units(policy.decide(self.limiter_failures));
-                if let BatchDecision::Denied(d) = &decision {
-                    LimiterUnavailable {
-                        error: &error,
-                        policy: policy.name(),
-                        hold: d.retry_after,
-                        in_a_row: self.limiter_failures,
-                    }
-                    .emit();
+                let decision = self.fallback(&key);
+                let (hold, admitted) = match &decision {
+                    BatchDecision::Denied(d) => (d.retry_after, 0),
+                    BatchDecision::Granted(g) => (Duration::ZERO, g.jobs),
+                    BatchDecision::Never(_) => (Duration::ZERO, 0),
+                };
+                LimiterUnavailable {
+                    error: &error,
+                    policy: self.on_limiter_error.name(),
+                    hold,
+                    in_a_row: self.limiter_failures,
+                    admitted,
                 }
+                .emit();
                 decision
             }
         };
@@ -700,6 +716,37 @@ impl<P: Permits> Engine<P> {
                     self.never(&key, &origin, c);
                 }
                 self.poke(&key);
+            }
+        }
+    }
+
+    /// The one place where a failed limiter call becomes a decision, for
+    /// the heads the call asked about (`redis.on_error`).
+    fn fallback(&mut self, key: &Arc<str>) -> BatchDecision {
+        let policy = self.on_limiter_error;
+        let costs: Vec<u64> = match self.sellers.get(key) {
+            Some(seller) => partition_heads(&seller.queue, seller.reserved)
+                .into_iter()
+                .map(|i| seller.queue[i].job.cost)
+                .collect(),
+            None => Vec::new(),
+        };
+        match policy {
+            OnLimiterError::FailClosed { .. } => {
+                BatchDecision::from_units(policy.decide(self.limiter_failures))
+            }
+            _ if costs.is_empty() => {
+                BatchDecision::from_units(policy.decide(self.limiter_failures))
+            }
+            OnLimiterError::FailOpen => {
+                BatchDecision::Granted(local::granted(costs.len(), costs.iter().sum()))
+            }
+            OnLimiterError::Local => {
+                let share = self.jobs_assigned.len().max(1) as f64
+                    / self.deps.jobs_partitions.max(1) as f64;
+                let rules = self.deps.permits.rules_of(key);
+                let rules = rules.as_ref().map(|(own, global)| (&own[..], &global[..]));
+                self.local.acquire_jobs(key, rules, &costs, share)
             }
         }
     }
@@ -1121,6 +1168,13 @@ impl<P: Permits> Engine<P> {
     fn on_partitions(&mut self, ev: PartitionEvent) {
         match ev {
             PartitionEvent::Assigned(parts) => {
+                let jobs_topic = &self.settings.kafka.topic;
+                self.jobs_assigned.extend(
+                    parts
+                        .iter()
+                        .filter(|(t, _)| **t == **jobs_topic)
+                        .map(|(_, p)| *p),
+                );
                 PartitionsAssigned {
                     partitions: parts.len(),
                 }
@@ -1139,6 +1193,12 @@ impl<P: Permits> Engine<P> {
                 }
             }
             PartitionEvent::Revoked(parts) => {
+                let jobs_topic = &self.settings.kafka.topic;
+                for (t, p) in &parts {
+                    if **t == **jobs_topic {
+                        self.jobs_assigned.remove(p);
+                    }
+                }
                 let consumer = self.deps.consumer.clone();
                 let mut dropped: Vec<usize> = Vec::new();
                 for seller in self.sellers.values_mut() {

@@ -66,7 +66,11 @@ pub async fn run(
     let all = k.all_topics();
     let topics: Vec<&str> = all.iter().map(String::as_str).collect();
     let check = tokio::task::block_in_place(|| consumer.check_topics(&topics, METADATA_TIMEOUT));
-    check.context("kafka.brokers / topics")?;
+    let counts = check.context("kafka.brokers / topics")?;
+    debug_assert_eq!(
+        topics[0], k.topic,
+        "all_topics() starts with the jobs topic"
+    );
     let sink = RecordSink::new(&k.brokers, &k.properties).context("kafka producer")?;
     // The jobs topic and every retry tier: all but the dead-letter topic.
     consumer
@@ -96,6 +100,7 @@ pub async fn run(
         records,
         partitions: part_rx,
         health: health.clone(),
+        jobs_partitions: counts[0],
     };
     let summary = Engine::new(settings.clone(), deps).run(shutdown).await;
     // Closing a librdkafka client blocks (leaving the group, flushing); do it

@@ -4,8 +4,11 @@
 use std::future::Future;
 use std::time::Duration;
 
+use crate::config::OnError;
 use crate::downstream::backoff;
-use crate::limiter::{BatchDecision, Decision, Denied, DeniedBy, Limiter, Mode, Store};
+use crate::limiter::{
+    BatchDecision, Decision, Denied, DeniedBy, Limiter, Mode, Resolved, Rule, Store,
+};
 
 /// The limiter as the worker sees it.
 pub trait Permits: Send + Sync + 'static {
@@ -39,6 +42,12 @@ pub trait Permits: Send + Sync + 'static {
             self.acquire(seller, n).await.map(BatchDecision::from_units)
         }
     }
+
+    /// The seller's own and the global rules, for the local fallback;
+    /// `None` for an unlimited seller (and by default).
+    fn rules_of(&self, _seller: &str) -> Option<(Vec<Rule>, Vec<Rule>)> {
+        None
+    }
 }
 
 impl<S: Store + 'static> Permits for Limiter<S> {
@@ -46,6 +55,13 @@ impl<S: Store + 'static> Permits for Limiter<S> {
         Limiter::acquire(self, seller, n, Mode::UpTo)
             .await
             .map_err(|e| e.to_string())
+    }
+
+    fn rules_of(&self, seller: &str) -> Option<(Vec<Rule>, Vec<Rule>)> {
+        match self.policy().resolve(seller) {
+            Resolved::Unlimited => None,
+            Resolved::Limited { seller, global } => Some((seller.to_vec(), global.to_vec())),
+        }
     }
 
     async fn block(&self, seller: &str, dur: Duration) -> Result<(), String> {
@@ -62,10 +78,15 @@ impl<S: Store + 'static> Permits for Limiter<S> {
     }
 }
 
-/// What a limiter failure means. Only fail-closed exists today; fail-open
-/// and a local share of the limit slot in here.
+/// What a limiter failure means (`redis.on_error`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OnLimiterError {
+    /// Let the jobs through unchecked, counted and logged: the downstream's
+    /// own limits (and its 429s, still honoured) are the only guard.
+    FailOpen,
+    /// Enforce this replica's share of every limit in memory
+    /// ([`crate::limiter::local`]).
+    Local,
     /// Treat the seller as refused and ask again after a backoff that grows
     /// with the failures in a row (`base` doubling up to `max`, with equal
     /// jitter so that replicas and sellers do not retry in lockstep): no job
@@ -75,31 +96,48 @@ pub enum OnLimiterError {
 }
 
 impl OnLimiterError {
+    const CLOSED_BASE: Duration = Duration::from_millis(100);
+    // Short enough that the first grant comes within 2 s of Redis answering
+    // again; long enough that an outage costs Redis few calls per seller.
+    const CLOSED_MAX: Duration = Duration::from_millis(1500);
+
     pub const DEFAULT: OnLimiterError = OnLimiterError::FailClosed {
-        base: Duration::from_millis(100),
-        max: Duration::from_secs(5),
+        base: OnLimiterError::CLOSED_BASE,
+        max: OnLimiterError::CLOSED_MAX,
     };
 
-    /// The decision to act on when the limiter could not answer, after
-    /// `in_a_row` failed calls (at least 1).
-    pub fn decide(self, in_a_row: u32) -> Decision {
-        match self {
-            OnLimiterError::FailClosed { base, max } => {
-                let hold = backoff(in_a_row.max(1), base, max);
-                Decision::Denied(Denied {
-                    retry_after: hold,
-                    remaining: 0,
-                    reset_after: hold,
-                    by: DeniedBy::Unavailable,
-                    decided_at_us: 0,
-                })
-            }
+    /// The policy `redis.on_error` names.
+    pub fn from_setting(on_error: OnError) -> OnLimiterError {
+        match on_error {
+            OnError::FailClosed => OnLimiterError::DEFAULT,
+            OnError::FailOpen => OnLimiterError::FailOpen,
+            OnError::Local => OnLimiterError::Local,
         }
+    }
+
+    /// The fail-closed refusal after `in_a_row` failed calls (at least 1):
+    /// a hold that grows with the failures. (Fail-open and local decide in
+    /// the engine, which knows the jobs and the assignment.)
+    pub fn decide(self, in_a_row: u32) -> Decision {
+        let (base, max) = match self {
+            OnLimiterError::FailClosed { base, max } => (base, max),
+            _ => (OnLimiterError::CLOSED_BASE, OnLimiterError::CLOSED_MAX),
+        };
+        let hold = backoff(in_a_row.max(1), base, max);
+        Decision::Denied(Denied {
+            retry_after: hold,
+            remaining: 0,
+            reset_after: hold,
+            by: DeniedBy::Unavailable,
+            decided_at_us: 0,
+        })
     }
 
     pub fn name(self) -> &'static str {
         match self {
             OnLimiterError::FailClosed { .. } => "fail_closed",
+            OnLimiterError::FailOpen => "fail_open",
+            OnLimiterError::Local => "local",
         }
     }
 }
@@ -131,7 +169,7 @@ mod tests {
         for n in [10, 100, u32::MAX] {
             let h = hold(policy.decide(n));
             assert!(
-                h >= Duration::from_millis(2500) && h <= Duration::from_secs(5),
+                h >= Duration::from_millis(750) && h <= Duration::from_millis(1500),
                 "{n} in a row: {h:?}"
             );
         }

@@ -1,0 +1,201 @@
+//! The local fallback for `redis.on_error = "local"`: while Redis does not
+//! answer, each replica enforces its share of every limit in memory, with
+//! the same algorithms as the scripts (the reference model). The share is
+//! the replica's fraction of the jobs topic's partitions: with keyed records
+//! a seller's jobs come from its partitions, and a fleet whose shares add up
+//! to 1 admits about the whole limit between them. It is an approximation:
+//! a seller whose partitions all sit on one replica gets only that
+//! replica's share, and a rebalance during the outage moves shares without
+//! moving state. It trades exactness for progress; once Redis answers again
+//! the shared limiter takes over and the local state is dropped.
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use super::decision::{BatchDecision, BatchGranted, Decision};
+use super::model::{Clock, ModelLimiter};
+use super::{Mode, Rule};
+
+/// The host's wall clock: each replica's local state is its own, so no
+/// shared clock is needed.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WallClock;
+
+impl Clock for WallClock {
+    fn now_us(&self) -> u64 {
+        let since = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        u64::try_from(since.as_micros()).unwrap_or(u64::MAX)
+    }
+}
+
+/// Per-seller (and one global) in-memory limiters over scaled rules.
+#[derive(Debug, Default)]
+pub struct LocalShare {
+    sellers: HashMap<String, ModelLimiter<WallClock>>,
+    global: Option<ModelLimiter<WallClock>>,
+}
+
+/// `rule` with its limit and burst multiplied by `share` (0 < share ≤ 1),
+/// never below 1, so that every seller can still make progress.
+pub fn scaled(rule: &Rule, share: f64) -> Rule {
+    let share = share.clamp(f64::MIN_POSITIVE, 1.0);
+    let scale = |n: u64| ((n as f64 * share).floor() as u64).max(1);
+    let burst = rule
+        .algorithm()
+        .uses_burst()
+        .then(|| scale(rule.burst().get()));
+    // The scaled rule is no larger than one that loaded, so it is valid.
+    Rule::new(
+        rule.algorithm(),
+        scale(rule.limit().get()),
+        rule.period(),
+        burst,
+    )
+    .unwrap_or(*rule)
+}
+
+impl LocalShare {
+    pub fn new() -> LocalShare {
+        LocalShare::default()
+    }
+
+    /// Forgets every seller: called when Redis answers again, which also
+    /// bounds the memory to the sellers seen during one outage.
+    pub fn clear(&mut self) {
+        self.sellers.clear();
+        self.global = None;
+    }
+
+    /// Sellers with local state.
+    pub fn len(&self) -> usize {
+        self.sellers.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.sellers.is_empty()
+    }
+
+    /// The longest prefix of `costs` that fits `share` of the seller's
+    /// rules and of the global rules, each job all or nothing. `None` rules
+    /// mean an unlimited seller: everything passes.
+    pub fn acquire_jobs(
+        &mut self,
+        seller: &str,
+        rules: Option<(&[Rule], &[Rule])>,
+        costs: &[u64],
+        share: f64,
+    ) -> BatchDecision {
+        let Some((own, global)) = rules else {
+            return BatchDecision::Granted(granted(costs.len(), costs.iter().sum()));
+        };
+        let own: Vec<Rule> = own.iter().map(|r| scaled(r, share)).collect();
+        let global: Vec<Rule> = global.iter().map(|r| scaled(r, share)).collect();
+        let mine = self
+            .sellers
+            .entry(seller.to_owned())
+            .or_insert_with(|| ModelLimiter::new(WallClock));
+        let all = self
+            .global
+            .get_or_insert_with(|| ModelLimiter::new(WallClock));
+        let (mut jobs, mut units) = (0, 0);
+        for &cost in costs {
+            let cost = cost.max(1);
+            // Peek both first: all or nothing over the seller's and the
+            // global rules (one thread owns this state, so nothing moves
+            // between the peek and the charge).
+            let refusal = match mine.peek(&own, cost, Mode::AllOrNothing) {
+                Decision::Granted(_) if global.is_empty() => None,
+                Decision::Granted(_) => match all.peek(&global, cost, Mode::AllOrNothing) {
+                    Decision::Granted(_) => None,
+                    d => Some(d),
+                },
+                d => Some(d),
+            };
+            if let Some(refusal) = refusal {
+                if jobs == 0 {
+                    return BatchDecision::from_units(refusal);
+                }
+                break;
+            }
+            mine.acquire(&own, cost, Mode::AllOrNothing);
+            if !global.is_empty() {
+                all.acquire(&global, cost, Mode::AllOrNothing);
+            }
+            jobs += 1;
+            units += cost;
+        }
+        BatchDecision::Granted(granted(jobs, units))
+    }
+}
+
+/// A grant made without the shared limiter.
+pub fn granted(jobs: usize, units: u64) -> BatchGranted {
+    BatchGranted {
+        jobs,
+        units,
+        remaining: 0,
+        reset_after: Duration::ZERO,
+        pace: None,
+        decided_at_us: 0,
+        next: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::Algorithm;
+
+    fn rule(limit: u64, burst: Option<u64>) -> Rule {
+        let alg = if burst.is_some() {
+            Algorithm::TokenBucket
+        } else {
+            Algorithm::SlidingWindowLog
+        };
+        Rule::new(alg, limit, Duration::from_secs(60), burst).unwrap()
+    }
+
+    #[test]
+    fn a_share_scales_limit_and_burst_never_below_one() {
+        let r = scaled(&rule(100, Some(500)), 0.25);
+        assert_eq!((r.limit().get(), r.burst().get()), (25, 125));
+        let r = scaled(&rule(3, None), 0.1);
+        assert_eq!(r.limit().get(), 1);
+        assert_eq!(scaled(&rule(7, None), 1.0), rule(7, None));
+    }
+
+    #[test]
+    fn the_longest_prefix_of_whole_jobs_within_the_share_passes() {
+        let mut local = LocalShare::new();
+        let own = [rule(10, None)];
+        // Half of 10: 5 units. Costs 2, 2, 2: two jobs (4 units) pass.
+        let d = local.acquire_jobs("s", Some((&own, &[])), &[2, 2, 2], 0.5);
+        let BatchDecision::Granted(g) = d else {
+            panic!("{d:?}")
+        };
+        assert_eq!((g.jobs, g.units), (2, 4));
+        // One unit left: a job of 2 is refused whole.
+        assert!(matches!(
+            local.acquire_jobs("s", Some((&own, &[])), &[2], 0.5),
+            BatchDecision::Denied(_)
+        ));
+        // A global rule caps all sellers together.
+        let global = [rule(4, None)];
+        let a = local.acquire_jobs("a", Some((&own, &global)), &[1, 1, 1], 0.5);
+        let b = local.acquire_jobs("b", Some((&own, &global)), &[1], 0.5);
+        assert!(
+            matches!(a, BatchDecision::Granted(ref g) if g.jobs == 2),
+            "{a:?}"
+        );
+        assert!(matches!(b, BatchDecision::Denied(_)), "{b:?}");
+        // Unlimited sellers pass whole; clear() forgets everyone.
+        assert!(matches!(
+            local.acquire_jobs("u", None, &[9, 9], 0.5),
+            BatchDecision::Granted(ref g) if g.units == 18
+        ));
+        local.clear();
+        assert!(local.is_empty());
+    }
+}
