@@ -235,7 +235,10 @@ impl Bench {
         produce(&self.bootstrap(), &self.topics.jobs, records).await
     }
 
-    /// Every record on the dead-letter topic so far: value and headers.
+    /// Every record on the dead-letter topic: value and headers. Waits up
+    /// to `timeout` for at least `expect` to be there, then reads the topic
+    /// to its end (its high watermarks at that moment), so that a caller
+    /// asserting "dead-lettered once" sees any duplicate too.
     pub fn dead_letters(
         &self,
         expect: usize,
@@ -251,11 +254,46 @@ impl Bench {
             .set("enable.auto.commit", "false")
             .create()
             .unwrap();
-        consumer.subscribe(&[&self.topics.dlq]).unwrap();
-        let mut out = Vec::new();
+        let topic = self.topics.dlq.as_str();
+        let ends = || -> HashMap<i32, i64> {
+            let md = consumer
+                .fetch_metadata(Some(topic), Duration::from_secs(5))
+                .unwrap();
+            md.topics()
+                .iter()
+                .flat_map(|t| t.partitions())
+                .map(|p| {
+                    let (_, high) = consumer
+                        .fetch_watermarks(topic, p.id(), Duration::from_secs(5))
+                        .unwrap();
+                    (p.id(), high)
+                })
+                .collect()
+        };
         let deadline = Instant::now() + timeout;
-        while out.len() < expect && Instant::now() < deadline {
+        let mut end = ends();
+        while (end.values().sum::<i64>() as usize) < expect && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+            end = ends();
+        }
+        consumer.subscribe(&[topic]).unwrap();
+        let mut read_to: HashMap<i32, i64> = HashMap::new();
+        let mut out = Vec::new();
+        let read_all = |read_to: &HashMap<i32, i64>| {
+            end.iter()
+                .all(|(p, high)| read_to.get(p).copied().unwrap_or(0) >= *high)
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !read_all(&read_to) {
+            assert!(
+                Instant::now() < deadline,
+                "the dead-letter topic was not read to its end ({end:?}) within 20 s"
+            );
             if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+                if m.offset() >= end.get(&m.partition()).copied().unwrap_or(0) {
+                    continue;
+                }
+                read_to.insert(m.partition(), m.offset() + 1);
                 let mut headers = HashMap::new();
                 if let Some(h) = m.headers() {
                     for hd in h.iter() {
