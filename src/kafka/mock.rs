@@ -14,6 +14,7 @@
 
 use std::future::Future;
 use std::io::Write;
+use std::time::Duration;
 
 use rdkafka::bindings as rdsys;
 use rdkafka::client::{Client, DefaultClientContext};
@@ -106,6 +107,9 @@ fn check_topic_name(name: &str) -> Result<(), TopicSpecError> {
     Ok(())
 }
 
+/// The id of the mock's one broker.
+const BROKER_ID: i32 = 1;
+
 /// A running mock cluster with one broker. The cluster lives exactly as
 /// long as this value.
 pub struct DevBroker {
@@ -176,6 +180,32 @@ impl DevBroker {
         cluster
             .create_topic(name, partitions, 1)
             .map_err(|e| fail(e.to_string()))
+    }
+
+    /// Fault injection for tests and rehearsals: the broker stops answering
+    /// (connections are closed and refused) until [`DevBroker::broker_up`].
+    pub fn broker_down(&self) -> Result<(), MockError> {
+        let cluster = self.client.mock_cluster().ok_or(MockError::NoCluster)?;
+        cluster
+            .broker_down(BROKER_ID)
+            .map_err(|e| MockError::Start(e.to_string()))
+    }
+
+    /// Ends [`DevBroker::broker_down`].
+    pub fn broker_up(&self) -> Result<(), MockError> {
+        let cluster = self.client.mock_cluster().ok_or(MockError::NoCluster)?;
+        cluster
+            .broker_up(BROKER_ID)
+            .map_err(|e| MockError::Start(e.to_string()))
+    }
+
+    /// Delays every response of the broker by `rtt` (a slow or distant
+    /// broker); `Duration::ZERO` ends it.
+    pub fn set_round_trip_time(&self, rtt: Duration) -> Result<(), MockError> {
+        let cluster = self.client.mock_cluster().ok_or(MockError::NoCluster)?;
+        cluster
+            .broker_round_trip_time(BROKER_ID, rtt)
+            .map_err(|e| MockError::Start(e.to_string()))
     }
 
     fn set_initial_rebalance_delay_to_zero(&self) -> Result<(), MockError> {
