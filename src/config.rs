@@ -45,6 +45,14 @@ pub struct KafkaSettings {
     pub brokers: String,
     /// The consumer group every replica joins.
     pub group_id: String,
+    /// Static group membership (librdkafka `group.instance.id`): a replica
+    /// that restarts with the same id within `session.timeout.ms` gets its
+    /// partitions back without a rebalance of the whole group. Unique per
+    /// replica, stable across its restarts: in Kubernetes, a StatefulSet's
+    /// pod name (`THROTTLE__KAFKA__GROUP_INSTANCE_ID` from the downward
+    /// API). Empty: dynamic membership.
+    #[serde(default)]
+    pub group_instance_id: String,
     /// Topic of product-registration jobs.
     pub topic: String,
     /// Prefix of the retry topics: a job whose wait is longer than

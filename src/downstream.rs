@@ -86,6 +86,8 @@ pub struct Downstream {
     permits: Semaphore,
     /// Upper bound of every [`RetryAfter::Wait`]; greater than zero.
     max_retry_after: Duration,
+    /// `X-Worker-Id`: which replica called, for the downstream's logs.
+    worker_id: Option<HeaderValue>,
 }
 
 impl Downstream {
@@ -118,7 +120,15 @@ impl Downstream {
             timeout,
             permits: Semaphore::new(concurrency.min(Semaphore::MAX_PERMITS)),
             max_retry_after: DEFAULT_MAX_RETRY_AFTER,
+            worker_id: None,
         })
+    }
+
+    /// Names this replica in every request (`X-Worker-Id`); an id that is
+    /// not a valid header value is left out.
+    pub fn with_worker_id(mut self, id: &str) -> Downstream {
+        self.worker_id = HeaderValue::from_str(id).ok();
+        self
     }
 
     /// Sets `downstream.max_retry_after` (default [`DEFAULT_MAX_RETRY_AFTER`]).
@@ -156,16 +166,17 @@ impl Downstream {
             Ok(v) => v,
             Err(_) => return fatal_header("job_id"),
         };
-        let sent = self
+        let mut request = self
             .client
             .post(self.url.clone())
             .header(CONTENT_TYPE, "application/json")
             .header("Idempotency-Key", key)
             .header("X-Seller-Id", seller)
-            .header("X-Job-Cost", HeaderValue::from(job.cost))
-            .body(job.payload.clone())
-            .send()
-            .await;
+            .header("X-Job-Cost", HeaderValue::from(job.cost));
+        if let Some(id) = &self.worker_id {
+            request = request.header("X-Worker-Id", id.clone());
+        }
+        let sent = request.body(job.payload.clone()).send().await;
         match sent {
             Ok(response) => classify_response(response, self.max_retry_after).await,
             Err(e) => self.classify_error(&e),

@@ -222,3 +222,22 @@ async fn long_waits_go_through_the_retry_topic_and_are_not_called_early() {
         "jobs went round the retry topic {deferred} times: x-not-before not honoured"
     );
 }
+
+/// With `kafka.group_instance_id` set, the replica joins as a static member
+/// (the broker accepts `group.instance.id`) and names itself with that id
+/// in `X-Worker-Id`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_static_member_works_and_names_itself() {
+    let bench = Bench::new("static", 2);
+    let down = Downstream::start(always_ok()).await;
+    let mut settings = bench.settings(&down.url);
+    settings.kafka.group_instance_id = "replica-a".to_owned();
+    let w = Running::start(settings, policy(vec![rule("gcra", 1000, "1s", None)]));
+    let jobs: Vec<_> = (0..10).map(|i| job(&format!("j{i}"), "s")).collect();
+    bench.produce(&jobs).await;
+    down.wait_for("10 jobs", Duration::from_secs(20), |a| a.len() >= 10)
+        .await;
+    w.stop().await;
+    let workers: HashSet<String> = down.arrivals().into_iter().map(|a| a.worker).collect();
+    assert_eq!(workers, HashSet::from(["replica-a".to_owned()]));
+}

@@ -343,7 +343,23 @@ async fn a_429_holds_the_seller_on_every_replica() {
         .filter(|a| a.seller == "touchy" && a.at >= t429 + hold)
         .map(|a| a.at - t429)
         .min();
-    println!("429: {in_flight} calls already in flight; {} calls during the 2 s hold; first call after it at {next_ok:.2?}", in_hold.len());
+    // The seller's jobs are keyed at random, so both replicas hold some of
+    // them: each must have waited out the hold and called after it.
+    let callers_after: HashSet<&str> = arrivals
+        .iter()
+        .filter(|a| a.seller == "touchy" && a.at >= t429 + hold)
+        .map(|a| a.worker.as_str())
+        .collect();
+    println!("429: {in_flight} calls already in flight; {} calls during the 2 s hold; first call after it at {next_ok:.2?}; replicas calling after it: {callers_after:?}", in_hold.len());
+    assert!(
+        arrivals.iter().all(|a| !a.worker.is_empty()),
+        "every call names its replica"
+    );
+    assert_eq!(
+        callers_after.len(),
+        2,
+        "both replicas held the seller's jobs through the hold and called after it: {callers_after:?}"
+    );
     assert!(
         in_hold.is_empty(),
         "replicas called a seller held by a 429: {in_hold:?} after it"

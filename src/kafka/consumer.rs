@@ -356,6 +356,9 @@ impl Consumer {
             // Offsets are committed only for finished records, by us.
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false");
+        if !settings.group_instance_id.trim().is_empty() {
+            config.set("group.instance.id", settings.group_instance_id.trim());
+        }
         let tracker: SharedTracker = Arc::default();
         let context = WorkerContext {
             tracker: tracker.clone(),

@@ -44,13 +44,15 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<Summary> {
     let settings = Arc::new(settings);
+    let worker_id = worker_id(&settings.kafka.group_instance_id);
     let downstream = Downstream::new(
         &settings.downstream.url,
         settings.downstream.timeout,
         settings.downstream.concurrency,
     )
     .context("downstream.url / downstream settings")?
-    .with_max_retry_after(settings.downstream.max_retry_after);
+    .with_max_retry_after(settings.downstream.max_retry_after)
+    .with_worker_id(&worker_id);
     let store = RedisStore::open(&settings.redis)
         .await
         .context("redis.url: Redis must answer PING and accept the limiter scripts")?;
@@ -83,6 +85,7 @@ pub async fn run(
         .context("http.listen")?;
     tracing::info!(
         group = %k.group_id,
+        worker_id = %worker_id,
         topic = %k.topic,
         retry_topic = %k.retry_topic,
         dlq_topic = %k.dlq_topic,
@@ -117,4 +120,25 @@ pub async fn run(
     health.set_ready(false);
     tracing::info!(?summary, "worker stopped");
     Ok(summary)
+}
+
+/// This replica's name in logs and in `X-Worker-Id`: its static group
+/// member id when it has one, else host, process and a random suffix (two
+/// workers in one process, as in the tests, differ too).
+fn worker_id(group_instance_id: &str) -> String {
+    let id = group_instance_id.trim();
+    if !id.is_empty() {
+        return id.to_owned();
+    }
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "worker".to_owned());
+    format!(
+        "{host}-{}-{:04x}",
+        std::process::id(),
+        rand::random::<u16>()
+    )
 }

@@ -472,6 +472,7 @@ async fn tagged_register(
         job_id: header("idempotency-key"),
         seller: header("x-seller-id"),
         cost: header("x-job-cost").parse().unwrap_or(1),
+        worker: header("x-worker-id"),
         at: Instant::now(),
         wall: SystemTime::now(),
         body,

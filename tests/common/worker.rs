@@ -35,6 +35,8 @@ pub struct Arrival {
     pub seller: String,
     /// `X-Job-Cost`: the units the job weighs (1 when absent).
     pub cost: u64,
+    /// `X-Worker-Id`: the replica that called.
+    pub worker: String,
     pub at: Instant,
     pub wall: SystemTime,
     pub body: Bytes,
@@ -136,6 +138,7 @@ async fn register(State(s): State<DownstreamState>, headers: HeaderMap, body: By
         job_id: header("idempotency-key"),
         seller: header("x-seller-id"),
         cost: header("x-job-cost").parse().unwrap_or(1),
+        worker: header("x-worker-id"),
         at: Instant::now(),
         wall: SystemTime::now(),
         body,
