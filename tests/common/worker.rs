@@ -53,6 +53,9 @@ pub fn always_ok() -> Behaviour {
 #[derive(Clone)]
 struct DownstreamState {
     arrivals: Arc<Mutex<Vec<Arrival>>>,
+    /// Arrivals so far per job id (a scan of `arrivals` per request made
+    /// the stub, not the worker, the bottleneck of large runs).
+    seen: Arc<Mutex<HashMap<String, usize>>>,
     behaviour: Behaviour,
     /// How long each answer takes, in ms (a slow downstream).
     delay_ms: Arc<AtomicU64>,
@@ -71,6 +74,7 @@ impl Downstream {
         let delay_ms = Arc::new(AtomicU64::new(0));
         let state = DownstreamState {
             arrivals: arrivals.clone(),
+            seen: Arc::default(),
             behaviour,
             delay_ms: delay_ms.clone(),
         };
@@ -145,7 +149,10 @@ async fn register(State(s): State<DownstreamState>, headers: HeaderMap, body: By
     };
     let earlier = {
         let mut a = s.arrivals.lock().unwrap();
-        let earlier = a.iter().filter(|x| x.job_id == arrival.job_id).count();
+        let mut seen = s.seen.lock().unwrap();
+        let n = seen.entry(arrival.job_id.clone()).or_insert(0);
+        let earlier = *n;
+        *n += 1;
         a.push(arrival.clone());
         earlier
     };
