@@ -70,9 +70,20 @@ pub struct KafkaSettings {
     pub retry_tiers: Vec<Duration>,
     /// Topic for jobs that can never succeed, with the reason in `x-error`.
     pub dlq_topic: String,
-    /// Passed to librdkafka as is (SASL, SSL, tuning). Values are never logged.
+    /// Passed to librdkafka as is, for the consumer and the producer both
+    /// (connection: `security.protocol`, `sasl.*`, `ssl.*`, `client.id`).
+    /// Values are never logged.
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
+    /// For the consumer only, over `properties` (e.g. `session.timeout.ms`,
+    /// `partition.assignment.strategy`, `fetch.*`, `max.poll.interval.ms`).
+    #[serde(default)]
+    pub consumer_properties: BTreeMap<String, String>,
+    /// For the producer only (retry and dead-letter writes), over
+    /// `properties` (e.g. `linger.ms`, `compression.type`,
+    /// `message.timeout.ms`).
+    #[serde(default)]
+    pub producer_properties: BTreeMap<String, String>,
     /// How often finished offsets are committed (also on revoke and shutdown).
     #[serde(deserialize_with = "human_duration")]
     pub commit_interval: Duration,
@@ -392,6 +403,22 @@ impl KafkaSettings {
     }
 
     /// Every topic the worker needs: jobs, the retry tiers, dead letters.
+    /// librdkafka properties of the consumer: `properties`, then
+    /// `consumer_properties` over them.
+    pub fn consumer_config(&self) -> BTreeMap<String, String> {
+        let mut all = self.properties.clone();
+        all.extend(self.consumer_properties.clone());
+        all
+    }
+
+    /// librdkafka properties of the producer: `properties`, then
+    /// `producer_properties` over them.
+    pub fn producer_config(&self) -> BTreeMap<String, String> {
+        let mut all = self.properties.clone();
+        all.extend(self.producer_properties.clone());
+        all
+    }
+
     pub fn all_topics(&self) -> Vec<String> {
         let mut topics = vec![self.topic.clone()];
         topics.extend(self.retry_tiers().into_iter().map(|t| t.topic));
@@ -672,6 +699,35 @@ mod tests {
         assert_eq!(err.key, "downstream.concurrency");
         assert_eq!(err.file, f.path().display().to_string());
         assert_eq!(err.problem, "must be at least 1");
+    }
+
+    #[test]
+    fn consumer_and_producer_properties_go_to_their_own_client() {
+        let f = file(
+            "[kafka.properties]\n\"security.protocol\" = \"SASL_SSL\"\n\"client.id\" = \"tw\"\n\
+             [kafka.consumer_properties]\n\"session.timeout.ms\" = \"10000\"\n\"client.id\" = \"tw-consumer\"\n\
+             [kafka.producer_properties]\n\"linger.ms\" = \"5\"\n",
+        );
+        let k = load_from(Some(f.path()), Vec::new())
+            .unwrap()
+            .settings
+            .kafka;
+        let c = k.consumer_config();
+        let p = k.producer_config();
+        assert_eq!(c["security.protocol"], "SASL_SSL");
+        assert_eq!(p["security.protocol"], "SASL_SSL");
+        assert_eq!(c["client.id"], "tw-consumer", "specific over shared");
+        assert_eq!(p["client.id"], "tw");
+        assert_eq!(
+            c.get("linger.ms"),
+            None,
+            "producer keys stay out of the consumer"
+        );
+        assert_eq!(
+            p.get("session.timeout.ms"),
+            None,
+            "consumer keys stay out of the producer"
+        );
     }
 
     #[test]

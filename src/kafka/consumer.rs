@@ -339,7 +339,7 @@ pub struct Consumer {
 
 impl Consumer {
     /// Creates the consumer (not yet subscribed). Partition events go to
-    /// `events`. `kafka.properties` are applied first; the settings the
+    /// `events`. `kafka.properties` and `kafka.consumer_properties` are applied first; the settings the
     /// worker's guarantees depend on are forced after them.
     pub fn new(
         settings: &KafkaSettings,
@@ -347,7 +347,7 @@ impl Consumer {
     ) -> Result<Consumer, ConsumerError> {
         let mut config = ClientConfig::new();
         config.set("auto.offset.reset", "earliest");
-        for (k, v) in &settings.properties {
+        for (k, v) in &settings.consumer_config() {
             config.set(k, v);
         }
         config

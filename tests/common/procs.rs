@@ -334,7 +334,7 @@ commit_interval = "200ms"
 
 # The mock waits session.timeout.ms - 1 s on every rebalance, and notices a
 # killed member only after session.timeout.ms.
-[kafka.properties]
+[kafka.consumer_properties]
 "session.timeout.ms" = "3000"
 "heartbeat.interval.ms" = "300"
 

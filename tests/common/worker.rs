@@ -228,7 +228,9 @@ impl Bench {
             ("session.timeout.ms", "3000"),
             ("heartbeat.interval.ms", "300"),
         ] {
-            s.kafka.properties.insert(k.to_owned(), v.to_owned());
+            s.kafka
+                .consumer_properties
+                .insert(k.to_owned(), v.to_owned());
         }
         s.redis.url = super::redis_url();
         s.redis.key_prefix = self.prefix.clone();
