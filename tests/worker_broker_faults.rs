@@ -142,3 +142,65 @@ async fn a_slow_broker_does_not_stall_the_event_loop() {
         "a call waited {worst:?} behind a slow broker"
     );
 }
+
+/// Offset commits and fetches that fail now and then (a flaky coordinator,
+/// a leader moving): commits are retried at the next tick, fetching goes
+/// on, every job is done once and the group commits to the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_commits_and_fetches_are_retried_without_loss() {
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+    let bench = Bench::new("broker-flaky", 2);
+    let down = Downstream::start(always_ok()).await;
+    let worker = Running::start(
+        bench.settings(&down.url),
+        policy(vec![rule("gcra", 1000, "1s", None)]),
+    );
+    let records: Vec<_> = (0..100)
+        .map(|i| job(&format!("f{i}"), &format!("s{}", i % 5)))
+        .collect();
+    let produced = bench.produce(&records).await;
+    bench
+        .broker
+        .fail_next_requests(
+            RDKafkaApiKey::OffsetCommit,
+            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT; 10],
+        )
+        .expect("commit errors");
+    bench
+        .broker
+        .fail_next_requests(
+            RDKafkaApiKey::Fetch,
+            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION; 5],
+        )
+        .expect("fetch errors");
+    down.wait_for("all 100", Duration::from_secs(60), |a| {
+        a.iter()
+            .map(|x| x.job_id.as_str())
+            .collect::<HashSet<_>>()
+            .len()
+            >= 100
+    })
+    .await;
+    wait_committed_to_end(
+        &bench.bootstrap(),
+        &bench.group,
+        &bench.topics.jobs,
+        &end_offsets(&produced),
+        Duration::from_secs(30),
+    )
+    .await;
+    worker.stop().await;
+    let counters = throttle_worker::telemetry::events::counters();
+    println!(
+        "flaky broker: {} commit errors counted (process-wide), {} calls for 100 jobs",
+        counters
+            .commit_errors
+            .load(std::sync::atomic::Ordering::Relaxed),
+        down.count()
+    );
+    assert_eq!(
+        down.count(),
+        100,
+        "a failed commit must not make a job run twice"
+    );
+}

@@ -19,7 +19,7 @@ use std::time::Duration;
 use rdkafka::bindings as rdsys;
 use rdkafka::client::{Client, DefaultClientContext};
 use rdkafka::config::RDKafkaLogLevel;
-use rdkafka::types::RDKafkaType;
+use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr, RDKafkaType};
 use rdkafka::ClientConfig;
 
 /// Kafka's limit on topic name length.
@@ -197,6 +197,18 @@ impl DevBroker {
         cluster
             .broker_up(BROKER_ID)
             .map_err(|e| MockError::Start(e.to_string()))
+    }
+
+    /// The next `errors.len()` requests of kind `api` fail with these
+    /// errors, in order (a flaky broker or coordinator).
+    pub fn fail_next_requests(
+        &self,
+        api: RDKafkaApiKey,
+        errors: &[RDKafkaRespErr],
+    ) -> Result<(), MockError> {
+        let cluster = self.client.mock_cluster().ok_or(MockError::NoCluster)?;
+        cluster.request_errors(api, errors);
+        Ok(())
     }
 
     /// Delays every response of the broker by `rtt` (a slow or distant
