@@ -188,6 +188,26 @@ impl RedisStore {
 }
 
 impl RedisStore {
+    /// One EVALSHA of the limiter script (loaded again on NOSCRIPT); its
+    /// flat integer reply.
+    async fn invoke<'a>(
+        &self,
+        keys: impl Iterator<Item = &'a str>,
+        args: Vec<String>,
+    ) -> Result<Vec<i64>, RedisError> {
+        let mut inv = self.limiter.prepare_invoke();
+        for k in keys {
+            inv.key(k);
+        }
+        for a in args {
+            inv.arg(a);
+        }
+        let mut conn = self.conn.get();
+        inv.invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.failed(e))
+    }
+
     /// A failed call: a timeout gets the connection replaced.
     fn failed(&self, e: redis::RedisError) -> RedisError {
         if e.is_timeout() {
@@ -319,34 +339,12 @@ impl Store for RedisStore {
     type Error = RedisError;
 
     async fn run(&self, call: &ScriptCall) -> Result<Reply, RedisError> {
-        let mut inv = self.limiter.prepare_invoke();
-        for k in call.keys() {
-            inv.key(k);
-        }
-        for a in call.args() {
-            inv.arg(a);
-        }
-        let mut conn = self.conn.get();
-        let raw: Vec<i64> = inv
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| self.failed(e))?;
+        let raw = self.invoke(call.keys(), call.args()).await?;
         Ok(Reply::from_slice(&raw)?)
     }
 
     async fn run_jobs(&self, call: &JobsCall) -> Result<Vec<JobsReply>, RedisError> {
-        let mut inv = self.limiter.prepare_invoke();
-        for k in call.keys() {
-            inv.key(k);
-        }
-        for a in call.args() {
-            inv.arg(a);
-        }
-        let mut conn = self.conn.get();
-        let raw: Vec<i64> = inv
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| self.failed(e))?;
+        let raw = self.invoke(call.keys(), call.args()).await?;
         Ok(JobsReply::many_from_slice(&raw)?)
     }
 
