@@ -82,14 +82,7 @@ impl<S: Store> Limiter<S> {
                 limit: Some(*r),
             }));
         }
-        let mut seller_rules: Vec<(String, Rule)> = own
-            .iter()
-            .map(|r| (self.keys.rule(q.seller, r), *r))
-            .collect();
-        let global_rules: Vec<(String, Rule)> = global
-            .iter()
-            .map(|r| (self.keys.global_rule(r), *r))
-            .collect();
+        let (mut seller_rules, global_rules) = self.keyed(q.seller, own, global);
         if self.topology == Topology::Single || global_rules.is_empty() {
             seller_rules.extend(global_rules);
             let req = self.jobs_request(self.keys.block(q.seller), seller_rules, q.costs);

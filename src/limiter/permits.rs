@@ -56,6 +56,9 @@ pub enum LimiterError<E: std::error::Error + 'static> {
     Store(E),
 }
 
+/// A rule with the Redis key its state lives under.
+pub(super) type KeyedRule = (String, Rule);
+
 /// The shared per-seller limiter over a [`Store`].
 pub struct Limiter<S> {
     pub(super) store: S,
@@ -100,6 +103,24 @@ impl<S: Store> Limiter<S> {
         &self.keys
     }
 
+    /// The seller's rules and the global rules, each with its key.
+    pub(super) fn keyed(
+        &self,
+        seller: &str,
+        own: &[Rule],
+        global: &[Rule],
+    ) -> (Vec<KeyedRule>, Vec<KeyedRule>) {
+        let own = own
+            .iter()
+            .map(|r| (self.keys.rule(seller, r), *r))
+            .collect();
+        let global = global
+            .iter()
+            .map(|r| (self.keys.global_rule(r), *r))
+            .collect();
+        (own, global)
+    }
+
     /// Asks for `cost` units for `seller` on Redis' clock, charging them.
     pub async fn acquire(
         &self,
@@ -124,14 +145,7 @@ impl<S: Store> Limiter<S> {
             return Ok(never);
         }
         let op = if req.dry_run { Op::Peek } else { Op::Acquire };
-        let mut seller_rules: Vec<(String, Rule)> = own
-            .iter()
-            .map(|r| (self.keys.rule(req.seller, r), *r))
-            .collect();
-        let global_rules: Vec<(String, Rule)> = global
-            .iter()
-            .map(|r| (self.keys.global_rule(r), *r))
-            .collect();
+        let (mut seller_rules, global_rules) = self.keyed(req.seller, own, global);
         if self.topology == Topology::Single || global_rules.is_empty() {
             seller_rules.extend(global_rules);
             let call = self.call(op, req, self.keys.block(req.seller), seller_rules);
