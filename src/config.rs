@@ -402,9 +402,15 @@ impl KafkaSettings {
             .collect()
     }
 
-    /// Every topic the worker needs: jobs, the retry tiers, dead letters.
     /// librdkafka properties of the consumer: `properties`, then
     /// `consumer_properties` over them.
+    ///
+    /// No assignor is chosen here: librdkafka's default (`range` first)
+    /// gives every replica a share of *each* topic. `cooperative-sticky`
+    /// stops fewer partitions on a rebalance but balances the count over
+    /// all subscribed topics together, so a replica can end up holding only
+    /// retry-tier partitions and none of the jobs topic; README "Rebalances"
+    /// has the measured trade-off.
     pub fn consumer_config(&self) -> BTreeMap<String, String> {
         let mut all = self.properties.clone();
         all.extend(self.consumer_properties.clone());
@@ -419,6 +425,7 @@ impl KafkaSettings {
         all
     }
 
+    /// Every topic the worker needs: jobs, the retry tiers, dead letters.
     pub fn all_topics(&self) -> Vec<String> {
         let mut topics = vec![self.topic.clone()];
         topics.extend(self.retry_tiers().into_iter().map(|t| t.topic));

@@ -153,7 +153,7 @@ impl DevBroker {
             .ok_or(MockError::NoCluster)?
             .bootstrap_servers();
         let broker = DevBroker { client, bootstrap };
-        broker.set_initial_rebalance_delay_to_zero()?;
+        broker.tune_groups()?;
         for (name, partitions) in topics {
             broker.create_topic(name, *partitions)?;
         }
@@ -220,20 +220,27 @@ impl DevBroker {
             .map_err(|e| MockError::Start(e.to_string()))
     }
 
-    fn set_initial_rebalance_delay_to_zero(&self) -> Result<(), MockError> {
+    /// Groups form at once (no initial rebalance delay), and groups of the
+    /// KIP-848 consumer protocol (`group.protocol=consumer`), whose session
+    /// timeout is the broker's to set, notice a lost member after 3 s
+    /// instead of the mock's 30 s, as classic groups do with the short
+    /// `session.timeout.ms` local runs use.
+    fn tune_groups(&self) -> Result<(), MockError> {
         // SAFETY: `native_ptr` is the live handle owned by `self.client`, so
         // `rd_kafka_handle_mock_cluster` may read it; the returned cluster is
         // owned by that same client and stays valid while `self` lives. It is
-        // checked for null before use. The setter only stores an integer
-        // under the cluster's own mutex, so calling it from this thread while
+        // checked for null before use. The setters only store integers
+        // under the cluster's own mutex, so calling them from this thread while
         // the mock's thread runs is sound. rust-rdkafka 0.39's `MockCluster`
-        // does not wrap this setter, hence the direct FFI call.
+        // does not wrap these setters, hence the direct FFI calls.
         unsafe {
             let cluster = rdsys::rd_kafka_handle_mock_cluster(self.client.native_ptr());
             if cluster.is_null() {
                 return Err(MockError::NoCluster);
             }
             rdsys::rd_kafka_mock_group_initial_rebalance_delay_ms(cluster, 0);
+            rdsys::rd_kafka_mock_set_group_consumer_session_timeout_ms(cluster, 3000);
+            rdsys::rd_kafka_mock_set_group_consumer_heartbeat_interval_ms(cluster, 300);
         }
         Ok(())
     }

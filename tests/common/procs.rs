@@ -205,18 +205,28 @@ impl LogEvent {
     }
 }
 
-/// The partitions of `topic` a worker holds according to its log: the last
-/// "partitions assigned" line, or `None` if it has none or its last
-/// partition event is a revocation (a rebalance is under way).
+/// The partitions of `topic` a worker holds according to its log: its
+/// "partitions assigned" and "partitions revoked" lines replayed in order
+/// (each names the partitions that changed: under the default
+/// cooperative-sticky assignor, only those that moved). `None` if it never
+/// logged an assignment.
 pub fn assignment_of(events: &[LogEvent], topic: &str) -> Option<Vec<i32>> {
-    let last = events
-        .iter()
-        .rev()
-        .find(|e| e.message == "partitions assigned" || e.message == "partitions revoked")?;
-    if last.message == "partitions revoked" {
-        return None;
+    let mut held: Option<std::collections::BTreeSet<i32>> = None;
+    for e in events {
+        let parts = || partitions_in(e.field("partitions").unwrap_or(""), topic);
+        match e.message.as_str() {
+            "partitions assigned" => held.get_or_insert_with(Default::default).extend(parts()),
+            "partitions revoked" => {
+                if let Some(h) = held.as_mut() {
+                    for p in parts() {
+                        h.remove(&p);
+                    }
+                }
+            }
+            _ => {}
+        }
     }
-    Some(partitions_in(last.field("partitions").unwrap_or(""), topic))
+    held.map(|h| h.into_iter().collect())
 }
 
 /// The partitions of `topic` in a `topic[0],topic[3]` field.
