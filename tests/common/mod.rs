@@ -4,6 +4,7 @@
 
 pub mod cluster;
 pub mod procs;
+pub mod redis_server;
 pub mod worker;
 
 use std::time::Duration;
