@@ -20,7 +20,7 @@ use reqwest::{StatusCode, Url};
 use tokio::sync::Semaphore;
 
 use crate::job::Job;
-use crate::telemetry::events::RetryAfterClamped;
+use crate::telemetry::events::{DownstreamAnswered, RetryAfterClamped};
 
 /// The default of `downstream.max_retry_after`: an hour is longer than any
 /// sane rate-limit window, yet short enough that a bogus header (a year, or
@@ -176,11 +176,27 @@ impl Downstream {
         if let Some(id) = &self.worker_id {
             request = request.header("X-Worker-Id", id.clone());
         }
+        let started = std::time::Instant::now();
         let sent = request.body(job.payload.clone()).send().await;
-        match sent {
-            Ok(response) => classify_response(response, self.max_retry_after).await,
-            Err(e) => self.classify_error(&e),
+        let (answer, class) = match sent {
+            Ok(response) => {
+                let class = status_class(response.status());
+                (
+                    classify_response(response, self.max_retry_after).await,
+                    class,
+                )
+            }
+            Err(e) => {
+                let class = if e.is_timeout() { "timeout" } else { "error" };
+                (self.classify_error(&e), class)
+            }
+        };
+        DownstreamAnswered {
+            class,
+            took: started.elapsed(),
         }
+        .emit();
+        answer
     }
 
     fn classify_error(&self, e: &reqwest::Error) -> Answer {
@@ -198,6 +214,17 @@ impl Downstream {
             format!("downstream request failed: {}", error_chain(e))
         };
         Answer::Retryable { reason }
+    }
+}
+
+/// The `class` label of a downstream answer.
+fn status_class(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        429 => "429",
+        200..=299 => "2xx",
+        400..=499 => "4xx",
+        500..=599 => "5xx",
+        _ => "other",
     }
 }
 

@@ -15,7 +15,8 @@
 //!   embedded mock broker (the only module importing rdkafka).
 //! - [`worker`]: one job's path, decode → permit → call → outcome, for many
 //!   sellers at once without head-of-line blocking.
-//! - [`telemetry`]: logging, typed events, the HTTP endpoints. Leaf module.
+//! - [`telemetry`]: logging, typed events, the Prometheus metrics and the HTTP
+//!   endpoints. Leaf module.
 //! - [`demo`]: the live limiter demo behind `throttle-worker limiter demo`.
 
 pub mod config;

@@ -80,8 +80,8 @@ async fn main() -> anyhow::Result<()> {
     telemetry::init();
     match Cli::parse().command {
         Command::Run { config } => {
-            let (settings, policy) = load(config)?;
-            let summary = worker::run(settings, policy, shutdown_signal()).await?;
+            let (settings, policy) = load(config.clone())?;
+            let summary = worker::run_watching(settings, policy, config, shutdown_signal()).await?;
             if summary.abandoned > 0 {
                 tracing::warn!(
                     abandoned = summary.abandoned,

@@ -138,11 +138,7 @@ async fn readyz_reports_redis_down_and_recovers() {
     settings.redis.url = format!("redis://{}", proxy.addr);
     settings.redis.timeout = Duration::from_millis(200);
     settings.redis.unready_after = 2;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = common::free_port();
     settings.http.listen = format!("127.0.0.1:{port}").parse().unwrap();
     let worker = Running::start(
         settings,

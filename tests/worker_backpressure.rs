@@ -1,15 +1,14 @@
 //! At `worker.max_buffered` jobs in memory the worker stops fetching: a
 //! throttled backlog stays in Kafka, not in the worker's memory. A test
-//! binary of its own, because it reads the process-wide counters.
+//! binary of its own, because it reads the process-wide metrics.
 
 mod common;
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::rule;
 use common::worker::{always_ok, job, policy, Bench, Downstream, Running};
-use throttle_worker::telemetry::events::counters;
+use throttle_worker::telemetry::metrics::metrics;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fetching_pauses_at_max_buffered() {
@@ -22,8 +21,8 @@ async fn fetching_pauses_at_max_buffered() {
     bench.produce(&records).await;
     let w = Running::start(settings, policy(vec![rule("fixed_window", 5, "1s", None)]));
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    let received = counters().jobs_received.load(Ordering::Relaxed);
-    let pauses = counters().backpressure_pauses.load(Ordering::Relaxed);
+    let received = metrics().jobs_received.get();
+    let pauses = metrics().backpressure_pauses.get();
     let done = down.count() as u64;
     w.stop().await;
     println!("backpressure: {received} records taken, {done} done, {pauses} pauses, max_buffered 40, 400 available");

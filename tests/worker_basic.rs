@@ -204,9 +204,9 @@ async fn long_waits_go_through_the_retry_topic_and_are_not_called_early() {
         per_window.values().all(|n| *n <= 4),
         "a deferred job was called early: {per_window:?}"
     );
-    let deferred = throttle_worker::telemetry::events::counters()
+    let deferred = throttle_worker::telemetry::metrics::metrics()
         .jobs_to_retry_topic
-        .load(std::sync::atomic::Ordering::Relaxed);
+        .get();
     // The first window may end within max_inline_delay (those jobs wait in
     // memory); the wait for the window after it is 2 s: at least the 4 jobs
     // beyond the second window went through the retry topic.

@@ -190,12 +190,10 @@ async fn failing_commits_and_fetches_are_retried_without_loss() {
     )
     .await;
     worker.stop().await;
-    let counters = throttle_worker::telemetry::events::counters();
+    let metrics = throttle_worker::telemetry::metrics::metrics();
     println!(
         "flaky broker: {} commit errors counted (process-wide), {} calls for 100 jobs",
-        counters
-            .commit_errors
-            .load(std::sync::atomic::Ordering::Relaxed),
+        metrics.offset_commit_errors.get(),
         down.count()
     );
     assert_eq!(

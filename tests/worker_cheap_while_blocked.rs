@@ -1,17 +1,16 @@
 //! While a seller is known to be blocked, its waiting jobs cause no Redis
 //! calls: a backlog of hundreds costs a handful of limiter calls per window,
 //! not one per job. A test binary of its own, because it reads the
-//! process-wide counters.
+//! process-wide metrics.
 
 mod common;
 
 use std::collections::HashSet;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::rule;
 use common::worker::{always_ok, job, policy, Bench, Downstream, Running};
-use throttle_worker::telemetry::events::counters;
+use throttle_worker::telemetry::metrics::metrics;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_blocked_backlog_costs_o1_limiter_calls_per_window() {
@@ -32,8 +31,8 @@ async fn a_blocked_backlog_costs_o1_limiter_calls_per_window() {
             >= 15
     })
     .await;
-    let calls = counters().limiter_calls.load(Ordering::Relaxed);
-    let denied = counters().limiter_denied.load(Ordering::Relaxed);
+    let calls = metrics().limiter_calls.get();
+    let denied = common::metric("throttle_limiter_decisions_total", &[("result", "denied")]) as u64;
     w.stop().await;
     println!("cheap while blocked: {calls} limiter calls ({denied} refusals) for 15+ grants with 300 jobs waiting");
     // Per 1 s window: up to 5 grants asked for one partition head at a time

@@ -2,17 +2,16 @@
 //! only its own pause flag on assign and unassign; a pause the worker made
 //! (backpressure at `worker.max_buffered`, or a parked retry record)
 //! survives a revoke and a re-assignment unless the worker undoes it. A test
-//! binary of its own, because it reads the process-wide counters.
+//! binary of its own, because it reads the process-wide metrics.
 
 mod common;
 
 use std::collections::HashSet;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::rule;
 use common::worker::{always_ok, job, policy, Bench, Downstream, Running};
-use throttle_worker::telemetry::events::counters;
+use throttle_worker::telemetry::metrics::metrics;
 
 /// Waits until `pred` holds, or panics naming `what`.
 async fn wait_until(what: &str, timeout: Duration, pred: impl Fn() -> bool) {
@@ -27,7 +26,7 @@ async fn wait_until(what: &str, timeout: Duration, pred: impl Fn() -> bool) {
 }
 
 fn assignments() -> u64 {
-    counters().partitions_assigned.load(Ordering::Relaxed)
+    metrics().rebalances.get()
 }
 
 /// Issue 6, defect 1: a worker paused by backpressure, a second worker that
@@ -53,7 +52,7 @@ async fn backpressure_pause_does_not_survive_a_rebalance() {
     wait_until(
         "the first worker to pause at max_buffered",
         Duration::from_secs(30),
-        || counters().backpressure_pauses.load(Ordering::Relaxed) >= 1,
+        || metrics().backpressure_pauses.get() >= 1,
     )
     .await;
 

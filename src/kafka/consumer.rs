@@ -18,12 +18,13 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc as std_mpsc, Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer as _, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
+use rdkafka::statistics::Statistics;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::{mpsc, oneshot};
 
@@ -216,9 +217,48 @@ pub struct WorkerContext {
     /// where a synchronous commit would wait forever for a reply the closing
     /// consumer no longer serves.
     closing: std::sync::atomic::AtomicBool,
+    /// The consumer group, for the lag metrics' `group` label.
+    group: String,
 }
 
-impl ClientContext for WorkerContext {}
+impl ClientContext for WorkerContext {
+    /// librdkafka's statistics (every `statistics.interval.ms`, on the poll
+    /// thread): the consumer lag of each assigned partition in messages
+    /// (high watermark minus committed offset, as kafka-lag-exporter and
+    /// kminion count it), and in seconds from the tracker (the age of the
+    /// first record taken but not finished).
+    fn stats(&self, stats: Statistics) {
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        let ages: HashMap<(String, i32), f64> = lock(&self.tracker)
+            .offsets
+            .oldest_unfinished_ms()
+            .into_iter()
+            .map(|(t, p, ts)| {
+                let age = ts.map_or(0.0, |ts| (now_ms - ts).max(0) as f64 / 1000.0);
+                ((t.to_owned(), p), age)
+            })
+            .collect();
+        let mut partitions = Vec::new();
+        for (topic, t) in &stats.topics {
+            for (p, part) in &t.partitions {
+                // -1 is librdkafka's internal "unassigned" partition; a
+                // partition this consumer does not fetch has no lag here.
+                if *p < 0 || !part.desired || part.consumer_lag < 0 {
+                    continue;
+                }
+                let age = ages.get(&(topic.clone(), *p)).copied().unwrap_or(0.0);
+                partitions.push((topic.as_str(), *p, part.consumer_lag, age));
+            }
+        }
+        crate::telemetry::events::ConsumerLag {
+            group: &self.group,
+            partitions: &partitions,
+        }
+        .emit();
+    }
+}
 
 impl ConsumerContext for WorkerContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
@@ -301,6 +341,10 @@ impl ConsumerContext for WorkerContext {
     }
 }
 
+/// How often librdkafka reports statistics (the lag metrics), unless
+/// `statistics.interval.ms` is configured.
+const DEFAULT_STATISTICS_INTERVAL_MS: &str = "5000";
+
 /// The consumer type, named once.
 pub type WorkerConsumer = BaseConsumer<WorkerContext>;
 
@@ -346,7 +390,10 @@ impl Consumer {
         events: mpsc::UnboundedSender<PartitionEvent>,
     ) -> Result<Consumer, ConsumerError> {
         let mut config = ClientConfig::new();
-        config.set("auto.offset.reset", "earliest");
+        config
+            .set("auto.offset.reset", "earliest")
+            // Lag metrics come from librdkafka's statistics.
+            .set("statistics.interval.ms", DEFAULT_STATISTICS_INTERVAL_MS);
         for (k, v) in &settings.consumer_config() {
             config.set(k, v);
         }
@@ -364,6 +411,7 @@ impl Consumer {
             tracker: tracker.clone(),
             events,
             closing: AtomicBool::new(false),
+            group: settings.group_id.clone(),
         };
         let inner: WorkerConsumer =
             config
@@ -621,10 +669,20 @@ impl Poller {
         let (partition, offset) = (msg.partition(), msg.offset());
         let generation = {
             let mut tracker = lock(&self.tracker);
-            if let Err(e) = tracker.offsets.track(&topic, partition, offset) {
+            match tracker.offsets.track(&topic, partition, offset) {
+                Ok(()) => {
+                    if let (Some(ts), Some(p)) = (
+                        msg.timestamp().to_millis(),
+                        tracker.offsets.partition_mut(&topic, partition),
+                    ) {
+                        p.note_time(offset, ts);
+                    }
+                }
                 // Offsets only go backwards after a seek we never make; the
                 // record is still processed, its offset simply not tracked.
-                tracing::warn!(error = %e, topic = &*topic, partition, offset, "offset not tracked");
+                Err(e) => {
+                    tracing::warn!(error = %e, topic = &*topic, partition, offset, "offset not tracked")
+                }
             }
             if tracker.was_done(&topic, partition, offset) {
                 // Finished by the partition's previous owner after its

@@ -51,6 +51,10 @@ pub struct PartitionOffsets {
     committed_metadata: String,
     /// How many entries of `open` are finished (all behind its first).
     finished_ahead: usize,
+    /// (offset, Kafka timestamp in ms) of tracked records in offset order,
+    /// from about the first unfinished one on: the partition's lag in
+    /// seconds is the age of that record. Trimmed as the prefix finishes.
+    times: std::collections::VecDeque<(i64, i64)>,
 }
 
 impl PartitionOffsets {
@@ -154,6 +158,29 @@ impl PartitionOffsets {
         // By the invariant on `open`, that is its first key.
         self.open.keys().next().copied()
     }
+
+    /// Notes the Kafka timestamp of the record at `offset` (just tracked).
+    pub fn note_time(&mut self, offset: i64, timestamp_ms: i64) {
+        self.trim_times();
+        self.times.push_back((offset, timestamp_ms));
+    }
+
+    /// The Kafka timestamp of the first unfinished record, if any.
+    pub fn oldest_unfinished_ms(&mut self) -> Option<i64> {
+        self.trim_times();
+        let low = self.lowest_unfinished()?;
+        self.times
+            .front()
+            .filter(|(offset, _)| *offset == low)
+            .map(|(_, ts)| *ts)
+    }
+
+    fn trim_times(&mut self) {
+        let low = self.lowest_unfinished().unwrap_or(i64::MAX);
+        while self.times.front().is_some_and(|(offset, _)| *offset < low) {
+            self.times.pop_front();
+        }
+    }
 }
 
 /// One topic-partition and its next offset to commit.
@@ -252,6 +279,19 @@ impl Offsets {
             .map_or(Finish::NotTracked, |p| p.finish(offset))
     }
 
+    /// Each tracked partition's oldest unfinished record's timestamp (ms),
+    /// `None` when everything taken is finished.
+    pub fn oldest_unfinished_ms(&mut self) -> Vec<(&str, i32, Option<i64>)> {
+        self.topics
+            .iter_mut()
+            .flat_map(|(topic, parts)| {
+                parts
+                    .iter_mut()
+                    .map(move |(p, o)| (topic.as_str(), *p, o.oldest_unfinished_ms()))
+            })
+            .collect()
+    }
+
     pub fn partition(&self, topic: &str, partition: i32) -> Option<&PartitionOffsets> {
         self.topics.get(topic)?.get(&partition)
     }
@@ -341,6 +381,29 @@ impl Offsets {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn lag_in_time_is_the_age_of_the_first_unfinished_record() {
+        let mut p = PartitionOffsets::new();
+        for (off, ts) in [(10, 1_000), (11, 2_000), (12, 3_000)] {
+            p.track(off).unwrap();
+            p.note_time(off, ts);
+        }
+        assert_eq!(p.oldest_unfinished_ms(), Some(1_000));
+        p.finish(11); // behind the head: the head is still the oldest
+        assert_eq!(p.oldest_unfinished_ms(), Some(1_000));
+        p.finish(10); // the prefix runs through 11; 12 is the head
+        assert_eq!(p.oldest_unfinished_ms(), Some(3_000));
+        p.finish(12);
+        assert_eq!(p.oldest_unfinished_ms(), None, "nothing unfinished");
+        assert!(
+            p.times.is_empty(),
+            "timestamps of finished records are dropped"
+        );
+        p.track(13).unwrap();
+        p.note_time(13, 4_000);
+        assert_eq!(p.oldest_unfinished_ms(), Some(4_000));
+    }
 
     #[test]
     fn finished_ahead_counts_what_a_stuck_head_holds_back() {

@@ -18,6 +18,7 @@ use crate::config::{RedisSettings, Topology};
 
 use super::reply::{JobsReply, MalformedReply, Reply};
 use super::script::{JobsCall, ScriptCall, Store, BLOCK_LUA, LIMITER_LUA};
+use crate::telemetry::events::RedisCalled;
 
 /// Why a Redis call failed.
 #[derive(Debug, thiserror::Error)]
@@ -203,9 +204,15 @@ impl RedisStore {
             inv.arg(a);
         }
         let mut conn = self.conn.get();
-        inv.invoke_async(&mut conn)
-            .await
-            .map_err(|e| self.failed(e))
+        let started = std::time::Instant::now();
+        let result = inv.invoke_async(&mut conn).await;
+        RedisCalled {
+            kind: "script",
+            took: started.elapsed(),
+            error: result.as_ref().err().map(error_kind),
+        }
+        .emit();
+        result.map_err(|e| self.failed(e))
     }
 
     /// A failed call: a timeout gets the connection replaced.
@@ -214,6 +221,17 @@ impl RedisStore {
             self.conn.replace();
         }
         RedisError::Script(e)
+    }
+}
+
+/// The `kind` label of a failed Redis call.
+fn error_kind(e: &redis::RedisError) -> &'static str {
+    if e.is_timeout() {
+        "timeout"
+    } else if e.is_connection_refusal() || e.is_connection_dropped() || e.is_io_error() {
+        "connection"
+    } else {
+        "server"
     }
 }
 

@@ -1,141 +1,90 @@
 //! Typed events: one struct per occurrence. `emit()` writes one structured
 //! log line and bumps its counters, so call sites are one line and every
-//! counter has exactly one place that moves it. Labels are fixed strings,
-//! never seller ids or payloads, so the series count stays bounded.
+//! counter has exactly one place that moves it. Labels are fixed strings or
+//! sellers the config names (every other seller is `other`), never payloads,
+//! so the series count stays bounded.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use super::metrics::{metrics, seller_label, ClassLabel, DecisionLabels, KindLabel, ReasonLabel};
 use super::Every;
 
-/// Process-wide counters, rendered by `/metrics`.
-#[derive(Debug, Default)]
-pub struct Counters {
-    pub jobs_received: AtomicU64,
-    pub jobs_done: AtomicU64,
-    pub jobs_dead_lettered: AtomicU64,
-    pub jobs_to_retry_topic: AtomicU64,
-    pub jobs_dropped_on_revoke: AtomicU64,
-    pub downstream_calls: AtomicU64,
-    pub downstream_retryable: AtomicU64,
-    pub downstream_429: AtomicU64,
-    pub limiter_calls: AtomicU64,
-    pub limiter_denied: AtomicU64,
-    pub limiter_errors: AtomicU64,
-    pub jobs_admitted_without_redis: AtomicU64,
-    pub commits: AtomicU64,
-    pub commit_errors: AtomicU64,
-    pub backpressure_pauses: AtomicU64,
-    pub jobs_already_done: AtomicU64,
-    pub partitions_assigned: AtomicU64,
-    pub kafka_errors: AtomicU64,
-    pub heads_moved: AtomicU64,
-    pub jobs_admitted: AtomicU64,
-    pub units_admitted: AtomicU64,
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
 }
 
-/// The counters of this process.
-pub fn counters() -> &'static Counters {
-    static COUNTERS: std::sync::OnceLock<Counters> = std::sync::OnceLock::new();
-    COUNTERS.get_or_init(Counters::default)
-}
+/// A record taken from Kafka.
+pub struct RecordReceived;
 
-impl Counters {
-    /// Prometheus text exposition of every counter.
-    pub fn render(&self) -> String {
-        let rows = [
-            (
-                "jobs_received",
-                &self.jobs_received,
-                "records taken from Kafka",
-            ),
-            ("jobs_done", &self.jobs_done, "jobs the downstream accepted"),
-            (
-                "jobs_dead_lettered",
-                &self.jobs_dead_lettered,
-                "jobs written to the dead-letter topic",
-            ),
-            (
-                "jobs_to_retry_topic",
-                &self.jobs_to_retry_topic,
-                "jobs deferred through the retry topic",
-            ),
-            (
-                "jobs_dropped_on_revoke",
-                &self.jobs_dropped_on_revoke,
-                "waiting jobs left to a partition's new owner",
-            ),
-            (
-                "downstream_calls",
-                &self.downstream_calls,
-                "calls to the downstream API",
-            ),
-            (
-                "downstream_retryable_failures",
-                &self.downstream_retryable,
-                "5xx, timeouts and connection errors",
-            ),
-            (
-                "downstream_throttled",
-                &self.downstream_429,
-                "429 answers from the downstream",
-            ),
-            (
-                "limiter_calls",
-                &self.limiter_calls,
-                "limiter decisions asked of Redis",
-            ),
-            ("limiter_denied", &self.limiter_denied, "limiter refusals"),
-            (
-                "jobs_admitted",
-                &self.jobs_admitted,
-                "jobs the limiter admitted",
-            ),
-            (
-                "units_admitted",
-                &self.units_admitted,
-                "units (job costs) the limiter admitted",
-            ),
-            (
-                "limiter_errors",
-                &self.limiter_errors,
-                "limiter calls that failed (Redis unavailable)",
-            ),
-            (
-                "jobs_admitted_without_redis",
-                &self.jobs_admitted_without_redis,
-                "jobs admitted by redis.on_error = fail_open or local while the limiter failed",
-            ),
-            ("offset_commits", &self.commits, "offset commits"),
-            (
-                "kafka_errors",
-                &self.kafka_errors,
-                "Kafka consumer errors (broker down, transport)",
-            ),
-            (
-                "offset_commit_errors",
-                &self.commit_errors,
-                "failed offset commits",
-            ),
-            (
-                "backpressure_pauses",
-                &self.backpressure_pauses,
-                "times fetching paused at worker.max_buffered",
-            ),
-        ];
-        let mut out = String::new();
-        for (name, value, help) in rows {
-            out.push_str(&format!(
-                "# HELP throttle_{name}_total {help}\n# TYPE throttle_{name}_total counter\nthrottle_{name}_total {}\n",
-                value.load(Ordering::Relaxed)
-            ));
-        }
-        out
+impl RecordReceived {
+    pub fn emit(&self) {
+        metrics().jobs_received.inc();
     }
 }
 
-fn inc(c: &AtomicU64) {
-    c.fetch_add(1, Ordering::Relaxed);
+/// A limiter call sent (to Redis, or answered by the failure policy).
+pub struct LimiterCalled;
+
+impl LimiterCalled {
+    pub fn emit(&self) {
+        metrics().limiter_calls.inc();
+    }
+}
+
+/// One Redis call of the limiter: its latency, and the kind of its failure.
+pub struct RedisCalled {
+    pub kind: &'static str,
+    pub took: Duration,
+    pub error: Option<&'static str>,
+}
+
+impl RedisCalled {
+    pub fn emit(&self) {
+        let m = metrics();
+        m.redis_call_duration
+            .get_or_create(&KindLabel { kind: self.kind })
+            .observe(secs(self.took));
+        if let Some(kind) = self.error {
+            m.limiter_errors.get_or_create(&KindLabel { kind }).inc();
+        }
+    }
+}
+
+/// The downstream answered (or failed to): `class` is `2xx`, `429`, `4xx`,
+/// `5xx`, `other`, `timeout` or `error`.
+pub struct DownstreamAnswered {
+    pub class: &'static str,
+    pub took: Duration,
+}
+
+impl DownstreamAnswered {
+    pub fn emit(&self) {
+        let m = metrics();
+        m.downstream_requests
+            .get_or_create(&ClassLabel { class: self.class })
+            .inc();
+        m.downstream_request_duration.observe(secs(self.took));
+    }
+}
+
+/// The limiter found a job that can never pass (its cost is over a rule's
+/// capacity); it is dead-lettered.
+pub struct LimiterNever<'a> {
+    pub seller: &'a str,
+    pub rule: usize,
+}
+
+impl LimiterNever<'_> {
+    pub fn emit(&self) {
+        metrics()
+            .limiter_decisions
+            .get_or_create(&DecisionLabels {
+                result: "never",
+                by: format!("rule{}", self.rule),
+                seller: seller_label(self.seller),
+            })
+            .inc();
+    }
 }
 
 /// A job the downstream accepted.
@@ -146,7 +95,7 @@ pub struct JobDone<'a> {
 
 impl JobDone<'_> {
     pub fn emit(&self) {
-        inc(&counters().jobs_done);
+        metrics().jobs_done.inc();
         tracing::debug!(job_id = self.job_id, attempts = self.attempts, "job done");
     }
 }
@@ -154,6 +103,9 @@ impl JobDone<'_> {
 /// A record written to the dead-letter topic.
 pub struct JobDeadLettered<'a> {
     pub job_id: Option<&'a str>,
+    /// A fixed label for the metric: `malformed`, `unreadable_headers`,
+    /// `cost_over_capacity`, `downstream_rejected`, `attempts_exhausted`, …
+    pub kind: &'static str,
     pub reason: &'a str,
     pub topic: &'a str,
     pub partition: i32,
@@ -162,9 +114,13 @@ pub struct JobDeadLettered<'a> {
 
 impl JobDeadLettered<'_> {
     pub fn emit(&self) {
-        inc(&counters().jobs_dead_lettered);
+        metrics()
+            .jobs_dead_lettered
+            .get_or_create(&ReasonLabel { reason: self.kind })
+            .inc();
         tracing::warn!(
             job_id = self.job_id,
+            kind = self.kind,
             reason = self.reason,
             topic = self.topic,
             partition = self.partition,
@@ -182,7 +138,7 @@ pub struct JobDeferred<'a> {
 
 impl JobDeferred<'_> {
     pub fn emit(&self) {
-        inc(&counters().jobs_to_retry_topic);
+        metrics().jobs_to_retry_topic.inc();
         tracing::debug!(
             job_id = self.job_id,
             wait_ms = self.wait.as_millis() as u64,
@@ -196,11 +152,21 @@ pub struct SellerThrottled<'a> {
     pub seller: &'a str,
     pub retry_after: Duration,
     pub waiting: usize,
+    /// What refused: `rule0`, `rule1`, …, `downstream_429`, `unavailable`.
+    pub by: &'a str,
 }
 
 impl SellerThrottled<'_> {
     pub fn emit(&self) {
-        inc(&counters().limiter_denied);
+        let m = metrics();
+        m.limiter_decisions
+            .get_or_create(&DecisionLabels {
+                result: "denied",
+                by: self.by.to_owned(),
+                seller: seller_label(self.seller),
+            })
+            .inc();
+        m.limiter_retry_after.observe(secs(self.retry_after));
         tracing::debug!(
             seller = self.seller,
             retry_after_ms = self.retry_after.as_millis() as u64,
@@ -218,7 +184,6 @@ pub struct DownstreamThrottled<'a> {
 
 impl DownstreamThrottled<'_> {
     pub fn emit(&self) {
-        inc(&counters().downstream_429);
         tracing::info!(
             seller = self.seller,
             retry_after_ms = self.retry_after.as_millis() as u64,
@@ -237,7 +202,6 @@ pub struct DownstreamFailed<'a> {
 
 impl DownstreamFailed<'_> {
     pub fn emit(&self) {
-        inc(&counters().downstream_retryable);
         tracing::info!(
             job_id = self.job_id,
             attempts = self.attempts,
@@ -263,10 +227,9 @@ impl LimiterUnavailable<'_> {
     pub fn emit(&self) {
         // Every seller's call fails while Redis is out: one line per interval.
         static LOG: Every = Every::new(Duration::from_secs(5));
-        inc(&counters().limiter_errors);
-        counters()
+        metrics()
             .jobs_admitted_without_redis
-            .fetch_add(self.admitted as u64, Ordering::Relaxed);
+            .inc_by(self.admitted as u64);
         if let Some(more) = LOG.tick() {
             tracing::warn!(
                 error = self.error,
@@ -289,7 +252,7 @@ pub struct OffsetsCommitted {
 
 impl OffsetsCommitted {
     pub fn emit(&self) {
-        inc(&counters().commits);
+        metrics().offset_commits.inc();
         tracing::debug!(
             partitions = self.partitions,
             sync = self.sync,
@@ -307,7 +270,7 @@ impl CommitFailed<'_> {
     pub fn emit(&self) {
         // While a broker is down every commit fails: one line per interval.
         static LOG: Every = Every::new(Duration::from_secs(10));
-        inc(&counters().commit_errors);
+        metrics().offset_commit_errors.inc();
         if let Some(more) = LOG.tick() {
             tracing::warn!(
                 error = self.error,
@@ -327,7 +290,7 @@ pub struct KafkaPollFailed<'a> {
 impl KafkaPollFailed<'_> {
     pub fn emit(&self) {
         static LOG: Every = Every::new(Duration::from_secs(10));
-        inc(&counters().kafka_errors);
+        metrics().kafka_errors.inc();
         if let Some(more) = LOG.tick() {
             tracing::warn!(
                 error = self.error,
@@ -346,9 +309,7 @@ pub struct RevokedJobsDropped {
 
 impl RevokedJobsDropped {
     pub fn emit(&self) {
-        counters()
-            .jobs_dropped_on_revoke
-            .fetch_add(self.jobs as u64, Ordering::Relaxed);
+        metrics().jobs_dropped_on_revoke.inc_by(self.jobs as u64);
         tracing::info!(
             partitions = self.partitions,
             jobs = self.jobs,
@@ -367,7 +328,7 @@ pub struct Backpressure {
 impl Backpressure {
     pub fn emit(&self) {
         if self.paused {
-            inc(&counters().backpressure_pauses);
+            metrics().backpressure_pauses.inc();
         }
         tracing::info!(
             paused = self.paused,
@@ -386,7 +347,7 @@ pub struct AlreadyDone {
 
 impl AlreadyDone {
     pub fn emit(&self) {
-        inc(&counters().jobs_already_done);
+        metrics().jobs_already_done.inc();
         tracing::trace!(
             offset = self.offset,
             "record already done by the previous owner; skipped"
@@ -401,7 +362,7 @@ pub struct PartitionsAssigned {
 
 impl PartitionsAssigned {
     pub fn emit(&self) {
-        inc(&counters().partitions_assigned);
+        metrics().rebalances.inc();
         tracing::debug!(
             partitions = self.partitions,
             "partitions assigned to the worker"
@@ -419,9 +380,7 @@ pub struct RevokedWorkDropped {
 
 impl RevokedWorkDropped {
     pub fn emit(&self) {
-        counters()
-            .jobs_dropped_on_revoke
-            .fetch_add(self.jobs as u64, Ordering::Relaxed);
+        metrics().jobs_dropped_on_revoke.inc_by(self.jobs as u64);
         tracing::debug!(
             jobs = self.jobs,
             stage = self.stage,
@@ -441,7 +400,7 @@ pub struct HeadMoved<'a> {
 
 impl HeadMoved<'_> {
     pub fn emit(&self) {
-        inc(&counters().heads_moved);
+        metrics().heads_moved.inc();
         tracing::info!(
             job_id = self.job_id,
             partition = self.partition,
@@ -463,6 +422,7 @@ pub struct RetryAfterClamped {
 
 impl RetryAfterClamped {
     pub fn emit(&self) {
+        metrics().downstream_retry_after_clamped.inc();
         tracing::warn!(
             requested_s = self.requested.as_secs(),
             max_s = self.max.as_secs(),
@@ -472,18 +432,155 @@ impl RetryAfterClamped {
 }
 
 /// The limiter admitted jobs of a seller: `units` is the sum of their costs.
-pub struct JobsAdmitted {
+pub struct JobsAdmitted<'a> {
+    pub seller: &'a str,
     pub jobs: usize,
     pub units: u64,
 }
 
-impl JobsAdmitted {
+impl JobsAdmitted<'_> {
     pub fn emit(&self) {
-        counters()
-            .jobs_admitted
-            .fetch_add(self.jobs as u64, Ordering::Relaxed);
-        counters()
-            .units_admitted
-            .fetch_add(self.units, Ordering::Relaxed);
+        let m = metrics();
+        m.limiter_decisions
+            .get_or_create(&DecisionLabels {
+                result: "granted",
+                by: String::new(),
+                seller: seller_label(self.seller),
+            })
+            .inc();
+        m.jobs_admitted.inc_by(self.jobs as u64);
+        m.units_admitted.inc_by(self.units);
+    }
+}
+
+/// A snapshot of what this replica holds, taken every commit interval.
+pub struct Backlog<'a> {
+    /// Jobs waiting in memory by (cause, seller): `limit` or `capacity`.
+    pub waiting: &'a std::collections::HashMap<(&'static str, std::sync::Arc<str>), i64>,
+    pub in_flight: usize,
+    pub parked: usize,
+    pub bytes: usize,
+    pub assigned: usize,
+    pub paused: usize,
+}
+
+impl Backlog<'_> {
+    pub fn emit(&self) {
+        let m = metrics();
+        let mut by_label: std::collections::HashMap<(&'static str, String), i64> =
+            std::collections::HashMap::new();
+        for ((cause, seller), n) in self.waiting {
+            *by_label.entry((cause, seller_label(seller))).or_default() += n;
+        }
+        // Both causes of every labelled seller, so a cause that emptied
+        // reads 0 rather than vanishing; sellers gone entirely are dropped.
+        m.jobs_waiting.clear();
+        for cause in ["limit", "capacity"] {
+            m.jobs_waiting
+                .get_or_create(&super::metrics::WaitingLabels {
+                    cause,
+                    seller: super::metrics::OTHER_SELLER.to_owned(),
+                })
+                .set(0);
+        }
+        let sellers: std::collections::HashSet<&String> = by_label.keys().map(|(_, s)| s).collect();
+        for seller in sellers {
+            for cause in ["limit", "capacity"] {
+                let n = by_label.get(&(cause, seller.clone())).copied().unwrap_or(0);
+                m.jobs_waiting
+                    .get_or_create(&super::metrics::WaitingLabels {
+                        cause,
+                        seller: seller.clone(),
+                    })
+                    .set(n);
+            }
+        }
+        m.jobs_in_flight.set(self.in_flight as i64);
+        m.jobs_parked.set(self.parked as i64);
+        m.buffered_bytes.set(self.bytes as i64);
+        m.assigned_partitions.set(self.assigned as i64);
+        m.paused_partitions.set(self.paused as i64);
+    }
+}
+
+/// librdkafka's periodic statistics: each assigned partition's lag as
+/// (topic, partition, messages behind, age in seconds of its first
+/// unfinished record).
+pub struct ConsumerLag<'a> {
+    pub group: &'a str,
+    pub partitions: &'a [(&'a str, i32, i64, f64)],
+}
+
+impl ConsumerLag<'_> {
+    pub fn emit(&self) {
+        use super::metrics::{PartitionLabels, TopicLabels};
+        let m = metrics();
+        // Partitions revoked since the last report drop out.
+        m.consumer_lag.clear();
+        m.consumer_lag_seconds.clear();
+        m.consumer_topic_lag.clear();
+        let mut per_topic: std::collections::HashMap<&str, i64> = std::collections::HashMap::new();
+        for (topic, partition, messages, seconds) in self.partitions {
+            let labels = PartitionLabels {
+                group: self.group.to_owned(),
+                topic: (*topic).to_owned(),
+                partition: *partition,
+            };
+            m.consumer_lag.get_or_create(&labels).set(*messages);
+            m.consumer_lag_seconds.get_or_create(&labels).set(*seconds);
+            *per_topic.entry(topic).or_default() += messages;
+        }
+        for (topic, sum) in per_topic {
+            m.consumer_topic_lag
+                .get_or_create(&TopicLabels {
+                    group: self.group.to_owned(),
+                    topic: topic.to_owned(),
+                })
+                .set(sum);
+        }
+    }
+}
+
+/// The config file changed and was read again: its `[limits]` are in force
+/// now (`changed`), and other sections that changed wait for a restart.
+pub struct LimitsReloaded<'a> {
+    pub file: &'a str,
+    pub changed: bool,
+    pub named_sellers: usize,
+    pub restart_needed: bool,
+}
+
+impl LimitsReloaded<'_> {
+    pub fn emit(&self) {
+        if self.changed {
+            metrics().config_reloads.inc();
+            tracing::info!(
+                file = self.file,
+                named_sellers = self.named_sellers,
+                "limits reloaded; in force on this replica now"
+            );
+        }
+        if self.restart_needed {
+            tracing::warn!(
+                file = self.file,
+                "sections other than [limits] changed in the config file; they apply after a restart"
+            );
+        }
+    }
+}
+
+/// An edit of the config file could not be applied; the limits in force
+/// stay. `error` names the file, the key and the problem.
+pub struct LimitsReloadRejected<'a> {
+    pub error: &'a str,
+}
+
+impl LimitsReloadRejected<'_> {
+    pub fn emit(&self) {
+        metrics().config_reload_errors.inc();
+        tracing::error!(
+            error = self.error,
+            "config edit rejected; the limits in force stay"
+        );
     }
 }

@@ -3,12 +3,14 @@
 //! - [`events`]: one struct per occurrence that logs and counts in one place.
 //! - [`every`]: [`Every`], one log line per interval for repeated failures.
 //! - [`http`]: `/healthz`, `/readyz`, `/metrics`.
+//! - [`metrics`]: the Prometheus registry and its series.
 //!
 //! A leaf module: it depends on no other module of this crate.
 
 pub mod events;
 pub mod every;
 pub mod http;
+pub mod metrics;
 
 pub use every::Every;
 

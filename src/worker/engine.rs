@@ -26,11 +26,11 @@ use crate::job::Job;
 use crate::kafka::consumer::{Consumer, Currency, Origin, Partition, PartitionEvent, Record};
 use crate::kafka::{OriginalRecord, RecordSink};
 use crate::limiter::local::{self, LocalShare};
-use crate::limiter::{BatchDecision, BatchGranted, CannotPass, NextJob, Pace};
+use crate::limiter::{BatchDecision, BatchGranted, CannotPass, DeniedBy, NextJob, Pace};
 use crate::telemetry::events::{
-    self, Backpressure, DownstreamFailed, DownstreamThrottled, HeadMoved, JobDeadLettered,
-    JobDeferred, JobDone, JobsAdmitted, LimiterUnavailable, PartitionsAssigned, RevokedJobsDropped,
-    RevokedWorkDropped, SellerThrottled,
+    Backlog, Backpressure, DownstreamFailed, DownstreamThrottled, HeadMoved, JobDeadLettered,
+    JobDeferred, JobDone, JobsAdmitted, LimiterCalled, LimiterNever, LimiterUnavailable,
+    PartitionsAssigned, RecordReceived, RevokedJobsDropped, RevokedWorkDropped, SellerThrottled,
 };
 use crate::telemetry::http::Health;
 
@@ -103,6 +103,8 @@ struct PendingWrite {
 #[derive(Debug, Clone)]
 enum Target {
     DeadLetter {
+        /// The metric's label: see [`JobDeadLettered::kind`].
+        kind: &'static str,
         reason: String,
     },
     /// A retry tier's topic: taken up at `release_at`, run from `not_before`.
@@ -282,6 +284,8 @@ impl<P: Permits> Engine<P> {
                 _ = commit.tick() => {
                     self.unstick();
                     self.deps.consumer.request_commit();
+                    self.report_backlog();
+                    self.deps.health.beat();
                 }
                 Some(rec) = self.deps.records.recv() => self.on_record(rec),
             }
@@ -347,9 +351,7 @@ impl<P: Permits> Engine<P> {
             // new owner has it.
             return;
         }
-        events::counters()
-            .jobs_received
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        RecordReceived.emit();
         let bytes = memory::weight(rec.original.key.as_deref(), &rec.original.value);
         self.memory.add(bytes);
         let headers = match rec.headers {
@@ -362,7 +364,10 @@ impl<P: Permits> Engine<P> {
                     rec.original,
                     None,
                     0,
-                    Target::DeadLetter { reason },
+                    Target::DeadLetter {
+                        kind: "unreadable_headers",
+                        reason,
+                    },
                 );
             }
         };
@@ -376,7 +381,10 @@ impl<P: Permits> Engine<P> {
                     rec.original,
                     None,
                     headers.attempts,
-                    Target::DeadLetter { reason },
+                    Target::DeadLetter {
+                        kind: e.kind(),
+                        reason,
+                    },
                 );
             }
         };
@@ -553,9 +561,7 @@ impl<P: Permits> Engine<P> {
         seller.phase = Phase::Asking;
         let (permits, tx, seller_id) = (self.deps.permits.clone(), self.tx.clone(), key.clone());
         self.tasks += 1;
-        events::counters()
-            .limiter_calls
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        LimiterCalled.emit();
         tokio::spawn(async move {
             let result = permits.acquire_jobs(&seller_id, &costs).await;
             let _ = tx.send(Event::Permit {
@@ -666,6 +672,7 @@ impl<P: Permits> Engine<P> {
                 seller.reserved = n;
                 self.release(reserved - n);
                 JobsAdmitted {
+                    seller: &key,
                     jobs: n,
                     units: batch.iter().map(|p| p.job.cost).sum(),
                 }
@@ -702,6 +709,7 @@ impl<P: Permits> Engine<P> {
                     seller: &key,
                     retry_after: d.retry_after,
                     waiting: seller.queue.len(),
+                    by: &denied_by(d.by),
                 }
                 .emit();
                 self.release(reserved);
@@ -762,8 +770,19 @@ impl<P: Permits> Engine<P> {
             return;
         };
         if let Some(p) = seller.queue.remove(i) {
+            LimiterNever {
+                seller: key,
+                rule: c.rule,
+            }
+            .emit();
             let reason = c.to_string();
-            self.write_pending(p, Target::DeadLetter { reason });
+            self.write_pending(
+                p,
+                Target::DeadLetter {
+                    kind: "cost_over_capacity",
+                    reason,
+                },
+            );
         }
     }
 
@@ -818,9 +837,6 @@ impl<P: Permits> Engine<P> {
                             unused.push((i, p));
                             continue;
                         }
-                        events::counters()
-                            .downstream_calls
-                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         match downstream.send(&p.job).await {
                             Answer::Throttled(retry_after) => {
                                 // No readable Retry-After: the worker's own
@@ -897,13 +913,25 @@ impl<P: Permits> Engine<P> {
                     Some(s) => format!("downstream refused the job with HTTP {s}: {reason}"),
                     None => format!("downstream refused the job: {reason}"),
                 };
-                self.write_pending(p, Target::DeadLetter { reason });
+                self.write_pending(
+                    p,
+                    Target::DeadLetter {
+                        kind: "downstream_rejected",
+                        reason,
+                    },
+                );
             }
             Answer::Retryable { reason } => {
                 let max = self.settings.downstream.max_attempts;
                 if p.attempts >= max {
                     let reason = format!("downstream failed {} times (downstream.max_attempts = {max}); last: {reason}", p.attempts);
-                    return self.write_pending(p, Target::DeadLetter { reason });
+                    return self.write_pending(
+                        p,
+                        Target::DeadLetter {
+                            kind: "attempts_exhausted",
+                            reason,
+                        },
+                    );
                 }
                 let d = &self.settings.downstream;
                 let wait = backoff(p.attempts, d.backoff_base, d.backoff_max);
@@ -1087,7 +1115,7 @@ impl<P: Permits> Engine<P> {
                 tokio::time::sleep(after).await;
             }
             let result = match &pending.target {
-                Target::DeadLetter { reason } => {
+                Target::DeadLetter { reason, .. } => {
                     sink.dead_letter(&topic, &pending.original, reason, pending.attempts)
                         .await
                 }
@@ -1116,9 +1144,10 @@ impl<P: Permits> Engine<P> {
     fn on_written(&mut self, pending: PendingWrite, result: Result<(), String>) {
         match result {
             Ok(()) => {
-                if let Target::DeadLetter { reason } = &pending.target {
+                if let Target::DeadLetter { kind, reason } = &pending.target {
                     JobDeadLettered {
                         job_id: pending.job_id.as_deref(),
+                        kind,
                         reason,
                         topic: &pending.origin.topic,
                         partition: pending.origin.partition,
@@ -1168,6 +1197,7 @@ impl<P: Permits> Engine<P> {
     fn on_partitions(&mut self, ev: PartitionEvent) {
         match ev {
             PartitionEvent::Assigned(parts) => {
+                self.deps.health.set_joined();
                 let jobs_topic = &self.settings.kafka.topic;
                 self.jobs_assigned.extend(
                     parts
@@ -1234,6 +1264,41 @@ impl<P: Permits> Engine<P> {
                 .emit();
             }
         }
+    }
+
+    /// Sets the backlog gauges: jobs waiting by cause (a seller refused
+    /// until later is limit-bound; one free to go waits for capacity), in
+    /// flight, parked, bytes and partitions.
+    fn report_backlog(&self) {
+        let now = Instant::now();
+        let mut waiting: HashMap<(&'static str, Arc<str>), i64> = HashMap::new();
+        for (key, seller) in &self.sellers {
+            let n = (seller.queue.len() + seller.delayed.len()) as i64;
+            if n == 0 {
+                continue;
+            }
+            let cause = if seller.blocked_until.is_some_and(|t| t > now) {
+                "limit"
+            } else {
+                "capacity"
+            };
+            *waiting.entry((cause, key.clone())).or_default() += n;
+        }
+        let assigned = self.deps.consumer.assignment().len();
+        let paused = if self.memory.is_paused() {
+            assigned
+        } else {
+            self.parked.len()
+        };
+        Backlog {
+            waiting: &waiting,
+            in_flight: self.settings.downstream.concurrency - self.slots_free,
+            parked: self.parked.values().map(VecDeque::len).sum(),
+            bytes: self.memory.bytes(),
+            assigned,
+            paused,
+        }
+        .emit();
     }
 
     /// A partition commits only up to its first unfinished record. When
@@ -1379,6 +1444,15 @@ fn take_granted(queue: &mut VecDeque<Pending>, g: &BatchGranted, reserved: usize
     let mut out: Vec<Pending> = take.iter().rev().filter_map(|&i| queue.remove(i)).collect();
     out.reverse();
     out
+}
+
+/// The `by` label of a refusal.
+fn denied_by(by: DeniedBy) -> String {
+    match by {
+        DeniedBy::Rule(i) => format!("rule{i}"),
+        DeniedBy::DownstreamBlock => "downstream_429".to_owned(),
+        DeniedBy::Unavailable => "unavailable".to_owned(),
+    }
 }
 
 fn far() -> Instant {

@@ -5,6 +5,7 @@
 //! - [`memory`]: jobs and bytes held, and when fetching pauses.
 //! - [`permit`]: the limiter as the worker sees it, and the one place where
 //!   a limiter failure becomes a decision.
+//! - [`reload`]: the config file watched, its `[limits]` applied live.
 //!
 //! [`run`] checks every dependency at startup, then runs the engine until
 //! the shutdown future resolves.
@@ -12,8 +13,10 @@
 pub mod engine;
 pub mod memory;
 pub mod permit;
+pub mod reload;
 
 use std::future::Future;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,11 +39,26 @@ const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long closing the Kafka clients may take at shutdown.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// `/healthz` fails when the event loop has not turned for this long (or
+/// five commit intervals, if longer).
+const STUCK_AFTER_MIN: Duration = Duration::from_secs(10);
+
 /// Runs one worker until `shutdown` resolves. Fails at startup, with what to
 /// fix, when Redis, Kafka or the downstream URL is not usable.
 pub async fn run(
     settings: Settings,
     policy: Policy,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<Summary> {
+    run_watching(settings, policy, None, shutdown).await
+}
+
+/// [`run`], and with `config_file` the file's `[limits]` are applied again
+/// whenever it changes or the process gets SIGHUP (see [`reload`]).
+pub async fn run_watching(
+    settings: Settings,
+    policy: Policy,
+    config_file: Option<PathBuf>,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<Summary> {
     let settings = Arc::new(settings);
@@ -56,6 +74,9 @@ pub async fn run(
     let store = RedisStore::open(&settings.redis)
         .await
         .context("redis.url: Redis must answer PING and accept the limiter scripts")?;
+    // Sellers the config names get series of their own; all others are
+    // counted together, so /metrics stays small with any number of sellers.
+    crate::telemetry::metrics::name_sellers(policy.named_sellers().map(str::to_owned));
     let limiter = Limiter::new(
         store,
         KeySpace::new(settings.redis.key_prefix.clone()),
@@ -79,7 +100,8 @@ pub async fn run(
         .subscribe(&topics[..topics.len() - 1])
         .context("kafka subscribe")?;
     let records = consumer.start().context("kafka consumer")?;
-    let health = http::Health::default();
+    // The event loop turns at least every commit interval.
+    let health = http::Health::new((settings.kafka.commit_interval * 5).max(STUCK_AFTER_MIN));
     let server = http::serve(settings.http.listen, health.clone())
         .await
         .context("http.listen")?;
@@ -92,11 +114,19 @@ pub async fn run(
         http = %server,
         "worker started"
     );
+    let limiter = Arc::new(limiter);
+    let watching = match config_file {
+        Some(path) => Some(
+            reload::spawn(path.clone(), limiter.clone(), (*settings).clone())
+                .with_context(|| format!("watching {} for limit edits", path.display()))?,
+        ),
+        None => None,
+    };
     health.set_ready(true);
     let consumer = Arc::new(consumer);
     let sink = Arc::new(sink);
     let deps = engine::Deps {
-        permits: Arc::new(limiter),
+        permits: limiter.clone(),
         downstream: Arc::new(downstream),
         sink: sink.clone(),
         consumer: consumer.clone(),
@@ -106,6 +136,9 @@ pub async fn run(
         jobs_partitions: counts[0],
     };
     let summary = Engine::new(settings.clone(), deps).run(shutdown).await;
+    if let Some(w) = watching {
+        w.abort();
+    }
     // Closing a librdkafka client blocks (leaving the group, flushing); do it
     // off the async threads, and do not let a broker that stopped answering
     // hold the process forever.

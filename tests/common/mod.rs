@@ -152,3 +152,43 @@ pub async fn cluster_keyslots(keys: &[String]) -> Vec<u16> {
     let _ = std::fs::remove_dir_all(&dir);
     slots
 }
+
+/// The sum of every sample of `name` (a full sample name, e.g.
+/// `throttle_jobs_received_total`) whose labels include `labels`, as this
+/// process' `/metrics` renders it.
+pub fn metric(name: &str, labels: &[(&str, &str)]) -> f64 {
+    metric_in(
+        &throttle_worker::telemetry::metrics::metrics().render(),
+        name,
+        labels,
+    )
+}
+
+/// [`metric`] over a scraped exposition.
+pub fn metric_in(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let (n, rest) = match series.split_once('{') {
+                Some((n, rest)) => (n, rest.trim_end_matches('}')),
+                None => (series, ""),
+            };
+            if n != name {
+                return None;
+            }
+            let all = labels
+                .iter()
+                .all(|(k, v)| rest.split(',').any(|kv| kv == format!("{k}=\"{v}\"")));
+            all.then(|| value.parse::<f64>().ok())?
+        })
+        .sum()
+}
+
+/// A loopback port free at the time of the call (for `http.listen`).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port()
+}

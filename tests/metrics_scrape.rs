@@ -1,0 +1,242 @@
+//! `/metrics` scraped over HTTP during and after a worker run (issue 8):
+//! each series says what the run did, by name and by value where the run
+//! makes it known. A test binary of its own: the metrics are process-wide.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::worker::{always_ok, job, Bench, Downstream, Running};
+use common::{metric_in, rule};
+use throttle_worker::config::SellerConfig;
+
+/// One scrape; `None` while the worker's HTTP listener is not up yet (it
+/// binds after the startup checks).
+async fn scrape(url: &str) -> Option<String> {
+    let r = reqwest::get(url).await.ok()?;
+    assert_eq!(r.status().as_u16(), 200);
+    let ct = r
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    assert!(
+        ct.starts_with("application/openmetrics-text"),
+        "content type {ct}"
+    );
+    Some(r.text().await.expect("body"))
+}
+
+/// Scrapes until `pred` holds; panics with the last scrape after `timeout`.
+async fn scrape_until(
+    url: &str,
+    what: &str,
+    timeout: Duration,
+    pred: impl Fn(&str) -> bool,
+) -> String {
+    let start = Instant::now();
+    loop {
+        let text = scrape(url).await.unwrap_or_default();
+        if pred(&text) {
+            return text;
+        }
+        assert!(
+            start.elapsed() < timeout,
+            "/metrics never showed {what} within {timeout:?}; last scrape:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_tell_what_the_worker_does() {
+    let bench = Bench::new("metrics", 2);
+    let down = Downstream::start(always_ok()).await;
+    let mut settings = bench.settings(&down.url);
+    let port = common::free_port();
+    settings.http.listen = format!("127.0.0.1:{port}").parse().unwrap();
+    settings
+        .kafka
+        .consumer_properties
+        .insert("statistics.interval.ms".to_owned(), "300".to_owned());
+    let jobs_topic = bench.topics.jobs.clone();
+    let group = bench.group.clone();
+    let url = format!("http://127.0.0.1:{port}/metrics");
+    // "hot" is named in the config: it gets series of its own. The cold
+    // sellers are not: they are counted as "other".
+    let policy = common::policy_with_sellers(
+        vec![rule("fixed_window", 100, "1s", None)],
+        vec![(
+            "hot",
+            SellerConfig {
+                rules: Some(vec![rule("fixed_window", 5, "1s", None)]),
+                ..Default::default()
+            },
+        )],
+    );
+    let worker = Running::start(settings, policy);
+    let mut records: Vec<_> = (0..30).map(|i| job(&format!("h{i}"), "hot")).collect();
+    records.extend((0..10).map(|i| job(&format!("c{i}"), &format!("cold-{i}"))));
+    records.push((None, b"{not json".to_vec()));
+    records.push((None, b"[1, 2]".to_vec()));
+    bench.produce(&records).await;
+
+    // While "hot" is throttled: its backlog is limit-bound, not
+    // capacity-bound (a downstream slot would not help it).
+    let during = scrape_until(
+        &url,
+        "hot's limit-bound backlog",
+        Duration::from_secs(20),
+        |t| {
+            metric_in(
+                t,
+                "throttle_jobs_waiting",
+                &[("cause", "limit"), ("seller", "hot")],
+            ) > 0.0
+        },
+    )
+    .await;
+    assert_eq!(
+        metric_in(
+            &during,
+            "throttle_jobs_waiting",
+            &[("cause", "capacity"), ("seller", "hot")]
+        ),
+        0.0,
+        "hot waits for its limit only"
+    );
+    assert!(metric_in(&during, "throttle_assigned_partitions", &[]) > 0.0);
+    // Alive (the event loop turns) and ready (in the group, Redis answers).
+    for (path, body) in [("healthz", "ok\n"), ("readyz", "ready\n")] {
+        let r = reqwest::get(format!("http://127.0.0.1:{port}/{path}"))
+            .await
+            .expect("GET");
+        assert_eq!(r.status().as_u16(), 200, "/{path}");
+        assert_eq!(r.text().await.unwrap(), body, "/{path}");
+    }
+    // hot's jobs wait uncommitted: the jobs topic lags, in messages and in
+    // time, per partition with the labels lag exporters use, and in sum.
+    let lagging = scrape_until(&url, "consumer lag", Duration::from_secs(10), |t| {
+        metric_in(
+            t,
+            "throttle_consumer_topic_lag_messages",
+            &[("topic", &jobs_topic)],
+        ) > 0.0
+            && metric_in(
+                t,
+                "throttle_consumer_lag_seconds",
+                &[("topic", &jobs_topic)],
+            ) > 0.0
+    })
+    .await;
+    let per_partition = metric_in(
+        &lagging,
+        "throttle_consumer_lag_messages",
+        &[("group", &group), ("topic", &jobs_topic)],
+    );
+    assert_eq!(
+        per_partition,
+        metric_in(
+            &lagging,
+            "throttle_consumer_topic_lag_messages",
+            &[("group", &group), ("topic", &jobs_topic)]
+        ),
+        "the topic's lag is the sum of its partitions'"
+    );
+    assert!(
+        lagging.contains(&format!("throttle_consumer_lag_messages{{group=\"{group}\",topic=\"{jobs_topic}\",partition=\"0\"}}")),
+        "per-partition lag with group, topic and partition labels"
+    );
+
+    down.wait_for("40 jobs", Duration::from_secs(30), |a| a.len() >= 40)
+        .await;
+    let after = scrape_until(
+        &url,
+        "every job counted done",
+        Duration::from_secs(10),
+        |t| {
+            metric_in(t, "throttle_jobs_done_total", &[]) >= 40.0
+                && metric_in(t, "throttle_jobs_dead_lettered_total", &[]) >= 2.0
+        },
+    )
+    .await;
+    worker.stop().await;
+
+    let m = |name: &str, labels: &[(&str, &str)]| metric_in(&after, name, labels);
+    assert_eq!(m("throttle_jobs_received_total", &[]), 42.0);
+    assert_eq!(m("throttle_jobs_done_total", &[]), 40.0);
+    assert_eq!(
+        m(
+            "throttle_jobs_dead_lettered_total",
+            &[("reason", "not_json")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        m(
+            "throttle_jobs_dead_lettered_total",
+            &[("reason", "not_object")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        m("throttle_downstream_requests_total", &[("class", "2xx")]),
+        40.0
+    );
+    assert_eq!(
+        m("throttle_downstream_request_duration_seconds_count", &[]),
+        40.0
+    );
+    assert_eq!(m("throttle_jobs_admitted_total", &[]), 40.0);
+    assert_eq!(m("throttle_units_admitted_total", &[]), 40.0);
+    // 30 jobs of hot at 5 a second take at least 6 grants (a grant that
+    // stops short says when to ask again, so refusals may be few); each
+    // refusal has its retry-after observed.
+    let granted = m(
+        "throttle_limiter_decisions_total",
+        &[("result", "granted"), ("seller", "hot")],
+    );
+    assert!(granted >= 6.0, "hot granted {granted} times");
+    let denied = m(
+        "throttle_limiter_decisions_total",
+        &[("result", "denied"), ("seller", "hot")],
+    );
+    assert_eq!(
+        denied,
+        m(
+            "throttle_limiter_decisions_total",
+            &[("result", "denied"), ("seller", "hot"), ("by", "rule0")]
+        ),
+        "hot's one rule refused"
+    );
+    assert_eq!(m("throttle_limiter_retry_after_seconds_count", &[]), denied);
+    assert!(
+        m(
+            "throttle_limiter_decisions_total",
+            &[("result", "granted"), ("seller", "other")]
+        ) >= 1.0
+    );
+    assert!(
+        !after.contains("cold-"),
+        "an unnamed seller got a series of its own"
+    );
+    let calls = m("throttle_limiter_calls_total", &[]);
+    assert!(calls >= granted + denied, "{calls} limiter calls");
+    assert_eq!(
+        m(
+            "throttle_redis_call_duration_seconds_count",
+            &[("kind", "script")]
+        ),
+        calls,
+        "one Redis call per limiter call on a single Redis with no global rules"
+    );
+    assert_eq!(m("throttle_limiter_errors_total", &[]), 0.0);
+    assert!(m("throttle_rebalances_total", &[]) >= 1.0);
+    assert!(m("throttle_offset_commits_total", &[]) >= 1.0);
+    assert_eq!(m("throttle_offset_commit_errors_total", &[]), 0.0);
+    assert!(
+        after.ends_with("# EOF\n"),
+        "OpenMetrics text ends with # EOF"
+    );
+}
