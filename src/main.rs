@@ -73,6 +73,15 @@ enum LimiterCommand {
         #[arg(long)]
         up_to: bool,
     },
+    /// Clears one seller's limiter state and any 429 block, on every
+    /// replica at once (the state lives in Redis): its next job starts
+    /// with a full allowance.
+    Reset {
+        #[arg(long)]
+        config: Option<PathBuf>,
+        #[arg(long)]
+        seller: String,
+    },
 }
 
 #[tokio::main]
@@ -134,6 +143,25 @@ async fn main() -> anyhow::Result<()> {
                 })
                 .await?;
             println!("{decision:#?}");
+            Ok(())
+        }
+        Command::Limiter {
+            command: LimiterCommand::Reset { config, seller },
+        } => {
+            let (settings, policy) = load(config)?;
+            let store = RedisStore::open(&settings.redis).await?;
+            let limiter = Limiter::new(
+                store,
+                KeySpace::new(settings.redis.key_prefix.clone()),
+                policy,
+                settings.redis.topology,
+            );
+            let keys = limiter.seller_keys(&seller);
+            let existed = limiter.store().delete(&keys).await?;
+            println!(
+                "reset {seller}: {existed} of its {} keys held state (rules and 429 block); cleared",
+                keys.len()
+            );
             Ok(())
         }
         Command::CheckConfig { config } => {

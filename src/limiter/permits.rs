@@ -103,6 +103,18 @@ impl<S: Store> Limiter<S> {
         &self.keys
     }
 
+    /// Every key that holds `seller`'s own state: its 429 block and one per
+    /// rule it is held to now (global rules' keys are shared, not its own).
+    /// All in the seller's hash slot.
+    pub fn seller_keys(&self, seller: &str) -> Vec<String> {
+        let policy = self.policy();
+        let mut keys = vec![self.keys.block(seller)];
+        if let Resolved::Limited { seller: own, .. } = policy.resolve(seller) {
+            keys.extend(own.iter().map(|r| self.keys.rule(seller, r)));
+        }
+        keys
+    }
+
     /// The seller's rules and the global rules, each with its key.
     pub(super) fn keyed(
         &self,

@@ -381,6 +381,17 @@ impl Store for RedisStore {
 }
 
 impl RedisStore {
+    /// `DEL keys…` (one slot: a seller's keys share a hash tag); returns how
+    /// many existed. For `limiter reset`.
+    pub async fn delete(&self, keys: &[String]) -> Result<u64, RedisError> {
+        let mut conn = self.conn.get();
+        redis::cmd("DEL")
+            .arg(keys)
+            .query_async(&mut conn)
+            .await
+            .map_err(RedisError::Script)
+    }
+
     /// `MEMORY USAGE key`: bytes a key takes, for the README's per-seller
     /// figures and the demo. `None` when the key does not exist.
     pub async fn memory_usage(&self, key: &str) -> Result<Option<u64>, RedisError> {
