@@ -18,6 +18,7 @@
 //! - [`telemetry`]: logging, typed events, the Prometheus metrics and the HTTP
 //!   endpoints. Leaf module.
 //! - [`demo`]: the live limiter demo behind `throttle-worker limiter demo`.
+//! - [`load`]: the load generator behind `throttle-worker produce`.
 
 pub mod config;
 pub mod demo;
@@ -25,5 +26,6 @@ pub mod downstream;
 pub mod job;
 pub mod kafka;
 pub mod limiter;
+pub mod load;
 pub mod telemetry;
 pub mod worker;

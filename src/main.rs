@@ -7,7 +7,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 use throttle_worker::limiter::{KeySpace, Limiter, Mode, Policy, RedisStore, Request};
-use throttle_worker::{config, demo, kafka, telemetry, worker};
+use throttle_worker::{config, demo, kafka, load, telemetry, worker};
 
 #[derive(Parser)]
 #[command(
@@ -45,6 +45,35 @@ enum Command {
     Limiter {
         #[command(subcommand)]
         command: LimiterCommand,
+    },
+    /// Load generator: jobs of many sellers with a Zipf skew, a share of
+    /// malformed records and a paced rate, written to the jobs topic.
+    Produce {
+        /// Brokers and jobs topic come from here (and its Kafka properties).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Overrides kafka.brokers.
+        #[arg(long)]
+        brokers: Option<String>,
+        /// Overrides kafka.topic.
+        #[arg(long)]
+        topic: Option<String>,
+        #[arg(long, default_value_t = 10_000)]
+        jobs: u64,
+        #[arg(long, default_value_t = 100)]
+        sellers: u64,
+        /// Zipf exponent over sellers: 0 uniform, 1 a few sellers send most.
+        #[arg(long, default_value_t = 1.0)]
+        skew: f64,
+        /// Jobs per second; 0 as fast as the broker takes them.
+        #[arg(long, default_value_t = 0.0)]
+        rate: f64,
+        /// Share of malformed records, 0 to 1.
+        #[arg(long, default_value_t = 0.0)]
+        malformed: f64,
+        /// Bytes of filler in each payload.
+        #[arg(long, default_value_t = 256)]
+        payload_bytes: usize,
     },
     /// Load and validate the configuration, then print every seller rule set.
     CheckConfig {
@@ -161,6 +190,46 @@ async fn main() -> anyhow::Result<()> {
             println!(
                 "reset {seller}: {existed} of its {} keys held state (rules and 429 block); cleared",
                 keys.len()
+            );
+            Ok(())
+        }
+        Command::Produce {
+            config,
+            brokers,
+            topic,
+            jobs,
+            sellers,
+            skew,
+            rate,
+            malformed,
+            payload_bytes,
+        } => {
+            let loaded = config::load(config.as_deref()).context("invalid configuration")?;
+            let k = &loaded.settings.kafka;
+            anyhow::ensure!(
+                (0.0..=1.0).contains(&malformed),
+                "--malformed must be between 0 and 1, got {malformed}"
+            );
+            anyhow::ensure!(skew >= 0.0, "--skew must be at least 0, got {skew}");
+            let brokers = brokers.unwrap_or_else(|| k.brokers.clone());
+            let topic = topic.unwrap_or_else(|| k.topic.clone());
+            let sink =
+                kafka::RecordSink::new(&brokers, &k.producer_config()).context("kafka producer")?;
+            let spec = load::LoadSpec {
+                jobs,
+                sellers,
+                skew,
+                rate,
+                malformed,
+                payload_bytes,
+                run_id: format!("load-{:08x}", rand::random::<u32>()),
+            };
+            let started = std::time::Instant::now();
+            let written = load::run(&sink, &topic, &spec).await?;
+            println!(
+                "produced {written} jobs ({} ids) for {sellers} sellers to {topic} in {:.1?}",
+                spec.run_id,
+                started.elapsed()
             );
             Ok(())
         }

@@ -230,6 +230,19 @@ impl RecordSink {
         self.send(retry_topic, original, headers).await
     }
 
+    /// Writes one record as it is (the load generator's jobs) and waits for
+    /// the broker's acknowledgement.
+    pub async fn produce(&self, topic: &str, key: &[u8], value: &[u8]) -> Result<(), SinkError> {
+        let record = FutureRecord::to(topic).key(key).payload(value);
+        match self.producer.send(record, Timeout::Never).await {
+            Ok(_) => Ok(()),
+            Err((e, _)) => Err(SinkError::Delivery {
+                topic: topic.to_owned(),
+                reason: e.to_string(),
+            }),
+        }
+    }
+
     async fn send(
         &self,
         topic: &str,
