@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
+use throttle_worker::limiter::overrides::{self, Override};
 use throttle_worker::limiter::{KeySpace, Limiter, Mode, Policy, RedisStore, Request};
 use throttle_worker::{config, demo, kafka, load, telemetry, worker};
 
@@ -102,6 +103,37 @@ enum LimiterCommand {
         #[arg(long)]
         up_to: bool,
     },
+    /// Gives one seller a temporary rule in place of its configured ones,
+    /// on every replica within a second, until it expires (or `--clear`).
+    Override {
+        #[arg(long)]
+        config: Option<PathBuf>,
+        #[arg(long)]
+        seller: String,
+        /// Remove the seller's override instead.
+        #[arg(long)]
+        clear: bool,
+        #[arg(long, default_value = "gcra")]
+        algorithm: String,
+        #[arg(long, required_unless_present = "clear")]
+        limit: Option<u64>,
+        /// e.g. 1m, 1s, 1h.
+        #[arg(long, default_value = "1m")]
+        period: String,
+        #[arg(long)]
+        burst: Option<u64>,
+        /// How long it lasts, e.g. 2h (or give --until).
+        #[arg(long = "for", conflicts_with = "until")]
+        for_: Option<String>,
+        /// When it ends, RFC 3339 UTC, e.g. 2026-11-23T18:00:00Z.
+        #[arg(long)]
+        until: Option<String>,
+    },
+    /// Lists the overrides in force.
+    Overrides {
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
     /// Clears one seller's limiter state and any 429 block, on every
     /// replica at once (the state lives in Redis): its next job starts
     /// with a full allowance.
@@ -160,6 +192,7 @@ async fn main() -> anyhow::Result<()> {
                 policy,
                 settings.redis.topology,
             );
+            limiter.refresh_overrides().await?;
             let mode = if up_to {
                 Mode::UpTo
             } else {
@@ -185,6 +218,7 @@ async fn main() -> anyhow::Result<()> {
                 policy,
                 settings.redis.topology,
             );
+            limiter.refresh_overrides().await?;
             let keys = limiter.seller_keys(&seller);
             let existed = limiter.store().delete(&keys).await?;
             println!(
@@ -231,6 +265,108 @@ async fn main() -> anyhow::Result<()> {
                 spec.run_id,
                 started.elapsed()
             );
+            Ok(())
+        }
+        Command::Limiter {
+            command:
+                LimiterCommand::Override {
+                    config,
+                    seller,
+                    clear,
+                    algorithm,
+                    limit,
+                    period,
+                    burst,
+                    for_,
+                    until,
+                },
+        } => {
+            let (settings, _) = load(config)?;
+            let store = RedisStore::open(&settings.redis).await?;
+            let key = KeySpace::new(settings.redis.key_prefix.clone()).overrides();
+            if clear {
+                let n = store
+                    .clear_overrides(&key, std::slice::from_ref(&seller))
+                    .await?;
+                println!(
+                    "{seller}: {}",
+                    if n > 0 {
+                        "override cleared"
+                    } else {
+                        "had no override"
+                    }
+                );
+                return Ok(());
+            }
+            let now = std::time::SystemTime::now();
+            let until = match (for_, until) {
+                (Some(d), None) => now + humantime::parse_duration(&d).context("--for")?,
+                (None, Some(t)) => humantime::parse_rfc3339_weak(&t).context("--until")?,
+                _ => anyhow::bail!("give --for DURATION or --until TIME"),
+            };
+            let until_ms = until
+                .duration_since(std::time::UNIX_EPOCH)
+                .context("--until before 1970")?
+                .as_millis() as u64;
+            anyhow::ensure!(until > now, "the override would end before it starts");
+            let o = Override {
+                algorithm,
+                limit: limit.context("--limit")?,
+                period_ms: humantime::parse_duration(&period)
+                    .context("--period")?
+                    .as_millis() as u64,
+                burst,
+                until_ms,
+            };
+            let rule = o
+                .rule()
+                .map_err(|e| anyhow::anyhow!("invalid override: {e}"))?;
+            store.write_override(&key, &seller, &o.to_json()).await?;
+            println!(
+                "{seller}: {rule} until {} (on every replica within {:?})",
+                humantime::format_rfc3339_seconds(until),
+                overrides::REFRESH
+            );
+            Ok(())
+        }
+        Command::Limiter {
+            command: LimiterCommand::Overrides { config },
+        } => {
+            let (settings, _) = load(config)?;
+            let store = RedisStore::open(&settings.redis).await?;
+            let key = KeySpace::new(settings.redis.key_prefix.clone()).overrides();
+            let fields = store.read_overrides(&key).await?;
+            let now_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)?
+                .as_millis() as u64;
+            let mut expired = Vec::new();
+            let mut rows: Vec<(String, String)> = Vec::new();
+            for (seller, json) in &fields {
+                match serde_json::from_str::<Override>(json) {
+                    Ok(o) if o.until_ms > now_ms => {
+                        let rule = o
+                            .rule()
+                            .map_or_else(|e| format!("invalid: {e}"), |r| r.to_string());
+                        let until =
+                            std::time::UNIX_EPOCH + std::time::Duration::from_millis(o.until_ms);
+                        rows.push((
+                            seller.clone(),
+                            format!("{rule} until {}", humantime::format_rfc3339_seconds(until)),
+                        ));
+                    }
+                    _ => expired.push(seller.clone()),
+                }
+            }
+            // Expired fields are dropped here, by the operator's tool, not
+            // by every worker every second.
+            store.clear_overrides(&key, &expired).await?;
+            rows.sort();
+            if rows.is_empty() {
+                println!("no overrides in force");
+            }
+            for (seller, what) in rows {
+                println!("{seller}: {what}");
+            }
             Ok(())
         }
         Command::CheckConfig { config } => {

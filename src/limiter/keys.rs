@@ -46,6 +46,11 @@ impl KeySpace {
     pub fn global_block(&self) -> String {
         format!("{}:{{{}}}:block", self.prefix, GLOBAL_TAG)
     }
+
+    /// The hash of temporary overrides: one field per seller.
+    pub fn overrides(&self) -> String {
+        format!("{}:{{overrides}}", self.prefix)
+    }
 }
 
 /// Escapes a seller id so that it is exactly one hash tag: `{`, `}`, `%` and

@@ -22,6 +22,7 @@ pub mod decision;
 pub mod keys;
 pub mod local;
 pub mod model;
+pub mod overrides;
 pub mod permits;
 pub mod policy;
 pub mod redis;

@@ -5,6 +5,7 @@
 //! ever hold are answered without a round trip; unlimited sellers cost one
 //! that reads only their downstream block.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -13,7 +14,7 @@ use crate::config::Topology;
 
 use super::decision::{CannotPass, Decision, Denied, DeniedBy, Granted, Mode};
 use super::keys::KeySpace;
-use super::policy::{Policy, Resolved};
+use super::policy::{Policy, Resolved, RuleSet};
 use super::reply::Reply;
 use super::rule::Rule;
 use super::script::{Op, ScriptCall, Store};
@@ -63,8 +64,11 @@ pub(super) type KeyedRule = (String, Rule);
 pub struct Limiter<S> {
     pub(super) store: S,
     pub(super) keys: KeySpace,
-    /// Swapped whole when limits are reloaded; readers take a cheap clone.
+    /// In force: `base` with `overrides`. Swapped whole when either
+    /// changes; readers take a cheap clone.
     policy: RwLock<Arc<Policy>>,
+    /// The config's limits, and the temporary overrides from Redis.
+    base: RwLock<(Arc<Policy>, HashMap<String, RuleSet>)>,
     pub(super) topology: Topology,
     pub(super) ids: CallIds,
 }
@@ -74,7 +78,8 @@ impl<S: Store> Limiter<S> {
         Limiter {
             store,
             keys,
-            policy: RwLock::new(Arc::new(policy)),
+            policy: RwLock::new(Arc::new(policy.clone())),
+            base: RwLock::new((Arc::new(policy), HashMap::new())),
             topology,
             ids: CallIds::new(),
         }
@@ -90,9 +95,31 @@ impl<S: Store> Limiter<S> {
             .clone()
     }
 
-    /// Replaces the policy; calls already under way finish with the old one.
+    /// Replaces the config's policy (overrides stay); calls already under
+    /// way finish with the old one.
     pub fn set_policy(&self, policy: Policy) {
-        *self.policy.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(policy);
+        let mut base = self.base.write().unwrap_or_else(|p| p.into_inner());
+        base.0 = Arc::new(policy);
+        self.apply(&base);
+    }
+
+    /// Replaces the temporary overrides (see [`super::overrides`]).
+    pub fn set_overrides(&self, overrides: HashMap<String, RuleSet>) {
+        let mut base = self.base.write().unwrap_or_else(|p| p.into_inner());
+        if base.1 == overrides {
+            return;
+        }
+        base.1 = overrides;
+        self.apply(&base);
+    }
+
+    fn apply(&self, base: &(Arc<Policy>, HashMap<String, RuleSet>)) {
+        let effective = if base.1.is_empty() {
+            base.0.clone()
+        } else {
+            Arc::new(base.0.with_overrides(&base.1))
+        };
+        *self.policy.write().unwrap_or_else(|p| p.into_inner()) = effective;
     }
 
     pub fn store(&self) -> &S {

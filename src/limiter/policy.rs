@@ -102,6 +102,17 @@ impl Policy {
         }
     }
 
+    /// This policy with `overrides` in place of the named sellers' rules
+    /// (temporary overrides from Redis; they win over the config).
+    pub fn with_overrides(&self, overrides: &HashMap<String, RuleSet>) -> Policy {
+        let mut p = self.clone();
+        for (seller, rules) in overrides {
+            p.sellers
+                .insert(seller.clone(), SellerLimits::Rules(rules.clone()));
+        }
+        p
+    }
+
     /// Sellers the config names: the only ones that get per-seller metric
     /// labels, so label cardinality stays bounded by the config.
     pub fn named_sellers(&self) -> impl Iterator<Item = &str> {

@@ -381,6 +381,51 @@ impl Store for RedisStore {
 }
 
 impl RedisStore {
+    /// Every field of the overrides hash (`HGETALL`).
+    pub async fn read_overrides(
+        &self,
+        key: &str,
+    ) -> Result<std::collections::HashMap<String, String>, RedisError> {
+        let mut conn = self.conn.get();
+        redis::cmd("HGETALL")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .map_err(RedisError::Script)
+    }
+
+    /// Sets one seller's override (`HSET`).
+    pub async fn write_override(
+        &self,
+        key: &str,
+        seller: &str,
+        json: &str,
+    ) -> Result<(), RedisError> {
+        let mut conn = self.conn.get();
+        redis::cmd("HSET")
+            .arg(key)
+            .arg(seller)
+            .arg(json)
+            .query_async::<i64>(&mut conn)
+            .await
+            .map(|_| ())
+            .map_err(RedisError::Script)
+    }
+
+    /// Removes sellers' overrides (`HDEL`); returns how many there were.
+    pub async fn clear_overrides(&self, key: &str, sellers: &[String]) -> Result<u64, RedisError> {
+        if sellers.is_empty() {
+            return Ok(0);
+        }
+        let mut conn = self.conn.get();
+        redis::cmd("HDEL")
+            .arg(key)
+            .arg(sellers)
+            .query_async(&mut conn)
+            .await
+            .map_err(RedisError::Script)
+    }
+
     /// `DEL keys…` (one slot: a seller's keys share a hash tag); returns how
     /// many existed. For `limiter reset`.
     pub async fn delete(&self, keys: &[String]) -> Result<u64, RedisError> {
@@ -404,5 +449,20 @@ impl RedisStore {
             .query_async(&mut conn)
             .await
             .map_err(RedisError::Script)
+    }
+}
+
+impl super::Limiter<RedisStore> {
+    /// Reads the temporary overrides from Redis and puts those in force now
+    /// in place; returns how many there are.
+    pub async fn refresh_overrides(&self) -> Result<usize, RedisError> {
+        let fields = self.store.read_overrides(&self.keys.overrides()).await?;
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let live = super::overrides::in_force(&fields, now_ms);
+        let n = live.len();
+        self.set_overrides(live);
+        Ok(n)
     }
 }

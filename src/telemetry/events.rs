@@ -584,3 +584,23 @@ impl LimitsReloadRejected<'_> {
         );
     }
 }
+
+/// The temporary overrides could not be read from Redis; the ones read last
+/// stay in force.
+pub struct OverridesUnreadable<'a> {
+    pub error: &'a str,
+}
+
+impl OverridesUnreadable<'_> {
+    pub fn emit(&self) {
+        // Every second while Redis is out: one line per interval.
+        static LOG: Every = Every::new(Duration::from_secs(30));
+        if let Some(more) = LOG.tick() {
+            tracing::warn!(
+                error = self.error,
+                more_since_last_line = more,
+                "limit overrides unreadable; the ones read last stay in force"
+            );
+        }
+    }
+}

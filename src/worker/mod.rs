@@ -28,6 +28,7 @@ use crate::downstream::Downstream;
 use crate::kafka::consumer::Consumer;
 use crate::kafka::RecordSink;
 use crate::limiter::{KeySpace, Limiter, Policy, RedisStore};
+use crate::telemetry::events::OverridesUnreadable;
 use crate::telemetry::http;
 
 pub use engine::{Engine, Summary};
@@ -122,6 +123,28 @@ pub async fn run_watching(
         ),
         None => None,
     };
+    // Temporary overrides set with `limiter override` live in Redis: read
+    // them now and every second, so every replica applies them together.
+    if let Err(e) = limiter.refresh_overrides().await {
+        OverridesUnreadable {
+            error: &e.to_string(),
+        }
+        .emit();
+    }
+    let overrides = {
+        let limiter = limiter.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(crate::limiter::overrides::REFRESH).await;
+                if let Err(e) = limiter.refresh_overrides().await {
+                    OverridesUnreadable {
+                        error: &e.to_string(),
+                    }
+                    .emit();
+                }
+            }
+        })
+    };
     health.set_ready(true);
     let consumer = Arc::new(consumer);
     let sink = Arc::new(sink);
@@ -139,6 +162,7 @@ pub async fn run_watching(
     if let Some(w) = watching {
         w.abort();
     }
+    overrides.abort();
     // Closing a librdkafka client blocks (leaving the group, flushing); do it
     // off the async threads, and do not let a broker that stopped answering
     // hold the process forever.

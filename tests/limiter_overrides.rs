@@ -1,0 +1,123 @@
+//! Temporary overrides (issue 8): `limiter override` gives a seller a rule
+//! of its own until an expiry, through Redis, so every replica applies it on
+//! its next refresh; `limiter overrides` lists it; it is gone at its expiry
+//! or with `--clear`, and the configured limits apply again.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::{rule, unique_prefix};
+use throttle_worker::limiter::{Decision, Mode};
+
+fn cli(config: &std::path::Path, args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_throttle-worker"))
+        .arg("limiter")
+        .args(args)
+        .arg("--config")
+        .arg(config)
+        .output()
+        .expect("run throttle-worker");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{args:?}: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+async fn grants<S: throttle_worker::limiter::Store>(
+    limiter: &throttle_worker::limiter::Limiter<S>,
+    seller: &str,
+) -> usize {
+    let mut n = 0;
+    while n < 50 {
+        match limiter
+            .acquire(seller, 1, Mode::AllOrNothing)
+            .await
+            .unwrap()
+        {
+            Decision::Granted(_) => n += 1,
+            _ => break,
+        }
+    }
+    n
+}
+
+#[tokio::test]
+async fn an_override_applies_until_it_expires_or_is_cleared() {
+    let prefix = unique_prefix("override");
+    let limiter = common::limiter(
+        &prefix,
+        common::policy(vec![rule("fixed_window", 2, "1m", None)], vec![]),
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("limits.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[redis]\nurl = \"{}\"\nkey_prefix = \"{prefix}\"\n\n[limits]\ndefault = [{{ algorithm = \"fixed_window\", limit = 2, period = \"1m\" }}]\n",
+            common::redis_url()
+        ),
+    )
+    .unwrap();
+
+    let set = cli(
+        &config,
+        &[
+            "override",
+            "--seller",
+            "vip",
+            "--algorithm",
+            "fixed_window",
+            "--limit",
+            "6",
+            "--period",
+            "1m",
+            "--for",
+            "3s",
+        ],
+    );
+    assert!(
+        set.starts_with("vip: fixed_window 6 per 1m until "),
+        "{set}"
+    );
+    let listed = cli(&config, &["overrides"]);
+    assert!(
+        listed.contains("vip: fixed_window 6 per 1m until"),
+        "{listed}"
+    );
+
+    assert_eq!(limiter.refresh_overrides().await.unwrap(), 1);
+    assert_eq!(grants(&limiter, "vip").await, 6, "the override's limit");
+    assert_eq!(
+        grants(&limiter, "plain").await,
+        2,
+        "others keep the config's"
+    );
+
+    // Past its expiry it no longer applies: the configured rule is back.
+    tokio::time::sleep(Duration::from_millis(3100)).await;
+    assert_eq!(limiter.refresh_overrides().await.unwrap(), 0);
+    assert_eq!(
+        grants(&limiter, "vip").await,
+        2,
+        "back to the config's limit"
+    );
+    assert_eq!(cli(&config, &["overrides"]), "no overrides in force\n");
+
+    // --clear ends one before its expiry.
+    cli(
+        &config,
+        &[
+            "override", "--seller", "later", "--limit", "9", "--for", "1h",
+        ],
+    );
+    assert_eq!(limiter.refresh_overrides().await.unwrap(), 1);
+    let cleared = cli(&config, &["override", "--seller", "later", "--clear"]);
+    assert_eq!(cleared, "later: override cleared\n");
+    assert_eq!(limiter.refresh_overrides().await.unwrap(), 0);
+}
