@@ -296,8 +296,31 @@ async fn a_429_holds_the_seller_on_every_replica() {
     let workers: Vec<Running> = (0..2)
         .map(|_| Running::start(bench.settings(&down.url), rules()))
         .collect();
-    // Let the group settle so both replicas own a partition.
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // The group has settled once both replicas call: probe jobs (keyed at
+    // random, so they land on every partition) until each has called one.
+    let settle_by = Instant::now() + Duration::from_secs(30);
+    let mut probes = 0;
+    loop {
+        let callers: HashSet<String> = down
+            .arrivals()
+            .into_iter()
+            .filter(|a| a.seller == "probe")
+            .map(|a| a.worker)
+            .collect();
+        if callers.len() == 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < settle_by,
+            "both replicas never called within 30 s: {callers:?} after {probes} probes"
+        );
+        let batch: Vec<_> = (probes..probes + 4)
+            .map(|i| job(&format!("probe-{i}"), "probe"))
+            .collect();
+        probes += 4;
+        bench.produce(&batch).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let mut records = Vec::new();
     for i in 0..40 {
         records.push(job(&format!("t-{i}"), "touchy"));
