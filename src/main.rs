@@ -184,15 +184,7 @@ async fn main() -> anyhow::Result<()> {
                     up_to,
                 },
         } => {
-            let (settings, policy) = load(config)?;
-            let store = RedisStore::open(&settings.redis).await?;
-            let limiter = Limiter::new(
-                store,
-                KeySpace::new(settings.redis.key_prefix.clone()),
-                policy,
-                settings.redis.topology,
-            );
-            limiter.refresh_overrides().await?;
+            let limiter = open_limiter(config).await?;
             let mode = if up_to {
                 Mode::UpTo
             } else {
@@ -210,15 +202,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Limiter {
             command: LimiterCommand::Reset { config, seller },
         } => {
-            let (settings, policy) = load(config)?;
-            let store = RedisStore::open(&settings.redis).await?;
-            let limiter = Limiter::new(
-                store,
-                KeySpace::new(settings.redis.key_prefix.clone()),
-                policy,
-                settings.redis.topology,
-            );
-            limiter.refresh_overrides().await?;
+            let limiter = open_limiter(config).await?;
             let keys = limiter.seller_keys(&seller);
             let existed = limiter.store().delete(&keys).await?;
             println!(
@@ -406,6 +390,21 @@ fn parse_topic(spec: &str) -> Result<(String, i32), String> {
 }
 
 /// Resolves on SIGTERM or Ctrl-C.
+/// The limiter as the worker sees it, for the operator commands: the
+/// config's policy with the overrides in force now.
+async fn open_limiter(config: Option<PathBuf>) -> anyhow::Result<Limiter<RedisStore>> {
+    let (settings, policy) = load(config)?;
+    let store = RedisStore::open(&settings.redis).await?;
+    let limiter = Limiter::new(
+        store,
+        KeySpace::new(settings.redis.key_prefix.clone()),
+        policy,
+        settings.redis.topology,
+    );
+    limiter.refresh_overrides().await?;
+    Ok(limiter)
+}
+
 async fn shutdown_signal() {
     let ctrl_c = async {
         if let Err(e) = tokio::signal::ctrl_c().await {
