@@ -265,9 +265,7 @@ async fn main() -> anyhow::Result<()> {
                     until,
                 },
         } => {
-            let (settings, _) = load(config)?;
-            let store = RedisStore::open(&settings.redis).await?;
-            let key = KeySpace::new(settings.redis.key_prefix.clone()).overrides();
+            let (store, key) = open_overrides(config).await?;
             if clear {
                 let n = store
                     .clear_overrides(&key, std::slice::from_ref(&seller))
@@ -316,9 +314,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Limiter {
             command: LimiterCommand::Overrides { config },
         } => {
-            let (settings, _) = load(config)?;
-            let store = RedisStore::open(&settings.redis).await?;
-            let key = KeySpace::new(settings.redis.key_prefix.clone()).overrides();
+            let (store, key) = open_overrides(config).await?;
             let fields = store.read_overrides(&key).await?;
             let now_ms = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)?
@@ -403,6 +399,14 @@ async fn open_limiter(config: Option<PathBuf>) -> anyhow::Result<Limiter<RedisSt
     );
     limiter.refresh_overrides().await?;
     Ok(limiter)
+}
+
+/// Redis and the key of the overrides hash, for `limiter override(s)`.
+async fn open_overrides(config: Option<PathBuf>) -> anyhow::Result<(RedisStore, String)> {
+    let (settings, _) = load(config)?;
+    let store = RedisStore::open(&settings.redis).await?;
+    let key = KeySpace::new(settings.redis.key_prefix.clone()).overrides();
+    Ok((store, key))
 }
 
 async fn shutdown_signal() {

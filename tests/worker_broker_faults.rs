@@ -181,14 +181,9 @@ async fn failing_commits_and_fetches_are_retried_without_loss() {
             >= 100
     })
     .await;
-    wait_committed_to_end(
-        &bench.bootstrap(),
-        &bench.group,
-        &bench.topics.jobs,
-        &end_offsets(&produced),
-        Duration::from_secs(30),
-    )
-    .await;
+    bench
+        .wait_committed(&produced, Duration::from_secs(30))
+        .await;
     worker.stop().await;
     let metrics = throttle_worker::telemetry::metrics::metrics();
     println!(

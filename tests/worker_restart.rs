@@ -21,7 +21,7 @@ mod common;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use common::procs::{committed_offsets, end_offsets, wait_committed_to_end};
+use common::procs::committed_offsets;
 use common::rule;
 use common::worker::{always_ok, job, policy, Bench, Downstream, Running};
 use throttle_worker::config::Settings;
@@ -160,14 +160,9 @@ async fn restart_one_replica(membership: Membership) {
             >= ids.len()
     })
     .await;
-    wait_committed_to_end(
-        &bench.bootstrap(),
-        &bench.group,
-        &bench.topics.jobs,
-        &end_offsets(&produced),
-        Duration::from_secs(30),
-    )
-    .await;
+    bench
+        .wait_committed(&produced, Duration::from_secs(30))
+        .await;
     let run = restart_at.elapsed();
     for r in replicas.into_iter().flatten() {
         r.stop().await;

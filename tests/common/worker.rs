@@ -247,6 +247,19 @@ impl Bench {
         produce(&self.bootstrap(), &self.topics.jobs, records).await
     }
 
+    /// Waits until the group has committed the jobs topic to the end of
+    /// `produced` (see [`super::procs::wait_committed_to_end`]).
+    pub async fn wait_committed(&self, produced: &[(i32, i64)], timeout: Duration) {
+        super::procs::wait_committed_to_end(
+            &self.bootstrap(),
+            &self.group,
+            &self.topics.jobs,
+            &super::procs::end_offsets(produced),
+            timeout,
+        )
+        .await;
+    }
+
     /// Every record on the dead-letter topic: value and headers. Waits up
     /// to `timeout` for at least `expect` to be there, then reads the topic
     /// to its end (its high watermarks at that moment), so that a caller
