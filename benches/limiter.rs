@@ -35,6 +35,7 @@ fn rule_config(
         limit,
         period,
         burst,
+        shadow: false,
     }
 }
 

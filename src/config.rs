@@ -222,6 +222,13 @@ pub struct WorkerSettings {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LimitsConfig {
+    /// A separate file holding `[limits]` (the same tables as this
+    /// section), merged over the config file and watched for live edits
+    /// like it: limits can then come from a Kubernetes ConfigMap while the
+    /// rest of the config stays in the image or the environment. A relative
+    /// path is taken from the working directory.
+    #[serde(default)]
+    pub file: Option<PathBuf>,
     /// Rules of every seller not named in `sellers`.
     #[serde(default)]
     pub default: Vec<RuleConfig>,
@@ -246,6 +253,10 @@ pub struct RuleConfig {
     pub period: Duration,
     #[serde(default)]
     pub burst: Option<u64>,
+    /// Decided and counted (`result="shadow_denied"`), but never holds a
+    /// job: to try a new limit on live traffic before it bites.
+    #[serde(default)]
+    pub shadow: bool,
 }
 
 /// A seller override: exactly one of `tier`, `rules`, `unlimited = true`.
@@ -350,10 +361,49 @@ pub fn load_from(
         .separator("__")
         .try_parsing(true)
         .source(Some(env));
-    builder = builder.add_source(env.clone());
+    let env_layer = ("environment".to_owned(), single(env.clone(), &files)?);
+    let mut loaded = merge(&builder, &env, &files, &layers, &env_layer)?;
+    // `limits.file` names a file read after the config file and before the
+    // environment, so it is known only once the others are merged.
+    if let Some(path) = loaded.settings.limits.file.clone() {
+        let shown = path.display().to_string();
+        let at = loaded.origin("limits.file");
+        if !path.exists() {
+            return Err(ConfigError {
+                file: at,
+                key: "limits.file".into(),
+                problem: format!("{shown}: no such file"),
+            });
+        }
+        let source = config::File::new(&shown, config::FileFormat::Toml).required(true);
+        files.push(shown.clone());
+        let layer = single(source.clone(), &files)?;
+        limits_only(&layer, &shown)?;
+        builder = builder.add_source(source);
+        layers.push((shown, layer));
+        loaded = merge(&builder, &env, &files, &layers, &env_layer)?;
+    }
+    loaded.settings.validate(&loaded)?;
+    Ok(loaded)
+}
+
+/// The sources so far, then the environment, read into [`Settings`].
+fn merge(
+    builder: &config::ConfigBuilder<config::builder::DefaultState>,
+    env: &config::Environment,
+    files: &[String],
+    layers: &[(String, config::Config)],
+    env_layer: &(String, config::Config),
+) -> Result<Loaded, ConfigError> {
+    let mut files = files.to_vec();
     files.push("environment".to_owned());
-    layers.push(("environment".to_owned(), single(env, &files)?));
-    let merged = builder.build().map_err(|e| from_config_error(e, &files))?;
+    let mut layers = layers.to_vec();
+    layers.push(env_layer.clone());
+    let merged = builder
+        .clone()
+        .add_source(env.clone())
+        .build()
+        .map_err(|e| from_config_error(e, &files))?;
     let settings: Settings = merged.try_deserialize().map_err(|e| {
         let mut err = from_config_error(e, &files);
         if err.key != "-" {
@@ -361,9 +411,36 @@ pub fn load_from(
         }
         err
     })?;
-    let loaded = Loaded { settings, layers };
-    loaded.settings.validate(&loaded)?;
-    Ok(loaded)
+    Ok(Loaded { settings, layers })
+}
+
+/// A limits file holds `[limits]` and nothing else, and names no further
+/// file: any other key would silently change settings that need a restart.
+fn limits_only(layer: &config::Config, shown: &str) -> Result<(), ConfigError> {
+    let table = layer
+        .clone()
+        .try_deserialize::<config::Map<String, config::Value>>()
+        .map_err(|e| from_config_error(e, &[shown.to_owned()]))?;
+    let problem = |key: String, problem: &str| ConfigError {
+        file: shown.to_owned(),
+        key,
+        problem: problem.to_owned(),
+    };
+    for key in table.keys() {
+        if key != "limits" {
+            return Err(problem(
+                key.clone(),
+                "a limits file may hold only [limits] (and its tiers and sellers)",
+            ));
+        }
+    }
+    if layer.get::<config::Value>("limits.file").is_ok() {
+        return Err(problem(
+            "limits.file".to_owned(),
+            "a limits file cannot name another limits file",
+        ));
+    }
+    Ok(())
 }
 
 /// One source read alone, to answer "who set this key".
@@ -809,5 +886,69 @@ mod tests {
         assert_eq!(redact_url("redis://u:secret@h:1/0"), "redis://u:***@h:1/0");
         assert_eq!(redact_url("redis://secret@h:1"), "redis://***@h:1");
         assert_eq!(redact_url("redis://h:1"), "redis://h:1");
+    }
+
+    #[test]
+    fn a_limits_file_is_merged_over_the_config_and_holds_only_limits() {
+        let limits = file(
+            "[limits]\ndefault = [{ algorithm = \"gcra\", limit = 7, period = \"1s\" }]\n\n[limits.sellers]\n\"b\" = { unlimited = true }\n",
+        );
+        let cfg = file(&format!(
+            "[kafka]\ngroup_id = \"g\"\n\n[limits]\nfile = \"{}\"\n\n[limits.sellers]\n\"a\" = {{ unlimited = true }}\n",
+            limits.path().display()
+        ));
+        let loaded = load_from(Some(cfg.path()), Vec::new()).unwrap();
+        let l = &loaded.settings.limits;
+        assert_eq!(
+            l.default[0].limit, 7,
+            "the limits file wins over the config"
+        );
+        assert_eq!(
+            l.sellers.keys().collect::<Vec<_>>(),
+            vec!["a", "b"],
+            "named sellers of both"
+        );
+        assert_eq!(loaded.settings.kafka.group_id, "g");
+        assert_eq!(
+            loaded.origin("limits.default"),
+            limits.path().display().to_string()
+        );
+
+        // From the environment too.
+        let env = vec![(
+            "THROTTLE__LIMITS__FILE".to_owned(),
+            limits.path().display().to_string(),
+        )];
+        let loaded = load_from(None, env).unwrap();
+        assert_eq!(loaded.settings.limits.default[0].limit, 7);
+
+        // Anything but [limits] in it is refused, naming the file and key.
+        let sneaky = file("[kafka]\ngroup_id = \"other\"\n");
+        let env = vec![(
+            "THROTTLE__LIMITS__FILE".to_owned(),
+            sneaky.path().display().to_string(),
+        )];
+        let e = load_from(None, env).err().unwrap();
+        assert_eq!(e.file, sneaky.path().display().to_string());
+        assert_eq!(e.key, "kafka");
+
+        // A bad value in it names it.
+        let bad = file(
+            "[limits]\ndefault = [{ algorithm = \"gcra\", limit = \"many\", period = \"1s\" }]\n",
+        );
+        let env = vec![(
+            "THROTTLE__LIMITS__FILE".to_owned(),
+            bad.path().display().to_string(),
+        )];
+        let e = load_from(None, env).err().unwrap();
+        assert_eq!(e.file, bad.path().display().to_string(), "{e}");
+        assert!(e.key.starts_with("limits.default"), "{e}");
+
+        // A missing one names where it was set.
+        let cfg = file("[limits]\nfile = \"/nonexistent/limits.toml\"\n");
+        let e = load_from(Some(cfg.path()), Vec::new()).err().unwrap();
+        assert_eq!(e.file, cfg.path().display().to_string());
+        assert_eq!(e.key, "limits.file");
+        assert!(e.problem.contains("no such file"), "{e}");
     }
 }

@@ -23,6 +23,7 @@ pub async fn limiter_demo(redis_url: &str) -> anyhow::Result<()> {
             limit: 5,
             period: Duration::from_secs(1),
             burst,
+            shadow: false,
         };
         let policy = Policy::from_config(&LimitsConfig {
             default: vec![rule],

@@ -3,6 +3,8 @@
 //! Many replicas join one consumer group; before a job calls the downstream
 //! API it asks a shared, atomic Redis Lua limiter for a permit keyed by seller.
 //!
+//! - [`cli`]: the binary's command line as clap definitions (`main.rs`
+//!   dispatches), so tests can check a command line.
 //! - [`config`]: settings from `config/default.toml`, a file and the
 //!   environment; errors name the file and key. Leaf module.
 //! - [`job`]: the job envelope and its parsing; a bad record gets a reason
@@ -19,7 +21,10 @@
 //!   endpoints. Leaf module.
 //! - [`demo`]: the live limiter demo behind `throttle-worker limiter demo`.
 //! - [`load`]: the load generator behind `throttle-worker produce`.
+//! - [`operator`]: the operator commands (`limits show|reset|override|list|peek`,
+//!   `check-config`), as tables or JSON.
 
+pub mod cli;
 pub mod config;
 pub mod demo;
 pub mod downstream;
@@ -27,5 +32,6 @@ pub mod job;
 pub mod kafka;
 pub mod limiter;
 pub mod load;
+pub mod operator;
 pub mod telemetry;
 pub mod worker;

@@ -4,146 +4,12 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::Parser;
 
-use throttle_worker::limiter::overrides::{self, Override};
-use throttle_worker::limiter::{KeySpace, Limiter, Mode, Policy, RedisStore, Request};
+use throttle_worker::cli::{Cli, Command, LimitsCommand};
+use throttle_worker::limiter::Mode;
+use throttle_worker::operator::{self, Output};
 use throttle_worker::{config, demo, kafka, load, telemetry, worker};
-
-#[derive(Parser)]
-#[command(
-    version,
-    about = "Kafka consumer-side throttling worker with a shared Redis limiter per seller"
-)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Run a worker: consume jobs, ask the limiter, call the downstream.
-    Run {
-        /// Merged over config/default.toml; THROTTLE__SECTION__KEY overrides both.
-        #[arg(long)]
-        config: Option<PathBuf>,
-    },
-    /// Host librdkafka's mock cluster for local runs and multi-process tests.
-    /// Prints `bootstrap.servers=<list>` first, then serves until SIGTERM.
-    DevBroker {
-        /// A topic to create, as NAME:PARTITIONS (repeatable).
-        #[arg(long = "topic", value_parser = parse_topic)]
-        topics: Vec<(String, i32)>,
-        /// Also create every topic the worker's config names (jobs, each
-        /// retry tier, dead letters), the first two with this many partitions.
-        #[arg(long = "worker-topics", value_name = "PARTITIONS")]
-        worker_topics: Option<i32>,
-        /// The config whose topics `--worker-topics` creates.
-        #[arg(long)]
-        config: Option<PathBuf>,
-    },
-    /// Operator tools for the limiter.
-    Limiter {
-        #[command(subcommand)]
-        command: LimiterCommand,
-    },
-    /// Load generator: jobs of many sellers with a Zipf skew, a share of
-    /// malformed records and a paced rate, written to the jobs topic.
-    Produce {
-        /// Brokers and jobs topic come from here (and its Kafka properties).
-        #[arg(long)]
-        config: Option<PathBuf>,
-        /// Overrides kafka.brokers.
-        #[arg(long)]
-        brokers: Option<String>,
-        /// Overrides kafka.topic.
-        #[arg(long)]
-        topic: Option<String>,
-        #[arg(long, default_value_t = 10_000)]
-        jobs: u64,
-        #[arg(long, default_value_t = 100)]
-        sellers: u64,
-        /// Zipf exponent over sellers: 0 uniform, 1 a few sellers send most.
-        #[arg(long, default_value_t = 1.0)]
-        skew: f64,
-        /// Jobs per second; 0 as fast as the broker takes them.
-        #[arg(long, default_value_t = 0.0)]
-        rate: f64,
-        /// Share of malformed records, 0 to 1.
-        #[arg(long, default_value_t = 0.0)]
-        malformed: f64,
-        /// Bytes of filler in each payload.
-        #[arg(long, default_value_t = 256)]
-        payload_bytes: usize,
-    },
-    /// Load and validate the configuration, then print every seller rule set.
-    CheckConfig {
-        /// Merged over config/default.toml; THROTTLE__SECTION__KEY overrides both.
-        #[arg(long)]
-        config: Option<PathBuf>,
-    },
-}
-
-#[derive(Subcommand)]
-enum LimiterCommand {
-    /// Live run of every algorithm against Redis: grants, refusals, retry-after.
-    Demo {
-        #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
-        redis_url: String,
-    },
-    /// Dry run for one seller: what the limiter would answer now, charging nothing.
-    Peek {
-        #[arg(long)]
-        config: Option<PathBuf>,
-        #[arg(long)]
-        seller: String,
-        #[arg(long, default_value_t = 1)]
-        cost: u64,
-        /// Grant up to `cost` instead of all or nothing.
-        #[arg(long)]
-        up_to: bool,
-    },
-    /// Gives one seller a temporary rule in place of its configured ones,
-    /// on every replica within a second, until it expires (or `--clear`).
-    Override {
-        #[arg(long)]
-        config: Option<PathBuf>,
-        #[arg(long)]
-        seller: String,
-        /// Remove the seller's override instead.
-        #[arg(long)]
-        clear: bool,
-        #[arg(long, default_value = "gcra")]
-        algorithm: String,
-        #[arg(long, required_unless_present = "clear")]
-        limit: Option<u64>,
-        /// e.g. 1m, 1s, 1h.
-        #[arg(long, default_value = "1m")]
-        period: String,
-        #[arg(long)]
-        burst: Option<u64>,
-        /// How long it lasts, e.g. 2h (or give --until).
-        #[arg(long = "for", conflicts_with = "until")]
-        for_: Option<String>,
-        /// When it ends, RFC 3339 UTC, e.g. 2026-11-23T18:00:00Z.
-        #[arg(long)]
-        until: Option<String>,
-    },
-    /// Lists the overrides in force.
-    Overrides {
-        #[arg(long)]
-        config: Option<PathBuf>,
-    },
-    /// Clears one seller's limiter state and any 429 block, on every
-    /// replica at once (the state lives in Redis): its next job starts
-    /// with a full allowance.
-    Reset {
-        #[arg(long)]
-        config: Option<PathBuf>,
-        #[arg(long)]
-        seller: String,
-    },
-}
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -172,45 +38,7 @@ async fn main() -> anyhow::Result<()> {
             kafka::serve_dev_broker(topics, shutdown_signal()).await?;
             Ok(())
         }
-        Command::Limiter {
-            command: LimiterCommand::Demo { redis_url },
-        } => demo::limiter_demo(&redis_url).await,
-        Command::Limiter {
-            command:
-                LimiterCommand::Peek {
-                    config,
-                    seller,
-                    cost,
-                    up_to,
-                },
-        } => {
-            let limiter = open_limiter(config).await?;
-            let mode = if up_to {
-                Mode::UpTo
-            } else {
-                Mode::AllOrNothing
-            };
-            let decision = limiter
-                .check(Request {
-                    dry_run: true,
-                    ..Request::new(&seller, cost, mode)
-                })
-                .await?;
-            println!("{decision:#?}");
-            Ok(())
-        }
-        Command::Limiter {
-            command: LimiterCommand::Reset { config, seller },
-        } => {
-            let limiter = open_limiter(config).await?;
-            let keys = limiter.seller_keys(&seller);
-            let existed = limiter.store().delete(&keys).await?;
-            println!(
-                "reset {seller}: {existed} of its {} keys held state (rules and 429 block); cleared",
-                keys.len()
-            );
-            Ok(())
-        }
+        Command::Limits { command } => limits(command).await,
         Command::Produce {
             config,
             brokers,
@@ -251,164 +79,83 @@ async fn main() -> anyhow::Result<()> {
             );
             Ok(())
         }
-        Command::Limiter {
-            command:
-                LimiterCommand::Override {
-                    config,
-                    seller,
-                    clear,
-                    algorithm,
-                    limit,
-                    period,
-                    burst,
-                    for_,
-                    until,
-                },
-        } => {
-            let (store, key) = open_overrides(config).await?;
-            if clear {
-                let n = store
-                    .clear_overrides(&key, std::slice::from_ref(&seller))
-                    .await?;
-                println!(
-                    "{seller}: {}",
-                    if n > 0 {
-                        "override cleared"
-                    } else {
-                        "had no override"
-                    }
-                );
-                return Ok(());
-            }
-            let now = std::time::SystemTime::now();
-            let until = match (for_, until) {
-                (Some(d), None) => now + humantime::parse_duration(&d).context("--for")?,
-                (None, Some(t)) => humantime::parse_rfc3339_weak(&t).context("--until")?,
-                _ => anyhow::bail!("give --for DURATION or --until TIME"),
-            };
-            let until_ms = until
-                .duration_since(std::time::UNIX_EPOCH)
-                .context("--until before 1970")?
-                .as_millis() as u64;
-            anyhow::ensure!(until > now, "the override would end before it starts");
-            let o = Override {
-                algorithm,
-                limit: limit.context("--limit")?,
-                period_ms: humantime::parse_duration(&period)
-                    .context("--period")?
-                    .as_millis() as u64,
-                burst,
-                until_ms,
-            };
-            let rule = o
-                .rule()
-                .map_err(|e| anyhow::anyhow!("invalid override: {e}"))?;
-            store.write_override(&key, &seller, &o.to_json()).await?;
-            println!(
-                "{seller}: {rule} until {} (on every replica within {:?})",
-                humantime::format_rfc3339_seconds(until),
-                overrides::REFRESH
-            );
-            Ok(())
-        }
-        Command::Limiter {
-            command: LimiterCommand::Overrides { config },
-        } => {
-            let (store, key) = open_overrides(config).await?;
-            let fields = store.read_overrides(&key).await?;
-            let now_ms = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)?
-                .as_millis() as u64;
-            let mut expired = Vec::new();
-            let mut rows: Vec<(String, String)> = Vec::new();
-            for (seller, json) in &fields {
-                match serde_json::from_str::<Override>(json) {
-                    Ok(o) if o.until_ms > now_ms => {
-                        let rule = o
-                            .rule()
-                            .map_or_else(|e| format!("invalid: {e}"), |r| r.to_string());
-                        let until =
-                            std::time::UNIX_EPOCH + std::time::Duration::from_millis(o.until_ms);
-                        rows.push((
-                            seller.clone(),
-                            format!("{rule} until {}", humantime::format_rfc3339_seconds(until)),
-                        ));
-                    }
-                    _ => expired.push(seller.clone()),
-                }
-            }
-            // Expired fields are dropped here, by the operator's tool, not
-            // by every worker every second.
-            store.clear_overrides(&key, &expired).await?;
-            rows.sort();
-            if rows.is_empty() {
-                println!("no overrides in force");
-            }
-            for (seller, what) in rows {
-                println!("{seller}: {what}");
-            }
-            Ok(())
-        }
-        Command::CheckConfig { config } => {
-            let (settings, policy) = load(config)?;
-            println!("configuration is valid");
-            println!("redis: {:?}", settings.redis);
-            println!(
-                "global: {:?}",
-                policy
-                    .global()
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-            );
-            for (tier, rules) in policy.tiers() {
-                println!(
-                    "tier {tier}: {:?}",
-                    rules.iter().map(ToString::to_string).collect::<Vec<_>>()
-                );
-            }
-            for seller in policy.named_sellers() {
-                println!("seller {seller}: {:?}", policy.resolve(seller));
-            }
+        Command::CheckConfig { config, json } => {
+            let out = if json { Output::Json } else { Output::Table };
+            print!("{}", operator::check_config(config.as_deref(), out)?);
             Ok(())
         }
     }
 }
 
-fn load(file: Option<PathBuf>) -> anyhow::Result<(config::Settings, Policy)> {
-    let loaded = config::load(file.as_deref()).context("invalid configuration")?;
-    let policy = Policy::load(&loaded).context("invalid configuration")?;
-    Ok((loaded.settings, policy))
+async fn limits(command: LimitsCommand) -> anyhow::Result<()> {
+    let text = match command {
+        LimitsCommand::Show { seller, common } => {
+            operator::show(common.config.as_deref(), &seller, common.output()).await?
+        }
+        LimitsCommand::Reset { seller, common } => {
+            operator::reset(common.config.as_deref(), &seller, common.output()).await?
+        }
+        LimitsCommand::Override {
+            seller,
+            clear: true,
+            common,
+            ..
+        } => operator::clear_override(common.config.as_deref(), &seller, common.output()).await?,
+        LimitsCommand::Override {
+            seller,
+            rule,
+            for_,
+            until,
+            common,
+            ..
+        } => {
+            let until_ms = operator::until_ms(for_.as_deref(), until.as_deref())?;
+            let rule = rule.context("--rule")?;
+            operator::set_override(
+                common.config.as_deref(),
+                &seller,
+                &rule,
+                until_ms,
+                common.output(),
+            )
+            .await?
+        }
+        LimitsCommand::List { common } => {
+            operator::list(common.config.as_deref(), common.output()).await?
+        }
+        LimitsCommand::Peek {
+            seller,
+            cost,
+            up_to,
+            common,
+        } => {
+            let mode = if up_to {
+                Mode::UpTo
+            } else {
+                Mode::AllOrNothing
+            };
+            operator::peek(
+                common.config.as_deref(),
+                &seller,
+                cost,
+                mode,
+                common.output(),
+            )
+            .await?
+        }
+        LimitsCommand::Demo { redis_url } => return demo::limiter_demo(&redis_url).await,
+    };
+    print!("{text}");
+    Ok(())
 }
 
-fn parse_topic(spec: &str) -> Result<(String, i32), String> {
-    kafka::parse_topic_spec(spec).map_err(|e| e.to_string())
+fn load(
+    file: Option<PathBuf>,
+) -> anyhow::Result<(config::Settings, throttle_worker::limiter::Policy)> {
+    operator::load(file.as_deref())
 }
 
 /// Resolves on SIGTERM or Ctrl-C.
-/// The limiter as the worker sees it, for the operator commands: the
-/// config's policy with the overrides in force now.
-async fn open_limiter(config: Option<PathBuf>) -> anyhow::Result<Limiter<RedisStore>> {
-    let (settings, policy) = load(config)?;
-    let store = RedisStore::open(&settings.redis).await?;
-    let limiter = Limiter::new(
-        store,
-        KeySpace::new(settings.redis.key_prefix.clone()),
-        policy,
-        settings.redis.topology,
-    );
-    limiter.refresh_overrides().await?;
-    Ok(limiter)
-}
-
-/// Redis and the key of the overrides hash, for `limiter override(s)`.
-async fn open_overrides(config: Option<PathBuf>) -> anyhow::Result<(RedisStore, String)> {
-    let (settings, _) = load(config)?;
-    let store = RedisStore::open(&settings.redis).await?;
-    let key = KeySpace::new(settings.redis.key_prefix.clone()).overrides();
-    Ok((store, key))
-}
-
 async fn shutdown_signal() {
     let ctrl_c = async {
         if let Err(e) = tokio::signal::ctrl_c().await {

@@ -1,7 +1,7 @@
-//! Temporary overrides (issue 8): `limiter override` gives a seller a rule
+//! Temporary overrides (issue 8): `limits override` gives a seller a rule
 //! of its own until an expiry, through Redis, so every replica applies it on
-//! its next refresh; `limiter overrides` lists it; it is gone at its expiry
-//! or with `--clear`, and the configured limits apply again.
+//! its next refresh; `limits list` and `limits show` list it; it is gone at
+//! its expiry or with `--clear`, and the configured limits apply again.
 
 mod common;
 
@@ -13,7 +13,7 @@ use throttle_worker::limiter::{Decision, Mode};
 
 fn cli(config: &std::path::Path, args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_throttle-worker"))
-        .arg("limiter")
+        .arg("limits")
         .args(args)
         .arg("--config")
         .arg(config)
@@ -69,14 +69,9 @@ async fn an_override_applies_until_it_expires_or_is_cleared() {
         &config,
         &[
             "override",
-            "--seller",
             "vip",
-            "--algorithm",
-            "fixed_window",
-            "--limit",
-            "6",
-            "--period",
-            "1m",
+            "--rule",
+            "fixed_window:6/1m",
             "--for",
             "3s",
         ],
@@ -85,14 +80,41 @@ async fn an_override_applies_until_it_expires_or_is_cleared() {
         set.starts_with("vip: fixed_window 6 per 1m until "),
         "{set}"
     );
-    let listed = cli(&config, &["overrides"]);
+    let listed = cli(&config, &["list"]);
     assert!(
-        listed.contains("vip: fixed_window 6 per 1m until"),
+        listed
+            .lines()
+            .nth(1)
+            .is_some_and(|l| l.starts_with("vip") && l.contains("fixed_window 6 per 1m")),
         "{listed}"
     );
-
+    let listed: serde_json::Value =
+        serde_json::from_str(&cli(&config, &["list", "--json"])).unwrap();
+    assert_eq!(listed[0]["seller"], "vip");
+    assert_eq!(listed[0]["rule"]["limit"], 6);
+    let shown: serde_json::Value =
+        serde_json::from_str(&cli(&config, &["show", "vip", "--json"])).unwrap();
+    assert_eq!(shown["tier"], "override", "{shown}");
+    assert_eq!(shown["override"]["rule"]["algorithm"], "fixed_window");
+    assert_eq!(shown["rules"][0]["remaining"], 6, "{shown}");
     assert_eq!(limiter.refresh_overrides().await.unwrap(), 1);
     assert_eq!(grants(&limiter, "vip").await, 6, "the override's limit");
+    // Used up: `limits show` tells how long until it admits again, and
+    // charges nothing itself.
+    let shown: serde_json::Value =
+        serde_json::from_str(&cli(&config, &["show", "vip", "--json"])).unwrap();
+    assert_eq!(shown["rules"][0]["remaining"], 0, "{shown}");
+    let retry = shown["rules"][0]["retry_after_seconds"].as_f64().unwrap();
+    assert!(retry > 0.0 && retry <= 60.0, "{shown}");
+    let table = cli(&config, &["show", "vip"]);
+    assert!(
+        table.starts_with("seller vip: tier override (override until "),
+        "{table}"
+    );
+    assert!(
+        table.contains("fixed_window 6 per 1m  seller  0"),
+        "{table}"
+    );
     assert_eq!(
         grants(&limiter, "plain").await,
         2,
@@ -107,17 +129,15 @@ async fn an_override_applies_until_it_expires_or_is_cleared() {
         2,
         "back to the config's limit"
     );
-    assert_eq!(cli(&config, &["overrides"]), "no overrides in force\n");
+    assert_eq!(cli(&config, &["list"]), "no overrides in force\n");
 
     // --clear ends one before its expiry.
     cli(
         &config,
-        &[
-            "override", "--seller", "later", "--limit", "9", "--for", "1h",
-        ],
+        &["override", "later", "--rule", "gcra:9/1m", "--for", "1h"],
     );
     assert_eq!(limiter.refresh_overrides().await.unwrap(), 1);
-    let cleared = cli(&config, &["override", "--seller", "later", "--clear"]);
+    let cleared = cli(&config, &["override", "later", "--clear"]);
     assert_eq!(cleared, "later: override cleared\n");
     assert_eq!(limiter.refresh_overrides().await.unwrap(), 0);
 }

@@ -1,4 +1,4 @@
-//! `throttle-worker limiter reset --seller S`: a seller that used up its
+//! `throttle-worker limits reset S`: a seller that used up its
 //! limit and is under a 429 block gets a full allowance back, on every
 //! replica (the state lives in Redis); other sellers keep theirs.
 
@@ -54,7 +54,7 @@ async fn reset_clears_a_sellers_state_and_block_and_nothing_else() {
     )
     .unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_throttle-worker"))
-        .args(["limiter", "reset", "--seller", "spent", "--config"])
+        .args(["limits", "reset", "spent", "--config"])
         .arg(&config)
         .output()
         .expect("run throttle-worker");

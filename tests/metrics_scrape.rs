@@ -107,6 +107,11 @@ async fn metrics_tell_what_the_worker_does() {
         "hot waits for its limit only"
     );
     assert!(metric_in(&during, "throttle_assigned_partitions", &[]) > 0.0);
+    // Five more jobs of hot while it is held (its 30 take 6 s at 5 a
+    // second, nearly all of it waiting for the next window): each joins
+    // its queue without a limiter call of its own.
+    let more: Vec<_> = (30..35).map(|i| job(&format!("h{i}"), "hot")).collect();
+    bench.produce(&more).await;
     // Alive (the event loop turns) and ready (in the group, Redis answers).
     for (path, body) in [("healthz", "ok\n"), ("readyz", "ready\n")] {
         let r = reqwest::get(format!("http://127.0.0.1:{port}/{path}"))
@@ -149,14 +154,14 @@ async fn metrics_tell_what_the_worker_does() {
         "per-partition lag with group, topic and partition labels"
     );
 
-    down.wait_for("40 jobs", Duration::from_secs(30), |a| a.len() >= 40)
+    down.wait_for("45 jobs", Duration::from_secs(30), |a| a.len() >= 45)
         .await;
     let after = scrape_until(
         &url,
         "every job counted done",
         Duration::from_secs(10),
         |t| {
-            metric_in(t, "throttle_jobs_done_total", &[]) >= 40.0
+            metric_in(t, "throttle_jobs_done_total", &[]) >= 45.0
                 && metric_in(t, "throttle_jobs_dead_lettered_total", &[]) >= 2.0
         },
     )
@@ -164,8 +169,8 @@ async fn metrics_tell_what_the_worker_does() {
     worker.stop().await;
 
     let m = |name: &str, labels: &[(&str, &str)]| metric_in(&after, name, labels);
-    assert_eq!(m("throttle_jobs_received_total", &[]), 42.0);
-    assert_eq!(m("throttle_jobs_done_total", &[]), 40.0);
+    assert_eq!(m("throttle_jobs_received_total", &[]), 47.0);
+    assert_eq!(m("throttle_jobs_done_total", &[]), 45.0);
     assert_eq!(
         m(
             "throttle_jobs_dead_lettered_total",
@@ -182,14 +187,14 @@ async fn metrics_tell_what_the_worker_does() {
     );
     assert_eq!(
         m("throttle_downstream_requests_total", &[("class", "2xx")]),
-        40.0
+        45.0
     );
     assert_eq!(
         m("throttle_downstream_request_duration_seconds_count", &[]),
-        40.0
+        45.0
     );
-    assert_eq!(m("throttle_jobs_admitted_total", &[]), 40.0);
-    assert_eq!(m("throttle_units_admitted_total", &[]), 40.0);
+    assert_eq!(m("throttle_jobs_admitted_total", &[]), 45.0);
+    assert_eq!(m("throttle_units_admitted_total", &[]), 45.0);
     // 30 jobs of hot at 5 a second take at least 6 grants (a grant that
     // stops short says when to ask again, so refusals may be few); each
     // refusal has its retry-after observed.
@@ -197,7 +202,29 @@ async fn metrics_tell_what_the_worker_does() {
         "throttle_limiter_decisions_total",
         &[("result", "granted"), ("seller", "hot")],
     );
-    assert!(granted >= 6.0, "hot granted {granted} times");
+    assert!(granted >= 7.0, "hot granted {granted} times");
+    assert_eq!(
+        granted,
+        m(
+            "throttle_limiter_decisions_total",
+            &[("result", "granted"), ("seller", "hot"), ("tier", "seller")]
+        ),
+        "hot has rules of its own: tier \"seller\""
+    );
+    // A grant of 5 under a limit of 5 leaves nothing: near the limit.
+    let near = m(
+        "throttle_limiter_near_limit_total",
+        &[("tier", "seller"), ("seller", "hot")],
+    );
+    assert!(
+        near >= 1.0 && near <= granted,
+        "near_limit {near} of {granted} grants"
+    );
+    let avoided = m("throttle_limiter_calls_avoided_total", &[("seller", "hot")]);
+    assert!(
+        avoided >= 1.0,
+        "jobs that arrived while hot was held asked nobody: {avoided}"
+    );
     let denied = m(
         "throttle_limiter_decisions_total",
         &[("result", "denied"), ("seller", "hot")],
@@ -214,8 +241,17 @@ async fn metrics_tell_what_the_worker_does() {
     assert!(
         m(
             "throttle_limiter_decisions_total",
-            &[("result", "granted"), ("seller", "other")]
+            &[
+                ("result", "granted"),
+                ("seller", "other"),
+                ("tier", "default")
+            ]
         ) >= 1.0
+    );
+    assert_eq!(
+        m("throttle_limiter_near_limit_total", &[("seller", "other")]),
+        0.0,
+        "one job a second under a limit of 100 is never near it"
     );
     assert!(
         !after.contains("cold-"),

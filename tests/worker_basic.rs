@@ -119,6 +119,9 @@ async fn downstream_5xx_backs_off_and_dead_letters_after_max_attempts() {
         assert_eq!(h.get("x-attempts").map(String::as_str), Some("3"), "{h:?}");
         assert!(h["x-error"].contains("3 times"), "{h:?}");
     }
+    // Two retries of each failing job counted (the process' metrics: other
+    // tests of this binary only add to it).
+    assert!(common::metric("throttle_jobs_retried_total", &[]) >= 4.0);
     let arrivals = down.arrivals();
     let mut by_job: HashMap<&str, Vec<std::time::Instant>> = HashMap::new();
     for a in &arrivals {

@@ -1,5 +1,6 @@
 //! Limits changed without a restart (issue 8): a worker process watches the
-//! config file it was started with. An invalid edit is rejected with the
+//! config file it was started with, and the limits file that config names
+//! (mounted as a Kubernetes ConfigMap mounts it). An invalid edit is rejected with the
 //! file, key and problem, and the old limits hold; a valid edit (written
 //! the way editors and ConfigMaps do, by rename) is in force within 5 s,
 //! as the downstream's rate shows.
@@ -23,8 +24,50 @@ fn calls_in(down: &TaggedDownstream, from: Instant, span: Duration) -> usize {
         .count()
 }
 
+/// Where the limits live, and how an edit reaches them.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Source {
+    /// `[limits]` of the file given with `--config`: an invalid edit written
+    /// in place, a valid one by rename (as editors save).
+    ConfigFile,
+    /// A separate limits file named by `limits.file`, mounted the way a
+    /// Kubernetes ConfigMap is: `limits.toml -> ..data/limits.toml`, `..data
+    /// -> ..<timestamp>/`, each edit a new directory and an atomic swap of
+    /// the `..data` link.
+    ConfigMap,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_limits_edit_is_in_force_within_5_s_and_an_invalid_one_is_rejected() {
+    reload_through(Source::ConfigFile).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configmap_limits_file_edit_is_in_force_within_5_s_and_an_invalid_one_is_rejected() {
+    reload_through(Source::ConfigMap).await;
+}
+
+/// A ConfigMap volume: writes `text` as `limits.toml` in a new timestamped
+/// directory and swaps `..data` to it atomically (a rename over the link).
+fn configmap_write(mount: &std::path::Path, version: u32, rules: &str) {
+    use std::os::unix::fs::symlink;
+    let data = format!("..2026_11_23_00_00_0{version}.000000001");
+    std::fs::create_dir_all(mount.join(&data)).unwrap();
+    std::fs::write(
+        mount.join(&data).join("limits.toml"),
+        format!("[limits]\ndefault = {rules}\n"),
+    )
+    .unwrap();
+    let tmp = mount.join("..data_tmp");
+    let _ = std::fs::remove_file(&tmp);
+    symlink(&data, &tmp).unwrap();
+    std::fs::rename(&tmp, mount.join("..data")).unwrap();
+    if std::fs::symlink_metadata(mount.join("limits.toml")).is_err() {
+        symlink("..data/limits.toml", mount.join("limits.toml")).unwrap();
+    }
+}
+
+async fn reload_through(source: Source) {
     let dir = Scratch::new("reload");
     let id = format!("{:08x}", rand::random::<u32>());
     let topics = Topics {
@@ -47,18 +90,34 @@ async fn a_limits_edit_is_in_force_within_5_s_and_an_invalid_one_is_rejected() {
         shutdown_timeout: "5s",
     };
     let path = config(SLOW).write(dir.path(), "worker");
+    let mount = dir.path().join("limits");
+    if source == Source::ConfigMap {
+        // The config's own [limits] say 40 a second; the limits file (2 a
+        // second) is merged over them, so only it can explain the rate.
+        std::fs::create_dir_all(&mount).unwrap();
+        configmap_write(&mount, 1, SLOW);
+        let text = std::fs::read_to_string(config(FAST).write(dir.path(), "worker")).unwrap();
+        std::fs::write(
+            &path,
+            format!("{text}file = \"{}\"\n", mount.join("limits.toml").display()),
+        )
+        .unwrap();
+    }
     let worker = start_worker(dir.path(), "worker", &path, &down.url("w"));
     let records: Vec<_> = (0..600).map(|i| job(&format!("r{i}"), "seller")).collect();
     produce(&broker.bootstrap, &topics.jobs, &records).await;
     down.wait_distinct("the first calls", 4, Duration::from_secs(30))
         .await;
 
-    // An invalid edit, written in place: rejected, and 2 a second holds.
-    std::fs::write(
-        &path,
-        std::fs::read_to_string(config(INVALID).write(dir.path(), "invalid")).unwrap(),
-    )
-    .unwrap();
+    // An invalid edit: rejected, and 2 a second holds.
+    match source {
+        Source::ConfigFile => std::fs::write(
+            &path,
+            std::fs::read_to_string(config(INVALID).write(dir.path(), "invalid")).unwrap(),
+        )
+        .unwrap(),
+        Source::ConfigMap => configmap_write(&mount, 2, INVALID),
+    }
     let rejected_by = Instant::now() + Duration::from_secs(5);
     let rejection = loop {
         let line = worker
@@ -76,9 +135,13 @@ async fn a_limits_edit_is_in_force_within_5_s_and_an_invalid_one_is_rejected() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     let error = rejection.field("error").unwrap_or("").to_owned();
+    let file = match source {
+        Source::ConfigFile => "worker.toml",
+        Source::ConfigMap => "limits.toml",
+    };
     assert!(
-        error.contains("worker.toml") && error.contains("limits.default"),
-        "the rejection names the file and the key: {error}"
+        error.contains(file) && error.contains("limits.default"),
+        "the rejection names the file ({file}) and the key: {error}"
     );
     let held_from = Instant::now();
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -88,9 +151,14 @@ async fn a_limits_edit_is_in_force_within_5_s_and_an_invalid_one_is_rejected() {
         "{while_invalid} calls in 3 s with a limit of 2 a second: the invalid edit changed the limits"
     );
 
-    // A valid edit, by rename: 40 a second within 5 s.
-    let fresh = config(FAST).write(dir.path(), "worker.new");
-    std::fs::rename(&fresh, &path).unwrap();
+    // A valid edit: 40 a second within 5 s.
+    match source {
+        Source::ConfigFile => {
+            let fresh = config(FAST).write(dir.path(), "worker.new");
+            std::fs::rename(&fresh, &path).unwrap();
+        }
+        Source::ConfigMap => configmap_write(&mount, 3, FAST),
+    }
     let edited = Instant::now();
     let deadline = edited + Duration::from_secs(8);
     let in_force_after = loop {
@@ -121,7 +189,7 @@ async fn a_limits_edit_is_in_force_within_5_s_and_an_invalid_one_is_rejected() {
         .into_iter()
         .any(|e| e.message == "limits reloaded; in force on this replica now");
     eprintln!(
-        "reload: invalid edit rejected ({while_invalid} calls in the 3 s after it, limit 2/s); \
+        "reload ({source:?}): invalid edit rejected ({while_invalid} calls in the 3 s after it, limit 2/s); \
          the new limit (40/s) was in force {in_force_after:?} after the edit"
     );
     assert!(reloaded, "no 'limits reloaded' line");

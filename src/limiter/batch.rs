@@ -57,6 +57,18 @@ impl<S: Store> Limiter<S> {
         &self,
         q: JobsQuery<'_>,
     ) -> Result<BatchDecision, LimiterError<S::Error>> {
+        let decision = self.check_jobs_enforced(q).await?;
+        if let (BatchDecision::Granted(g), false) = (&decision, q.dry_run) {
+            self.shadow(q.seller, g.units, q.at_us).await;
+        }
+        Ok(decision)
+    }
+
+    /// [`Limiter::check_jobs`] without the shadow rules.
+    async fn check_jobs_enforced(
+        &self,
+        q: JobsQuery<'_>,
+    ) -> Result<BatchDecision, LimiterError<S::Error>> {
         if q.costs.is_empty() {
             return Err(LimiterError::NoJobs);
         }
@@ -152,7 +164,7 @@ impl<S: Store> Limiter<S> {
             .run_jobs(&call)
             .await
             .map_err(LimiterError::Store)?;
-        Ok(call
+        let decisions: Vec<BatchDecision> = call
             .requests
             .iter()
             .zip(replies)
@@ -169,7 +181,15 @@ impl<S: Store> Limiter<S> {
                     d => d,
                 }
             })
-            .collect())
+            .collect();
+        if !dry_run {
+            for (&(seller, _), d) in lists.iter().zip(&decisions) {
+                if let BatchDecision::Granted(g) = d {
+                    self.shadow(seller, g.units, at_us).await;
+                }
+            }
+        }
+        Ok(decisions)
     }
 
     fn jobs_request(

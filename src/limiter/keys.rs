@@ -31,6 +31,13 @@ impl KeySpace {
         format!("{}:{{{}}}:block", self.prefix, tag(seller))
     }
 
+    /// A key in the seller's hash slot that nothing writes: the block key
+    /// of calls that must not see a 429 block (shadow rules, the per-rule
+    /// state `limits show` reads).
+    pub fn no_block(&self, seller: &str) -> String {
+        format!("{}:{{{}}}:unblocked", self.prefix, tag(seller))
+    }
+
     /// The state of one of a seller's rules.
     pub fn rule(&self, seller: &str, rule: &Rule) -> String {
         format!("{}:{{{}}}:{}", self.prefix, tag(seller), rule.fingerprint())

@@ -11,6 +11,10 @@
 //!   answers with a [`Decision`].
 //! - [`batch`]: [`Limiter::acquire_jobs`], a list of job costs granted as
 //!   the longest prefix that fits, in one script call ([`BatchDecision`]).
+//! - `shadow`: rules in shadow mode, asked after a grant and counted,
+//!   never holding a job.
+//! - [`inspect`]: a seller's live state per rule, charging nothing
+//!   (`limits show`).
 //! - [`model`]: pure-Rust reference models of every script, with an injected clock.
 //! - [`local`]: a replica's share of every limit in memory, for
 //!   `redis.on_error = "local"` while Redis does not answer.
@@ -19,6 +23,7 @@
 
 pub mod batch;
 pub mod decision;
+pub mod inspect;
 pub mod keys;
 pub mod local;
 pub mod model;
@@ -29,6 +34,7 @@ pub mod redis;
 pub mod reply;
 pub mod rule;
 pub mod script;
+mod shadow;
 
 pub use batch::JobsQuery;
 pub use decision::{

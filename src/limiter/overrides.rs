@@ -47,6 +47,43 @@ impl Override {
     }
 }
 
+/// Reads a rule written as `ALGORITHM:LIMIT/PERIOD[:BURST]`, e.g.
+/// `gcra:500/1m` or `token_bucket:600/1m:50`, as an override until `until_ms`.
+pub fn parse_rule(spec: &str, until_ms: u64) -> Result<Override, String> {
+    let shape = || {
+        format!("{spec:?}: write ALGORITHM:LIMIT/PERIOD[:BURST], e.g. gcra:500/1m or token_bucket:600/1m:50")
+    };
+    let mut parts = spec.trim().split(':');
+    let (Some(algorithm), Some(rate)) = (parts.next(), parts.next()) else {
+        return Err(shape());
+    };
+    let burst = match parts.next() {
+        Some(b) => Some(
+            b.parse::<u64>()
+                .map_err(|e| format!("{}: burst {b:?}: {e}", shape()))?,
+        ),
+        None => None,
+    };
+    if parts.next().is_some() {
+        return Err(shape());
+    }
+    let (limit, period) = rate.split_once('/').ok_or_else(shape)?;
+    let limit = limit
+        .parse::<u64>()
+        .map_err(|e| format!("{}: limit {limit:?}: {e}", shape()))?;
+    let period = humantime::parse_duration(period)
+        .map_err(|e| format!("{}: period {period:?}: {e}", shape()))?;
+    let o = Override {
+        algorithm: algorithm.to_owned(),
+        limit,
+        period_ms: period.as_millis() as u64,
+        burst,
+        until_ms,
+    };
+    o.rule()?;
+    Ok(o)
+}
+
 /// The overrides in force at `now_ms` from the hash's fields: expired ones
 /// and fields that do not parse (written by something else) are skipped.
 pub fn in_force(fields: &HashMap<String, String>, now_ms: u64) -> HashMap<String, RuleSet> {
@@ -74,6 +111,27 @@ mod tests {
             period_ms: 60_000,
             burst: None,
             until_ms,
+        }
+    }
+
+    #[test]
+    fn rules_parse_from_their_short_form() {
+        let o = parse_rule("token_bucket:600/1m:50", 9).unwrap();
+        assert_eq!(
+            (o.limit, o.period_ms, o.burst, o.until_ms),
+            (600, 60_000, Some(50), 9)
+        );
+        assert_eq!(parse_rule("gcra:5/1s", 9).unwrap().burst, None);
+        for bad in [
+            "gcra",
+            "gcra:5",
+            "gcra:x/1s",
+            "gcra:5/soon",
+            "nope:5/1s",
+            "gcra:0/1s",
+            "gcra:5/1s:2:3",
+        ] {
+            assert!(parse_rule(bad, 9).is_err(), "{bad} must be refused");
         }
     }
 

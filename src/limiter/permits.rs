@@ -131,7 +131,8 @@ impl<S: Store> Limiter<S> {
     }
 
     /// Every key that holds `seller`'s own state: its 429 block and one per
-    /// rule it is held to now (global rules' keys are shared, not its own).
+    /// rule it is held to now, shadow rules included (global rules' keys are
+    /// shared, not its own).
     /// All in the seller's hash slot.
     pub fn seller_keys(&self, seller: &str) -> Vec<String> {
         let policy = self.policy();
@@ -139,6 +140,13 @@ impl<S: Store> Limiter<S> {
         if let Resolved::Limited { seller: own, .. } = policy.resolve(seller) {
             keys.extend(own.iter().map(|r| self.keys.rule(seller, r)));
         }
+        keys.extend(
+            policy
+                .shadow(seller)
+                .0
+                .iter()
+                .map(|r| self.keys.rule(seller, r)),
+        );
         keys
     }
 
@@ -172,6 +180,15 @@ impl<S: Store> Limiter<S> {
 
     /// The general form of [`Limiter::acquire`].
     pub async fn check(&self, req: Request<'_>) -> Result<Decision, LimiterError<S::Error>> {
+        let decision = self.check_enforced(req).await?;
+        if let (Decision::Granted(g), false) = (&decision, req.dry_run) {
+            self.shadow(req.seller, g.granted, req.at_us).await;
+        }
+        Ok(decision)
+    }
+
+    /// [`Limiter::check`] without the shadow rules.
+    async fn check_enforced(&self, req: Request<'_>) -> Result<Decision, LimiterError<S::Error>> {
         if req.cost == 0 {
             return Err(LimiterError::ZeroCost);
         }

@@ -19,11 +19,39 @@ pub type RuleSet = Arc<[Rule]>;
 /// The limits of every seller.
 #[derive(Debug, Clone)]
 pub struct Policy {
-    default: RuleSet,
+    default: Rules,
     global: Vec<Rule>,
-    tiers: BTreeMap<String, RuleSet>,
-    sellers: HashMap<String, SellerLimits>,
+    /// Global rules in shadow mode.
+    global_shadow: Vec<Rule>,
+    tiers: BTreeMap<String, Rules>,
+    sellers: HashMap<String, Entry>,
 }
+
+/// A rule list as configured: the rules that hold jobs, and the rules in
+/// shadow mode beside them (decided and counted, never holding a job).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Rules {
+    enforced: RuleSet,
+    shadow: RuleSet,
+}
+
+/// A seller the config (or an override) names.
+#[derive(Debug, Clone)]
+struct Entry {
+    limits: SellerLimits,
+    shadow: RuleSet,
+    /// The `tier` label of its metrics: see [`Policy::tier_of`].
+    tier: Arc<str>,
+}
+
+/// The tier label of sellers under `limits.default`.
+pub const DEFAULT_TIER: &str = "default";
+/// The tier label of a seller with rules of its own in the config.
+pub const OWN_TIER: &str = "seller";
+/// The tier label of a seller under a temporary override.
+pub const OVERRIDE_TIER: &str = "override";
+/// The tier label of a seller configured `unlimited`.
+pub const UNLIMITED_TIER: &str = "unlimited";
 
 /// What one seller is held to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,13 +93,17 @@ impl Policy {
     /// Validates the `[limits]` section.
     pub fn from_config(cfg: &LimitsConfig) -> Result<Policy, InvalidLimits> {
         let default = rule_set(&cfg.default, "limits.default")?;
-        let global = rules(&cfg.global, "limits.global")?;
+        let (global, global_shadow) = rules(&cfg.global, "limits.global")?;
         let mut tiers = BTreeMap::new();
         for (name, list) in &cfg.tiers {
-            tiers.insert(
-                name.clone(),
-                rule_set(list, &format!("limits.tiers.{name}"))?,
-            );
+            let key = format!("limits.tiers.{name}");
+            if [DEFAULT_TIER, OWN_TIER, OVERRIDE_TIER, UNLIMITED_TIER].contains(&name.as_str()) {
+                return Err(invalid(
+                    key,
+                    format!("{name:?} is the tier label metrics give to sellers outside any tier; pick another name"),
+                ));
+            }
+            tiers.insert(name.clone(), rule_set(list, &key)?);
         }
         let mut sellers = HashMap::new();
         for (seller, sc) in &cfg.sellers {
@@ -79,11 +111,12 @@ impl Policy {
             if seller.is_empty() {
                 return Err(invalid(key, "a seller id must not be empty"));
             }
-            sellers.insert(seller.clone(), seller_limits(sc, &key, &tiers)?);
+            sellers.insert(seller.clone(), seller_entry(sc, &key, &tiers)?);
         }
         Ok(Policy {
             default,
             global,
+            global_shadow,
             tiers,
             sellers,
         })
@@ -91,10 +124,10 @@ impl Policy {
 
     /// The rules that apply to `seller`.
     pub fn resolve(&self, seller: &str) -> Resolved<'_> {
-        let own = match self.sellers.get(seller) {
+        let own = match self.sellers.get(seller).map(|e| &e.limits) {
             Some(SellerLimits::Unlimited) => return Resolved::Unlimited,
             Some(SellerLimits::Rules(r)) => r,
-            None => &self.default,
+            None => &self.default.enforced,
         };
         Resolved::Limited {
             seller: own,
@@ -102,13 +135,37 @@ impl Policy {
         }
     }
 
+    /// The rules in shadow mode for `seller`: its own (beside the rules it
+    /// is held to), then the global ones. Both may be empty.
+    pub fn shadow(&self, seller: &str) -> (&[Rule], &[Rule]) {
+        let own = match self.sellers.get(seller) {
+            Some(e) => &e.shadow,
+            None => &self.default.shadow,
+        };
+        (own, &self.global_shadow)
+    }
+
+    /// The `tier` label of `seller`'s metrics: the tier it names, or
+    /// [`DEFAULT_TIER`], [`OWN_TIER`], [`OVERRIDE_TIER`], [`UNLIMITED_TIER`].
+    /// Bounded by the config, like the seller label.
+    pub fn tier_of(&self, seller: &str) -> &str {
+        self.sellers.get(seller).map_or(DEFAULT_TIER, |e| &e.tier)
+    }
+
     /// This policy with `overrides` in place of the named sellers' rules
-    /// (temporary overrides from Redis; they win over the config).
+    /// (temporary overrides from Redis; they win over the config, shadow
+    /// rules included).
     pub fn with_overrides(&self, overrides: &HashMap<String, RuleSet>) -> Policy {
         let mut p = self.clone();
         for (seller, rules) in overrides {
-            p.sellers
-                .insert(seller.clone(), SellerLimits::Rules(rules.clone()));
+            p.sellers.insert(
+                seller.clone(),
+                Entry {
+                    limits: SellerLimits::Rules(rules.clone()),
+                    shadow: Arc::new([]),
+                    tier: OVERRIDE_TIER.into(),
+                },
+            );
         }
         p
     }
@@ -123,22 +180,50 @@ impl Policy {
         &self.global
     }
 
+    /// Every tier with its enforced rules.
     pub fn tiers(&self) -> impl Iterator<Item = (&str, &[Rule])> {
-        self.tiers.iter().map(|(k, v)| (k.as_str(), &v[..]))
+        self.tiers
+            .iter()
+            .map(|(k, v)| (k.as_str(), &v.enforced[..]))
+    }
+
+    /// The rules of sellers no entry names: (enforced, shadow).
+    pub fn default_rules(&self) -> (&[Rule], &[Rule]) {
+        (&self.default.enforced, &self.default.shadow)
+    }
+
+    /// A tier's shadow rules (empty for an unknown tier).
+    pub fn tier_shadow(&self, tier: &str) -> &[Rule] {
+        self.tiers.get(tier).map_or(&[], |t| &t.shadow[..])
+    }
+
+    /// The global rules in shadow mode.
+    pub fn global_shadow(&self) -> &[Rule] {
+        &self.global_shadow
     }
 }
 
-fn seller_limits(
+fn seller_entry(
     sc: &SellerConfig,
     key: &str,
-    tiers: &BTreeMap<String, RuleSet>,
-) -> Result<SellerLimits, InvalidLimits> {
+    tiers: &BTreeMap<String, Rules>,
+) -> Result<Entry, InvalidLimits> {
+    let entry = |limits, shadow, tier: &str| Entry {
+        limits,
+        shadow,
+        tier: tier.into(),
+    };
     match (sc.unlimited, &sc.tier, &sc.rules) {
-        (true, None, None) => Ok(SellerLimits::Unlimited),
+        (true, None, None) => Ok(entry(SellerLimits::Unlimited, Arc::new([]), UNLIMITED_TIER)),
         (false, Some(tier), None) => tiers
             .get(tier)
-            .cloned()
-            .map(SellerLimits::Rules)
+            .map(|r| {
+                entry(
+                    SellerLimits::Rules(r.enforced.clone()),
+                    r.shadow.clone(),
+                    tier,
+                )
+            })
             .ok_or_else(|| {
                 let known: Vec<&str> = tiers.keys().map(String::as_str).collect();
                 invalid(
@@ -146,10 +231,10 @@ fn seller_limits(
                     format!("unknown tier {tier:?}; defined tiers: {known:?}"),
                 )
             }),
-        (false, None, Some(list)) => Ok(SellerLimits::Rules(rule_set(
-            list,
-            &format!("{key}.rules"),
-        )?)),
+        (false, None, Some(list)) => {
+            let r = rule_set(list, &format!("{key}.rules"))?;
+            Ok(entry(SellerLimits::Rules(r.enforced), r.shadow, OWN_TIER))
+        }
         (false, None, None) => Err(invalid(
             key.to_owned(),
             "give one of tier = \"…\", rules = [...] or unlimited = true",
@@ -161,18 +246,26 @@ fn seller_limits(
     }
 }
 
-fn rule_set(list: &[RuleConfig], key: &str) -> Result<RuleSet, InvalidLimits> {
-    if list.is_empty() {
+fn rule_set(list: &[RuleConfig], key: &str) -> Result<Rules, InvalidLimits> {
+    let (enforced, shadow) = rules(list, key)?;
+    if enforced.is_empty() {
         return Err(invalid(
             key.to_owned(),
-            "needs at least one rule (for a seller without limits use unlimited = true)",
+            "needs at least one rule that is not shadow = true (for a seller without limits use unlimited = true)",
         ));
     }
-    Ok(rules(list, key)?.into())
+    Ok(Rules {
+        enforced: enforced.into(),
+        shadow: shadow.into(),
+    })
 }
 
-fn rules(list: &[RuleConfig], key: &str) -> Result<Vec<Rule>, InvalidLimits> {
+/// The valid rules of a list: (enforced, shadow). A rule may not appear
+/// twice, not even once enforced and once in shadow: both would keep their
+/// state under the same key, and the shadow one would charge the real one.
+fn rules(list: &[RuleConfig], key: &str) -> Result<(Vec<Rule>, Vec<Rule>), InvalidLimits> {
     let mut out = Vec::with_capacity(list.len());
+    let mut shadow = Vec::new();
     for (i, rc) in list.iter().enumerate() {
         let at = format!("{key}[{i}]");
         let algorithm: Algorithm = rc
@@ -190,12 +283,16 @@ fn rules(list: &[RuleConfig], key: &str) -> Result<Vec<Rule>, InvalidLimits> {
             };
             invalid(format!("{at}.{field}"), e)
         })?;
-        if out.contains(&rule) {
+        if out.contains(&rule) || shadow.contains(&rule) {
             return Err(invalid(at, "the same rule is listed twice"));
         }
-        out.push(rule);
+        if rc.shadow {
+            shadow.push(rule);
+        } else {
+            out.push(rule);
+        }
     }
-    Ok(out)
+    Ok((out, shadow))
 }
 
 fn invalid(key: String, problem: impl ToString) -> InvalidLimits {

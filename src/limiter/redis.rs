@@ -427,7 +427,7 @@ impl RedisStore {
     }
 
     /// `DEL keys…` (one slot: a seller's keys share a hash tag); returns how
-    /// many existed. For `limiter reset`.
+    /// many existed. For `limits reset`.
     pub async fn delete(&self, keys: &[String]) -> Result<u64, RedisError> {
         let mut conn = self.conn.get();
         redis::cmd("DEL")

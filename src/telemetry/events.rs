@@ -6,7 +6,10 @@
 
 use std::time::Duration;
 
-use super::metrics::{metrics, seller_label, ClassLabel, DecisionLabels, KindLabel, ReasonLabel};
+use super::metrics::{
+    metrics, seller_label, ClassLabel, DecisionLabels, KindLabel, ReasonLabel, SellerLabel,
+    TierSellerLabels,
+};
 use super::Every;
 
 fn secs(d: Duration) -> f64 {
@@ -71,6 +74,7 @@ impl DownstreamAnswered {
 /// capacity); it is dead-lettered.
 pub struct LimiterNever<'a> {
     pub seller: &'a str,
+    pub tier: &'a str,
     pub rule: usize,
 }
 
@@ -81,6 +85,83 @@ impl LimiterNever<'_> {
             .get_or_create(&DecisionLabels {
                 result: "never",
                 by: format!("rule{}", self.rule),
+                tier: self.tier.to_owned(),
+                seller: seller_label(self.seller),
+            })
+            .inc();
+    }
+}
+
+/// Shadow rules were asked about `units` the enforced rules granted:
+/// `denied` of them they would have held back (`by`: which shadow rule, when
+/// one refused outright). The jobs go through either way.
+pub struct ShadowDecided<'a> {
+    pub seller: &'a str,
+    pub tier: &'a str,
+    pub units: u64,
+    pub denied: u64,
+    pub by: Option<usize>,
+    pub error: Option<&'a str>,
+}
+
+impl ShadowDecided<'_> {
+    pub fn emit(&self) {
+        let m = metrics();
+        if let Some(error) = self.error {
+            m.limiter_errors
+                .get_or_create(&KindLabel { kind: "shadow" })
+                .inc();
+            static LOG: Every = Every::new(Duration::from_secs(10));
+            if let Some(more) = LOG.tick() {
+                tracing::warn!(
+                    seller = self.seller,
+                    error,
+                    more_since_last_line = more,
+                    "shadow rules could not be asked; the jobs went through uncounted"
+                );
+            }
+            return;
+        }
+        if self.denied == 0 {
+            return;
+        }
+        let seller = seller_label(self.seller);
+        m.limiter_decisions
+            .get_or_create(&DecisionLabels {
+                result: "shadow_denied",
+                by: self
+                    .by
+                    .map_or_else(|| "shadow".to_owned(), |i| format!("shadow{i}")),
+                tier: self.tier.to_owned(),
+                seller: seller.clone(),
+            })
+            .inc();
+        m.limiter_shadow_denied_units
+            .get_or_create(&TierSellerLabels {
+                tier: self.tier.to_owned(),
+                seller,
+            })
+            .inc_by(self.denied);
+        tracing::debug!(
+            seller = self.seller,
+            units = self.units,
+            denied = self.denied,
+            "shadow rules would have held units back"
+        );
+    }
+}
+
+/// A limiter call not made: the seller is known to be refused (or held by
+/// a 429) until later, so a job arriving for it just joins its queue.
+pub struct CallAvoided<'a> {
+    pub seller: &'a str,
+}
+
+impl CallAvoided<'_> {
+    pub fn emit(&self) {
+        metrics()
+            .limiter_calls_avoided
+            .get_or_create(&SellerLabel {
                 seller: seller_label(self.seller),
             })
             .inc();
@@ -150,6 +231,7 @@ impl JobDeferred<'_> {
 /// The limiter refused a seller for a while.
 pub struct SellerThrottled<'a> {
     pub seller: &'a str,
+    pub tier: &'a str,
     pub retry_after: Duration,
     pub waiting: usize,
     /// What refused: `rule0`, `rule1`, …, `downstream_429`, `unavailable`.
@@ -163,6 +245,7 @@ impl SellerThrottled<'_> {
             .get_or_create(&DecisionLabels {
                 result: "denied",
                 by: self.by.to_owned(),
+                tier: self.tier.to_owned(),
                 seller: seller_label(self.seller),
             })
             .inc();
@@ -202,6 +285,7 @@ pub struct DownstreamFailed<'a> {
 
 impl DownstreamFailed<'_> {
     pub fn emit(&self) {
+        metrics().jobs_retried.inc();
         tracing::info!(
             job_id = self.job_id,
             attempts = self.attempts,
@@ -434,18 +518,31 @@ impl RetryAfterClamped {
 /// The limiter admitted jobs of a seller: `units` is the sum of their costs.
 pub struct JobsAdmitted<'a> {
     pub seller: &'a str,
+    pub tier: &'a str,
     pub jobs: usize,
     pub units: u64,
+    /// At most a fifth of the seller's smallest rule capacity is left.
+    pub near_limit: bool,
 }
 
 impl JobsAdmitted<'_> {
     pub fn emit(&self) {
         let m = metrics();
+        let seller = seller_label(self.seller);
+        if self.near_limit {
+            m.limiter_near_limit
+                .get_or_create(&TierSellerLabels {
+                    tier: self.tier.to_owned(),
+                    seller: seller.clone(),
+                })
+                .inc();
+        }
         m.limiter_decisions
             .get_or_create(&DecisionLabels {
                 result: "granted",
                 by: String::new(),
-                seller: seller_label(self.seller),
+                tier: self.tier.to_owned(),
+                seller,
             })
             .inc();
         m.jobs_admitted.inc_by(self.jobs as u64);

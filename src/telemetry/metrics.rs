@@ -38,14 +38,23 @@ pub struct KindLabel {
     pub kind: &'static str,
 }
 
-/// A limiter decision: `result` is `granted`, `denied` or `never`; `by`
-/// names what refused (`rule0`, `rule1`, … in the seller's rule order with
-/// global rules after them, `downstream_429`, `unavailable`), empty for a
-/// grant.
+/// A limiter decision: `result` is `granted`, `denied`, `never` or
+/// `shadow_denied`; `by` names what refused (`rule0`, `rule1`, … in the
+/// seller's rule order with global rules after them, `shadow0`, … in the
+/// order of the shadow rules, `downstream_429`, `unavailable`), empty for a
+/// grant; `tier` is the seller's tier (or `default`, `seller`, `override`,
+/// `unlimited`), bounded by the config like `seller`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DecisionLabels {
     pub result: &'static str,
     pub by: String,
+    pub tier: String,
+    pub seller: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TierSellerLabels {
+    pub tier: String,
     pub seller: String,
 }
 
@@ -85,6 +94,7 @@ pub struct Metrics {
     pub jobs_done: Counter,
     pub jobs_dead_lettered: Family<ReasonLabel, Counter>,
     pub jobs_to_retry_topic: Counter,
+    pub jobs_retried: Counter,
     pub jobs_dropped_on_revoke: Counter,
     pub jobs_already_done: Counter,
     pub jobs_admitted: Counter,
@@ -96,6 +106,9 @@ pub struct Metrics {
     pub downstream_retry_after_clamped: Counter,
     pub limiter_calls: Counter,
     pub limiter_decisions: Family<DecisionLabels, Counter>,
+    pub limiter_near_limit: Family<TierSellerLabels, Counter>,
+    pub limiter_shadow_denied_units: Family<TierSellerLabels, Counter>,
+    pub limiter_calls_avoided: Family<SellerLabel, Counter>,
     pub limiter_retry_after: Histogram,
     pub limiter_errors: Family<KindLabel, Counter>,
     pub redis_call_duration: SecondsHistogram,
@@ -153,6 +166,11 @@ impl Metrics {
                 "Jobs deferred through a retry tier",
                 Counter::default()
             ),
+            jobs_retried: reg!(
+                "jobs_retried",
+                "Downstream calls that failed (5xx, timeout, connection) and will be tried again after a backoff",
+                Counter::default()
+            ),
             jobs_dropped_on_revoke: reg!(
                 "jobs_dropped_on_revoke",
                 "Jobs of revoked partitions left to their new owner",
@@ -201,7 +219,22 @@ impl Metrics {
             limiter_calls: reg!("limiter_calls", "Limiter calls made", Counter::default()),
             limiter_decisions: reg!(
                 "limiter_decisions",
-                "Limiter decisions by result, refusing rule and named seller",
+                "Limiter decisions by result, refusing rule, tier and named seller",
+                Family::default()
+            ),
+            limiter_near_limit: reg!(
+                "limiter_near_limit",
+                "Grants after which the seller has at most a fifth of its smallest rule's capacity left (80 % of a window used)",
+                Family::default()
+            ),
+            limiter_shadow_denied_units: reg!(
+                "limiter_shadow_denied_units",
+                "Units that rules in shadow mode would have held back (the jobs went through)",
+                Family::default()
+            ),
+            limiter_calls_avoided: reg!(
+                "limiter_calls_avoided",
+                "Limiter calls not made because the seller was known to be refused or blocked until later",
                 Family::default()
             ),
             limiter_retry_after: reg!(

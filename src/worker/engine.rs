@@ -28,9 +28,10 @@ use crate::kafka::{OriginalRecord, RecordSink};
 use crate::limiter::local::{self, LocalShare};
 use crate::limiter::{BatchDecision, BatchGranted, CannotPass, DeniedBy, NextJob, Pace};
 use crate::telemetry::events::{
-    Backlog, Backpressure, DownstreamFailed, DownstreamThrottled, HeadMoved, JobDeadLettered,
-    JobDeferred, JobDone, JobsAdmitted, LimiterCalled, LimiterNever, LimiterUnavailable,
-    PartitionsAssigned, RecordReceived, RevokedJobsDropped, RevokedWorkDropped, SellerThrottled,
+    Backlog, Backpressure, CallAvoided, DownstreamFailed, DownstreamThrottled, HeadMoved,
+    JobDeadLettered, JobDeferred, JobDone, JobsAdmitted, LimiterCalled, LimiterNever,
+    LimiterUnavailable, PartitionsAssigned, RecordReceived, RevokedJobsDropped, RevokedWorkDropped,
+    SellerThrottled,
 };
 use crate::telemetry::http::Health;
 
@@ -497,6 +498,11 @@ impl<P: Permits> Engine<P> {
         let key: Arc<str> = Arc::from(pending.job.seller_id.as_str());
         let seller = self.sellers.entry(key.clone()).or_insert_with(Seller::new);
         if let Some(until) = seller.blocked_until {
+            if until > now {
+                // A job that asked for itself would go to Redis here, only
+                // to be refused.
+                CallAvoided { seller: &key }.emit();
+            }
             if until > now + max_delay {
                 let wait = until - now;
                 return self.defer(pending, wait);
@@ -512,7 +518,10 @@ impl<P: Permits> Engine<P> {
         let Some(seller) = self.sellers.get_mut(key) else {
             return;
         };
-        if seller.phase != Phase::Idle || seller.blocked_until.is_some_and(|t| t > now) {
+        if seller.phase != Phase::Idle {
+            return;
+        }
+        if seller.blocked_until.is_some_and(|t| t > now) {
             return;
         }
         seller.blocked_until = None;
@@ -671,10 +680,13 @@ impl<P: Permits> Engine<P> {
                 let n = batch.len();
                 seller.reserved = n;
                 self.release(reserved - n);
+                let info = self.deps.permits.describe(&key);
                 JobsAdmitted {
                     seller: &key,
+                    tier: &info.tier,
                     jobs: n,
                     units: batch.iter().map(|p| p.job.cost).sum(),
+                    near_limit: info.near_limit(g.remaining),
                 }
                 .emit();
                 // Why the prefix stopped short: the next job waits (so does
@@ -707,6 +719,7 @@ impl<P: Permits> Engine<P> {
             BatchDecision::Denied(d) => {
                 SellerThrottled {
                     seller: &key,
+                    tier: &self.deps.permits.describe(&key).tier,
                     retry_after: d.retry_after,
                     waiting: seller.queue.len(),
                     by: &denied_by(d.by),
@@ -772,6 +785,7 @@ impl<P: Permits> Engine<P> {
         if let Some(p) = seller.queue.remove(i) {
             LimiterNever {
                 seller: key,
+                tier: &self.deps.permits.describe(key).tier,
                 rule: c.rule,
             }
             .emit();

@@ -116,14 +116,16 @@ pub async fn run_watching(
         "worker started"
     );
     let limiter = Arc::new(limiter);
-    let watching = match config_file {
-        Some(path) => Some(
-            reload::spawn(path.clone(), limiter.clone(), (*settings).clone())
-                .with_context(|| format!("watching {} for limit edits", path.display()))?,
-        ),
-        None => None,
+    let watching = if config_file.is_some() || settings.limits.file.is_some() {
+        Some(reload::spawn(
+            config_file,
+            limiter.clone(),
+            (*settings).clone(),
+        )?)
+    } else {
+        None
     };
-    // Temporary overrides set with `limiter override` live in Redis: read
+    // Temporary overrides set with `limits override` live in Redis: read
     // them now and every second, so every replica applies them together.
     if let Err(e) = limiter.refresh_overrides().await {
         OverridesUnreadable {

@@ -48,6 +48,34 @@ pub trait Permits: Send + Sync + 'static {
     fn rules_of(&self, _seller: &str) -> Option<(Vec<Rule>, Vec<Rule>)> {
         None
     }
+
+    /// What the metrics say of `seller`: its tier label, and the smallest
+    /// capacity among its rules (`None`: unlimited, or unknown).
+    fn describe(&self, _seller: &str) -> SellerInfo {
+        SellerInfo {
+            tier: crate::limiter::policy::DEFAULT_TIER.to_owned(),
+            smallest_capacity: None,
+        }
+    }
+}
+
+/// See [`Permits::describe`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SellerInfo {
+    pub tier: String,
+    pub smallest_capacity: Option<u64>,
+}
+
+impl SellerInfo {
+    /// A grant leaving `remaining` units is near the limit when at most a
+    /// fifth of the smallest capacity is left: 80 % of a window used, as
+    /// envoy's ratelimit counts `near_limit`. (`remaining` is the tightest
+    /// rule's; with rules of very different sizes this undercounts a large
+    /// rule nearly used up while a small one is fresh.)
+    pub fn near_limit(&self, remaining: u64) -> bool {
+        self.smallest_capacity
+            .is_some_and(|cap| remaining.saturating_mul(5) <= cap)
+    }
 }
 
 impl<S: Store + 'static> Permits for Limiter<S> {
@@ -55,6 +83,20 @@ impl<S: Store + 'static> Permits for Limiter<S> {
         Limiter::acquire(self, seller, n, Mode::UpTo)
             .await
             .map_err(|e| e.to_string())
+    }
+
+    fn describe(&self, seller: &str) -> SellerInfo {
+        let policy = self.policy();
+        let smallest_capacity = match policy.resolve(seller) {
+            Resolved::Unlimited => None,
+            Resolved::Limited { seller, global } => {
+                seller.iter().chain(global).map(Rule::capacity).min()
+            }
+        };
+        SellerInfo {
+            tier: policy.tier_of(seller).to_owned(),
+            smallest_capacity,
+        }
     }
 
     fn rules_of(&self, seller: &str) -> Option<(Vec<Rule>, Vec<Rule>)> {

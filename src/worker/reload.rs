@@ -1,5 +1,5 @@
 //! Limits changed without a restart: the config file given with `--config`
-//! is watched (its directory, since editors and Kubernetes ConfigMaps
+//! and the limits file it names (`limits.file`) are watched (their directories, since editors and Kubernetes ConfigMaps
 //! replace a file by rename or symlink swap rather than writing it in
 //! place), and SIGHUP asks for a reload too. A valid edit swaps the
 //! limiter's policy at once: calls under way finish with the old one. An
@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context;
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 
@@ -23,39 +24,61 @@ use crate::telemetry::metrics::name_sellers;
 /// wait this long after the first for the rest before reading the file.
 const SETTLE: Duration = Duration::from_millis(200);
 
-/// Watches `path` until `stop` is dropped, applying each valid edit of its
-/// `[limits]` to `limiter`. `running` is what the worker started with, to
-/// tell which other sections changed.
+/// Watches the config file (when there is one) and the limits file it
+/// names (`limits.file`, when set) until the task is aborted, applying each
+/// valid edit of `[limits]` to `limiter`. `running` is what the worker
+/// started with, to tell which other sections changed.
 pub fn spawn<S: Store + 'static>(
-    path: PathBuf,
+    config_file: Option<PathBuf>,
     limiter: Arc<Limiter<S>>,
     running: Settings,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let (tx, mut rx) = mpsc::unbounded_channel::<()>();
-    let name = path.file_name().map(|n| n.to_owned());
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."))
-        .to_owned();
+    let watched: Vec<PathBuf> = config_file
+        .iter()
+        .chain(running.limits.file.iter())
+        .cloned()
+        .collect();
+    let names: Vec<_> = watched
+        .iter()
+        .filter_map(|p| p.file_name().map(|n| n.to_owned()))
+        .collect();
     let events = tx.clone();
     let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
         let Ok(ev) = ev else { return };
-        // Any event in the directory that names the file, names nothing
+        // Any event in a directory that names a watched file, names nothing
         // (some backends), or names a `..data`-style entry: a ConfigMap
         // swaps a symlinked directory, so the file's own name may not
         // appear at all.
         let ours = ev.paths.is_empty()
             || ev.paths.iter().any(|p| {
-                p.file_name() == name.as_deref()
-                    || p.file_name()
-                        .is_some_and(|n| n.to_string_lossy().starts_with(".."))
+                p.file_name().is_some_and(|n| {
+                    names.iter().any(|name| name == n) || n.to_string_lossy().starts_with("..")
+                })
             });
         if ours && !matches!(ev.kind, notify::EventKind::Access(_)) {
             let _ = events.send(());
         }
     })?;
-    watcher.watch(&dir, RecursiveMode::NonRecursive)?;
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    for path in &watched {
+        let dir = path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."))
+            .to_owned();
+        if !dirs.contains(&dir) {
+            watcher
+                .watch(&dir, RecursiveMode::NonRecursive)
+                .with_context(|| format!("watching {} for limit edits", dir.display()))?;
+            dirs.push(dir);
+        }
+    }
+    let shown = watched
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(" + ");
     #[cfg(unix)]
     {
         let hup = tx.clone();
@@ -76,7 +99,13 @@ pub fn spawn<S: Store + 'static>(
         while rx.recv().await.is_some() {
             tokio::time::sleep(SETTLE).await;
             while rx.try_recv().is_ok() {}
-            reload(&path, &limiter, &running, &mut applied);
+            reload(
+                config_file.as_deref(),
+                &shown,
+                &limiter,
+                &running,
+                &mut applied,
+            );
         }
     }))
 }
@@ -93,8 +122,14 @@ fn others_of(settings: &Settings) -> String {
     format!("{s:?}")
 }
 
-fn reload<S: Store>(path: &Path, limiter: &Limiter<S>, running: &Settings, applied: &mut String) {
-    let loaded = match config::load(Some(path)) {
+fn reload<S: Store>(
+    config_file: Option<&Path>,
+    shown: &str,
+    limiter: &Limiter<S>,
+    running: &Settings,
+    applied: &mut String,
+) {
+    let loaded = match config::load(config_file) {
         Ok(l) => l,
         Err(e) => {
             return LimitsReloadRejected {
@@ -117,7 +152,7 @@ fn reload<S: Store>(path: &Path, limiter: &Limiter<S>, running: &Settings, appli
     if limits == *applied {
         if restart_needed {
             LimitsReloaded {
-                file: &path.display().to_string(),
+                file: shown,
                 changed: false,
                 named_sellers: 0,
                 restart_needed,
@@ -132,7 +167,7 @@ fn reload<S: Store>(path: &Path, limiter: &Limiter<S>, running: &Settings, appli
     limiter.set_policy(policy);
     *applied = limits;
     LimitsReloaded {
-        file: &path.display().to_string(),
+        file: shown,
         changed: true,
         named_sellers: count,
         restart_needed,

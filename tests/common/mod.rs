@@ -28,6 +28,7 @@ pub fn rule(algorithm: &str, limit: u64, period: &str, burst: Option<u64>) -> Ru
         limit,
         period: humantime::parse_duration(period).expect("test period"),
         burst,
+        shadow: false,
     }
 }
 

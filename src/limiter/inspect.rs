@@ -1,0 +1,206 @@
+//! A seller's live state, rule by rule, charging nothing: what
+//! `limits show` prints. Each rule is read on its own with a dry run, so an
+//! operator sees which rule holds the seller and for how long.
+
+use std::time::Duration;
+
+use super::decision::{Decision, Mode};
+use super::permits::Limiter;
+use super::policy::Resolved;
+use super::rule::Rule;
+use super::script::{Op, ScriptCall, Store};
+
+/// Which list a rule comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RuleKind {
+    /// The seller's own rules (default, tier, its own or an override).
+    Seller,
+    /// Over all sellers together.
+    Global,
+    /// The seller's shadow rules: counted, never holding a job.
+    Shadow,
+    /// Global shadow rules.
+    GlobalShadow,
+}
+
+impl RuleKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            RuleKind::Seller => "seller",
+            RuleKind::Global => "global",
+            RuleKind::Shadow => "shadow",
+            RuleKind::GlobalShadow => "global_shadow",
+        }
+    }
+}
+
+/// One rule's state now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleState {
+    pub rule: Rule,
+    pub kind: RuleKind,
+    /// Units it admits now.
+    pub remaining: u64,
+    /// Until it admits one unit (zero when it does now).
+    pub retry_after: Duration,
+    /// Until it is back to full: exact when it admits nothing now, else at
+    /// most one unit's worth (period / limit) late.
+    pub reset_after: Duration,
+}
+
+/// A seller's rules and their state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SellerState {
+    /// Its tier label (see [`super::Policy::tier_of`]).
+    pub tier: String,
+    pub unlimited: bool,
+    pub rules: Vec<RuleState>,
+    /// What is left of a downstream 429 block, if one holds it.
+    pub blocked_for: Option<Duration>,
+}
+
+impl<S: Store> Limiter<S> {
+    /// Reads `seller`'s state under every rule it is held to now (its own,
+    /// the global ones, the shadow ones) and its 429 block, on Redis' clock
+    /// (or `at_us`), writing nothing.
+    pub async fn inspect(&self, seller: &str, at_us: Option<u64>) -> Result<SellerState, S::Error> {
+        let policy = self.policy();
+        let mut listed: Vec<(Rule, RuleKind, String, String)> = Vec::new();
+        let unlimited = match policy.resolve(seller) {
+            Resolved::Unlimited => true,
+            Resolved::Limited {
+                seller: own,
+                global,
+            } => {
+                for r in own {
+                    listed.push((
+                        *r,
+                        RuleKind::Seller,
+                        self.keys.rule(seller, r),
+                        self.keys.no_block(seller),
+                    ));
+                }
+                for r in global {
+                    listed.push((
+                        *r,
+                        RuleKind::Global,
+                        self.keys.global_rule(r),
+                        self.keys.global_block(),
+                    ));
+                }
+                false
+            }
+        };
+        let (own_shadow, global_shadow) = policy.shadow(seller);
+        for r in own_shadow {
+            listed.push((
+                *r,
+                RuleKind::Shadow,
+                self.keys.rule(seller, r),
+                self.keys.no_block(seller),
+            ));
+        }
+        for r in global_shadow {
+            listed.push((
+                *r,
+                RuleKind::GlobalShadow,
+                self.keys.global_rule(r),
+                self.keys.global_block(),
+            ));
+        }
+        let mut rules = Vec::with_capacity(listed.len());
+        for (rule, kind, key, block_key) in listed {
+            let keyed = vec![(key, rule)];
+            // As many units as it admits now (the largest cost it can ever
+            // grant, up to what is left).
+            let all = self.peek(
+                at_us,
+                rule.capacity(),
+                Mode::UpTo,
+                block_key.clone(),
+                keyed.clone(),
+            );
+            let state = match all.await? {
+                Decision::Granted(g) if g.granted >= rule.capacity() => RuleState {
+                    rule,
+                    kind,
+                    remaining: g.granted,
+                    retry_after: Duration::ZERO,
+                    reset_after: Duration::ZERO,
+                },
+                Decision::Granted(g) => {
+                    // Partly used: when it is full again, read after one
+                    // more unit (the dry run of a grant reports the state
+                    // after it).
+                    let one = self.peek(at_us, 1, Mode::AllOrNothing, block_key, keyed);
+                    let reset_after = match one.await? {
+                        Decision::Granted(o) => o.reset_after,
+                        Decision::Denied(d) => d.reset_after,
+                        Decision::Never(_) => Duration::ZERO,
+                    };
+                    RuleState {
+                        rule,
+                        kind,
+                        remaining: g.granted,
+                        retry_after: Duration::ZERO,
+                        reset_after,
+                    }
+                }
+                Decision::Denied(d) => RuleState {
+                    rule,
+                    kind,
+                    remaining: 0,
+                    retry_after: d.retry_after,
+                    reset_after: d.reset_after,
+                },
+                Decision::Never(_) => RuleState {
+                    rule,
+                    kind,
+                    remaining: 0,
+                    retry_after: Duration::ZERO,
+                    reset_after: Duration::ZERO,
+                },
+            };
+            rules.push(state);
+        }
+        // No rules and the seller's block key: refused only by a 429 block.
+        let block = self.peek(
+            at_us,
+            1,
+            Mode::AllOrNothing,
+            self.keys.block(seller),
+            Vec::new(),
+        );
+        let blocked_for = match block.await? {
+            Decision::Denied(d) => Some(d.retry_after),
+            _ => None,
+        };
+        Ok(SellerState {
+            tier: policy.tier_of(seller).to_owned(),
+            unlimited,
+            rules,
+            blocked_for,
+        })
+    }
+
+    async fn peek(
+        &self,
+        at_us: Option<u64>,
+        cost: u64,
+        mode: Mode,
+        block_key: String,
+        rules: Vec<(String, Rule)>,
+    ) -> Result<Decision, S::Error> {
+        let call = ScriptCall {
+            op: Op::Peek,
+            now_us: at_us,
+            cost,
+            mode,
+            call_id: self.ids.next(),
+            block_key,
+            rules,
+        };
+        let plain: Vec<Rule> = call.rules.iter().map(|(_, r)| *r).collect();
+        Ok(self.store.run(&call).await?.decision(&plain, cost))
+    }
+}

@@ -1,0 +1,140 @@
+//! Shadow rules (`shadow = true`): decided and counted on live traffic,
+//! but never holding a job, so a new limit can be tried before it bites.
+//!
+//! After the enforced rules grant a seller `n` units, its shadow rules are
+//! asked for up to `n` in a call of their own: they are charged what they
+//! would have let through, and the rest is counted as `shadow_denied`. Their
+//! state therefore follows the traffic the rule would have admitted, and
+//! the count tells how many units it would have held back. The extra call
+//! is made only for sellers that have shadow rules; a failure of it is
+//! counted and logged, and never delays the job.
+
+use crate::config::Topology;
+use crate::telemetry::events::ShadowDecided;
+
+use super::decision::{Decision, DeniedBy, Mode};
+use super::permits::{KeyedRule, Limiter};
+use super::rule::Rule;
+use super::script::{Op, ScriptCall, Store};
+
+impl<S: Store> Limiter<S> {
+    /// Runs `seller`'s shadow rules over `units` the enforced rules just
+    /// granted. `at_us` is the explicit clock of tests (`None`: Redis').
+    pub(super) async fn shadow(&self, seller: &str, units: u64, at_us: Option<u64>) {
+        if units == 0 {
+            return;
+        }
+        let policy = self.policy();
+        let (own, global) = policy.shadow(seller);
+        if own.is_empty() && global.is_empty() {
+            return;
+        }
+        let own: Vec<KeyedRule> = own
+            .iter()
+            .map(|r| (self.keys.rule(seller, r), *r))
+            .collect();
+        let global: Vec<KeyedRule> = global
+            .iter()
+            .map(|r| (self.keys.global_rule(r), *r))
+            .collect();
+        let tier = policy.tier_of(seller);
+        if self.topology == Topology::Single || global.is_empty() || own.is_empty() {
+            let offset = 0;
+            let (block, rules) = if own.is_empty() {
+                (self.keys.global_block(), global)
+            } else {
+                let mut all = own;
+                all.extend(global);
+                (self.keys.no_block(seller), all)
+            };
+            self.shadow_call(seller, tier, units, at_us, block, rules, offset)
+                .await;
+        } else {
+            // Redis Cluster: the global keys live in another slot. Each part
+            // is its own trial; neither refunds the other.
+            let n_own = own.len();
+            self.shadow_call(
+                seller,
+                tier,
+                units,
+                at_us,
+                self.keys.no_block(seller),
+                own,
+                0,
+            )
+            .await;
+            self.shadow_call(
+                seller,
+                tier,
+                units,
+                at_us,
+                self.keys.global_block(),
+                global,
+                n_own,
+            )
+            .await;
+        }
+    }
+
+    /// One call over shadow rules: grant up to `units`, never blocked by a
+    /// 429 (the block key is one nothing writes). `offset` numbers the
+    /// rules after those of an earlier part.
+    #[allow(clippy::too_many_arguments)]
+    async fn shadow_call(
+        &self,
+        seller: &str,
+        tier: &str,
+        units: u64,
+        at_us: Option<u64>,
+        block_key: String,
+        rules: Vec<KeyedRule>,
+        offset: usize,
+    ) {
+        let call = ScriptCall {
+            op: Op::Acquire,
+            now_us: at_us,
+            cost: units,
+            mode: Mode::UpTo,
+            call_id: self.ids.next(),
+            block_key,
+            rules,
+        };
+        let plain: Vec<Rule> = call.rules.iter().map(|(_, r)| *r).collect();
+        // Up to `units`, limited by the smallest capacity: a cost above it
+        // is granted in part, not refused as impossible.
+        let (denied, by) = match self.store.run(&call).await {
+            Ok(reply) => match reply.decision(&plain, units) {
+                Decision::Granted(g) => (units - g.granted, None),
+                Decision::Denied(d) => (
+                    units,
+                    match d.by {
+                        DeniedBy::Rule(i) => Some(offset + i),
+                        _ => None,
+                    },
+                ),
+                Decision::Never(c) => (units, Some(offset + c.rule)),
+            },
+            Err(e) => {
+                ShadowDecided {
+                    seller,
+                    tier,
+                    units,
+                    denied: 0,
+                    by: None,
+                    error: Some(&e.to_string()),
+                }
+                .emit();
+                return;
+            }
+        };
+        ShadowDecided {
+            seller,
+            tier,
+            units,
+            denied,
+            by,
+            error: None,
+        }
+        .emit();
+    }
+}

@@ -1,0 +1,464 @@
+//! The operator commands behind `throttle-worker limits …` and
+//! `check-config`: each returns its output as text, a table for people or
+//! JSON (`--json`) for scripts, and `main` prints it.
+//!
+//! They read the same config as the workers and talk to the same Redis, so
+//! what they show is what every replica enforces: the config's limits with
+//! the temporary overrides in force.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use serde_json::{json, Value};
+
+use crate::config::{self, Settings};
+use crate::limiter::inspect::SellerState;
+use crate::limiter::overrides::{self, Override};
+use crate::limiter::{Decision, KeySpace, Limiter, Mode, Policy, RedisStore, Request, Rule};
+
+/// How a command prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Output {
+    Table,
+    Json,
+}
+
+/// Loads and validates the config, as a worker would at start.
+pub fn load(file: Option<&Path>) -> anyhow::Result<(Settings, Policy)> {
+    let loaded = config::load(file).context("invalid configuration")?;
+    let policy = Policy::load(&loaded).context("invalid configuration")?;
+    Ok((loaded.settings, policy))
+}
+
+/// The limiter as the worker sees it: the config's policy with the
+/// overrides in force now.
+pub async fn open_limiter(file: Option<&Path>) -> anyhow::Result<Limiter<RedisStore>> {
+    let (settings, policy) = load(file)?;
+    let store = RedisStore::open(&settings.redis).await?;
+    let limiter = Limiter::new(
+        store,
+        KeySpace::new(settings.redis.key_prefix.clone()),
+        policy,
+        settings.redis.topology,
+    );
+    limiter.refresh_overrides().await?;
+    Ok(limiter)
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn rfc3339(ms: u64) -> String {
+    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+}
+
+fn rule_json(r: &Rule) -> Value {
+    json!({
+        "algorithm": r.algorithm().name(),
+        "limit": r.limit().get(),
+        "period": humantime::format_duration(r.period()).to_string(),
+        "burst": r.burst(),
+        "text": r.to_string(),
+    })
+}
+
+fn secs(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1000.0).round() / 1000.0
+}
+
+fn short(d: Duration) -> String {
+    if d.is_zero() {
+        return "0s".to_owned();
+    }
+    let ms = d.as_millis();
+    if ms < 10_000 {
+        format!("{:.2}s", d.as_secs_f64())
+    } else {
+        humantime::format_duration(Duration::from_secs(d.as_secs())).to_string()
+    }
+}
+
+/// Left-aligned columns, two spaces apart.
+fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            widths[i] = widths[i].max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let line = |cells: Vec<&str>, out: &mut String| {
+        let mut s = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                s.push_str(c);
+            } else {
+                s.push_str(&format!("{c:<w$}  ", w = widths[i]));
+            }
+        }
+        out.push_str(s.trim_end());
+        out.push('\n');
+    };
+    line(header.to_vec(), &mut out);
+    for row in rows {
+        line(row.iter().map(String::as_str).collect(), &mut out);
+    }
+    out
+}
+
+/// The seller's override in force, read from the overrides hash.
+async fn override_of(
+    limiter: &Limiter<RedisStore>,
+    seller: &str,
+) -> anyhow::Result<Option<Override>> {
+    let fields = limiter
+        .store()
+        .read_overrides(&limiter.keys().overrides())
+        .await?;
+    Ok(fields
+        .get(seller)
+        .and_then(|json| serde_json::from_str::<Override>(json).ok())
+        .filter(|o| o.until_ms > now_ms() && o.rule().is_ok()))
+}
+
+/// `limits show SELLER`: the rules that apply, any override, and each
+/// rule's live state, charging nothing.
+pub async fn show(file: Option<&Path>, seller: &str, out: Output) -> anyhow::Result<String> {
+    let limiter = open_limiter(file).await?;
+    let state = limiter.inspect(seller, None).await?;
+    let ov = override_of(&limiter, seller).await?;
+    Ok(match out {
+        Output::Json => {
+            serde_json::to_string_pretty(&show_json(seller, &state, ov.as_ref()))? + "\n"
+        }
+        Output::Table => show_table(seller, &state, ov.as_ref()),
+    })
+}
+
+fn show_json(seller: &str, state: &SellerState, ov: Option<&Override>) -> Value {
+    json!({
+        "seller": seller,
+        "tier": state.tier,
+        "unlimited": state.unlimited,
+        "override": ov.map(|o| json!({
+            "rule": o.rule().map(|r| rule_json(&r)).unwrap_or(Value::Null),
+            "until": rfc3339(o.until_ms),
+        })),
+        "blocked_for_seconds": state.blocked_for.map(secs),
+        "rules": state.rules.iter().map(|r| json!({
+            "kind": r.kind.name(),
+            "rule": rule_json(&r.rule),
+            "remaining": r.remaining,
+            "retry_after_seconds": secs(r.retry_after),
+            "reset_after_seconds": secs(r.reset_after),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn show_table(seller: &str, state: &SellerState, ov: Option<&Override>) -> String {
+    let mut s = format!("seller {seller}: tier {}", state.tier);
+    if let Some(o) = ov {
+        s.push_str(&format!(" (override until {})", rfc3339(o.until_ms)));
+    }
+    if state.unlimited {
+        s.push_str(", unlimited");
+    }
+    s.push('\n');
+    match state.blocked_for {
+        Some(d) => s.push_str(&format!("downstream 429 block: {} left\n", short(d))),
+        None => s.push_str("downstream 429 block: none\n"),
+    }
+    if state.rules.is_empty() {
+        s.push_str("no rules\n");
+        return s;
+    }
+    let rows: Vec<Vec<String>> = state
+        .rules
+        .iter()
+        .map(|r| {
+            vec![
+                r.rule.to_string(),
+                r.kind.name().to_owned(),
+                r.remaining.to_string(),
+                short(r.retry_after),
+                short(r.reset_after),
+            ]
+        })
+        .collect();
+    s.push_str(&table(
+        &["RULE", "KIND", "REMAINING", "RETRY-AFTER", "FULL-IN"],
+        &rows,
+    ));
+    s
+}
+
+/// `limits reset SELLER`: clears the seller's state under every rule it is
+/// held to (shadow rules too) and any 429 block, for every replica at once.
+pub async fn reset(file: Option<&Path>, seller: &str, out: Output) -> anyhow::Result<String> {
+    let limiter = open_limiter(file).await?;
+    let keys = limiter.seller_keys(seller);
+    let existed = limiter.store().delete(&keys).await?;
+    Ok(match out {
+        Output::Json => {
+            json!({"seller": seller, "keys": keys.len(), "held_state": existed}).to_string() + "\n"
+        }
+        Output::Table => format!(
+            "reset {seller}: {existed} of its {} keys held state (rules and 429 block); cleared\n",
+            keys.len()
+        ),
+    })
+}
+
+/// When an override ends: `--for` a duration or `--until` an RFC 3339 time.
+pub fn until_ms(for_: Option<&str>, until: Option<&str>) -> anyhow::Result<u64> {
+    let now = SystemTime::now();
+    let until = match (for_, until) {
+        (Some(d), None) => now + humantime::parse_duration(d).context("--for")?,
+        (None, Some(t)) => humantime::parse_rfc3339_weak(t).context("--until")?,
+        _ => anyhow::bail!("give --for DURATION or --until TIME"),
+    };
+    anyhow::ensure!(until > now, "the override would end before it starts");
+    Ok(until.duration_since(UNIX_EPOCH)?.as_millis() as u64)
+}
+
+/// `limits override SELLER --rule SPEC --for|--until`: the seller gets
+/// that rule in place of its configured ones, on every replica within a
+/// second, until it expires.
+pub async fn set_override(
+    file: Option<&Path>,
+    seller: &str,
+    rule: &str,
+    until_ms: u64,
+    out: Output,
+) -> anyhow::Result<String> {
+    let o = overrides::parse_rule(rule, until_ms).map_err(|e| anyhow::anyhow!("--rule {e}"))?;
+    let rule = o.rule().map_err(|e| anyhow::anyhow!("--rule {e}"))?;
+    let (settings, _) = load(file)?;
+    let store = RedisStore::open(&settings.redis).await?;
+    let key = KeySpace::new(settings.redis.key_prefix.clone()).overrides();
+    store.write_override(&key, seller, &o.to_json()).await?;
+    Ok(match out {
+        Output::Json => {
+            json!({"seller": seller, "rule": rule_json(&rule), "until": rfc3339(until_ms)})
+                .to_string()
+                + "\n"
+        }
+        Output::Table => format!(
+            "{seller}: {rule} until {} (on every replica within {:?})\n",
+            rfc3339(until_ms),
+            overrides::REFRESH
+        ),
+    })
+}
+
+/// `limits override --clear SELLER`.
+pub async fn clear_override(
+    file: Option<&Path>,
+    seller: &str,
+    out: Output,
+) -> anyhow::Result<String> {
+    let (settings, _) = load(file)?;
+    let store = RedisStore::open(&settings.redis).await?;
+    let key = KeySpace::new(settings.redis.key_prefix.clone()).overrides();
+    let n = store
+        .clear_overrides(&key, std::slice::from_ref(&seller.to_owned()))
+        .await?;
+    Ok(match out {
+        Output::Json => json!({"seller": seller, "cleared": n > 0}).to_string() + "\n",
+        Output::Table => format!(
+            "{seller}: {}\n",
+            if n > 0 {
+                "override cleared"
+            } else {
+                "had no override"
+            }
+        ),
+    })
+}
+
+/// `limits list`: the overrides in force. Expired fields are dropped here,
+/// by the operator's tool, not by every worker every second.
+pub async fn list(file: Option<&Path>, out: Output) -> anyhow::Result<String> {
+    let (settings, _) = load(file)?;
+    let store = RedisStore::open(&settings.redis).await?;
+    let key = KeySpace::new(settings.redis.key_prefix.clone()).overrides();
+    let fields: HashMap<String, String> = store.read_overrides(&key).await?;
+    let now = now_ms();
+    let mut expired = Vec::new();
+    let mut live: Vec<(String, Override)> = Vec::new();
+    for (seller, raw) in fields {
+        match serde_json::from_str::<Override>(&raw) {
+            Ok(o) if o.until_ms > now => live.push((seller, o)),
+            _ => expired.push(seller),
+        }
+    }
+    store.clear_overrides(&key, &expired).await?;
+    live.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(match out {
+        Output::Json => {
+            let rows: Vec<Value> = live
+                .iter()
+                .map(|(seller, o)| {
+                    json!({
+                        "seller": seller,
+                        "rule": o.rule().map(|r| rule_json(&r)).unwrap_or(Value::Null),
+                        "until": rfc3339(o.until_ms),
+                    })
+                })
+                .collect();
+            serde_json::to_string_pretty(&rows)? + "\n"
+        }
+        Output::Table if live.is_empty() => "no overrides in force\n".to_owned(),
+        Output::Table => {
+            let rows: Vec<Vec<String>> = live
+                .iter()
+                .map(|(seller, o)| {
+                    vec![
+                        seller.clone(),
+                        o.rule()
+                            .map_or_else(|e| format!("invalid: {e}"), |r| r.to_string()),
+                        rfc3339(o.until_ms),
+                    ]
+                })
+                .collect();
+            table(&["SELLER", "RULE", "UNTIL"], &rows)
+        }
+    })
+}
+
+/// `limits peek SELLER`: what the limiter would answer now for `cost`,
+/// charging nothing.
+pub async fn peek(
+    file: Option<&Path>,
+    seller: &str,
+    cost: u64,
+    mode: Mode,
+    out: Output,
+) -> anyhow::Result<String> {
+    let limiter = open_limiter(file).await?;
+    let decision = limiter
+        .check(Request {
+            dry_run: true,
+            ..Request::new(seller, cost, mode)
+        })
+        .await?;
+    Ok(match (out, &decision) {
+        (Output::Table, _) => format!("{decision:#?}\n"),
+        (Output::Json, Decision::Granted(g)) => {
+            json!({
+                "result": "granted", "granted": g.granted, "remaining": g.remaining,
+                "reset_after_seconds": secs(g.reset_after),
+            })
+            .to_string()
+                + "\n"
+        }
+        (Output::Json, Decision::Denied(d)) => {
+            json!({
+                "result": "denied", "retry_after_seconds": secs(d.retry_after),
+                "remaining": d.remaining, "reset_after_seconds": secs(d.reset_after),
+                "by": format!("{:?}", d.by),
+            })
+            .to_string()
+                + "\n"
+        }
+        (Output::Json, Decision::Never(c)) => {
+            json!({
+                "result": "never", "reason": c.to_string(),
+            })
+            .to_string()
+                + "\n"
+        }
+    })
+}
+
+/// `check-config`: validates, then prints the resolved rules per tier and
+/// named seller.
+pub fn check_config(file: Option<&Path>, out: Output) -> anyhow::Result<String> {
+    let (settings, policy) = load(file)?;
+    let rules = |rs: &[Rule]| rs.iter().map(ToString::to_string).collect::<Vec<_>>();
+    let (default, default_shadow) = policy.default_rules();
+    let mut sellers: Vec<&str> = policy.named_sellers().collect();
+    sellers.sort_unstable();
+    let seller_rows: Vec<(String, String, Vec<String>, Vec<String>)> = sellers
+        .iter()
+        .map(|s| {
+            let own = match policy.resolve(s) {
+                crate::limiter::Resolved::Unlimited => Vec::new(),
+                crate::limiter::Resolved::Limited { seller, .. } => rules(seller),
+            };
+            (
+                (*s).to_owned(),
+                policy.tier_of(s).to_owned(),
+                own,
+                rules(policy.shadow(s).0),
+            )
+        })
+        .collect();
+    Ok(match out {
+        Output::Json => {
+            serde_json::to_string_pretty(&json!({
+                "valid": true,
+                "redis": {"url": config::redact_url(&settings.redis.url), "topology": format!("{:?}", settings.redis.topology), "key_prefix": settings.redis.key_prefix},
+                "limits_file": settings.limits.file.as_ref().map(|p| p.display().to_string()),
+                "default": {"rules": rules(default), "shadow": rules(default_shadow)},
+                "global": {"rules": rules(policy.global()), "shadow": rules(policy.global_shadow())},
+                "tiers": policy.tiers().map(|(t, r)| (t.to_owned(), json!({"rules": rules(r), "shadow": rules(policy.tier_shadow(t))}))).collect::<serde_json::Map<_, _>>(),
+                "sellers": seller_rows.iter().map(|(s, tier, own, shadow)| json!({
+                    "seller": s, "tier": tier, "rules": own, "shadow": shadow,
+                    "unlimited": tier == crate::limiter::policy::UNLIMITED_TIER,
+                })).collect::<Vec<_>>(),
+            }))? + "\n"
+        }
+        Output::Table => {
+            let mut s = String::from("configuration is valid\n");
+            s.push_str(&format!(
+                "redis: {} ({:?}, key prefix {:?})\n",
+                config::redact_url(&settings.redis.url),
+                settings.redis.topology,
+                settings.redis.key_prefix
+            ));
+            if let Some(f) = &settings.limits.file {
+                s.push_str(&format!("limits file: {}\n", f.display()));
+            }
+            let mut rows = vec![vec![
+                "(default)".to_owned(),
+                "default".to_owned(),
+                rules(default).join(", "),
+                rules(default_shadow).join(", "),
+            ]];
+            rows.push(vec![
+                "(global)".to_owned(),
+                "-".to_owned(),
+                rules(policy.global()).join(", "),
+                rules(policy.global_shadow()).join(", "),
+            ]);
+            for (tier, r) in policy.tiers() {
+                rows.push(vec![
+                    format!("(tier {tier})"),
+                    tier.to_owned(),
+                    rules(r).join(", "),
+                    rules(policy.tier_shadow(tier)).join(", "),
+                ]);
+            }
+            for (seller, tier, own, shadow) in &seller_rows {
+                rows.push(vec![
+                    seller.clone(),
+                    tier.clone(),
+                    if own.is_empty() {
+                        "unlimited".to_owned()
+                    } else {
+                        own.join(", ")
+                    },
+                    shadow.join(", "),
+                ]);
+            }
+            s.push_str(&table(&["SELLER", "TIER", "RULES", "SHADOW"], &rows));
+            s
+        }
+    })
+}

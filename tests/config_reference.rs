@@ -1,0 +1,175 @@
+//! README's configuration reference cannot drift from the config structs
+//! (issue 9): every field of every section is listed (the structs'
+//! `deny_unknown_fields` errors name them all), every default matches
+//! `config/default.toml`, and every environment variable it gives loads
+//! through the real config loader.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use throttle_worker::config::{load_from, DEFAULT_TOML};
+
+const SECTIONS: [&str; 6] = ["kafka", "redis", "downstream", "http", "worker", "limits"];
+
+/// Keys whose value is a table of free-form entries: listed as one row.
+const OPEN_TABLES: [&str; 5] = [
+    "kafka.properties",
+    "kafka.consumer_properties",
+    "kafka.producer_properties",
+    "limits.tiers",
+    "limits.sellers",
+];
+
+struct Row {
+    default: String,
+    env: String,
+}
+
+/// The table between the README's config-reference markers.
+fn reference() -> BTreeMap<String, Row> {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    let start = readme
+        .find("<!-- config-reference:start -->")
+        .expect("README has the config-reference start marker");
+    let end = readme
+        .find("<!-- config-reference:end -->")
+        .expect("README has the config-reference end marker");
+    let mut rows = BTreeMap::new();
+    for line in readme[start..end].lines().filter(|l| l.starts_with("| `")) {
+        let cells: Vec<&str> = line.trim_matches('|').split(" | ").map(str::trim).collect();
+        assert!(cells.len() >= 4, "a reference row has 4 cells: {line}");
+        let unquote = |c: &str| c.trim_matches('`').to_owned();
+        let key = unquote(cells[0]);
+        let row = Row {
+            default: unquote(cells[1]),
+            env: unquote(cells[2]),
+        };
+        assert!(
+            rows.insert(key.clone(), row).is_none(),
+            "{key} listed twice"
+        );
+    }
+    rows
+}
+
+/// `config/default.toml` as dotted keys, open tables kept whole.
+fn defaults() -> BTreeMap<String, toml::Value> {
+    fn walk(prefix: &str, v: &toml::Value, out: &mut BTreeMap<String, toml::Value>) {
+        match v {
+            toml::Value::Table(t) if !OPEN_TABLES.contains(&prefix) => {
+                for (k, x) in t {
+                    let key = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    walk(&key, x, out);
+                }
+            }
+            other => {
+                out.insert(prefix.to_owned(), other.clone());
+            }
+        }
+    }
+    let table: toml::Value = toml::from_str(DEFAULT_TOML).expect("defaults parse");
+    let mut out = BTreeMap::new();
+    walk("", &table, &mut out);
+    out
+}
+
+/// Every field of a section's struct, from the loader's own refusal of an
+/// unknown one ("expected one of `a`, `b`, …").
+fn fields_of(section: &str) -> BTreeSet<String> {
+    let env = vec![(
+        format!("THROTTLE__{}__NO_SUCH_KEY", section.to_uppercase()),
+        "1".to_owned(),
+    )];
+    let err = load_from(None, env)
+        .err()
+        .unwrap_or_else(|| panic!("an unknown key in [{section}] must be refused"));
+    let text = err.to_string();
+    // serde says "expected one of `a`, `b`" or, for one field, "expected `a`".
+    let list = text
+        .split_once("expected one of ")
+        .or_else(|| text.split_once("expected "))
+        .unwrap_or_else(|| panic!("no field list in {text:?}"))
+        .1;
+    list.split(", ")
+        .map(|f| format!("{section}.{}", f.trim().trim_matches('`')))
+        .collect()
+}
+
+#[test]
+fn every_field_of_every_section_is_in_the_reference() {
+    let rows = reference();
+    let mut fields = BTreeSet::new();
+    for section in SECTIONS {
+        fields.extend(fields_of(section));
+    }
+    let listed: BTreeSet<String> = rows.keys().cloned().collect();
+    let missing: Vec<_> = fields.difference(&listed).collect();
+    let unknown: Vec<_> = listed.difference(&fields).collect();
+    assert!(
+        missing.is_empty(),
+        "config keys missing from README: {missing:?}"
+    );
+    assert!(
+        unknown.is_empty(),
+        "README lists keys the config does not have: {unknown:?}"
+    );
+}
+
+#[test]
+fn every_default_in_the_reference_is_the_compiled_in_one() {
+    let rows = reference();
+    for (key, value) in defaults() {
+        let row = rows
+            .get(&key)
+            .unwrap_or_else(|| panic!("{key} (in config/default.toml) is not in README"));
+        let same = match &value {
+            toml::Value::String(s) => row.default == *s,
+            other => {
+                let written: toml::Value =
+                    toml::from_str::<toml::Table>(&format!("v = {}", row.default))
+                        .unwrap_or_else(|e| panic!("{key}: README default {:?}: {e}", row.default))
+                        .remove("v")
+                        .unwrap();
+                written == *other
+            }
+        };
+        assert!(
+            same,
+            "{key}: README says {:?}, default.toml {value}",
+            row.default
+        );
+    }
+}
+
+#[test]
+fn every_environment_variable_in_the_reference_loads() {
+    let rows = reference();
+    let defaults = defaults();
+    let limits_file = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    std::fs::write(limits_file.path(), "[limits]\n").unwrap();
+    let mut checked = 0;
+    for (key, row) in &rows {
+        if row.env == "file" {
+            continue;
+        }
+        let expected = format!("THROTTLE__{}", key.replace('.', "__").to_uppercase());
+        assert_eq!(row.env, expected, "{key}: the variable's name");
+        let value = match defaults.get(key) {
+            Some(toml::Value::String(s)) if s.is_empty() => "x".to_owned(),
+            Some(toml::Value::String(s)) => s.clone(),
+            Some(other) => other.to_string(),
+            None if key == "limits.file" => limits_file.path().display().to_string(),
+            None => panic!("{key}: no default to try"),
+        };
+        load_from(None, vec![(row.env.clone(), value.clone())])
+            .unwrap_or_else(|e| panic!("{} = {value:?} does not load: {e}", row.env));
+        checked += 1;
+    }
+    assert!(checked >= 30, "only {checked} variables checked");
+    // And the check can fail: a misspelt variable is refused.
+    assert!(load_from(None, vec![("THROTTLE__KAFKA__BROKER".into(), "x".into())]).is_err());
+}
