@@ -19,7 +19,10 @@
 //!   endpoints. Leaf module.
 //! - [`demo`]: the live limiter demo behind `throttle-worker limiter demo`.
 //! - [`load`]: the load generator behind `throttle-worker produce`.
+//! - [`cli`]: the binary's command line (clap definitions only; `main.rs`
+//!   dispatches), here so tests can parse a command line without running it.
 
+pub mod cli;
 pub mod config;
 pub mod demo;
 pub mod downstream;
