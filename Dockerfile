@@ -1,0 +1,62 @@
+# syntax=docker/dockerfile:1
+# throttle-worker image: one binary for every role (run, stub, produce,
+# dev-broker, limiter tools). Build:  docker build -t throttle-worker .
+# tests/deploy_files.rs checks this file against the repository (packages,
+# copied paths, user, port, healthcheck); there is no Docker engine in CI.
+
+# --- build -----------------------------------------------------------------
+FROM rust:1-bookworm AS build
+# The Debian packages .ci/run installs for the build: librdkafka is compiled
+# from source (C toolchain, cmake, python3 for its configure), with OpenSSL
+# for the ssl feature, SASL headers and zlib.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends \
+      build-essential cmake pkg-config libssl-dev libsasl2-dev zlib1g-dev python3 \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+# rust-toolchain.toml pins the toolchain CI uses; rustup installs it here on
+# the first cargo call, so the image is built by the same compiler.
+COPY rust-toolchain.toml Cargo.toml Cargo.lock ./
+# Cargo.toml declares benches/limiter.rs; src/ compiles in lua/ and
+# config/default.toml (include_str!).
+COPY src ./src
+COPY lua ./lua
+COPY config/default.toml ./config/default.toml
+COPY benches ./benches
+# Cache mounts keep the registry and the target directory between builds;
+# the binary is copied out of the cached target before the layer ends.
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked \
+ && cp target/release/throttle-worker /usr/local/bin/throttle-worker
+
+# --- run -------------------------------------------------------------------
+FROM debian:bookworm-slim
+# Runtime libraries only: what the binary links (ldd: libssl3 with
+# libcrypto, zlib1g; libc6 and libgcc-s1 are in the base) and CA
+# certificates for TLS to Kafka, Redis or the downstream. No libsasl2-2:
+# librdkafka is built without GSSAPI, and SASL PLAIN/SCRAM need only OpenSSL
+# (tests/deploy_files.rs checks this list against ldd of the built binary).
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates libssl3 zlib1g \
+ && rm -rf /var/lib/apt/lists/*
+# A numeric, non-root user: Kubernetes' runAsNonRoot can only verify a
+# numeric USER (deploy/kubernetes/deployment.yaml runs as the same uid).
+RUN groupadd --system --gid 10001 throttle \
+ && useradd --system --uid 10001 --gid 10001 --no-create-home \
+      --home-dir /nonexistent --shell /usr/sbin/nologin throttle
+COPY --from=build /usr/local/bin/throttle-worker /usr/local/bin/throttle-worker
+COPY --chmod=0755 deploy/docker/healthcheck.sh /usr/local/bin/throttle-healthcheck
+USER 10001:10001
+# The default http.listen is 127.0.0.1:9898, which nothing outside the
+# container can reach (no probe, no Prometheus).
+ENV THROTTLE__HTTP__LISTEN=0.0.0.0:9898
+EXPOSE 9898
+# Configuration: THROTTLE__SECTION__KEY variables over the compiled-in
+# defaults, and a mounted limits file (THROTTLE__LIMITS__FILE), watched for
+# live edits. SIGTERM drains within worker.shutdown_timeout (20s): give
+# `docker stop` / Kubernetes a longer grace period.
+HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 \
+  CMD ["/usr/local/bin/throttle-healthcheck"]
+ENTRYPOINT ["throttle-worker"]
+CMD ["run"]
