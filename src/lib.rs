@@ -19,6 +19,8 @@
 //!   endpoints. Leaf module.
 //! - [`demo`]: the live limiter demo behind `throttle-worker limiter demo`.
 //! - [`load`]: the load generator behind `throttle-worker produce`.
+//! - [`stub`]: `throttle-worker stub`, a downstream that counts per seller
+//!   and can answer 429 (the demo's, and docker-compose's).
 
 pub mod config;
 pub mod demo;
@@ -27,5 +29,6 @@ pub mod job;
 pub mod kafka;
 pub mod limiter;
 pub mod load;
+pub mod stub;
 pub mod telemetry;
 pub mod worker;

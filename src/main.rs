@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand};
 
 use throttle_worker::limiter::overrides::{self, Override};
 use throttle_worker::limiter::{KeySpace, Limiter, Mode, Policy, RedisStore, Request};
-use throttle_worker::{config, demo, kafka, load, telemetry, worker};
+use throttle_worker::{config, demo, kafka, load, stub, telemetry, worker};
 
 #[derive(Parser)]
 #[command(
@@ -76,6 +76,9 @@ enum Command {
         #[arg(long, default_value_t = 256)]
         payload_bytes: usize,
     },
+    /// A downstream stub: POST /registrations counts per seller (429 past
+    /// --throttle), GET /stats and /jobs report.
+    Stub(stub::StubArgs),
     /// Load and validate the configuration, then print every seller rule set.
     CheckConfig {
         /// Merged over config/default.toml; THROTTLE__SECTION__KEY overrides both.
@@ -349,6 +352,7 @@ async fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Stub(args) => stub::serve(args, shutdown_signal()).await,
         Command::CheckConfig { config } => {
             let (settings, policy) = load(config)?;
             println!("configuration is valid");
