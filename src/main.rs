@@ -76,6 +76,10 @@ enum Command {
         #[arg(long, default_value_t = 256)]
         payload_bytes: usize,
     },
+    /// The whole pipeline on one machine with only Redis: mock broker,
+    /// worker replicas, a downstream stub, a skewed load, a live view, and
+    /// a summary that checks every limit held and no job was lost.
+    Demo(demo::DemoArgs),
     /// A downstream stub: POST /registrations counts per seller (429 past
     /// --throttle), GET /stats and /jobs report.
     Stub(stub::StubArgs),
@@ -352,6 +356,7 @@ async fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Demo(args) => demo::run(args, shutdown_signal()).await,
         Command::Stub(args) => stub::serve(args, shutdown_signal()).await,
         Command::CheckConfig { config } => {
             let (settings, policy) = load(config)?;
