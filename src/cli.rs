@@ -79,6 +79,13 @@ pub enum Command {
         #[arg(long, default_value_t = 256)]
         payload_bytes: usize,
     },
+    /// The whole pipeline on one machine with only Redis: mock broker,
+    /// worker replicas, a downstream stub, a skewed load, a live view, and
+    /// a summary that checks every limit held and no job was lost.
+    Demo(crate::demo::DemoArgs),
+    /// A downstream stub: POST /registrations counts per seller (429 past
+    /// --throttle), GET /stats and /jobs report.
+    Stub(crate::stub::StubArgs),
     /// Load and validate the configuration, then print the rules of every
     /// tier and named seller; exits non-zero with file, key and problem.
     CheckConfig {

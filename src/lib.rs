@@ -19,10 +19,14 @@
 //!   sellers at once without head-of-line blocking.
 //! - [`telemetry`]: logging, typed events, the Prometheus metrics and the HTTP
 //!   endpoints. Leaf module.
-//! - [`demo`]: the live limiter demo behind `throttle-worker limiter demo`.
+//! - [`demo`]: `throttle-worker demo`, the whole pipeline on one machine
+//!   (mock broker, stub, replicas as child processes, load, live view, a
+//!   summary that checks the limits held), and `limiter demo`.
 //! - [`load`]: the load generator behind `throttle-worker produce`.
 //! - [`operator`]: the operator commands (`limits show|reset|override|list|peek`,
 //!   `check-config`), as tables or JSON.
+//! - [`stub`]: `throttle-worker stub`, a downstream that counts per seller
+//!   and can answer 429 (the demo's, and docker-compose's).
 
 pub mod cli;
 pub mod config;
@@ -33,5 +37,6 @@ pub mod kafka;
 pub mod limiter;
 pub mod load;
 pub mod operator;
+pub mod stub;
 pub mod telemetry;
 pub mod worker;

@@ -55,6 +55,23 @@ impl Zipf {
     }
 }
 
+/// The id of the `k`th seller (0-based; seller-0 sends the most).
+pub fn seller_id(k: usize) -> String {
+    format!("seller-{k}")
+}
+
+/// The id of the `i`th job of run `run_id`.
+pub fn job_id(run_id: &str, i: u64) -> String {
+    format!("{run_id}-{i}")
+}
+
+/// `(seller, job id)` from a record key this generator wrote
+/// (`seller/job_id`), which malformed records carry too: a dead letter's
+/// key says whose job it was even when its value says nothing.
+pub fn parse_key(key: &[u8]) -> Option<(&str, &str)> {
+    std::str::from_utf8(key).ok()?.split_once('/')
+}
+
 /// The `i`th record of a run: `(key, value)`. Malformed ones come in the
 /// kinds a producer bug makes: not JSON, no seller, an empty object.
 pub fn record(
@@ -64,8 +81,8 @@ pub fn record(
     u_seller: f64,
     u_bad: f64,
 ) -> (String, Vec<u8>) {
-    let seller = format!("seller-{}", zipf.pick(u_seller));
-    let job_id = format!("{}-{i}", spec.run_id);
+    let seller = seller_id(zipf.pick(u_seller));
+    let job_id = job_id(&spec.run_id, i);
     let key = format!("{seller}/{job_id}");
     if u_bad < spec.malformed {
         let bad = match i % 3 {
@@ -86,12 +103,24 @@ pub fn record(
 /// Writes the run to `topic`, paced to `spec.rate`, showing progress.
 /// Returns how many records were written.
 pub async fn run(sink: &RecordSink, topic: &str, spec: &LoadSpec) -> anyhow::Result<u64> {
-    let zipf = Zipf::new(spec.sellers, spec.skew);
     let bar = ProgressBar::new(spec.jobs);
     bar.set_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} jobs {per_sec} eta {eta}")
             .expect("a valid template"),
     );
+    run_with_progress(sink, topic, spec, bar).await
+}
+
+/// [`run`] with the caller's progress bar: the demo passes a hidden one and
+/// reads its position into its own view.
+pub async fn run_with_progress(
+    sink: &RecordSink,
+    topic: &str,
+    spec: &LoadSpec,
+    bar: ProgressBar,
+) -> anyhow::Result<u64> {
+    let zipf = Zipf::new(spec.sellers, spec.skew);
+    bar.set_length(spec.jobs);
     let started = Instant::now();
     // Up to this many writes in flight: a paced run stays on its pace, a
     // fast one keeps the producer's queue busy.

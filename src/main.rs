@@ -9,7 +9,7 @@ use clap::Parser;
 use throttle_worker::cli::{Cli, Command, LimitsCommand};
 use throttle_worker::limiter::Mode;
 use throttle_worker::operator::{self, Output};
-use throttle_worker::{config, demo, kafka, load, telemetry, worker};
+use throttle_worker::{config, demo, kafka, load, stub, telemetry, worker};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -79,6 +79,8 @@ async fn main() -> anyhow::Result<()> {
             );
             Ok(())
         }
+        Command::Demo(args) => demo::run(args, shutdown_signal()).await,
+        Command::Stub(args) => stub::serve(args, shutdown_signal()).await,
         Command::CheckConfig { config, json } => {
             let out = if json { Output::Json } else { Output::Table };
             print!("{}", operator::check_config(config.as_deref(), out)?);

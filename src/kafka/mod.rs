@@ -9,12 +9,16 @@
 //!   worker's headers back.
 //! - [`mock`]: [`DevBroker`], librdkafka's embedded mock cluster for tests,
 //!   the demo and `throttle-worker dev-broker`.
+//! - [`reader`]: [`TopicReader`] reads a topic from its beginning to its
+//!   end outside any group (the demo's dead-letter count).
 
 pub mod consumer;
 pub mod mock;
 pub mod offsets;
 pub mod producer;
+pub mod reader;
 
 pub use mock::{parse_topic_spec, serve_dev_broker, DevBroker, MockError, TopicSpecError};
 pub use offsets::{Commit, Finish, Offsets, PartitionOffsets, TrackError};
 pub use producer::{HeaderError, OriginalRecord, Position, RecordSink, RetryHeaders, SinkError};
+pub use reader::{ReadRecord, ReaderError, TopicReader};

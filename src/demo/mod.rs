@@ -1,0 +1,166 @@
+//! `throttle-worker demo`: the whole pipeline on one machine, with nothing
+//! but a Redis: the mock Kafka broker and the downstream stub in this
+//! process, N worker replicas as child processes of this binary (a real
+//! consumer group), a Zipf-skewed load with a few malformed records, a live
+//! view, and at the end a summary that checks the limits held and nothing
+//! was lost.
+//!
+//! - [`plan`]: the sellers, their roles and rules, the replicas' config.
+//! - [`replicas`]: the child processes, which never outlive the demo.
+//! - [`scrape`]: the replicas' `/metrics`, parsed and summed.
+//! - [`dlq`]: the dead-letter topic, followed and read to its end.
+//! - [`check`]: busiest windows against the rules; every job accounted for.
+//! - [`run`]: one run from start to stop: broker, stub, replicas, load,
+//!   live view, drain; [`summary`]: the checks and the text at the end.
+//! - [`view`]: the live view (ratatui, or a plain table).
+//! - [`limiter`]: `throttle-worker limiter demo`, the limiter alone.
+
+pub mod check;
+pub mod dlq;
+pub mod limiter;
+pub mod plan;
+pub mod replicas;
+mod run;
+pub mod scrape;
+mod summary;
+pub mod view;
+
+pub use limiter::limiter_demo;
+
+use std::future::Future;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail};
+use tokio::sync::mpsc;
+
+use crate::limiter::RedisStore;
+
+use self::run::{Run, STOP_GRACE};
+use self::view::View;
+
+/// `throttle-worker demo`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DemoArgs {
+    /// How long the live phase lasts; the load runs for its first two
+    /// thirds, the rest shows the throttled backlogs draining.
+    #[arg(long, default_value = "45s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// Worker replicas (child processes of this binary).
+    #[arg(long, default_value_t = 3)]
+    pub replicas: usize,
+    /// Sellers in the load (Zipf-skewed: seller-0 sends the most).
+    #[arg(long, default_value_t = 12)]
+    pub sellers: usize,
+    /// Jobs per second the load produces.
+    #[arg(long, default_value_t = 300.0)]
+    pub rate: f64,
+    /// The Redis the replicas' limiter uses (`scripts/with-redis.sh`
+    /// starts one if none answers).
+    #[arg(
+        long,
+        env = "REDIS_URL",
+        hide_env_values = true,
+        default_value = "redis://127.0.0.1:6379"
+    )]
+    pub redis_url: String,
+    /// Keep the replicas' configs and logs even when every check holds
+    /// (they are kept anyway when one fails).
+    #[arg(long)]
+    pub keep_logs: bool,
+    /// Proof that the checks can fail: the stub records every call of this
+    /// seller twice, as if the limiter had let twice the calls through.
+    #[arg(long, hide = true)]
+    pub fault_double_count: Vec<String>,
+    /// Proof that the checks can fail: the stub answers this seller's calls
+    /// but forgets them, as if its jobs were lost.
+    #[arg(long, hide = true)]
+    pub fault_forget: Vec<String>,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s.trim()).map_err(|e| format!("{e} (write e.g. 45s, 2m)"))
+}
+
+impl DemoArgs {
+    fn validate(&self) -> anyhow::Result<()> {
+        let d = self.duration;
+        if d < Duration::from_secs(10) || d > Duration::from_secs(3600) {
+            bail!(
+                "--duration must be between 10s and 1h (the group takes seconds to form), got {}",
+                humantime::format_duration(d)
+            );
+        }
+        if !(1..=16).contains(&self.replicas) {
+            bail!("--replicas must be between 1 and 16, got {}", self.replicas);
+        }
+        if !(1..=1000).contains(&self.sellers) {
+            bail!("--sellers must be between 1 and 1000, got {}", self.sellers);
+        }
+        if !(self.rate.is_finite() && self.rate >= 1.0 && self.rate <= 5000.0) {
+            bail!(
+                "--rate must be between 1 and 5000 jobs/s, got {}",
+                self.rate
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Runs the demo; `Ok` when every check holds, an error naming each check
+/// that failed otherwise. Stops early, with an error, when `shutdown`
+/// resolves (SIGTERM, Ctrl-C) or the user quits the live view.
+pub async fn run(args: DemoArgs, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    args.validate()?;
+    // Redis first: the one thing the demo needs from outside.
+    RedisStore::connect(&args.redis_url, Duration::from_secs(3))
+        .await
+        .map_err(|e| {
+            anyhow!(
+                "the demo needs Redis: {e}; start one (e.g. `scripts/with-redis.sh throttle-worker demo`) or point REDIS_URL at one"
+            )
+        })?;
+    let result = run_logged(args, shutdown).await;
+    // Only now: the broker, the stub and the readers are gone, and their
+    // last log lines went to the file too.
+    crate::telemetry::redirect_logs(None);
+    result
+}
+
+/// [`run`] once Redis answered; this process's logs go to `demo.log`.
+async fn run_logged(args: DemoArgs, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    let mut run = Run::start(args).await?;
+    let (stop_tx, mut stop_rx) = mpsc::unbounded_channel();
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut view = View::open(stop_tx);
+    let body = run.body(&mut view, &mut stop_rx, &mut shutdown).await;
+    view.close();
+    let outcome = match body {
+        Ok(o) => o,
+        Err(e) => {
+            let stopped = run.replicas.stop(STOP_GRACE).await;
+            let clean = stopped
+                .iter()
+                .filter(|(_, s)| s.is_some_and(|s| s.success()))
+                .count();
+            println!(
+                "{} of {} replicas stopped cleanly; their logs and configs are kept in {}",
+                clean,
+                stopped.len(),
+                run.keep_logs()
+            );
+            return Err(e);
+        }
+    };
+    let (text, failures) = run.summary(&outcome);
+    println!("{text}");
+    if !failures.is_empty() || run.args.keep_logs {
+        println!("replica logs and configs kept in {}", run.keep_logs());
+    }
+    if failures.is_empty() {
+        return Ok(());
+    }
+    Err(anyhow!(
+        "the demo's checks failed:\n  - {}",
+        failures.join("\n  - ")
+    ))
+}
