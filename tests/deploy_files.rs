@@ -72,7 +72,12 @@ fn kube_problems(all: &[Manifest], df: &Dockerfile, tmp: &Path) -> (Vec<String>,
 #[test]
 fn dockerfile_builds_from_the_repository_and_runs_unprivileged() {
     let df = dockerfile_of(&read("Dockerfile"));
-    let problems = dockerfile::check(&df, &read(".dockerignore"), &read(".ci/run"), &repo());
+    let problems = dockerfile::check(
+        &df,
+        &read(".dockerignore"),
+        &read("scripts/install-deps.sh"),
+        &repo(),
+    );
     assert_none("Dockerfile", &problems);
     let run = df.final_stage();
     assert_eq!(dockerfile::user_id(run), Ok(10001));
@@ -377,7 +382,7 @@ fn problems_with(file: &str, text: &str) -> Vec<String> {
         Ok(df) => df,
         Err(e) => return vec![e],
     };
-    let mut problems = dockerfile::check(&df, &ignore, &read(".ci/run"), &repo());
+    let mut problems = dockerfile::check(&df, &ignore, &read("scripts/install-deps.sh"), &repo());
     if let Some(k8s) = file.strip_prefix("deploy/kubernetes/") {
         let mut all: Vec<Manifest> = kube::load_dir(&repo().join("deploy/kubernetes"))
             .unwrap()

@@ -231,11 +231,11 @@ impl DockerIgnore {
     }
 }
 
-/// Build-only packages of `.ci/run` that the image does not need: the
+/// Build-only packages of `scripts/install-deps.sh` (what `.ci/run` installs) that the image does not need: the
 /// Redis server and client and procps serve the integration tests.
 pub const TEST_ONLY_PACKAGES: &[&str] = &["redis-server", "redis-tools", "procps"];
 
-/// The `pkgs=(...)` list of `.ci/run`.
+/// The `pkgs=(...)` list of `scripts/install-deps.sh` (what `.ci/run` installs).
 pub fn ci_packages(ci_run: &str) -> Vec<String> {
     ci_run
         .lines()
@@ -296,7 +296,7 @@ pub fn copied(copies: &[Copy], path: &str) -> bool {
 }
 
 /// The checks of the image that need only the repository. `ci_run` is
-/// `.ci/run`'s text, `dockerignore` `.dockerignore`'s.
+/// `scripts/install-deps.sh`'s text (the packages `.ci/run` installs), `dockerignore` `.dockerignore`'s.
 pub fn check(df: &Dockerfile, dockerignore: &str, ci_run: &str, repo: &Path) -> Vec<String> {
     let mut problems = Vec::new();
     let ignore = DockerIgnore::parse(dockerignore);
@@ -320,14 +320,14 @@ pub fn check(df: &Dockerfile, dockerignore: &str, ci_run: &str, repo: &Path) -> 
     let have = build.apt_packages();
     let want = ci_packages(ci_run);
     if want.is_empty() {
-        problems.push(".ci/run: no pkgs=(...) list found".into());
+        problems.push("scripts/install-deps.sh: no pkgs=(...) list found".into());
     }
     for p in want
         .iter()
         .filter(|p| !TEST_ONLY_PACKAGES.contains(&p.as_str()))
     {
         if !have.contains(p) {
-            problems.push(format!("Dockerfile: build stage does not install {p}, which .ci/run installs for the build"));
+            problems.push(format!("Dockerfile: build stage does not install {p}, which scripts/install-deps.sh installs for the build"));
         }
     }
     if !build
