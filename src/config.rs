@@ -38,7 +38,7 @@ pub struct Settings {
     pub limits: LimitsConfig,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaSettings {
     /// Bootstrap servers, comma separated (librdkafka `bootstrap.servers`).
@@ -115,6 +115,50 @@ pub struct RedisSettings {
     /// With `topology = "cluster"`: more seed nodes beside `url`
     /// (`redis://host:port`), in case that one is down at startup.
     pub cluster_nodes: Vec<String>,
+}
+
+/// librdkafka properties whose values are secrets: shown as `***`.
+pub fn is_secret_property(key: &str) -> bool {
+    [
+        "password",
+        "secret",
+        "sasl.jaas",
+        "oauthbearer.config",
+        "key.pem",
+    ]
+    .iter()
+    .any(|s| key.contains(s))
+}
+
+fn redacted(map: &BTreeMap<String, String>) -> BTreeMap<&str, &str> {
+    map.iter()
+        .map(|(k, v)| {
+            let shown = if is_secret_property(k) {
+                "***"
+            } else {
+                v.as_str()
+            };
+            (k.as_str(), shown)
+        })
+        .collect()
+}
+
+impl fmt::Debug for KafkaSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KafkaSettings")
+            .field("brokers", &self.brokers)
+            .field("group_id", &self.group_id)
+            .field("group_instance_id", &self.group_instance_id)
+            .field("topic", &self.topic)
+            .field("retry_topic", &self.retry_topic)
+            .field("retry_tiers", &self.retry_tiers)
+            .field("dlq_topic", &self.dlq_topic)
+            .field("properties", &redacted(&self.properties))
+            .field("consumer_properties", &redacted(&self.consumer_properties))
+            .field("producer_properties", &redacted(&self.producer_properties))
+            .field("commit_interval", &self.commit_interval)
+            .finish()
+    }
 }
 
 impl fmt::Debug for RedisSettings {
@@ -352,10 +396,7 @@ pub fn load_from(
         builder = builder.add_source(source.clone());
         layers.push((shown, single(source, &files)?));
     }
-    let env: config::Map<String, String> = env
-        .into_iter()
-        .filter(|(k, _)| k.starts_with("THROTTLE__"))
-        .collect();
+    let (env, librdkafka) = secrets_and_properties(env)?;
     let env = config::Environment::with_prefix("THROTTLE")
         .prefix_separator("__")
         .separator("__")
@@ -383,8 +424,101 @@ pub fn load_from(
         layers.push((shown, layer));
         loaded = merge(&builder, &env, &files, &layers, &env_layer)?;
     }
+    for (table, key, value) in librdkafka {
+        let k = &mut loaded.settings.kafka;
+        let map = match table {
+            PropertyTable::Both => &mut k.properties,
+            PropertyTable::Consumer => &mut k.consumer_properties,
+            PropertyTable::Producer => &mut k.producer_properties,
+        };
+        map.insert(key, value);
+    }
     loaded.settings.validate(&loaded)?;
     Ok(loaded)
+}
+
+/// Which librdkafka table an environment variable sets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PropertyTable {
+    Both,
+    Consumer,
+    Producer,
+}
+
+/// The process environment as the config crate should see it, and the
+/// librdkafka properties it sets, which the config crate cannot take:
+///
+/// - `THROTTLE__KAFKA__PROPERTIES__SASL_PASSWORD` (or `…__SASL.PASSWORD`)
+///   sets `sasl.password` in `[kafka.properties]` (likewise
+///   `CONSUMER_PROPERTIES`, `PRODUCER_PROPERTIES`): librdkafka's names are
+///   dotted and never hold `_`, so `_` stands for `.`, while the config
+///   crate would read a dot as a nested table.
+/// - A variable ending in `_FILE` is read from the file it names, as Docker
+///   and Kubernetes mount secrets: `THROTTLE__REDIS__URL_FILE=/run/secrets/redis-url`
+///   sets `redis.url`, `THROTTLE__KAFKA__PROPERTIES__SASL_PASSWORD_FILE`
+///   sets `sasl.password`. The trailing newline is dropped.
+#[allow(clippy::type_complexity)]
+fn secrets_and_properties(
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Result<
+    (
+        config::Map<String, String>,
+        Vec<(PropertyTable, String, String)>,
+    ),
+    ConfigError,
+> {
+    let mut plain = config::Map::new();
+    let mut properties = Vec::new();
+    for (name, value) in env {
+        let Some(rest) = name.strip_prefix("THROTTLE__") else {
+            continue;
+        };
+        // `_FILE`, but not `LIMITS__FILE` (a key named `file`).
+        let (name, value) = match rest.strip_suffix("_FILE") {
+            Some(base) if !base.is_empty() && !base.ends_with('_') => {
+                let secret = std::fs::read_to_string(&value).map_err(|e| ConfigError {
+                    file: "environment".into(),
+                    key: name.clone(),
+                    problem: format!("cannot read the secret file {value}: {e}"),
+                })?;
+                let secret = secret.strip_suffix('\n').unwrap_or(&secret);
+                let secret = secret.strip_suffix('\r').unwrap_or(secret).to_owned();
+                (format!("THROTTLE__{base}"), secret)
+            }
+            _ => (name, value),
+        };
+        let upper = name.to_ascii_uppercase();
+        let table = [
+            ("THROTTLE__KAFKA__PROPERTIES__", PropertyTable::Both),
+            (
+                "THROTTLE__KAFKA__CONSUMER_PROPERTIES__",
+                PropertyTable::Consumer,
+            ),
+            (
+                "THROTTLE__KAFKA__PRODUCER_PROPERTIES__",
+                PropertyTable::Producer,
+            ),
+        ]
+        .into_iter()
+        .find(|(prefix, _)| upper.starts_with(prefix));
+        match table {
+            Some((prefix, table)) => {
+                let key = name[prefix.len()..].to_ascii_lowercase().replace('_', ".");
+                if key.is_empty() {
+                    return Err(ConfigError {
+                        file: "environment".into(),
+                        key: name.clone(),
+                        problem: "names no librdkafka property (e.g. …__SASL_PASSWORD)".into(),
+                    });
+                }
+                properties.push((table, key, value));
+            }
+            None => {
+                plain.insert(name, value);
+            }
+        }
+    }
+    Ok((plain, properties))
 }
 
 /// The sources so far, then the environment, read into [`Settings`].
@@ -950,5 +1084,58 @@ mod tests {
         assert_eq!(e.file, cfg.path().display().to_string());
         assert_eq!(e.key, "limits.file");
         assert!(e.problem.contains("no such file"), "{e}");
+    }
+
+    #[test]
+    fn dotted_librdkafka_keys_and_secret_files_come_from_the_environment() {
+        let url = file("redis://worker:hunter2@redis:6379\n");
+        let sasl = file("s3cret-from-file\n");
+        let env = vec![
+            (
+                "THROTTLE__KAFKA__PROPERTIES__SASL_USERNAME".to_owned(),
+                "svc".to_owned(),
+            ),
+            (
+                "THROTTLE__KAFKA__PROPERTIES__SASL_PASSWORD_FILE".to_owned(),
+                sasl.path().display().to_string(),
+            ),
+            (
+                "THROTTLE__KAFKA__CONSUMER_PROPERTIES__SESSION.TIMEOUT.MS".to_owned(),
+                "6000".to_owned(),
+            ),
+            (
+                "THROTTLE__KAFKA__PRODUCER_PROPERTIES__LINGER_MS".to_owned(),
+                "5".to_owned(),
+            ),
+            (
+                "THROTTLE__REDIS__URL_FILE".to_owned(),
+                url.path().display().to_string(),
+            ),
+        ];
+        let loaded = load_from(None, env).unwrap();
+        let k = &loaded.settings.kafka;
+        assert_eq!(k.properties["sasl.username"], "svc");
+        assert_eq!(k.properties["sasl.password"], "s3cret-from-file");
+        assert_eq!(k.consumer_config()["session.timeout.ms"], "6000");
+        assert_eq!(k.consumer_config()["sasl.password"], "s3cret-from-file");
+        assert_eq!(k.producer_config()["linger.ms"], "5");
+        assert!(!k.consumer_config().contains_key("linger.ms"));
+        assert_eq!(
+            loaded.settings.redis.url,
+            "redis://worker:hunter2@redis:6379"
+        );
+        let shown = format!("{:?}", loaded.settings);
+        assert!(
+            !shown.contains("s3cret") && !shown.contains("hunter2"),
+            "secrets in Debug: {shown}"
+        );
+
+        let env = vec![(
+            "THROTTLE__REDIS__URL_FILE".to_owned(),
+            "/nonexistent/secret".to_owned(),
+        )];
+        let e = load_from(None, env).err().unwrap();
+        assert_eq!(e.key, "THROTTLE__REDIS__URL_FILE");
+        assert!(e.problem.contains("/nonexistent/secret"), "{e}");
     }
 }
