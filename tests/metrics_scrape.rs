@@ -120,6 +120,27 @@ async fn metrics_tell_what_the_worker_does() {
         assert_eq!(r.status().as_u16(), 200, "/{path}");
         assert_eq!(r.text().await.unwrap(), body, "/{path}");
     }
+    // Read-only: no method but GET is taken anywhere.
+    let client = reqwest::Client::new();
+    for path in ["healthz", "readyz", "metrics", "limits", ""] {
+        for method in [
+            reqwest::Method::POST,
+            reqwest::Method::PUT,
+            reqwest::Method::DELETE,
+        ] {
+            let r = client
+                .request(method.clone(), format!("http://127.0.0.1:{port}/{path}"))
+                .body("x")
+                .send()
+                .await
+                .expect("request");
+            assert!(
+                matches!(r.status().as_u16(), 404 | 405),
+                "{method} /{path} answered {}",
+                r.status()
+            );
+        }
+    }
     // hot's jobs wait uncommitted: the jobs topic lags, in messages and in
     // time, per partition with the labels lag exporters use, and in sum.
     let lagging = scrape_until(&url, "consumer lag", Duration::from_secs(10), |t| {
