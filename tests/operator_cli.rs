@@ -1,0 +1,155 @@
+//! The operator commands' output, as the README promises it (issues 8 and
+//! 12): `check-config` prints the resolved rules per tier and named seller
+//! (table and JSON) and exits non-zero naming file, key and problem;
+//! `limits peek` answers without charging.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn run(args: &[&str], config: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_throttle-worker"))
+        .args(args)
+        .arg("--config")
+        .arg(config)
+        .output()
+        .expect("run throttle-worker")
+}
+
+fn stdout_of(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn config(dir: &Path, prefix: &str, limits: &str) -> std::path::PathBuf {
+    let path = dir.join("operator.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[redis]\nurl = \"{}\"\nkey_prefix = \"{prefix}\"\n\n{limits}",
+            common::redis_url()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+const LIMITS: &str = r#"[limits]
+default = [{ algorithm = "fixed_window", limit = 3, period = "1m" },
+           { algorithm = "gcra", limit = 1, period = "1m", shadow = true }]
+global = [{ algorithm = "gcra", limit = 1000, period = "1s" }]
+[limits.tiers]
+bulk = [{ algorithm = "token_bucket", limit = 600, period = "1m", burst = 50 }]
+[limits.sellers]
+"big" = { tier = "bulk" }
+"own" = { rules = [{ algorithm = "sliding_window_log", limit = 10, period = "1s" }] }
+"free" = { unlimited = true }
+"#;
+
+#[test]
+fn check_config_prints_every_tier_and_named_seller() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = config(dir.path(), "opcli", LIMITS);
+
+    let table = stdout_of(&run(&["check-config"], &path));
+    assert!(table.starts_with("configuration is valid\n"), "{table}");
+    // The table's cells, columns split where two or more spaces part them.
+    let rows: Vec<Vec<String>> = table
+        .lines()
+        .map(|l| {
+            l.split("  ")
+                .map(str::trim)
+                .filter(|c| !c.is_empty())
+                .map(str::to_owned)
+                .collect()
+        })
+        .collect();
+    for row in [
+        &[
+            "(default)",
+            "default",
+            "fixed_window 3 per 1m",
+            "gcra 1 per 1m",
+        ][..],
+        &["(tier bulk)", "bulk", "token_bucket 600 per 1m (burst 50)"],
+        &["big", "bulk", "token_bucket 600 per 1m (burst 50)"],
+        &["free", "unlimited", "unlimited"],
+        &["own", "seller", "sliding_window_log 10 per 1s"],
+    ] {
+        assert!(
+            rows.iter().any(|r| r == row),
+            "missing row {row:?} in:\n{table}"
+        );
+    }
+
+    let json: serde_json::Value =
+        serde_json::from_str(&stdout_of(&run(&["check-config", "--json"], &path))).unwrap();
+    assert_eq!(json["valid"], true);
+    assert_eq!(json["default"]["rules"][0], "fixed_window 3 per 1m");
+    assert_eq!(json["default"]["shadow"][0], "gcra 1 per 1m");
+    assert_eq!(json["global"]["rules"][0], "gcra 1000 per 1s");
+    assert_eq!(
+        json["tiers"]["bulk"]["rules"][0],
+        "token_bucket 600 per 1m (burst 50)"
+    );
+    let sellers = json["sellers"].as_array().unwrap();
+    let tier_of = |s: &str| {
+        sellers
+            .iter()
+            .find(|x| x["seller"] == s)
+            .map(|x| x["tier"].as_str().unwrap().to_owned())
+    };
+    assert_eq!(tier_of("big").as_deref(), Some("bulk"));
+    assert_eq!(tier_of("own").as_deref(), Some("seller"));
+    assert_eq!(tier_of("free").as_deref(), Some("unlimited"));
+}
+
+#[test]
+fn check_config_names_file_key_and_problem_and_exits_non_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = config(
+        dir.path(),
+        "opcli",
+        "[limits.sellers]\n\"s\" = { tier = \"missing\" }\n",
+    );
+    let out = run(&["check-config"], &path);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("operator.toml")
+            && err.contains("limits.sellers.s.tier")
+            && err.contains("unknown tier \"missing\""),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn peek_answers_without_charging() {
+    let prefix = common::unique_prefix("opcli-peek");
+    let dir = tempfile::tempdir().unwrap();
+    let path = config(dir.path(), &prefix, LIMITS);
+    let peek = |cost: &str| {
+        let out = run(&["limits", "peek", "s", "--cost", cost, "--json"], &path);
+        serde_json::from_str::<serde_json::Value>(&stdout_of(&out)).unwrap()
+    };
+    // Three peeks of 3 under a limit of 3 a minute: each granted, as nothing
+    // was charged by the one before.
+    for _ in 0..3 {
+        let p = peek("3");
+        assert_eq!(p["result"], "granted", "{p}");
+        assert_eq!(p["granted"], 3);
+    }
+    let p = peek("4");
+    assert_eq!(p["result"], "never", "{p}");
+    assert!(p["reason"].as_str().unwrap().contains("capacity 3"), "{p}");
+    // And the seller's state is untouched: all 3 remain.
+    let shown: serde_json::Value =
+        serde_json::from_str(&stdout_of(&run(&["limits", "show", "s", "--json"], &path))).unwrap();
+    assert_eq!(shown["rules"][0]["remaining"], 3, "{shown}");
+}
