@@ -2,10 +2,11 @@
 # Installs the Debian packages the build and the tests need, if missing:
 # librdkafka builds from source (C toolchain, cmake, openssl for the ssl
 # feature, sasl headers, zlib), Redis for the integration tests and the demo,
-# procps for the process tests (kill). As root, or through sudo.
+# procps for the process tests (kill), openssl for the TLS test's
+# certificates. As root, or through sudo.
 set -euo pipefail
 
-pkgs=(build-essential cmake pkg-config libssl-dev libsasl2-dev zlib1g-dev python3 redis-server redis-tools procps)
+pkgs=(build-essential cmake pkg-config libssl-dev libsasl2-dev zlib1g-dev python3 redis-server redis-tools procps openssl)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -115,6 +115,17 @@ pub struct RedisSettings {
     /// With `topology = "cluster"`: more seed nodes beside `url`
     /// (`redis://host:port`), in case that one is down at startup.
     pub cluster_nodes: Vec<String>,
+    /// With a `rediss://` URL: the CA that signed the server's certificate
+    /// (PEM), instead of the system's trust store.
+    #[serde(default)]
+    pub tls_ca_file: Option<PathBuf>,
+    /// With a `rediss://` URL: a client certificate (PEM) for servers that
+    /// require one (`tls-auth-clients yes`); give `tls_key_file` with it.
+    #[serde(default)]
+    pub tls_cert_file: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[serde(default)]
+    pub tls_key_file: Option<PathBuf>,
 }
 
 /// librdkafka properties whose values are secrets: shown as `***`.
@@ -178,6 +189,9 @@ impl fmt::Debug for RedisSettings {
                     .map(|u| redact_url(u))
                     .collect::<Vec<_>>(),
             )
+            .field("tls_ca_file", &self.tls_ca_file)
+            .field("tls_cert_file", &self.tls_cert_file)
+            .field("tls_key_file", &self.tls_key_file)
             .finish()
     }
 }
@@ -437,6 +451,15 @@ pub fn load_from(
     Ok(loaded)
 }
 
+/// Keys whose names end in `_file` because their value is a path: their
+/// variables are taken as they are, not as secrets to read
+/// (`tests/config_reference.rs` checks every such field is listed).
+pub const PATH_KEYS: &[&str] = &[
+    "REDIS__TLS_CA_FILE",
+    "REDIS__TLS_CERT_FILE",
+    "REDIS__TLS_KEY_FILE",
+];
+
 /// Which librdkafka table an environment variable sets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum PropertyTable {
@@ -473,9 +496,13 @@ fn secrets_and_properties(
         let Some(rest) = name.strip_prefix("THROTTLE__") else {
             continue;
         };
-        // `_FILE`, but not `LIMITS__FILE` (a key named `file`).
+        // `_FILE`, but not a key that names a file itself.
         let (name, value) = match rest.strip_suffix("_FILE") {
-            Some(base) if !base.is_empty() && !base.ends_with('_') => {
+            Some(base)
+                if !base.is_empty()
+                    && !base.ends_with('_')
+                    && !PATH_KEYS.contains(&rest.to_ascii_uppercase().as_str()) =>
+            {
                 let secret = std::fs::read_to_string(&value).map_err(|e| ConfigError {
                     file: "environment".into(),
                     key: name.clone(),
@@ -722,6 +749,38 @@ impl Settings {
             return Err(at.error_at(
                 "redis.key_prefix",
                 "must not contain '{' or '}': the limiter puts each seller in its own hash tag",
+            ));
+        }
+        let r = &self.redis;
+        let tls_files = [
+            ("redis.tls_ca_file", &r.tls_ca_file),
+            ("redis.tls_cert_file", &r.tls_cert_file),
+            ("redis.tls_key_file", &r.tls_key_file),
+        ];
+        for (key, file) in tls_files {
+            let Some(path) = file else { continue };
+            if !r.url.starts_with("rediss://") {
+                return Err(at.error_at(key, "is only used with a TLS URL (rediss://host:port)"));
+            }
+            if !path.is_file() {
+                return Err(at.error_at(key, format!("{}: no such file", path.display())));
+            }
+            if r.topology == Topology::Cluster {
+                return Err(at.error_at(
+                    key,
+                    "is not supported with topology = \"cluster\": the cluster client trusts the system's store (install the CA there)",
+                ));
+            }
+        }
+        if r.tls_cert_file.is_some() != r.tls_key_file.is_some() {
+            let key = if r.tls_cert_file.is_some() {
+                "redis.tls_key_file"
+            } else {
+                "redis.tls_cert_file"
+            };
+            return Err(at.error_at(
+                key,
+                "a client certificate needs both tls_cert_file and tls_key_file",
             ));
         }
         if !self.redis.cluster_nodes.is_empty() && self.redis.topology != Topology::Cluster {

@@ -158,15 +158,45 @@ fn every_environment_variable_in_the_reference_loads() {
         }
         let expected = format!("THROTTLE__{}", key.replace('.', "__").to_uppercase());
         assert_eq!(row.env, expected, "{key}: the variable's name");
+        // Keys with no default get a value that fits, with the companions
+        // they need (a TLS file needs a rediss:// URL, a client certificate
+        // its key).
+        let pem = limits_file.path().display().to_string();
+        let mut env = Vec::new();
         let value = match defaults.get(key) {
             Some(toml::Value::String(s)) if s.is_empty() => "x".to_owned(),
             Some(toml::Value::String(s)) => s.clone(),
             Some(other) => other.to_string(),
-            None if key == "limits.file" => limits_file.path().display().to_string(),
+            None if key == "limits.file" => pem.clone(),
+            None if key.starts_with("redis.tls_") => {
+                env.push((
+                    "THROTTLE__REDIS__URL".to_owned(),
+                    "rediss://127.0.0.1:6379".to_owned(),
+                ));
+                if key != "redis.tls_ca_file" {
+                    env.push(("THROTTLE__REDIS__TLS_CERT_FILE".to_owned(), pem.clone()));
+                    env.push(("THROTTLE__REDIS__TLS_KEY_FILE".to_owned(), pem.clone()));
+                }
+                pem.clone()
+            }
             None => panic!("{key}: no default to try"),
         };
-        load_from(None, vec![(row.env.clone(), value.clone())])
+        env.push((row.env.clone(), value.clone()));
+        let loaded = load_from(None, env)
             .unwrap_or_else(|e| panic!("{} = {value:?} does not load: {e}", row.env));
+        if key.starts_with("redis.tls_") {
+            let r = &loaded.settings.redis;
+            let set = match key.as_str() {
+                "redis.tls_ca_file" => &r.tls_ca_file,
+                "redis.tls_cert_file" => &r.tls_cert_file,
+                _ => &r.tls_key_file,
+            };
+            assert_eq!(
+                set.as_deref(),
+                Some(limits_file.path()),
+                "{key} is a path, kept as given"
+            );
+        }
         checked += 1;
     }
     assert!(checked >= 30, "only {checked} variables checked");

@@ -23,6 +23,8 @@ use crate::telemetry::events::RedisCalled;
 /// Why a Redis call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum RedisError {
+    #[error("Redis TLS file {file}: {problem}")]
+    Tls { file: String, problem: String },
     #[error("invalid Redis URL {url}: {source}")]
     Url {
         /// Redacted: no password.
@@ -79,6 +81,11 @@ impl RedisStore {
     /// Redis Cluster discovered from `url` and `cluster_nodes`.
     pub async fn open(settings: &RedisSettings) -> Result<RedisStore, RedisError> {
         match settings.topology {
+            Topology::Single
+                if settings.tls_ca_file.is_some() || settings.tls_cert_file.is_some() =>
+            {
+                RedisStore::connect_tls(settings).await
+            }
             Topology::Single => RedisStore::connect(&settings.url, settings.timeout).await,
             Topology::Cluster => {
                 let mut seeds = vec![settings.url.clone()];
@@ -99,7 +106,46 @@ impl RedisStore {
         let info = url.into_connection_info().map_err(url_error)?;
         let info = info.set_tcp_settings(tcp_settings(timeout));
         let client = redis::Client::open(info).map_err(url_error)?;
-        RedisStore::start(Client::Single(client), timeout, shown).await
+        RedisStore::start(Client::Single(Box::new(client)), timeout, shown).await
+    }
+
+    /// [`RedisStore::connect`] over TLS with the CA and client certificate
+    /// the settings name (`redis.tls_*_file`; the URL is `rediss://`).
+    pub async fn connect_tls(settings: &RedisSettings) -> Result<RedisStore, RedisError> {
+        let shown = crate::config::redact_url(&settings.url);
+        let url_error = |source| RedisError::Url {
+            url: shown.clone(),
+            source,
+        };
+        let read = |path: &std::path::Path| {
+            std::fs::read(path).map_err(|e| RedisError::Tls {
+                file: path.display().to_string(),
+                problem: e.to_string(),
+            })
+        };
+        let root_cert = settings.tls_ca_file.as_deref().map(read).transpose()?;
+        let client_tls = match (&settings.tls_cert_file, &settings.tls_key_file) {
+            (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
+                client_cert: read(cert)?,
+                client_key: read(key)?,
+            }),
+            _ => None,
+        };
+        let info = settings
+            .url
+            .as_str()
+            .into_connection_info()
+            .map_err(url_error)?
+            .set_tcp_settings(tcp_settings(settings.timeout));
+        let client = redis::Client::build_with_tls(
+            info,
+            redis::TlsCertificates {
+                client_tls,
+                root_cert,
+            },
+        )
+        .map_err(url_error)?;
+        RedisStore::start(Client::Single(Box::new(client)), settings.timeout, shown).await
     }
 
     /// Connects to a Redis Cluster through any of `seeds` (MOVED and ASK are
@@ -237,8 +283,9 @@ fn error_kind(e: &redis::RedisError) -> &'static str {
 
 /// How to make a connection: to one server or to a cluster.
 enum Client {
-    Single(redis::Client),
-    // Boxed: built once, and three times the size of the other.
+    // Both boxed: built once, and of very different sizes (the TLS
+    // settings make the single client large too).
+    Single(Box<redis::Client>),
     Cluster(Box<ClusterClient>),
 }
 
@@ -250,7 +297,7 @@ impl Client {
                     .set_connection_timeout(Some(timeout))
                     .set_response_timeout(Some(timeout))
                     .set_number_of_retries(2);
-                ConnectionManager::new_with_config(client.clone(), cfg)
+                ConnectionManager::new_with_config((**client).clone(), cfg)
                     .await
                     .map(Handle::Single)
             }

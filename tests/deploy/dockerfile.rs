@@ -232,8 +232,9 @@ impl DockerIgnore {
 }
 
 /// Build-only packages of `scripts/install-deps.sh` (what `.ci/run` installs) that the image does not need: the
-/// Redis server and client and procps serve the integration tests.
-pub const TEST_ONLY_PACKAGES: &[&str] = &["redis-server", "redis-tools", "procps"];
+/// Redis server and client, procps and openssl (test certificates) serve
+/// the integration tests.
+pub const TEST_ONLY_PACKAGES: &[&str] = &["redis-server", "redis-tools", "procps", "openssl"];
 
 /// The `pkgs=(...)` list of `scripts/install-deps.sh` (what `.ci/run` installs).
 pub fn ci_packages(ci_run: &str) -> Vec<String> {
