@@ -23,19 +23,28 @@ async fn a_shadow_rule_counts_what_it_would_refuse_and_holds_nothing() {
             shadow(rule("fixed_window", 3, "1m", None)),
         ],
         global: vec![shadow(rule("fixed_window", 6, "1m", None))],
-        sellers: [(
-            "vip".to_owned(),
-            SellerConfig {
-                rules: Some(vec![rule("fixed_window", 100, "1m", None)]),
-                ..Default::default()
-            },
-        )]
+        sellers: [
+            (
+                "vip".to_owned(),
+                SellerConfig {
+                    rules: Some(vec![rule("fixed_window", 100, "1m", None)]),
+                    ..Default::default()
+                },
+            ),
+            (
+                "free".to_owned(),
+                SellerConfig {
+                    unlimited: true,
+                    ..Default::default()
+                },
+            ),
+        ]
         .into_iter()
         .collect(),
         ..Default::default()
     };
     let limiter = common::limiter(&prefix, Policy::from_config(&cfg).unwrap()).await;
-    throttle_worker::telemetry::metrics::name_sellers(["vip".to_owned(), "s".to_owned()]);
+    throttle_worker::telemetry::metrics::name_sellers(["vip", "s", "free"].map(str::to_owned));
 
     // Five single units: the shadow rule (3 a minute) would have held 2
     // back; every one is granted.
@@ -106,6 +115,20 @@ async fn a_shadow_rule_counts_what_it_would_refuse_and_holds_nothing() {
             &[("tier", "seller"), ("seller", "vip")]
         ),
         2.0
+    );
+
+    // An unlimited seller is held by no rule: global shadow rules included.
+    let d = limiter
+        .acquire("free", 50, Mode::AllOrNothing)
+        .await
+        .unwrap();
+    assert!(matches!(d, Decision::Granted(_)), "{d:?}");
+    assert_eq!(
+        metric(
+            "throttle_limiter_shadow_denied_units_total",
+            &[("tier", "unlimited"), ("seller", "free")]
+        ),
+        0.0
     );
 
     // A dry run charges no shadow rule either.

@@ -25,6 +25,10 @@ impl<S: Store> Limiter<S> {
             return;
         }
         let policy = self.policy();
+        // Unlimited sellers are held by no rule, global ones included.
+        if policy.resolve(seller) == super::policy::Resolved::Unlimited {
+            return;
+        }
         let (own, global) = policy.shadow(seller);
         if own.is_empty() && global.is_empty() {
             return;
