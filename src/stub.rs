@@ -199,6 +199,26 @@ struct Shared {
     book: Mutex<Book>,
 }
 
+impl Shared {
+    fn new(config: StubConfig) -> Shared {
+        Shared {
+            started: Instant::now(),
+            throttle: config
+                .throttle
+                .into_iter()
+                .map(|t| (t.seller.clone(), t))
+                .collect(),
+            latency: config.latency,
+            faults: config.faults,
+            book: Mutex::new(Book {
+                sellers: HashMap::new(),
+                jobs: HashMap::new(),
+                windows: HashMap::new(),
+            }),
+        }
+    }
+}
+
 /// A running stub; serves until dropped.
 #[derive(Debug)]
 pub struct Stub {
@@ -228,21 +248,7 @@ impl Stub {
         let fail = |source| StubError { addr, source };
         let listener = tokio::net::TcpListener::bind(addr).await.map_err(fail)?;
         let bound = listener.local_addr().map_err(fail)?;
-        let shared = Arc::new(Shared {
-            started: Instant::now(),
-            throttle: config
-                .throttle
-                .into_iter()
-                .map(|t| (t.seller.clone(), t))
-                .collect(),
-            latency: config.latency,
-            faults: config.faults,
-            book: Mutex::new(Book {
-                sellers: HashMap::new(),
-                jobs: HashMap::new(),
-                windows: HashMap::new(),
-            }),
-        });
+        let shared = Arc::new(Shared::new(config));
         let app = Router::new()
             .route(PATH, post(register))
             .route("/stats", get(stats))
@@ -509,21 +515,7 @@ mod tests {
     }
 
     fn shared(config: StubConfig) -> Shared {
-        Shared {
-            started: Instant::now(),
-            throttle: config
-                .throttle
-                .into_iter()
-                .map(|t| (t.seller.clone(), t))
-                .collect(),
-            latency: config.latency,
-            faults: config.faults,
-            book: Mutex::new(Book {
-                sellers: HashMap::new(),
-                jobs: HashMap::new(),
-                windows: HashMap::new(),
-            }),
-        }
+        Shared::new(config)
     }
 
     #[test]

@@ -65,48 +65,34 @@ impl<S: Store> Limiter<S> {
     /// (or `at_us`), writing nothing.
     pub async fn inspect(&self, seller: &str, at_us: Option<u64>) -> Result<SellerState, S::Error> {
         let policy = self.policy();
-        let mut listed: Vec<(Rule, RuleKind, String, String)> = Vec::new();
-        let unlimited = match policy.resolve(seller) {
-            Resolved::Unlimited => true,
+        // Each rule with the key of its state and the block key of a call
+        // that reads it alone: one nothing writes, so the 429 block (read
+        // separately below) does not hide the rule's own state.
+        let (own, global, unlimited) = match policy.resolve(seller) {
+            Resolved::Unlimited => (&[][..], &[][..], true),
             Resolved::Limited {
                 seller: own,
                 global,
-            } => {
-                for r in own {
-                    listed.push((
-                        *r,
-                        RuleKind::Seller,
-                        self.keys.rule(seller, r),
-                        self.keys.no_block(seller),
-                    ));
-                }
-                for r in global {
-                    listed.push((
-                        *r,
-                        RuleKind::Global,
-                        self.keys.global_rule(r),
-                        self.keys.global_block(),
-                    ));
-                }
-                false
-            }
+            } => (own, global, false),
         };
         let (own_shadow, global_shadow) = policy.shadow(seller);
-        for r in own_shadow {
-            listed.push((
-                *r,
-                RuleKind::Shadow,
-                self.keys.rule(seller, r),
-                self.keys.no_block(seller),
-            ));
-        }
-        for r in global_shadow {
-            listed.push((
-                *r,
-                RuleKind::GlobalShadow,
-                self.keys.global_rule(r),
-                self.keys.global_block(),
-            ));
+        let mut listed: Vec<(Rule, RuleKind, String, String)> = Vec::new();
+        let lists = [
+            (own, RuleKind::Seller),
+            (global, RuleKind::Global),
+            (own_shadow, RuleKind::Shadow),
+            (global_shadow, RuleKind::GlobalShadow),
+        ];
+        for (rules, kind) in lists {
+            let global = matches!(kind, RuleKind::Global | RuleKind::GlobalShadow);
+            for r in rules {
+                let (key, block) = if global {
+                    (self.keys.global_rule(r), self.keys.global_block())
+                } else {
+                    (self.keys.rule(seller, r), self.keys.no_block(seller))
+                };
+                listed.push((*r, kind, key, block));
+            }
         }
         let mut rules = Vec::with_capacity(listed.len());
         for (rule, kind, key, block_key) in listed {
