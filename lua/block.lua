@@ -6,20 +6,22 @@
 -- ARGV[1]  now in µs, or '' for Redis' clock
 -- ARGV[2]  block duration in µs (>= 1)
 -- Reply: the µs instant the block ends.
-local now
-if ARGV[1] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-else
-  now = tonumber(ARGV[1])
+local function block_call(KEYS, ARGV)
+  local now
+  if ARGV[1] == '' then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  else
+    now = tonumber(ARGV[1])
+  end
+  local dur = tonumber(ARGV[2])
+  local until_ = now + dur
+  local current = redis.call('GET', KEYS[1])
+  if current and tonumber(current) >= until_ then
+    return tonumber(current)
+  end
+  -- One second of slack, as every limiter key has: the value says when the
+  -- block ends, so a key that outlives it is read as "not blocked".
+  redis.call('SET', KEYS[1], string.format('%d', until_), 'PX', math.ceil(dur / 1000) + 1000)
+  return until_
 end
-local dur = tonumber(ARGV[2])
-local until_ = now + dur
-local current = redis.call('GET', KEYS[1])
-if current and tonumber(current) >= until_ then
-  return tonumber(current)
-end
--- One second of slack, as every limiter key has: the value says when the
--- block ends, so a key that outlives it is read as "not blocked".
-redis.call('SET', KEYS[1], string.format('%d', until_), 'PX', math.ceil(dur / 1000) + 1000)
-return until_

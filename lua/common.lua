@@ -71,23 +71,23 @@ local function expire_in(key, us)
   redis.call('PEXPIRE', key, math.max(0, cdiv(us, 1000)) + EXPIRY_SLACK_MS)
 end
 
--- The rules of a request: `nrules` groups of ARGV (algorithm, limit,
--- period_us, burst) from ARGV[a], with their keys from KEYS[k]. Returns nil
+-- The rules of a request: `nrules` groups of argv (algorithm, limit,
+-- period_us, burst) from argv[a], with their keys from keys[k]. Returns nil
 -- and a message for an algorithm no script implements.
-local function read_rules(a, nrules, k)
+local function read_rules(keys, argv, a, nrules, k)
   local rules = {}
   for i = 1, nrules do
     local b = a + (i - 1) * 4
-    local algo = ALGO[ARGV[b]]
+    local algo = ALGO[argv[b]]
     if algo == nil then
-      return nil, 'unknown algorithm ' .. tostring(ARGV[b])
+      return nil, 'unknown algorithm ' .. tostring(argv[b])
     end
     rules[i] = {
       algo = algo,
-      key = KEYS[k + i - 1],
-      limit = tonumber(ARGV[b + 1]),
-      period = tonumber(ARGV[b + 2]),
-      burst = tonumber(ARGV[b + 3]),
+      key = keys[k + i - 1],
+      limit = tonumber(argv[b + 1]),
+      period = tonumber(argv[b + 2]),
+      burst = tonumber(argv[b + 3]),
     }
   end
   return rules

@@ -37,14 +37,48 @@ local function never_rule(rules, cost)
   return 0
 end
 
-local function jobs_request(now, charge, id, block_key, rules, costs)
-  local function reply(status, units, remaining, retry, reset, go_at, by, jobs, next)
-    return { status, units, remaining, cdiv(retry, 1000), cdiv(reset, 1000), go_at,
-      retry, reset, now, by, jobs, next }
+-- One request's reply row (see the header).
+local function jobs_reply(now, status, units, remaining, retry, reset, go_at, by, jobs, next)
+  return { status, units, remaining, cdiv(retry, 1000), cdiv(reset, 1000), go_at,
+    retry, reset, now, by, jobs, next }
+end
+
+-- µs until a job of `cost` fits after `taken` units are taken now, and
+-- the rule that needs the longest (the first of equals).
+local function jobs_wait_for(rules, states, avail, now, cost, taken)
+  local wait, by = 0, 0
+  for i = 1, #rules do
+    local r = rules[i]
+    if avail[i] - taken < cost then
+      local w = r.algo.wait(states[i], r, now, cost, taken)
+      if w > wait then
+        wait, by = w, i
+      end
+    end
   end
+  return wait, by
+end
+
+-- Units left and µs until fresh over every rule after `taken` units.
+local function jobs_summary(rules, states, now, taken)
+  local remaining, reset = nil, 0
+  for i = 1, #rules do
+    local r = rules[i]
+    local left = r.algo.left(states[i], r, now, taken)
+    if remaining == nil or left < remaining then
+      remaining = left
+    end
+    reset = math.max(reset, r.algo.reset(states[i], r, now, taken))
+  end
+  return remaining or 0, reset
+end
+
+-- Helpers are file-level functions rather than closures: with Functions
+-- the file runs once per load, and a call then allocates no closures.
+local function jobs_request(now, charge, id, block_key, rules, costs)
   local first_never = never_rule(rules, costs[1])
   if first_never > 0 then
-    return reply(-1, 0, 0, 0, 0, now, first_never, 0, 2)
+    return jobs_reply(now, -1, 0, 0, 0, 0, now, first_never, 0, 2)
   end
 
   local states, avail = {}, {}
@@ -57,45 +91,18 @@ local function jobs_request(now, charge, id, block_key, rules, costs)
       n = avail[i]
     end
   end
-  -- µs until a job of `cost` fits after `taken` units are taken now, and
-  -- the rule that needs the longest (the first of equals).
-  local function wait_for(cost, taken)
-    local wait, by = 0, 0
-    for i = 1, #rules do
-      local r = rules[i]
-      if avail[i] - taken < cost then
-        local w = r.algo.wait(states[i], r, now, cost, taken)
-        if w > wait then
-          wait, by = w, i
-        end
-      end
-    end
-    return wait, by
-  end
-  local function summary(taken)
-    local remaining, reset = nil, 0
-    for i = 1, #rules do
-      local r = rules[i]
-      local left = r.algo.left(states[i], r, now, taken)
-      if remaining == nil or left < remaining then
-        remaining = left
-      end
-      reset = math.max(reset, r.algo.reset(states[i], r, now, taken))
-    end
-    return remaining or 0, reset
-  end
 
   -- A downstream block refuses the whole list; as in limiter.lua the wait
   -- is the longer of the block and the first job's own.
   local blocked_until = num(redis.call('GET', block_key), 0)
   if blocked_until > now then
     local block = blocked_until - now
-    local wait, by = wait_for(costs[1], 0)
-    local _, reset = summary(0)
+    local wait, by = jobs_wait_for(rules, states, avail, now, costs[1], 0)
+    local _, reset = jobs_summary(rules, states, now, 0)
     if block >= wait then
       wait, by = block, 0
     end
-    return reply(0, 0, 0, wait, math.max(block, reset), now, by, 0, 1)
+    return jobs_reply(now, 0, 0, 0, wait, math.max(block, reset), now, by, 0, 1)
   end
 
   -- Every algorithm admits `taken + c` units exactly when it admits `c`
@@ -112,9 +119,9 @@ local function jobs_request(now, charge, id, block_key, rules, costs)
   end
 
   if jobs == 0 then
-    local wait, by = wait_for(costs[1], 0)
-    local remaining, reset = summary(0)
-    return reply(0, 0, remaining, wait, reset, now, by, 0, 1)
+    local wait, by = jobs_wait_for(rules, states, avail, now, costs[1], 0)
+    local remaining, reset = jobs_summary(rules, states, now, 0)
+    return jobs_reply(now, 0, 0, remaining, wait, reset, now, by, 0, 1)
   end
 
   local go_at = now
@@ -124,13 +131,13 @@ local function jobs_request(now, charge, id, block_key, rules, costs)
       go_at = math.max(go_at, r.algo.go(states[i], r, now))
     end
   end
-  local remaining, reset = summary(units)
+  local remaining, reset = jobs_summary(rules, states, now, units)
   local retry, by, next = 0, 0, 0
   if jobs < #costs then
     if stop > 0 then
       by, next = stop, 2
     else
-      retry, by = wait_for(costs[jobs + 1], units)
+      retry, by = jobs_wait_for(rules, states, avail, now, costs[jobs + 1], units)
       next = 1
     end
   end
@@ -140,10 +147,10 @@ local function jobs_request(now, charge, id, block_key, rules, costs)
       r.algo.take(r.key, states[i], r, now, units, id)
     end
   end
-  return reply(1, units, remaining, retry, reset, go_at, by, jobs, next)
+  return jobs_reply(now, 1, units, remaining, retry, reset, go_at, by, jobs, next)
 end
 
-local function run_jobs(op, now)
+local function run_jobs(KEYS, ARGV, op, now)
   local charge = op == 'jobs'
   local nreq = tonumber(ARGV[3])
   if nreq == nil or nreq < 1 then
@@ -165,7 +172,7 @@ local function run_jobs(op, now)
       return redis.error_reply('a request needs at least one job')
     end
     local nrules = tonumber(ARGV[a + 2])
-    local rules, err = read_rules(a + 3, nrules, k + 1)
+    local rules, err = read_rules(KEYS, ARGV, a + 3, nrules, k + 1)
     if rules == nil then
       return redis.error_reply(err)
     end

@@ -28,78 +28,21 @@
 --
 -- All or nothing across rules: every rule is evaluated before any is
 -- charged, so when one refuses no counter moves.
+--
+-- A function of (KEYS, ARGV), so that the same text runs as an EVAL script
+-- (`return limiter_call(KEYS, ARGV)`) and as a Redis Function registered
+-- once per library load (see src/limiter/script.rs).
 
-local op = ARGV[1]
-local now
-if ARGV[2] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-else
-  now = tonumber(ARGV[2])
-end
-if op == 'jobs' or op == 'jobs_peek' then
-  return run_jobs(op, now)
-end
-local cost = tonumber(ARGV[3])
-if cost == nil or cost < 1 then
-  return redis.error_reply('cost must be at least 1')
-end
-local id = ARGV[5]
-local nrules = tonumber(ARGV[6])
-local rules, err = read_rules(7, nrules, 2)
-if rules == nil then
-  return redis.error_reply(err)
-end
-
-if op == 'refund' then
-  local skip = tonumber(ARGV[4])
-  local taken = tonumber(ARGV[7 + nrules * 4])
-  if taken == nil then
-    return redis.error_reply('refund needs the time of the take')
-  end
-  local at = math.max(now, taken)
-  for i = 1, nrules do
-    local r = rules[i]
-    r.algo.refund(r.key, r, at, cost, id, skip, taken)
-  end
-  return { 1, cost, 0, 0, 0, now, 0, 0, now, 0 }
-end
-
-local function reply(status, granted, remaining, retry_us, reset_us, go_at, by)
+local function reply(now, status, granted, remaining, retry_us, reset_us, go_at, by)
   return { status, granted, remaining, cdiv(retry_us, 1000), cdiv(reset_us, 1000),
     go_at, retry_us, reset_us, now, by }
 end
 
-local all = ARGV[4] == 'all'
-if all then
-  for i = 1, nrules do
-    if cost > rules[i].algo.cap(rules[i]) then
-      return reply(-1, 0, 0, 0, 0, now, i)
-    end
-  end
-end
-
-local need = all and cost or 1
-local n = cost
-local wait, by = 0, 0
-local states = {}
-for i = 1, nrules do
-  local r = rules[i]
-  local st = r.algo.load(r.key, r, now)
-  states[i] = st
-  local av = r.algo.avail(st, r, now)
-  if av < need then
-    local w = r.algo.wait(st, r, now, need, 0)
-    if w > wait then
-      wait, by = w, i
-    end
-  end
-  n = math.min(n, av)
-end
-
-local function summary(taken)
+-- Units left (the tightest rule's), µs until fresh, and the tightest rule,
+-- after `taken` units.
+local function summary(rules, states, now, taken)
   local remaining, reset, tight = nil, 0, 1
-  for i = 1, nrules do
+  for i = 1, #rules do
     local r = rules[i]
     local left = r.algo.left(states[i], r, now, taken)
     if remaining == nil or left < remaining then
@@ -110,36 +53,102 @@ local function summary(taken)
   return remaining or 0, reset, tight
 end
 
--- A downstream block refuses the seller; the retry-after is the longer of
--- the block and the rules' own wait, so that a caller retrying at the end
--- of the block is not refused again by a rule.
-local blocked_until = num(redis.call('GET', KEYS[1]), 0)
-if blocked_until > now then
-  local block = blocked_until - now
-  local _, reset = summary(0)
-  if block >= wait then
-    wait, by = block, 0
+local function limiter_call(KEYS, ARGV)
+  local op = ARGV[1]
+  local now
+  if ARGV[2] == '' then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  else
+    now = tonumber(ARGV[2])
   end
-  return reply(0, 0, 0, wait, math.max(block, reset), now, by)
-end
-
-if wait > 0 then
-  local remaining, reset = summary(0)
-  return reply(0, 0, remaining, wait, reset, now, by)
-end
-
-local go_at = now
-for i = 1, nrules do
-  local r = rules[i]
-  if r.algo.go ~= nil then
-    go_at = math.max(go_at, r.algo.go(states[i], r, now))
+  if op == 'jobs' or op == 'jobs_peek' then
+    return run_jobs(KEYS, ARGV, op, now)
   end
-end
-local remaining, reset, tight = summary(n)
-if op == 'acquire' then
+  local cost = tonumber(ARGV[3])
+  if cost == nil or cost < 1 then
+    return redis.error_reply('cost must be at least 1')
+  end
+  local id = ARGV[5]
+  local nrules = tonumber(ARGV[6])
+  local rules, err = read_rules(KEYS, ARGV, 7, nrules, 2)
+  if rules == nil then
+    return redis.error_reply(err)
+  end
+
+  if op == 'refund' then
+    local skip = tonumber(ARGV[4])
+    local taken = tonumber(ARGV[7 + nrules * 4])
+    if taken == nil then
+      return redis.error_reply('refund needs the time of the take')
+    end
+    local at = math.max(now, taken)
+    for i = 1, nrules do
+      local r = rules[i]
+      r.algo.refund(r.key, r, at, cost, id, skip, taken)
+    end
+    return { 1, cost, 0, 0, 0, now, 0, 0, now, 0 }
+  end
+
+
+  local all = ARGV[4] == 'all'
+  if all then
+    for i = 1, nrules do
+      if cost > rules[i].algo.cap(rules[i]) then
+        return reply(now, -1, 0, 0, 0, 0, now, i)
+      end
+    end
+  end
+
+  local need = all and cost or 1
+  local n = cost
+  local wait, by = 0, 0
+  local states = {}
   for i = 1, nrules do
     local r = rules[i]
-    r.algo.take(r.key, states[i], r, now, n, id)
+    local st = r.algo.load(r.key, r, now)
+    states[i] = st
+    local av = r.algo.avail(st, r, now)
+    if av < need then
+      local w = r.algo.wait(st, r, now, need, 0)
+      if w > wait then
+        wait, by = w, i
+      end
+    end
+    n = math.min(n, av)
   end
+
+  -- A downstream block refuses the seller; the retry-after is the longer of
+  -- the block and the rules' own wait, so that a caller retrying at the end
+  -- of the block is not refused again by a rule.
+  local blocked_until = num(redis.call('GET', KEYS[1]), 0)
+  if blocked_until > now then
+    local block = blocked_until - now
+    local _, reset = summary(rules, states, now, 0)
+    if block >= wait then
+      wait, by = block, 0
+    end
+    return reply(now, 0, 0, 0, wait, math.max(block, reset), now, by)
+  end
+
+  if wait > 0 then
+    local remaining, reset = summary(rules, states, now, 0)
+    return reply(now, 0, 0, remaining, wait, reset, now, by)
+  end
+
+  local go_at = now
+  for i = 1, nrules do
+    local r = rules[i]
+    if r.algo.go ~= nil then
+      go_at = math.max(go_at, r.algo.go(states[i], r, now))
+    end
+  end
+  local remaining, reset, tight = summary(rules, states, now, n)
+  if op == 'acquire' then
+    for i = 1, nrules do
+      local r = rules[i]
+      r.algo.take(r.key, states[i], r, now, n, id)
+    end
+  end
+  return reply(now, 1, n, remaining, 0, reset, go_at, tight)
 end
-return reply(1, n, remaining, 0, reset, go_at, tight)

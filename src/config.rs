@@ -112,6 +112,13 @@ pub struct RedisSettings {
     /// unchecked, counted and logged) or `local` (each replica enforces its
     /// share of every limit in memory).
     pub on_error: OnError,
+    /// Most sellers' asks carried by one limiter call (coalescing); 1
+    /// sends each ask on its own.
+    pub coalesce_max: usize,
+    /// How long a limiter call waits for more sellers' asks after the
+    /// first; 0 takes only the asks already queued. At most 1ms.
+    #[serde(deserialize_with = "human_duration")]
+    pub coalesce_window: Duration,
     /// With `topology = "cluster"`: more seed nodes beside `url`
     /// (`redis://host:port`), in case that one is down at startup.
     pub cluster_nodes: Vec<String>,
@@ -181,6 +188,8 @@ impl fmt::Debug for RedisSettings {
             .field("timeout", &self.timeout)
             .field("unready_after", &self.unready_after)
             .field("on_error", &self.on_error)
+            .field("coalesce_max", &self.coalesce_max)
+            .field("coalesce_window", &self.coalesce_window)
             .field(
                 "cluster_nodes",
                 &self
@@ -797,6 +806,7 @@ impl Settings {
             ),
             ("worker.max_buffered", self.worker.max_buffered as u64),
             ("redis.unready_after", u64::from(self.redis.unready_after)),
+            ("redis.coalesce_max", self.redis.coalesce_max as u64),
             (
                 "worker.max_buffered_bytes",
                 self.worker.max_buffered_bytes as u64,
@@ -831,6 +841,12 @@ impl Settings {
             if value.is_zero() {
                 return Err(at.error_at(key, "must be longer than 0"));
             }
+        }
+        if self.redis.coalesce_window > crate::limiter::coalesce::MAX_WINDOW {
+            return Err(at.error_at(
+                "redis.coalesce_window",
+                "must be at most 1ms (longer holds every job for more than a Redis round trip)",
+            ));
         }
         self.kafka.validate_tiers(at)?;
         // The worker adds this to `Instant::now()`; an absurd value (a typo

@@ -72,6 +72,11 @@ async fn the_readme_acl_user_runs_the_worker_and_nothing_more() {
     let store = open(server.port, PASSWORD, prefix)
         .await
         .expect("the ACL user connects and loads the scripts");
+    assert_eq!(
+        store.scripts(),
+        throttle_worker::limiter::Scripts::Functions,
+        "the README's user may load and call the Functions library"
+    );
     let policy = common::policy(
         vec![
             rule("sliding_window_log", 3, "1m", None),

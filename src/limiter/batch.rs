@@ -108,7 +108,7 @@ impl<S: Store> Limiter<S> {
     /// it. Lists are decided in order inside one script, so a seller listed
     /// twice sees its first list's charge. With `redis.topology = cluster`
     /// the sellers' keys live in different slots, so each list is its own
-    /// call. `dry_run` and `at_us` apply to every list.
+    /// call, all sent at once. `dry_run` and `at_us` apply to every list.
     pub async fn check_jobs_many(
         &self,
         lists: &[(&str, &[u64])],
@@ -124,17 +124,17 @@ impl<S: Store> Limiter<S> {
             }
         }
         if self.topology == Topology::Cluster || lists.len() == 1 {
-            let mut out = Vec::with_capacity(lists.len());
-            for &(seller, costs) in lists {
-                let q = JobsQuery {
+            // One slot per seller: concurrent calls, routed by the cluster
+            // client to each slot's node.
+            let calls = lists.iter().map(|&(seller, costs)| {
+                self.check_jobs(JobsQuery {
                     seller,
                     costs,
                     dry_run,
                     at_us,
-                };
-                out.push(self.check_jobs(q).await?);
-            }
-            return Ok(out);
+                })
+            });
+            return futures::future::join_all(calls).await.into_iter().collect();
         }
         let policy = self.policy();
         let mut unlimited = Vec::with_capacity(lists.len());

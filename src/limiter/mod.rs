@@ -11,6 +11,7 @@
 //!   answers with a [`Decision`].
 //! - [`batch`]: [`Limiter::acquire_jobs`], a list of job costs granted as
 //!   the longest prefix that fits, in one script call ([`BatchDecision`]).
+//! - [`coalesce`]: [`Coalescer`], many sellers' job lists in one call.
 //! - `shadow`: rules in shadow mode, asked after a grant and counted,
 //!   never holding a job.
 //! - [`inspect`]: a seller's live state per rule, charging nothing
@@ -18,10 +19,12 @@
 //! - [`model`]: pure-Rust reference models of every script, with an injected clock.
 //! - [`local`]: a replica's share of every limit in memory, for
 //!   `redis.on_error = "local"` while Redis does not answer.
-//! - [`redis`]: the only module that talks to Redis; runs `lua/` with EVALSHA,
+//! - [`redis`]: the only module that talks to Redis; runs `lua/` as a Redis
+//!   Functions library (FCALL), or with EVALSHA where Functions are missing,
 //!   on one server or a Redis Cluster.
 
 pub mod batch;
+pub mod coalesce;
 pub mod decision;
 pub mod inspect;
 pub mod keys;
@@ -37,6 +40,7 @@ pub mod script;
 mod shadow;
 
 pub use batch::JobsQuery;
+pub use coalesce::{CoalesceError, CoalesceSettings, Coalescer};
 pub use decision::{
     BatchDecision, BatchGranted, CannotPass, Decision, Denied, DeniedBy, Granted, Mode, NextJob,
     Pace,
@@ -44,7 +48,7 @@ pub use decision::{
 pub use keys::KeySpace;
 pub use permits::{Limiter, LimiterError, Request};
 pub use policy::{Policy, Resolved};
-pub use redis::{RedisError, RedisStore};
+pub use redis::{RedisError, RedisStore, Scripts};
 pub use reply::{JobsReply, Reply};
 pub use rule::{Algorithm, Rule, RuleError};
-pub use script::{JobsCall, JobsRequest, Op, ScriptCall, Store};
+pub use script::{FunctionLibrary, JobsCall, JobsRequest, Op, ScriptCall, Store};

@@ -1,6 +1,9 @@
 //! The Redis glue: the only module that imports `redis`. It loads the
-//! scripts, runs them with EVALSHA (loading again on NOSCRIPT, e.g. after a
-//! Redis restart or SCRIPT FLUSH) and hands back the raw [`Reply`]. It makes
+//! limiter as a Redis Functions library and runs it with FCALL (loading it
+//! again when a server has lost it: a restart without persistence, FUNCTION
+//! FLUSH, a cluster master that joined later), or, on a server without
+//! Functions, as scripts with EVALSHA (loading again on NOSCRIPT), and
+//! hands back the raw [`Reply`]. It makes
 //! no decision about what a Redis failure means: the error goes back to the
 //! caller.
 
@@ -17,7 +20,7 @@ use redis::{Cmd, IntoConnectionInfo, Pipeline, RedisFuture, Script, Value};
 use crate::config::{RedisSettings, Topology};
 
 use super::reply::{JobsReply, MalformedReply, Reply};
-use super::script::{JobsCall, ScriptCall, Store, BLOCK_LUA, LIMITER_LUA};
+use super::script::{FunctionLibrary, JobsCall, ScriptCall, Store, BLOCK_LUA, LIMITER_LUA};
 use crate::telemetry::events::RedisCalled;
 
 /// Why a Redis call failed.
@@ -74,6 +77,24 @@ pub struct RedisStore {
     conn: Arc<Connection>,
     limiter: Script,
     block: Script,
+    functions: Arc<Functions>,
+}
+
+/// The Functions library and whether this server runs it.
+struct Functions {
+    library: FunctionLibrary,
+    /// Cleared for good when the server has no Functions (Redis < 7) or the
+    /// ACL user may not load them: the EVALSHA scripts take over.
+    on: AtomicBool,
+}
+
+/// How the limiter runs on Redis: what [`RedisStore::scripts`] reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scripts {
+    /// A Functions library, `FCALL` (Redis 7+).
+    Functions,
+    /// EVALSHA of the assembled scripts.
+    Eval,
 }
 
 impl RedisStore {
@@ -209,13 +230,69 @@ impl RedisStore {
             }),
             limiter: Script::new(LIMITER_LUA),
             block: Script::new(BLOCK_LUA),
+            functions: Arc::new(Functions {
+                library: FunctionLibrary::new(),
+                on: AtomicBool::new(true),
+            }),
         };
         store.load().await?;
         Ok(store)
     }
 
-    /// Loads both scripts into the server's script cache.
+    /// Loads the Functions library (every primary of a cluster), or, where
+    /// the server cannot run Functions, both scripts into its script cache.
     pub async fn load(&self) -> Result<(), RedisError> {
+        if self.scripts() == Scripts::Functions {
+            match self.load_functions().await {
+                Ok(()) => return Ok(()),
+                Err(e) if no_functions(&e) => {
+                    self.functions.on.store(false, Ordering::Release);
+                    tracing::info!(
+                        reason = %e,
+                        "Redis cannot load Functions here; running the limiter as EVALSHA scripts"
+                    );
+                }
+                Err(e) => return Err(RedisError::Load(e)),
+            }
+        }
+        self.load_scripts().await
+    }
+
+    /// `FUNCTION LOAD REPLACE` of the library (the same name always holds
+    /// the same code, so replacing is idempotent).
+    async fn load_functions(&self) -> redis::RedisResult<()> {
+        let mut conn = self.conn.get();
+        redis::cmd("FUNCTION")
+            .arg("LOAD")
+            .arg("REPLACE")
+            .arg(&self.functions.library.code)
+            .query_async::<Value>(&mut conn)
+            .await
+            .map(|_| ())
+    }
+
+    /// Runs the limiter as EVALSHA scripts from now on (a server without
+    /// Functions does this by itself; benchmarks compare the two).
+    pub async fn use_eval_scripts(&self) -> Result<(), RedisError> {
+        self.functions.on.store(false, Ordering::Release);
+        self.load_scripts().await
+    }
+
+    /// How the limiter runs on this server.
+    pub fn scripts(&self) -> Scripts {
+        if self.functions.on.load(Ordering::Acquire) {
+            Scripts::Functions
+        } else {
+            Scripts::Eval
+        }
+    }
+
+    /// The library loaded with Functions (its name and FCALL names).
+    pub fn library(&self) -> &FunctionLibrary {
+        &self.functions.library
+    }
+
+    async fn load_scripts(&self) -> Result<(), RedisError> {
         let mut conn = self.conn.get();
         self.limiter
             .load_async(&mut conn)
@@ -235,23 +312,18 @@ impl RedisStore {
 }
 
 impl RedisStore {
-    /// One EVALSHA of the limiter script (loaded again on NOSCRIPT); its
-    /// flat integer reply.
+    /// One call of the limiter: FCALL of the library's function, or EVALSHA
+    /// of the script; its flat integer reply.
     async fn invoke<'a>(
         &self,
         keys: impl Iterator<Item = &'a str>,
         args: Vec<String>,
     ) -> Result<Vec<i64>, RedisError> {
-        let mut inv = self.limiter.prepare_invoke();
-        for k in keys {
-            inv.key(k);
-        }
-        for a in args {
-            inv.arg(a);
-        }
-        let mut conn = self.conn.get();
+        let keys: Vec<&str> = keys.collect();
         let started = std::time::Instant::now();
-        let result = inv.invoke_async(&mut conn).await;
+        let result = self
+            .call(&self.functions.library.limiter, &self.limiter, &keys, &args)
+            .await;
         RedisCalled {
             kind: "script",
             took: started.elapsed(),
@@ -261,6 +333,44 @@ impl RedisStore {
         result.map_err(|e| self.failed(e))
     }
 
+    /// FCALL `function`, or EVALSHA `script` where Functions are off. A
+    /// server that lost the library gets it again and the call is retried
+    /// once; one that turns out to have no Functions (a failover to an
+    /// older server) switches the store to scripts.
+    async fn call<T: redis::FromRedisValue, A: redis::ToRedisArgs>(
+        &self,
+        function: &str,
+        script: &Script,
+        keys: &[&str],
+        args: &[A],
+    ) -> redis::RedisResult<T> {
+        let mut conn = self.conn.get();
+        if self.scripts() == Scripts::Functions {
+            let mut fcall = redis::cmd("FCALL");
+            fcall.arg(function).arg(keys.len()).arg(keys).arg(args);
+            match fcall.query_async(&mut conn).await {
+                Err(e) if function_missing(&e) => {
+                    tracing::info!("Redis lost the limiter's Functions library; loading it again");
+                    self.load_functions().await?;
+                    return fcall.query_async(&mut conn).await;
+                }
+                Err(e) if no_functions(&e) => {
+                    tracing::warn!(reason = %e, "Redis cannot run Functions; switching to EVALSHA scripts");
+                    self.functions.on.store(false, Ordering::Release);
+                }
+                done => return done,
+            }
+        }
+        let mut inv = script.prepare_invoke();
+        for k in keys {
+            inv.key(*k);
+        }
+        for a in args {
+            inv.arg(a);
+        }
+        inv.invoke_async(&mut conn).await
+    }
+
     /// A failed call: a timeout gets the connection replaced.
     fn failed(&self, e: redis::RedisError) -> RedisError {
         if e.is_timeout() {
@@ -268,6 +378,20 @@ impl RedisStore {
         }
         RedisError::Script(e)
     }
+}
+
+/// The server has no such function: it lost the library (restart without
+/// persistence, FUNCTION FLUSH, a new cluster master).
+fn function_missing(e: &redis::RedisError) -> bool {
+    e.detail().is_some_and(|d| d.contains("Function not found"))
+}
+
+/// The server cannot run Functions at all: older than Redis 7, or an ACL
+/// user without FUNCTION LOAD or FCALL.
+fn no_functions(e: &redis::RedisError) -> bool {
+    // A key outside the user's patterns is NOPERM too, but names no command.
+    let text = e.to_string().to_lowercase();
+    text.contains("unknown command") || (text.contains("noperm") && text.contains("command"))
 }
 
 /// The `kind` label of a failed Redis call.
@@ -414,16 +538,13 @@ impl Store for RedisStore {
     }
 
     async fn block(&self, key: &str, now_us: Option<u64>, dur_us: u64) -> Result<u64, RedisError> {
-        let mut conn = self.conn.get();
-        let until: u64 = self
-            .block
-            .key(key)
-            .arg(now_us.map(|n| n.to_string()).unwrap_or_default())
-            .arg(dur_us.max(1))
-            .invoke_async(&mut conn)
+        let args = [
+            now_us.map(|n| n.to_string()).unwrap_or_default(),
+            dur_us.max(1).to_string(),
+        ];
+        self.call(&self.functions.library.block, &self.block, &[key], &args)
             .await
-            .map_err(|e| self.failed(e))?;
-        Ok(until)
+            .map_err(|e| self.failed(e))
     }
 }
 

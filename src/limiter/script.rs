@@ -10,23 +10,93 @@ use super::decision::Mode;
 use super::reply::{JobsReply, Reply};
 use super::rule::Rule;
 
-/// The limiter script assembled from `lua/`: helpers, one file per
-/// algorithm, the job-list driver, then the driver. Hashed once when the store is built.
-pub const LIMITER_LUA: &str = concat!(
-    include_str!("../../lua/common.lua"),
-    include_str!("../../lua/fixed_window.lua"),
-    include_str!("../../lua/sliding_window_log.lua"),
-    include_str!("../../lua/sliding_window_counter.lua"),
-    include_str!("../../lua/token_bucket.lua"),
-    include_str!("../../lua/leaky_bucket.lua"),
-    include_str!("../../lua/burst_fill.lua"),
-    include_str!("../../lua/gcra.lua"),
-    include_str!("../../lua/jobs.lua"),
-    include_str!("../../lua/limiter.lua"),
+/// The limiter's Lua, as one library: helpers, one file per algorithm, the
+/// job-list driver, the single-call driver, then the block. It only defines
+/// functions (`limiter_call`, `block_call`); the tails below run them.
+macro_rules! library_body {
+    () => {
+        concat!(
+            include_str!("../../lua/common.lua"),
+            include_str!("../../lua/fixed_window.lua"),
+            include_str!("../../lua/sliding_window_log.lua"),
+            include_str!("../../lua/sliding_window_counter.lua"),
+            include_str!("../../lua/token_bucket.lua"),
+            include_str!("../../lua/leaky_bucket.lua"),
+            include_str!("../../lua/burst_fill.lua"),
+            include_str!("../../lua/gcra.lua"),
+            include_str!("../../lua/jobs.lua"),
+            include_str!("../../lua/limiter.lua"),
+            include_str!("../../lua/block.lua"),
+        )
+    };
+}
+
+/// The library's definitions, shared by the EVAL scripts and the Redis
+/// Functions library.
+pub const LIBRARY_BODY: &str = library_body!();
+
+/// The limiter as an EVAL script (servers without Redis Functions, or an
+/// ACL user without `FUNCTION LOAD`). Every call runs the definitions again
+/// (about 60 closures), which is why Functions are preferred.
+pub const LIMITER_LUA: &str = concat!(library_body!(), "\nreturn limiter_call(KEYS, ARGV)\n");
+
+/// Sets a seller's downstream block, as an EVAL script.
+pub const BLOCK_LUA: &str = concat!(
+    include_str!("../../lua/block.lua"),
+    "\nreturn block_call(KEYS, ARGV)\n"
 );
 
-/// Sets a seller's downstream block.
-pub const BLOCK_LUA: &str = include_str!("../../lua/block.lua");
+/// The limiter as a Redis Functions library: loaded once per server
+/// (`FUNCTION LOAD`), its definitions run once, and each call is an `FCALL`
+/// of an already-built function.
+///
+/// The library and function names carry a hash of the code, so replicas of
+/// two versions of the worker (a rolling deploy) each call their own code
+/// on the same Redis, and loading one never replaces the other's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FunctionLibrary {
+    /// The library's name, `throttle_<hash>`.
+    pub name: String,
+    /// The whole `FUNCTION LOAD` payload, shebang included.
+    pub code: String,
+    /// FCALL name of the limiter (same KEYS and ARGV as [`LIMITER_LUA`]).
+    pub limiter: String,
+    /// FCALL name of the block (same KEYS and ARGV as [`BLOCK_LUA`]).
+    pub block: String,
+}
+
+impl FunctionLibrary {
+    pub fn new() -> FunctionLibrary {
+        let version = format!("{:016x}", fnv1a(LIBRARY_BODY.as_bytes()));
+        let name = format!("throttle_{version}");
+        let limiter = format!("throttle_limiter_{version}");
+        let block = format!("throttle_block_{version}");
+        let code = format!(
+            "#!lua name={name}\n{LIBRARY_BODY}\n\
+             redis.register_function('{limiter}', limiter_call)\n\
+             redis.register_function('{block}', block_call)\n"
+        );
+        FunctionLibrary {
+            name,
+            code,
+            limiter,
+            block,
+        }
+    }
+}
+
+impl Default for FunctionLibrary {
+    fn default() -> Self {
+        FunctionLibrary::new()
+    }
+}
+
+/// FNV-1a, 64 bits: names a version of the code, nothing more.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
 
 /// What a call does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

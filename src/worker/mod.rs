@@ -27,7 +27,7 @@ use crate::config::Settings;
 use crate::downstream::Downstream;
 use crate::kafka::consumer::Consumer;
 use crate::kafka::RecordSink;
-use crate::limiter::{KeySpace, Limiter, Policy, RedisStore};
+use crate::limiter::{CoalesceSettings, Coalescer, KeySpace, Limiter, Policy, RedisStore};
 use crate::telemetry::events::OverridesUnreadable;
 use crate::telemetry::http;
 
@@ -150,8 +150,16 @@ pub async fn run_watching(
     health.set_ready(true);
     let consumer = Arc::new(consumer);
     let sink = Arc::new(sink);
+    let permits = Coalescer::start(
+        limiter.clone(),
+        CoalesceSettings {
+            max: settings.redis.coalesce_max,
+            window: settings.redis.coalesce_window,
+            ..CoalesceSettings::default()
+        },
+    );
     let deps = engine::Deps {
-        permits: limiter.clone(),
+        permits: Arc::new(permits),
         downstream: Arc::new(downstream),
         sink: sink.clone(),
         consumer: consumer.clone(),

@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::config::OnError;
 use crate::downstream::backoff;
 use crate::limiter::{
-    BatchDecision, Decision, Denied, DeniedBy, Limiter, Mode, Resolved, Rule, Store,
+    BatchDecision, Coalescer, Decision, Denied, DeniedBy, Limiter, Mode, Resolved, Rule, Store,
 };
 
 /// The limiter as the worker sees it.
@@ -115,6 +115,32 @@ impl<S: Store + 'static> Permits for Limiter<S> {
 
     async fn acquire_jobs(&self, seller: &str, costs: &[u64]) -> Result<BatchDecision, String> {
         Limiter::acquire_jobs(self, seller, costs)
+            .await
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// The production limiter: job lists coalesced across sellers
+/// (`redis.coalesce_*`), everything else straight to the limiter.
+impl<S: Store + 'static> Permits for Coalescer<S> {
+    async fn acquire(&self, seller: &str, n: u64) -> Result<Decision, String> {
+        Permits::acquire(&**self.limiter(), seller, n).await
+    }
+
+    fn describe(&self, seller: &str) -> SellerInfo {
+        Permits::describe(&**self.limiter(), seller)
+    }
+
+    fn rules_of(&self, seller: &str) -> Option<(Vec<Rule>, Vec<Rule>)> {
+        Permits::rules_of(&**self.limiter(), seller)
+    }
+
+    async fn block(&self, seller: &str, dur: Duration) -> Result<(), String> {
+        Permits::block(&**self.limiter(), seller, dur).await
+    }
+
+    async fn acquire_jobs(&self, seller: &str, costs: &[u64]) -> Result<BatchDecision, String> {
+        Coalescer::acquire_jobs(self, seller, costs)
             .await
             .map_err(|e| e.to_string())
     }

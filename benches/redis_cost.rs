@@ -1,0 +1,378 @@
+//! Redis' own CPU per limiter decision and per admitted job, each figure
+//! next to a baseline measured in the same run on the same private
+//! `redis-server` (issue 10). Machines here are noisy: read the ratios.
+//!
+//!     cargo bench --bench redis_cost              # about 6 minutes
+//!     cargo bench --bench redis_cost -- --quick   # under 2 minutes
+//!
+//! 1. Script cost per algorithm, allow path, one rule: `redis-benchmark -c 50
+//!    -P 16 -r 10000` drives a minimal one-algorithm script (the baselines in
+//!    `benches/minimal/`), the limiter as a Functions library (FCALL), and the
+//!    limiter as an EVAL script (EVALSHA). Redis' CPU per call is
+//!    `usec_per_call` from `INFO commandstats`.
+//! 2. Per admitted job through the Rust limiter, 10,000 sellers, many
+//!    concurrent callers each asking for one job: without coalescing (one
+//!    call per ask) and with the coalescer at several windows. Prints jobs/s,
+//!    Redis calls and Redis µs per admitted job, and decision latency p50/p99.
+//!
+//! Environment: BENCH_CALLERS (256), BENCH_SECONDS (5; 2 with --quick),
+//! BENCH_REQUESTS (redis-benchmark requests per figure: 200,000; 60,000 with
+//! --quick).
+
+#[path = "../tests/common/redis_server.rs"]
+#[allow(dead_code)]
+mod redis_server;
+
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use throttle_worker::config::{LimitsConfig, RuleConfig, Topology};
+use throttle_worker::limiter::{
+    Algorithm, BatchDecision, CoalesceSettings, Coalescer, KeySpace, Limiter, Policy, RedisStore,
+    Rule,
+};
+
+const SELLERS: u64 = 10_000;
+const PREFIX: &str = "tw";
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// `redis-cli -p PORT args…`, its output.
+fn cli(port: u16, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .output()
+        .expect("redis-cli (redis-tools) must be installed");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `SCRIPT LOAD` of a file's text; its SHA.
+fn script_load(port: u16, text: &str) -> String {
+    cli(port, &["SCRIPT", "LOAD", text]).trim().to_owned()
+}
+
+/// (calls, usec) of one command in `INFO commandstats`.
+fn commandstat(port: u16, command: &str) -> (u64, u64) {
+    let info = cli(port, &["INFO", "commandstats"]);
+    let line = info
+        .lines()
+        .find(|l| l.starts_with(&format!("cmdstat_{command}:")));
+    let field = |name: &str| {
+        line.and_then(|l| l.split([':', ',']).find_map(|kv| kv.strip_prefix(name)))
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    (field("calls="), field("usec="))
+}
+
+/// Redis µs per call of `args` driven by redis-benchmark (50 clients,
+/// pipelines of 16, 10,000 random sellers).
+fn usec_per_call(port: u16, requests: u64, command: &str, args: &[String]) -> f64 {
+    cli(port, &["CONFIG", "RESETSTAT"]);
+    let status = Command::new("redis-benchmark")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(["-c", "50", "-P", "16", "-r", &SELLERS.to_string()])
+        .args(["-n", &requests.to_string(), "-q"])
+        .args(args)
+        .output()
+        .expect("redis-benchmark (redis-tools) must be installed");
+    assert!(status.status.success(), "redis-benchmark failed");
+    let (calls, usec) = commandstat(port, command);
+    assert!(
+        calls > 0,
+        "redis-benchmark made no {command} call: {args:?}"
+    );
+    usec as f64 / calls as f64
+}
+
+fn rule_config(algorithm: Algorithm, limit: u64, period: Duration) -> RuleConfig {
+    RuleConfig {
+        algorithm: algorithm.name().to_owned(),
+        limit,
+        period,
+        burst: None,
+        shadow: false,
+    }
+}
+
+fn s(v: impl ToString) -> String {
+    v.to_string()
+}
+
+/// The minimal script that stands for `algorithm`, its SHA and arguments.
+fn minimal(port: u16, algorithm: Algorithm, rule: &Rule) -> (&'static str, Vec<String>) {
+    let key = format!("min:{{s__rand_int__}}:{}", algorithm.name());
+    let period_ms = rule.period_us() / 1000;
+    match algorithm {
+        Algorithm::Gcra | Algorithm::LeakyBucket => (
+            "gcra",
+            vec![
+                script_load(port, include_str!("minimal/gcra.lua")),
+                s(1),
+                key,
+                s(1),
+                s(u64::MAX >> 12),
+            ],
+        ),
+        Algorithm::TokenBucket => (
+            "token_bucket",
+            vec![
+                script_load(port, include_str!("minimal/token_bucket.lua")),
+                s(1),
+                key,
+                s(1_000_000),
+                s(rule.limit()),
+                s(1),
+                s(period_ms),
+            ],
+        ),
+        Algorithm::SlidingWindowLog => (
+            "sliding_window_log",
+            vec![
+                script_load(port, include_str!("minimal/sliding_window_log.lua")),
+                s(1),
+                key,
+                s(1_000_000),
+                s(rule.period_us()),
+                s(rule.limit()),
+                s("m__rand_int__"),
+                s(period_ms),
+            ],
+        ),
+        _ => (
+            "fixed_window",
+            vec![
+                script_load(port, include_str!("minimal/fixed_window.lua")),
+                s(1),
+                key,
+                s(rule.limit()),
+                s(period_ms),
+            ],
+        ),
+    }
+}
+
+/// The limiter's KEYS and ARGV for one acquire of one unit.
+fn ours(rule: &Rule) -> Vec<String> {
+    vec![
+        s(2),
+        format!("{PREFIX}:{{s__rand_int__}}:block"),
+        format!("{PREFIX}:{{s__rand_int__}}:{}", rule.fingerprint()),
+        s("acquire"),
+        s(""),
+        s(1),
+        s("all"),
+        s("b__rand_int__"),
+        s(1),
+        s(rule.algorithm().name()),
+        s(rule.limit()),
+        s(rule.period_us()),
+        s(rule.burst()),
+    ]
+}
+
+fn script_cost(port: u16, store_fn: &str, requests: u64) {
+    println!("\n## 1. Redis µs per decision, allow path, one rule\n");
+    println!(
+        "redis-benchmark -c 50 -P 16 -r 10000 -n {requests}; Redis `usec_per_call` from INFO commandstats.\n"
+    );
+    println!("| algorithm | minimal script (baseline) | µs | ours, FCALL µs | ratio | ours, EVALSHA µs | ratio |");
+    println!("|---|---|---:|---:|---:|---:|---:|");
+    let eval_sha = script_load(port, throttle_worker::limiter::script::LIMITER_LUA);
+    for algorithm in Algorithm::ALL {
+        // Never refuses: the allow path is what a busy fleet pays.
+        let limit = if algorithm == Algorithm::SlidingWindowLog {
+            10_000
+        } else {
+            50_000_000
+        };
+        let rule = Rule::new(algorithm, limit, Duration::from_secs(60), None).expect("bench rule");
+        let (min_name, min_args) = minimal(port, algorithm, &rule);
+        let mut eval_args = vec![s("EVALSHA")];
+        eval_args.push(min_args[0].clone());
+        eval_args.extend(min_args[1..].iter().cloned());
+        let base = usec_per_call(port, requests, "evalsha", &eval_args);
+        let mut fcall = vec![s("FCALL"), s(store_fn)];
+        fcall.extend(ours(&rule));
+        let ours_f = usec_per_call(port, requests, "fcall", &fcall);
+        let mut evalsha = vec![s("EVALSHA"), eval_sha.clone()];
+        evalsha.extend(ours(&rule));
+        let ours_e = usec_per_call(port, requests, "evalsha", &evalsha);
+        println!(
+            "| {} | {min_name} | {base:.2} | {ours_f:.2} | {:.2} | {ours_e:.2} | {:.2} |",
+            algorithm.name(),
+            ours_f / base,
+            ours_e / base,
+        );
+        cli(port, &["FLUSHALL"]);
+    }
+}
+
+/// What one run of many callers gave.
+struct Run {
+    jobs_per_s: f64,
+    calls_per_job: f64,
+    usec_per_job: f64,
+    p50_us: u64,
+    p99_us: u64,
+}
+
+/// `callers` tasks, each asking for one job of a random seller in a loop,
+/// through `ask`, for `secs`.
+async fn drive<F, Fut>(port: u16, callers: u64, secs: u64, ask: F) -> Run
+where
+    F: Fn(String) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = u64> + Send,
+{
+    cli(port, &["CONFIG", "RESETSTAT"]);
+    let ask = Arc::new(ask);
+    let admitted = Arc::new(AtomicU64::new(0));
+    let run = Duration::from_secs(secs);
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..callers {
+        let (ask, admitted) = (ask.clone(), admitted.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut x = c.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+            let mut lat = Vec::new();
+            while start.elapsed() < run {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let seller = format!("s{}", x % SELLERS);
+                let t = Instant::now();
+                let units = ask(seller).await;
+                lat.push(t.elapsed().as_micros() as u64);
+                admitted.fetch_add(units, Ordering::Relaxed);
+            }
+            lat
+        }));
+    }
+    let mut lat = Vec::new();
+    for t in tasks {
+        lat.extend(t.await.expect("caller"));
+    }
+    let secs = start.elapsed().as_secs_f64();
+    lat.sort_unstable();
+    let pct = |p: f64| lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1)));
+    let jobs = admitted.load(Ordering::Relaxed).max(1) as f64;
+    let (calls, usec) = commandstat(port, "fcall");
+    Run {
+        jobs_per_s: jobs / secs,
+        calls_per_job: calls as f64 / jobs,
+        usec_per_job: usec as f64 / jobs,
+        p50_us: pct(0.50).copied().unwrap_or(0),
+        p99_us: pct(0.99).copied().unwrap_or(0),
+    }
+}
+
+fn units(d: BatchDecision) -> u64 {
+    match d {
+        BatchDecision::Granted(g) => g.units,
+        _ => 0,
+    }
+}
+
+async fn coalescing(port: u16, store: &RedisStore, callers: u64, secs: u64) {
+    println!("\n## 2. Redis per admitted job, {SELLERS} sellers, {callers} concurrent callers\n");
+    println!("Each caller asks for one job of a random seller (gcra, never refusing), {secs} s per row.\n");
+    println!(
+        "| mode | jobs/s | ratio | Redis calls/job | Redis µs/job | ratio | p50 µs | p99 µs |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    let policy = Policy::from_config(&LimitsConfig {
+        default: vec![rule_config(
+            Algorithm::Gcra,
+            50_000_000,
+            Duration::from_secs(60),
+        )],
+        ..Default::default()
+    })
+    .expect("bench policy");
+    let limiter = Arc::new(Limiter::new(
+        store.clone(),
+        KeySpace::new(PREFIX),
+        policy,
+        Topology::Single,
+    ));
+    let direct = {
+        let limiter = limiter.clone();
+        drive(port, callers, secs, move |seller| {
+            let limiter = limiter.clone();
+            async move {
+                limiter
+                    .acquire_jobs(&seller, &[1])
+                    .await
+                    .map(units)
+                    .unwrap_or(0)
+            }
+        })
+        .await
+    };
+    let row = |name: &str, r: &Run| {
+        println!(
+            "| {name} | {:.0} | {:.2} | {:.3} | {:.2} | {:.2} | {} | {} |",
+            r.jobs_per_s,
+            r.jobs_per_s / direct.jobs_per_s,
+            r.calls_per_job,
+            r.usec_per_job,
+            r.usec_per_job / direct.usec_per_job,
+            r.p50_us,
+            r.p99_us
+        )
+    };
+    row("no coalescing (baseline)", &direct);
+    for (name, window) in [
+        ("coalesced, one turn", Duration::ZERO),
+        ("coalesced, 100 µs", Duration::from_micros(100)),
+        ("coalesced, 1 ms", Duration::from_millis(1)),
+    ] {
+        let co = Coalescer::start(
+            limiter.clone(),
+            CoalesceSettings {
+                window,
+                ..CoalesceSettings::default()
+            },
+        );
+        let r = drive(port, callers, secs, move |seller| {
+            let co = co.clone();
+            async move { co.acquire_jobs(&seller, &[1]).await.map(units).unwrap_or(0) }
+        })
+        .await;
+        row(name, &r);
+    }
+    println!("\n(redis-cell's CL.THROTTLE, from the issue's measurement on this kind of machine: ~2.6 µs per call, ~380k calls/s; not built here.)");
+}
+
+#[tokio::main]
+async fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let requests = env_u64("BENCH_REQUESTS", if quick { 60_000 } else { 200_000 });
+    let secs = env_u64("BENCH_SECONDS", if quick { 2 } else { 5 });
+    let callers = env_u64("BENCH_CALLERS", 256);
+    let redis = redis_server::RedisServer::start();
+    let store = RedisStore::connect(&redis.url(), Duration::from_secs(5))
+        .await
+        .expect("the private redis-server");
+    println!(
+        "# redis_cost{}: private redis-server on 127.0.0.1:{} ({})",
+        if quick { " --quick" } else { "" },
+        redis.port,
+        cli(redis.port, &["INFO", "server"])
+            .lines()
+            .find(|l| l.starts_with("redis_version:"))
+            .unwrap_or("redis_version:?")
+            .trim()
+    );
+    script_cost(redis.port, &store.library().limiter, requests);
+    cli(redis.port, &["FLUSHALL"]);
+    coalescing(redis.port, &store, callers, secs).await;
+}

@@ -1,0 +1,193 @@
+//! [`Coalescer`]: many sellers' job lists in one limiter call.
+//!
+//! A busy, unthrottled fleet asks the limiter once per seller with one job
+//! waiting: one script call per job, and Redis spends most of each call on
+//! what every call pays (the command, the clock, reading the arguments)
+//! rather than on the decision. The coalescer queues the asks that arrive
+//! together and sends them as one [`Limiter::check_jobs_many`] call, one
+//! decision per seller, decided in order inside one script.
+//!
+//! A call takes what is queued when it starts (the asks of one event-loop
+//! turn), or waits up to `window` (at most a millisecond) for more. While
+//! `in_flight` calls are out, new asks queue behind them, so the batches grow
+//! with the load by themselves: under light load a call carries one ask and
+//! adds no wait; under heavy load it carries up to `max` asks. With
+//! `redis.topology = cluster` the sellers' keys lie in different slots, so a
+//! batch goes out as concurrent calls, one per seller.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+use super::decision::BatchDecision;
+use super::permits::{Limiter, LimiterError};
+use super::script::Store;
+
+/// What a coalesced ask can fail with: the call's error (shared by every
+/// ask the call carried), or a coalescer that has stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum CoalesceError<E: std::error::Error + 'static> {
+    #[error(transparent)]
+    Limiter(Arc<LimiterError<E>>),
+    #[error("the limiter's coalescer has stopped")]
+    Stopped,
+}
+
+/// The longest `window` allowed: longer holds every ask for more than a
+/// Redis round trip, which costs more latency than it saves Redis.
+pub const MAX_WINDOW: Duration = Duration::from_millis(1);
+
+/// How asks are grouped into calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CoalesceSettings {
+    /// Most asks in one call; 1 sends every ask on its own.
+    pub max: usize,
+    /// How long a call waits for more asks after the first; zero takes
+    /// only what is already queued.
+    pub window: Duration,
+    /// Calls out at once.
+    pub in_flight: usize,
+}
+
+impl Default for CoalesceSettings {
+    fn default() -> Self {
+        CoalesceSettings {
+            max: 128,
+            window: Duration::ZERO,
+            in_flight: 4,
+        }
+    }
+}
+
+type Answer<E> = Result<BatchDecision, CoalesceError<E>>;
+
+struct Ask<E: std::error::Error + 'static> {
+    seller: String,
+    costs: Vec<u64>,
+    reply: oneshot::Sender<Answer<E>>,
+}
+
+/// A [`Limiter`] whose job-list asks are coalesced; cheap to clone. The
+/// background task stops when the last clone is dropped.
+pub struct Coalescer<S: Store> {
+    limiter: Arc<Limiter<S>>,
+    tx: mpsc::UnboundedSender<Ask<S::Error>>,
+}
+
+impl<S: Store> Clone for Coalescer<S> {
+    fn clone(&self) -> Self {
+        Coalescer {
+            limiter: self.limiter.clone(),
+            tx: self.tx.clone(),
+        }
+    }
+}
+
+impl<S: Store + 'static> Coalescer<S> {
+    /// Starts the coalescing task on the current tokio runtime.
+    pub fn start(limiter: Arc<Limiter<S>>, settings: CoalesceSettings) -> Coalescer<S> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(run(limiter.clone(), rx, settings));
+        Coalescer { limiter, tx }
+    }
+
+    /// The limiter behind it, for everything but job lists.
+    pub fn limiter(&self) -> &Arc<Limiter<S>> {
+        &self.limiter
+    }
+
+    /// [`Limiter::acquire_jobs`], carried in a call with whatever other
+    /// asks arrive with it.
+    pub async fn acquire_jobs(
+        &self,
+        seller: &str,
+        costs: &[u64],
+    ) -> Result<BatchDecision, CoalesceError<S::Error>> {
+        // Checked here, so that one bad ask cannot fail the others'.
+        let bad = if costs.is_empty() {
+            Some(LimiterError::NoJobs)
+        } else if costs.contains(&0) {
+            Some(LimiterError::ZeroCost)
+        } else {
+            None
+        };
+        if let Some(e) = bad {
+            return Err(CoalesceError::Limiter(Arc::new(e)));
+        }
+        let (reply, answer) = oneshot::channel();
+        let ask = Ask {
+            seller: seller.to_owned(),
+            costs: costs.to_vec(),
+            reply,
+        };
+        self.tx.send(ask).map_err(|_| CoalesceError::Stopped)?;
+        answer.await.unwrap_or(Err(CoalesceError::Stopped))
+    }
+}
+
+async fn run<S: Store + 'static>(
+    limiter: Arc<Limiter<S>>,
+    mut rx: mpsc::UnboundedReceiver<Ask<S::Error>>,
+    settings: CoalesceSettings,
+) {
+    let max = settings.max.max(1);
+    let slots = Arc::new(Semaphore::new(settings.in_flight.max(1)));
+    loop {
+        // A call slot first: while every slot is taken, asks pile up in
+        // the channel and the next batch takes them all.
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let Some(first) = rx.recv().await else {
+            return;
+        };
+        let mut batch = vec![first];
+        // Let the tasks woken with the first one queue their asks too.
+        tokio::task::yield_now().await;
+        while batch.len() < max {
+            match rx.try_recv() {
+                Ok(ask) => batch.push(ask),
+                Err(_) => break,
+            }
+        }
+        if !settings.window.is_zero() && batch.len() < max {
+            let deadline = tokio::time::Instant::now() + settings.window;
+            while batch.len() < max {
+                match tokio::time::timeout_at(deadline, rx.recv()).await {
+                    Ok(Some(ask)) => batch.push(ask),
+                    _ => break,
+                }
+            }
+        }
+        let limiter = limiter.clone();
+        tokio::spawn(async move {
+            decide(&limiter, batch).await;
+            drop(slot);
+        });
+    }
+}
+
+/// One call for the whole batch; every ask gets its own decision, or the
+/// call's error.
+async fn decide<S: Store>(limiter: &Limiter<S>, batch: Vec<Ask<S::Error>>) {
+    let lists: Vec<(&str, &[u64])> = batch
+        .iter()
+        .map(|a| (a.seller.as_str(), a.costs.as_slice()))
+        .collect();
+    let result = limiter.check_jobs_many(&lists, false, None).await;
+    drop(lists);
+    match result {
+        Ok(decisions) => {
+            for (ask, d) in batch.into_iter().zip(decisions) {
+                let _ = ask.reply.send(Ok(d));
+            }
+        }
+        Err(e) => {
+            let e = Arc::new(e);
+            for ask in batch {
+                let _ = ask.reply.send(Err(CoalesceError::Limiter(e.clone())));
+            }
+        }
+    }
+}
