@@ -37,10 +37,14 @@ local function never_rule(rules, cost)
   return 0
 end
 
--- One request's reply row (see the header).
-local function jobs_reply(now, status, units, remaining, retry, reset, go_at, by, jobs, next)
-  return { status, units, remaining, cdiv(retry, 1000), cdiv(reset, 1000), go_at,
-    retry, reset, now, by, jobs, next }
+-- Appends one request's reply row (see the header) to `out`, the call's
+-- flat reply: no table per request.
+local function jobs_reply(out, now, status, units, remaining, retry, reset, go_at, by, jobs, next)
+  local o = #out
+  out[o + 1], out[o + 2], out[o + 3] = status, units, remaining
+  out[o + 4], out[o + 5], out[o + 6] = cdiv(retry, 1000), cdiv(reset, 1000), go_at
+  out[o + 7], out[o + 8], out[o + 9] = retry, reset, now
+  out[o + 10], out[o + 11], out[o + 12] = by, jobs, next
 end
 
 -- µs until a job of `cost` fits after `taken` units are taken now, and
@@ -75,10 +79,10 @@ end
 
 -- Helpers are file-level functions rather than closures: with Functions
 -- the file runs once per load, and a call then allocates no closures.
-local function jobs_request(now, charge, id, block_key, rules, costs)
+local function jobs_request(out, now, charge, id, block_key, rules, costs)
   local first_never = never_rule(rules, costs[1])
   if first_never > 0 then
-    return jobs_reply(now, -1, 0, 0, 0, 0, now, first_never, 0, 2)
+    return jobs_reply(out, now, -1, 0, 0, 0, 0, now, first_never, 0, 2)
   end
 
   local states, avail = {}, {}
@@ -102,7 +106,7 @@ local function jobs_request(now, charge, id, block_key, rules, costs)
     if block >= wait then
       wait, by = block, 0
     end
-    return jobs_reply(now, 0, 0, 0, wait, math.max(block, reset), now, by, 0, 1)
+    return jobs_reply(out, now, 0, 0, 0, wait, math.max(block, reset), now, by, 0, 1)
   end
 
   -- Every algorithm admits `taken + c` units exactly when it admits `c`
@@ -121,7 +125,7 @@ local function jobs_request(now, charge, id, block_key, rules, costs)
   if jobs == 0 then
     local wait, by = jobs_wait_for(rules, states, avail, now, costs[1], 0)
     local remaining, reset = jobs_summary(rules, states, now, 0)
-    return jobs_reply(now, 0, 0, remaining, wait, reset, now, by, 0, 1)
+    return jobs_reply(out, now, 0, 0, remaining, wait, reset, now, by, 0, 1)
   end
 
   local go_at = now
@@ -147,7 +151,7 @@ local function jobs_request(now, charge, id, block_key, rules, costs)
       r.algo.take(r.key, states[i], r, now, units, id)
     end
   end
-  return jobs_reply(now, 1, units, remaining, retry, reset, go_at, by, jobs, next)
+  return jobs_reply(out, now, 1, units, remaining, retry, reset, go_at, by, jobs, next)
 end
 
 local function run_jobs(KEYS, ARGV, op, now)
@@ -161,12 +165,19 @@ local function run_jobs(KEYS, ARGV, op, now)
   for _ = 1, nreq do
     local id = ARGV[a]
     local costs = {}
-    for c in string.gmatch(ARGV[a + 1] or '', '[^,]+') do
-      local cost = tonumber(c)
-      if cost == nil or cost < 1 then
+    local list = ARGV[a + 1] or ''
+    if string.find(list, ',', 1, true) == nil then
+      -- One job, the common case: no pattern matching.
+      costs[1] = tonumber(list)
+    else
+      for c in string.gmatch(list, '[^,]+') do
+        costs[#costs + 1] = tonumber(c) or 0
+      end
+    end
+    for j = 1, #costs do
+      if costs[j] == nil or costs[j] < 1 then
         return redis.error_reply('cost must be at least 1')
       end
-      costs[#costs + 1] = cost
     end
     if #costs == 0 then
       return redis.error_reply('a request needs at least one job')
@@ -176,10 +187,7 @@ local function run_jobs(KEYS, ARGV, op, now)
     if rules == nil then
       return redis.error_reply(err)
     end
-    local r = jobs_request(now, charge, id, KEYS[k], rules, costs)
-    for _, v in ipairs(r) do
-      out[#out + 1] = v
-    end
+    jobs_request(out, now, charge, id, KEYS[k], rules, costs)
     a = a + 3 + 4 * nrules
     k = k + 1 + nrules
   end
