@@ -280,13 +280,20 @@ async fn metrics_tell_what_the_worker_does() {
     );
     let calls = m("throttle_limiter_calls_total", &[]);
     assert!(calls >= granted + denied, "{calls} limiter calls");
+    // Asks are coalesced: every ask rides in exactly one Redis call, and
+    // on a single Redis with no global rules a coalesced call is one call.
+    assert_eq!(
+        m("throttle_limiter_asks_per_call_sum", &[]),
+        calls,
+        "every limiter ask is carried by a coalesced call"
+    );
     assert_eq!(
         m(
             "throttle_redis_call_duration_seconds_count",
             &[("kind", "script")]
         ),
-        calls,
-        "one Redis call per limiter call on a single Redis with no global rules"
+        m("throttle_limiter_asks_per_call_count", &[]),
+        "one Redis call per coalesced call on a single Redis with no global rules"
     );
     assert_eq!(m("throttle_limiter_errors_total", &[]), 0.0);
     assert!(m("throttle_rebalances_total", &[]) >= 1.0);

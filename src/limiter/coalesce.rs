@@ -23,6 +23,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use super::decision::BatchDecision;
 use super::permits::{Limiter, LimiterError};
 use super::script::Store;
+use crate::telemetry::events::LimiterCallCoalesced;
 
 /// What a coalesced ask can fail with: the call's error (shared by every
 /// ask the call carried), or a coalescer that has stopped.
@@ -171,6 +172,7 @@ async fn run<S: Store + 'static>(
 /// One call for the whole batch; every ask gets its own decision, or the
 /// call's error.
 async fn decide<S: Store>(limiter: &Limiter<S>, batch: Vec<Ask<S::Error>>) {
+    LimiterCallCoalesced { asks: batch.len() }.emit();
     let lists: Vec<(&str, &[u64])> = batch
         .iter()
         .map(|a| (a.seller.as_str(), a.costs.as_slice()))

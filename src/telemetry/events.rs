@@ -53,6 +53,17 @@ impl RedisCalled {
     }
 }
 
+/// A coalesced limiter call went out carrying `asks` sellers' asks.
+pub struct LimiterCallCoalesced {
+    pub asks: usize,
+}
+
+impl LimiterCallCoalesced {
+    pub fn emit(&self) {
+        metrics().limiter_asks_per_call.observe(self.asks as f64);
+    }
+}
+
 /// The downstream answered (or failed to): `class` is `2xx`, `429`, `4xx`,
 /// `5xx`, `other`, `timeout` or `error`.
 pub struct DownstreamAnswered {

@@ -112,6 +112,7 @@ pub struct Metrics {
     pub limiter_retry_after: Histogram,
     pub limiter_errors: Family<KindLabel, Counter>,
     pub redis_call_duration: SecondsHistogram,
+    pub limiter_asks_per_call: Histogram,
     pub offset_commits: Counter,
     pub offset_commit_errors: Counter,
     pub kafka_errors: Counter,
@@ -251,6 +252,11 @@ impl Metrics {
                 "redis_call_duration_seconds",
                 "Redis call latency, by kind (script)",
                 Family::new_with_constructor(seconds_histogram as fn() -> Histogram)
+            ),
+            limiter_asks_per_call: reg!(
+                "limiter_asks_per_call",
+                "Sellers' asks carried by one coalesced limiter call",
+                Histogram::new(exponential_buckets(1.0, 2.0, 9))
             ),
             offset_commits: reg!(
                 "offset_commits",
