@@ -1,17 +1,29 @@
 #!/usr/bin/env bash
 # The test command: installs what the build needs, starts a throwaway Redis
 # on a spare loopback port (unless REDIS_URL answers), then runs the format
-# check, clippy and every test. The Kafka tests embed librdkafka's mock
-# cluster, so nothing else has to run. Extra arguments go to `cargo test`.
+# check, clippy, the supply-chain check and every test. The Kafka tests
+# embed librdkafka's mock cluster, so nothing else has to run. Extra
+# arguments go to `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
+# cargo-deny, only when missing: a cold install builds it from source
+# (about 10 minutes on 2 cores). Pinned so that a release that needs a
+# newer toolchain than rust-toolchain.toml's cannot break the tests.
+if ! command -v cargo-deny >/dev/null; then
+  printf "\n=== cargo install cargo-deny\n"
+  cargo install --locked cargo-deny --version 0.20.2
+fi
 exec scripts/with-redis.sh bash -c '
   set -euo pipefail
   printf "\n=== cargo fmt --check\n"
   cargo fmt --all -- --check
   printf "\n=== cargo clippy\n"
   cargo clippy --all-targets -- -D warnings
+  # Licenses, duplicate crates and sources against deny.toml; no network
+  # (advisories need a database CI cannot fetch: see the README).
+  printf "\n=== cargo deny check licenses bans sources\n"
+  cargo deny check licenses bans sources
   printf "\n=== cargo test (REDIS_URL=%s)\n" "$REDIS_URL"
   cargo test "$@"
 ' test.sh "$@"

@@ -153,3 +153,45 @@ async fn peek_answers_without_charging() {
         serde_json::from_str(&stdout_of(&run(&["limits", "show", "s", "--json"], &path))).unwrap();
     assert_eq!(shown["rules"][0]["remaining"], 3, "{shown}");
 }
+
+/// Regression: `limits show` listed the global shadow rules for an
+/// `unlimited` seller, although shadow rules skip such sellers (nothing
+/// is counted for it). A limited seller still shows them.
+#[tokio::test]
+async fn show_lists_no_shadow_rule_for_an_unlimited_seller() {
+    let prefix = common::unique_prefix("opcli-unlimited");
+    let dir = tempfile::tempdir().unwrap();
+    let limits = r#"[limits]
+default = [{ algorithm = "fixed_window", limit = 3, period = "1m" }]
+global = [{ algorithm = "gcra", limit = 1000, period = "1s" },
+          { algorithm = "fixed_window", limit = 50, period = "1m", shadow = true }]
+[limits.sellers]
+"free" = { unlimited = true }
+"#;
+    let path = config(dir.path(), &prefix, limits);
+    let show = |seller: &str| {
+        let out = run(&["limits", "show", seller, "--json"], &path);
+        serde_json::from_str::<serde_json::Value>(&stdout_of(&out)).unwrap()
+    };
+    let kinds = |shown: &serde_json::Value| -> Vec<String> {
+        shown["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["kind"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let free = show("free");
+    assert_eq!(free["unlimited"], true, "{free}");
+    assert!(kinds(&free).is_empty(), "{free}");
+    let table = stdout_of(&run(&["limits", "show", "free"], &path));
+    assert!(table.contains("no rules"), "{table}");
+    assert!(!table.contains("global_shadow"), "{table}");
+
+    let limited = show("s");
+    assert_eq!(
+        kinds(&limited),
+        ["seller", "global", "global_shadow"],
+        "{limited}"
+    );
+}

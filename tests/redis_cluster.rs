@@ -214,3 +214,490 @@ async fn the_worker_runs_on_a_cluster() {
     );
     assert!(cluster.keys_per_node().iter().all(|&n| n > 0));
 }
+
+/// The first `n` of `sellers` whose keys sit in distinct slots, with
+/// their slots.
+fn sellers_on_distinct_slots(
+    cluster: &RedisCluster,
+    keys: &KeySpace,
+    sellers: &[String],
+    n: usize,
+) -> Vec<(String, u16)> {
+    let mut picked: Vec<(String, u16)> = Vec::new();
+    for s in sellers {
+        let slot = cluster.keyslot(&keys.block(s));
+        if picked.iter().all(|(_, other)| *other != slot) {
+            picked.push((s.clone(), slot));
+        }
+        if picked.len() == n {
+            break;
+        }
+    }
+    assert_eq!(picked.len(), n, "{n} sellers on distinct slots");
+    picked
+}
+
+/// Other sellers' keys in the slot of `seller` (production slots hold
+/// many sellers; 16384 slots and a million sellers make ~60 a slot), so
+/// that moving the slot takes a while and its live keys move in between.
+fn fill_slot(cluster: &RedisCluster, keys: &KeySpace, seller: &str, n: usize) {
+    let block = keys.block(seller);
+    let tag = &block[block.find('{').unwrap()..=block.find('}').unwrap()];
+    let fillers: Vec<String> = (0..n).map(|i| format!("filler:{tag}:{i}")).collect();
+    let mut args = vec!["MSET"];
+    for f in &fillers {
+        args.extend([f.as_str(), "x"]);
+    }
+    let owner = cluster.owner(cluster.keyslot(&block));
+    assert_eq!(cluster.cli(owner, &args).trim(), "OK");
+}
+
+/// The plan both migration tests follow, run on a blocking thread while
+/// the traffic runs: `slots[0]` and `slots[1]` to other existing masters,
+/// then a fourth master joins (no scripts, no functions loaded) and
+/// `slots[2..]` move to it. Returns the cluster, every migration and how
+/// long the join took.
+fn migrate_while_running(
+    mut cluster: RedisCluster,
+    slots: Vec<u16>,
+    pace: Duration,
+) -> (RedisCluster, Vec<common::cluster::Migration>, Duration) {
+    let mut done = Vec::new();
+    for &slot in &slots[..2] {
+        let to = (cluster.owner(slot) + 1) % 3;
+        done.push(cluster.migrate_slot(slot, to, pace));
+    }
+    let joined = std::time::Instant::now();
+    let new = cluster.add_master();
+    let join_took = joined.elapsed();
+    for &slot in &slots[2..] {
+        done.push(cluster.migrate_slot(slot, new, pace));
+    }
+    (cluster, done, join_took)
+}
+
+/// The errors a call may meet while a slot moves, each retried: a
+/// multi-key call on a half-moved slot (TRYAGAIN), a redirect the client
+/// gave up following within its retries (ASK, MOVED), a master that has
+/// not got the limiter's script or function yet (NOSCRIPT, "function not
+/// found"), a call whose retries outlasted the timeout.
+const MIGRATION_ERRORS: [&str; 7] = [
+    "tryagain",
+    "ask:",
+    "moved",
+    "noscript",
+    "function not found",
+    "timed out",
+    "timeout",
+];
+
+/// What a failed call said, for counting: one of [`MIGRATION_ERRORS`], or
+/// the whole text of any other error (e.g. a script that stopped half way
+/// with "Script attempted to access a non local key").
+fn error_kind(e: &impl std::fmt::Display) -> String {
+    let text = e.to_string();
+    let lower = text.to_lowercase();
+    MIGRATION_ERRORS
+        .iter()
+        .find(|kind| lower.contains(*kind))
+        .map_or(text, |kind| kind.trim_end_matches(':').to_owned())
+}
+
+fn print_migrations(migrations: &[common::cluster::Migration], join_took: Duration) {
+    for m in migrations {
+        println!(
+            "slot {:5} node {} -> node {}: {:3} keys in {:?}",
+            m.slot, m.from, m.to, m.keys, m.took
+        );
+    }
+    println!("the 4th master joined (add-node, known to all) in {join_took:?}");
+}
+
+/// Issue 11: slots holding live sellers move while the limiter admits
+/// their traffic: two to other masters, two to a master that joins the
+/// cluster after the limiter connected (no script loaded there). Keys move
+/// one by one, so calls meet the slot half moved (TRYAGAIN for a
+/// multi-key EVALSHA, ASK once a seller's keys have all left the source).
+///
+/// Each of 16 sellers sends arrivals with explicit times (one every 250 ms,
+/// 4× its sliding-window limit) and retries a failed call as a worker does
+/// (fail_closed): every retried error is counted, none may last (20 s), and
+/// every decision equals the one a single Redis makes for the same
+/// arrivals, so nothing was lost or charged twice, and no seller's busiest
+/// minute holds more grants than its limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slots_move_under_live_traffic_and_admissions_stay_those_of_one_redis() {
+    use std::collections::BTreeMap;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    const STEP_US: u64 = 250_000;
+    const WINDOW_LIMIT: u64 = 30;
+    let rules = || {
+        policy(
+            vec![
+                rule("sliding_window_log", WINDOW_LIMIT, "1m", None),
+                rule("gcra", 40, "1m", Some(10)),
+                rule("token_bucket", 60, "2m", Some(15)),
+            ],
+            vec![],
+        )
+    };
+    let cluster = RedisCluster::start(3);
+    let prefix = unique_prefix("cluster-migrate");
+    let keys = KeySpace::new(&prefix);
+    let single = Arc::new(Limiter::new(
+        common::store().await,
+        keys.clone(),
+        rules(),
+        Topology::Single,
+    ));
+    let clustered = Arc::new(Limiter::new(
+        cluster_store(&cluster).await,
+        keys.clone(),
+        rules(),
+        Topology::Cluster,
+    ));
+    let sellers: Vec<String> = (0..16).map(|i| format!("seller-{i}")).collect();
+    let moving = sellers_on_distinct_slots(&cluster, &keys, &sellers, 4);
+    for (s, _) in &moving {
+        fill_slot(&cluster, &keys, s, 40);
+    }
+    cluster.reset_stats();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let errors: Arc<Mutex<BTreeMap<String, u64>>> = Default::default();
+    let mut tasks = Vec::new();
+    for seller in sellers.clone() {
+        let (single, clustered) = (single.clone(), clustered.clone());
+        let (stop, errors) = (stop.clone(), errors.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut granted_at = Vec::new();
+            let mut calls = 0u64;
+            let mut longest = Duration::ZERO;
+            while !stop.load(Ordering::Relaxed) {
+                let t = calls * STEP_US;
+                let want = single.check(at(&seller, t)).await.expect("single Redis");
+                let started = std::time::Instant::now();
+                let got = loop {
+                    match clustered.check(at(&seller, t)).await {
+                        Ok(d) => break d,
+                        Err(e) => {
+                            *errors.lock().unwrap().entry(error_kind(&e)).or_insert(0) += 1;
+                            assert!(
+                                started.elapsed() < Duration::from_secs(20),
+                                "{seller}'s arrival {calls} still failing after 20 s: {e}"
+                            );
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                    }
+                };
+                longest = longest.max(started.elapsed());
+                assert_eq!(want, got, "{seller}, arrival {calls} at +{t} µs");
+                if matches!(got, Decision::Granted(_)) {
+                    granted_at.push(t);
+                }
+                calls += 1;
+            }
+            (
+                seller,
+                calls,
+                granted_at,
+                longest,
+                std::time::Instant::now(),
+            )
+        }));
+    }
+
+    // Let traffic build state in every slot, then move slots under it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let slots: Vec<u16> = moving.iter().map(|(_, slot)| *slot).collect();
+    let (cluster, migrations, join_took) = tokio::task::spawn_blocking(move || {
+        migrate_while_running(cluster, slots, Duration::from_millis(25))
+    })
+    .await
+    .expect("migrations");
+    // And on after the last one, so every moved seller is served by its
+    // new master (the joined one loads the script on demand).
+    let migrated_at = std::time::Instant::now();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop.store(true, Ordering::Relaxed);
+
+    let (mut calls, mut granted, mut busiest, mut longest) = (0, 0, 0, Duration::ZERO);
+    for task in tasks {
+        let (seller, n, granted_at, slowest, last) = task.await.expect("seller's traffic");
+        assert!(last > migrated_at, "{seller} made calls after the moves");
+        calls += n;
+        granted += granted_at.len();
+        longest = longest.max(slowest);
+        // Grants are at explicit times: the most in any minute.
+        let mut lo = 0;
+        for hi in 0..granted_at.len() {
+            while granted_at[hi] - granted_at[lo] >= 60_000_000 {
+                lo += 1;
+            }
+            busiest = busiest.max(hi - lo + 1);
+        }
+        assert!(n > 0, "{seller} made no call");
+    }
+    let seen_by_client = errors.lock().unwrap().clone();
+    let seen_by_servers = cluster.error_stats();
+    print_migrations(&migrations, join_took);
+    println!(
+        "{calls} calls by 16 sellers, {granted} granted; every decision equal to one Redis's; \
+         retried errors by kind {seen_by_client:?}; error replies counted by the masters \
+         {seen_by_servers:?}; longest call including retries {longest:?}; busiest minute of a \
+         seller {busiest} grants (limit {WINDOW_LIMIT}); keys per master {:?}",
+        cluster.keys_per_node()
+    );
+    assert!(
+        busiest <= WINDOW_LIMIT as usize,
+        "a seller's minute holds {busiest} grants"
+    );
+    let unexpected: Vec<&String> = seen_by_client
+        .keys()
+        .filter(|k| {
+            !MIGRATION_ERRORS
+                .iter()
+                .any(|m| m.trim_end_matches(':') == *k)
+        })
+        .collect();
+    assert!(
+        unexpected.is_empty(),
+        "errors a migration does not explain: {unexpected:?}"
+    );
+    for (seller, slot) in &moving {
+        let m = migrations.iter().find(|m| m.slot == *slot).unwrap();
+        assert_eq!(
+            cluster.owner(*slot),
+            m.to,
+            "{seller}'s slot {slot} ended on its target"
+        );
+    }
+    assert!(
+        seen_by_servers.get("ASK").copied().unwrap_or(0)
+            + seen_by_servers.get("TRYAGAIN").copied().unwrap_or(0)
+            > 0,
+        "no call met a half-moved slot: the migrations did not happen under traffic"
+    );
+    // The sellers moved to the joined master were served there after the
+    // move (their rule keys live there now): it got the limiter's script
+    // or function on demand.
+    for (seller, _) in &moving[2..] {
+        let on_new = keys_of(&cluster, 3, &prefix, seller);
+        assert!(
+            on_new >= 3,
+            "{seller}'s three rule keys are on the joined master: {on_new}"
+        );
+    }
+    cluster
+        .check()
+        .expect("the cluster is consistent after the moves");
+}
+
+/// How many of `seller`'s keys under `prefix` the node holds.
+fn keys_of(cluster: &RedisCluster, node: usize, prefix: &str, seller: &str) -> usize {
+    let keys = KeySpace::new(prefix);
+    let block = keys.block(seller);
+    let pattern = format!("{}*", &block[..=block.find('}').unwrap()]);
+    cluster
+        .cli(node, &["KEYS", &pattern])
+        .lines()
+        .filter(|l| !l.is_empty())
+        .count()
+}
+
+/// Issue 11: the worker end to end while slots of live sellers move (two
+/// to other masters, two to a master that joins mid-run): every job is
+/// called, none twice more than at-least-once allows, and no seller's
+/// window at the downstream is over its limit. Failed limiter calls are
+/// held and asked again (`redis.on_error = fail_closed`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_keeps_its_limits_while_slots_move() {
+    use common::worker::{always_ok, job, Bench, Downstream, Running};
+    let cluster = RedisCluster::start(3);
+    let bench = Bench::new("cluster-migrate-worker", 4);
+    let keys = KeySpace::new(&bench.prefix);
+    let sellers: Vec<String> = (0..10).map(|i| format!("seller-{i}")).collect();
+    let moving = sellers_on_distinct_slots(&cluster, &keys, &sellers, 4);
+    for (s, _) in &moving {
+        fill_slot(&cluster, &keys, s, 40);
+    }
+    let downstream = Downstream::start(always_ok()).await;
+    let mut settings = bench.settings(&downstream.url);
+    settings.redis.topology = Topology::Cluster;
+    settings.redis.url = cluster.url(0);
+    settings.redis.cluster_nodes = vec![cluster.url(1)];
+    let limit = 10;
+    let per_seller = 150;
+    let total = per_seller * sellers.len();
+    let worker = Running::start(
+        settings,
+        common::worker::policy(vec![rule("sliding_window_log", limit, "1s", None)]),
+    );
+    let records: Vec<_> = (0..total)
+        .map(|i| job(&format!("j{i}"), &sellers[i % sellers.len()]))
+        .collect();
+    bench.produce(&records).await;
+    downstream
+        .wait_for("traffic flowing", Duration::from_secs(60), |a| {
+            a.len() >= 100
+        })
+        .await;
+    cluster.reset_stats();
+    let limiter_errors = || {
+        ["timeout", "connection", "server"]
+            .map(|kind| common::metric("throttle_limiter_errors_total", &[("kind", kind)]) as u64)
+    };
+    let errors_before = limiter_errors();
+    let slots: Vec<u16> = moving.iter().map(|(_, slot)| *slot).collect();
+    let migration_started = std::time::Instant::now();
+    let (cluster, migrations, join_took) = tokio::task::spawn_blocking(move || {
+        migrate_while_running(cluster, slots, Duration::from_millis(25))
+    })
+    .await
+    .expect("migrations");
+    let migrated_at = std::time::Instant::now();
+    let called_during = downstream
+        .arrivals()
+        .iter()
+        .filter(|a| a.at > migration_started)
+        .count();
+    downstream
+        .wait_for(
+            &format!("{total} jobs through the moves"),
+            Duration::from_secs(120),
+            |a| a.len() >= total,
+        )
+        .await;
+    worker.stop().await;
+
+    let arrivals = downstream.arrivals();
+    let mut ids: Vec<_> = arrivals.iter().map(|a| a.job_id.clone()).collect();
+    ids.sort();
+    ids.dedup();
+    let busiest = busiest_per_seller(&arrivals, Duration::from_millis(900));
+    let seen_by_servers = cluster.error_stats();
+    let errors_after = limiter_errors();
+    let failed: Vec<u64> = (0..3).map(|i| errors_after[i] - errors_before[i]).collect();
+    print_migrations(&migrations, join_took);
+    println!(
+        "{} calls at the downstream for {total} jobs ({} during the moves); failed limiter \
+         calls (held, asked again) timeout/connection/server {failed:?} (this process's \
+         metrics); error replies counted by the masters {seen_by_servers:?}; busiest 900 ms \
+         window of a seller {busiest} (limit {limit} per 1 s); keys per master {:?}",
+        arrivals.len(),
+        called_during,
+        cluster.keys_per_node()
+    );
+    assert_eq!(ids.len(), total, "every job called");
+    assert!(
+        busiest <= limit as usize,
+        "a seller's window went over its limit: {busiest}"
+    );
+    assert!(called_during > 0, "no job was called while slots moved");
+    for (seller, _) in &moving {
+        assert!(
+            arrivals
+                .iter()
+                .any(|a| &a.seller == seller && a.at > migrated_at),
+            "{seller} had jobs called after its slot moved"
+        );
+    }
+    cluster
+        .check()
+        .expect("the cluster is consistent after the moves");
+}
+
+/// Issue 11: `limits show` and `limits reset` (the operator's library
+/// functions, as the CLI calls them) against a cluster config: show reads
+/// each seller's rules and 429 block from whichever master holds its slot,
+/// and reset clears them there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_show_and_reset_work_on_a_cluster() {
+    use throttle_worker::operator::{self, Output};
+    let cluster = RedisCluster::start(3);
+    let prefix = unique_prefix("cluster-operator");
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("cluster.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[redis]\ntopology = \"cluster\"\nurl = \"{}\"\ncluster_nodes = [\"{}\"]\n\
+             key_prefix = \"{prefix}\"\n\n[limits]\n\
+             default = [{{ algorithm = \"fixed_window\", limit = 5, period = \"1h\" }}]\n",
+            cluster.url(0),
+            cluster.url(1)
+        ),
+    )
+    .unwrap();
+    let (_, policy) = operator::load(Some(config.as_path())).expect("cluster config");
+    let limiter = Limiter::new(
+        cluster_store(&cluster).await,
+        KeySpace::new(&prefix),
+        policy,
+        Topology::Cluster,
+    );
+    let show = |seller: String| {
+        let config = config.clone();
+        async move {
+            let out = operator::show(Some(config.as_path()), &seller, Output::Json)
+                .await
+                .expect("limits show on the cluster");
+            serde_json::from_str::<serde_json::Value>(&out).unwrap()
+        }
+    };
+    // Sellers on every master: seller i takes i % 4 + 1 units, and every
+    // third is held by a 429 block.
+    let sellers: Vec<String> = (0..9).map(|i| format!("op-{i}")).collect();
+    let mut masters = std::collections::BTreeSet::new();
+    for (i, s) in sellers.iter().enumerate() {
+        masters.insert(cluster.owner(cluster.keyslot(&limiter.keys().block(s))));
+        let d = limiter
+            .acquire(s, i as u64 % 4 + 1, Mode::AllOrNothing)
+            .await
+            .expect("acquire on the cluster");
+        assert!(matches!(d, Decision::Granted(_)), "{s}: {d:?}");
+        if i % 3 == 0 {
+            limiter
+                .block(s, Duration::from_secs(600))
+                .await
+                .expect("block on the cluster");
+        }
+    }
+    assert!(masters.len() > 1, "the sellers sit on one master only");
+    for (i, s) in sellers.iter().enumerate() {
+        let shown = show(s.clone()).await;
+        assert_eq!(
+            shown["rules"][0]["remaining"],
+            5 - (i as u64 % 4 + 1),
+            "{s}: {shown}"
+        );
+        let blocked = shown["blocked_for_seconds"].as_f64();
+        if i % 3 == 0 {
+            assert!(blocked.is_some_and(|b| b > 590.0), "{s}: {shown}");
+        } else {
+            assert_eq!(blocked, None, "{s}: {shown}");
+        }
+        let out = operator::reset(Some(config.as_path()), s, Output::Json)
+            .await
+            .expect("limits reset on the cluster");
+        let reset: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let held = if i % 3 == 0 { 2 } else { 1 };
+        assert_eq!(reset["held_state"], held, "{s}: {reset}");
+        let shown = show(s.clone()).await;
+        assert_eq!(
+            shown["rules"][0]["remaining"], 5,
+            "{s} after reset: {shown}"
+        );
+        assert_eq!(
+            shown["blocked_for_seconds"],
+            serde_json::Value::Null,
+            "{s} after reset: {shown}"
+        );
+    }
+    println!(
+        "show and reset of {} sellers on masters {masters:?}",
+        sellers.len()
+    );
+}

@@ -1,6 +1,8 @@
 //! A real Redis Cluster for the tests: `masters` cluster-enabled
 //! `redis-server`s on free loopback ports, joined with
-//! `redis-cli --cluster create`, stopped and removed on drop.
+//! `redis-cli --cluster create`, stopped and removed on drop. A test can
+//! add a master later (`redis-cli --cluster add-node`) and move slots
+//! between masters while clients run.
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -27,6 +29,18 @@ fn cli(port: u16, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// What [`RedisCluster::migrate_slot`] did.
+#[derive(Debug, Clone)]
+pub struct Migration {
+    pub slot: u16,
+    pub from: usize,
+    pub to: usize,
+    /// Keys moved (those that expired on the way are not counted).
+    pub keys: usize,
+    /// From `SETSLOT IMPORTING` to the last `SETSLOT NODE`.
+    pub took: Duration,
+}
+
 impl RedisCluster {
     /// Starts the nodes, assigns all 16384 slots over them and waits until
     /// every node reports `cluster_state:ok`.
@@ -39,25 +53,7 @@ impl RedisCluster {
             dir,
         };
         for _ in 0..masters {
-            let port = free_port();
-            let node_dir = cluster.dir.join(port.to_string());
-            std::fs::create_dir_all(&node_dir).expect("node dir");
-            let server = Command::new("redis-server")
-                .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-                .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
-                .args(["--save", "", "--appendonly", "no"])
-                .arg("--dir")
-                .arg(&node_dir)
-                .stdout(Stdio::null())
-                .spawn()
-                .expect("redis-server must be installed");
-            cluster.ports.push(port);
-            cluster.servers.push(server);
-        }
-        for &port in &cluster.ports {
-            cluster.wait(&format!("node {port} answers PING"), || {
-                cli(port, &["PING"]).trim() == "PONG"
-            });
+            cluster.spawn_node();
         }
         let nodes: Vec<String> = cluster
             .ports
@@ -82,6 +78,214 @@ impl RedisCluster {
             });
         }
         cluster
+    }
+
+    /// Starts one more cluster-enabled `redis-server`, not yet in the
+    /// cluster; waits until it answers PING and returns its index.
+    fn spawn_node(&mut self) -> usize {
+        let port = free_port();
+        let node_dir = self.dir.join(port.to_string());
+        std::fs::create_dir_all(&node_dir).expect("node dir");
+        let server = Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(&node_dir)
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed");
+        self.ports.push(port);
+        self.servers.push(server);
+        self.wait(&format!("node {port} answers PING"), || {
+            cli(port, &["PING"]).trim() == "PONG"
+        });
+        self.ports.len() - 1
+    }
+
+    /// A new, empty master joins the running cluster
+    /// (`redis-cli --cluster add-node`): no slots, no scripts. Returns its
+    /// index once every node knows it and it reports `cluster_state:ok`.
+    pub fn add_master(&mut self) -> usize {
+        let node = self.spawn_node();
+        let new = format!("127.0.0.1:{}", self.ports[node]);
+        let existing = format!("127.0.0.1:{}", self.ports[0]);
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "add-node", &new, &existing])
+            .output()
+            .expect("redis-cli --cluster add-node");
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster add-node failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let id = self.node_id(node);
+        for other in 0..self.ports.len() {
+            self.wait(&format!("node {other} knows every node"), || {
+                let nodes = self.cli(other, &["CLUSTER", "NODES"]);
+                let linked = nodes
+                    .lines()
+                    .map(|l| l.split_whitespace().collect::<Vec<_>>())
+                    .filter(|f| f.len() > 7 && !f[2].contains("handshake") && f[7] == "connected")
+                    .count();
+                linked == self.ports.len() && nodes.contains(&id)
+            });
+        }
+        self.wait("the new master reports cluster_state:ok", || {
+            self.cli(node, &["CLUSTER", "INFO"])
+                .contains("cluster_state:ok")
+        });
+        node
+    }
+
+    /// The node's cluster id (`CLUSTER MYID`).
+    pub fn node_id(&self, node: usize) -> String {
+        self.cli(node, &["CLUSTER", "MYID"]).trim().to_owned()
+    }
+
+    /// The hash slot of `key`, as Redis computes it.
+    pub fn keyslot(&self, key: &str) -> u16 {
+        let out = self.cli(0, &["CLUSTER", "KEYSLOT", key]);
+        out.trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("CLUSTER KEYSLOT {key}: {out}"))
+    }
+
+    /// The master that serves `slot`, as node 0 sees the cluster.
+    pub fn owner(&self, slot: u16) -> usize {
+        let nodes = self.cli(0, &["CLUSTER", "NODES"]);
+        for line in nodes.lines() {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            if fields.len() < 9 || !fields[2].contains("master") {
+                continue;
+            }
+            let serves = fields[8..].iter().any(|range| {
+                // Ranges "a-b" or single slots; "[slot->-id]" entries are
+                // migrations in progress, not ownership.
+                let mut ends = range.splitn(2, '-');
+                match (ends.next().map(str::parse::<u16>), ends.next()) {
+                    (Some(Ok(a)), None) => a == slot,
+                    (Some(Ok(a)), Some(b)) => b.parse().is_ok_and(|b: u16| a <= slot && slot <= b),
+                    _ => false,
+                }
+            });
+            if serves {
+                let port: u16 = fields[1]
+                    .split(['@', ':'])
+                    .nth(1)
+                    .and_then(|p| p.parse().ok())
+                    .expect("node address");
+                return self
+                    .ports
+                    .iter()
+                    .position(|&p| p == port)
+                    .expect("owner is one of ours");
+            }
+        }
+        panic!("no master serves slot {slot}:\n{nodes}");
+    }
+
+    /// Moves `slot` to master `to` by hand, the way
+    /// `redis-cli --cluster reshard` does, but one key per MIGRATE with
+    /// `pace` between keys, so that clients meet the slot half moved for a
+    /// while: `CLUSTER SETSLOT IMPORTING` on the target, `MIGRATING` on the
+    /// source, `MIGRATE` each key, then `SETSLOT NODE` on the target, the
+    /// source and every other master.
+    pub fn migrate_slot(&self, slot: u16, to: usize, pace: Duration) -> Migration {
+        let from = self.owner(slot);
+        assert_ne!(from, to, "slot {slot} is already on node {to}");
+        let started = Instant::now();
+        let slot_s = slot.to_string();
+        let (from_id, to_id) = (self.node_id(from), self.node_id(to));
+        let ok = |node: usize, args: &[&str]| {
+            let out = self.cli(node, args);
+            assert_eq!(out.trim(), "OK", "node {node}: {args:?}: {out}");
+        };
+        ok(to, &["CLUSTER", "SETSLOT", &slot_s, "IMPORTING", &from_id]);
+        ok(from, &["CLUSTER", "SETSLOT", &slot_s, "MIGRATING", &to_id]);
+        let to_port = self.ports[to].to_string();
+        let mut keys = 0;
+        loop {
+            let batch = self.cli(from, &["CLUSTER", "GETKEYSINSLOT", &slot_s, "100"]);
+            let batch: Vec<&str> = batch.lines().filter(|k| !k.is_empty()).collect();
+            if batch.is_empty() {
+                break;
+            }
+            for key in batch {
+                let out = self.cli(
+                    from,
+                    &[
+                        "MIGRATE",
+                        "127.0.0.1",
+                        &to_port,
+                        "",
+                        "0",
+                        "5000",
+                        "KEYS",
+                        key,
+                    ],
+                );
+                // NOKEY: the key expired (or was deleted) since it was listed.
+                assert!(matches!(out.trim(), "OK" | "NOKEY"), "MIGRATE {key}: {out}");
+                keys += usize::from(out.trim() == "OK");
+                std::thread::sleep(pace);
+            }
+        }
+        ok(to, &["CLUSTER", "SETSLOT", &slot_s, "NODE", &to_id]);
+        ok(from, &["CLUSTER", "SETSLOT", &slot_s, "NODE", &to_id]);
+        for other in (0..self.ports.len()).filter(|&n| n != from && n != to) {
+            ok(other, &["CLUSTER", "SETSLOT", &slot_s, "NODE", &to_id]);
+        }
+        Migration {
+            slot,
+            from,
+            to,
+            keys,
+            took: started.elapsed(),
+        }
+    }
+
+    /// Error replies counted by every node since it started or since
+    /// [`RedisCluster::reset_stats`] (`INFO errorstats`), summed by prefix:
+    /// `MOVED`, `ASK`, `TRYAGAIN`, `NOSCRIPT`, `ERR`…
+    pub fn error_stats(&self) -> std::collections::BTreeMap<String, u64> {
+        let mut sum = std::collections::BTreeMap::new();
+        for node in 0..self.ports.len() {
+            for line in self.cli(node, &["INFO", "errorstats"]).lines() {
+                let Some((name, rest)) = line.trim().split_once(":count=") else {
+                    continue;
+                };
+                let name = name.trim_start_matches("errorstat_").to_owned();
+                *sum.entry(name).or_insert(0) += rest.parse::<u64>().unwrap_or(0);
+            }
+        }
+        sum
+    }
+
+    /// `CONFIG RESETSTAT` on every node.
+    pub fn reset_stats(&self) {
+        for node in 0..self.ports.len() {
+            self.cli(node, &["CONFIG", "RESETSTAT"]);
+        }
+    }
+
+    /// `redis-cli --cluster check`: every slot covered, no slot left open,
+    /// every node agreeing on the configuration.
+    pub fn check(&self) -> Result<(), String> {
+        let out = Command::new("redis-cli")
+            .args([
+                "--cluster",
+                "check",
+                &format!("127.0.0.1:{}", self.ports[0]),
+            ])
+            .output()
+            .expect("redis-cli --cluster check");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if out.status.success() && !text.contains("[WARNING]") && !text.contains("[ERR]") {
+            Ok(())
+        } else {
+            Err(text)
+        }
     }
 
     fn wait(&self, what: &str, mut ok: impl FnMut() -> bool) {
