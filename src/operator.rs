@@ -14,7 +14,7 @@ use anyhow::Context;
 use serde_json::{json, Value};
 
 use crate::config::{self, Settings};
-use crate::limiter::inspect::{RuleKind, SellerState};
+use crate::limiter::inspect::SellerState;
 use crate::limiter::overrides::{self, Override};
 use crate::limiter::{Decision, KeySpace, Limiter, Mode, Policy, RedisStore, Request, Rule};
 
@@ -130,7 +130,7 @@ async fn override_of(
 /// rule's live state, charging nothing.
 pub async fn show(file: Option<&Path>, seller: &str, out: Output) -> anyhow::Result<String> {
     let limiter = open_limiter(file).await?;
-    let state = without_skipped_shadow(limiter.inspect(seller, None).await?);
+    let state = limiter.inspect(seller, None).await?;
     let ov = override_of(&limiter, seller).await?;
     Ok(match out {
         Output::Json => {
@@ -138,18 +138,6 @@ pub async fn show(file: Option<&Path>, seller: &str, out: Output) -> anyhow::Res
         }
         Output::Table => show_table(seller, &state, ov.as_ref()),
     })
-}
-
-/// Shadow rules skip an `unlimited` seller (the limiter charges none of
-/// them for it), but `inspect` lists the global ones for every seller:
-/// show only what is counted for the seller.
-fn without_skipped_shadow(mut state: SellerState) -> SellerState {
-    if state.unlimited {
-        state
-            .rules
-            .retain(|r| !matches!(r.kind, RuleKind::Shadow | RuleKind::GlobalShadow));
-    }
-    state
 }
 
 fn show_json(seller: &str, state: &SellerState, ov: Option<&Override>) -> Value {

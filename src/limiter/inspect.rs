@@ -75,7 +75,12 @@ impl<S: Store> Limiter<S> {
                 global,
             } => (own, global, false),
         };
-        let (own_shadow, global_shadow) = policy.shadow(seller);
+        // Shadow rules skip unlimited sellers, as enforced global rules do.
+        let (own_shadow, global_shadow) = if unlimited {
+            (&[][..], &[][..])
+        } else {
+            policy.shadow(seller)
+        };
         let mut listed: Vec<(Rule, RuleKind, String, String)> = Vec::new();
         let lists = [
             (own, RuleKind::Seller),
