@@ -625,23 +625,24 @@ mod tests {
         let payload = r#"{ "b" : 1.50, "a": ["x"] }"#;
         let outcome = client(addr, "/ok").send(&job(payload)).await;
         assert_eq!(outcome, Answer::Done);
-        let seen = server.seen.lock().unwrap();
-        assert_eq!(seen.len(), 1, "exactly one request");
-        let (headers, body) = &seen[0];
-        assert_eq!(
-            &body[..],
-            payload.as_bytes(),
-            "body is the payload byte for byte"
-        );
-        assert_eq!(headers["content-type"], "application/json");
-        assert_eq!(headers["idempotency-key"], "job-1");
-        assert_eq!(headers["x-seller-id"], "seller-9");
-        assert_eq!(headers["x-job-cost"], "3");
-        assert!(
-            !headers.contains_key("x-granted-at"),
-            "no grant instant, no header: {headers:?}"
-        );
-        drop(seen);
+        {
+            let seen = server.seen.lock().unwrap();
+            assert_eq!(seen.len(), 1, "exactly one request");
+            let (headers, body) = &seen[0];
+            assert_eq!(
+                &body[..],
+                payload.as_bytes(),
+                "body is the payload byte for byte"
+            );
+            assert_eq!(headers["content-type"], "application/json");
+            assert_eq!(headers["idempotency-key"], "job-1");
+            assert_eq!(headers["x-seller-id"], "seller-9");
+            assert_eq!(headers["x-job-cost"], "3");
+            assert!(
+                !headers.contains_key("x-granted-at"),
+                "no grant instant, no header: {headers:?}"
+            );
+        }
         let outcome = client(addr, "/ok")
             .send_granted(&job(payload), Some(1_700_000_000_123_456))
             .await;

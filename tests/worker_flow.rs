@@ -252,8 +252,10 @@ async fn waiting_jobs_go_when_due_never_early() {
     })
     .await;
     w.stop().await;
-    // (seller, window of the grant) → (grant µs, arrival µs, job id)
-    let mut per_window: BTreeMap<(String, u64), Vec<(u64, u64, String)>> = BTreeMap::new();
+    // (grant µs, arrival µs, job id) of the calls granted in one window
+    type Calls = Vec<(u64, u64, String)>;
+    // (seller, window of the grant) → its calls
+    let mut per_window: BTreeMap<(String, u64), Calls> = BTreeMap::new();
     let mut transit_ms = Vec::new();
     for a in down.arrivals() {
         let arrived = a.wall.duration_since(UNIX_EPOCH).unwrap().as_micros() as u64;
