@@ -7,11 +7,11 @@
 # --- build -----------------------------------------------------------------
 FROM rust:1-bookworm AS build
 # The Debian packages .ci/run installs for the build: librdkafka is compiled
-# from source (C toolchain, cmake, python3 for its configure), with OpenSSL
-# for the ssl feature, SASL headers and zlib.
+# from source with its configure and make (C toolchain, pkg-config, python3
+# for its linker script), with OpenSSL for the ssl feature and zlib.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
-      build-essential cmake pkg-config libssl-dev libsasl2-dev zlib1g-dev python3 \
+      build-essential pkg-config libssl-dev zlib1g-dev python3 ca-certificates \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 # rust-toolchain.toml pins the toolchain CI uses; rustup installs it here on

@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the build and the tests need, if missing:
-# librdkafka builds from source (C toolchain, cmake, openssl for the ssl
-# feature, sasl headers, zlib), Redis for the integration tests and the demo,
-# procps for the process tests (kill), openssl for the TLS test's
-# certificates. As root, or through sudo.
+# librdkafka builds from source with its own configure and make (C
+# toolchain, pkg-config, OpenSSL headers for the ssl feature, zlib, and
+# python3 for the linker script its Makefile generates; no cmake: the
+# cmake-build feature is off, nor SASL headers: gssapi is off),
+# ca-certificates for cargo and rustup to fetch over HTTPS, Redis for the
+# integration tests and the demo (redis-tools: redis-cli), procps for the
+# process tests (kill), openssl for the TLS test's certificates. As root,
+# or through sudo.
 set -euo pipefail
 
-pkgs=(build-essential cmake pkg-config libssl-dev libsasl2-dev zlib1g-dev python3 redis-server redis-tools procps openssl)
+pkgs=(build-essential pkg-config libssl-dev zlib1g-dev python3 ca-certificates redis-server redis-tools procps openssl)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

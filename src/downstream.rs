@@ -150,6 +150,15 @@ impl Downstream {
     /// Posts one job and classifies the answer. Waits for a concurrency
     /// permit first.
     pub async fn send(&self, job: &Job) -> Answer {
+        self.send_granted(job, None).await
+    }
+
+    /// [`Downstream::send`], naming in `X-Granted-At` when the limiter
+    /// granted the job (Unix µs on the limiter's clock, Redis' `TIME`: the
+    /// decision, or a pacer's go-at for the job's first unit). The
+    /// downstream, and the tests, can then compare each call with its
+    /// grant instead of with their own clock.
+    pub async fn send_granted(&self, job: &Job, granted_at_us: Option<u64>) -> Answer {
         // The semaphore is owned by `self` and never closed, so acquire can
         // only fail if that invariant is broken; report it as retryable
         // rather than panic inside the worker.
@@ -175,6 +184,9 @@ impl Downstream {
             .header("X-Job-Cost", HeaderValue::from(job.cost));
         if let Some(id) = &self.worker_id {
             request = request.header("X-Worker-Id", id.clone());
+        }
+        if let Some(at) = granted_at_us {
+            request = request.header("X-Granted-At", HeaderValue::from(at));
         }
         let started = std::time::Instant::now();
         let sent = request.body(job.payload.clone()).send().await;
@@ -613,18 +625,30 @@ mod tests {
         let payload = r#"{ "b" : 1.50, "a": ["x"] }"#;
         let outcome = client(addr, "/ok").send(&job(payload)).await;
         assert_eq!(outcome, Answer::Done);
+        {
+            let seen = server.seen.lock().unwrap();
+            assert_eq!(seen.len(), 1, "exactly one request");
+            let (headers, body) = &seen[0];
+            assert_eq!(
+                &body[..],
+                payload.as_bytes(),
+                "body is the payload byte for byte"
+            );
+            assert_eq!(headers["content-type"], "application/json");
+            assert_eq!(headers["idempotency-key"], "job-1");
+            assert_eq!(headers["x-seller-id"], "seller-9");
+            assert_eq!(headers["x-job-cost"], "3");
+            assert!(
+                !headers.contains_key("x-granted-at"),
+                "no grant instant, no header: {headers:?}"
+            );
+        }
+        let outcome = client(addr, "/ok")
+            .send_granted(&job(payload), Some(1_700_000_000_123_456))
+            .await;
+        assert_eq!(outcome, Answer::Done);
         let seen = server.seen.lock().unwrap();
-        assert_eq!(seen.len(), 1, "exactly one request");
-        let (headers, body) = &seen[0];
-        assert_eq!(
-            &body[..],
-            payload.as_bytes(),
-            "body is the payload byte for byte"
-        );
-        assert_eq!(headers["content-type"], "application/json");
-        assert_eq!(headers["idempotency-key"], "job-1");
-        assert_eq!(headers["x-seller-id"], "seller-9");
-        assert_eq!(headers["x-job-cost"], "3");
+        assert_eq!(seen[1].0["x-granted-at"], "1700000000123456");
     }
 
     /// The clamp used by the status table: small, to show it applies.

@@ -195,3 +195,81 @@ global = [{ algorithm = "gcra", limit = 1000, period = "1s" },
         "{limited}"
     );
 }
+
+/// `limits demo`: for every algorithm, 8 requests at once under "5 per
+/// second, burst 5": the first five granted, then refusals with a
+/// retry-after of at most two periods, then one more request at that retry-after,
+/// granted; and the bytes the seller's state takes in Redis.
+#[test]
+fn limits_demo_shows_every_algorithm_grant_refuse_and_retry() {
+    let out = Command::new(env!("CARGO_BIN_EXE_throttle-worker"))
+        .args(["limits", "demo", "--redis-url", &common::redis_url()])
+        .output()
+        .expect("run throttle-worker");
+    let text = stdout_of(&out);
+    let lines: Vec<&str> = text.lines().collect();
+    for algorithm in throttle_worker::limiter::Algorithm::ALL {
+        let name = algorithm.name();
+        let at = lines
+            .iter()
+            .position(|l| *l == name)
+            .unwrap_or_else(|| panic!("no section for {name}:\n{text}"));
+        let section: Vec<&str> = lines[at + 1..]
+            .iter()
+            .take_while(|l| l.starts_with("  "))
+            .copied()
+            .collect();
+        for i in 1..=5 {
+            let line = section
+                .iter()
+                .find(|l| l.starts_with(&format!("  #{i} ")))
+                .unwrap_or_else(|| panic!("{name}: no request #{i}: {section:?}"));
+            assert!(
+                line.contains("granted"),
+                "{name}: #{i} within the burst: {line}"
+            );
+        }
+        let denied: Vec<u64> = section
+            .iter()
+            .filter(|l| l.starts_with("  #") && l.contains("denied, retry after "))
+            .map(|l| {
+                l.split("retry after ")
+                    .nth(1)
+                    .unwrap()
+                    .split(' ')
+                    .next()
+                    .unwrap()
+                    .parse()
+                    .unwrap()
+            })
+            .collect();
+        assert!(
+            !denied.is_empty(),
+            "{name}: nothing refused past the burst: {section:?}"
+        );
+        // Within two periods: sliding_window_counter weighs the previous
+        // window in, so its wait may reach into the window after next.
+        assert!(
+            denied.iter().all(|ms| (1..=2000).contains(ms)),
+            "{name}: retry-afters {denied:?} ms, want within two periods"
+        );
+        let retry = section
+            .iter()
+            .find(|l| l.starts_with("  after "))
+            .unwrap_or_else(|| panic!("{name}: no retry at the retry-after: {section:?}"));
+        assert!(
+            retry.contains(": granted"),
+            "{name}: a retry at the retry-after passes: {retry}"
+        );
+        let bytes: u64 = section
+            .iter()
+            .find_map(|l| l.strip_prefix("  state: "))
+            .and_then(|l| l.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{name}: no state size: {section:?}"));
+        assert!(
+            (64..=1024).contains(&bytes),
+            "{name}: {bytes} bytes of state for one seller"
+        );
+    }
+}

@@ -19,6 +19,7 @@ use common::procs::{
 };
 use common::rule;
 use common::worker::{always_ok, job, policy, produce, Bench, Downstream, Running};
+use throttle_worker::telemetry::metrics::metrics;
 
 /// These tests start several workers and time them; side by side on two
 /// cores they would disturb each other. Each holds this lock for its run.
@@ -347,6 +348,18 @@ async fn kill_9_of_one_of_three_worker_processes_loses_no_job() {
 /// offset reached the downstream, the job at it did not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_under_load_exits_0_and_commits_every_finished_job() {
+    stop_under_load("SIGTERM", Proc::sigterm).await;
+}
+
+/// Ctrl-C (SIGINT) stops a worker as SIGTERM does: the same checks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_under_load_exits_0_and_commits_every_finished_job() {
+    stop_under_load("SIGINT", Proc::sigint).await;
+}
+
+/// The signal `name` (sent by `send`) to a worker process with calls in
+/// flight and jobs waiting; see the two tests above.
+async fn stop_under_load(name: &str, send: fn(&Proc)) {
     let _serial = SERIAL.lock().await;
     const PARTITIONS: i32 = 4;
     let shutdown_timeout = Duration::from_secs(5);
@@ -354,7 +367,7 @@ async fn sigterm_under_load_exits_0_and_commits_every_finished_job() {
     let dir = Scratch::new("shutdown");
     let n = Names::new("shutdown");
     let broker = BrokerProc::start(dir.path(), &n.topics(PARTITIONS));
-    // Every call takes 100 ms, so calls are in flight when SIGTERM comes.
+    // Every call takes 100 ms, so calls are in flight when the signal comes.
     let down = TaggedDownstream::start(Duration::from_millis(100)).await;
     let config = n
         .config(&broker.bootstrap, "5s")
@@ -364,23 +377,23 @@ async fn sigterm_under_load_exits_0_and_commits_every_finished_job() {
     let (ids, records) = jobs("term", 20, 50);
     let produced = produce(&broker.bootstrap, &n.jobs, &records).await;
     down.wait_distinct(
-        "a fifth of the jobs, before SIGTERM",
+        &format!("a fifth of the jobs, before {name}"),
         ids.len() / 5,
         Duration::from_secs(30),
     )
     .await;
     let term = Instant::now();
-    worker.sigterm();
+    send(&worker);
     let status = worker
         .wait_exit(
-            "the worker to exit after SIGTERM",
+            &format!("the worker to exit after {name}"),
             shutdown_timeout + margin,
         )
         .await;
     let exit_after = term.elapsed();
     assert!(
         status.success(),
-        "the worker must exit 0 after SIGTERM, got {status}"
+        "the worker must exit 0 after {name}, got {status}"
     );
     assert!(
         exit_after <= shutdown_timeout + margin,
@@ -433,7 +446,7 @@ async fn sigterm_under_load_exits_0_and_commits_every_finished_job() {
         }
     }
     eprintln!(
-        "shutdown: SIGTERM after {} of {} jobs arrived; exit status {status} after {exit_after:?} (shutdown_timeout {shutdown_timeout:?}); {summary}",
+        "shutdown: {name} after {} of {} jobs arrived; exit status {status} after {exit_after:?} (shutdown_timeout {shutdown_timeout:?}); {summary}",
         arrived.len(),
         ids.len()
     );
@@ -445,18 +458,46 @@ async fn sigterm_under_load_exits_0_and_commits_every_finished_job() {
         below > 0,
         "nothing was committed: the check above proves nothing"
     );
-    assert!(left > 0, "the run finished before SIGTERM: not under load");
+    assert!(left > 0, "the run finished before {name}: not under load");
 }
 
-/// Issue test 8: two workers start, a third joins mid-run, then one of the
-/// first two leaves gracefully. Nothing is lost; duplicates are reported.
+/// Issue test 8: two workers start, a third joins mid-run, then the first
+/// leaves gracefully. Nothing is lost; the joining worker is given
+/// partitions and calls their jobs; the leaver calls nothing after it
+/// stopped, and its partitions' jobs are called by the others. Repeats are
+/// held to what at-least-once promises: a job is fetched again only by a
+/// new assignment of its partition, so it is called at most once more than
+/// the assignments made after its first call (every assignment is counted,
+/// `throttle_rebalances_total`, watched every 5 ms).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_replica_joins_and_another_leaves_mid_run_and_no_job_is_lost() {
     let _serial = SERIAL.lock().await;
     const PARTITIONS: i32 = 6;
     let bench = Bench::new("rebalance", PARTITIONS);
     let down = Downstream::start(always_ok()).await;
+    // Each worker calls `{url}?w=NAME`, so every arrival names its worker.
+    let url = |name: &str| format!("{}?w={name}", down.url);
     let rules = || policy(vec![rule("gcra", 10, "1s", Some(5))]);
+    // (when, assignments so far) at each change of the process' count of
+    // assignments: only this test's in-process workers add to it.
+    let assignments: std::sync::Arc<std::sync::Mutex<Vec<(Instant, u64)>>> = std::sync::Arc::new(
+        std::sync::Mutex::new(vec![(Instant::now(), metrics().rebalances.get())]),
+    );
+    let watcher = {
+        let assignments = assignments.clone();
+        tokio::spawn(async move {
+            loop {
+                let now = metrics().rebalances.get();
+                {
+                    let mut a = assignments.lock().unwrap();
+                    if a.last().is_none_or(|(_, n)| *n != now) {
+                        a.push((Instant::now(), now));
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+    };
     let (ids, records) = jobs("reb", 20, 75);
     let produced = bench.produce(&records).await;
     let distinct = |down: &Downstream| {
@@ -467,8 +508,8 @@ async fn a_replica_joins_and_another_leaves_mid_run_and_no_job_is_lost() {
             .len()
     };
     let started = Instant::now();
-    let first = Running::start(bench.settings(&down.url), rules());
-    let second = Running::start(bench.settings(&down.url), rules());
+    let first = Running::start(bench.settings(&url("first")), rules());
+    let second = Running::start(bench.settings(&url("second")), rules());
     let quarter = ids.len() / 4;
     down.wait_for(
         "a quarter of the jobs, before the join",
@@ -482,7 +523,7 @@ async fn a_replica_joins_and_another_leaves_mid_run_and_no_job_is_lost() {
         },
     )
     .await;
-    let third = Running::start(bench.settings(&down.url), rules());
+    let third = Running::start(bench.settings(&url("third")), rules());
     let (joined_after, at_join) = (started.elapsed(), distinct(&down));
     let half = ids.len() / 2;
     down.wait_for(
@@ -499,6 +540,7 @@ async fn a_replica_joins_and_another_leaves_mid_run_and_no_job_is_lost() {
     .await;
     let (left_after, at_leave) = (started.elapsed(), distinct(&down));
     let left = first.stop().await;
+    let left_at = Instant::now();
     let all: HashSet<&str> = ids.iter().map(String::as_str).collect();
     down.wait_for("every job, after the leave", Duration::from_secs(45), |a| {
         a.iter()
@@ -519,22 +561,79 @@ async fn a_replica_joins_and_another_leaves_mid_run_and_no_job_is_lost() {
     .await;
     let run_time = started.elapsed();
     let (s2, s3) = (second.stop().await, third.stop().await);
+    watcher.abort();
+    let assignments = assignments.lock().unwrap().clone();
 
     let arrivals = down.arrivals();
-    let mut calls: HashMap<&str, usize> = HashMap::new();
+    let position: HashMap<&str, (i32, i64)> = ids
+        .iter()
+        .map(String::as_str)
+        .zip(produced.iter().copied())
+        .collect();
+    let mut calls: HashMap<&str, Vec<Instant>> = HashMap::new();
     for a in &arrivals {
-        *calls.entry(a.job_id.as_str()).or_default() += 1;
+        calls.entry(a.job_id.as_str()).or_default().push(a.at);
     }
     let missing: Vec<&&str> = all.iter().filter(|id| !calls.contains_key(**id)).collect();
     assert!(missing.is_empty(), "jobs lost: {missing:?}");
     let strangers: Vec<&&str> = calls.keys().filter(|id| !all.contains(**id)).collect();
     assert!(strangers.is_empty(), "unknown jobs arrived: {strangers:?}");
-    let duplicated = calls.values().filter(|c| **c > 1).count();
-    let extra: usize = calls.values().map(|c| c - 1).sum();
+    let partitions_of = |worker: &str| -> std::collections::BTreeSet<i32> {
+        arrivals
+            .iter()
+            .filter(|a| a.via == format!("w={worker}"))
+            .map(|a| position[a.job_id.as_str()].0)
+            .collect()
+    };
+    let held: Vec<(&str, std::collections::BTreeSet<i32>)> = ["first", "second", "third"]
+        .into_iter()
+        .map(|w| (w, partitions_of(w)))
+        .collect();
+    assert!(
+        !held[2].1.is_empty(),
+        "the joining worker was given no partition (or called none of its jobs): {held:?}"
+    );
+    let leaver_late: Vec<&str> = arrivals
+        .iter()
+        .filter(|a| a.via == "w=first" && a.at > left_at)
+        .map(|a| a.job_id.as_str())
+        .collect();
+    assert!(
+        leaver_late.is_empty(),
+        "the worker that left called jobs after it stopped: {leaver_late:?}"
+    );
+    // Each repeat needs an assignment after the job's first call.
+    let assignments_after = |t: Instant| {
+        let before = assignments
+            .iter()
+            .rev()
+            .find(|(at, _)| *at <= t)
+            .map_or(0, |(_, n)| *n);
+        assignments.last().map_or(0, |(_, n)| *n) - before
+    };
+    let mut extra = 0;
+    let mut duplicated = 0;
+    for (id, times) in &mut calls {
+        times.sort();
+        if times.len() < 2 {
+            continue;
+        }
+        duplicated += 1;
+        extra += times.len() - 1;
+        let after = assignments_after(times[0]);
+        assert!(
+            (times.len() - 1) as u64 <= after,
+            "{id} (partition, offset {:?}) was called {} times, but only {after} assignments followed its first call ({:?} after the start)",
+            position[*id],
+            times.len(),
+            times[0] - started
+        );
+    }
     eprintln!(
         "rebalance: {} jobs; third worker joined after {joined_after:?} ({at_join} arrived), first left after {left_after:?} ({at_leave} arrived); \
-         all arrived and committed after {run_time:?}",
-        ids.len()
+         all arrived and committed after {run_time:?}; partitions each worker called jobs of: {held:?}; {} assignments in all",
+        ids.len(),
+        assignments.last().map_or(0, |(_, n)| *n) - assignments[0].1
     );
     eprintln!(
         "rebalance: duplicates: {extra} extra calls over {duplicated} jobs; summaries: leaver {left:?}, others {s2:?} {s3:?}"
@@ -644,38 +743,36 @@ async fn crash_loop_kill_9_a_random_replica_repeatedly_loses_and_over_admits_not
     let missing: Vec<&String> = ids.iter().filter(|id| !per_job.contains_key(*id)).collect();
     assert!(missing.is_empty(), "crash loop: jobs lost: {missing:?}");
 
-    // No seller over its limit: every call is one grant of the sliding log,
-    // so no second holds more than 20 grants; 100 ms of the second are left
-    // for the time between grant and arrival.
-    let mut by_seller: HashMap<&str, Vec<SystemTime>> = HashMap::new();
-    for (_, a) in &arrivals {
-        by_seller.entry(a.seller.as_str()).or_default().push(a.wall);
+    // No seller over its limit: every call is one grant of the sliding log.
+    // On Redis' clock (`X-Granted-At`) exactly: no second holds more than 20
+    // grants. At the downstream, 100 ms of the second are left for the
+    // time between grant and arrival.
+    let mut by_seller: HashMap<&str, (Vec<u64>, Vec<u64>)> = HashMap::new();
+    for (w, a) in &arrivals {
+        let (grants, arrived) = by_seller.entry(a.seller.as_str()).or_default();
+        grants.push(
+            a.granted_at_us
+                .unwrap_or_else(|| panic!("{}: no X-Granted-At from {w}", a.job_id)),
+        );
+        arrived.push(common::unix_us(a.wall));
     }
-    let busiest_in = |times: &mut Vec<SystemTime>, span: Duration| {
-        times.sort();
-        let mut best = 0;
-        let mut j = 0;
-        for i in 0..times.len() {
-            while times[i].duration_since(times[j]).unwrap_or_default() >= span {
-                j += 1;
-            }
-            best = best.max(i - j + 1);
-        }
-        best
-    };
     let mut over = Vec::new();
     // The busiest seller (most calls), its busiest 900 ms and the span
     // from its first call to its last.
     let mut busiest_seller = (String::new(), 0usize, 0usize, Duration::ZERO);
-    for (seller, times) in by_seller.iter_mut() {
-        let tight = busiest_in(times, Duration::from_millis(900));
+    for (seller, (grants, times)) in by_seller.iter_mut() {
+        let (granted, at) = common::busiest_window(grants, 1_000_000);
+        assert!(
+            granted <= CRASH_LOOP_LIMIT,
+            "crash loop: {seller} granted {granted} within 1 s on Redis' clock: {:?}",
+            &grants[at]
+        );
+        let (tight, _) = common::busiest_window(times, 900_000);
         if tight > CRASH_LOOP_LIMIT {
             over.push((seller.to_string(), tight));
         }
         if times.len() > busiest_seller.2 {
-            let span = times[times.len() - 1]
-                .duration_since(times[0])
-                .unwrap_or_default();
+            let span = Duration::from_micros(times[times.len() - 1] - times[0]);
             busiest_seller = (seller.to_string(), tight, times.len(), span);
         }
     }

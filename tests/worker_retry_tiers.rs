@@ -151,3 +151,66 @@ async fn long_and_short_holds_are_deferred_to_their_own_tiers() {
     );
     w.stop().await;
 }
+
+/// A retry partition whose head is not released yet is paused, and only
+/// that one: records released now on the tier's other partition, and new
+/// jobs, are called at once, while the held partition's head and the
+/// record behind it wait for their release (4 s away), never called before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn only_the_retry_partition_whose_head_is_not_released_is_paused() {
+    let bench = Bench::new("tiers-pause", 2);
+    let down = Downstream::start(always_ok()).await;
+    let w = Running::start(
+        bench.settings(&down.url),
+        policy(vec![rule("gcra", 1000, "1s", None)]),
+    );
+    // Consuming: it has called a probe job.
+    common::worker::wait_all_calling(&bench, &down, 1, Duration::from_secs(30)).await;
+    let tier = bench.retry_tier("5s");
+    let now = unix_ms();
+    let later = now + 4_000;
+    for (id, partition, release) in [("held", 0, later), ("behind", 0, later), ("free", 1, now)] {
+        produce_with_headers(
+            &bench.bootstrap(),
+            &tier,
+            partition,
+            &job_value(id, &format!("seller-{id}")),
+            &[
+                ("x-not-before", release.to_string()),
+                ("x-release-at", release.to_string()),
+                ("x-attempts", "1".into()),
+            ],
+        )
+        .await;
+    }
+    bench.produce(&[job("fresh", "seller-fresh")]).await;
+    down.wait_for("every record", Duration::from_secs(30), |a| {
+        ["held", "behind", "free", "fresh"]
+            .iter()
+            .all(|id| a.iter().any(|x| x.job_id == *id))
+    })
+    .await;
+    w.stop().await;
+    let called = |id: &str| {
+        let a = down
+            .arrivals()
+            .into_iter()
+            .find(|x| x.job_id == id)
+            .expect("arrived");
+        a.wall.duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
+    };
+    for id in ["held", "behind"] {
+        assert!(
+            called(id) >= later,
+            "{id} called {} ms before its release",
+            later - called(id)
+        );
+    }
+    for id in ["free", "fresh"] {
+        assert!(
+            called(id) < later,
+            "{id} was held {} ms past the other partition's release: more than that partition was paused",
+            called(id) - later
+        );
+    }
+}

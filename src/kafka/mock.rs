@@ -467,13 +467,18 @@ mod tests {
         b.subscribe(&[&topic]).unwrap();
         let split = wait_for(&a, Some(&b), |na, nb| na + nb == 4 && na > 0 && nb > 0).await;
         eprintln!("first member assigned after {first:?}; second member split after {split:?}");
-        // Without the FFI call the first join alone would take 3 s.
+        // Bounds that tell the two behaviours apart with room for a loaded
+        // machine, not how fast this one is: without the FFI call the first
+        // join alone waits group.initial.rebalance.delay.ms (3 s), where it
+        // otherwise takes milliseconds; the second join is held
+        // session.timeout.ms − 1 s (1 s here), where librdkafka's default
+        // session (45 s) would hold it 44 s.
         assert!(
-            first < Duration::from_secs(1),
+            first < Duration::from_secs(2),
             "first assignment took {first:?}: initial rebalance delay not 0?"
         );
         assert!(
-            split < Duration::from_secs(3),
+            split < Duration::from_secs(10),
             "split took {split:?} with session.timeout.ms=2000"
         );
     }

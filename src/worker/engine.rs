@@ -714,7 +714,7 @@ impl<P: Permits> Engine<P> {
                 }
                 let seller = self.sellers.get_mut(&key).expect("looked up above");
                 seller.phase = Phase::Running;
-                self.spawn_run(key, batch, g.pace, answered_at);
+                self.spawn_run(key, batch, (g.pace, g.decided_at_us), answered_at);
             }
             BatchDecision::Denied(d) => {
                 SellerThrottled {
@@ -805,14 +805,17 @@ impl<P: Permits> Engine<P> {
     /// offset order), the partitions side by side (so every job is called
     /// close to its grant, which is what keeps the downstream's view of the
     /// rate exact). A 429 stops the whole batch; what was not called comes
-    /// back in order.
+    /// back in order. `grant` is the limiter's pacing and decision instant
+    /// (Unix µs on its clock, 0 when no store decided: fail-open, local):
+    /// each call names its grant in `X-Granted-At`.
     fn spawn_run(
         &mut self,
         seller: Arc<str>,
         batch: Vec<Pending>,
-        pace: Option<Pace>,
+        grant: (Option<Pace>, u64),
         answered_at: Instant,
     ) {
+        let (pace, decided_at_us) = grant;
         let (downstream, tx) = (self.deps.downstream.clone(), self.tx.clone());
         let currency: Currency = self.deps.consumer.currency();
         let d = &self.settings.downstream;
@@ -851,7 +854,14 @@ impl<P: Permits> Engine<P> {
                             unused.push((i, p));
                             continue;
                         }
-                        match downstream.send(&p.job).await {
+                        // The instant this job was granted on the
+                        // limiter's clock: its first unit's go-at under a
+                        // pacer, else the decision.
+                        let granted_at = match pace {
+                            Some(pace) => Some(pace.first_at_us + i * pace.interval_us),
+                            None => (decided_at_us > 0).then_some(decided_at_us),
+                        };
+                        match downstream.send_granted(&p.job, granted_at).await {
                             Answer::Throttled(retry_after) => {
                                 // No readable Retry-After: the worker's own
                                 // backoff, so that replicas do not come back

@@ -193,3 +193,31 @@ pub fn free_port() -> u16 {
         .expect("free port")
         .port()
 }
+
+/// Microseconds since the Unix epoch (the unit of `X-Granted-At` and of
+/// Redis' `TIME`).
+pub fn unix_us(t: std::time::SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .expect("after the epoch")
+        .as_micros() as u64
+}
+
+/// The busiest window: the most of `times` (µs, sorted here) that fall
+/// within any span shorter than `span_us` (two times exactly `span_us`
+/// apart are in different windows, as a sliding log of that period counts
+/// them), and the index range of that window in the sorted times, for the
+/// failure message. `(0, 0..0)` for no times.
+pub fn busiest_window(times: &mut [u64], span_us: u64) -> (usize, std::ops::Range<usize>) {
+    times.sort_unstable();
+    let (mut best, mut at) = (0, 0..0);
+    let mut lo = 0;
+    for hi in 0..times.len() {
+        while times[hi] - times[lo] >= span_us {
+            lo += 1;
+        }
+        if hi - lo + 1 > best {
+            (best, at) = (hi - lo + 1, lo..hi + 1);
+        }
+    }
+    (best, at)
+}

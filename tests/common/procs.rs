@@ -85,12 +85,21 @@ impl Proc {
 
     /// SIGTERM (through kill(1): no extra crate for one signal).
     pub fn sigterm(&self) {
+        self.signal("TERM");
+    }
+
+    /// SIGINT: what Ctrl-C on a terminal sends.
+    pub fn sigint(&self) {
+        self.signal("INT");
+    }
+
+    fn signal(&self, name: &str) {
         let status = Command::new("kill")
-            .arg("-TERM")
+            .arg(format!("-{name}"))
             .arg(self.pid().to_string())
             .status()
             .expect("run kill(1)");
-        assert!(status.success(), "kill -TERM {} failed", self.pid());
+        assert!(status.success(), "kill -{name} {} failed", self.pid());
     }
 
     /// Waits for the child to exit; panics after `timeout` saying what was
@@ -483,6 +492,8 @@ async fn tagged_register(
         seller: header("x-seller-id"),
         cost: header("x-job-cost").parse().unwrap_or(1),
         worker: header("x-worker-id"),
+        granted_at_us: header("x-granted-at").parse().ok(),
+        via: String::new(),
         at: Instant::now(),
         wall: SystemTime::now(),
         body,

@@ -37,6 +37,12 @@ pub struct Arrival {
     pub cost: u64,
     /// `X-Worker-Id`: the replica that called.
     pub worker: String,
+    /// `X-Granted-At`: when the limiter granted the job (Unix µs on Redis'
+    /// clock; a pacer's go-at), if a Redis decided.
+    pub granted_at_us: Option<u64>,
+    /// The query string of the URL called (`""` if none): a test that
+    /// gives each worker `{url}?w=NAME` knows which worker called.
+    pub via: String,
     pub at: Instant,
     pub wall: SystemTime,
     pub body: Bytes,
@@ -130,7 +136,12 @@ impl Downstream {
     }
 }
 
-async fn register(State(s): State<DownstreamState>, headers: HeaderMap, body: Bytes) -> Response {
+async fn register(
+    State(s): State<DownstreamState>,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let header = |name: &str| {
         headers
             .get(name)
@@ -143,6 +154,8 @@ async fn register(State(s): State<DownstreamState>, headers: HeaderMap, body: By
         seller: header("x-seller-id"),
         cost: header("x-job-cost").parse().unwrap_or(1),
         worker: header("x-worker-id"),
+        granted_at_us: header("x-granted-at").parse().ok(),
+        via: uri.query().unwrap_or("").to_owned(),
         at: Instant::now(),
         wall: SystemTime::now(),
         body,
@@ -167,6 +180,48 @@ async fn register(State(s): State<DownstreamState>, headers: HeaderMap, body: By
             .insert("retry-after", HeaderValue::from_str(&ra).unwrap());
     }
     resp
+}
+
+/// The seller of [`wait_all_calling`]'s probe jobs.
+pub const PROBE_SELLER: &str = "probe";
+
+/// Waits until `replicas` distinct workers (by `X-Worker-Id`) have called
+/// the downstream, producing probe jobs (seller [`PROBE_SELLER`], keyed at
+/// random so they land on every partition) until each has called one.
+/// Every replica then holds partitions in the group's latest generation (a
+/// member is given partitions only once every member that joined before it
+/// is in), so no rebalance follows unless a member leaves or misses its
+/// session: the group has settled, observed rather than slept on. Panics
+/// after `timeout`; returns the probes produced.
+pub async fn wait_all_calling(
+    bench: &Bench,
+    down: &Downstream,
+    replicas: usize,
+    timeout: Duration,
+) -> usize {
+    let deadline = Instant::now() + timeout;
+    let mut probes = 0;
+    loop {
+        let callers: std::collections::HashSet<String> = down
+            .arrivals()
+            .into_iter()
+            .filter(|a| a.seller == PROBE_SELLER)
+            .map(|a| a.worker)
+            .collect();
+        if callers.len() >= replicas {
+            return probes;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{replicas} replicas never all called within {timeout:?}: {callers:?} after {probes} probes"
+        );
+        let batch: Vec<_> = (probes..probes + 2 * replicas)
+            .map(|i| job(&format!("probe-{i}"), PROBE_SELLER))
+            .collect();
+        probes += batch.len();
+        bench.produce(&batch).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Topic names unique to one test.
