@@ -701,3 +701,76 @@ async fn limits_show_and_reset_work_on_a_cluster() {
         sellers.len()
     );
 }
+
+/// A master fails over to a replica that joined after the limiter loaded
+/// its code: the replica got the Functions library (and the sellers'
+/// state) by replication, so after the switch the seller's calls go on
+/// where they left off, on the new master, with no load needed there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_keeps_the_library_and_the_state() {
+    let mut cluster = RedisCluster::start(3);
+    let prefix = unique_prefix("cluster-failover");
+    let store = cluster_store(&cluster).await;
+    let library = store.library().name.clone();
+    let limiter = Limiter::new(
+        store,
+        KeySpace::new(&prefix),
+        policy(vec![rule("fixed_window", 8, "1h", None)], vec![]),
+        Topology::Cluster,
+    );
+    let seller = "failover-seller";
+    let slot = cluster.keyslot(&limiter.keys().block(seller));
+    let master = cluster.owner(slot);
+    for t in 0..5 {
+        let d = limiter.check(at(seller, t)).await.expect("before failover");
+        assert!(matches!(d, Decision::Granted(_)), "{d:?}");
+    }
+    let replica = cluster.add_replica(master);
+    assert!(
+        cluster
+            .cli(replica, &["FUNCTION", "LIST"])
+            .contains(&library),
+        "the replica holds the library by replication"
+    );
+    cluster.failover(replica);
+    assert_eq!(
+        cluster.owner(slot),
+        replica,
+        "the slot moved to the replica"
+    );
+    // The client learns the new master from a MOVED (or a refreshed slot
+    // map); calls may fail while it does, never decide wrongly.
+    let mut decisions = Vec::new();
+    let mut errors = 0;
+    let started = std::time::Instant::now();
+    let mut t = 5;
+    while decisions.len() < 5 {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "calls still fail 20 s after the failover ({errors} errors)"
+        );
+        match limiter.check(at(seller, t)).await {
+            Ok(d) => {
+                decisions.push(d);
+                t += 1;
+            }
+            Err(_) => {
+                errors += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    let granted = decisions
+        .iter()
+        .filter(|d| matches!(d, Decision::Granted(_)))
+        .count();
+    println!("after failover: {granted} of 5 granted, {errors} failed calls retried");
+    assert_eq!(granted, 3, "5 taken before, limit 8: {decisions:?}");
+    assert!(matches!(decisions[4], Decision::Denied(_)));
+    assert!(
+        cluster
+            .cli(replica, &["FUNCTION", "LIST"])
+            .contains(&library),
+        "still one library on the new master"
+    );
+}

@@ -138,6 +138,48 @@ impl RedisCluster {
         node
     }
 
+    /// A new node joins as a replica of `master` (`redis-cli --cluster
+    /// add-node --cluster-slave`); returns its index once its replication
+    /// link is up (it then holds the master's data and Functions).
+    pub fn add_replica(&mut self, master: usize) -> usize {
+        let node = self.spawn_node();
+        let new = format!("127.0.0.1:{}", self.ports[node]);
+        let existing = format!("127.0.0.1:{}", self.ports[master]);
+        let master_id = self.node_id(master);
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "add-node", &new, &existing])
+            .args(["--cluster-slave", "--cluster-master-id", &master_id])
+            .output()
+            .expect("redis-cli --cluster add-node --cluster-slave");
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster add-node --cluster-slave failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        self.wait("the replica's link to its master is up", || {
+            self.cli(node, &["INFO", "replication"])
+                .contains("master_link_status:up")
+        });
+        node
+    }
+
+    /// `CLUSTER FAILOVER` on a replica: it becomes the master of its
+    /// master's slots. Returns once it says so (`ROLE`) and node 0 agrees.
+    pub fn failover(&self, replica: usize) {
+        let reply = self.cli(replica, &["CLUSTER", "FAILOVER"]);
+        assert_eq!(reply.trim(), "OK", "CLUSTER FAILOVER: {reply}");
+        let id = self.node_id(replica);
+        self.wait("the replica took over as master", || {
+            self.cli(replica, &["ROLE"]).starts_with("master")
+                && self.cli(0, &["CLUSTER", "NODES"]).lines().any(|l| {
+                    l.starts_with(&id)
+                        && l.split_whitespace()
+                            .nth(2)
+                            .is_some_and(|f| f.contains("master"))
+                })
+        });
+    }
+
     /// The node's cluster id (`CLUSTER MYID`).
     pub fn node_id(&self, node: usize) -> String {
         self.cli(node, &["CLUSTER", "MYID"]).trim().to_owned()
