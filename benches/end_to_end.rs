@@ -23,27 +23,11 @@ use std::time::{Duration, Instant};
 use throttle_worker::config::{LimitsConfig, RuleConfig, SellerConfig};
 use throttle_worker::limiter::Policy;
 
-use common::redis_server::RedisServer;
+use common::redis_server::{limiter_calls, RedisServer};
 use common::worker::{always_ok, job, Bench, Downstream, Running};
 
 const SELLERS: usize = 1_000;
 const PARTITIONS: i32 = 8;
-
-fn fcalls(port: u16) -> u64 {
-    let out = Command::new("redis-cli")
-        .args(["-p", &port.to_string(), "INFO", "commandstats"])
-        .output()
-        .expect("redis-cli");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| l.starts_with("cmdstat_fcall:") || l.starts_with("cmdstat_evalsha:"))
-        .filter_map(|l| {
-            l.split([':', ','])
-                .find_map(|kv| kv.strip_prefix("calls="))
-                .and_then(|v| v.parse::<u64>().ok())
-        })
-        .sum()
-}
 
 fn never_refusing() -> RuleConfig {
     RuleConfig {
@@ -123,7 +107,7 @@ async fn one_run(
     let arrivals = downstream.arrivals();
     let first = arrivals.iter().map(|a| a.at).min().expect("arrivals");
     let last = arrivals.iter().map(|a| a.at).max().expect("arrivals");
-    let calls = fcalls(redis.port);
+    let calls = limiter_calls(redis.port);
     worker.stop().await;
     Outcome {
         jobs_per_s: jobs as f64 / (last - first).as_secs_f64().max(1e-6),

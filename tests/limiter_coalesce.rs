@@ -5,33 +5,16 @@
 mod common;
 
 use std::collections::HashMap;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::redis_server::RedisServer;
+use common::redis_server::{limiter_calls, RedisServer};
 use common::{policy, rule};
 use throttle_worker::config::Topology;
 use throttle_worker::limiter::{
     BatchDecision, CoalesceError, CoalesceSettings, Coalescer, KeySpace, Limiter, LimiterError,
     RedisStore,
 };
-
-fn limiter_calls(port: u16) -> u64 {
-    let out = Command::new("redis-cli")
-        .args(["-p", &port.to_string(), "INFO", "commandstats"])
-        .output()
-        .expect("redis-cli");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| l.starts_with("cmdstat_fcall:") || l.starts_with("cmdstat_evalsha:"))
-        .filter_map(|l| {
-            l.split([':', ','])
-                .find_map(|kv| kv.strip_prefix("calls="))
-                .and_then(|v| v.parse::<u64>().ok())
-        })
-        .sum()
-}
 
 async fn coalescer(server: &RedisServer, settings: CoalesceSettings) -> Coalescer<RedisStore> {
     let store = RedisStore::connect(&server.url(), Duration::from_secs(5))
