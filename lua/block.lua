@@ -7,13 +7,7 @@
 -- ARGV[2]  block duration in µs (>= 1)
 -- Reply: the µs instant the block ends.
 local function block_call(KEYS, ARGV)
-  local now
-  if ARGV[1] == '' then
-    local t = redis.call('TIME')
-    now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  else
-    now = tonumber(ARGV[1])
-  end
+  local now = clock_us(ARGV[1])
   local dur = tonumber(ARGV[2])
   local until_ = now + dur
   local current = redis.call('GET', KEYS[1])

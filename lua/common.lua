@@ -53,6 +53,16 @@ local function cdiv(a, b)
   return -fdiv(-a, b)
 end
 
+-- The call's time in µs since the epoch: `arg` when given (tests pass
+-- explicit times), else Redis' clock, which every replica shares.
+local function clock_us(arg)
+  if arg == '' then
+    local t = redis.call('TIME')
+    return tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  return tonumber(arg)
+end
+
 local function num(v, default)
   if v == false or v == nil then
     return default

@@ -79,7 +79,7 @@ end
 
 -- Helpers are file-level functions rather than closures: with Functions
 -- the file runs once per load, and a call then allocates no closures.
-local function jobs_request(out, now, charge, id, block_key, rules, costs)
+local function jobs_request(out, now, charge, id, blocked_until, rules, costs)
   local first_never = never_rule(rules, costs[1])
   if first_never > 0 then
     return jobs_reply(out, now, -1, 0, 0, 0, 0, now, first_never, 0, 2)
@@ -98,7 +98,6 @@ local function jobs_request(out, now, charge, id, block_key, rules, costs)
 
   -- A downstream block refuses the whole list; as in limiter.lua the wait
   -- is the longer of the block and the first job's own.
-  local blocked_until = num(redis.call('GET', block_key), 0)
   if blocked_until > now then
     local block = blocked_until - now
     local wait, by = jobs_wait_for(rules, states, avail, now, costs[1], 0)
@@ -154,6 +153,10 @@ local function jobs_request(out, now, charge, id, block_key, rules, costs)
   return jobs_reply(out, now, 1, units, remaining, retry, reset, go_at, by, jobs, next)
 end
 
+-- Every request is read and checked before any is decided, so a bad
+-- request refuses the whole call with nothing charged. (One MGET of every
+-- block key instead of a GET each measured no gain, about 1 %, and would
+-- add a command to the ACL operators have granted: see the README.)
 local function run_jobs(KEYS, ARGV, op, now)
   local charge = op == 'jobs'
   local nreq = tonumber(ARGV[3])
@@ -161,8 +164,8 @@ local function run_jobs(KEYS, ARGV, op, now)
     return redis.error_reply('a jobs call needs at least one request')
   end
   local a, k = 4, 1
-  local out = {}
-  for _ = 1, nreq do
+  local reqs = {}
+  for q = 1, nreq do
     local id = ARGV[a]
     local costs = {}
     local list = ARGV[a + 1] or ''
@@ -187,9 +190,15 @@ local function run_jobs(KEYS, ARGV, op, now)
     if rules == nil then
       return redis.error_reply(err)
     end
-    jobs_request(out, now, charge, id, KEYS[k], rules, costs)
+    reqs[q] = { id = id, rules = rules, costs = costs, block_key = KEYS[k] }
     a = a + 3 + 4 * nrules
     k = k + 1 + nrules
+  end
+  local out = {}
+  for q = 1, nreq do
+    local r = reqs[q]
+    local blocked_until = num(redis.call('GET', r.block_key), 0)
+    jobs_request(out, now, charge, r.id, blocked_until, r.rules, r.costs)
   end
   return out
 end

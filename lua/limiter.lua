@@ -55,13 +55,7 @@ end
 
 local function limiter_call(KEYS, ARGV)
   local op = ARGV[1]
-  local now
-  if ARGV[2] == '' then
-    local t = redis.call('TIME')
-    now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  else
-    now = tonumber(ARGV[2])
-  end
+  local now = clock_us(ARGV[2])
   if op == 'jobs' or op == 'jobs_peek' then
     return run_jobs(KEYS, ARGV, op, now)
   end

@@ -125,6 +125,42 @@ async fn a_window_gathers_asks_that_arrive_apart() {
     assert!(calls < 10, "10 asks within 1 ms took {calls} calls");
 }
 
+/// A window below tokio's millisecond timer grain is waited out by polling
+/// between the other tasks' turns: every ask is decided, and the asks that
+/// queue meanwhile share calls. (How much latency it adds is measured by
+/// `cargo bench --bench redis_cost`, part 3, not here.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sub_millisecond_window_decides_every_ask() {
+    let server = RedisServer::start();
+    let co = coalescer(
+        &server,
+        CoalesceSettings {
+            window: Duration::from_micros(200),
+            in_flight: 1,
+            ..CoalesceSettings::default()
+        },
+    )
+    .await;
+    let before = limiter_calls(server.port);
+    let asks: Vec<_> = (0..50)
+        .map(|i| {
+            let co = co.clone();
+            tokio::spawn(async move { co.acquire_jobs(&format!("s{i}"), &[1]).await })
+        })
+        .collect();
+    for a in asks {
+        let d = tokio::time::timeout(Duration::from_secs(10), a)
+            .await
+            .expect("an ask of a 200 µs window answered within 10 s");
+        assert!(matches!(d.unwrap(), Ok(BatchDecision::Granted(_))));
+    }
+    let calls = limiter_calls(server.port) - before;
+    assert!(
+        (1..50).contains(&calls),
+        "50 asks sent at once took {calls} calls"
+    );
+}
+
 #[tokio::test]
 async fn a_bad_ask_fails_alone_and_a_dead_redis_fails_every_ask() {
     let mut server = RedisServer::start();

@@ -244,6 +244,47 @@ async fn several_sellers_in_one_call_answer_as_separate_calls() {
     }
 }
 
+/// A coalesced call carries many sellers' requests: one that the script
+/// refuses (here a job of cost 0, which the Rust side never sends, so the
+/// call is made by hand) must refuse the call before any seller ahead of
+/// it is charged, so that a retried call charges nobody twice.
+#[tokio::test]
+async fn a_bad_request_refuses_the_whole_call_and_charges_nobody() {
+    let prefix = unique_prefix("jobs-bad");
+    // Loads the library (FUNCTION LOAD) on this server.
+    let store = common::store().await;
+    let mut keys = Vec::new();
+    let mut args: Vec<String> = vec!["jobs".into(), T0.to_string(), "2".into()];
+    for (seller, costs) in [("first", "1,1"), ("second", "1,0")] {
+        keys.push(format!("{prefix}:{{{seller}}}:block"));
+        keys.push(format!("{prefix}:{{{seller}}}:gcra"));
+        args.extend(
+            [seller, costs, "1", "gcra", "5", "1000000", "5"]
+                .iter()
+                .map(|a| a.to_string()),
+        );
+    }
+    let reply: redis::RedisResult<redis::Value> = redis::cmd("FCALL")
+        .arg(&store.library().limiter)
+        .arg(keys.len())
+        .arg(&keys)
+        .arg(&args)
+        .query_async(&mut common::raw().await)
+        .await;
+    let err = reply.expect_err("a job of cost 0 must refuse the call");
+    // The script's reply `-cost must be at least 1` reads as code "cost".
+    let msg = err.to_string();
+    assert!(
+        msg.contains("cost") && msg.contains("must be at least 1"),
+        "the error names the cause: {msg}"
+    );
+    assert_eq!(
+        keys_under(&prefix).await,
+        Vec::<String>::new(),
+        "nothing may be charged by a refused call"
+    );
+}
+
 // ---------------------------------------------------------------------------
 // Exact retry-after of the job that stops the prefix (reference model).
 

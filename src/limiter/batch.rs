@@ -140,7 +140,9 @@ impl<S: Store> Limiter<S> {
         let mut unlimited = Vec::with_capacity(lists.len());
         let mut requests = Vec::with_capacity(lists.len());
         for &(seller, costs) in lists {
-            let rules: Vec<(String, Rule)> = match policy.resolve(seller) {
+            let resolved = policy.resolve(seller);
+            unlimited.push(matches!(resolved, Resolved::Unlimited));
+            let rules: Vec<(String, Rule)> = match resolved {
                 Resolved::Unlimited => Vec::new(),
                 Resolved::Limited {
                     seller: own,
@@ -151,7 +153,6 @@ impl<S: Store> Limiter<S> {
                     .chain(global.iter().map(|r| (self.keys.global_rule(r), *r)))
                     .collect(),
             };
-            unlimited.push(matches!(policy.resolve(seller), Resolved::Unlimited));
             requests.push(self.jobs_request(self.keys.block(seller), rules, costs));
         }
         let call = JobsCall {

@@ -40,8 +40,10 @@ pub const LIBRARY_BODY: &str = library_body!();
 /// (about 60 closures), which is why Functions are preferred.
 pub const LIMITER_LUA: &str = concat!(library_body!(), "\nreturn limiter_call(KEYS, ARGV)\n");
 
-/// Sets a seller's downstream block, as an EVAL script.
+/// Sets a seller's downstream block, as an EVAL script (with the helpers
+/// it shares with the limiter).
 pub const BLOCK_LUA: &str = concat!(
+    include_str!("../../lua/common.lua"),
     include_str!("../../lua/block.lua"),
     "\nreturn block_call(KEYS, ARGV)\n"
 );
