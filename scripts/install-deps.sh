@@ -7,10 +7,12 @@
 # ca-certificates for cargo and rustup to fetch over HTTPS, Redis for the
 # integration tests and the demo (redis-tools: redis-cli), procps for the
 # process tests (kill), openssl for the TLS test's certificates. As root,
-# or through sudo.
+# or through sudo. Extra package names as arguments are installed too
+# (scripts/stress-suite.sh asks for stress).
 set -euo pipefail
 
 pkgs=(build-essential pkg-config libssl-dev zlib1g-dev python3 ca-certificates redis-server redis-tools procps openssl)
+pkgs+=("$@")
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

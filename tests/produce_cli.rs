@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::worker::{read_topic, Bench};
+use common::worker::{read_to_end, Bench};
 use throttle_worker::job::Job;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -50,10 +50,11 @@ async fn produce_writes_skewed_jobs_and_the_malformed_share() {
         "1000 jobs at 2000/s took {took:?}"
     );
 
-    let records = read_topic(
+    let records = read_to_end(
         &bench.bootstrap(),
         &bench.topics.jobs,
-        Duration::from_secs(5),
+        1000,
+        Duration::from_secs(30),
     );
     assert_eq!(records.len(), 1000);
     let worker = throttle_worker::config::load_from(None, Vec::new())

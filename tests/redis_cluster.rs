@@ -367,10 +367,13 @@ async fn slots_move_under_live_traffic_and_admissions_stay_those_of_one_redis() 
 
     let stop = Arc::new(AtomicBool::new(false));
     let errors: Arc<Mutex<BTreeMap<String, u64>>> = Default::default();
+    // Calls each seller has had answered by the cluster, for the waits below.
+    let answered: Arc<Vec<std::sync::atomic::AtomicU64>> =
+        Arc::new(sellers.iter().map(|_| Default::default()).collect());
     let mut tasks = Vec::new();
-    for seller in sellers.clone() {
+    for (i, seller) in sellers.clone().into_iter().enumerate() {
         let (single, clustered) = (single.clone(), clustered.clone());
-        let (stop, errors) = (stop.clone(), errors.clone());
+        let (stop, errors, answered) = (stop.clone(), errors.clone(), answered.clone());
         tasks.push(tokio::spawn(async move {
             let mut granted_at = Vec::new();
             let mut calls = 0u64;
@@ -398,6 +401,7 @@ async fn slots_move_under_live_traffic_and_admissions_stay_those_of_one_redis() 
                     granted_at.push(t);
                 }
                 calls += 1;
+                answered[i].store(calls, Ordering::Relaxed);
             }
             (
                 seller,
@@ -409,8 +413,28 @@ async fn slots_move_under_live_traffic_and_admissions_stay_those_of_one_redis() 
         }));
     }
 
-    // Let traffic build state in every slot, then move slots under it.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Every seller answered a few times (state in every slot), then the
+    // slots move under the traffic.
+    let counts = || -> Vec<u64> { answered.iter().map(|n| n.load(Ordering::Relaxed)).collect() };
+    let wait_calls = |after: Vec<u64>, what: &'static str| {
+        let counts = &counts;
+        async move {
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            while counts()
+                .iter()
+                .zip(&after)
+                .any(|(now, then)| *now < then + 5)
+            {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "sellers' calls {what} within 30 s: {:?} from {after:?}",
+                    counts()
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    wait_calls(vec![0; sellers.len()], "before the moves").await;
     let slots: Vec<u16> = moving.iter().map(|(_, slot)| *slot).collect();
     let (cluster, migrations, join_took) = tokio::task::spawn_blocking(move || {
         migrate_while_running(cluster, slots, Duration::from_millis(25))
@@ -420,7 +444,7 @@ async fn slots_move_under_live_traffic_and_admissions_stay_those_of_one_redis() 
     // And on after the last one, so every moved seller is served by its
     // new master (the joined one loads the script on demand).
     let migrated_at = std::time::Instant::now();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    wait_calls(counts(), "after the moves").await;
     stop.store(true, Ordering::Relaxed);
 
     let (mut calls, mut granted, mut busiest, mut longest) = (0, 0, 0, Duration::ZERO);

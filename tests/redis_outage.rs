@@ -1,6 +1,7 @@
 //! A real Redis process fails under a running worker (issue 6, faults):
 //! it is stopped and started again on the same port (its keys lost, as a
-//! Redis without persistence restarts), or frozen with SIGSTOP and thawed.
+//! Redis without persistence restarts), frozen with SIGSTOP and thawed, or
+//! answers every limiter call with an error (out of memory, no eviction).
 //! With the default `redis.on_error = "fail_closed"` no job passes
 //! unchecked while Redis is away, none is lost, the worker does not crash,
 //! the first grant comes within 2 s of Redis' return, and no seller goes
@@ -29,6 +30,28 @@ enum Fault {
     Stopped,
     /// SIGSTOP: connections hang until SIGCONT.
     Frozen,
+    /// `maxmemory` below what Redis uses, no eviction: Redis answers, but
+    /// every limiter call is refused with an `-OOM` error reply (a call
+    /// that may write), until the limit is lifted.
+    OutOfMemory,
+}
+
+/// `CONFIG SET maxmemory` on the test's own server (0 = no limit).
+async fn set_maxmemory(redis: &RedisServer, bytes: &str) {
+    let mut conn = redis::Client::open(redis.url())
+        .expect("redis url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("the test's redis-server");
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("noeviction")
+        .arg("maxmemory")
+        .arg(bytes)
+        .query_async(&mut conn)
+        .await
+        .expect("CONFIG SET maxmemory");
 }
 
 async fn outage(fault: Fault) {
@@ -68,13 +91,30 @@ async fn outage(fault: Fault) {
     match fault {
         Fault::Stopped => redis.stop(),
         Fault::Frozen => redis.freeze(),
+        Fault::OutOfMemory => set_maxmemory(&redis, "1").await,
     }
+    // From here Redis can grant nothing (a call it was running when frozen
+    // read its time before).
+    let fault_us = common::unix_us(std::time::SystemTime::now());
     tokio::time::sleep(outage).await;
     let back_at = Instant::now();
+    let back_us = common::unix_us(std::time::SystemTime::now());
     match fault {
         Fault::Stopped => redis.restart(),
         Fault::Frozen => redis.thaw(),
+        Fault::OutOfMemory => set_maxmemory(&redis, "0").await,
     }
+    // Judged on Redis' clock (X-Granted-At): no call may carry a grant
+    // made while Redis was away or refusing, whatever its transit.
+    let granted_in_fault: Vec<String> = down
+        .arrivals()
+        .iter()
+        .filter(|a| {
+            a.granted_at_us
+                .is_some_and(|g| g >= fault_us && g < back_us)
+        })
+        .map(|a| a.job_id.clone())
+        .collect();
     // Grants made before the fault may still be on their way; a call more
     // than 300 ms into the outage passed without the limiter.
     let unchecked = down
@@ -82,6 +122,11 @@ async fn outage(fault: Fault) {
         .iter()
         .filter(|a| a.at > fault_at + Duration::from_millis(300) && a.at < back_at)
         .count();
+    assert_eq!(unchecked, 0, "{fault:?}: calls passed without the limiter");
+    assert!(
+        granted_in_fault.is_empty(),
+        "{fault:?}: calls granted while Redis was away: {granted_in_fault:?}"
+    );
     down.wait_for("a call after Redis is back", Duration::from_secs(10), |a| {
         a.iter().any(|x| x.at > back_at)
     })
@@ -133,7 +178,7 @@ async fn outage(fault: Fault) {
          {total} jobs, 0 lost, {} calls; busiest 900 ms of a seller {busiest} (bound {bound}); summary {summary:?}",
         arrivals.len()
     );
-    assert_eq!(unchecked, 0, "{fault:?}: calls passed without the limiter");
+
     assert!(
         first_after <= Duration::from_secs(2),
         "{fault:?}: the first call came {first_after:?} after Redis was back"
@@ -152,4 +197,9 @@ async fn redis_stopped_and_restarted_under_load() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_frozen_with_sigstop_under_load() {
     outage(Fault::Frozen).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_out_of_memory_refuses_every_call_under_load() {
+    outage(Fault::OutOfMemory).await;
 }

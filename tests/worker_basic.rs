@@ -50,8 +50,9 @@ async fn poison_records_are_dead_lettered_with_their_reason_and_good_jobs_are_do
         good.iter().all(|g| ids.contains(g.as_str()))
     })
     .await;
-    let dlq = bench.dead_letters(poison.len(), Duration::from_secs(10));
+    bench.wait_dead_letters(poison.len(), Duration::from_secs(10));
     w.stop().await;
+    let dlq = bench.dead_letters(poison.len(), Duration::ZERO);
     assert_eq!(
         dlq.len(),
         poison.len(),
@@ -108,8 +109,9 @@ async fn downstream_5xx_backs_off_and_dead_letters_after_max_attempts() {
     records.extend((0..10).map(|i| job(&format!("ok-{i}"), "fine")));
     bench.produce(&records).await;
     let w = Running::start(settings, policy(vec![rule("gcra", 1000, "1s", None)]));
-    let dlq = bench.dead_letters(2, Duration::from_secs(20));
+    bench.wait_dead_letters(2, Duration::from_secs(20));
     w.stop().await;
+    let dlq = bench.dead_letters(2, Duration::ZERO);
     assert_eq!(
         dead_lettered_ids(&dlq),
         ["b1", "b2"],
@@ -365,8 +367,9 @@ async fn other_4xx_is_dead_lettered_at_once() {
         a.iter().filter(|x| x.job_id.starts_with("ok-")).count() >= 6
     })
     .await;
-    let dlq = bench.dead_letters(2, Duration::from_secs(20));
+    bench.wait_dead_letters(2, Duration::from_secs(20));
     w.stop().await;
+    let dlq = bench.dead_letters(2, Duration::ZERO);
     assert_eq!(dead_lettered_ids(&dlq), ["bad-1", "bad-2"], "{dlq:?}");
     for (_, h) in &dlq {
         assert_eq!(h.get("x-attempts").map(String::as_str), Some("1"), "{h:?}");
@@ -398,8 +401,9 @@ async fn timeouts_and_refused_connections_back_off_then_dead_letter() {
     settings.downstream.backoff_max = Duration::from_millis(400);
     bench.produce(&[job("slow-1", "s")]).await;
     let w = Running::start(settings, policy(vec![rule("gcra", 1000, "1s", None)]));
-    let dlq = bench.dead_letters(1, Duration::from_secs(30));
+    bench.wait_dead_letters(1, Duration::from_secs(30));
     w.stop().await;
+    let dlq = bench.dead_letters(1, Duration::ZERO);
     assert_eq!(dead_lettered_ids(&dlq), ["slow-1"], "{dlq:?}");
     let h = &dlq[0].1;
     assert_eq!(h.get("x-attempts").map(String::as_str), Some("3"), "{h:?}");
@@ -429,9 +433,10 @@ async fn timeouts_and_refused_connections_back_off_then_dead_letter() {
     let retried_before = common::metric("throttle_jobs_retried_total", &[]);
     let started = std::time::Instant::now();
     let w = Running::start(settings, policy(vec![rule("gcra", 1000, "1s", None)]));
-    let dlq = bench.dead_letters(1, Duration::from_secs(30));
+    bench.wait_dead_letters(1, Duration::from_secs(30));
     let took = started.elapsed();
     w.stop().await;
+    let dlq = bench.dead_letters(1, Duration::ZERO);
     assert_eq!(dead_lettered_ids(&dlq), ["nobody-1"], "{dlq:?}");
     let h = &dlq[0].1;
     assert_eq!(h.get("x-attempts").map(String::as_str), Some("3"), "{h:?}");
@@ -473,8 +478,9 @@ async fn unreadable_worker_headers_are_dead_lettered() {
         a.iter().any(|x| x.job_id == "after")
     })
     .await;
-    let dlq = bench.dead_letters(1, Duration::from_secs(20));
+    bench.wait_dead_letters(1, Duration::from_secs(20));
     w.stop().await;
+    let dlq = bench.dead_letters(1, Duration::ZERO);
     assert_eq!(dead_lettered_ids(&dlq), ["garbled"], "{dlq:?}");
     let err = &dlq[0].1["x-error"];
     assert!(

@@ -42,8 +42,9 @@ async fn run(name: &str, jobs: usize, poison_every: Option<usize>) -> Run {
         a.len() >= good
     })
     .await;
-    let dlq = tokio::task::block_in_place(|| bench.dead_letters(poison, Duration::from_secs(60)));
+    tokio::task::block_in_place(|| bench.wait_dead_letters(poison, Duration::from_secs(60)));
     w.stop().await;
+    let dlq = tokio::task::block_in_place(|| bench.dead_letters(poison, Duration::ZERO));
     let arrivals = down.arrivals();
     let ids: HashSet<&str> = arrivals.iter().map(|a| a.job_id.as_str()).collect();
     assert_eq!(ids.len(), good, "{name}: every good job done");

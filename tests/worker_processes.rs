@@ -201,8 +201,10 @@ async fn kill_9_of_one_of_three_worker_processes_loses_no_job() {
     // worker before the kill, or by a survivor before the rebalance that
     // followed (the classic protocol revokes *every* partition, and a
     // survivor that gets one back restarts it at the committed offset too).
-    // One second of slack covers a survivor's run that was already calling
-    // the downstream when its partitions were revoked.
+    // "Before" is judged by the first call's grant (X-Granted-At, Redis'
+    // clock, which reads the same host clock as the workers' logs): a call
+    // still in flight when the partitions moved was granted before, however
+    // late it reached the downstream, so no slack is needed.
     //
     // Why not "downstream.concurrency plus the granted batches"? Offsets are
     // committed as the contiguous finished prefix of a partition, and one
@@ -212,13 +214,21 @@ async fn kill_9_of_one_of_three_worker_processes_loses_no_job() {
     // partition's first unfinished offset is redone. That number grows
     // with the spread between sellers' progress, not with the calls in
     // flight, so it is the bound this test can defend.
-    let horizon = reassigned_at + Duration::from_secs(1);
+    let horizon = common::unix_us(reassigned_at);
+    let mut first_grant: HashMap<&str, u64> = HashMap::new();
+    for (_, a) in &arrivals {
+        let granted = a
+            .granted_at_us
+            .unwrap_or_else(|| panic!("{}: a call without X-Granted-At", a.job_id));
+        let first = first_grant.entry(a.job_id.as_str()).or_insert(granted);
+        *first = (*first).min(granted);
+    }
     let may_repeat: HashSet<&str> = ids
         .iter()
         .map(String::as_str)
         .filter(|id| {
             let (p, o) = position[id];
-            o >= committed(p) && per_job[*id][0].1 < horizon
+            o >= committed(p) && first_grant[id] < horizon
         })
         .collect();
     let duplicated: Vec<(&str, &Vec<(String, SystemTime)>)> = per_job

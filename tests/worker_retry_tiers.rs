@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use axum::http::StatusCode;
 use common::rule;
 use common::worker::{
-    always_ok, job, policy, produce_with_headers, read_topic, Bench, Downstream, Running,
+    always_ok, job, policy, produce_with_headers, read_to_end, Bench, Downstream, Running,
 };
 
 fn unix_ms() -> u64 {
@@ -76,10 +76,11 @@ async fn a_record_due_in_an_hour_does_not_hold_up_one_due_in_a_second() {
     );
     // The longest tier that does not pass its due time: a wait of just
     // under an hour goes to the 10m tier (and hops on from there).
-    let tier = read_topic(
+    let tier = read_to_end(
         &bench.bootstrap(),
         &bench.retry_tier("10m"),
-        Duration::from_secs(5),
+        1,
+        Duration::from_secs(30),
     );
     let a: Vec<_> = tier
         .iter()
@@ -137,10 +138,11 @@ async fn long_and_short_holds_are_deferred_to_their_own_tiers() {
         gap <= Duration::from_millis(3500),
         "called again after {gap:?}: held up"
     );
-    let tier = read_topic(
+    let tier = read_to_end(
         &bench.bootstrap(),
         &bench.retry_tier("10m"),
-        Duration::from_secs(5),
+        1,
+        Duration::from_secs(30),
     );
     assert_eq!(
         tier.iter()

@@ -54,19 +54,12 @@ async fn revoked_work_is_not_dead_lettered_by_the_old_owner() {
     // The old owners' late answers come back before the new owners' (the
     // calls take equally long): once every job is in the dead-letter topic,
     // any duplicate would be there too.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let per_job = loop {
-        let per_job = dead_lettered(&bench);
-        if per_job.len() >= n || Instant::now() > deadline {
-            break per_job;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
+    tokio::task::block_in_place(|| bench.wait_dead_letters(n, Duration::from_secs(60)));
     a.stop().await;
     b.stop().await;
     let started = Instant::now();
+    let per_job = dead_lettered(&bench, n);
     assert_eq!(per_job.len(), n, "every job is dead-lettered: {per_job:?}");
-    let per_job = dead_lettered(&bench);
     let twice: Vec<_> = per_job.iter().filter(|(_, c)| **c > 1).collect();
     assert!(
         twice.is_empty(),
@@ -75,10 +68,11 @@ async fn revoked_work_is_not_dead_lettered_by_the_old_owner() {
     );
 }
 
-/// How often each job id is on the dead-letter topic (read to its end).
-fn dead_lettered(bench: &Bench) -> HashMap<String, usize> {
+/// How often each job id is on the dead-letter topic (read to its end,
+/// once it holds at least `expect` records).
+fn dead_lettered(bench: &Bench, expect: usize) -> HashMap<String, usize> {
     let mut per_job: HashMap<String, usize> = HashMap::new();
-    for (value, _) in bench.dead_letters(usize::MAX, Duration::from_secs(2)) {
+    for (value, _) in bench.dead_letters(expect, Duration::ZERO) {
         let v: serde_json::Value = serde_json::from_slice(&value).expect("dead letter is the job");
         *per_job
             .entry(v["job_id"].as_str().unwrap_or_default().to_owned())

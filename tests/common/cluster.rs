@@ -13,13 +13,6 @@ pub struct RedisCluster {
     dir: std::path::PathBuf,
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port()
-}
-
 fn cli(port: u16, args: &[&str]) -> String {
     let out = Command::new("redis-cli")
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
@@ -82,25 +75,49 @@ impl RedisCluster {
 
     /// Starts one more cluster-enabled `redis-server`, not yet in the
     /// cluster; waits until it answers PING and returns its index.
+    ///
+    /// A node listens on two ports: its client port and its cluster bus
+    /// (by default the client port + 10,000, which may be taken, or above
+    /// 65,535). Both are picked free and the bus is named with
+    /// `--cluster-port`. A port can still be taken between the pick and
+    /// the server's bind (other tests pick at the same time): a server that
+    /// exits at start is started again on new ports.
     fn spawn_node(&mut self) -> usize {
-        let port = free_port();
-        let node_dir = self.dir.join(port.to_string());
-        std::fs::create_dir_all(&node_dir).expect("node dir");
-        let server = Command::new("redis-server")
-            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-            .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
-            .args(["--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(&node_dir)
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("redis-server must be installed");
-        self.ports.push(port);
-        self.servers.push(server);
-        self.wait(&format!("node {port} answers PING"), || {
-            cli(port, &["PING"]).trim() == "PONG"
-        });
-        self.ports.len() - 1
+        for _attempt in 0..5 {
+            let (port, bus) = super::free_port_pair();
+            let node_dir = self.dir.join(port.to_string());
+            std::fs::create_dir_all(&node_dir).expect("node dir");
+            let mut server = Command::new("redis-server")
+                .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+                .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
+                .args(["--cluster-port", &bus.to_string()])
+                .args(["--save", "", "--appendonly", "no"])
+                .arg("--dir")
+                .arg(&node_dir)
+                .stdout(Stdio::null())
+                .spawn()
+                .expect("redis-server must be installed");
+            let start = Instant::now();
+            loop {
+                if cli(port, &["PING"]).trim() == "PONG" {
+                    self.ports.push(port);
+                    self.servers.push(server);
+                    return self.ports.len() - 1;
+                }
+                if let Some(status) = server.try_wait().expect("node status") {
+                    eprintln!(
+                        "cluster node on ports {port}/{bus} exited at start ({status}); new ports"
+                    );
+                    break;
+                }
+                assert!(
+                    start.elapsed() < Duration::from_secs(20),
+                    "node {port} answers PING: not within 20 s"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        panic!("no cluster node started in 5 attempts (ports taken?)");
     }
 
     /// A new, empty master joins the running cluster

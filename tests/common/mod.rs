@@ -103,14 +103,12 @@ pub const T0: u64 = 1_700_000_000_000_000 - (1_700_000_000_000_000 % 86_400_000_
 /// `redis-server` is started on a free loopback port for the question and
 /// stopped after; it needs no slots assigned to answer.
 pub async fn cluster_keyslots(keys: &[String]) -> Vec<u16> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port();
+    let (port, bus) = free_port_pair();
     let dir = std::env::temp_dir().join(format!("keyslot-{port}-{:08x}", rand::random::<u32>()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let mut server = std::process::Command::new("redis-server")
         .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+        .args(["--cluster-port", &bus.to_string()])
         .args([
             "--cluster-enabled",
             "yes",
@@ -186,6 +184,16 @@ pub fn metric_in(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
         .sum()
 }
 
+/// Two distinct loopback ports free at the time of the call: a cluster
+/// node's client port and its bus (`--cluster-port`; the default, the
+/// client port + 10,000, may be taken or above 65,535).
+pub fn free_port_pair() -> (u16, u16) {
+    let a = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
+    let b = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
+    let port = |l: &std::net::TcpListener| l.local_addr().expect("local addr").port();
+    (port(&a), port(&b))
+}
+
 /// A loopback port free at the time of the call (for `http.listen`).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -220,4 +228,16 @@ pub fn busiest_window(times: &mut [u64], span_us: u64) -> (usize, std::ops::Rang
         }
     }
     (best, at)
+}
+
+/// Asserts that a property test's generator produced each kind of case it
+/// names at least once: a property that never met a kind proved nothing
+/// about it. `seen` is the whole tally, for the message.
+pub fn assert_covered(context: &str, kinds: &[(&str, u64)], seen: &dyn std::fmt::Debug) {
+    for (what, n) in kinds {
+        assert!(
+            *n > 0,
+            "{context}: the generator produced no {what}: {seen:?}"
+        );
+    }
 }

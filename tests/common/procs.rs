@@ -68,6 +68,19 @@ impl Proc {
         self.child.id()
     }
 
+    /// The process' resident set in bytes (VmRSS, from /proc).
+    pub fn rss(&self) -> u64 {
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.pid())).expect("/proc status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse::<u64>().ok())
+            .expect("VmRSS")
+            * 1024
+    }
+
     /// The child's stdout, if it was piped (taken once).
     pub fn take_stdout(&mut self) -> Option<std::process::ChildStdout> {
         self.child.stdout.take()

@@ -9,10 +9,17 @@ pub struct RedisServer {
     pub port: u16,
     child: Option<Child>,
     dir: std::path::PathBuf,
+    extra: Vec<String>,
 }
 
 impl RedisServer {
     pub fn start() -> RedisServer {
+        RedisServer::start_with(&[])
+    }
+
+    /// [`RedisServer::start`] with more `redis-server` arguments (e.g.
+    /// `--loadmodule PATH`), kept for restarts.
+    pub fn start_with(extra: &[String]) -> RedisServer {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("free port")
@@ -24,6 +31,7 @@ impl RedisServer {
             port,
             child: None,
             dir,
+            extra: extra.to_vec(),
         };
         server.spawn();
         server
@@ -40,6 +48,7 @@ impl RedisServer {
             .args(["--maxmemory-policy", "noeviction"])
             .arg("--dir")
             .arg(&self.dir)
+            .args(&self.extra)
             .stdout(Stdio::null())
             .spawn()
             .expect("redis-server must be installed");

@@ -315,6 +315,14 @@ impl Bench {
         .await;
     }
 
+    /// Waits up to `timeout` until the dead-letter topic holds at least
+    /// `expect` records. A test that asserts "dead-lettered once" waits
+    /// with this, stops its worker, then reads with [`Self::dead_letters`]:
+    /// a duplicate written before the worker was gone is then seen too.
+    pub fn wait_dead_letters(&self, expect: usize, timeout: Duration) {
+        let _ = self.dead_letters(expect, timeout);
+    }
+
     /// Every record on the dead-letter topic: value and headers. Waits up
     /// to `timeout` for at least `expect` to be there, then reads the topic
     /// to its end (its high watermarks at that moment), so that a caller
@@ -324,70 +332,79 @@ impl Bench {
         expect: usize,
         timeout: Duration,
     ) -> Vec<(Vec<u8>, HashMap<String, String>)> {
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", self.bootstrap())
-            .set(
-                "group.id",
-                format!("{}-dlq-reader-{:x}", self.group, rand::random::<u32>()),
-            )
-            .set("auto.offset.reset", "earliest")
-            .set("enable.auto.commit", "false")
-            .create()
-            .unwrap();
-        let topic = self.topics.dlq.as_str();
-        let ends = || -> HashMap<i32, i64> {
-            let md = consumer
-                .fetch_metadata(Some(topic), Duration::from_secs(5))
-                .unwrap();
-            md.topics()
-                .iter()
-                .flat_map(|t| t.partitions())
-                .map(|p| {
-                    let (_, high) = consumer
-                        .fetch_watermarks(topic, p.id(), Duration::from_secs(5))
-                        .unwrap();
-                    (p.id(), high)
-                })
-                .collect()
-        };
-        let deadline = Instant::now() + timeout;
-        let mut end = ends();
-        while (end.values().sum::<i64>() as usize) < expect && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
-            end = ends();
-        }
-        consumer.subscribe(&[topic]).unwrap();
-        let mut read_to: HashMap<i32, i64> = HashMap::new();
-        let mut out = Vec::new();
-        let read_all = |read_to: &HashMap<i32, i64>| {
-            end.iter()
-                .all(|(p, high)| read_to.get(p).copied().unwrap_or(0) >= *high)
-        };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !read_all(&read_to) {
-            assert!(
-                Instant::now() < deadline,
-                "the dead-letter topic was not read to its end ({end:?}) within 20 s"
-            );
-            if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
-                if m.offset() >= end.get(&m.partition()).copied().unwrap_or(0) {
-                    continue;
-                }
-                read_to.insert(m.partition(), m.offset() + 1);
-                let mut headers = HashMap::new();
-                if let Some(h) = m.headers() {
-                    for hd in h.iter() {
-                        headers.insert(
-                            hd.key.to_owned(),
-                            String::from_utf8_lossy(hd.value.unwrap_or_default()).into_owned(),
-                        );
-                    }
-                }
-                out.push((m.payload().unwrap_or_default().to_vec(), headers));
-            }
-        }
-        out
+        read_to_end(&self.bootstrap(), &self.topics.dlq, expect, timeout)
     }
+}
+
+/// Every record of `topic`: value and headers. Waits up to `timeout` for
+/// at least `expect` records to be there, then reads the topic to its end
+/// (its high watermarks at that moment), so that a caller asserting "once"
+/// sees any duplicate too.
+pub fn read_to_end(
+    bootstrap: &str,
+    topic: &str,
+    expect: usize,
+    timeout: Duration,
+) -> Vec<(Vec<u8>, HashMap<String, String>)> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", format!("reader-{:x}", rand::random::<u64>()))
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let ends = || -> HashMap<i32, i64> {
+        let md = consumer
+            .fetch_metadata(Some(topic), Duration::from_secs(5))
+            .unwrap();
+        md.topics()
+            .iter()
+            .flat_map(|t| t.partitions())
+            .map(|p| {
+                let (_, high) = consumer
+                    .fetch_watermarks(topic, p.id(), Duration::from_secs(5))
+                    .unwrap();
+                (p.id(), high)
+            })
+            .collect()
+    };
+    let deadline = Instant::now() + timeout;
+    let mut end = ends();
+    while (end.values().sum::<i64>() as usize) < expect && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+        end = ends();
+    }
+    consumer.subscribe(&[topic]).unwrap();
+    let mut read_to: HashMap<i32, i64> = HashMap::new();
+    let mut out = Vec::new();
+    let read_all = |read_to: &HashMap<i32, i64>| {
+        end.iter()
+            .all(|(p, high)| read_to.get(p).copied().unwrap_or(0) >= *high)
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !read_all(&read_to) {
+        assert!(
+            Instant::now() < deadline,
+            "{topic} was not read to its end ({end:?}) within 20 s"
+        );
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+            if m.offset() >= end.get(&m.partition()).copied().unwrap_or(0) {
+                continue;
+            }
+            read_to.insert(m.partition(), m.offset() + 1);
+            let mut headers = HashMap::new();
+            if let Some(h) = m.headers() {
+                for hd in h.iter() {
+                    headers.insert(
+                        hd.key.to_owned(),
+                        String::from_utf8_lossy(hd.value.unwrap_or_default()).into_owned(),
+                    );
+                }
+            }
+            out.push((m.payload().unwrap_or_default().to_vec(), headers));
+        }
+    }
+    out
 }
 
 /// Every topic a worker with the default retry tiers needs, with
@@ -462,39 +479,6 @@ pub async fn produce_with_headers(
         .await
         .expect("produce")
         .offset
-}
-
-/// Every record on `topic` (read to its end, `wait` at most): value and headers.
-pub fn read_topic(
-    bootstrap: &str,
-    topic: &str,
-    wait: Duration,
-) -> Vec<(Vec<u8>, HashMap<String, String>)> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", format!("reader-{:x}", rand::random::<u64>()))
-        .set("auto.offset.reset", "earliest")
-        .set("enable.auto.commit", "false")
-        .create()
-        .unwrap();
-    consumer.subscribe(&[topic]).unwrap();
-    let mut out = Vec::new();
-    let deadline = Instant::now() + wait;
-    while Instant::now() < deadline {
-        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
-            let mut headers = HashMap::new();
-            if let Some(h) = m.headers() {
-                for hd in h.iter() {
-                    headers.insert(
-                        hd.key.to_owned(),
-                        String::from_utf8_lossy(hd.value.unwrap_or_default()).into_owned(),
-                    );
-                }
-            }
-            out.push((m.payload().unwrap_or_default().to_vec(), headers));
-        }
-    }
-    out
 }
 
 /// A job record of `cost` units, keyed like [`job`].
