@@ -3,6 +3,7 @@
 //! the same concurrency over the same number of sellers. Prints decisions
 //! per second for both and their ratio, per algorithm; then admitted jobs per
 //! second when each call asks for up to 64 units, against one unit per call.
+//! (Bytes per seller in Redis: `cargo bench --bench memory`.)
 //!
 //!     REDIS_URL=redis://127.0.0.1:6379 cargo bench --bench limiter
 //!
@@ -239,31 +240,6 @@ async fn main() {
             many,
             many / one
         );
-    }
-    println!("\nbytes per seller in Redis (MEMORY USAGE) with the rule's state full, limit 100 per minute:");
-    for algorithm in Algorithm::ALL {
-        let rc = rule_config(algorithm, 100, Duration::from_secs(60), None);
-        let prefix = format!("bench-{run}-mem-{algorithm}");
-        let lim = Limiter::new(
-            store.clone(),
-            KeySpace::new(prefix),
-            policy(rc),
-            Topology::Single,
-        );
-        while lim
-            .acquire("m", 1, Mode::AllOrNothing)
-            .await
-            .expect("call")
-            .granted()
-            > 0
-        {}
-        let rule = Rule::new(algorithm, 100, Duration::from_secs(60), None).expect("rule");
-        let bytes = store
-            .memory_usage(&lim.keys().rule("m", &rule))
-            .await
-            .expect("MEMORY USAGE")
-            .unwrap_or(0);
-        println!("  {:<24} {:>6} bytes", algorithm.name(), bytes);
     }
     println!("\n(keys of this run are under bench-{run}-*; they expire within a minute)");
 }

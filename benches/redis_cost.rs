@@ -15,9 +15,24 @@
 //!    call per ask) and with the coalescer at several windows. Prints jobs/s,
 //!    Redis calls and Redis µs per admitted job, and decision latency p50/p99.
 //!
+//! 3. Decision latency at fixed offered loads below saturation (open loop),
+//!    without coalescing and with the coalescer at the same windows:
+//!    p50/p99/p99.9 and what coalescing adds.
+//!
+//!    After part 1, for gcra, two design prototypes (`benches/prototype/`): the
+//!    same decision with one key per seller and straight-line code, as a
+//!    hash and as one string, next to the minimal script and ours, to show
+//!    what that change of key layout would buy.
+//!
+//! With `REDIS_CELL_MODULE=/path/to/libredis_cell.so` (redis-cell, the
+//! native GCRA module, built from its repository) the private server loads
+//! it and both parts add `CL.THROTTLE` as a reference, measured in the same
+//! run: its µs per call under the same redis-benchmark load, and its
+//! admitted jobs/s and µs per job with the same callers, one call per ask.
+//!
 //! Environment: BENCH_CALLERS (256), BENCH_SECONDS (5; 2 with --quick),
 //! BENCH_REQUESTS (redis-benchmark requests per figure: 200,000; 60,000 with
-//! --quick).
+//! --quick), REDIS_CELL_MODULE (unset).
 
 #[path = "../tests/common/redis_server.rs"]
 #[allow(dead_code)]
@@ -27,6 +42,8 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
 
 use throttle_worker::config::{LimitsConfig, RuleConfig, Topology};
 use throttle_worker::limiter::{
@@ -179,7 +196,21 @@ fn ours(rule: &Rule) -> Vec<String> {
     ]
 }
 
-fn script_cost(port: u16, store_fn: &str, requests: u64) {
+/// CL.THROTTLE arguments that never refuse: a burst and a rate far above
+/// the load, one unit per call.
+fn cell_args(key: &str) -> Vec<String> {
+    vec![
+        s("CL.THROTTLE"),
+        s(key),
+        s(1_000_000),
+        s(50_000_000),
+        s(60),
+        s(1),
+    ]
+}
+
+/// Part 1's table; returns ours (FCALL) µs per gcra decision.
+fn script_cost(port: u16, store_fn: &str, requests: u64) -> f64 {
     println!("\n## 1. Redis µs per decision, allow path, one rule\n");
     println!(
         "redis-benchmark -c 50 -P 16 -r 10000 -n {requests}; Redis `usec_per_call` from INFO commandstats.\n"
@@ -187,6 +218,7 @@ fn script_cost(port: u16, store_fn: &str, requests: u64) {
     println!("| algorithm | minimal script (baseline) | µs | ours, FCALL µs | ratio | ours, EVALSHA µs | ratio |");
     println!("|---|---|---:|---:|---:|---:|---:|");
     let eval_sha = script_load(port, throttle_worker::limiter::script::LIMITER_LUA);
+    let mut gcra = f64::NAN;
     for algorithm in Algorithm::ALL {
         // Never refuses: the allow path is what a busy fleet pays.
         let limit = if algorithm == Algorithm::SlidingWindowLog {
@@ -206,6 +238,9 @@ fn script_cost(port: u16, store_fn: &str, requests: u64) {
         let mut evalsha = vec![s("EVALSHA"), eval_sha.clone()];
         evalsha.extend(ours(&rule));
         let ours_e = usec_per_call(port, requests, "evalsha", &evalsha);
+        if algorithm == Algorithm::Gcra {
+            gcra = ours_f;
+        }
         println!(
             "| {} | {min_name} | {base:.2} | {ours_f:.2} | {:.2} | {ours_e:.2} | {:.2} |",
             algorithm.name(),
@@ -214,6 +249,72 @@ fn script_cost(port: u16, store_fn: &str, requests: u64) {
         );
         cli(port, &["FLUSHALL"]);
     }
+    gcra
+}
+
+/// The one-key prototypes of gcra against the minimal script and ours
+/// (FCALL), each under part 1's load, twice in turn (the spread shows the
+/// noise).
+fn prototypes(port: u16, store_fn: &str, requests: u64) {
+    println!(
+        "\n### gcra: one key per seller, straight-line (design prototypes, benches/prototype/)\n"
+    );
+    println!("| run | minimal µs | one-key hash µs | ratio | one-key string µs | ratio | ours, FCALL µs | ratio |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    let rule = Rule::new(Algorithm::Gcra, 50_000_000, Duration::from_secs(60), None).expect("rule");
+    let (_, min_args) = minimal(port, Algorithm::Gcra, &rule);
+    let mut min = vec![s("EVALSHA")];
+    min.extend(min_args);
+    let proto = |text: &str, key: &str| {
+        vec![
+            s("EVALSHA"),
+            script_load(port, text),
+            s(1),
+            s(key),
+            s(rule.limit()),
+            s(rule.period_us()),
+            s(rule.burst()),
+            s(1),
+        ]
+    };
+    let hash = proto(
+        include_str!("prototype/gcra_one_key_hash.lua"),
+        "h:{s__rand_int__}",
+    );
+    let string = proto(
+        include_str!("prototype/gcra_one_key_string.lua"),
+        "s:{s__rand_int__}",
+    );
+    let mut fcall = vec![s("FCALL"), s(store_fn)];
+    fcall.extend(ours(&rule));
+    for run in 1..=2 {
+        let base = usec_per_call(port, requests, "evalsha", &min);
+        let h = usec_per_call(port, requests, "evalsha", &hash);
+        let st = usec_per_call(port, requests, "evalsha", &string);
+        let o = usec_per_call(port, requests, "fcall", &fcall);
+        println!(
+            "| {run} | {base:.2} | {h:.2} | {:.2} | {st:.2} | {:.2} | {o:.2} | {:.2} |",
+            h / base,
+            st / base,
+            o / base
+        );
+        cli(port, &["FLUSHALL"]);
+    }
+}
+
+/// redis-cell's CL.THROTTLE under part 1's load, next to ours for gcra.
+fn cell_cost(port: u16, requests: u64, ours_gcra: f64) {
+    let cell = usec_per_call(
+        port,
+        requests,
+        "cl.throttle",
+        &cell_args("cell:{s__rand_int__}"),
+    );
+    println!(
+        "\nredis-cell `CL.THROTTLE` (native GCRA, same load): {cell:.2} µs per call; ours, gcra by FCALL: {ours_gcra:.2} µs, {:.2}× CL.THROTTLE.",
+        ours_gcra / cell
+    );
+    cli(port, &["FLUSHALL"]);
 }
 
 /// What one run of many callers gave.
@@ -227,7 +328,7 @@ struct Run {
 
 /// `callers` tasks, each asking for one job of a random seller in a loop,
 /// through `ask`, for `secs`.
-async fn drive<F, Fut>(port: u16, callers: u64, secs: u64, ask: F) -> Run
+async fn drive<F, Fut>(port: u16, command: &str, callers: u64, secs: u64, ask: F) -> Run
 where
     F: Fn(String) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = u64> + Send,
@@ -264,13 +365,132 @@ where
     lat.sort_unstable();
     let pct = |p: f64| lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1)));
     let jobs = admitted.load(Ordering::Relaxed).max(1) as f64;
-    let (calls, usec) = commandstat(port, "fcall");
+    let (calls, usec) = commandstat(port, command);
     Run {
         jobs_per_s: jobs / secs,
         calls_per_job: calls as f64 / jobs,
         usec_per_job: usec as f64 / jobs,
         p50_us: pct(0.50).copied().unwrap_or(0),
         p99_us: pct(0.99).copied().unwrap_or(0),
+    }
+}
+
+/// The coalescing windows parts 2 and 3 compare with one call per ask.
+const WINDOWS: [(&str, Duration); 3] = [
+    ("coalesced, one turn (default)", Duration::ZERO),
+    ("coalesced, 100 µs", Duration::from_micros(100)),
+    ("coalesced, 1 ms", Duration::from_millis(1)),
+];
+
+/// An ask for one job of a seller; its admitted units.
+type AskFn = Box<dyn Fn(String) -> BoxFuture<'static, u64> + Send + Sync>;
+
+/// One limiter call per ask (the baseline of parts 2 and 3).
+fn direct(limiter: &Arc<Limiter<RedisStore>>) -> AskFn {
+    let limiter = limiter.clone();
+    Box::new(move |seller| {
+        let limiter = limiter.clone();
+        Box::pin(async move {
+            limiter
+                .acquire_jobs(&seller, &[1])
+                .await
+                .map(units)
+                .unwrap_or(0)
+        })
+    })
+}
+
+/// Asks through a coalescer with `window`.
+fn coalesced(limiter: &Arc<Limiter<RedisStore>>, window: Duration) -> AskFn {
+    let co = Coalescer::start(
+        limiter.clone(),
+        CoalesceSettings {
+            window,
+            ..CoalesceSettings::default()
+        },
+    );
+    Box::new(move |seller| {
+        let co = co.clone();
+        Box::pin(async move { co.acquire_jobs(&seller, &[1]).await.map(units).unwrap_or(0) })
+    })
+}
+
+/// Latency percentiles (µs) of asks sent at a fixed rate, each in a task of
+/// its own, so a slow answer never delays the next ask (open loop: the
+/// offered load stays `rate` whatever the latency).
+struct Paced {
+    p50_us: u64,
+    p99_us: u64,
+    p999_us: u64,
+    asks: usize,
+}
+
+async fn paced<F, Fut>(rate: u64, secs: u64, ask: F) -> Paced
+where
+    F: Fn(String) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = u64> + Send,
+{
+    let ask = Arc::new(ask);
+    let total = rate * secs;
+    let period = Duration::from_secs_f64(1.0 / rate as f64);
+    // tokio's timer has a millisecond grain: missed ticks fire together, so
+    // asks leave in bursts of up to rate/1000, as a consumer's batches do.
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let mut tasks = Vec::with_capacity(total as usize);
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    for _ in 0..total {
+        tick.tick().await;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let seller = format!("s{}", x % SELLERS);
+        let ask = ask.clone();
+        tasks.push(tokio::spawn(async move {
+            let t = Instant::now();
+            ask(seller).await;
+            t.elapsed().as_micros() as u64
+        }));
+    }
+    let mut lat = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        lat.push(t.await.expect("paced ask"));
+    }
+    lat.sort_unstable();
+    let pct = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)];
+    Paced {
+        p50_us: pct(0.50),
+        p99_us: pct(0.99),
+        p999_us: pct(0.999),
+        asks: lat.len(),
+    }
+}
+
+/// Part 3: the latency of one decision at offered loads Redis keeps up
+/// with, and what coalescing adds to it (issue 10, target 5). At
+/// saturation (part 2) latency is queueing and says little about the call.
+async fn latency(limiter: &Arc<Limiter<RedisStore>>, rates: &[u64], secs: u64) {
+    println!("\n## 3. Decision latency at a fixed offered load, {SELLERS} sellers\n");
+    println!("Open loop: asks leave at the rate whatever the answers take (gcra, never refusing), {secs} s per row.\n");
+    println!("| asks/s | mode | asks | p50 µs | p99 µs | p99.9 µs | p50 added | p99 added |");
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|");
+    for &rate in rates {
+        let base = paced(rate, secs, direct(limiter)).await;
+        let row = |name: &str, r: &Paced| {
+            println!(
+                "| {rate} | {name} | {} | {} | {} | {} | {:+} | {:+} |",
+                r.asks,
+                r.p50_us,
+                r.p99_us,
+                r.p999_us,
+                r.p50_us as i64 - base.p50_us as i64,
+                r.p99_us as i64 - base.p99_us as i64
+            )
+        };
+        row("no coalescing (baseline)", &base);
+        for (name, window) in WINDOWS {
+            row(name, &paced(rate, secs, coalesced(limiter, window)).await);
+        }
     }
 }
 
@@ -281,13 +501,9 @@ fn units(d: BatchDecision) -> u64 {
     }
 }
 
-async fn coalescing(port: u16, store: &RedisStore, callers: u64, secs: u64) {
-    println!("\n## 2. Redis per admitted job, {SELLERS} sellers, {callers} concurrent callers\n");
-    println!("Each caller asks for one job of a random seller (gcra, never refusing), {secs} s per row.\n");
-    println!(
-        "| mode | jobs/s | ratio | Redis calls/job | Redis µs/job | ratio | p50 µs | p99 µs |"
-    );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+/// The limiter of parts 2 and 3: every seller one gcra rule that never
+/// refuses at the bench's rates.
+fn never_refusing(store: &RedisStore) -> Arc<Limiter<RedisStore>> {
     let policy = Policy::from_config(&LimitsConfig {
         default: vec![rule_config(
             Algorithm::Gcra,
@@ -297,59 +513,71 @@ async fn coalescing(port: u16, store: &RedisStore, callers: u64, secs: u64) {
         ..Default::default()
     })
     .expect("bench policy");
-    let limiter = Arc::new(Limiter::new(
+    Arc::new(Limiter::new(
         store.clone(),
         KeySpace::new(PREFIX),
         policy,
         Topology::Single,
-    ));
-    let direct = {
-        let limiter = limiter.clone();
-        drive(port, callers, secs, move |seller| {
-            let limiter = limiter.clone();
-            async move {
-                limiter
-                    .acquire_jobs(&seller, &[1])
-                    .await
-                    .map(units)
-                    .unwrap_or(0)
-            }
-        })
-        .await
-    };
+    ))
+}
+
+async fn coalescing(
+    port: u16,
+    limiter: &Arc<Limiter<RedisStore>>,
+    callers: u64,
+    secs: u64,
+    cell: bool,
+) {
+    println!("\n## 2. Redis per admitted job, {SELLERS} sellers, {callers} concurrent callers\n");
+    println!("Each caller asks for one job of a random seller (gcra, never refusing), {secs} s per row.\n");
+    println!(
+        "| mode | jobs/s | ratio | Redis calls/job | Redis µs/job | ratio | p50 µs | p99 µs |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    let base = drive(port, "fcall", callers, secs, direct(limiter)).await;
     let row = |name: &str, r: &Run| {
         println!(
             "| {name} | {:.0} | {:.2} | {:.3} | {:.2} | {:.2} | {} | {} |",
             r.jobs_per_s,
-            r.jobs_per_s / direct.jobs_per_s,
+            r.jobs_per_s / base.jobs_per_s,
             r.calls_per_job,
             r.usec_per_job,
-            r.usec_per_job / direct.usec_per_job,
+            r.usec_per_job / base.usec_per_job,
             r.p50_us,
             r.p99_us
         )
     };
-    row("no coalescing (baseline)", &direct);
-    for (name, window) in [
-        ("coalesced, one turn", Duration::ZERO),
-        ("coalesced, 100 µs", Duration::from_micros(100)),
-        ("coalesced, 1 ms", Duration::from_millis(1)),
-    ] {
-        let co = Coalescer::start(
-            limiter.clone(),
-            CoalesceSettings {
-                window,
-                ..CoalesceSettings::default()
-            },
+    row("no coalescing (baseline)", &base);
+    for (name, window) in WINDOWS {
+        row(
+            name,
+            &drive(port, "fcall", callers, secs, coalesced(limiter, window)).await,
         );
-        let r = drive(port, callers, secs, move |seller| {
-            let co = co.clone();
-            async move { co.acquire_jobs(&seller, &[1]).await.map(units).unwrap_or(0) }
-        })
-        .await;
-        row(name, &r);
     }
-    println!("\n(redis-cell's CL.THROTTLE, from the issue's measurement on this kind of machine: ~2.6 µs per call, ~380k calls/s; not built here.)");
+    if !cell {
+        println!("\n(redis-cell's CL.THROTTLE, from the issue's measurement on this kind of machine: ~2.6 µs per call, ~380k calls/s; set REDIS_CELL_MODULE to measure it here.)");
+        return;
+    }
+    // The same callers, each ask one CL.THROTTLE over one multiplexed
+    // connection, as the limiter's own calls go.
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).expect("client");
+    let conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connection for CL.THROTTLE");
+    let r = drive(port, "cl.throttle", callers, secs, move |seller| {
+        let mut conn = conn.clone();
+        async move {
+            let mut cmd = redis::cmd("CL.THROTTLE");
+            for a in &cell_args(&format!("cell:{{{seller}}}"))[1..] {
+                cmd.arg(a);
+            }
+            let reply: Vec<i64> = cmd.query_async(&mut conn).await.unwrap_or_default();
+            u64::from(reply.first() == Some(&0))
+        }
+    })
+    .await;
+    row("redis-cell CL.THROTTLE, one call per ask (reference)", &r);
 }
 
 #[tokio::main]
@@ -358,7 +586,11 @@ async fn main() {
     let requests = env_u64("BENCH_REQUESTS", if quick { 60_000 } else { 200_000 });
     let secs = env_u64("BENCH_SECONDS", if quick { 2 } else { 5 });
     let callers = env_u64("BENCH_CALLERS", 256);
-    let redis = redis_server::RedisServer::start();
+    let cell = std::env::var("REDIS_CELL_MODULE").ok();
+    let redis = match &cell {
+        Some(module) => redis_server::RedisServer::start_with(&[s("--loadmodule"), s(module)]),
+        None => redis_server::RedisServer::start(),
+    };
     let store = RedisStore::connect(&redis.url(), Duration::from_secs(5))
         .await
         .expect("the private redis-server");
@@ -372,7 +604,19 @@ async fn main() {
             .unwrap_or("redis_version:?")
             .trim()
     );
-    script_cost(redis.port, &store.library().limiter, requests);
+    let ours_gcra = script_cost(redis.port, &store.library().limiter, requests);
+    prototypes(redis.port, &store.library().limiter, requests);
+    if cell.is_some() {
+        cell_cost(redis.port, requests, ours_gcra);
+    }
     cli(redis.port, &["FLUSHALL"]);
-    coalescing(redis.port, &store, callers, secs).await;
+    let limiter = never_refusing(&store);
+    coalescing(redis.port, &limiter, callers, secs, cell.is_some()).await;
+    cli(redis.port, &["FLUSHALL"]);
+    let rates: &[u64] = if quick {
+        &[5_000]
+    } else {
+        &[1_000, 5_000, 20_000]
+    };
+    latency(&limiter, rates, secs).await;
 }
