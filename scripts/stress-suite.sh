@@ -13,7 +13,8 @@
 # every round (scripts/with-redis.sh). Each round's output is kept in
 # target/stress-suite/round-N.log (STRESS_OUT names another directory, for
 # two loops side by side); the summary lists every failed test with the
-# rounds it failed in. Exit status: 0 when no round failed.
+# rounds it failed in. Property tests draw fresh random cases every round
+# (scripts/test.sh pins them). Exit status: 0 when no round failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
