@@ -22,7 +22,9 @@ ALGO.leaky_bucket = {
     return math.max(0, fdiv(r.burst * r.period - st.debt, r.period))
   end,
   wait = function(st, r, now, need, taken)
-    return cdiv(st.debt + (taken + need) * r.period - r.burst * r.period, r.limit)
+    -- Summed in this order so no partial sum passes 2^53: debt + taken*T
+    -- was admitted, so it is at most burst*T.
+    return cdiv(st.debt + taken * r.period - (r.burst - need) * r.period, r.limit)
   end,
   left = function(st, r, now, n)
     return math.max(0, fdiv(r.burst * r.period - st.debt - n * r.period, r.period))

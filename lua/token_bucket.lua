@@ -26,7 +26,9 @@ ALGO.token_bucket = {
     return fdiv(st.c, r.period)
   end,
   wait = function(st, r, now, need, taken)
-    return cdiv((taken + need) * r.period - st.c, r.limit)
+    -- Summed in this order so no partial sum passes 2^53: taken*T was
+    -- admitted, so it is at most c <= burst*T.
+    return cdiv(taken * r.period - (st.c - need * r.period), r.limit)
   end,
   left = function(st, r, now, n)
     return fdiv(st.c - n * r.period, r.period)

@@ -895,3 +895,46 @@ async fn no_rules_reads_only_the_block() {
         "only the block key"
     );
 }
+
+/// Regression, gcra/leaky_bucket/token_bucket `wait` (found by a 40,000-case
+/// run): units × period may come within a hair of 2^53, and the wait summed
+/// the debt and the asked units' time *before* taking the bucket off, so a
+/// full bucket's sum passed 2^53 and lost its last bit: a retry-after 1 µs
+/// off the exact one. Here 284 × 366 days is just under 2^53; the bucket is
+/// full, and two more units are free two intervals (period/3 each) after
+/// the fill: 2·period/3 − dt µs from dt µs after it.
+#[tokio::test]
+async fn a_wait_near_2_pow_53_is_exact() {
+    let redis = store().await;
+    let period = Duration::from_secs(366 * 24 * 3600);
+    let period_us = period.as_micros() as i64;
+    assert!(284 * period_us < 1 << 53 && 286 * period_us > 1 << 53);
+    for algorithm in [
+        Algorithm::Gcra,
+        Algorithm::LeakyBucket,
+        Algorithm::TokenBucket,
+    ] {
+        let seller = Seller::new(
+            &format!("agree-2p53-{algorithm:?}"),
+            &[rule(algorithm, 3, period, Some(284))],
+        );
+        let mut model = ModelStore::new();
+        let fill = seller.call(Op::Acquire, T0, 284, Mode::AllOrNothing, "fill");
+        let got = ok(both(&redis, &mut model, &seller, "fill", &fill).await);
+        assert_eq!(
+            (got.status, got.granted),
+            (1, 284),
+            "{algorithm:?}: {got:?}"
+        );
+        // Several instants, as rounding to even hides some of them.
+        for dt in 1..=8 {
+            let ask = seller.call(Op::Peek, T0 + dt, 2, Mode::AllOrNothing, "ask");
+            let got = ok(both(&redis, &mut model, &seller, "ask", &ask).await);
+            assert_eq!(
+                (got.status, got.retry_after_us),
+                (0, 2 * period_us / 3 - dt as i64),
+                "{algorithm:?} at T0+{dt}µs: {got:?}"
+            );
+        }
+    }
+}
