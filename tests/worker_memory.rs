@@ -59,8 +59,15 @@ async fn rss_stays_under_the_byte_bound_and_flat_with_a_backlog_of_1_mb_jobs() {
     // 10 sellers at one job per `period`, paced so that about a third of
     // the backlog is done by the end of the run: jobs flow all through it
     // (a leak per job has jobs to leak on; CI: about 6 a second) and the
-    // backlog outlasts it.
-    let period_ms = (30 * run.as_millis() as u64 / jobs as u64).max(1);
+    // backlog outlasts it. At most 20 s, under `worker.max_inline_delay`
+    // (30 s): a longer wait parks a job on the retry topic, and a 1 MB job
+    // plus its retry headers is over the broker's message size, so that
+    // write fails and is retried for ever (a known defect, not what this
+    // test measures; MEMORY_PERIOD_MS=45000 shows it).
+    let period_ms = env(
+        "MEMORY_PERIOD_MS",
+        (30 * run.as_millis() as u64 / jobs as u64).clamp(1, 20_000),
+    );
     let rules =
         format!(r#"[{{ algorithm = "gcra", limit = 1, period = "{period_ms}ms", burst = 1 }}]"#);
     let broker = BrokerProc::start(dir.path(), &topic_specs(&topics, partitions));
