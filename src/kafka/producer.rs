@@ -20,6 +20,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bytes::Bytes;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Headers, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
@@ -46,6 +47,29 @@ pub enum SinkError {
     Create { brokers: String, reason: String },
     #[error("broker did not acknowledge the record for topic {topic:?}: {reason}")]
     Delivery { topic: String, reason: String },
+    /// Over the producer's `message.max.bytes` or the broker's limit: the
+    /// same record will never be accepted.
+    #[error("record too large for topic {topic:?}: {reason}")]
+    TooLarge { topic: String, reason: String },
+}
+
+/// A delivery error, with the size refusals told apart (they are final).
+fn delivery_error(topic: &str, e: &KafkaError) -> SinkError {
+    let too_large = matches!(
+        e.rdkafka_error_code(),
+        Some(RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::InvalidMessageSize)
+    );
+    if too_large {
+        SinkError::TooLarge {
+            topic: topic.to_owned(),
+            reason: e.to_string(),
+        }
+    } else {
+        SinkError::Delivery {
+            topic: topic.to_owned(),
+            reason: e.to_string(),
+        }
+    }
 }
 
 /// Where a record sits in Kafka.
@@ -259,10 +283,7 @@ impl RecordSink {
         // by librdkafka's message.timeout.ms, which reports an error.
         match self.producer.send(record, Timeout::Never).await {
             Ok(_) => Ok(()),
-            Err((e, _)) => Err(SinkError::Delivery {
-                topic: topic.to_owned(),
-                reason: e.to_string(),
-            }),
+            Err((e, _)) => Err(delivery_error(topic, &e)),
         }
     }
 

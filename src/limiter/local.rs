@@ -30,11 +30,13 @@ impl Clock for WallClock {
     }
 }
 
-/// Per-seller (and one global) in-memory limiters over scaled rules.
+/// Per-seller (and one global) in-memory limiters over scaled rules, on
+/// the clock `C` (the host's in production, a simulated one in tests).
 #[derive(Debug, Default)]
-pub struct LocalShare {
-    sellers: HashMap<String, ModelLimiter<WallClock>>,
-    global: Option<ModelLimiter<WallClock>>,
+pub struct LocalShare<C: Clock + Clone = WallClock> {
+    clock: C,
+    sellers: HashMap<String, ModelLimiter<C>>,
+    global: Option<ModelLimiter<C>>,
 }
 
 /// `rule` with its limit and burst multiplied by `share` (0 < share ≤ 1),
@@ -59,6 +61,16 @@ pub fn scaled(rule: &Rule, share: f64) -> Rule {
 impl LocalShare {
     pub fn new() -> LocalShare {
         LocalShare::default()
+    }
+}
+
+impl<C: Clock + Clone> LocalShare<C> {
+    pub fn with_clock(clock: C) -> LocalShare<C> {
+        LocalShare {
+            clock,
+            sellers: HashMap::new(),
+            global: None,
+        }
     }
 
     /// Forgets every seller: called when Redis answers again, which also
@@ -92,13 +104,14 @@ impl LocalShare {
         };
         let own: Vec<Rule> = own.iter().map(|r| scaled(r, share)).collect();
         let global: Vec<Rule> = global.iter().map(|r| scaled(r, share)).collect();
+        let clock = &self.clock;
         let mine = self
             .sellers
             .entry(seller.to_owned())
-            .or_insert_with(|| ModelLimiter::new(WallClock));
+            .or_insert_with(|| ModelLimiter::new(clock.clone()));
         let all = self
             .global
-            .get_or_insert_with(|| ModelLimiter::new(WallClock));
+            .get_or_insert_with(|| ModelLimiter::new(clock.clone()));
         let (mut jobs, mut units) = (0, 0);
         for &cost in costs {
             let cost = cost.max(1);

@@ -1,7 +1,14 @@
 //! The worker: Kafka consumer group → per-seller permit → downstream API.
 //!
-//! - [`engine`]: the event loop: per-seller queues, timers, runs, retry
-//!   topic, dead letters, commits, backpressure, graceful shutdown.
+//! - [`engine`]: the event loop, dispatch and the drain at shutdown; the
+//!   engine's concerns each have a file of their own: `sellers` (queues,
+//!   slots, capacity turns), `admit` (limiter answers, failure policy),
+//!   `run` (downstream runs, pacing, 429 holds), `retry` (parking,
+//!   deferral, retry/DLQ writes), `partitions` (rebalances, `unstick`,
+//!   backpressure, gauges), `timers` (timer heap, time arithmetic).
+//! - [`ports`]: the traits through which the engine reaches its world
+//!   (clock, consumer, writer, downstream; the limiter is [`Permits`]),
+//!   and the production implementations ([`ports::Live`]).
 //! - [`memory`]: jobs and bytes held, and when fetching pauses.
 //! - [`permit`]: the limiter as the worker sees it, and the one place where
 //!   a limiter failure becomes a decision.
@@ -10,10 +17,17 @@
 //! [`run`] checks every dependency at startup, then runs the engine until
 //! the shutdown future resolves.
 
+mod admit;
 pub mod engine;
 pub mod memory;
+mod partitions;
 pub mod permit;
+pub mod ports;
 pub mod reload;
+mod retry;
+mod run;
+mod sellers;
+mod timers;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -31,8 +45,9 @@ use crate::limiter::{CoalesceSettings, Coalescer, KeySpace, Limiter, Policy, Red
 use crate::telemetry::events::OverridesUnreadable;
 use crate::telemetry::http;
 
-pub use engine::{Engine, Summary};
-pub use permit::{OnLimiterError, Permits};
+pub use engine::{Deps, Engine, Pending, Summary};
+pub use permit::{OnLimiterError, PermitError, Permits};
+pub use ports::{Caller, Clock, CommitError, Live, Ports, Source, SystemClock, WriteError, Writer};
 
 /// How long startup waits for Kafka metadata.
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
@@ -158,15 +173,17 @@ pub async fn run_watching(
             ..CoalesceSettings::default()
         },
     );
-    let deps = engine::Deps {
+    let deps: Deps<Live> = Deps {
         permits: Arc::new(permits),
-        downstream: Arc::new(downstream),
-        sink: sink.clone(),
-        consumer: consumer.clone(),
+        caller: Arc::new(downstream),
+        writer: sink.clone(),
+        source: consumer.clone(),
+        clock: Arc::new(SystemClock),
         records,
         partitions: part_rx,
         health: health.clone(),
         jobs_partitions: counts[0],
+        seed: rand::random(),
     };
     let summary = Engine::new(settings.clone(), deps).run(shutdown).await;
     if let Some(w) = watching {

@@ -4,11 +4,32 @@
 use std::future::Future;
 use std::time::Duration;
 
+use rand::Rng;
+
 use crate::config::OnError;
-use crate::downstream::backoff;
+use crate::downstream::backoff_with;
 use crate::limiter::{
     BatchDecision, Coalescer, Decision, Denied, DeniedBy, Limiter, Mode, Resolved, Rule, Store,
 };
+
+/// Why the limiter gave no answer. Every kind is a fault of the limiter's
+/// path (Redis, the network, the coalescer), never of the job: the failure
+/// policy ([`OnLimiterError`]) decides what it means.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PermitError {
+    /// The store did not answer, answered with an error, or timed out.
+    #[error("limiter unavailable: {0}")]
+    Unavailable(String),
+    /// This limiter cannot decide the question (a job cost it does not know).
+    #[error("limiter cannot decide: {0}")]
+    Unsupported(String),
+}
+
+impl PermitError {
+    fn unavailable(e: impl std::fmt::Display) -> PermitError {
+        PermitError::Unavailable(e.to_string())
+    }
+}
 
 /// The limiter as the worker sees it.
 pub trait Permits: Send + Sync + 'static {
@@ -18,11 +39,14 @@ pub trait Permits: Send + Sync + 'static {
         &self,
         seller: &str,
         n: u64,
-    ) -> impl Future<Output = Result<Decision, String>> + Send;
+    ) -> impl Future<Output = Result<Decision, PermitError>> + Send;
 
     /// Holds `seller` for every replica for `dur` (the downstream's 429).
-    fn block(&self, seller: &str, dur: Duration)
-        -> impl Future<Output = Result<(), String>> + Send;
+    fn block(
+        &self,
+        seller: &str,
+        dur: Duration,
+    ) -> impl Future<Output = Result<(), PermitError>> + Send;
 
     /// The longest prefix of `seller`'s waiting jobs (their costs, in
     /// order) that fits, each job all or nothing, in one call. The default
@@ -32,12 +56,14 @@ pub trait Permits: Send + Sync + 'static {
         &self,
         seller: &str,
         costs: &[u64],
-    ) -> impl Future<Output = Result<BatchDecision, String>> + Send {
+    ) -> impl Future<Output = Result<BatchDecision, PermitError>> + Send {
         let ones = costs.iter().all(|&c| c == 1);
         let n = costs.len() as u64;
         async move {
             if !ones {
-                return Err("this limiter grants jobs of cost 1 only".to_owned());
+                return Err(PermitError::Unsupported(
+                    "this limiter grants jobs of cost 1 only".to_owned(),
+                ));
             }
             self.acquire(seller, n).await.map(BatchDecision::from_units)
         }
@@ -79,10 +105,10 @@ impl SellerInfo {
 }
 
 impl<S: Store + 'static> Permits for Limiter<S> {
-    async fn acquire(&self, seller: &str, n: u64) -> Result<Decision, String> {
+    async fn acquire(&self, seller: &str, n: u64) -> Result<Decision, PermitError> {
         Limiter::acquire(self, seller, n, Mode::UpTo)
             .await
-            .map_err(|e| e.to_string())
+            .map_err(PermitError::unavailable)
     }
 
     fn describe(&self, seller: &str) -> SellerInfo {
@@ -106,24 +132,28 @@ impl<S: Store + 'static> Permits for Limiter<S> {
         }
     }
 
-    async fn block(&self, seller: &str, dur: Duration) -> Result<(), String> {
+    async fn block(&self, seller: &str, dur: Duration) -> Result<(), PermitError> {
         Limiter::block(self, seller, dur)
             .await
             .map(|_| ())
-            .map_err(|e| e.to_string())
+            .map_err(PermitError::unavailable)
     }
 
-    async fn acquire_jobs(&self, seller: &str, costs: &[u64]) -> Result<BatchDecision, String> {
+    async fn acquire_jobs(
+        &self,
+        seller: &str,
+        costs: &[u64],
+    ) -> Result<BatchDecision, PermitError> {
         Limiter::acquire_jobs(self, seller, costs)
             .await
-            .map_err(|e| e.to_string())
+            .map_err(PermitError::unavailable)
     }
 }
 
 /// The production limiter: job lists coalesced across sellers
 /// (`redis.coalesce_*`), everything else straight to the limiter.
 impl<S: Store + 'static> Permits for Coalescer<S> {
-    async fn acquire(&self, seller: &str, n: u64) -> Result<Decision, String> {
+    async fn acquire(&self, seller: &str, n: u64) -> Result<Decision, PermitError> {
         Permits::acquire(&**self.limiter(), seller, n).await
     }
 
@@ -135,14 +165,18 @@ impl<S: Store + 'static> Permits for Coalescer<S> {
         Permits::rules_of(&**self.limiter(), seller)
     }
 
-    async fn block(&self, seller: &str, dur: Duration) -> Result<(), String> {
+    async fn block(&self, seller: &str, dur: Duration) -> Result<(), PermitError> {
         Permits::block(&**self.limiter(), seller, dur).await
     }
 
-    async fn acquire_jobs(&self, seller: &str, costs: &[u64]) -> Result<BatchDecision, String> {
+    async fn acquire_jobs(
+        &self,
+        seller: &str,
+        costs: &[u64],
+    ) -> Result<BatchDecision, PermitError> {
         Coalescer::acquire_jobs(self, seller, costs)
             .await
-            .map_err(|e| e.to_string())
+            .map_err(PermitError::unavailable)
     }
 }
 
@@ -185,13 +219,14 @@ impl OnLimiterError {
 
     /// The fail-closed refusal after `in_a_row` failed calls (at least 1):
     /// a hold that grows with the failures. (Fail-open and local decide in
-    /// the engine, which knows the jobs and the assignment.)
-    pub fn decide(self, in_a_row: u32) -> Decision {
+    /// the engine, which knows the jobs and the assignment.) `rng` draws
+    /// the jitter.
+    pub fn decide<R: Rng + ?Sized>(self, in_a_row: u32, rng: &mut R) -> Decision {
         let (base, max) = match self {
             OnLimiterError::FailClosed { base, max } => (base, max),
             _ => (OnLimiterError::CLOSED_BASE, OnLimiterError::CLOSED_MAX),
         };
-        let hold = backoff(in_a_row.max(1), base, max);
+        let hold = backoff_with(in_a_row.max(1), base, max, rng);
         Decision::Denied(Denied {
             retry_after: hold,
             remaining: 0,
@@ -224,18 +259,19 @@ mod tests {
     #[test]
     fn fail_closed_backs_off_with_jitter_up_to_its_cap() {
         let policy = OnLimiterError::DEFAULT;
-        let first: Vec<Duration> = (0..50).map(|_| hold(policy.decide(1))).collect();
+        let rng = &mut rand::rng();
+        let first: Vec<Duration> = (0..50).map(|_| hold(policy.decide(1, rng))).collect();
         assert!(first
             .iter()
             .all(|h| *h >= Duration::from_millis(50) && *h <= Duration::from_millis(100)));
         assert!(first.iter().any(|h| *h != first[0]), "no jitter: {first:?}");
-        let later = hold(policy.decide(4));
+        let later = hold(policy.decide(4, rng));
         assert!(
             later >= Duration::from_millis(400),
             "grows with failures in a row: {later:?}"
         );
         for n in [10, 100, u32::MAX] {
-            let h = hold(policy.decide(n));
+            let h = hold(policy.decide(n, rng));
             assert!(
                 h >= Duration::from_millis(750) && h <= Duration::from_millis(1500),
                 "{n} in a row: {h:?}"

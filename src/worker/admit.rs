@@ -1,0 +1,255 @@
+//! The limiter's answers, and the failure policy: what a grant, a refusal,
+//! a "never" or a failed call means for a seller's waiting jobs.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::config::Settings;
+use crate::kafka::consumer::Origin;
+use crate::limiter::local::{self, LocalShare};
+use crate::limiter::model;
+use crate::limiter::{BatchDecision, CannotPass, DeniedBy, NextJob};
+use crate::telemetry::events::{JobsAdmitted, LimiterNever, LimiterUnavailable, SellerThrottled};
+
+use super::engine::{Engine, Pending};
+use super::permit::OnLimiterError;
+use super::ports::{Clock, PermitError, Permits, Ports, Source};
+use super::retry::Target;
+use super::sellers::{partition_heads, take_granted, Phase};
+use super::timers::{after, Timer};
+
+/// The engine's wall clock as the limiter models read it (µs).
+pub(super) struct ModelClock<K>(Arc<K>);
+
+impl<K> Clone for ModelClock<K> {
+    fn clone(&self) -> Self {
+        ModelClock(self.0.clone())
+    }
+}
+
+impl<K: Clock> model::Clock for ModelClock<K> {
+    fn now_us(&self) -> u64 {
+        self.0.unix_us()
+    }
+}
+
+/// What the engine knows of the limiter's health.
+pub(super) struct Admission<K: Clock> {
+    pub(super) on_error: OnLimiterError,
+    /// Limiter calls failed in a row (0 after a success).
+    pub(super) failures: u32,
+    /// The in-memory limits of `redis.on_error = "local"`, used only while
+    /// Redis does not answer.
+    local: LocalShare<ModelClock<K>>,
+}
+
+impl<K: Clock> Admission<K> {
+    pub(super) fn new(settings: &Settings, clock: Arc<K>) -> Admission<K> {
+        Admission {
+            on_error: OnLimiterError::from_setting(settings.redis.on_error),
+            failures: 0,
+            local: LocalShare::with_clock(ModelClock(clock)),
+        }
+    }
+}
+
+impl<X: Ports> Engine<X> {
+    pub(super) fn on_permit(
+        &mut self,
+        key: Arc<str>,
+        result: Result<BatchDecision, PermitError>,
+        answered_at: Instant,
+    ) {
+        let unready_after = self.settings.redis.unready_after;
+        let decision = match result {
+            Ok(d) => {
+                if self.admission.failures >= unready_after {
+                    self.deps.health.set_redis_down(false);
+                }
+                if self.admission.failures > 0 {
+                    self.admission.local.clear();
+                }
+                self.admission.failures = 0;
+                d
+            }
+            Err(error) => {
+                let failures = self.admission.failures.saturating_add(1);
+                self.admission.failures = failures;
+                if failures == unready_after {
+                    self.deps.health.set_redis_down(true);
+                }
+                let decision = self.fallback(&key);
+                let (hold, admitted) = match &decision {
+                    BatchDecision::Denied(d) => (d.retry_after, 0),
+                    BatchDecision::Granted(g) => (Duration::ZERO, g.jobs),
+                    BatchDecision::Never(_) => (Duration::ZERO, 0),
+                };
+                LimiterUnavailable {
+                    error: &error.to_string(),
+                    policy: self.admission.on_error.name(),
+                    hold,
+                    in_a_row: failures,
+                    admitted,
+                }
+                .emit();
+                decision
+            }
+        };
+        let source = self.deps.source.clone();
+        let Some(seller) = self.sellers.get_mut(&key) else {
+            return;
+        };
+        seller.phase = Phase::Idle;
+        let reserved = std::mem::take(&mut seller.reserved);
+        match decision {
+            BatchDecision::Granted(g) => {
+                // The job the prefix stopped at, found before the grant is
+                // taken out of the queue.
+                let next = partition_heads(&seller.queue, reserved)
+                    .get(g.jobs)
+                    .map(|&i| seller.queue[i].origin.clone());
+                let batch = take_granted(&mut seller.queue, &g, reserved);
+                // Jobs of partitions revoked since the revoke event was
+                // handled belong to their new owner. (The queue itself is
+                // purged by that event; checking the batch only keeps this
+                // O(batch), not O(backlog), per limiter answer.)
+                let (batch, gone): (Vec<Pending>, Vec<Pending>) = batch
+                    .into_iter()
+                    .partition(|p| source.is_current(&p.origin));
+                for p in &gone {
+                    self.memory.remove(p.bytes);
+                }
+                let n = batch.len();
+                seller.reserved = n;
+                self.release(reserved - n);
+                let info = self.deps.permits.describe(&key);
+                JobsAdmitted {
+                    seller: &key,
+                    tier: &info.tier,
+                    jobs: n,
+                    units: batch.iter().map(|p| p.job.cost).sum(),
+                    near_limit: info.near_limit(g.remaining),
+                }
+                .emit();
+                // Why the prefix stopped short: the next job waits (so does
+                // the seller, without asking again before then), or can
+                // never pass (dead-lettered now, not retried forever).
+                match g.next {
+                    Some(NextJob::Wait { retry_after, .. }) => {
+                        let until = after(answered_at, retry_after);
+                        if let Some(seller) = self.sellers.get_mut(&key) {
+                            seller.blocked_until =
+                                Some(seller.blocked_until.map_or(until, |t| t.max(until)));
+                        }
+                        self.timers.at(until, Timer::Seller(key.clone()));
+                    }
+                    Some(NextJob::Never(c)) => {
+                        if let Some(origin) = next {
+                            self.never(&key, &origin, c);
+                        }
+                    }
+                    None => {}
+                }
+                if batch.is_empty() {
+                    return self.ask_if_ready(&key);
+                }
+                let seller = self.sellers.get_mut(&key).expect("looked up above");
+                seller.phase = Phase::Running;
+                self.spawn_run(key, batch, (g.pace, g.decided_at_us), answered_at);
+            }
+            BatchDecision::Denied(d) => {
+                SellerThrottled {
+                    seller: &key,
+                    tier: &self.deps.permits.describe(&key).tier,
+                    retry_after: d.retry_after,
+                    waiting: seller.queue.len(),
+                    by: &denied_by(d.by),
+                }
+                .emit();
+                self.release(reserved);
+                // Counted from when the answer arrived: never early, whatever
+                // the clocks of Redis and this host say.
+                self.hold(&key, after(answered_at, d.retry_after));
+            }
+            BatchDecision::Never(c) => {
+                let first = seller.queue.front().map(|p| p.origin.clone());
+                self.release(reserved);
+                if let Some(origin) = first {
+                    self.never(&key, &origin, c);
+                }
+                self.ask_if_ready(&key);
+            }
+        }
+    }
+
+    /// The one place where a failed limiter call becomes a decision, for
+    /// the heads the call asked about (`redis.on_error`).
+    fn fallback(&mut self, key: &Arc<str>) -> BatchDecision {
+        let policy = self.admission.on_error;
+        let costs: Vec<u64> = match self.sellers.map.get(key) {
+            Some(seller) => partition_heads(&seller.queue, seller.reserved)
+                .into_iter()
+                .map(|i| seller.queue[i].job.cost)
+                .collect(),
+            None => Vec::new(),
+        };
+        let failures = self.admission.failures;
+        match policy {
+            OnLimiterError::FailClosed { .. } => {
+                BatchDecision::from_units(policy.decide(failures, &mut self.rng))
+            }
+            _ if costs.is_empty() => {
+                BatchDecision::from_units(policy.decide(failures, &mut self.rng))
+            }
+            OnLimiterError::FailOpen => {
+                BatchDecision::Granted(local::granted(costs.len(), costs.iter().sum()))
+            }
+            OnLimiterError::Local => {
+                let share = self.partitions.jobs_assigned.len().max(1) as f64
+                    / self.deps.jobs_partitions.max(1) as f64;
+                let rules = self.deps.permits.rules_of(key);
+                let rules = rules.as_ref().map(|(own, global)| (&own[..], &global[..]));
+                self.admission.local.acquire_jobs(key, rules, &costs, share)
+            }
+        }
+    }
+
+    /// The seller's job at `origin` (the head the limiter looked at) costs
+    /// more than a rule can ever hold: dead-letter it with the rule, its
+    /// capacity and the cost, so it is not retried forever.
+    fn never(&mut self, key: &Arc<str>, origin: &Origin, c: CannotPass) {
+        let Some(seller) = self.sellers.get_mut(key) else {
+            return;
+        };
+        let Some(i) = seller.queue.iter().position(|p| p.origin == *origin) else {
+            return;
+        };
+        if let Some(p) = seller.queue.remove(i) {
+            LimiterNever {
+                seller: key,
+                tier: &self.deps.permits.describe(key).tier,
+                rule: c.rule,
+            }
+            .emit();
+            let reason = c.to_string();
+            self.write_pending(
+                p,
+                Target::DeadLetter {
+                    kind: "cost_over_capacity",
+                    reason,
+                },
+            );
+        }
+    }
+}
+
+/// The `by` label of a refusal.
+fn denied_by(by: DeniedBy) -> String {
+    match by {
+        DeniedBy::Rule(i) => format!("rule{i}"),
+        DeniedBy::DownstreamBlock => "downstream_429".to_owned(),
+        DeniedBy::Unavailable => "unavailable".to_owned(),
+    }
+}

@@ -1,0 +1,298 @@
+//! The retry tiers and the dead-letter topic: records parked until their
+//! tier releases them, jobs deferred to a tier, and the writes, which
+//! finish a record only once the broker acknowledged them.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::{RetryTier, Settings};
+use crate::kafka::consumer::{Origin, Partition};
+use crate::kafka::OriginalRecord;
+use crate::telemetry::events::{JobDeadLettered, JobDeferred, RevokedWorkDropped};
+
+use super::engine::{Engine, Event, Pending};
+use super::ports::{Clock, Ports, Source, WriteError, Writer};
+use super::timers::{after, ceil_ms, instant_of, until_unix_ms, Timer};
+
+/// Where a record goes.
+#[derive(Debug, Clone)]
+pub(super) enum Target {
+    DeadLetter {
+        /// The metric's label: see [`JobDeadLettered::kind`].
+        kind: &'static str,
+        reason: String,
+    },
+    /// A retry tier's topic: taken up at `release_at`, run from `not_before`.
+    Retry {
+        topic: String,
+        not_before_unix_ms: u64,
+        release_at_unix_ms: u64,
+    },
+}
+
+/// A record to write to a retry tier or the dead-letter topic; the job
+/// counts as finished only once the broker acknowledged it.
+#[derive(Debug)]
+pub(super) struct PendingWrite {
+    bytes: usize,
+    origin: Origin,
+    original: OriginalRecord,
+    job_id: Option<String>,
+    attempts: u32,
+    target: Target,
+}
+
+/// A retry-tier record held until its release time.
+#[derive(Debug)]
+pub(super) struct Parked {
+    pub(super) release_at_unix_ms: u64,
+    pub(super) not_before_unix_ms: Option<u64>,
+    pub(super) pending: Pending,
+}
+
+/// The tiers, and the records parked on them.
+#[derive(Debug)]
+pub(super) struct Retry {
+    /// Retry-tier records not yet released, per partition, in offset order
+    /// (which is release order within a tier); the partition is paused
+    /// while it has any. Ordered for a replayable walk.
+    pub(super) parked: BTreeMap<Partition, VecDeque<Parked>>,
+    /// The retry tiers, shortest first.
+    tiers: Vec<RetryTier>,
+}
+
+impl Retry {
+    pub(super) fn new(settings: &Settings) -> Retry {
+        Retry {
+            parked: BTreeMap::new(),
+            tiers: settings.kafka.retry_tiers(),
+        }
+    }
+
+    /// Whether holding a record of `topic` for `wait_ms` stays within its
+    /// tier's delay (plus a second for clocks and transit).
+    pub(super) fn holds_at_most(&self, topic: &str, wait_ms: u64) -> bool {
+        self.tiers
+            .iter()
+            .find(|t| t.topic == topic)
+            .is_some_and(|t| wait_ms <= ceil_ms(t.delay).saturating_add(1000))
+    }
+}
+
+impl<X: Ports> Engine<X> {
+    /// A retry-tier record taken up (or a fresh one): run it when due. A
+    /// short remaining wait is held in memory, without holding the
+    /// partition; a longer one hops to the tier that fits it.
+    pub(super) fn take_up(&mut self, pending: Pending, not_before: Option<u64>) {
+        let remaining = match not_before {
+            Some(nb) => until_unix_ms(&*self.deps.clock, nb),
+            None => Duration::ZERO,
+        };
+        if remaining.is_zero() {
+            return self.enqueue(pending);
+        }
+        if remaining > self.settings.worker.max_inline_delay {
+            return self.defer(pending, remaining);
+        }
+        let key: Arc<str> = Arc::from(pending.job.seller_id.as_str());
+        let at = after(self.deps.clock.now(), remaining);
+        self.sellers.entry(&key).delayed.push((at, pending));
+        self.timers.at(at, Timer::Seller(key));
+    }
+
+    /// A retry-tier record not yet released: hold it and pause its
+    /// partition, so that waiting neither spins nor holds up other
+    /// partitions. Records behind it in the partition are released later
+    /// (a tier's release times ascend), so none waits behind the head.
+    pub(super) fn park(&mut self, parked: Parked) {
+        let origin = &parked.pending.origin;
+        let part: Partition = (origin.topic.clone(), origin.partition);
+        let release = parked.release_at_unix_ms;
+        let queue = self.retry.parked.entry(part.clone()).or_default();
+        let first = queue.is_empty();
+        queue.push_back(parked);
+        if first {
+            self.deps.source.pause(std::slice::from_ref(&part));
+            let at = instant_of(&*self.deps.clock, release);
+            self.timers.at(at, Timer::Parked(part.0, part.1));
+        }
+    }
+
+    pub(super) fn unpark(&mut self, part: Partition) {
+        let now = self.deps.clock.unix_ms();
+        let mut released = Vec::new();
+        let mut next = None;
+        if let Some(queue) = self.retry.parked.get_mut(&part) {
+            while let Some(head) = queue.front() {
+                if head.release_at_unix_ms > now {
+                    next = Some(head.release_at_unix_ms);
+                    break;
+                }
+                released.extend(queue.pop_front());
+            }
+        }
+        match next {
+            Some(release) => {
+                let at = instant_of(&*self.deps.clock, release);
+                self.timers.at(at, Timer::Parked(part.0.clone(), part.1));
+            }
+            None => {
+                self.retry.parked.remove(&part);
+                if !self.memory.is_paused() {
+                    self.deps.source.resume(std::slice::from_ref(&part));
+                }
+            }
+        }
+        for p in released {
+            self.take_up(p.pending, p.not_before_unix_ms);
+        }
+    }
+
+    /// Sends a job to the retry tier that fits `wait`.
+    pub(super) fn defer(&mut self, p: Pending, wait: Duration) {
+        JobDeferred {
+            job_id: &p.job.job_id,
+            wait,
+        }
+        .emit();
+        // The longest tier that does not pass the due time (the shortest if
+        // none fits): the record is released no later than it is due, and
+        // hops down the tiers until then.
+        let tiers = &self.retry.tiers;
+        let tier = tiers
+            .iter()
+            .rev()
+            .find(|t| t.delay <= wait)
+            .or(tiers.first());
+        let Some(tier) = tier else {
+            unreachable!("config validation keeps at least one retry tier")
+        };
+        let now = self.deps.clock.unix_ms();
+        let due = now.saturating_add(ceil_ms(wait));
+        // A wait shorter than every tier is released when due: it may sit
+        // behind the tier's head for at most that tier's delay.
+        let target = Target::Retry {
+            topic: tier.topic.clone(),
+            not_before_unix_ms: due,
+            release_at_unix_ms: due.min(now.saturating_add(ceil_ms(tier.delay))),
+        };
+        self.write_pending(p, target);
+    }
+
+    pub(super) fn write_pending(&mut self, p: Pending, target: Target) {
+        let Pending {
+            job,
+            origin,
+            original,
+            attempts,
+            bytes,
+            ..
+        } = p;
+        self.write(bytes, origin, original, Some(job.job_id), attempts, target);
+    }
+
+    pub(super) fn write(
+        &mut self,
+        bytes: usize,
+        origin: Origin,
+        original: OriginalRecord,
+        job_id: Option<String>,
+        attempts: u32,
+        target: Target,
+    ) {
+        if !self.deps.source.is_current(&origin) {
+            // Written by the partition's new owner, if at all.
+            self.memory.remove(bytes);
+            return RevokedWorkDropped {
+                jobs: 1,
+                stage: "write",
+            }
+            .emit();
+        }
+        let pending = PendingWrite {
+            bytes,
+            origin,
+            original,
+            job_id,
+            attempts,
+            target,
+        };
+        self.spawn_write(pending, Duration::ZERO);
+    }
+
+    fn spawn_write(&mut self, pending: PendingWrite, delay: Duration) {
+        let (writer, tx) = (self.deps.writer.clone(), self.tx.clone());
+        let dlq_topic = self.settings.kafka.dlq_topic.clone();
+        self.tasks += 1;
+        tokio::spawn(async move {
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            let result = match &pending.target {
+                Target::DeadLetter { reason, .. } => {
+                    writer
+                        .dead_letter(
+                            &dlq_topic,
+                            &pending.original,
+                            reason,
+                            pending.attempts,
+                            true,
+                        )
+                        .await
+                }
+                Target::Retry {
+                    topic,
+                    not_before_unix_ms,
+                    release_at_unix_ms,
+                } => {
+                    writer
+                        .to_retry_topic(
+                            topic,
+                            &pending.original,
+                            *not_before_unix_ms,
+                            *release_at_unix_ms,
+                            pending.attempts,
+                        )
+                        .await
+                }
+            };
+            let _ = tx.send(Event::Written { pending, result });
+        });
+    }
+
+    pub(super) fn on_written(&mut self, pending: PendingWrite, result: Result<(), WriteError>) {
+        match result {
+            Ok(()) => {
+                if let Target::DeadLetter { kind, reason } = &pending.target {
+                    JobDeadLettered {
+                        job_id: pending.job_id.as_deref(),
+                        kind,
+                        reason,
+                        topic: &pending.origin.topic,
+                        partition: pending.origin.partition,
+                        offset: pending.origin.offset,
+                    }
+                    .emit();
+                }
+                self.deps.source.finish(&pending.origin);
+                self.memory.remove(pending.bytes);
+            }
+            Err(error) => {
+                // Losing it is not an option: the record stays unfinished
+                // (so uncommitted) and the write is tried again.
+                tracing::warn!(
+                    error = %error,
+                    topic = &*pending.origin.topic,
+                    offset = pending.origin.offset,
+                    "write to the retry or dead-letter topic failed; trying again in 1s"
+                );
+                if self.deps.source.is_current(&pending.origin) {
+                    self.spawn_write(pending, Duration::from_secs(1));
+                } else {
+                    self.memory.remove(pending.bytes);
+                }
+            }
+        }
+    }
+}

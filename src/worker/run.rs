@@ -1,0 +1,285 @@
+//! Downstream runs: a granted batch called in order per partition, pacing
+//! for leaky-bucket grants, each call's answer, and the downstream's 429s
+//! (a hold for the seller, shared with every replica through the limiter).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::{sleep_until, Instant};
+
+use crate::downstream::{backoff_with, Answer, RetryAfter};
+use crate::kafka::consumer::Partition;
+use crate::limiter::Pace;
+use crate::telemetry::events::{
+    DownstreamFailed, DownstreamThrottled, JobDone, RevokedWorkDropped,
+};
+
+use super::engine::{Engine, Event, Pending};
+use super::ports::{Caller, Clock, Permits, Ports, Source};
+use super::retry::Target;
+use super::sellers::Phase;
+use super::timers::{after, Timer};
+
+/// A 429 met by a run: what it asked for, and the attempts of the job it
+/// answered (the worker's own backoff grows with them).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Throttle {
+    pub(super) retry_after: RetryAfter,
+    pub(super) attempts: u32,
+}
+
+impl<X: Ports> Engine<X> {
+    /// Runs a granted batch: the jobs of each partition one after the
+    /// other (so one seller's jobs of a partition reach the downstream in
+    /// offset order), the partitions side by side (so every job is called
+    /// close to its grant, which is what keeps the downstream's view of the
+    /// rate exact). A 429 stops the whole batch; what was not called comes
+    /// back in order. `grant` is the limiter's pacing and decision instant
+    /// (Unix µs on its clock, 0 when no store decided: fail-open, local):
+    /// each call names its grant in `X-Granted-At`.
+    pub(super) fn spawn_run(
+        &mut self,
+        seller: Arc<str>,
+        batch: Vec<Pending>,
+        grant: (Option<Pace>, u64),
+        answered_at: Instant,
+    ) {
+        let (pace, decided_at_us) = grant;
+        let (caller, tx, source) = (
+            self.deps.caller.clone(),
+            self.tx.clone(),
+            self.deps.source.clone(),
+        );
+        self.tasks += 1;
+        // Each job with its first unit's index in the grant (the costs of
+        // the jobs before it): a pacer's go-at instants are per unit.
+        let mut chains: Vec<(Partition, Vec<(u64, Pending)>)> = Vec::new();
+        let mut unit = 0u64;
+        for p in batch {
+            let first_unit = unit;
+            unit += p.job.cost;
+            let part = (p.origin.topic.clone(), p.origin.partition);
+            match chains.iter_mut().find(|(k, _)| *k == part) {
+                Some((_, chain)) => chain.push((first_unit, p)),
+                None => chains.push((part, vec![(first_unit, p)])),
+            }
+        }
+        tokio::spawn(async move {
+            let throttles: Mutex<Vec<Throttle>> = Mutex::new(Vec::new());
+            let stopped = || throttles.lock().map_or(true, |t| !t.is_empty());
+            let runs = chains.into_iter().map(|(_, chain)| {
+                let (caller, tx, seller, throttles, source) =
+                    (&caller, &tx, &seller, &throttles, &source);
+                async move {
+                    let mut unused = Vec::new();
+                    let mut jobs = chain.into_iter();
+                    while let Some((i, p)) = jobs.next() {
+                        if let Some(pace) = pace {
+                            // A pacer grant: unit i may go this long after the
+                            // decision, which came before `answered_at`.
+                            sleep_until(after(answered_at, pace.unit_after(i))).await;
+                        }
+                        // A revoked job is not called: its new owner does.
+                        if stopped() || !source.is_current(&p.origin) {
+                            unused.push((i, p));
+                            continue;
+                        }
+                        // The instant this job was granted on the
+                        // limiter's clock: its first unit's go-at under a
+                        // pacer, else the decision.
+                        let granted_at = match pace {
+                            Some(pace) => Some(pace.first_at_us + i * pace.interval_us),
+                            None => (decided_at_us > 0).then_some(decided_at_us),
+                        };
+                        match caller.call(&p.job, granted_at).await {
+                            Answer::Throttled(retry_after) => {
+                                if let Ok(mut t) = throttles.lock() {
+                                    t.push(Throttle {
+                                        retry_after,
+                                        attempts: p.attempts,
+                                    });
+                                }
+                                unused.push((i, p));
+                                unused.extend(jobs.by_ref());
+                            }
+                            outcome => {
+                                let _ = tx.send(Event::Called {
+                                    seller: seller.clone(),
+                                    pending: p,
+                                    outcome,
+                                });
+                            }
+                        }
+                    }
+                    unused
+                }
+            });
+            let mut unused: Vec<(u64, Pending)> = futures::future::join_all(runs)
+                .await
+                .into_iter()
+                .flatten()
+                .collect();
+            unused.sort_by_key(|(i, _)| *i);
+            let throttled = throttles.into_inner().unwrap_or_default();
+            let unused = unused.into_iter().map(|(_, p)| p).collect();
+            let _ = tx.send(Event::RunEnded {
+                seller,
+                unused,
+                throttled,
+            });
+        });
+    }
+
+    pub(super) fn on_called(&mut self, key: Arc<str>, mut p: Pending, outcome: Answer) {
+        p.attempts += 1;
+        if let Some(seller) = self.sellers.get_mut(&key) {
+            seller.reserved = seller.reserved.saturating_sub(1);
+        }
+        self.release(1);
+        if !self.deps.source.is_current(&p.origin) {
+            // The partition moved on while the call was out: its new owner
+            // has the record and decides; no retry, no dead letter from here.
+            self.memory.remove(p.bytes);
+            return RevokedWorkDropped {
+                jobs: 1,
+                stage: "answer",
+            }
+            .emit();
+        }
+        match outcome {
+            Answer::Done => {
+                JobDone {
+                    job_id: &p.job.job_id,
+                    attempts: p.attempts,
+                }
+                .emit();
+                self.deps.source.finish(&p.origin);
+                self.memory.remove(p.bytes);
+            }
+            Answer::Fatal { status, reason } => {
+                let reason = match status {
+                    Some(s) => format!("downstream refused the job with HTTP {s}: {reason}"),
+                    None => format!("downstream refused the job: {reason}"),
+                };
+                self.write_pending(
+                    p,
+                    Target::DeadLetter {
+                        kind: "downstream_rejected",
+                        reason,
+                    },
+                );
+            }
+            Answer::Retryable { reason } => {
+                let max = self.settings.downstream.max_attempts;
+                if p.attempts >= max {
+                    let reason = format!("downstream failed {} times (downstream.max_attempts = {max}); last: {reason}", p.attempts);
+                    return self.write_pending(
+                        p,
+                        Target::DeadLetter {
+                            kind: "attempts_exhausted",
+                            reason,
+                        },
+                    );
+                }
+                let d = &self.settings.downstream;
+                let wait = backoff_with(p.attempts, d.backoff_base, d.backoff_max, &mut self.rng);
+                DownstreamFailed {
+                    job_id: &p.job.job_id,
+                    attempts: p.attempts,
+                    reason: &reason,
+                    backoff: wait,
+                }
+                .emit();
+                let at = after(self.deps.clock.now(), wait);
+                self.sellers.entry(&key).delayed.push((at, p));
+                self.timers.at(at, Timer::Seller(key));
+            }
+            Answer::Throttled(_) => {
+                unreachable!("a run ends at a 429 and returns the job as unused")
+            }
+        }
+    }
+
+    pub(super) fn on_run_ended(
+        &mut self,
+        key: Arc<str>,
+        unused: Vec<Pending>,
+        throttled: Vec<Throttle>,
+    ) {
+        let before = unused.len();
+        let source = self.deps.source.clone();
+        let (unused, gone): (Vec<Pending>, Vec<Pending>) = unused
+            .into_iter()
+            .partition(|p| source.is_current(&p.origin));
+        for p in &gone {
+            self.memory.remove(p.bytes);
+        }
+        if !gone.is_empty() {
+            RevokedWorkDropped {
+                jobs: before - unused.len(),
+                stage: "run",
+            }
+            .emit();
+        }
+        let seller = self.sellers.entry(&key);
+        seller.phase = Phase::Idle;
+        let slots = std::mem::take(&mut seller.reserved);
+        for p in unused.into_iter().rev() {
+            seller.queue.push_front(p);
+        }
+        if let Some(wait) = self.throttle_wait(&throttled) {
+            DownstreamThrottled {
+                seller: &key,
+                retry_after: wait,
+            }
+            .emit();
+            let now = self.deps.clock.now();
+            self.hold(&key, after(now, wait));
+            // Share the 429 with every replica through the limiter.
+            let (permits, seller_id) = (self.deps.permits.clone(), key.clone());
+            tokio::spawn(async move {
+                if let Err(e) = permits.block(&seller_id, wait).await {
+                    tracing::warn!(error = %e, "could not share the downstream's 429 through Redis; other replicas learn it from their own calls");
+                }
+            });
+        }
+        self.release(slots);
+        self.ask_if_ready(&key);
+    }
+
+    /// The hold a run's 429s ask for: the longest. Without a readable
+    /// Retry-After, the worker's own backoff, so that replicas do not come
+    /// back in lockstep.
+    fn throttle_wait(&mut self, throttled: &[Throttle]) -> Option<Duration> {
+        let d = &self.settings.downstream;
+        let (base, max) = (d.backoff_base, d.backoff_max);
+        throttled
+            .iter()
+            .map(|t| match t.retry_after {
+                RetryAfter::Wait(wait) => wait,
+                RetryAfter::Unspecified => backoff_with(t.attempts + 1, base, max, &mut self.rng),
+            })
+            .max()
+    }
+
+    /// Refuses a seller until `until` (never shortening a longer hold). A
+    /// wait longer than `worker.max_inline_delay` sends its waiting jobs to
+    /// the retry topic instead of holding them in memory.
+    pub(super) fn hold(&mut self, key: &Arc<str>, until: Instant) {
+        let now = self.deps.clock.now();
+        let max_inline = self.settings.worker.max_inline_delay;
+        let Some(seller) = self.sellers.get_mut(key) else {
+            return;
+        };
+        let until = seller.blocked_until.map_or(until, |t| t.max(until));
+        seller.blocked_until = Some(until);
+        let wait = until.saturating_duration_since(now);
+        if wait > max_inline {
+            let waiting: Vec<Pending> = seller.queue.drain(..).collect();
+            for p in waiting {
+                self.defer(p, wait);
+            }
+        }
+        self.timers.at(until, Timer::Seller(key.clone()));
+    }
+}
