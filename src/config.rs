@@ -23,6 +23,9 @@ pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 /// Where the compiled-in defaults appear in error messages.
 pub const DEFAULT_NAME: &str = "config/default.toml";
 
+/// Upper bound of `worker.shutdown_timeout`.
+const MAX_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(3600);
+
 /// Upper bound of `downstream.max_retry_after`.
 const MAX_RETRY_AFTER_LIMIT: Duration = Duration::from_secs(7 * 24 * 3600);
 
@@ -244,6 +247,20 @@ pub struct DownstreamSettings {
     /// ones are clamped (and logged). Greater than zero. Default 1h.
     #[serde(deserialize_with = "human_duration")]
     pub max_retry_after: Duration,
+    /// Failed calls in a row (5xx, timeouts, refused connections, from at
+    /// least two jobs, no answer between them) that mark the downstream as
+    /// out of service: then no job spends an attempt and only a probe goes
+    /// out at a time, until it answers again. Default 5.
+    pub outage_after: u32,
+    /// Longest interval between two probes during an outage; the first
+    /// comes after 250 ms and the interval doubles up to this. Bounds how
+    /// late the worker sees the downstream back. Default 2s.
+    #[serde(deserialize_with = "human_duration")]
+    pub outage_probe_max: Duration,
+    /// Statuses worth another attempt: codes (`"408"`) or classes
+    /// (`"5xx"`). Every other status but 2xx and 429 dead-letters the job
+    /// at once. Default `["5xx", "408", "425"]`.
+    pub retry_statuses: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -836,6 +853,10 @@ impl Settings {
                 "downstream.max_retry_after",
                 self.downstream.max_retry_after,
             ),
+            (
+                "downstream.outage_probe_max",
+                self.downstream.outage_probe_max,
+            ),
         ];
         for (key, value) in durations {
             if value.is_zero() {
@@ -857,6 +878,20 @@ impl Settings {
                 "downstream.max_retry_after",
                 "must be at most 7d (longer waits belong to the retry topic)",
             ));
+        }
+        // Added to an instant at shutdown; a day is longer than any
+        // orchestrator waits for a process to stop.
+        if self.worker.shutdown_timeout > MAX_SHUTDOWN_TIMEOUT {
+            return Err(at.error_at(
+                "worker.shutdown_timeout",
+                "must be at most 1h (an orchestrator kills the process long before)",
+            ));
+        }
+        if let Err(e) = crate::downstream::RetryStatuses::parse(&self.downstream.retry_statuses) {
+            return Err(at.error_at("downstream.retry_statuses", e));
+        }
+        if self.downstream.outage_after == 0 {
+            return Err(at.error_at("downstream.outage_after", "must be at least 1"));
         }
         if self.downstream.backoff_max < self.downstream.backoff_base {
             return Err(at.error_at(
@@ -1062,6 +1097,26 @@ mod tests {
                 "[downstream]\nmax_retry_after = \"1000000y\"\n",
                 "downstream.max_retry_after",
                 "must be at most 7d (longer waits belong to the retry topic)",
+            ),
+            // Issue 20, defect 8: a huge value overflowed the drain's
+            // deadline (Instant + shutdown_timeout).
+            (
+                4,
+                "[worker]\nshutdown_timeout = \"1000000y\"\n",
+                "worker.shutdown_timeout",
+                "must be at most 1h (an orchestrator kills the process long before)",
+            ),
+            (
+                5,
+                "[downstream]\nretry_statuses = [\"5xx\", \"429\"]\n",
+                "downstream.retry_statuses",
+                "429 always throttles the seller; leave it out",
+            ),
+            (
+                6,
+                "[downstream]\noutage_after = 0\n",
+                "downstream.outage_after",
+                "must be at least 1",
             ),
         ];
         for (row, text, key, problem) in cases {

@@ -67,9 +67,22 @@ pub enum Answer {
     Done,
     /// 429: the downstream throttles this seller.
     Throttled(RetryAfter),
-    /// 5xx, timeout, connection or transport error: worth another attempt
-    /// after [`backoff`].
+    /// 5xx (or another status of `downstream.retry_statuses`), timeout,
+    /// connection or transport error: worth another attempt after
+    /// [`backoff`].
     Retryable { reason: String },
+    /// The downstream itself did not serve the call: a gateway status (502,
+    /// 503, 504) or no HTTP answer at all (timeout, refused or reset
+    /// connection). Worth another attempt, and, when many calls of
+    /// different jobs meet it in a row, the sign of an outage (unlike a
+    /// 500, which the service answered, about this job).
+    Unreachable { reason: String },
+    /// A retryable status that named a `Retry-After` (a 503 during a
+    /// deploy): the downstream as a whole is unavailable that long.
+    Unavailable {
+        retry_after: Duration,
+        reason: String,
+    },
     /// Any other status (4xx except 429, 1xx, 3xx): retrying will not help.
     /// `status` is `None` only when the request could not even be built.
     Fatal { status: Option<u16>, reason: String },
@@ -88,6 +101,62 @@ pub struct Downstream {
     max_retry_after: Duration,
     /// `X-Worker-Id`: which replica called, for the downstream's logs.
     worker_id: Option<HeaderValue>,
+    /// Statuses worth another attempt (`downstream.retry_statuses`).
+    retry: RetryStatuses,
+}
+
+/// Which statuses are worth another attempt: whole classes (`5xx`) and
+/// single codes (`408`). Any other status but 2xx and 429 is fatal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryStatuses {
+    classes: Vec<u16>,
+    codes: Vec<u16>,
+}
+
+impl RetryStatuses {
+    /// Parses `downstream.retry_statuses`: each entry a code from 300 to
+    /// 599 (not 429, which always throttles) or a class `3xx`, `4xx`,
+    /// `5xx`. The error says which entry is wrong.
+    pub fn parse<S: AsRef<str>>(entries: &[S]) -> Result<RetryStatuses, String> {
+        let mut out = RetryStatuses {
+            classes: Vec::new(),
+            codes: Vec::new(),
+        };
+        for e in entries {
+            let e = e.as_ref().trim();
+            match e.to_ascii_lowercase().as_str() {
+                "3xx" => out.classes.push(3),
+                "4xx" => out.classes.push(4),
+                "5xx" => out.classes.push(5),
+                code => match code.parse::<u16>() {
+                    Ok(429) => {
+                        return Err("429 always throttles the seller; leave it out".to_owned())
+                    }
+                    Ok(c) if (300..600).contains(&c) => out.codes.push(c),
+                    _ => {
+                        return Err(format!(
+                            "{e:?} is neither a status from 300 to 599 nor a class 3xx, 4xx, 5xx"
+                        ))
+                    }
+                },
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn contains(&self, status: u16) -> bool {
+        self.codes.contains(&status) || self.classes.contains(&(status / 100))
+    }
+}
+
+impl Default for RetryStatuses {
+    /// 5xx, 408 Request Timeout and 425 Too Early: each says "try again".
+    fn default() -> RetryStatuses {
+        RetryStatuses {
+            classes: vec![5],
+            codes: vec![408, 425],
+        }
+    }
 }
 
 impl Downstream {
@@ -121,6 +190,7 @@ impl Downstream {
             permits: Semaphore::new(concurrency.min(Semaphore::MAX_PERMITS)),
             max_retry_after: DEFAULT_MAX_RETRY_AFTER,
             worker_id: None,
+            retry: RetryStatuses::default(),
         })
     }
 
@@ -128,6 +198,12 @@ impl Downstream {
     /// not a valid header value is left out.
     pub fn with_worker_id(mut self, id: &str) -> Downstream {
         self.worker_id = HeaderValue::from_str(id).ok();
+        self
+    }
+
+    /// Sets `downstream.retry_statuses`.
+    pub fn with_retry_statuses(mut self, retry: RetryStatuses) -> Downstream {
+        self.retry = retry;
         self
     }
 
@@ -194,7 +270,7 @@ impl Downstream {
             Ok(response) => {
                 let class = status_class(response.status());
                 (
-                    classify_response(response, self.max_retry_after).await,
+                    classify_response(response, self.max_retry_after, &self.retry).await,
                     class,
                 )
             }
@@ -225,7 +301,7 @@ impl Downstream {
         } else {
             format!("downstream request failed: {}", error_chain(e))
         };
-        Answer::Retryable { reason }
+        Answer::Unreachable { reason }
     }
 }
 
@@ -272,7 +348,11 @@ fn parse_url(url: &str) -> Result<Url, DownstreamError> {
     Ok(parsed)
 }
 
-async fn classify_response(mut response: reqwest::Response, max_retry_after: Duration) -> Answer {
+async fn classify_response(
+    mut response: reqwest::Response,
+    max_retry_after: Duration,
+    retry: &RetryStatuses,
+) -> Answer {
     let status = response.status();
     if status.is_success() {
         return Answer::Done;
@@ -291,8 +371,20 @@ async fn classify_response(mut response: reqwest::Response, max_retry_after: Dur
         Some(body) => format!("downstream answered {status}: {body}"),
         None => format!("downstream answered {status}"),
     };
-    if status.is_server_error() {
-        Answer::Retryable { reason }
+    if retry.contains(status.as_u16()) {
+        let values = response
+            .headers()
+            .get_all(RETRY_AFTER)
+            .iter()
+            .filter_map(|v| v.to_str().ok());
+        match retry_after(values, SystemTime::now(), max_retry_after) {
+            RetryAfter::Wait(wait) if !wait.is_zero() => Answer::Unavailable {
+                retry_after: wait,
+                reason,
+            },
+            _ if matches!(status.as_u16(), 502..=504) => Answer::Unreachable { reason },
+            _ => Answer::Retryable { reason },
+        }
     } else {
         Answer::Fatal {
             status: Some(status.as_u16()),
@@ -682,7 +774,7 @@ mod tests {
             (
                 4,
                 "/status/503",
-                Answer::Retryable {
+                Answer::Unreachable {
                     reason: reason(503),
                 },
             ),
@@ -692,6 +784,29 @@ mod tests {
                 Answer::Fatal {
                     status: Some(400),
                     reason: reason(400),
+                },
+            ),
+            // Issue 20, defect 9: both say "try again", and were
+            // dead-lettered at once.
+            (
+                51,
+                "/status/408",
+                Answer::Retryable {
+                    reason: reason(408),
+                },
+            ),
+            (
+                52,
+                "/status/425",
+                Answer::Retryable {
+                    reason: reason(425),
+                },
+            ),
+            (
+                53,
+                "/status/502",
+                Answer::Unreachable {
+                    reason: reason(502),
                 },
             ),
             (
@@ -757,7 +872,7 @@ mod tests {
         )
         .unwrap();
         match slow.send(&job("1")).await {
-            Answer::Retryable { reason } => assert!(reason.contains("timed out"), "{reason}"),
+            Answer::Unreachable { reason } => assert!(reason.contains("timed out"), "{reason}"),
             other => panic!("slow server: got {other:?}"),
         }
         // A port that was just free: nothing listens there.
@@ -766,7 +881,7 @@ mod tests {
             .local_addr()
             .unwrap();
         match client(free, "/ok").send(&job("1")).await {
-            Answer::Retryable { reason } => assert!(reason.contains("connect"), "{reason}"),
+            Answer::Unreachable { reason } => assert!(reason.contains("connect"), "{reason}"),
             other => panic!("refused connection: got {other:?}"),
         }
     }
@@ -782,7 +897,7 @@ mod tests {
             async move { (n, c.send(j).await) }
         });
         for (n, answer) in futures::future::join_all(calls).await {
-            let Answer::Retryable { reason } = answer else {
+            let (Answer::Retryable { reason } | Answer::Unreachable { reason }) = answer else {
                 panic!("storm call {n}: got {answer:?}");
             };
             assert!(
@@ -842,7 +957,8 @@ mod tests {
     async fn hostile_responses_classify_and_never_panic() {
         let max = Duration::from_secs(60);
         let ok_429 = |ra: RetryAfter| move |a: &Answer| *a == Answer::Throttled(ra);
-        let retryable = |a: &Answer| matches!(a, Answer::Retryable { .. });
+        let retryable =
+            |a: &Answer| matches!(a, Answer::Retryable { .. } | Answer::Unreachable { .. });
         type Check = Box<dyn Fn(&Answer) -> bool>;
         let cases: Vec<(u32, &'static [u8], Check)> = vec![
             (
@@ -896,7 +1012,10 @@ mod tests {
             (
                 12,
                 b"HTTP/1.1 200 OK\r\nX-Bad: a\0b\r\ncontent-length: 0\r\n\r\n",
-                Box::new(|a: &Answer| *a == Answer::Done || matches!(a, Answer::Retryable { .. })),
+                Box::new(|a: &Answer| {
+                    *a == Answer::Done
+                        || matches!(a, Answer::Retryable { .. } | Answer::Unreachable { .. })
+                }),
             ),
         ];
         for (row, response, check) in cases {
@@ -1156,6 +1275,19 @@ mod tests {
             let draws: std::collections::HashSet<Duration> =
                 (0..16).map(|_| backoff_with(attempt, base, max, &mut rng)).collect();
             proptest::prop_assert!(draws.len() > 8, "{} distinct of 16", draws.len());
+        }
+    }
+
+    #[test]
+    fn retry_statuses_parse_codes_and_classes_and_refuse_the_rest() {
+        let r = RetryStatuses::parse(&["5xx", "408", "4XX"]).unwrap();
+        assert!(r.contains(503) && r.contains(408) && r.contains(451));
+        assert!(!r.contains(302));
+        let d = RetryStatuses::default();
+        assert!(d.contains(408) && d.contains(425) && d.contains(599));
+        assert!(!d.contains(400) && !d.contains(409));
+        for bad in ["429", "200", "6xx", "soon", ""] {
+            assert!(RetryStatuses::parse(&[bad]).is_err(), "{bad:?} accepted");
         }
     }
 }

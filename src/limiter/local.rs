@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::decision::{BatchDecision, BatchGranted, Decision};
+use super::decision::{BatchDecision, BatchGranted, Decision, Denied, DeniedBy};
 use super::model::{Clock, ModelLimiter};
 use super::{Mode, Rule};
 
@@ -99,11 +99,11 @@ impl<C: Clock + Clone> LocalShare<C> {
         costs: &[u64],
         share: f64,
     ) -> BatchDecision {
-        let Some((own, global)) = rules else {
+        let Some((own_rules, global_rules)) = rules else {
             return BatchDecision::Granted(granted(costs.len(), costs.iter().sum()));
         };
-        let own: Vec<Rule> = own.iter().map(|r| scaled(r, share)).collect();
-        let global: Vec<Rule> = global.iter().map(|r| scaled(r, share)).collect();
+        let own: Vec<Rule> = own_rules.iter().map(|r| scaled(r, share)).collect();
+        let global: Vec<Rule> = global_rules.iter().map(|r| scaled(r, share)).collect();
         let clock = &self.clock;
         let mine = self
             .sellers
@@ -115,6 +115,27 @@ impl<C: Clock + Clone> LocalShare<C> {
         let (mut jobs, mut units) = (0, 0);
         for &cost in costs {
             let cost = cost.max(1);
+            // A job over this replica's share of a rule but within the rule
+            // itself waits for Redis (a period at a time): it is not the
+            // job's fault that the share is small. Over the rule itself it
+            // can never pass, and the share's own check below says so.
+            let fits_rules = own_rules
+                .iter()
+                .chain(global_rules)
+                .all(|r| cost <= r.capacity());
+            let over_share = own.iter().chain(&global).find(|r| cost > r.capacity());
+            if let (true, Some(rule)) = (fits_rules, over_share) {
+                if jobs == 0 {
+                    return BatchDecision::from_units(Decision::Denied(Denied {
+                        retry_after: rule.period(),
+                        remaining: 0,
+                        reset_after: rule.period(),
+                        by: DeniedBy::Unavailable,
+                        decided_at_us: 0,
+                    }));
+                }
+                break;
+            }
             // Peek both first: all or nothing over the seller's and the
             // global rules (one thread owns this state, so nothing moves
             // between the peek and the charge).

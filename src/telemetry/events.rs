@@ -286,6 +286,33 @@ impl DownstreamThrottled<'_> {
     }
 }
 
+/// The downstream went out of service (every call failing), or came back.
+pub struct DownstreamOutage {
+    pub open: bool,
+    /// How long it lasted (when it ends).
+    pub lasted: Duration,
+    /// Probes that failed meanwhile.
+    pub probes: u32,
+}
+
+impl DownstreamOutage {
+    pub fn emit(&self) {
+        metrics().downstream_outage.set(i64::from(self.open));
+        if self.open {
+            metrics().downstream_outages.inc();
+            tracing::warn!(
+                "downstream out of service: calls failing across jobs; holding every job (no attempt spent) and probing"
+            );
+        } else {
+            tracing::warn!(
+                lasted_ms = self.lasted.as_millis() as u64,
+                probes = self.probes,
+                "downstream answering again; resuming every seller"
+            );
+        }
+    }
+}
+
 /// A downstream call failed in a way worth retrying.
 pub struct DownstreamFailed<'a> {
     pub job_id: &'a str,

@@ -104,6 +104,8 @@ pub struct Metrics {
     pub downstream_requests: Family<ClassLabel, Counter>,
     pub downstream_request_duration: Histogram,
     pub downstream_retry_after_clamped: Counter,
+    pub downstream_outage: Gauge,
+    pub downstream_outages: Counter,
     pub limiter_calls: Counter,
     pub limiter_decisions: Family<DecisionLabels, Counter>,
     pub limiter_near_limit: Family<TierSellerLabels, Counter>,
@@ -215,6 +217,16 @@ impl Metrics {
             downstream_retry_after_clamped: reg!(
                 "downstream_retry_after_clamped",
                 "429 Retry-After values over downstream.max_retry_after",
+                Counter::default()
+            ),
+            downstream_outage: reg!(
+                "downstream_outage",
+                "1 while the downstream is held as out of service (calls failing across jobs): no attempt is spent, only probes go out",
+                Gauge::default()
+            ),
+            downstream_outages: reg!(
+                "downstream_outages",
+                "Downstream outages begun",
                 Counter::default()
             ),
             limiter_calls: reg!("limiter_calls", "Limiter calls made", Counter::default()),

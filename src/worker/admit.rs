@@ -17,8 +17,8 @@ use super::engine::{Engine, Pending};
 use super::permit::OnLimiterError;
 use super::ports::{Clock, PermitError, Permits, Ports, Source};
 use super::retry::Target;
-use super::sellers::{partition_heads, take_granted, Phase};
-use super::timers::{after, Timer};
+use super::sellers::{position, take_granted, Phase};
+use super::timers::after;
 
 /// The engine's wall clock as the limiter models read it (µs).
 pub(super) struct ModelClock<K>(Arc<K>);
@@ -103,14 +103,13 @@ impl<X: Ports> Engine<X> {
         };
         seller.phase = Phase::Idle;
         let reserved = std::mem::take(&mut seller.reserved);
+        let asked = std::mem::take(&mut seller.asked);
         match decision {
             BatchDecision::Granted(g) => {
-                // The job the prefix stopped at, found before the grant is
-                // taken out of the queue.
-                let next = partition_heads(&seller.queue, reserved)
-                    .get(g.jobs)
-                    .map(|&i| seller.queue[i].origin.clone());
-                let batch = take_granted(&mut seller.queue, &g, reserved);
+                // The job the prefix stopped at: the one asked for there,
+                // whatever happened to the queue meanwhile.
+                let next = asked.get(g.jobs).cloned();
+                let batch = take_granted(&mut seller.queue, &g, &asked);
                 // Jobs of partitions revoked since the revoke event was
                 // handled belong to their new owner. (The queue itself is
                 // purged by that event; checking the batch only keeps this
@@ -137,13 +136,11 @@ impl<X: Ports> Engine<X> {
                 // the seller, without asking again before then), or can
                 // never pass (dead-lettered now, not retried forever).
                 match g.next {
+                    // A long wait sends the rest of the queue to the retry
+                    // tiers, as any refusal does: a daily quota that runs
+                    // out mid-batch must not keep its backlog in memory.
                     Some(NextJob::Wait { retry_after, .. }) => {
-                        let until = after(answered_at, retry_after);
-                        if let Some(seller) = self.sellers.get_mut(&key) {
-                            seller.blocked_until =
-                                Some(seller.blocked_until.map_or(until, |t| t.max(until)));
-                        }
-                        self.timers.at(until, Timer::Seller(key.clone()));
+                        self.hold(&key, after(answered_at, retry_after));
                     }
                     Some(NextJob::Never(c)) => {
                         if let Some(origin) = next {
@@ -153,6 +150,7 @@ impl<X: Ports> Engine<X> {
                     None => {}
                 }
                 if batch.is_empty() {
+                    self.outage.probe_dropped(&key);
                     return self.ask_if_ready(&key);
                 }
                 let seller = self.sellers.get_mut(&key).expect("looked up above");
@@ -168,13 +166,15 @@ impl<X: Ports> Engine<X> {
                     by: &denied_by(d.by),
                 }
                 .emit();
+                self.outage.probe_dropped(&key);
                 self.release(reserved);
                 // Counted from when the answer arrived: never early, whatever
                 // the clocks of Redis and this host say.
                 self.hold(&key, after(answered_at, d.retry_after));
             }
             BatchDecision::Never(c) => {
-                let first = seller.queue.front().map(|p| p.origin.clone());
+                let first = asked.first().cloned();
+                self.outage.probe_dropped(&key);
                 self.release(reserved);
                 if let Some(origin) = first {
                     self.never(&key, &origin, c);
@@ -188,10 +188,12 @@ impl<X: Ports> Engine<X> {
     /// the heads the call asked about (`redis.on_error`).
     fn fallback(&mut self, key: &Arc<str>) -> BatchDecision {
         let policy = self.admission.on_error;
+        // The costs of the jobs asked about that still wait, in order.
         let costs: Vec<u64> = match self.sellers.map.get(key) {
-            Some(seller) => partition_heads(&seller.queue, seller.reserved)
-                .into_iter()
-                .map(|i| seller.queue[i].job.cost)
+            Some(seller) => seller
+                .asked
+                .iter()
+                .filter_map(|o| position(&seller.queue, o).map(|i| seller.queue[i].job.cost))
                 .collect(),
             None => Vec::new(),
         };
@@ -223,7 +225,7 @@ impl<X: Ports> Engine<X> {
         let Some(seller) = self.sellers.get_mut(key) else {
             return;
         };
-        let Some(i) = seller.queue.iter().position(|p| p.origin == *origin) else {
+        let Some(i) = position(&seller.queue, origin) else {
             return;
         };
         if let Some(p) = seller.queue.remove(i) {

@@ -12,6 +12,7 @@
 //! - [`super::run`]: downstream runs, pacing and 429 holds;
 //! - [`super::retry`]: parking, deferral, and retry/DLQ writes;
 //! - [`super::partitions`]: rebalances, `unstick`, backpressure, gauges;
+//! - [`super::outage`]: a downstream outage told from a job's failure;
 //! - [`super::timers`]: the timer heap and saturating time arithmetic.
 //!
 //! The engine reaches its world only through [`super::ports`]: no wall
@@ -38,6 +39,7 @@ use crate::telemetry::http::Health;
 
 use super::admit::Admission;
 use super::memory::{self, Memory};
+use super::outage::Outage;
 use super::partitions::Partitions;
 use super::ports::{Clock, PermitError, Ports, Source, WriteError};
 use super::retry::{Parked, PendingWrite, Retry, Target};
@@ -60,6 +62,10 @@ pub struct Pending {
     pub bytes: usize,
     /// When this worker took the record (how long a partition's head waits).
     pub received_at: Instant,
+    /// When its first failed call (since the last answer) came back: it is
+    /// dead-lettered for its attempts only if the downstream answered
+    /// another call since.
+    pub failing_since: Option<Instant>,
 }
 
 /// What the spawned tasks report.
@@ -127,6 +133,7 @@ pub struct Engine<X: Ports> {
     pub(super) admission: Admission<X::Clock>,
     pub(super) retry: Retry,
     pub(super) partitions: Partitions,
+    pub(super) outage: Outage,
     pub(super) timers: Timers,
     /// Jobs and bytes in memory: waiting, delayed, parked, running, being
     /// written; fetching pauses at `worker.max_buffered` or
@@ -147,6 +154,7 @@ impl<X: Ports> Engine<X> {
             admission: Admission::new(&settings, deps.clock.clone()),
             retry: Retry::new(&settings),
             partitions: Partitions::default(),
+            outage: Outage::new(&settings.downstream),
             timers: Timers::default(),
             memory: Memory::new(
                 settings.worker.max_buffered,
@@ -315,6 +323,7 @@ impl<X: Ports> Engine<X> {
             attempts: headers.attempts,
             bytes,
             received_at: self.deps.clock.now(),
+            failing_since: None,
         };
         let now = self.deps.clock.unix_ms();
         match headers.release_at_unix_ms {

@@ -5,7 +5,8 @@
 //!   slots, capacity turns), `admit` (limiter answers, failure policy),
 //!   `run` (downstream runs, pacing, 429 holds), `retry` (parking,
 //!   deferral, retry/DLQ writes), `partitions` (rebalances, `unstick`,
-//!   backpressure, gauges), `timers` (timer heap, time arithmetic).
+//!   backpressure, gauges), `outage` (a downstream outage told apart
+//!   from a job's own failure), `timers` (timer heap, time arithmetic).
 //! - [`ports`]: the traits through which the engine reaches its world
 //!   (clock, consumer, writer, downstream; the limiter is [`Permits`]),
 //!   and the production implementations ([`ports::Live`]).
@@ -20,6 +21,7 @@
 mod admit;
 pub mod engine;
 pub mod memory;
+mod outage;
 mod partitions;
 pub mod permit;
 pub mod ports;
@@ -86,6 +88,11 @@ pub async fn run_watching(
     )
     .context("downstream.url / downstream settings")?
     .with_max_retry_after(settings.downstream.max_retry_after)
+    .with_retry_statuses(
+        crate::downstream::RetryStatuses::parse(&settings.downstream.retry_statuses)
+            .map_err(anyhow::Error::msg)
+            .context("downstream.retry_statuses")?,
+    )
     .with_worker_id(&worker_id);
     let store = RedisStore::open(&settings.redis)
         .await
@@ -138,6 +145,11 @@ pub async fn run_watching(
             (*settings).clone(),
         )?)
     } else {
+        // SIGHUP's default action ends the process: with nothing to reload
+        // it must still be caught, or a `kill -HUP` meant as "reload" (the
+        // README's advice) kills a worker that watches no file.
+        #[cfg(unix)]
+        reload::ignore_hangup()?;
         None
     };
     // Temporary overrides set with `limits override` live in Redis: read

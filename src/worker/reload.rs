@@ -174,3 +174,41 @@ fn reload<S: Store>(
     }
     .emit();
 }
+
+/// Catches SIGHUP when no file is watched: logs that there is nothing to
+/// reload instead of letting the signal's default action end the process.
+/// Returns how many it caught (for tests).
+#[cfg(unix)]
+pub fn ignore_hangup() -> std::io::Result<std::sync::Arc<std::sync::atomic::AtomicU64>> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let caught = std::sync::Arc::new(AtomicU64::new(0));
+    let mut signal = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+    let count = caught.clone();
+    tokio::spawn(async move {
+        while signal.recv().await.is_some() {
+            count.fetch_add(1, Ordering::SeqCst);
+            tracing::info!("SIGHUP: no config file is watched, nothing to reload");
+        }
+    });
+    Ok(caught)
+}
+
+#[cfg(test)]
+mod tests {
+    /// Issue 20, defect 8: SIGHUP killed a worker that watched no file.
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn a_hangup_with_nothing_watched_is_caught_not_fatal() {
+        let caught = super::ignore_hangup().expect("a SIGHUP handler");
+        // SAFETY: sends a signal to this process; the handler above is
+        // installed, so its default action (terminate) does not run.
+        unsafe { libc::kill(libc::getpid(), libc::SIGHUP) };
+        for _ in 0..100 {
+            if caught.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("SIGHUP was not caught");
+    }
+}

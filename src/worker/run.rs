@@ -15,6 +15,7 @@ use crate::telemetry::events::{
 };
 
 use super::engine::{Engine, Event, Pending};
+use super::outage::Health;
 use super::ports::{Caller, Clock, Permits, Ports, Source};
 use super::retry::Target;
 use super::sellers::Phase;
@@ -136,6 +137,26 @@ impl<X: Ports> Engine<X> {
             seller.reserved = seller.reserved.saturating_sub(1);
         }
         self.release(1);
+        let now = self.deps.clock.now();
+        // What the answer says of the downstream as a whole, whoever owns
+        // the job now.
+        let health = match &outcome {
+            Answer::Unreachable { .. } => Health::Failed {
+                job_id: &p.job.job_id,
+            },
+            Answer::Unavailable { retry_after, .. } => Health::Down {
+                retry_after: *retry_after,
+            },
+            Answer::Done
+            | Answer::Retryable { .. }
+            | Answer::Fatal { .. }
+            | Answer::Throttled(_) => Health::Answered,
+        };
+        let reached_nothing = matches!(outcome, Answer::Unreachable { .. });
+        let woken = self.outage.record(health, now);
+        for seller in woken {
+            self.ask_if_ready(&seller);
+        }
         if !self.deps.source.is_current(&p.origin) {
             // The partition moved on while the call was out: its new owner
             // has the record and decides; no retry, no dead letter from here.
@@ -148,6 +169,9 @@ impl<X: Ports> Engine<X> {
         }
         match outcome {
             Answer::Done => {
+                if let Some(seller) = self.sellers.get_mut(&key) {
+                    seller.throttles_in_a_row = 0;
+                }
                 JobDone {
                     job_id: &p.job.job_id,
                     attempts: p.attempts,
@@ -169,8 +193,18 @@ impl<X: Ports> Engine<X> {
                     },
                 );
             }
-            Answer::Retryable { reason } => {
+            Answer::Unavailable { .. } => self.hold_for_outage(key, p),
+            Answer::Unreachable { .. } if self.outage.is_open() => self.hold_for_outage(key, p),
+            Answer::Retryable { reason } | Answer::Unreachable { reason } => {
                 let max = self.settings.downstream.max_attempts;
+                let since = *p.failing_since.get_or_insert(now);
+                // Out of attempts because the downstream could not be
+                // reached, and it answered nothing else since this job began
+                // failing: it cannot be told from a dead downstream, so it
+                // waits (its next failure asks again).
+                if p.attempts >= max && reached_nothing && !self.outage.answered_since(since) {
+                    p.attempts = max - 1;
+                }
                 if p.attempts >= max {
                     let reason = format!("downstream failed {} times (downstream.max_attempts = {max}); last: {reason}", p.attempts);
                     return self.write_pending(
@@ -200,6 +234,17 @@ impl<X: Ports> Engine<X> {
         }
     }
 
+    /// A job whose call failed while the downstream is out of service: it
+    /// keeps its attempt and waits for the outage to end (its seller waits
+    /// on the breaker).
+    fn hold_for_outage(&mut self, key: Arc<str>, mut p: Pending) {
+        p.attempts = p.attempts.saturating_sub(1);
+        p.failing_since = None;
+        let now = self.deps.clock.now();
+        self.sellers.entry(&key).delayed.push((now, p));
+        self.ask_if_ready(&key);
+    }
+
     pub(super) fn on_run_ended(
         &mut self,
         key: Arc<str>,
@@ -227,7 +272,18 @@ impl<X: Ports> Engine<X> {
         for p in unused.into_iter().rev() {
             seller.queue.push_front(p);
         }
-        if let Some(wait) = self.throttle_wait(&throttled) {
+        // A 429 is an answer: the downstream is up. A probe that ended
+        // without an answer lets the next seller probe.
+        self.outage.probe_dropped(&key);
+        if !throttled.is_empty() {
+            let now = self.deps.clock.now();
+            for seller in self.outage.record(Health::Answered, now) {
+                if seller != key {
+                    self.ask_if_ready(&seller);
+                }
+            }
+        }
+        if let Some(wait) = self.throttle_wait(&key, &throttled) {
             DownstreamThrottled {
                 seller: &key,
                 retry_after: wait,
@@ -247,17 +303,26 @@ impl<X: Ports> Engine<X> {
         self.ask_if_ready(&key);
     }
 
-    /// The hold a run's 429s ask for: the longest. Without a readable
-    /// Retry-After, the worker's own backoff, so that replicas do not come
-    /// back in lockstep.
-    fn throttle_wait(&mut self, throttled: &[Throttle]) -> Option<Duration> {
+    /// The hold a run's 429s ask for: the longest. A 429 that names no
+    /// useful wait (none, garbage, zero, a date in the past) gets the
+    /// worker's own backoff, growing with the seller's 429s in a row and
+    /// jittered so that replicas do not come back in lockstep: without it
+    /// "Retry-After: 0" is a tight loop (a 429 never spends an attempt).
+    fn throttle_wait(&mut self, key: &Arc<str>, throttled: &[Throttle]) -> Option<Duration> {
+        if throttled.is_empty() {
+            return None;
+        }
         let d = &self.settings.downstream;
         let (base, max) = (d.backoff_base, d.backoff_max);
+        let seller = self.sellers.entry(key);
+        seller.throttles_in_a_row = seller.throttles_in_a_row.saturating_add(1);
+        let in_a_row = seller.throttles_in_a_row;
+        let rng = &mut self.rng;
         throttled
             .iter()
             .map(|t| match t.retry_after {
-                RetryAfter::Wait(wait) => wait,
-                RetryAfter::Unspecified => backoff_with(t.attempts + 1, base, max, &mut self.rng),
+                RetryAfter::Wait(wait) if !wait.is_zero() => wait,
+                _ => backoff_with(in_a_row.max(t.attempts + 1), base, max, rng),
             })
             .max()
     }

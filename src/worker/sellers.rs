@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
+use crate::kafka::consumer::Origin;
 use crate::limiter::BatchGranted;
 use crate::telemetry::events::{CallAvoided, LimiterCalled};
 
@@ -48,6 +49,14 @@ pub(super) struct Seller {
     pub(super) reserved: usize,
     /// In the capacity queue: ready to ask, but every slot is taken.
     pub(super) wants_capacity: bool,
+    /// The jobs the limiter call under way asks about, in order. The answer
+    /// is read against these, not against the queue, which may change
+    /// meanwhile (a revoke, `unstick`): a "never" names the job it was
+    /// about, and a grant takes only jobs that were asked for.
+    pub(super) asked: Vec<Origin>,
+    /// 429s in a row that named no useful wait (none, zero, a past date):
+    /// each one backs off longer, so "Retry-After: 0" cannot loop.
+    pub(super) throttles_in_a_row: u32,
 }
 
 impl Seller {
@@ -59,6 +68,8 @@ impl Seller {
             blocked_until: None,
             reserved: 0,
             wants_capacity: false,
+            asked: Vec::new(),
+            throttles_in_a_row: 0,
         }
     }
 
@@ -163,6 +174,14 @@ impl<X: Ports> Engine<X> {
             }
             return;
         }
+        // During a downstream outage only one probe call goes out at a time.
+        let probe = match self.outage.admit(key, now) {
+            Ok(probe) => probe,
+            Err(until) => {
+                self.timers.at(until, Timer::Seller(key.clone()));
+                return;
+            }
+        };
         if self.sellers.slots_free == 0 {
             // Capacity-bound: wait for a slot without asking Redis.
             if !seller.wants_capacity {
@@ -174,11 +193,15 @@ impl<X: Ports> Engine<X> {
         // The heads in queue order, with their costs: the limiter grants the
         // longest prefix that fits, so a heavy job that does not fit yet
         // stops lighter later ones from taking the units it waits for.
-        let costs: Vec<u64> =
-            partition_heads(&seller.queue, MAX_BATCH.min(self.sellers.slots_free))
-                .into_iter()
-                .map(|i| seller.queue[i].job.cost)
-                .collect();
+        let most = MAX_BATCH
+            .min(self.sellers.slots_free)
+            .min(probe.unwrap_or(usize::MAX));
+        let heads = partition_heads(&seller.queue, most);
+        let costs: Vec<u64> = heads.iter().map(|&i| seller.queue[i].job.cost).collect();
+        seller.asked = heads
+            .iter()
+            .map(|&i| seller.queue[i].origin.clone())
+            .collect();
         let n = costs.len();
         seller.reserved = n;
         seller.phase = Phase::Asking;
@@ -238,27 +261,36 @@ pub(super) fn partition_heads(queue: &VecDeque<Pending>, max: usize) -> Vec<usiz
     heads
 }
 
-/// Removes and returns the granted heads, in queue order: the first
-/// `g.jobs` partition heads (at most `reserved`, the slots held for them),
-/// never more units than were charged. (A revoke between the question and
-/// the answer can only remove heads; the ones that take their place are
-/// then cut by the units.)
+/// Where the job at `origin` waits in `queue`, looking no deeper than
+/// the heads a seller asks about can be.
+pub(super) fn position(queue: &VecDeque<Pending>, origin: &Origin) -> Option<usize> {
+    queue
+        .iter()
+        .take(HEAD_SCAN)
+        .position(|p| p.origin == *origin)
+}
+
+/// Removes and returns the granted jobs, in the order asked: the first
+/// `g.jobs` of `asked` that still wait (a revoke or `unstick` between the
+/// question and the answer may have taken some; their units go unused),
+/// never more units than were charged.
 pub(super) fn take_granted(
     queue: &mut VecDeque<Pending>,
     g: &BatchGranted,
-    reserved: usize,
+    asked: &[Origin],
 ) -> Vec<Pending> {
     let mut units = 0u64;
-    let mut take = Vec::new();
-    for i in partition_heads(queue, g.jobs.min(reserved)) {
+    let mut out = Vec::new();
+    for origin in asked.iter().take(g.jobs) {
+        let Some(i) = position(queue, origin) else {
+            continue;
+        };
         let cost = queue[i].job.cost;
         if units + cost > g.units {
             break;
         }
         units += cost;
-        take.push(i);
+        out.extend(queue.remove(i));
     }
-    let mut out: Vec<Pending> = take.iter().rev().filter_map(|&i| queue.remove(i)).collect();
-    out.reverse();
     out
 }

@@ -1,0 +1,290 @@
+//! A downstream outage, told apart from a job's own failure.
+//!
+//! One call that fails (5xx, timeout, refused connection) may be the job's
+//! fault; many in a row, from different jobs, with no answer in between,
+//! are the downstream's. Then the breaker opens: no job spends an attempt,
+//! no call goes out but one probe at a time (at a growing interval capped
+//! at `downstream.outage_probe_max`), and the jobs wait (in memory, then
+//! by pausing consumption). The first answer of any kind (2xx, 4xx, 429)
+//! closes it and every waiting seller goes on at once. A 5xx that names a
+//! Retry-After holds the whole downstream that long.
+//!
+//! Sound because it only ever delays: it never lets a call through that
+//! the limiter did not grant, and a job it holds back keeps its attempts.
+//! A job whose failures came while the downstream answered nothing else is
+//! not dead-lettered either ([`Outage::answered_since`]): alone, it cannot
+//! be told from a dead downstream, and waiting is what loses nothing.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::config::DownstreamSettings;
+use crate::telemetry::events::DownstreamOutage;
+
+use super::timers::after;
+
+/// The first probe interval; it doubles up to `outage_probe_max`.
+const PROBE_BASE: Duration = Duration::from_millis(250);
+
+#[derive(Debug)]
+enum State {
+    /// Calls go out. `failures` in a row (no answer between them), from
+    /// the jobs in `jobs`.
+    Closed {
+        failures: u32,
+        jobs: BTreeSet<String>,
+    },
+    /// Only a probe goes out, not before `next_probe`.
+    Open {
+        since: Instant,
+        next_probe: Instant,
+        probes: u32,
+        /// The seller whose call is the probe under way.
+        prober: Option<Arc<str>>,
+    },
+}
+
+#[derive(Debug)]
+pub(super) struct Outage {
+    /// Failures in a row, from at least two jobs, that open the breaker.
+    after: u32,
+    probe_max: Duration,
+    state: State,
+    /// When the downstream last answered (anything but a failure).
+    last_answer: Option<Instant>,
+    /// Sellers held by the outage, woken when it ends.
+    pub(super) waiting: BTreeSet<Arc<str>>,
+}
+
+/// What a call's answer says of the downstream.
+pub(super) enum Health<'a> {
+    /// It answered (2xx, 4xx, 429): it is up.
+    Answered,
+    /// It failed for this job (5xx without Retry-After, timeout, refused).
+    Failed { job_id: &'a str },
+    /// It said it is down for this long (5xx with Retry-After).
+    Down { retry_after: Duration },
+}
+
+impl Outage {
+    pub(super) fn new(d: &DownstreamSettings) -> Outage {
+        Outage {
+            after: d.outage_after.max(1),
+            probe_max: d.outage_probe_max.max(PROBE_BASE),
+            state: State::Closed {
+                failures: 0,
+                jobs: BTreeSet::new(),
+            },
+            last_answer: None,
+            waiting: BTreeSet::new(),
+        }
+    }
+
+    pub(super) fn is_open(&self) -> bool {
+        matches!(self.state, State::Open { .. })
+    }
+
+    /// Whether the downstream answered any call after `since`.
+    pub(super) fn answered_since(&self, since: Instant) -> bool {
+        self.last_answer.is_some_and(|at| at > since)
+    }
+
+    /// May `seller` ask for a call now? Closed: yes. Open: only as the next
+    /// probe, one job at a time (`Some(1)`), else `None`: wait until the
+    /// returned instant (the seller is put on the waiting list).
+    pub(super) fn admit(
+        &mut self,
+        seller: &Arc<str>,
+        now: Instant,
+    ) -> Result<Option<usize>, Instant> {
+        match &mut self.state {
+            State::Closed { .. } => Ok(None),
+            State::Open {
+                next_probe, prober, ..
+            } => {
+                if prober.is_none() && now >= *next_probe {
+                    *prober = Some(seller.clone());
+                    return Ok(Some(1));
+                }
+                if prober.as_ref() == Some(seller) {
+                    return Ok(Some(1));
+                }
+                self.waiting.insert(seller.clone());
+                // Not before the next probe, and (while a probe is under
+                // way) not at once: a timer in the past would spin.
+                Err((*next_probe).max(after(now, PROBE_BASE)))
+            }
+        }
+    }
+
+    /// `seller`'s probe ended without a call (refused by the limiter, its
+    /// job gone): the next seller may probe.
+    pub(super) fn probe_dropped(&mut self, seller: &Arc<str>) {
+        if let State::Open { prober, .. } = &mut self.state {
+            if prober.as_ref() == Some(seller) {
+                *prober = None;
+            }
+        }
+    }
+
+    /// Records an answer. Returns the sellers to wake when it closed the
+    /// breaker.
+    pub(super) fn record(&mut self, health: Health<'_>, now: Instant) -> Vec<Arc<str>> {
+        match health {
+            Health::Answered => {
+                self.last_answer = Some(now);
+                if let State::Open { since, probes, .. } = &self.state {
+                    DownstreamOutage {
+                        open: false,
+                        lasted: now.saturating_duration_since(*since),
+                        probes: *probes,
+                    }
+                    .emit();
+                }
+                self.state = State::Closed {
+                    failures: 0,
+                    jobs: BTreeSet::new(),
+                };
+                std::mem::take(&mut self.waiting).into_iter().collect()
+            }
+            Health::Failed { job_id } => {
+                match &mut self.state {
+                    State::Closed { failures, jobs } => {
+                        *failures += 1;
+                        if jobs.len() < 2 {
+                            jobs.insert(job_id.to_owned());
+                        }
+                        if *failures >= self.after && jobs.len() >= 2 {
+                            self.open(now, PROBE_BASE);
+                        }
+                    }
+                    State::Open {
+                        next_probe,
+                        probes,
+                        prober,
+                        ..
+                    } => {
+                        // The probe failed: wait longer before the next.
+                        *probes += 1;
+                        let wait = backoff(*probes, self.probe_max);
+                        *next_probe = (*next_probe).max(after(now, wait));
+                        *prober = None;
+                    }
+                }
+                Vec::new()
+            }
+            Health::Down { retry_after } => {
+                match &mut self.state {
+                    State::Open {
+                        next_probe, prober, ..
+                    } => {
+                        *next_probe = (*next_probe).max(after(now, retry_after));
+                        *prober = None;
+                    }
+                    State::Closed { .. } => self.open(now, retry_after),
+                }
+                Vec::new()
+            }
+        }
+    }
+
+    fn open(&mut self, now: Instant, first_probe: Duration) {
+        DownstreamOutage {
+            open: true,
+            lasted: Duration::ZERO,
+            probes: 0,
+        }
+        .emit();
+        self.state = State::Open {
+            since: now,
+            next_probe: after(now, first_probe),
+            probes: 0,
+            prober: None,
+        };
+    }
+}
+
+/// `PROBE_BASE * 2^(n-1)`, at most `max`.
+fn backoff(n: u32, max: Duration) -> Duration {
+    let factor = 1u32
+        .checked_shl(n.saturating_sub(1).min(16))
+        .unwrap_or(u32::MAX);
+    PROBE_BASE.saturating_mul(factor).min(max)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outage() -> Outage {
+        let mut s = crate::config::load_from(None, Vec::new())
+            .expect("defaults")
+            .settings;
+        s.downstream.outage_after = 3;
+        s.downstream.outage_probe_max = Duration::from_secs(2);
+        Outage::new(&s.downstream)
+    }
+
+    #[test]
+    fn failures_of_one_job_alone_do_not_open_it() {
+        let mut o = outage();
+        let now = Instant::now();
+        for _ in 0..10 {
+            o.record(Health::Failed { job_id: "j" }, now);
+        }
+        assert!(!o.is_open(), "one job failing is not an outage");
+    }
+
+    #[test]
+    fn failures_in_a_row_from_two_jobs_open_it_and_an_answer_closes_it() {
+        let mut o = outage();
+        let now = Instant::now();
+        let a: Arc<str> = Arc::from("a");
+        let b: Arc<str> = Arc::from("b");
+        o.record(Health::Failed { job_id: "j1" }, now);
+        o.record(Health::Answered, now);
+        o.record(Health::Failed { job_id: "j1" }, now);
+        o.record(Health::Failed { job_id: "j2" }, now);
+        assert!(!o.is_open(), "an answer between failures resets the count");
+        o.record(Health::Failed { job_id: "j2" }, now);
+        assert!(o.is_open());
+        // Before the first probe is due nobody calls; then one seller does.
+        assert_eq!(o.admit(&a, now), Err(now + PROBE_BASE));
+        let due = now + PROBE_BASE;
+        assert_eq!(o.admit(&a, due), Ok(Some(1)));
+        assert!(o.admit(&b, due).is_err(), "one probe at a time");
+        // The probe fails: the next one waits longer, capped.
+        o.record(Health::Failed { job_id: "j1" }, due);
+        let later = o.admit(&b, due).expect_err("waits");
+        assert!(later > due);
+        let woken = o.record(Health::Answered, later);
+        assert!(!o.is_open());
+        assert!(woken.contains(&b), "the waiting sellers go on: {woken:?}");
+        assert_eq!(o.admit(&b, later), Ok(None));
+    }
+
+    #[test]
+    fn probe_intervals_grow_to_the_cap() {
+        assert_eq!(backoff(1, Duration::from_secs(2)), PROBE_BASE);
+        assert_eq!(backoff(3, Duration::from_secs(2)), PROBE_BASE * 4);
+        assert_eq!(backoff(40, Duration::from_secs(2)), Duration::from_secs(2));
+    }
+
+    #[test]
+    fn a_retry_after_on_a_5xx_holds_the_whole_downstream() {
+        let mut o = outage();
+        let now = Instant::now();
+        o.record(
+            Health::Down {
+                retry_after: Duration::from_secs(30),
+            },
+            now,
+        );
+        assert!(o.is_open());
+        let a: Arc<str> = Arc::from("a");
+        assert_eq!(o.admit(&a, now), Err(now + Duration::from_secs(30)));
+    }
+}

@@ -1,0 +1,181 @@
+//! The invariants, judged on a run's journal. Each returns what it found
+//! broken, in words that name the job, the seller and the instant.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use throttle_worker::limiter::{Algorithm, Rule};
+
+use super::journal::Call;
+use super::ports::Poison;
+use super::run::Outcome;
+use super::scenario::Scenario;
+
+/// Every invariant; empty when the run kept them all.
+pub fn all(sc: &Scenario, out: &Outcome) -> Vec<String> {
+    let mut v = Vec::new();
+    v.extend(out.panics.iter().map(|p| format!("7. panic: {p}")));
+    v.extend(limits(sc, out));
+    v.extend(nothing_lost(sc, out));
+    v.extend(no_innocent_dead_letters(sc, out));
+    v.extend(no_tight_loop(sc, out));
+    v.extend(out.log.violations.iter().map(|c| format!("6. {c}")));
+    v
+}
+
+fn rule_of(sc: &Scenario, seller: &str) -> Option<Rule> {
+    let spec = sc.sellers.iter().find(|s| s.name == seller)?;
+    let r = spec.rule.as_ref()?;
+    let alg: Algorithm = r.algorithm.parse().ok()?;
+    Rule::new(alg, r.limit, r.period, r.burst).ok()
+}
+
+/// Invariant 1: no seller's calls exceed its rule, judged by the rule's definition
+/// on the grants' instants (`X-Granted-At`, the limiter's clock): each call
+/// spends its own grant, so a call without one, or two calls on one, show.
+pub fn limits(sc: &Scenario, out: &Outcome) -> Vec<String> {
+    let mut by_seller: BTreeMap<&str, Vec<&Call>> = BTreeMap::new();
+    for c in &out.log.calls {
+        by_seller.entry(&c.seller).or_default().push(c);
+    }
+    let mut v = Vec::new();
+    for (seller, calls) in by_seller {
+        let Some(rule) = rule_of(sc, seller) else {
+            continue;
+        };
+        let mut grants: Vec<(u64, u64)> = Vec::new();
+        for c in calls {
+            match c.granted_at_us {
+                Some(g) => grants.push((g, c.cost)),
+                None => v.push(format!(
+                    "1. {seller}: job {} called at {} ms without a grant",
+                    c.job, c.at_ms
+                )),
+            }
+        }
+        grants.sort();
+        if let Some(e) = over_rule(&rule, &grants) {
+            v.push(format!("1. {seller} ({rule:?}): {e}"));
+        }
+    }
+    v
+}
+
+/// The first breach of `rule` by `grants` ((µs, cost), sorted), if any.
+pub fn over_rule(rule: &Rule, grants: &[(u64, u64)]) -> Option<String> {
+    let period = rule.period().as_micros() as u64;
+    let limit = rule.limit().get();
+    match rule.algorithm() {
+        Algorithm::FixedWindow => {
+            let mut windows: BTreeMap<u64, u64> = BTreeMap::new();
+            for &(g, c) in grants {
+                *windows.entry(g / period).or_default() += c;
+            }
+            windows
+                .into_iter()
+                .find(|&(_, n)| n > limit)
+                .map(|(w, n)| format!("{n} units in the window starting at {} µs", w * period))
+        }
+        Algorithm::SlidingWindowLog => {
+            for (j, &(gj, _)) in grants.iter().enumerate() {
+                let n: u64 = grants[..=j]
+                    .iter()
+                    .filter(|&&(g, _)| g + period > gj)
+                    .map(|&(_, c)| c)
+                    .sum();
+                if n > limit {
+                    return Some(format!("{n} units in the period ending at {gj} µs"));
+                }
+            }
+            None
+        }
+        Algorithm::TokenBucket | Algorithm::Gcra => {
+            let burst = rule.burst().get() as f64;
+            for i in 0..grants.len() {
+                let mut n = 0u64;
+                for &(gj, c) in &grants[i..] {
+                    n += c;
+                    let span = (gj - grants[i].0) as f64;
+                    let allowed = burst + span * limit as f64 / period as f64 + 1e-6;
+                    if n as f64 > allowed {
+                        return Some(format!(
+                            "{n} units between {} and {gj} µs, allowed {allowed:.2}",
+                            grants[i].0
+                        ));
+                    }
+                }
+            }
+            None
+        }
+        _ => None,
+    }
+}
+
+/// The capacity of `seller`'s rule, or none (unlimited).
+fn capacity(sc: &Scenario, seller: usize) -> Option<u64> {
+    rule_of(sc, &sc.sellers[seller].name).map(|r| r.capacity())
+}
+
+/// Invariant 2: nothing is lost: once the run settles, every job is done or
+/// dead-lettered.
+pub fn nothing_lost(sc: &Scenario, out: &Outcome) -> Vec<String> {
+    let mut v = Vec::new();
+    for (j, _) in sc.jobs.iter().enumerate() {
+        let done = out.log.done.contains_key(&j);
+        let dead = out.log.dead.iter().any(|(d, _)| *d == j);
+        if !done && !dead {
+            v.push(format!(
+                "2. job {j} neither done nor dead-lettered after {} ms",
+                out.end_ms
+            ));
+        }
+    }
+    v
+}
+
+/// Invariant 3: no valid job is dead-lettered for a fault that is not its own.
+pub fn no_innocent_dead_letters(sc: &Scenario, out: &Outcome) -> Vec<String> {
+    let mut v = Vec::new();
+    for (j, reason) in &out.log.dead {
+        let Some(spec) = sc.jobs.get(*j) else {
+            v.push(format!("3. a dead letter of no job: {reason}"));
+            continue;
+        };
+        let own_fault = spec.malformed
+            || spec.poison != Poison::None
+            || capacity(sc, spec.seller).is_some_and(|cap| spec.cost > cap);
+        if !own_fault {
+            v.push(format!("3. job {j} (valid) dead-lettered: {reason}"));
+        }
+    }
+    v
+}
+
+/// Invariant 5: no tight loop: a seller's failed calls (429, 5xx, timeouts) in any
+/// 5 s stay under ten per partition plus twenty (a restarted process learns
+/// an outage anew: up to `downstream.outage_after` calls before it holds).
+pub fn no_tight_loop(sc: &Scenario, out: &Outcome) -> Vec<String> {
+    let bound = 10 * sc.partitions as usize + 20;
+    let span = Duration::from_secs(5).as_millis() as u64;
+    let mut failed: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    for c in &out.log.calls {
+        if c.class != "2xx" && c.class != "4xx" {
+            failed.entry(&c.seller).or_default().push(c.at_ms);
+        }
+    }
+    let mut v = Vec::new();
+    for (seller, mut at) in failed {
+        at.sort_unstable();
+        for i in 0..at.len() {
+            let n = at[i..].iter().take_while(|&&t| t < at[i] + span).count();
+            if n > bound {
+                v.push(format!(
+                    "5. {seller}: {n} failed calls in 5 s from {} ms (bound {bound})",
+                    at[i]
+                ));
+                break;
+            }
+        }
+    }
+    v
+}

@@ -1,0 +1,53 @@
+//! Simulated time: tokio's paused clock for monotonic time, and two wall
+//! clocks on top of it: the store's (Redis `TIME`, which never jumps) and
+//! the worker host's, which the world makes jump, backwards too.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use throttle_worker::worker::Clock;
+use tokio::time::Instant;
+
+/// 2026-11-01 00:00 UTC, in µs: the wall clocks' start.
+const EPOCH_US: u64 = 1_793_491_200_000_000;
+
+#[derive(Debug)]
+pub struct SimClock {
+    start: Instant,
+    /// The worker host's clock minus the store's, in µs.
+    skew_us: AtomicI64,
+}
+
+impl SimClock {
+    /// Call inside the paused runtime.
+    pub fn new() -> SimClock {
+        SimClock {
+            start: Instant::now(),
+            skew_us: AtomicI64::new(0),
+        }
+    }
+
+    pub fn elapsed_ms(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64
+    }
+
+    /// The store's clock.
+    pub fn true_unix_us(&self) -> u64 {
+        EPOCH_US + self.start.elapsed().as_micros() as u64
+    }
+
+    /// Steps the worker host's wall clock by `by_us` (negative: backwards).
+    pub fn jump(&self, by_us: i64) {
+        self.skew_us.fetch_add(by_us, Ordering::SeqCst);
+    }
+}
+
+impl Clock for SimClock {
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+
+    fn unix_us(&self) -> u64 {
+        let skew = self.skew_us.load(Ordering::SeqCst);
+        self.true_unix_us().saturating_add_signed(skew)
+    }
+}

@@ -1,0 +1,142 @@
+//! What the world saw, for the invariants: every downstream call, every
+//! dead letter and retry copy, every delivery and commit. Jobs are known by
+//! their index in the scenario (`JobId`), found from a record's value.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+
+use bytes::Bytes;
+
+use super::broker::{SimRecord, Tp};
+
+pub type JobId = usize;
+
+/// One downstream call as the downstream saw it.
+#[derive(Debug, Clone)]
+pub struct Call {
+    pub job: JobId,
+    pub seller: String,
+    pub cost: u64,
+    /// Virtual ms since the start, when the call arrived.
+    pub at_ms: u64,
+    /// `X-Granted-At` (µs, the limiter's clock), if any.
+    pub granted_at_us: Option<u64>,
+    /// The answer's class: "2xx", "429", "5xx", "timeout", "refused", "4xx".
+    pub class: &'static str,
+}
+
+#[derive(Debug, Default)]
+pub struct Log {
+    /// Record value → job, for every record the scenario produced.
+    pub by_value: HashMap<Bytes, JobId>,
+    pub by_job_id: HashMap<String, JobId>,
+    pub calls: Vec<Call>,
+    /// Jobs answered 2xx, with the sequence number of the first.
+    pub done: BTreeMap<JobId, u64>,
+    /// Dead letters: job and reason.
+    pub dead: Vec<(JobId, String)>,
+    /// Retry copies written: job → sequence numbers.
+    pub retried: BTreeMap<JobId, Vec<u64>>,
+    /// Retry copies written: (virtual ms, job).
+    pub retried_at: Vec<(u64, JobId)>,
+    /// Last delivery of each position: its sequence number.
+    pub delivered: BTreeMap<(Tp, i64), u64>,
+    /// Violations found while running (commits past unfinished records).
+    pub violations: Vec<String>,
+    /// A digest of the run's events, to check that a seed replays exactly.
+    pub trace: Vec<String>,
+    seq: u64,
+}
+
+#[derive(Debug, Default)]
+pub struct Journal(Mutex<Log>);
+
+impl Journal {
+    pub fn with<R>(&self, f: impl FnOnce(&mut Log) -> R) -> R {
+        let mut log = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut log)
+    }
+
+    fn next(log: &mut Log) -> u64 {
+        log.seq += 1;
+        log.seq
+    }
+
+    pub fn delivered(&self, tp: &Tp, offset: i64, value: &Bytes) {
+        self.with(|log| {
+            let seq = Journal::next(log);
+            log.delivered.insert((tp.clone(), offset), seq);
+            if let Some(&job) = log.by_value.get(value) {
+                log.trace.push(format!("d{}:{}:{offset}:{job}", tp.0, tp.1));
+            }
+        });
+    }
+
+    pub fn call(&self, call: Call) {
+        self.with(|log| {
+            let seq = Journal::next(log);
+            log.trace.push(format!(
+                "c{}:{}:{}:{:?}",
+                call.job, call.at_ms, call.class, call.granted_at_us
+            ));
+            if call.class == "2xx" {
+                log.done.entry(call.job).or_insert(seq);
+            }
+            log.calls.push(call);
+        });
+    }
+
+    pub fn dead_letter(&self, value: &Bytes, reason: &str) {
+        self.with(|log| {
+            let job = log.by_value.get(value).copied().unwrap_or(usize::MAX);
+            log.trace.push(format!("x{job}"));
+            Journal::next(log);
+            log.dead.push((job, reason.to_owned()));
+        });
+    }
+
+    pub fn retried(&self, value: &Bytes, at_ms: u64) {
+        self.with(|log| {
+            let seq = Journal::next(log);
+            if let Some(&job) = log.by_value.get(value) {
+                log.trace.push(format!("r{job}"));
+                log.retried.entry(job).or_default().push(seq);
+                log.retried_at.push((at_ms, job));
+            }
+        });
+    }
+
+    /// Invariant 6: a commit at `offset` says every record below it is
+    /// finished. Each must be done, dead-lettered, or copied to a retry
+    /// tier after it was delivered.
+    pub fn check_commit(&self, tp: &Tp, offset: i64, log_records: &[SimRecord]) {
+        self.with(|log| {
+            log.trace.push(format!("k{}:{}:{offset}", tp.0, tp.1));
+            for (o, rec) in log_records.iter().enumerate().take(offset.max(0) as usize) {
+                let Some(&job) = log.by_value.get(&rec.value) else {
+                    continue;
+                };
+                let Some(&seen) = log.delivered.get(&(tp.clone(), o as i64)) else {
+                    // Committed before this consumer saw it: an earlier
+                    // commit covered it already.
+                    continue;
+                };
+                let safe = log.done.contains_key(&job)
+                    || log.dead.iter().any(|(j, _)| *j == job)
+                    || log
+                        .retried
+                        .get(&job)
+                        .is_some_and(|seqs| seqs.iter().any(|&s| s > seen));
+                if !safe {
+                    let v = format!(
+                        "commit of {}:{} at {offset} passes offset {o} (job {job}), which is not finished",
+                        tp.0, tp.1
+                    );
+                    if !log.violations.contains(&v) {
+                        log.violations.push(v);
+                    }
+                }
+            }
+        });
+    }
+}

@@ -1,0 +1,22 @@
+//! A deterministic simulation of the worker's engine: the real engine code
+//! (`throttle_worker::worker::Engine`) against in-memory ports on tokio's
+//! paused clock, with one seed choosing the whole world: partitions,
+//! sellers and rules, jobs, and the faults (downstream outages and 429s,
+//! Redis errors and hangs, rebalances, crashes, clock jumps, failed writes,
+//! malformed records). One seed replays one run exactly.
+//!
+//! - [`scenario`]: the world a seed draws, and hand-made ones for defects.
+//! - [`broker`]: topic logs, commits and the consumer ([`broker::SimSource`]).
+//! - [`ports`]: the downstream, the record writer and Redis (the limiter's
+//!   reference models, the same algorithms as the Lua).
+//! - [`journal`]: what the world saw.
+//! - [`check`]: the invariants, judged after every run.
+//! - [`run`]: one run of a scenario.
+
+pub mod broker;
+pub mod check;
+pub mod clock;
+pub mod journal;
+pub mod ports;
+pub mod run;
+pub mod scenario;

@@ -1,0 +1,418 @@
+//! The simulated downstream, record writer and Redis, each driven by the
+//! seed's fault schedule ([`Faults`]). A dead incarnation's calls never
+//! complete: a killed process sends nothing more.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use throttle_worker::downstream::{retry_after, Answer};
+use throttle_worker::job::Job;
+use throttle_worker::kafka::{OriginalRecord, Position, RetryHeaders};
+use throttle_worker::limiter::model::{self, ModelStore};
+use throttle_worker::limiter::{JobsCall, JobsReply, Op, Reply, ScriptCall, Store};
+use throttle_worker::worker::{Caller, Clock, WriteError, Writer};
+
+use super::broker::{SharedBroker, SimRecord};
+use super::clock::SimClock;
+use super::journal::{Call, Journal};
+
+/// A window of virtual time, in ms since the start.
+#[derive(Debug, Clone, Copy)]
+pub struct Window {
+    pub from_ms: u64,
+    pub to_ms: u64,
+}
+
+impl Window {
+    pub fn contains(&self, at_ms: u64) -> bool {
+        (self.from_ms..self.to_ms).contains(&at_ms)
+    }
+}
+
+/// How the downstream fails during an outage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutageKind {
+    Status503,
+    Timeout,
+    Refused,
+}
+
+/// What a throttling downstream says in `Retry-After`.
+#[derive(Debug, Clone)]
+pub enum RetryAfterKind {
+    Seconds(u64),
+    Zero,
+    PastDate,
+    Garbage,
+    Huge,
+    Absent,
+}
+
+/// The seed's faults, fixed before the run.
+#[derive(Debug, Clone, Default)]
+pub struct Faults {
+    pub outages: Vec<(Window, OutageKind)>,
+    /// 429 storms: the window, the seller (None: every seller), the header.
+    pub throttles: Vec<(Window, Option<String>, RetryAfterKind)>,
+    pub redis_errors: Vec<Window>,
+    pub redis_hangs: Vec<Window>,
+    /// Chance that one write to a retry tier or the DLQ fails.
+    pub write_failure: f64,
+    /// Records over this many bytes are refused as too large.
+    pub max_message_bytes: usize,
+    /// Downstream latency bounds (ms).
+    pub latency_ms: (u64, u64),
+    /// Redis round-trip bounds (µs).
+    pub redis_latency_us: (u64, u64),
+    pub timeout: Duration,
+    pub max_retry_after: Duration,
+}
+
+/// Per-job behaviour of the downstream, beyond the faults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Poison {
+    None,
+    /// Always 400: dead-lettered as rejected (its own fault).
+    Rejected,
+    /// Always 500: dead-lettered after its attempts (its own fault).
+    AlwaysFails,
+}
+
+pub struct World {
+    pub clock: Arc<SimClock>,
+    pub journal: Arc<Journal>,
+    pub broker: SharedBroker,
+    pub faults: Faults,
+    pub poison: Vec<Poison>,
+    pub redis: Mutex<ModelStore>,
+    /// The world's own randomness (latencies, write failures), apart from
+    /// the engine's.
+    pub rng: Mutex<StdRng>,
+}
+
+impl World {
+    pub fn now_ms(&self) -> u64 {
+        self.clock.elapsed_ms()
+    }
+
+    fn random(&self, lo: u64, hi: u64) -> u64 {
+        let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
+        rng.random_range(lo..=hi.max(lo))
+    }
+
+    fn chance(&self, p: f64) -> bool {
+        let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
+        rng.random_bool(p.clamp(0.0, 1.0))
+    }
+
+    pub fn seeded(seed: u64) -> Mutex<StdRng> {
+        Mutex::new(StdRng::seed_from_u64(seed ^ 0x005e_ed0f_7e57))
+    }
+}
+
+async fn never() -> ! {
+    std::future::pending::<()>().await;
+    unreachable!()
+}
+
+/// The downstream API.
+pub struct SimDownstream {
+    pub world: Arc<World>,
+    pub dead: Arc<AtomicBool>,
+}
+
+impl Caller for SimDownstream {
+    async fn call(&self, job: &Job, granted_at_us: Option<u64>) -> Answer {
+        if self.dead.load(Ordering::SeqCst) {
+            never().await;
+        }
+        let w = &self.world;
+        let id = w.journal.with(|l| l.by_job_id.get(&job.job_id).copied());
+        let Some(id) = id else {
+            panic!(
+                "the downstream got a job the scenario never made: {}",
+                job.job_id
+            );
+        };
+        let at_ms = w.now_ms();
+        let (lo, hi) = w.faults.latency_ms;
+        let outage = w.faults.outages.iter().find(|(win, _)| win.contains(at_ms));
+        let throttle = w.faults.throttles.iter().find(|(win, seller, _)| {
+            win.contains(at_ms) && seller.as_ref().is_none_or(|s| *s == job.seller_id.as_str())
+        });
+        let (class, answer, took) = if let Some((_, kind)) = outage {
+            match kind {
+                OutageKind::Status503 => (
+                    "5xx",
+                    Answer::Unreachable {
+                        reason: "downstream answered 503 Service Unavailable".to_owned(),
+                    },
+                    w.random(lo, hi),
+                ),
+                OutageKind::Timeout => (
+                    "timeout",
+                    Answer::Unreachable {
+                        reason: "downstream timed out".to_owned(),
+                    },
+                    w.faults.timeout.as_millis() as u64,
+                ),
+                OutageKind::Refused => (
+                    "refused",
+                    Answer::Unreachable {
+                        reason: "could not connect to the downstream: refused".to_owned(),
+                    },
+                    1,
+                ),
+            }
+        } else if let Some((_, _, kind)) = throttle {
+            let now = std::time::UNIX_EPOCH + Duration::from_micros(w.clock.unix_us());
+            let value = match kind {
+                RetryAfterKind::Seconds(s) => s.to_string(),
+                RetryAfterKind::Zero => "0".to_owned(),
+                RetryAfterKind::PastDate => "Wed, 21 Oct 2015 07:28:00 GMT".to_owned(),
+                RetryAfterKind::Garbage => "soon".to_owned(),
+                RetryAfterKind::Huge => "99999999999999999999".to_owned(),
+                RetryAfterKind::Absent => String::new(),
+            };
+            let values: Vec<&str> = if value.is_empty() {
+                vec![]
+            } else {
+                vec![&value]
+            };
+            let ra = retry_after(values, now, w.faults.max_retry_after);
+            ("429", Answer::Throttled(ra), w.random(lo, hi))
+        } else {
+            match w.poison[id] {
+                Poison::Rejected => (
+                    "4xx",
+                    Answer::Fatal {
+                        status: Some(400),
+                        reason: "downstream answered 400 Bad Request".to_owned(),
+                    },
+                    w.random(lo, hi),
+                ),
+                Poison::AlwaysFails => (
+                    "5xx",
+                    Answer::Retryable {
+                        reason: "downstream answered 500".to_owned(),
+                    },
+                    w.random(lo, hi),
+                ),
+                Poison::None => ("2xx", Answer::Done, w.random(lo, hi)),
+            }
+        };
+        tokio::time::sleep(Duration::from_millis(took)).await;
+        if self.dead.load(Ordering::SeqCst) {
+            never().await;
+        }
+        w.journal.call(Call {
+            job: id,
+            seller: job.seller_id.as_str().to_owned(),
+            cost: job.cost,
+            at_ms,
+            granted_at_us,
+            class,
+        });
+        answer
+    }
+}
+
+/// The retry tiers and the dead-letter topic.
+pub struct SimWriter {
+    pub world: Arc<World>,
+    pub dead: Arc<AtomicBool>,
+    /// Partitions of each retry tier.
+    pub tier_partitions: i32,
+}
+
+impl SimWriter {
+    async fn ack(&self, topic: &str, bytes: usize) -> Result<(), WriteError> {
+        if self.dead.load(Ordering::SeqCst) {
+            never().await;
+        }
+        tokio::time::sleep(Duration::from_millis(self.world.random(1, 5))).await;
+        if self.dead.load(Ordering::SeqCst) {
+            never().await;
+        }
+        if bytes > self.world.faults.max_message_bytes {
+            return Err(WriteError::TooLarge {
+                topic: topic.to_owned(),
+                reason: format!("{bytes} bytes"),
+            });
+        }
+        if self.world.chance(self.world.faults.write_failure) {
+            return Err(WriteError::Failed {
+                topic: topic.to_owned(),
+                reason: "broker did not acknowledge".to_owned(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Bytes a copy takes on the wire: value, key and the worker's headers.
+fn wire_bytes(original: &OriginalRecord, headers: usize) -> usize {
+    original.value.len() + original.key.as_ref().map_or(0, Vec::len) + headers
+}
+
+impl Writer for SimWriter {
+    async fn dead_letter(
+        &self,
+        _topic: &str,
+        original: &OriginalRecord,
+        reason: &str,
+        _attempts: u32,
+        with_value: bool,
+    ) -> Result<(), WriteError> {
+        let size = if with_value {
+            wire_bytes(original, 200 + reason.len().min(1024))
+        } else {
+            200
+        };
+        self.ack("dlq", size).await?;
+        self.world.journal.dead_letter(&original.value, reason);
+        Ok(())
+    }
+
+    async fn to_retry_topic(
+        &self,
+        topic: &str,
+        original: &OriginalRecord,
+        not_before_unix_ms: u64,
+        release_at_unix_ms: u64,
+        attempts: u32,
+    ) -> Result<(), WriteError> {
+        self.ack(topic, wire_bytes(original, 200)).await?;
+        let key = original.key.clone();
+        let partition = key
+            .as_ref()
+            .map_or(0, |k| k.iter().map(|&b| i32::from(b)).sum::<i32>())
+            .rem_euclid(self.tier_partitions);
+        let rec = SimRecord {
+            key,
+            value: original.value.clone(),
+            headers: RetryHeaders {
+                not_before_unix_ms: Some(not_before_unix_ms),
+                release_at_unix_ms: Some(release_at_unix_ms),
+                attempts,
+                error: None,
+                original: Some(Position {
+                    topic: original.origin.topic.clone(),
+                    partition: original.origin.partition,
+                    offset: original.origin.offset,
+                }),
+            },
+        };
+        self.world
+            .journal
+            .retried(&original.value, self.world.now_ms());
+        let mut broker = self.world.broker.lock().unwrap_or_else(|p| p.into_inner());
+        broker.append(&(topic.to_owned(), partition), rec);
+        Ok(())
+    }
+}
+
+/// Why the simulated Redis did not answer.
+#[derive(Debug, thiserror::Error)]
+pub enum SimRedisError {
+    #[error("connection refused (simulated outage)")]
+    Down,
+    #[error("timed out (simulated hang)")]
+    Hung,
+}
+
+/// Redis, running the reference models (the scripts' algorithms and
+/// costs) on the store's clock, which does not jump.
+pub struct SimStore {
+    pub world: Arc<World>,
+    pub dead: Arc<AtomicBool>,
+}
+
+impl SimStore {
+    async fn reach(&self) -> Result<u64, SimRedisError> {
+        if self.dead.load(Ordering::SeqCst) {
+            never().await;
+        }
+        let w = &self.world;
+        let (lo, hi) = w.faults.redis_latency_us;
+        tokio::time::sleep(Duration::from_micros(w.random(lo, hi))).await;
+        let at = w.now_ms();
+        if w.faults.redis_hangs.iter().any(|win| win.contains(at)) {
+            // redis.timeout
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            return Err(SimRedisError::Hung);
+        }
+        if w.faults.redis_errors.iter().any(|win| win.contains(at)) {
+            return Err(SimRedisError::Down);
+        }
+        if self.dead.load(Ordering::SeqCst) {
+            never().await;
+        }
+        Ok(w.clock.true_unix_us())
+    }
+
+    fn store(&self) -> std::sync::MutexGuard<'_, ModelStore> {
+        self.world.redis.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Store for SimStore {
+    type Error = SimRedisError;
+
+    async fn run(&self, call: &ScriptCall) -> Result<Reply, SimRedisError> {
+        let now = self.reach().await?;
+        let now = call.now_us.unwrap_or(now);
+        let op = match call.op {
+            Op::Acquire => model::Op::Acquire,
+            Op::Peek => model::Op::Peek,
+            Op::Refund { skip, taken_at_us } => model::Op::Refund { skip, taken_at_us },
+        };
+        Ok(model::run(
+            &mut self.store(),
+            op,
+            now,
+            call.cost,
+            call.mode,
+            &call.call_id,
+            &call.block_key,
+            &call.rules,
+        ))
+    }
+
+    async fn run_jobs(&self, call: &JobsCall) -> Result<Vec<JobsReply>, SimRedisError> {
+        let now = self.reach().await?;
+        let now = call.now_us.unwrap_or(now);
+        Ok(model::run_jobs(
+            &mut self.store(),
+            now,
+            call.dry_run,
+            &call.requests,
+        ))
+    }
+
+    async fn block(
+        &self,
+        key: &str,
+        now_us: Option<u64>,
+        dur_us: u64,
+    ) -> Result<u64, SimRedisError> {
+        let now = self.reach().await?;
+        Ok(model::block(
+            &mut self.store(),
+            key,
+            now_us.unwrap_or(now),
+            dur_us,
+        ))
+    }
+}
+
+/// A record value for job `id`.
+pub fn job_value(id: usize, seller: &str, cost: u64) -> Bytes {
+    Bytes::from(format!(
+        r#"{{"job_id":"job-{id}","seller_id":"{seller}","payload":{{"n":{id}}},"cost":{cost}}}"#
+    ))
+}

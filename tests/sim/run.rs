@@ -1,0 +1,350 @@
+//! One run of a scenario: the producer, the process's incarnations (the
+//! real engine each time), rebalances, crashes and clock jumps, in virtual
+//! time on a paused current-thread runtime, then a graceful shutdown.
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Once};
+use std::time::Duration;
+
+use throttle_worker::config::Topology;
+use throttle_worker::kafka::RetryHeaders;
+use throttle_worker::limiter::model::ModelStore;
+use throttle_worker::limiter::{KeySpace, Limiter, Policy};
+use throttle_worker::telemetry::http::Health;
+use throttle_worker::worker::{Deps, Engine, Ports, Summary};
+use tokio::sync::{mpsc, oneshot, Notify};
+use tokio::task::JoinHandle;
+
+use super::broker::{deliver, Broker, SimRecord, SimSource, Tp};
+use super::clock::SimClock;
+use super::journal::{Journal, Log};
+use super::ports::{job_value, SimDownstream, SimStore, SimWriter, World};
+use super::scenario::Scenario;
+
+/// The simulation's ports.
+pub struct SimPorts;
+
+impl Ports for SimPorts {
+    type Permits = Limiter<SimStore>;
+    type Source = SimSource;
+    type Writer = SimWriter;
+    type Caller = SimDownstream;
+    type Clock = SimClock;
+}
+
+/// What a run left behind, for the invariants.
+pub struct Outcome {
+    pub log: Log,
+    /// Panics inside the run (the engine's or a task's).
+    pub panics: Vec<String>,
+    /// Virtual ms when every job was finished, if they all were.
+    pub settled_ms: Option<u64>,
+    pub summary: Option<Summary>,
+    pub end_ms: u64,
+}
+
+thread_local! {
+    static PANICS: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+    static IN_RUN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Panics are caught per thread (each run has its own thread and runtime)
+/// and reported as a broken invariant, with their message.
+fn catch_panics() {
+    static HOOK: Once = Once::new();
+    HOOK.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !IN_RUN.with(|r| r.get()) {
+                return default(info);
+            }
+            PANICS.with(|p| p.borrow_mut().push(info.to_string()));
+            if std::env::var_os("SIM_VERBOSE").is_some() {
+                default(info);
+            }
+        }));
+    });
+}
+
+/// One process lifetime.
+struct Incarnation {
+    dead: Arc<AtomicBool>,
+    source: Arc<SimSource>,
+    parts: mpsc::UnboundedSender<throttle_worker::kafka::consumer::PartitionEvent>,
+    engine: JoinHandle<Summary>,
+    shutdown: Option<oneshot::Sender<()>>,
+}
+
+pub fn topic_partitions(sc: &Scenario) -> Vec<Tp> {
+    let settings = sc.settings();
+    let mut all: Vec<Tp> = (0..sc.partitions)
+        .map(|p| (settings.kafka.topic.clone(), p))
+        .collect();
+    for tier in settings.kafka.retry_tiers() {
+        for p in 0..sc.tier_partitions {
+            all.push((tier.topic.clone(), p));
+        }
+    }
+    all
+}
+
+fn start(
+    sc: &Scenario,
+    world: &Arc<World>,
+    policy: &Policy,
+    generation: u64,
+    wake: &Arc<Mutex<Arc<Notify>>>,
+) -> Incarnation {
+    let settings = Arc::new(sc.settings());
+    let dead = Arc::new(AtomicBool::new(false));
+    let notify = Arc::new(Notify::new());
+    *wake.lock().unwrap_or_else(|p| p.into_inner()) = notify.clone();
+    let source = Arc::new(SimSource::new(
+        world.broker.clone(),
+        world.journal.clone(),
+        notify,
+        dead.clone(),
+        generation,
+    ));
+    let store = SimStore {
+        world: world.clone(),
+        dead: dead.clone(),
+    };
+    let limiter = Limiter::new(
+        store,
+        KeySpace::new("sim"),
+        policy.clone(),
+        Topology::Single,
+    );
+    let (rec_tx, rec_rx) = mpsc::channel(64);
+    let (part_tx, part_rx) = mpsc::unbounded_channel();
+    let deps: Deps<SimPorts> = Deps {
+        permits: Arc::new(limiter),
+        caller: Arc::new(SimDownstream {
+            world: world.clone(),
+            dead: dead.clone(),
+        }),
+        writer: Arc::new(SimWriter {
+            world: world.clone(),
+            dead: dead.clone(),
+            tier_partitions: sc.tier_partitions,
+        }),
+        source: source.clone(),
+        clock: world.clock.clone(),
+        records: rec_rx,
+        partitions: part_rx,
+        health: Health::new(Duration::from_secs(10)),
+        jobs_partitions: sc.partitions as usize * sc.fleet.max(1),
+        seed: sc.seed.wrapping_add(generation),
+    };
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let engine = Engine::new(settings, deps);
+    let engine = tokio::spawn(engine.run(async move {
+        let _ = stop_rx.await;
+    }));
+    source.assign(&topic_partitions(sc), &part_tx);
+    tokio::spawn(deliver(source.clone(), rec_tx));
+    Incarnation {
+        dead,
+        source,
+        parts: part_tx,
+        engine,
+        shutdown: Some(stop_tx),
+    }
+}
+
+/// What happens when, in virtual ms.
+enum Step {
+    Produce(usize),
+    Crash(u64),
+    Restart,
+    Revoke(Vec<i32>, u64),
+    Assign(Vec<i32>),
+    Jump(i64),
+}
+
+/// Runs `sc` on a fresh paused runtime of this thread.
+pub fn run(sc: &Scenario) -> Outcome {
+    catch_panics();
+    PANICS.with(|p| p.borrow_mut().clear());
+    IN_RUN.with(|r| r.set(true));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("a current-thread runtime");
+    let mut out = rt.block_on(run_async(sc));
+    drop(rt);
+    IN_RUN.with(|r| r.set(false));
+    out.panics = PANICS.with(|p| std::mem::take(&mut *p.borrow_mut()));
+    out
+}
+
+async fn run_async(sc: &Scenario) -> Outcome {
+    let clock = Arc::new(SimClock::new());
+    let journal = Arc::new(Journal::default());
+    let broker = Arc::new(Mutex::new(Broker::default()));
+    let settings = sc.settings();
+    let policy = Policy::from_config(&settings.limits).expect("the scenario's limits are valid");
+    let values: Vec<_> = sc
+        .jobs
+        .iter()
+        .enumerate()
+        .map(|(i, j)| {
+            if j.malformed {
+                bytes::Bytes::from(format!("not json {i}"))
+            } else {
+                let mut v = job_value(i, &sc.sellers[j.seller].name, j.cost);
+                if j.pad > 0 {
+                    let text = String::from_utf8_lossy(&v).replace(
+                        r#""payload":{"#,
+                        &format!(r#""payload":{{"pad":"{}","#, "x".repeat(j.pad)),
+                    );
+                    v = bytes::Bytes::from(text);
+                }
+                v
+            }
+        })
+        .collect();
+    journal.with(|log| {
+        for (i, v) in values.iter().enumerate() {
+            log.by_value.insert(v.clone(), i);
+            log.by_job_id.insert(format!("job-{i}"), i);
+        }
+    });
+    let world = Arc::new(World {
+        clock: clock.clone(),
+        journal: journal.clone(),
+        broker: broker.clone(),
+        faults: sc.faults.clone(),
+        poison: sc.jobs.iter().map(|j| j.poison).collect(),
+        redis: Mutex::new(ModelStore::new()),
+        rng: World::seeded(sc.seed),
+    });
+    let mut steps: Vec<(u64, Step)> = Vec::new();
+    for (i, j) in sc.jobs.iter().enumerate() {
+        steps.push((j.at_ms, Step::Produce(i)));
+    }
+    for &(at, down) in &sc.crashes {
+        steps.push((at, Step::Crash(down)));
+    }
+    for (at, parts, dur) in &sc.rebalances {
+        steps.push((*at, Step::Revoke(parts.clone(), *dur)));
+    }
+    for &(at, by) in &sc.clock_jumps {
+        steps.push((at, Step::Jump(by)));
+    }
+    let wake = Arc::new(Mutex::new(Arc::new(Notify::new())));
+    let mut generation = 0u64;
+    let mut current = Some(start(sc, &world, &policy, generation, &wake));
+    let jobs_topic = settings.kafka.topic.clone();
+    let mut i = 0;
+    let mut settled_ms = None;
+    let start_at = tokio::time::Instant::now();
+    loop {
+        steps.sort_by_key(|(at, _)| *at);
+        let next_at = steps.get(i).map(|(at, _)| *at);
+        let now = clock.elapsed_ms();
+        if next_at.is_none() {
+            let finished = journal.with(|log| {
+                (0..sc.jobs.len())
+                    .all(|j| log.done.contains_key(&j) || log.dead.iter().any(|(d, _)| *d == j))
+            });
+            if finished && current.is_some() {
+                settled_ms = Some(now);
+                break;
+            }
+            if now >= sc.limit_ms {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            continue;
+        }
+        let at = next_at.unwrap_or(0);
+        if at > now {
+            tokio::time::sleep_until(start_at + Duration::from_millis(at)).await;
+        }
+        let step = std::mem::replace(&mut steps[i].1, Step::Jump(0));
+        i += 1;
+        match step {
+            Step::Produce(j) => {
+                let spec = &sc.jobs[j];
+                let tp = (jobs_topic.clone(), spec.partition);
+                let key =
+                    (!spec.malformed).then(|| sc.sellers[spec.seller].name.clone().into_bytes());
+                let rec = SimRecord {
+                    key,
+                    value: values[j].clone(),
+                    headers: RetryHeaders::default(),
+                };
+                broker
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .append(&tp, rec);
+                wake.lock().unwrap_or_else(|p| p.into_inner()).notify_one();
+            }
+            Step::Crash(down) => {
+                if let Some(inc) = current.take() {
+                    inc.dead.store(true, Ordering::SeqCst);
+                    inc.engine.abort();
+                    generation = inc.source.max_generation();
+                    let at = clock.elapsed_ms() + down;
+                    steps.push((at, Step::Restart));
+                }
+            }
+            Step::Restart => {
+                if current.is_none() {
+                    current = Some(start(sc, &world, &policy, generation, &wake));
+                }
+            }
+            Step::Revoke(parts, dur) => {
+                if let Some(inc) = &current {
+                    let tps: Vec<Tp> = parts
+                        .iter()
+                        .map(|p| (jobs_topic.clone(), *p))
+                        .filter(|tp| inc.source.owned().contains(tp))
+                        .collect();
+                    if !tps.is_empty() {
+                        inc.source.revoke(&tps, false, &inc.parts);
+                        broker.lock().unwrap_or_else(|p| p.into_inner()).rebalancing = true;
+                        let at = clock.elapsed_ms() + dur;
+                        steps.push((at, Step::Assign(tps.iter().map(|(_, p)| *p).collect())));
+                    }
+                }
+            }
+            Step::Assign(parts) => {
+                broker.lock().unwrap_or_else(|p| p.into_inner()).rebalancing = false;
+                if let Some(inc) = &current {
+                    let owned = inc.source.owned();
+                    let tps: Vec<Tp> = parts
+                        .iter()
+                        .map(|p| (jobs_topic.clone(), *p))
+                        .filter(|tp| !owned.contains(tp))
+                        .collect();
+                    inc.source.assign(&tps, &inc.parts);
+                }
+            }
+            Step::Jump(by) => clock.jump(by),
+        }
+    }
+    let mut summary = None;
+    if let Some(mut inc) = current.take() {
+        if let Some(stop) = inc.shutdown.take() {
+            let _ = stop.send(());
+        }
+        if let Ok(Ok(s)) = tokio::time::timeout(Duration::from_secs(60), &mut inc.engine).await {
+            summary = Some(s);
+        }
+        inc.dead.store(true, Ordering::SeqCst);
+    }
+    let end_ms = clock.elapsed_ms();
+    let log = journal.with(std::mem::take);
+    Outcome {
+        log,
+        panics: Vec::new(),
+        settled_ms,
+        summary,
+        end_ms,
+    }
+}

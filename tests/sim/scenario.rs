@@ -1,0 +1,262 @@
+//! The world of one run: what a seed draws, or what a test writes by hand.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use throttle_worker::config::{self, LimitsConfig, OnError, RuleConfig, SellerConfig, Settings};
+
+use super::ports::{Faults, OutageKind, Poison, RetryAfterKind, Window};
+
+#[derive(Debug, Clone)]
+pub struct SellerSpec {
+    pub name: String,
+    /// `None`: unlimited.
+    pub rule: Option<RuleConfig>,
+}
+
+#[derive(Debug, Clone)]
+pub struct JobSpec {
+    pub seller: usize,
+    pub cost: u64,
+    /// When it is produced (virtual ms).
+    pub at_ms: u64,
+    pub partition: i32,
+    /// Not a job at all: dead-lettered as malformed (its own fault).
+    pub malformed: bool,
+    pub poison: Poison,
+    /// Padding in the payload, bytes.
+    pub pad: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    pub seed: u64,
+    pub partitions: i32,
+    pub tier_partitions: i32,
+    pub sellers: Vec<SellerSpec>,
+    pub jobs: Vec<JobSpec>,
+    pub faults: Faults,
+    /// (at, down for): the process is killed (kill -9) and restarted.
+    pub crashes: Vec<(u64, u64)>,
+    /// (at, partitions of the jobs topic, for how long): revoked, then
+    /// assigned back; commits are refused meanwhile.
+    pub rebalances: Vec<(u64, Vec<i32>, u64)>,
+    /// (at, by µs): the worker host's wall clock steps.
+    pub clock_jumps: Vec<(u64, i64)>,
+    pub concurrency: usize,
+    pub max_attempts: u32,
+    pub on_error: OnError,
+    /// Replicas the fleet pretends to have: this one holds 1/fleet of the
+    /// jobs topic's partitions as far as the local fallback's share goes.
+    pub fleet: usize,
+    /// Faults stop by then; the run goes on until every job is finished
+    /// or `limit_ms`.
+    pub faults_end_ms: u64,
+    pub limit_ms: u64,
+}
+
+pub fn rule(algorithm: &str, limit: u64, period: Duration, burst: Option<u64>) -> RuleConfig {
+    RuleConfig {
+        algorithm: algorithm.to_owned(),
+        limit,
+        period,
+        burst,
+        shadow: false,
+    }
+}
+
+impl Scenario {
+    /// An empty world: one partition, no sellers, no faults.
+    pub fn quiet(seed: u64) -> Scenario {
+        Scenario {
+            seed,
+            partitions: 1,
+            tier_partitions: 2,
+            sellers: Vec::new(),
+            jobs: Vec::new(),
+            faults: Faults {
+                max_message_bytes: 1_000_000,
+                latency_ms: (5, 20),
+                redis_latency_us: (100, 2_000),
+                timeout: Duration::from_secs(10),
+                // Every hold ends well inside a run: a job still waiting
+                // at the end is then lost, not merely held.
+                max_retry_after: Duration::from_secs(60),
+                ..Faults::default()
+            },
+            crashes: Vec::new(),
+            rebalances: Vec::new(),
+            clock_jumps: Vec::new(),
+            concurrency: 8,
+            max_attempts: 5,
+            on_error: OnError::FailClosed,
+            fleet: 1,
+            faults_end_ms: 0,
+            // Long enough for every hold to end: a parked record waits at most
+            // its tier's delay (1 h) after a clock step, whatever the step.
+            limit_ms: 4 * 3600 * 1000,
+        }
+    }
+
+    /// What seed `seed` draws.
+    pub fn random(seed: u64) -> Scenario {
+        let mut r = StdRng::seed_from_u64(seed);
+        let mut sc = Scenario::quiet(seed);
+        sc.partitions = r.random_range(1..=6);
+        sc.concurrency = r.random_range(1..=16);
+        let horizon = r.random_range(5_000..=60_000u64);
+        sc.faults_end_ms = horizon;
+        let n_sellers = r.random_range(1..=6);
+        for i in 0..n_sellers {
+            let period = Duration::from_millis(
+                *[250u64, 1000, 2000, 5000]
+                    .get(r.random_range(0..4))
+                    .unwrap_or(&1000),
+            );
+            let limit = r.random_range(1..=20);
+            let rule = match r.random_range(0..10) {
+                0 => None,
+                1..=3 => Some(rule("fixed_window", limit, period, None)),
+                4..=5 => Some(rule("sliding_window_log", limit, period, None)),
+                6..=7 => Some(rule(
+                    "token_bucket",
+                    limit,
+                    period,
+                    Some(limit + r.random_range(0..=limit)),
+                )),
+                _ => Some(rule("gcra", limit, period, Some(r.random_range(1..=limit)))),
+            };
+            sc.sellers.push(SellerSpec {
+                name: format!("seller-{i}"),
+                rule,
+            });
+        }
+        let n_jobs = r.random_range(1..=150);
+        for _ in 0..n_jobs {
+            let seller = r.random_range(0..n_sellers);
+            let cost = match r.random_range(0..20) {
+                0 => r.random_range(2..=4),
+                1 => 25, // over most capacities
+                _ => 1,
+            };
+            sc.jobs.push(JobSpec {
+                seller,
+                cost,
+                at_ms: r.random_range(0..=horizon),
+                partition: r.random_range(0..sc.partitions),
+                malformed: r.random_bool(0.03),
+                poison: match r.random_range(0..40) {
+                    0 => Poison::Rejected,
+                    1 => Poison::AlwaysFails,
+                    _ => Poison::None,
+                },
+                pad: 0,
+            });
+        }
+        sc.jobs.sort_by_key(|j| j.at_ms);
+        let window = |r: &mut StdRng, max_len: u64| {
+            let from = r.random_range(0..horizon);
+            Window {
+                from_ms: from,
+                to_ms: (from + r.random_range(100..=max_len)).min(horizon),
+            }
+        };
+        for _ in 0..r.random_range(0..=2) {
+            let kind = [
+                OutageKind::Status503,
+                OutageKind::Timeout,
+                OutageKind::Refused,
+            ][r.random_range(0..3)];
+            sc.faults.outages.push((window(&mut r, 20_000), kind));
+        }
+        for _ in 0..r.random_range(0..=2) {
+            let seller = r
+                .random_bool(0.7)
+                .then(|| format!("seller-{}", r.random_range(0..n_sellers)));
+            let kind = match r.random_range(0..6) {
+                0 => RetryAfterKind::Seconds(r.random_range(1..=5)),
+                1 => RetryAfterKind::Zero,
+                2 => RetryAfterKind::PastDate,
+                3 => RetryAfterKind::Garbage,
+                4 => RetryAfterKind::Huge,
+                _ => RetryAfterKind::Absent,
+            };
+            sc.faults
+                .throttles
+                .push((window(&mut r, 10_000), seller, kind));
+        }
+        for _ in 0..r.random_range(0..=1) {
+            sc.faults.redis_errors.push(window(&mut r, 10_000));
+        }
+        for _ in 0..r.random_range(0..=1) {
+            sc.faults.redis_hangs.push(window(&mut r, 5_000));
+        }
+        if r.random_bool(0.3) {
+            sc.faults.write_failure = 0.2;
+        }
+        for _ in 0..r.random_range(0..=2) {
+            sc.crashes
+                .push((r.random_range(0..horizon), r.random_range(100..=3_000)));
+        }
+        for _ in 0..r.random_range(0..=2) {
+            let parts: Vec<i32> = (0..sc.partitions).filter(|_| r.random_bool(0.5)).collect();
+            if !parts.is_empty() {
+                sc.rebalances.push((
+                    r.random_range(0..horizon),
+                    parts,
+                    r.random_range(50..=2_000),
+                ));
+            }
+        }
+        for _ in 0..r.random_range(0..=2) {
+            let by: i64 = r.random_range(-7_200_000_000..=7_200_000_000);
+            sc.clock_jumps.push((r.random_range(0..horizon), by));
+        }
+        sc.faults.latency_ms = (1, r.random_range(5..=200));
+        sc
+    }
+
+    pub fn limits(&self) -> LimitsConfig {
+        let mut sellers = BTreeMap::new();
+        for s in &self.sellers {
+            let cfg = match &s.rule {
+                Some(r) => SellerConfig {
+                    rules: Some(vec![r.clone()]),
+                    ..SellerConfig::default()
+                },
+                None => SellerConfig {
+                    unlimited: true,
+                    ..SellerConfig::default()
+                },
+            };
+            sellers.insert(s.name.clone(), cfg);
+        }
+        LimitsConfig {
+            file: None,
+            default: vec![rule("fixed_window", 10, Duration::from_secs(1), None)],
+            global: Vec::new(),
+            tiers: BTreeMap::new(),
+            sellers,
+        }
+    }
+
+    pub fn settings(&self) -> Settings {
+        let mut s = config::load_from(None, Vec::new())
+            .expect("the defaults load")
+            .settings;
+        s.kafka.topic = "jobs".to_owned();
+        s.kafka.retry_topic = "jobs.retry".to_owned();
+        s.kafka.dlq_topic = "jobs.dlq".to_owned();
+        s.kafka.commit_interval = Duration::from_millis(200);
+        s.downstream.concurrency = self.concurrency;
+        s.downstream.max_attempts = self.max_attempts;
+        s.downstream.timeout = self.faults.timeout;
+        s.downstream.max_retry_after = self.faults.max_retry_after;
+        s.redis.on_error = self.on_error;
+        s.worker.shutdown_timeout = Duration::from_secs(5);
+        s.limits = self.limits();
+        s
+    }
+}
