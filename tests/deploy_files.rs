@@ -1037,12 +1037,16 @@ fn serve_503_once() -> u16 {
 }
 
 /// Every metric, label and label value the dashboard and the Prometheus
-/// scaler query is one a running worker exports. The run makes the
-/// event-driven series appear: a named seller held to its limit (limit-bound
-/// backlog, refusals, retry-afters), a job over the rule's capacity
-/// (`never`, a dead letter), a malformed record, a downstream 429, a slow
-/// downstream with two slots (capacity-bound backlog), lag statistics. The
-/// image's healthcheck script is run against the same worker.
+/// scaler query is one the running replicas export (a fast check of the
+/// names), then Debian's Prometheus, scraping both replicas with the
+/// shipped config and alerts, evaluates every panel, variable, scaler and
+/// alert query ([`prometheus_checks`]). Two replicas: one in this process,
+/// one the binary as a child process. The run makes the event-driven series
+/// appear: a named seller held to its limit (limit-bound backlog, refusals,
+/// retry-afters, calls avoided), a job over the rule's capacity (`never`, a
+/// dead letter), a malformed record, a downstream 429, a slow downstream
+/// with two slots (capacity-bound backlog), lag statistics. The image's
+/// healthcheck script is run against the in-process worker.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dashboard_scaler_and_healthcheck_hold_against_a_running_worker() {
     let started = Instant::now();
@@ -1087,10 +1091,37 @@ async fn dashboard_scaler_and_healthcheck_hold_against_a_running_worker() {
         );
     }
     let worker = Running::start(settings, policy);
-    // A real Prometheus scrapes the worker from the start, with the shipped
-    // prometheus.yml (its DNS discovery replaced by this worker's address)
-    // and the shipped alerts.
-    let prom = Prometheus::start(&[format!("127.0.0.1:{port}")]);
+    // A second replica: the binary, as a child process in the same group
+    // with the same limits (the Redis key prefix is shared, so `hot` has
+    // one limit for both). Killed when the test ends.
+    let scratch = common::procs::Scratch::new("deploy-prometheus");
+    let port2 = free_port();
+    let limits = r#"[{ algorithm = "fixed_window", limit = 1000, period = "1s" }]
+
+[limits.sellers]
+"hot" = { rules = [{ algorithm = "fixed_window", limit = 3, period = "1s" }] }"#;
+    let config = common::procs::WorkerConfig {
+        bootstrap: &bench.bootstrap(),
+        group: &bench.group,
+        jobs_topic: &bench.topics.jobs,
+        retry_topic: &bench.topics.retry,
+        dlq_topic: &bench.topics.dlq,
+        key_prefix: &bench.prefix,
+        rules: limits,
+        shutdown_timeout: "5s",
+    }
+    .write(scratch.path(), "replica-2");
+    let mut cmd = std::process::Command::new(common::procs::BIN);
+    cmd.arg("run")
+        .arg("--config")
+        .arg(&config)
+        .env("THROTTLE__HTTP__LISTEN", format!("127.0.0.1:{port2}"))
+        .env("THROTTLE__DOWNSTREAM__URL", &down.url);
+    let _replica2 = common::procs::Proc::spawn("replica-2", cmd, scratch.path(), false);
+    // A real Prometheus scrapes both replicas from the start, with the
+    // shipped prometheus.yml (its DNS discovery replaced by their
+    // addresses) and the shipped alerts.
+    let prom = Prometheus::start(&[format!("127.0.0.1:{port}"), format!("127.0.0.1:{port2}")]);
     let mut records: Vec<_> = (0..12).map(|i| job(&format!("hot-{i}"), "hot")).collect();
     records.push(job_of_cost("hot-heavy", "hot", 50));
     records.extend((0..40).map(|i| job(&format!("cold-{i}"), &format!("cold-{}", i % 10))));
@@ -1098,25 +1129,33 @@ async fn dashboard_scaler_and_healthcheck_hold_against_a_running_worker() {
     records.push((None, b"{not json".to_vec()));
     bench.produce(&records).await;
 
-    let url = format!("http://127.0.0.1:{port}/metrics");
+    // The fleet's exposition: both replicas' scrapes merged (the group's
+    // partitions, and so the events, are split between them).
+    let urls = [port, port2].map(|p| format!("http://127.0.0.1:{p}/metrics"));
     let mut expo = Exposition::default();
     let deadline = Instant::now() + Duration::from_secs(45);
     let mut scrapes = 0;
-    // `hot` gets a job every other turn until a job arrives while it is
-    // refused and joins its queue without a limiter call (calls avoided):
-    // records fetched together with the first wave are all queued before
-    // its first call, so only a later one shows it.
+    // `hot` gets a job a turn until a job arrives while it is refused and
+    // joins its queue without a limiter call (calls avoided): records
+    // fetched together with the first wave are all queued before its first
+    // call, so only a later one shows it.
     let mut trickle = 0;
     let problems = loop {
-        if let Some(text) = scrape(&url).await {
-            if !text.contains("throttle_limiter_calls_avoided_total") && trickle < 60 {
-                bench
-                    .produce(&[job(&format!("hot-late-{trickle}"), "hot")])
-                    .await;
-                trickle += 1;
+        for url in &urls {
+            if let Some(text) = scrape(url).await {
+                expo.add(&text);
+                scrapes += 1;
             }
-            expo.add(&text);
-            scrapes += 1;
+        }
+        if !expo
+            .samples
+            .contains_key("throttle_limiter_calls_avoided_total")
+            && trickle < 60
+        {
+            bench
+                .produce(&[job(&format!("hot-late-{trickle}"), "hot")])
+                .await;
+            trickle += 1;
         }
         let problems = query_problems(&queries, &expo);
         if problems.is_empty() || Instant::now() > deadline {
@@ -1125,7 +1164,7 @@ async fn dashboard_scaler_and_healthcheck_hold_against_a_running_worker() {
         tokio::time::sleep(Duration::from_millis(150)).await;
     };
     assert_none(
-        &format!("queries against {scrapes} scrapes of a running worker"),
+        &format!("queries against {scrapes} scrapes of two running replicas"),
         &problems,
     );
 
@@ -1143,7 +1182,7 @@ async fn dashboard_scaler_and_healthcheck_hold_against_a_running_worker() {
         !ok && err.contains("nothing listens"),
         "healthcheck passed a closed port: {err}"
     );
-    let prom_checked = prometheus_checks(&prom, &queries).await;
+    let prom_checked = prometheus_checks(&prom, 2, &queries).await;
     worker.stop().await;
     drop(prom);
 
@@ -1211,13 +1250,18 @@ fn alert_series_queries(expr: &str) -> Vec<String> {
     out
 }
 
-/// What the real Prometheus must show while the worker runs: the target
-/// up, every rule of the shipped alerts loaded and evaluated without
-/// error, every alert expression valid and every series it reads present,
+/// What the real Prometheus must show while the workers run: every
+/// replica's target up, every rule of the shipped alerts loaded and
+/// evaluated without error, every alert expression valid and every series
+/// it reads present,
 /// every dashboard panel, scaler query and template variable returning
 /// series. Retried until all hold or a minute passes (rates need a few
 /// scrapes at the shipped 5 s interval). Returns how many queries it ran.
-async fn prometheus_checks(prom: &Prometheus, queries: &[(String, String)]) -> usize {
+async fn prometheus_checks(
+    prom: &Prometheus,
+    replicas: usize,
+    queries: &[(String, String)],
+) -> usize {
     prom.wait_ready(Duration::from_secs(30)).await;
     let job = at(&prom.config, "scrape_configs.0.job_name")
         .as_str()
@@ -1244,8 +1288,8 @@ async fn prometheus_checks(prom: &Prometheus, queries: &[(String, String)]) -> u
         let mut problems = Vec::new();
         let mut ran = 0;
         match prom.targets().await {
-            Ok(t) if !t.is_empty() && t.iter().all(|(_, h)| h == "up") => {}
-            other => problems.push(format!("targets not all up: {other:?}")),
+            Ok(t) if t.len() == replicas && t.iter().all(|(_, h)| h == "up") => {}
+            other => problems.push(format!("not {replicas} targets up: {other:?}")),
         }
         match prom.rules().await {
             Ok(rules) => {
