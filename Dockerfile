@@ -25,6 +25,9 @@ COPY config/default.toml ./config/default.toml
 COPY benches ./benches
 # Cache mounts keep the registry and the target directory between builds;
 # the binary is copied out of the cached target before the layer ends.
+# The release profile strips debug info (Cargo.toml, `strip = "debuginfo"`):
+# the image ships a binary without it. To profile, build
+# `--profile profiling` (release with line tables) outside the image.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked \

@@ -39,11 +39,16 @@ in_root() {
     CARGO_HOME=/root/.cargo-empty CARGO_TARGET_DIR=/root/target bash -c "$1"
 }
 echo "=== what a bare bookworm lacks"
-for c in cc make pkg-config python3 perl redis-server redis-cli kill openssl; do
+for c in cc make pkg-config python3 perl redis-server redis-cli kill openssl promtool prometheus kubectl; do
   in_root "type -P $c >/dev/null" && echo "  has $c" || echo "  lacks $c"
 done
 echo "=== scripts/install-deps.sh"
 in_root "cd $repo && scripts/install-deps.sh && (update-ca-certificates >/dev/null 2>&1 || true)"
+# scripts/check-deploy.sh's tools: promtool comes with install-deps;
+# kubectl does not (bookworm's kubernetes-client is too old for the
+# overlays), so a bare bookworm needs it from pkgs.k8s.io.
+in_root "type -P promtool >/dev/null && python3 -m venv --help >/dev/null" && echo "  promtool and python3-venv installed"
+in_root "type -P kubectl >/dev/null" || echo "  still lacks kubectl: scripts/check-deploy.sh fails until it is installed"
 echo "=== the C parts, from an empty cargo home"
 in_root "cd $repo && cargo build -q -p rdkafka-sys -p openssl-sys -p libz-sys"
 echo "=== test binaries against the installed packages"

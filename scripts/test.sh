@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The test command: installs what the build needs, starts a throwaway Redis
-# on a spare loopback port (unless REDIS_URL answers), then runs the format
-# check, clippy, the supply-chain check and every test. The Kafka tests
+# The test command: installs what the build needs, checks the alerting
+# rules and the Kubernetes overlays (scripts/check-deploy.sh), starts a
+# throwaway Redis on a spare loopback port (unless REDIS_URL answers), then
+# runs the format check, clippy, the supply-chain check and every test. The Kafka tests
 # embed librdkafka's mock cluster, so nothing else has to run. Extra
 # arguments go to `cargo test`.
 set -euo pipefail
@@ -19,6 +20,10 @@ fi
 # to draw another. New cases are explored by scripts/stress-suite.sh, which
 # draws fresh ones every round (and PROPTEST_CASES=N runs more per test).
 export PROPTEST_RNG_SEED=${PROPTEST_RNG_SEED:-20261124}
+# Alerting rules (promtool check and unit tests) and the Kubernetes
+# overlays (rendered, validated against the API schemas offline): a few
+# seconds once kubernetes-validate is in target/deploy-venv.
+scripts/check-deploy.sh
 exec scripts/with-redis.sh bash -c '
   set -euo pipefail
   printf "\n=== cargo fmt --check\n"

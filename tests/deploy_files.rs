@@ -21,6 +21,7 @@ use common::{free_port, rule};
 use deploy::compose::{self, Compose};
 use deploy::dockerfile::{self, Dockerfile};
 use deploy::kube::{self, Manifest};
+use deploy::prometheus::Prometheus;
 use deploy::promql::{self, Exposition};
 use deploy::{at, env, read, repo};
 use throttle_worker::config::SellerConfig;
@@ -61,7 +62,7 @@ fn compose_problems(c: &Compose, df: &Dockerfile) -> (Vec<String>, compose::Lear
 }
 
 fn kube_problems(all: &[Manifest], df: &Dockerfile, tmp: &Path) -> (Vec<String>, kube::Learnt) {
-    let dir = repo().join("deploy/kubernetes");
+    let dir = repo().join("deploy/kubernetes/base");
     let kustomization = all
         .iter()
         .find(|m| m.kind() == "Kustomization")
@@ -247,10 +248,83 @@ fn grafana_provisions_the_datasource_and_the_dashboard() {
         "Rebalances",
         "Jobs done and dead-lettered per second",
         "In flight / waiting / parked",
+        // Issue 23: the alerts' signals, the limiter's savings, dead letters.
+        "Replicas scraped and ready",
+        "Buffered bytes / max_buffered_bytes",
+        "Failure ratios: limiter and downstream",
+        "Limiter calls avoided per second by seller",
+        "Asks per limiter call (coalescing)",
+        "Dead letters by reason (last 10 minutes)",
+        "Group lag trend and backlog cause",
     ] {
         assert!(
             titles.contains(want),
             "no panel {want:?}; panels: {titles:?}"
+        );
+    }
+    // Every panel, rows included, says what it shows.
+    for p in compose::panels(d) {
+        let desc = at(p, "description").as_str().unwrap_or("");
+        assert!(
+            desc.len() > 20,
+            "panel {:?} has no description",
+            at(p, "title")
+        );
+    }
+    // Template variables: the datasource, the scrape job, the group, the
+    // named sellers (from label_values, so the lists follow the data).
+    let vars: Vec<(&str, &str)> = at(d, "templating.list")
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|v| {
+            (
+                at(v, "name").as_str().unwrap_or(""),
+                at(v, "type").as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        vars,
+        [
+            ("datasource", "datasource"),
+            ("job", "query"),
+            ("group", "query"),
+            ("seller", "query"),
+        ]
+    );
+    for v in at(d, "templating.list").as_array().unwrap().iter().skip(1) {
+        let q = at(v, "query.query").as_str().unwrap_or("");
+        assert!(
+            deploy::prometheus::label_values_call(q).is_some(),
+            "variable {}: {q:?} is not label_values(...)",
+            at(v, "name")
+        );
+    }
+    // Every query follows $job; the lag panels $group; the per-seller ones $seller.
+    let queries = compose::queries(d);
+    for (title, expr) in &queries {
+        assert!(
+            expr.contains("job=~\"$job\""),
+            "panel {title:?}: `{expr}` ignores $job"
+        );
+        if expr.contains("throttle_consumer_") {
+            assert!(
+                expr.contains("group=~\"$group\""),
+                "panel {title:?}: `{expr}` ignores $group"
+            );
+        }
+    }
+    for title in [
+        "Limit-bound backlog by named seller",
+        "Decisions per second by named seller",
+        "Limiter calls avoided per second by seller",
+    ] {
+        assert!(
+            queries
+                .iter()
+                .any(|(t, e)| t == title && e.contains("seller=~\"$seller\"")),
+            "panel {title:?} ignores $seller"
         );
     }
 }
@@ -258,10 +332,10 @@ fn grafana_provisions_the_datasource_and_the_dashboard() {
 #[test]
 fn kubernetes_manifests_agree_with_the_binary() {
     let df = dockerfile_of(&read("Dockerfile"));
-    let all = kube::load_dir(&repo().join("deploy/kubernetes")).expect("manifests parse");
+    let all = kube::load_dir(&repo().join("deploy/kubernetes/base")).expect("manifests parse");
     let tmp = tempfile::tempdir().unwrap();
     let (problems, learnt) = kube_problems(&all, &df, tmp.path());
-    assert_none("deploy/kubernetes", &problems);
+    assert_none("deploy/kubernetes/base", &problems);
     let s = learnt.settings.expect("the container's settings load");
     assert_eq!(
         s.kafka.group_instance_id,
@@ -323,6 +397,189 @@ fn kubernetes_manifests_agree_with_the_binary() {
     assert_eq!(listed, files);
 }
 
+/// `kubectl kustomize deploy/kubernetes/overlays/NAME`, as manifests named
+/// `overlays/NAME`. kubectl is required (scripts/check-deploy.sh says
+/// which): a missing one fails the test rather than skipping it.
+fn render_overlay(name: &str) -> Vec<Manifest> {
+    let dir = repo().join("deploy/kubernetes/overlays").join(name);
+    let out = std::process::Command::new("kubectl")
+        .arg("kustomize")
+        .arg(&dir)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("kubectl kustomize {}: {e} (kubectl 1.21 or later is needed to render the overlays)", dir.display())
+        });
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    kube::load_text(
+        &format!("overlays/{name}"),
+        &String::from_utf8_lossy(&out.stdout),
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Each overlay, as kustomize renders it, passes every check the base's
+/// files do; the StatefulSet runs exactly the Deployment's pods, with the
+/// scaler and the governing Service following it.
+#[test]
+fn kubernetes_overlays_render_and_agree_with_the_binary() {
+    let df = dockerfile_of(&read("Dockerfile"));
+    let mut overlays: Vec<String> = std::fs::read_dir(repo().join("deploy/kubernetes/overlays"))
+        .expect("deploy/kubernetes/overlays")
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    overlays.sort();
+    assert_eq!(overlays, ["deployment", "statefulset"]);
+    let base = kube::load_dir(&repo().join("deploy/kubernetes/base")).unwrap();
+    let base_dep = base
+        .iter()
+        .find(|m| m.kind() == "Deployment")
+        .expect("the base Deployment");
+    for (overlay, kind) in [("deployment", "Deployment"), ("statefulset", "StatefulSet")] {
+        let all = render_overlay(overlay);
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = repo().join("deploy/kubernetes/base");
+        let (problems, learnt) = kube::check(&all, &df, None, &dir, tmp.path());
+        assert_none(&format!("overlay {overlay}"), &problems);
+        assert_eq!(learnt.workload_kind, kind, "overlay {overlay}");
+        let s = learnt.settings.expect("the container's settings load");
+        assert_eq!(
+            s.kafka.group_instance_id,
+            kube::SAMPLE_POD_NAME,
+            "overlay {overlay}: static membership from the pod name"
+        );
+        let kinds: BTreeSet<&str> = all.iter().map(Manifest::kind).collect();
+        for want in [
+            "PodDisruptionBudget",
+            "NetworkPolicy",
+            "PrometheusRule",
+            "PodMonitor",
+            "ScaledObject",
+        ] {
+            assert!(
+                kinds.contains(want),
+                "overlay {overlay}: no {want} in {kinds:?}"
+            );
+        }
+        let workload = all.iter().find(|m| m.kind() == kind).unwrap();
+        assert_eq!(
+            at(&workload.doc, "spec.template"),
+            at(&base_dep.doc, "spec.template"),
+            "overlay {overlay}: the pod template is the base Deployment's"
+        );
+    }
+    // The StatefulSet check refuses a governing Service that is not headless.
+    let mut all = render_overlay("statefulset");
+    for m in all.iter_mut() {
+        if m.name() == "throttle-worker-headless" {
+            m.doc["spec"]["clusterIP"] = serde_json::Value::String("10.0.0.1".into());
+        }
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (problems, _) = kube::check(
+        &all,
+        &df,
+        None,
+        &repo().join("deploy/kubernetes/base"),
+        tmp.path(),
+    );
+    assert!(
+        problems.iter().any(|p| p.contains("is not headless")),
+        "{problems:?}"
+    );
+}
+
+/// The alert names of a rules file's groups, in order.
+fn alert_rules(groups: &serde_json::Value) -> Vec<serde_json::Value> {
+    groups
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|g| at(g, "rules").as_array().cloned().unwrap_or_default())
+        .filter(|r| !at(r, "alert").is_null())
+        .collect()
+}
+
+/// The PrometheusRule is the alerts file, each alert has a severity, a
+/// summary and a runbook that exists in README.md, and the promtool unit
+/// test makes each one fire (promtool itself checks that it does:
+/// scripts/check-deploy.sh).
+#[test]
+fn alerts_ship_alike_with_runbooks_and_firing_tests() {
+    let file = deploy::yaml_file("deploy/prometheus/alerts.yml");
+    let rule = deploy::yaml_file("deploy/kubernetes/base/prometheusrule.yaml");
+    assert_eq!(at(&rule, "kind").as_str(), Some("PrometheusRule"));
+    assert_eq!(
+        at(&rule, "spec.groups"),
+        at(&file, "groups"),
+        "deploy/kubernetes/base/prometheusrule.yaml's spec.groups differ from deploy/prometheus/alerts.yml's groups: edit both"
+    );
+    let alerts = alert_rules(at(&file, "groups"));
+    assert!(alerts.len() >= 10, "{} alerts", alerts.len());
+    let readme = read("README.md");
+    let section = readme
+        .split("\n## Alerts\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("README.md has an Alerts section");
+    let tests = deploy::yaml_file("deploy/prometheus/alerts.test.yml");
+    let cases: Vec<&serde_json::Value> = at(&tests, "tests")
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|t| at(t, "alert_rule_test").as_array().into_iter().flatten())
+        .collect();
+    let mut names = BTreeSet::new();
+    for a in &alerts {
+        let name = at(a, "alert").as_str().unwrap();
+        assert!(names.insert(name), "alert {name} twice");
+        let severity = at(a, "labels.severity").as_str();
+        assert!(
+            matches!(severity, Some("critical" | "warning" | "info")),
+            "{name}: severity {severity:?}"
+        );
+        let summary = at(a, "annotations.summary").as_str().unwrap_or("");
+        // absent() has no series, so no labels to name.
+        let absent = at(a, "expr")
+            .as_str()
+            .unwrap_or("")
+            .trim()
+            .starts_with("absent(");
+        assert!(
+            absent || summary.contains("{{ $labels."),
+            "{name}: summary {summary:?} names no label"
+        );
+        let url = at(a, "annotations.runbook_url").as_str().unwrap_or("");
+        let anchor = name.to_lowercase();
+        assert!(
+            url.ends_with(&format!("README.md#{anchor}")),
+            "{name}: runbook_url {url:?} is not README.md#{anchor}"
+        );
+        assert!(
+            section.contains(&format!("\n### {name}\n")),
+            "{name}: no `### {name}` runbook in README.md's Alerts section"
+        );
+        let fires = cases.iter().any(|c| {
+            at(c, "alertname").as_str() == Some(name)
+                && at(c, "exp_alerts")
+                    .as_array()
+                    .is_some_and(|e| !e.is_empty())
+        });
+        assert!(fires, "{name}: no promtool test case where it fires");
+    }
+    // No runbook for an alert that no longer exists.
+    for heading in section.lines().filter_map(|l| l.strip_prefix("### ")) {
+        assert!(
+            names.contains(heading),
+            "README.md's Alerts section has a runbook {heading:?} for no alert"
+        );
+    }
+}
+
 #[test]
 fn limits_files_load_as_valid_limits() {
     let example = repo().join("config/limits.example.toml");
@@ -344,7 +601,7 @@ fn limits_files_load_as_valid_limits() {
         "one unlimited seller: {named:?}"
     );
     // The ConfigMap's limits.toml, as the pod reads it.
-    let all = kube::load_dir(&repo().join("deploy/kubernetes")).unwrap();
+    let all = kube::load_dir(&repo().join("deploy/kubernetes/base")).unwrap();
     let cm = all
         .iter()
         .find(|m| m.kind() == "ConfigMap")
@@ -383,8 +640,8 @@ fn problems_with(file: &str, text: &str) -> Vec<String> {
         Err(e) => return vec![e],
     };
     let mut problems = dockerfile::check(&df, &ignore, &read("scripts/install-deps.sh"), &repo());
-    if let Some(k8s) = file.strip_prefix("deploy/kubernetes/") {
-        let mut all: Vec<Manifest> = kube::load_dir(&repo().join("deploy/kubernetes"))
+    if let Some(k8s) = file.strip_prefix("deploy/kubernetes/base/") {
+        let mut all: Vec<Manifest> = kube::load_dir(&repo().join("deploy/kubernetes/base"))
             .unwrap()
             .into_iter()
             .filter(|m| m.file != k8s)
@@ -503,108 +760,144 @@ fn checkers_reject_broken_copies() {
         },
         Mutation {
             row: 13,
-            file: "deploy/kubernetes/deployment.yaml",
+            file: "deploy/kubernetes/base/deployment.yaml",
             from: "terminationGracePeriodSeconds: 45",
             to: "terminationGracePeriodSeconds: 15",
             expect: "terminationGracePeriodSeconds 15",
         },
         Mutation {
             row: 14,
-            file: "deploy/kubernetes/deployment.yaml",
+            file: "deploy/kubernetes/base/deployment.yaml",
             from: "path: /readyz",
             to: "path: /ready",
             expect: "readinessProbe asks",
         },
         Mutation {
             row: 15,
-            file: "deploy/kubernetes/deployment.yaml",
+            file: "deploy/kubernetes/base/deployment.yaml",
             from: "containerPort: 9898",
             to: "containerPort: 9899",
             expect: "no containerPort 9898",
         },
         Mutation {
             row: 16,
-            file: "deploy/kubernetes/deployment.yaml",
+            file: "deploy/kubernetes/base/deployment.yaml",
             from: "runAsUser: 10001",
             to: "runAsUser: 0",
             expect: "is root",
         },
         Mutation {
             row: 17,
-            file: "deploy/kubernetes/deployment.yaml",
+            file: "deploy/kubernetes/base/deployment.yaml",
             from: "readOnlyRootFilesystem: true",
             to: "readOnlyRootFilesystem: false",
             expect: "readOnlyRootFilesystem",
         },
         Mutation {
             row: 18,
-            file: "deploy/kubernetes/deployment.yaml",
+            file: "deploy/kubernetes/base/deployment.yaml",
             from: "mountPath: /etc/throttle-worker/limits\n",
             to: "mountPath: /etc/throttle-worker/limits\n              subPath: limits.toml\n",
             expect: "subPath",
         },
         Mutation {
             row: 19,
-            file: "deploy/kubernetes/deployment.yaml",
+            file: "deploy/kubernetes/base/deployment.yaml",
             from: "value: \"134217728\"",
             to: "value: \"536870912\"",
             expect: "memory limit",
         },
         Mutation {
             row: 20,
-            file: "deploy/kubernetes/deployment.yaml",
+            file: "deploy/kubernetes/base/deployment.yaml",
             from: "name: THROTTLE__REDIS__URL",
             to: "name: THROTTLE__REDIS__URI",
             expect: "uri",
         },
         Mutation {
             row: 21,
-            file: "deploy/kubernetes/deployment.yaml",
+            file: "deploy/kubernetes/base/deployment.yaml",
             from: "fieldPath: metadata.name",
             to: "fieldPath: metadata.namespace",
             expect: "pod name",
         },
         Mutation {
             row: 22,
-            file: "deploy/kubernetes/deployment.yaml",
+            file: "deploy/kubernetes/base/deployment.yaml",
             from: "key: redis-url",
             to: "key: redis-uri",
             expect: "has no key redis-uri",
         },
         Mutation {
             row: 23,
-            file: "deploy/kubernetes/keda-scaledobject.yaml",
+            file: "deploy/kubernetes/base/keda-scaledobject.yaml",
             from: "consumerGroup: throttle-worker ",
             to: "consumerGroup: throttle-workers ",
             expect: "consumerGroup",
         },
         Mutation {
             row: 24,
-            file: "deploy/kubernetes/keda-scaledobject.yaml",
+            file: "deploy/kubernetes/base/keda-scaledobject.yaml",
             from: "    name: throttle-worker\n  minReplicaCount",
             to: "    name: throttle-workers\n  minReplicaCount",
             expect: "scaleTargetRef",
         },
         Mutation {
             row: 25,
-            file: "deploy/kubernetes/configmap.yaml",
+            file: "deploy/kubernetes/base/configmap.yaml",
             from: "limit = 100, period = \"1m\" }]\n",
             to: "limit = 0, period = \"1m\" }]\n",
             expect: "limit must be at least 1",
         },
         Mutation {
             row: 26,
-            file: "deploy/kubernetes/secret.yaml",
+            file: "deploy/kubernetes/base/secret.yaml",
             from: "\"sasl.password\" = \"CHANGE-ME\"",
             to: "\"sasl.password\" = \"hunter2\"",
             expect: "placeholder",
         },
         Mutation {
             row: 27,
-            file: "deploy/kubernetes/service.yaml",
+            file: "deploy/kubernetes/base/service.yaml",
             from: "targetPort: metrics",
             to: "targetPort: http",
             expect: "no port `metrics`",
+        },
+        Mutation {
+            row: 34,
+            file: "deploy/kubernetes/base/pdb.yaml",
+            from: "maxUnavailable: 1",
+            to: "maxUnavailable: 0",
+            expect: "lets no pod be evicted",
+        },
+        Mutation {
+            row: 35,
+            file: "deploy/kubernetes/base/networkpolicy.yaml",
+            from: "port: 6379",
+            to: "port: 6380",
+            expect: "no egress to port 6379/TCP (redis.url)",
+        },
+        Mutation {
+            row: 36,
+            file: "deploy/kubernetes/base/networkpolicy.yaml",
+            from: "port: metrics",
+            to: "port: 9090",
+            expect: "want the metrics port 9898/TCP only",
+        },
+        Mutation {
+            row: 37,
+            file: "deploy/kubernetes/base/networkpolicy.yaml",
+            from:
+                "  podSelector:\n    matchLabels:\n      app.kubernetes.io/name: throttle-worker\n",
+            to: "  podSelector:\n    matchLabels:\n      app.kubernetes.io/name: throttle\n",
+            expect: "podSelector does not match the pods",
+        },
+        Mutation {
+            row: 38,
+            file: "deploy/kubernetes/base/keda-scaledobject.yaml",
+            from: "excludePersistentLag: \"true\"",
+            to: "excludePersistentLag: \"false\"",
+            expect: "excludePersistentLag",
         },
         Mutation {
             row: 28,
@@ -691,7 +984,7 @@ fn shipped_queries() -> Vec<(String, String)> {
         .map(|(title, e)| (format!("dashboard panel {title:?}"), e))
         .collect();
     let df = dockerfile_of(&read("Dockerfile"));
-    let all = kube::load_dir(&repo().join("deploy/kubernetes")).unwrap();
+    let all = kube::load_dir(&repo().join("deploy/kubernetes/base")).unwrap();
     let tmp = tempfile::tempdir().unwrap();
     qs.extend(kube_problems(&all, &df, tmp.path()).1.scaler_queries);
     qs
@@ -744,12 +1037,16 @@ fn serve_503_once() -> u16 {
 }
 
 /// Every metric, label and label value the dashboard and the Prometheus
-/// scaler query is one a running worker exports. The run makes the
-/// event-driven series appear: a named seller held to its limit (limit-bound
-/// backlog, refusals, retry-afters), a job over the rule's capacity
-/// (`never`, a dead letter), a malformed record, a downstream 429, a slow
-/// downstream with two slots (capacity-bound backlog), lag statistics. The
-/// image's healthcheck script is run against the same worker.
+/// scaler query is one the running replicas export (a fast check of the
+/// names), then Debian's Prometheus, scraping both replicas with the
+/// shipped config and alerts, evaluates every panel, variable, scaler and
+/// alert query ([`prometheus_checks`]). Two replicas: one in this process,
+/// one the binary as a child process. The run makes the event-driven series
+/// appear: a named seller held to its limit (limit-bound backlog, refusals,
+/// retry-afters, calls avoided), a job over the rule's capacity (`never`, a
+/// dead letter), a malformed record, a downstream 429, a slow downstream
+/// with two slots (capacity-bound backlog), lag statistics. The image's
+/// healthcheck script is run against the in-process worker.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dashboard_scaler_and_healthcheck_hold_against_a_running_worker() {
     let started = Instant::now();
@@ -784,13 +1081,47 @@ async fn dashboard_scaler_and_healthcheck_hold_against_a_running_worker() {
         )],
     );
     // A Redis failure is not part of this run: the limiter-error family
-    // gets a zero series so its label names (from its label type) show.
-    drop(
-        throttle_worker::telemetry::metrics::metrics()
-            .limiter_errors
-            .get_or_create(&throttle_worker::telemetry::metrics::KindLabel { kind: "timeout" }),
-    );
+    // gets zero series so its label names (from its label type) show, and
+    // the `shadow` kind the alerts and the dashboard leave out.
+    for kind in ["timeout", "shadow"] {
+        drop(
+            throttle_worker::telemetry::metrics::metrics()
+                .limiter_errors
+                .get_or_create(&throttle_worker::telemetry::metrics::KindLabel { kind }),
+        );
+    }
     let worker = Running::start(settings, policy);
+    // A second replica: the binary, as a child process in the same group
+    // with the same limits (the Redis key prefix is shared, so `hot` has
+    // one limit for both). Killed when the test ends.
+    let scratch = common::procs::Scratch::new("deploy-prometheus");
+    let port2 = free_port();
+    let limits = r#"[{ algorithm = "fixed_window", limit = 1000, period = "1s" }]
+
+[limits.sellers]
+"hot" = { rules = [{ algorithm = "fixed_window", limit = 3, period = "1s" }] }"#;
+    let config = common::procs::WorkerConfig {
+        bootstrap: &bench.bootstrap(),
+        group: &bench.group,
+        jobs_topic: &bench.topics.jobs,
+        retry_topic: &bench.topics.retry,
+        dlq_topic: &bench.topics.dlq,
+        key_prefix: &bench.prefix,
+        rules: limits,
+        shutdown_timeout: "5s",
+    }
+    .write(scratch.path(), "replica-2");
+    let mut cmd = std::process::Command::new(common::procs::BIN);
+    cmd.arg("run")
+        .arg("--config")
+        .arg(&config)
+        .env("THROTTLE__HTTP__LISTEN", format!("127.0.0.1:{port2}"))
+        .env("THROTTLE__DOWNSTREAM__URL", &down.url);
+    let _replica2 = common::procs::Proc::spawn("replica-2", cmd, scratch.path(), false);
+    // A real Prometheus scrapes both replicas from the start, with the
+    // shipped prometheus.yml (its DNS discovery replaced by their
+    // addresses) and the shipped alerts.
+    let prom = Prometheus::start(&[format!("127.0.0.1:{port}"), format!("127.0.0.1:{port2}")]);
     let mut records: Vec<_> = (0..12).map(|i| job(&format!("hot-{i}"), "hot")).collect();
     records.push(job_of_cost("hot-heavy", "hot", 50));
     records.extend((0..40).map(|i| job(&format!("cold-{i}"), &format!("cold-{}", i % 10))));
@@ -798,14 +1129,33 @@ async fn dashboard_scaler_and_healthcheck_hold_against_a_running_worker() {
     records.push((None, b"{not json".to_vec()));
     bench.produce(&records).await;
 
-    let url = format!("http://127.0.0.1:{port}/metrics");
+    // The fleet's exposition: both replicas' scrapes merged (the group's
+    // partitions, and so the events, are split between them).
+    let urls = [port, port2].map(|p| format!("http://127.0.0.1:{p}/metrics"));
     let mut expo = Exposition::default();
     let deadline = Instant::now() + Duration::from_secs(45);
     let mut scrapes = 0;
+    // `hot` gets a job a turn until a job arrives while it is refused and
+    // joins its queue without a limiter call (calls avoided): records
+    // fetched together with the first wave are all queued before its first
+    // call, so only a later one shows it.
+    let mut trickle = 0;
     let problems = loop {
-        if let Some(text) = scrape(&url).await {
-            expo.add(&text);
-            scrapes += 1;
+        for url in &urls {
+            if let Some(text) = scrape(url).await {
+                expo.add(&text);
+                scrapes += 1;
+            }
+        }
+        if !expo
+            .samples
+            .contains_key("throttle_limiter_calls_avoided_total")
+            && trickle < 60
+        {
+            bench
+                .produce(&[job(&format!("hot-late-{trickle}"), "hot")])
+                .await;
+            trickle += 1;
         }
         let problems = query_problems(&queries, &expo);
         if problems.is_empty() || Instant::now() > deadline {
@@ -814,7 +1164,7 @@ async fn dashboard_scaler_and_healthcheck_hold_against_a_running_worker() {
         tokio::time::sleep(Duration::from_millis(150)).await;
     };
     assert_none(
-        &format!("queries against {scrapes} scrapes of a running worker"),
+        &format!("queries against {scrapes} scrapes of two running replicas"),
         &problems,
     );
 
@@ -832,7 +1182,9 @@ async fn dashboard_scaler_and_healthcheck_hold_against_a_running_worker() {
         !ok && err.contains("nothing listens"),
         "healthcheck passed a closed port: {err}"
     );
+    let prom_checked = prometheus_checks(&prom, 2, &queries).await;
     worker.stop().await;
+    drop(prom);
 
     // The checker rejects what a typo would ship.
     let rows: [(u32, &str, &str, &str); 5] = [
@@ -851,8 +1203,8 @@ async fn dashboard_scaler_and_healthcheck_hold_against_a_running_worker() {
         ),
         (
             4,
-            "{cause=\"limit\"}",
-            "{caus=\"limit\"}",
+            " cause=\"limit\"}",
+            " caus=\"limit\"}",
             "has no label caus",
         ),
         (
@@ -875,8 +1227,187 @@ async fn dashboard_scaler_and_healthcheck_hold_against_a_running_worker() {
         );
     }
     eprintln!(
-        "{} queries checked against {scrapes} scrapes in {:.1?}",
+        "{} queries checked against {scrapes} scrapes, {prom_checked} through Prometheus, in {:.1?}",
         queries.len(),
         started.elapsed()
     );
+}
+
+/// The selector of every series an alert reads, and of every label it
+/// matches on (`count(name{label!=""})`), target labels aside: each must
+/// return something from the running worker, or the alert watches nothing.
+fn alert_series_queries(expr: &str) -> Vec<String> {
+    let refs = promql::refs(expr).unwrap_or_else(|e| panic!("alert `{expr}`: {e}"));
+    let mut out = Vec::new();
+    for sel in refs.selectors {
+        out.push(format!("count({})", sel.name));
+        for (label, _, _) in &sel.matchers {
+            if !promql::TARGET_LABELS.contains(&label.as_str()) {
+                out.push(format!("count({}{{{label}!=\"\"}})", sel.name));
+            }
+        }
+    }
+    out
+}
+
+/// What the real Prometheus must show while the workers run: every
+/// replica's target up, every rule of the shipped alerts loaded and
+/// evaluated without error, every alert expression valid and every series
+/// it reads present,
+/// every dashboard panel, scaler query and template variable returning
+/// series. Retried until all hold or a minute passes (rates need a few
+/// scrapes at the shipped 5 s interval). Returns how many queries it ran.
+async fn prometheus_checks(
+    prom: &Prometheus,
+    replicas: usize,
+    queries: &[(String, String)],
+) -> usize {
+    prom.wait_ready(Duration::from_secs(30)).await;
+    let job = at(&prom.config, "scrape_configs.0.job_name")
+        .as_str()
+        .expect("a job_name")
+        .to_owned();
+    let alerts = alert_rules(at(
+        &deploy::yaml_file("deploy/prometheus/alerts.yml"),
+        "groups",
+    ));
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&read("deploy/grafana/dashboards/throttle-worker.json")).unwrap();
+    let variables: Vec<(String, String)> = at(&dashboard, "templating.list")
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| {
+            let q = at(v, "query.query").as_str()?;
+            Some((at(v, "name").as_str()?.to_owned(), q.to_owned()))
+        })
+        .collect();
+    assert!(variables.len() >= 3, "template variables: {variables:?}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut problems = Vec::new();
+        let mut ran = 0;
+        match prom.targets().await {
+            Ok(t) if t.len() == replicas && t.iter().all(|(_, h)| h == "up") => {}
+            other => problems.push(format!("not {replicas} targets up: {other:?}")),
+        }
+        match prom.rules().await {
+            Ok(rules) => {
+                if rules.len() != alerts.len() {
+                    problems.push(format!(
+                        "Prometheus loaded {} rules, alerts.yml has {}",
+                        rules.len(),
+                        alerts.len()
+                    ));
+                }
+                for r in &rules {
+                    if at(r, "health").as_str() != Some("ok") {
+                        problems.push(format!(
+                            "rule {}: health {} ({})",
+                            at(r, "name"),
+                            at(r, "health"),
+                            at(r, "lastError")
+                        ));
+                    }
+                }
+            }
+            Err(e) => problems.push(format!("/api/v1/rules: {e}")),
+        }
+        for a in &alerts {
+            let name = at(a, "alert").as_str().unwrap();
+            let expr = at(a, "expr").as_str().unwrap();
+            ran += 1;
+            if let Err(e) = prom.query(expr).await {
+                problems.push(format!("alert {name}: invalid: {e}"));
+            }
+            for q in alert_series_queries(expr) {
+                ran += 1;
+                match prom.query(&q).await {
+                    Ok(r) if !r.is_empty() => {}
+                    Ok(_) => problems.push(format!("alert {name}: `{q}` is empty")),
+                    Err(e) => problems.push(format!("alert {name}: `{q}`: {e}")),
+                }
+            }
+        }
+        for (what, expr) in queries {
+            let q = deploy::prometheus::as_grafana_sends(expr, &job);
+            ran += 1;
+            match prom.query(&q).await {
+                Ok(r) if !r.is_empty() => {}
+                Ok(_) => problems.push(format!("{what}: `{q}` returned no series")),
+                Err(e) => problems.push(format!("{what}: `{q}`: {e}")),
+            }
+        }
+        for (name, q) in &variables {
+            let (selector, label) = deploy::prometheus::label_values_call(q).unwrap_or_else(|| {
+                panic!("variable {name}: {q} is not label_values(SELECTOR, LABEL)")
+            });
+            let selector = deploy::prometheus::as_grafana_sends(&selector, &job);
+            ran += 1;
+            match prom.label_values(&label, &selector).await {
+                Ok(v) if !v.is_empty() => {}
+                Ok(_) => problems.push(format!("variable {name}: {q} lists nothing")),
+                Err(e) => problems.push(format!("variable {name}: {q}: {e}")),
+            }
+        }
+        if problems.is_empty() {
+            return ran;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "through Prometheus ({}), {} problem(s):\n  {}\n--- prometheus log:\n{}",
+            prom.url,
+            problems.len(),
+            problems.join("\n  "),
+            prom.log_text()
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+/// The Prometheus checks can fail: a broken query is refused, a misspelt
+/// metric returns nothing; and the shipped alerts load into it, with
+/// ThrottleWorkerReplicaDown's expression selecting a target that is down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prometheus_reports_broken_queries() {
+    // Nothing to scrape: a closed loopback port.
+    let prom = Prometheus::start(&[format!("127.0.0.1:{}", free_port())]);
+    prom.wait_ready(Duration::from_secs(30)).await;
+    let err = prom
+        .query("sum by (class (rate(throttle_downstream_requests_total[20s]))")
+        .await
+        .expect_err("an unclosed parenthesis");
+    assert!(err.contains("bad_data"), "{err}");
+    let r = prom
+        .query("sum(throttle_jobs_finished_total)")
+        .await
+        .unwrap();
+    assert!(r.is_empty(), "{r:?}");
+    // The alerts load: every rule of alerts.yml, none with an error.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let rules = prom.rules().await.unwrap();
+        let n = alert_rules(at(
+            &deploy::yaml_file("deploy/prometheus/alerts.yml"),
+            "groups",
+        ))
+        .len();
+        if rules.len() == n && rules.iter().all(|r| !at(r, "health").is_null()) {
+            // The target is down: ThrottleWorkerReplicaDown's expression
+            // selects it (it fires after its `for`).
+            let up = prom
+                .query(r#"up{job=~"(.+/)?throttle-worker"} == 0"#)
+                .await
+                .unwrap();
+            if !up.is_empty() {
+                break;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "rules {rules:?}\n{}",
+            prom.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }

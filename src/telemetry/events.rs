@@ -638,6 +638,20 @@ impl Backlog<'_> {
     }
 }
 
+/// The worker started with these settings: the bounds that alerts compare
+/// the live figures with (`buffered_bytes` against `max_buffered_bytes`).
+pub struct WorkerConfigured {
+    pub max_buffered_bytes: usize,
+}
+
+impl WorkerConfigured {
+    pub fn emit(&self) {
+        metrics()
+            .max_buffered_bytes
+            .set(i64::try_from(self.max_buffered_bytes).unwrap_or(i64::MAX));
+    }
+}
+
 /// librdkafka's periodic statistics: each assigned partition's lag as
 /// (topic, partition, messages behind, age in seconds of its first
 /// unfinished record).

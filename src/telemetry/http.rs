@@ -109,7 +109,12 @@ pub async fn serve(addr: SocketAddr, health: Health) -> std::io::Result<SocketAd
     Ok(bound)
 }
 
-async fn metrics() -> impl axum::response::IntoResponse {
+async fn metrics(State(h): State<Health>) -> impl axum::response::IntoResponse {
+    // Readiness as a series, so an alert sees a replica Kubernetes keeps
+    // out of its Service (and compose, which has no kube-state-metrics).
+    super::metrics::metrics()
+        .ready
+        .set(i64::from(h.readiness().is_ok()));
     (
         [(
             axum::http::header::CONTENT_TYPE,
@@ -160,5 +165,28 @@ mod tests {
         assert!(h.readiness().unwrap_err().contains("Redis"));
         h.set_redis_down(false);
         assert_eq!(h.readiness(), Ok(()));
+    }
+
+    /// The `throttle_ready` line of a scrape through the handler.
+    async fn scraped_ready(h: &Health) -> String {
+        use axum::response::IntoResponse;
+        let body = metrics(State(h.clone())).await.into_response().into_body();
+        let bytes = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+        let text = String::from_utf8(bytes.to_vec()).unwrap();
+        text.lines()
+            .find(|l| l.starts_with("throttle_ready "))
+            .unwrap_or_else(|| panic!("no throttle_ready in:\n{text}"))
+            .to_owned()
+    }
+
+    #[tokio::test]
+    async fn a_scrape_exports_the_readiness_of_that_moment() {
+        let h = Health::new(Duration::from_secs(10));
+        assert_eq!(scraped_ready(&h).await, "throttle_ready 0");
+        h.set_ready(true);
+        h.set_joined();
+        assert_eq!(scraped_ready(&h).await, "throttle_ready 1");
+        h.set_redis_down(true);
+        assert_eq!(scraped_ready(&h).await, "throttle_ready 0");
     }
 }

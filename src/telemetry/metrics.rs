@@ -1,8 +1,10 @@
 //! The process' Prometheus metrics, kept by `prometheus-client` and served
 //! at `/metrics`. Only [`super::events`] moves the counters and histograms
 //! (each event logs and counts in one place); the gauges are set from
-//! snapshots the worker takes (backlog by cause, partitions) and from
-//! librdkafka's statistics (consumer lag).
+//! snapshots the worker takes (backlog by cause, partitions), from
+//! librdkafka's statistics (consumer lag), from the settings at startup
+//! (`max_buffered_bytes`, so alerts can compare `buffered_bytes` with it)
+//! and from the readiness at each scrape (`ready`).
 //!
 //! Cardinality is bounded: a seller gets its own series only when the
 //! config names it ([`name_sellers`]); every other seller is counted under
@@ -126,6 +128,8 @@ pub struct Metrics {
     pub jobs_waiting: Family<WaitingLabels, Gauge>,
     pub jobs_parked: Gauge,
     pub buffered_bytes: Gauge,
+    pub max_buffered_bytes: Gauge,
+    pub ready: Gauge,
     pub assigned_partitions: Gauge,
     pub paused_partitions: Gauge,
     pub consumer_lag: Family<PartitionLabels, Gauge>,
@@ -325,6 +329,16 @@ impl Metrics {
                 "Bytes of jobs in memory (worker.max_buffered_bytes bounds it)",
                 Gauge::default()
             ),
+            max_buffered_bytes: reg!(
+                "max_buffered_bytes",
+                "worker.max_buffered_bytes of this replica: fetching pauses when buffered_bytes reaches it",
+                Gauge::default()
+            ),
+            ready: reg!(
+                "ready",
+                "1 when /readyz answers 200 (started, in the group, Redis answering), else 0; set at each scrape",
+                Gauge::default()
+            ),
             assigned_partitions: reg!(
                 "assigned_partitions",
                 "Partitions assigned to this replica, every topic",
@@ -389,5 +403,36 @@ pub fn seller_label(seller: &str) -> String {
         seller.to_owned()
     } else {
         OTHER_SELLER.to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The sample line of `name` (no labels) in an exposition.
+    fn sample<'a>(text: &'a str, name: &str) -> Option<&'a str> {
+        text.lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+    }
+
+    #[test]
+    fn the_buffer_bound_is_exported_without_labels() {
+        // `ready` is set by the scrape itself: telemetry::http's tests.
+        crate::telemetry::events::WorkerConfigured {
+            max_buffered_bytes: 134_217_728,
+        }
+        .emit();
+        let text = metrics().render();
+        assert_eq!(
+            sample(&text, "throttle_max_buffered_bytes"),
+            Some("134217728"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE throttle_max_buffered_bytes gauge"),
+            "{text}"
+        );
     }
 }

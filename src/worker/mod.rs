@@ -80,6 +80,10 @@ pub async fn run_watching(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<Summary> {
     let settings = Arc::new(settings);
+    crate::telemetry::events::WorkerConfigured {
+        max_buffered_bytes: settings.worker.max_buffered_bytes,
+    }
+    .emit();
     let worker_id = worker_id(&settings.kafka.group_instance_id);
     let downstream = Downstream::new(
         &settings.downstream.url,

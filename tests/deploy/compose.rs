@@ -504,6 +504,32 @@ pub fn check_prometheus(c: &Compose, prom: &Value, workers: &[(&str, u16)]) -> V
             ));
         }
     }
+    // Every rule file reaches the container: Prometheus reads a relative
+    // path from the config file's directory, so each must be mounted there.
+    let rule_files = words(at(prom, "rule_files")).unwrap_or_default();
+    if rule_files.is_empty() {
+        problems.push("prometheus.yml: no rule_files: the alerts are not loaded".into());
+    }
+    if let Some(svc) = c.service("prometheus") {
+        let mounts = c.mounts(svc);
+        for f in &rule_files {
+            let target = if f.starts_with('/') {
+                f.clone()
+            } else {
+                format!("/etc/prometheus/{f}")
+            };
+            match mounts.local(&target) {
+                Some(local) if local.is_file() => {}
+                Some(local) => problems.push(format!(
+                    "prometheus.yml: rule file {f}: {} does not exist",
+                    local.display()
+                )),
+                None => problems.push(format!(
+                    "prometheus.yml: rule file {f}: {target} is not mounted into the prometheus service"
+                )),
+            }
+        }
+    }
     // Every DNS name is a compose service.
     for j in jobs {
         if let Value::Array(sds) = at(j, "dns_sd_configs") {
@@ -640,7 +666,30 @@ pub fn check_grafana(c: &Compose) -> (Vec<String>, Vec<(PathBuf, Value)>) {
         problems.push("grafana provisioning: no dashboard provider".into());
     }
     for (file, d) in &dashboards {
+        // `${datasource}`: the dashboard's datasource variable, whose
+        // default must be a provisioned Prometheus.
+        let var = at(d, "templating.list")
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|v| at(v, "name").as_str() == Some("datasource"));
+        let var_default = var.and_then(|v| {
+            (at(v, "type").as_str() == Some("datasource")
+                && at(v, "query").as_str() == Some("prometheus"))
+            .then(|| at(v, "current.value").as_str().unwrap_or("").to_owned())
+        });
         for (title, ds) in panel_datasources(d) {
+            let ds = if ds == "${datasource}" || ds == "$datasource" {
+                match &var_default {
+                    Some(uid) => uid.clone(),
+                    None => {
+                        problems.push(format!("{}: panel {title:?} uses {ds} but the dashboard has no Prometheus datasource variable `datasource`", file.display()));
+                        continue;
+                    }
+                }
+            } else {
+                ds
+            };
             if !uids.contains(&ds) {
                 problems.push(format!("{}: panel {title:?} uses datasource uid {ds:?}, not a provisioned one {uids:?}", file.display()));
             }

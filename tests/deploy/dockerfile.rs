@@ -231,10 +231,17 @@ impl DockerIgnore {
     }
 }
 
-/// Build-only packages of `scripts/install-deps.sh` (what `.ci/run` installs) that the image does not need: the
-/// Redis server and client, procps and openssl (test certificates) serve
-/// the integration tests.
-pub const TEST_ONLY_PACKAGES: &[&str] = &["redis-server", "redis-tools", "procps", "openssl"];
+/// Packages of `scripts/install-deps.sh` (what `.ci/run` installs) that the
+/// image does not need: the Redis server and client, procps and openssl
+/// (test certificates) serve the integration tests, python3-venv
+/// `scripts/check-deploy.sh`.
+pub const TEST_ONLY_PACKAGES: &[&str] = &[
+    "redis-server",
+    "redis-tools",
+    "procps",
+    "openssl",
+    "python3-venv",
+];
 
 /// The `pkgs=(...)` list of `scripts/install-deps.sh` (what `.ci/run` installs).
 pub fn ci_packages(ci_run: &str) -> Vec<String> {

@@ -1,6 +1,7 @@
 //! `deploy/kubernetes/`: the manifests held against the binary (command
 //! line, config keys, listen port, shutdown timeout, memory bound) and
-//! against each other (names, labels, ports, Secret keys).
+//! against each other (names, labels, ports, Secret keys): the files of
+//! `base/` as written, and each overlay as `kubectl kustomize` renders it.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -74,7 +75,12 @@ pub struct Learnt {
     pub scalers: Vec<String>,
     /// Prometheus queries of ScaledObjects: (file, query).
     pub scaler_queries: Vec<(String, String)>,
+    /// `Deployment` or `StatefulSet`.
+    pub workload_kind: String,
 }
+
+/// The kinds that run the worker's pods.
+pub const WORKLOAD_KINDS: &[&str] = &["Deployment", "StatefulSet"];
 
 fn find<'a>(all: &'a [Manifest], kind: &str, name: &str) -> Option<&'a Manifest> {
     all.iter().find(|m| m.kind() == kind && m.name() == name)
@@ -124,18 +130,22 @@ pub fn check(
             }
         }
     }
-    let deployments: Vec<&Manifest> = all.iter().filter(|m| m.kind() == "Deployment").collect();
-    let [dep] = deployments.as_slice() else {
+    let workloads: Vec<&Manifest> = all
+        .iter()
+        .filter(|m| WORKLOAD_KINDS.contains(&m.kind()))
+        .collect();
+    let [dep] = workloads.as_slice() else {
         return (
             vec![format!(
-                "deploy/kubernetes: expected one Deployment, found {}",
-                deployments.len()
+                "deploy/kubernetes: expected one Deployment or StatefulSet, found {}",
+                workloads.len()
             )],
             learnt,
         );
     };
-    let what = format!("{}: Deployment {}", dep.file, dep.name());
+    let what = format!("{}: {} {}", dep.file, dep.kind(), dep.name());
     learnt.deployment = dep.name().to_owned();
+    learnt.workload_kind = dep.kind().to_owned();
     let pod = at(&dep.doc, "spec.template");
     let pod_labels = at(pod, "metadata.labels").clone();
     let selector = at(&dep.doc, "spec.selector.matchLabels");
@@ -533,13 +543,13 @@ pub fn check(
         let w = format!("{}: ScaledObject {}", m.file, m.name());
         learnt.scalers.push(m.file.clone());
         let target = at(&m.doc, "spec.scaleTargetRef");
+        // KEDA's default kind is Deployment.
         if at(target, "name").as_str() != Some(dep.name())
-            || at(target, "kind")
-                .as_str()
-                .is_some_and(|k| k != "Deployment")
+            || at(target, "kind").as_str().unwrap_or("Deployment") != dep.kind()
         {
             problems.push(format!(
-                "{w}: scaleTargetRef {target} is not Deployment {}",
+                "{w}: scaleTargetRef {target} is not {} {}",
+                dep.kind(),
                 dep.name()
             ));
         }
@@ -547,6 +557,21 @@ pub fn check(
             match at(t, "type").as_str() {
                 Some("kafka") => {
                     let md = at(t, "metadata");
+                    // Lag no replica can move must not scale out: stuck
+                    // partitions and those whose every job waits for a
+                    // limit (deploy/README.md, "Autoscaling").
+                    for (key, want) in [
+                        ("excludePersistentLag", "true"),
+                        ("limitToPartitionsWithLag", "true"),
+                        ("allowIdleConsumers", "false"),
+                    ] {
+                        if at(md, key).as_str() != Some(want) {
+                            problems.push(format!(
+                                "{w}: kafka trigger {key} is {}, not \"{want}\"",
+                                at(md, key)
+                            ));
+                        }
+                    }
                     for (key, want) in [
                         ("consumerGroup", s.kafka.group_id.as_str()),
                         ("topic", s.kafka.topic.as_str()),
@@ -590,8 +615,141 @@ pub fn check(
             }
         }
     }
+    problems.extend(check_statefulset(all, dep, &pod_labels));
+    problems.extend(check_disruption_budget(all, &pod_labels));
+    problems.extend(check_network_policy(all, &s, &pod_labels, listen_port));
     learnt.settings = Some(s);
     (problems, learnt)
+}
+
+/// A StatefulSet's `serviceName` is a headless Service of its pods (the
+/// pods' DNS names come from it; the API refuses a StatefulSet without).
+fn check_statefulset(all: &[Manifest], sts: &Manifest, pod_labels: &Value) -> Vec<String> {
+    if sts.kind() != "StatefulSet" {
+        return Vec::new();
+    }
+    let w = format!("{}: StatefulSet {}", sts.file, sts.name());
+    let Some(name) = at(&sts.doc, "spec.serviceName").as_str() else {
+        return vec![format!("{w}: no spec.serviceName")];
+    };
+    match find(all, "Service", name) {
+        None => vec![format!("{w}: serviceName {name}: no such Service")],
+        Some(svc) if at(&svc.doc, "spec.clusterIP").as_str() != Some("None") => {
+            vec![format!(
+                "{w}: Service {name} is not headless (clusterIP: None)"
+            )]
+        }
+        Some(svc) if !labels_match(at(&svc.doc, "spec.selector"), pod_labels) => {
+            vec![format!("{w}: Service {name} does not select the pods")]
+        }
+        Some(_) => Vec::new(),
+    }
+}
+
+/// One PodDisruptionBudget covers the pods and lets at least one go.
+fn check_disruption_budget(all: &[Manifest], pod_labels: &Value) -> Vec<String> {
+    let pdbs: Vec<&Manifest> = all
+        .iter()
+        .filter(|m| m.kind() == "PodDisruptionBudget")
+        .collect();
+    let [pdb] = pdbs.as_slice() else {
+        return vec![format!(
+            "deploy/kubernetes: expected one PodDisruptionBudget, found {}",
+            pdbs.len()
+        )];
+    };
+    let w = format!("{}: PodDisruptionBudget {}", pdb.file, pdb.name());
+    let mut problems = Vec::new();
+    if !labels_match(at(&pdb.doc, "spec.selector.matchLabels"), pod_labels) {
+        problems.push(format!("{w}: selector does not match the pods"));
+    }
+    // minAvailable would block every drain of a single replica; a
+    // maxUnavailable of 0 blocks all of them.
+    match at(&pdb.doc, "spec.maxUnavailable").as_u64() {
+        Some(n) if n >= 1 => {}
+        _ => problems.push(format!(
+            "{w}: maxUnavailable {} lets no pod be evicted: node drains would hang",
+            at(&pdb.doc, "spec.maxUnavailable")
+        )),
+    }
+    problems
+}
+
+/// The NetworkPolicy covers the pods, admits scrapes on the metrics port,
+/// and lets out DNS and the ports of Kafka, Redis and the downstream the
+/// container's settings name.
+fn check_network_policy(
+    all: &[Manifest],
+    s: &Settings,
+    pod_labels: &Value,
+    listen_port: u16,
+) -> Vec<String> {
+    let nps: Vec<&Manifest> = all.iter().filter(|m| m.kind() == "NetworkPolicy").collect();
+    let [np] = nps.as_slice() else {
+        return vec![format!(
+            "deploy/kubernetes: expected one NetworkPolicy, found {}",
+            nps.len()
+        )];
+    };
+    let w = format!("{}: NetworkPolicy {}", np.file, np.name());
+    let mut problems = Vec::new();
+    if !labels_match(at(&np.doc, "spec.podSelector.matchLabels"), pod_labels) {
+        problems.push(format!("{w}: podSelector does not match the pods"));
+    }
+    let types: Vec<&str> = at(&np.doc, "spec.policyTypes")
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    if types != ["Ingress", "Egress"] {
+        problems.push(format!("{w}: policyTypes {types:?}, not [Ingress, Egress]"));
+    }
+    // Ports of one direction's rules, as (port, protocol); a named port is
+    // the container's `metrics`.
+    let ports = |dir: &str| -> Vec<(String, String)> {
+        at(&np.doc, &format!("spec.{dir}"))
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|rule| at(rule, "ports").as_array().cloned().unwrap_or_default())
+            .map(|p| {
+                let port = match at(&p, "port") {
+                    Value::String(n) if n == "metrics" => listen_port.to_string(),
+                    other => scalar(other).unwrap_or_default(),
+                };
+                let proto = at(&p, "protocol").as_str().unwrap_or("TCP").to_owned();
+                (port, proto)
+            })
+            .collect()
+    };
+    let ingress = ports("ingress");
+    if ingress != [(listen_port.to_string(), "TCP".to_owned())] {
+        problems.push(format!(
+            "{w}: ingress ports {ingress:?}: want the metrics port {listen_port}/TCP only"
+        ));
+    }
+    let egress = ports("egress");
+    let broker = s.kafka.brokers.split(',').next().unwrap_or("");
+    for (what, addr) in [
+        ("kafka.brokers", broker),
+        ("redis.url", s.redis.url.as_str()),
+        ("downstream.url", s.downstream.url.as_str()),
+    ] {
+        let Some(port) = super::port_of(addr) else {
+            problems.push(format!("{w}: {what} names no port"));
+            continue;
+        };
+        if !egress.contains(&(port.to_string(), "TCP".to_owned())) {
+            problems.push(format!(
+                "{w}: no egress to port {port}/TCP ({what}); egress ports: {egress:?}"
+            ));
+        }
+    }
+    if !egress.contains(&("53".to_owned(), "UDP".to_owned())) {
+        problems.push(format!("{w}: no egress to DNS (53/UDP)"));
+    }
+    problems
 }
 
 /// Every label of `selector` is on the pod with the same value.

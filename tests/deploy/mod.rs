@@ -16,7 +16,10 @@
 //!   definitions.
 //! - [`compose`]: `docker-compose.yml`, `deploy/prometheus`, `deploy/grafana`.
 //! - [`kube`]: the manifests of `deploy/kubernetes/`.
-//! - [`promql`]: metric and label names in PromQL, against a scrape.
+//! - [`promql`]: metric and label names in PromQL, against a scrape (a
+//!   fast pre-check).
+//! - [`prometheus`]: a real Prometheus on loopback scraping running
+//!   workers with the shipped config and rules; queries through its API.
 #![allow(dead_code)]
 
 pub mod cli;
@@ -24,6 +27,7 @@ pub mod compose;
 pub mod dockerfile;
 pub mod env;
 pub mod kube;
+pub mod prometheus;
 pub mod promql;
 
 use std::path::{Path, PathBuf};
