@@ -7,6 +7,8 @@
 //! job never overtakes a heavy one. Exactly the granted jobs' units are
 //! charged.
 
+use std::sync::Arc;
+
 use super::decision::{BatchDecision, BatchGranted, CannotPass, Denied, DeniedBy, Mode, NextJob};
 use super::permits::{Limiter, LimiterError};
 use super::policy::Resolved;
@@ -14,6 +16,10 @@ use super::reply::JobsReply;
 use super::rule::Rule;
 use super::script::{JobsCall, JobsRequest, Op, ScriptCall, Store};
 use crate::config::Topology;
+
+/// One list's answer from [`Limiter::check_jobs_many`]; an error is shared
+/// by every list of the call that failed.
+pub type ListAnswer<E> = Result<BatchDecision, Arc<LimiterError<E>>>;
 
 /// A list of jobs for the limiter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,24 +115,39 @@ impl<S: Store> Limiter<S> {
     /// twice sees its first list's charge. With `redis.topology = cluster`
     /// the sellers' keys live in different slots, so each list is its own
     /// call, all sent at once. `dry_run` and `at_us` apply to every list.
+    ///
+    /// Each list's answer is its own: a bad list (no jobs, a cost of 0) is
+    /// refused alone and left out of the call, and in cluster topology one
+    /// seller's failed call fails that seller's answer only (the others
+    /// were charged, so they must hear their grants). In single topology
+    /// the lists share one script call, atomic in Redis, so its error is
+    /// every list's and none of them was charged by it.
     pub async fn check_jobs_many(
         &self,
         lists: &[(&str, &[u64])],
         dry_run: bool,
         at_us: Option<u64>,
-    ) -> Result<Vec<BatchDecision>, LimiterError<S::Error>> {
-        for (_, costs) in lists {
-            if costs.is_empty() {
-                return Err(LimiterError::NoJobs);
-            }
-            if costs.contains(&0) {
-                return Err(LimiterError::ZeroCost);
-            }
-        }
-        if self.topology == Topology::Cluster || lists.len() == 1 {
+    ) -> Vec<ListAnswer<S::Error>> {
+        let mut answers: Vec<Option<ListAnswer<S::Error>>> = lists
+            .iter()
+            .map(|(_, costs)| {
+                if costs.is_empty() {
+                    Some(Err(Arc::new(LimiterError::NoJobs)))
+                } else if costs.contains(&0) {
+                    Some(Err(Arc::new(LimiterError::ZeroCost)))
+                } else {
+                    None
+                }
+            })
+            .collect();
+        let good: Vec<usize> = (0..lists.len()).filter(|&i| answers[i].is_none()).collect();
+        let sent: Vec<(&str, &[u64])> = good.iter().map(|&i| lists[i]).collect();
+        let decided = if sent.is_empty() {
+            Vec::new()
+        } else if self.topology == Topology::Cluster || sent.len() == 1 {
             // One slot per seller: concurrent calls, routed by the cluster
-            // client to each slot's node.
-            let calls = lists.iter().map(|&(seller, costs)| {
+            // client to each slot's node; each answer stands alone.
+            let calls = sent.iter().map(|&(seller, costs)| {
                 self.check_jobs(JobsQuery {
                     seller,
                     costs,
@@ -134,8 +155,36 @@ impl<S: Store> Limiter<S> {
                     at_us,
                 })
             });
-            return futures::future::join_all(calls).await.into_iter().collect();
+            futures::future::join_all(calls)
+                .await
+                .into_iter()
+                .map(|r| r.map_err(Arc::new))
+                .collect()
+        } else {
+            match self.check_jobs_one_call(&sent, dry_run, at_us).await {
+                Ok(decisions) => decisions.into_iter().map(Ok).collect(),
+                Err(e) => {
+                    let e = Arc::new(e);
+                    sent.iter().map(|_| Err(e.clone())).collect()
+                }
+            }
+        };
+        for (i, d) in good.into_iter().zip(decided) {
+            answers[i] = Some(d);
         }
+        answers
+            .into_iter()
+            .map(|a| a.expect("every list is answered: refused above or decided"))
+            .collect()
+    }
+
+    /// Single topology: every list (each checked) in one script call.
+    async fn check_jobs_one_call(
+        &self,
+        lists: &[(&str, &[u64])],
+        dry_run: bool,
+        at_us: Option<u64>,
+    ) -> Result<Vec<BatchDecision>, LimiterError<S::Error>> {
         let policy = self.policy();
         let mut unlimited = Vec::with_capacity(lists.len());
         let mut requests = Vec::with_capacity(lists.len());
