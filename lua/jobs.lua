@@ -12,6 +12,9 @@
 --             call id (unique per call; names sliding-log members),
 --             the job costs 'c1,c2,...' (each >= 1, at least one),
 --             number of rules, then per rule: algorithm, limit, period_us, burst
+--           then, optionally, a deadline in µs on Redis' clock (or ''):
+--             a call that runs after it charges nothing and fails with
+--             EXPIRED (its caller has timed out and will never read it)
 -- KEYS      per request: its block key, then one key per rule
 --
 -- Reply: 12 integers per request, in order:
@@ -193,6 +196,18 @@ local function run_jobs(KEYS, ARGV, op, now)
     reqs[q] = { id = id, rules = rules, costs = costs, block_key = KEYS[k] }
     a = a + 3 + 4 * nrules
     k = k + 1 + nrules
+  end
+  -- A call that waited in a hung server's buffers until after its caller
+  -- gave up must not charge units nobody was told of.
+  local deadline = tonumber(ARGV[a] or '')
+  if deadline ~= nil then
+    local real = now
+    if ARGV[2] ~= '' then
+      real = clock_us('')
+    end
+    if real > deadline then
+      return redis.error_reply('EXPIRED the caller gave up on this call at ' .. I(deadline))
+    end
   end
   local out = {}
   for q = 1, nreq do
