@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{rule, unique_prefix};
-use throttle_worker::config::Topology;
+use throttle_worker::config::{LimitsConfig, RuleConfig, Topology};
 use throttle_worker::limiter::{
     BatchDecision, CoalesceSettings, Coalescer, JobsCall, JobsReply, KeySpace, Limiter,
     LimiterError, Policy, RedisError, RedisStore, Reply, ScriptCall, Store,
@@ -77,6 +77,20 @@ impl Store for Faulty {
             .await
             .map_err(FaultyError::Redis)
     }
+}
+
+fn shadowed(enforced: RuleConfig, shadow: RuleConfig) -> Policy {
+    let cfg = LimitsConfig {
+        default: vec![
+            enforced,
+            RuleConfig {
+                shadow: true,
+                ..shadow
+            },
+        ],
+        ..Default::default()
+    };
+    Policy::from_config(&cfg).expect("test policy must be valid")
 }
 
 fn coalescer(store: Faulty, prefix: &str, policy: Policy, topology: Topology) -> Coalescer<Faulty> {
@@ -192,6 +206,65 @@ async fn check_jobs_many_answers_each_list_alone() {
             (Topology::Cluster, Err(e)) => assert!(matches!(**e, LimiterError::Store(_)), "{e:?}"),
             (Topology::Single, Ok(BatchDecision::Granted(_))) => {}
             (_, other) => panic!("{topology:?}: the seller `down`: {other:?}"),
+        }
+    }
+}
+
+/// Issue 21, part 6 (batch.rs: shadow rules awaited seller by seller
+/// before a batch's answers go out): a shadow rule whose call takes 2 s
+/// must not hold back the grant, in either topology. The shadow rule is
+/// still asked, after the grant: its state shows up in Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_shadow_rule_does_not_delay_the_grant() {
+    let slow = Duration::from_secs(2);
+    for topology in [Topology::Single, Topology::Cluster] {
+        let prefix = unique_prefix("shadow-slow");
+        let store = Faulty {
+            inner: common::store().await,
+            fail: None,
+            slow_run: slow,
+        };
+        let shadow = rule("fixed_window", 1, "1h", None);
+        let p = shadowed(rule("fixed_window", 100, "1h", None), shadow);
+        let co = coalescer(store, &prefix, p, topology);
+        let started = std::time::Instant::now();
+        let (a, b) = tokio::join!(co.acquire_jobs("s1", &[1]), co.acquire_jobs("s2", &[2]));
+        let took = started.elapsed();
+        for d in [a, b] {
+            assert!(
+                matches!(d, Ok(BatchDecision::Granted(_))),
+                "{topology:?}: {d:?}"
+            );
+        }
+        assert!(
+            took < slow / 2,
+            "{topology:?}: the grants took {took:?}, with a shadow call of {slow:?}"
+        );
+        // The shadow rule was asked all the same, once the grant was out.
+        let shadow_rule = throttle_worker::limiter::Rule::new(
+            throttle_worker::limiter::Algorithm::FixedWindow,
+            1,
+            Duration::from_secs(3600),
+            None,
+        )
+        .expect("a valid rule");
+        let key = KeySpace::new(&prefix).rule("s2", &shadow_rule);
+        let mut conn = common::raw().await;
+        let deadline = std::time::Instant::now() + slow * 3;
+        loop {
+            let exists: bool = redis::cmd("EXISTS")
+                .arg(&key)
+                .query_async(&mut conn)
+                .await
+                .expect("EXISTS");
+            if exists {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{topology:?}: the shadow rule's state {key} never written"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 }

@@ -71,7 +71,7 @@ impl<S: Store> Limiter<S> {
     }
 
     /// [`Limiter::check_jobs`] without the shadow rules.
-    async fn check_jobs_enforced(
+    pub(super) async fn check_jobs_enforced(
         &self,
         q: JobsQuery<'_>,
     ) -> Result<BatchDecision, LimiterError<S::Error>> {
@@ -122,7 +122,26 @@ impl<S: Store> Limiter<S> {
     /// were charged, so they must hear their grants). In single topology
     /// the lists share one script call, atomic in Redis, so its error is
     /// every list's and none of them was charged by it.
+    ///
+    /// The granted sellers' shadow rules are asked once every list is
+    /// decided, all at once; the [`super::Coalescer`] hands its asks their
+    /// answers before it asks them.
     pub async fn check_jobs_many(
+        &self,
+        lists: &[(&str, &[u64])],
+        dry_run: bool,
+        at_us: Option<u64>,
+    ) -> Vec<ListAnswer<S::Error>> {
+        let answers = self.decide_jobs_many(lists, dry_run, at_us).await;
+        if !dry_run {
+            self.shadow_granted(&granted_units(lists, &answers), at_us)
+                .await;
+        }
+        answers
+    }
+
+    /// [`Limiter::check_jobs_many`] without the shadow rules.
+    pub(super) async fn decide_jobs_many(
         &self,
         lists: &[(&str, &[u64])],
         dry_run: bool,
@@ -148,7 +167,7 @@ impl<S: Store> Limiter<S> {
             // One slot per seller: concurrent calls, routed by the cluster
             // client to each slot's node; each answer stands alone.
             let calls = sent.iter().map(|&(seller, costs)| {
-                self.check_jobs(JobsQuery {
+                self.check_jobs_enforced(JobsQuery {
                     seller,
                     costs,
                     dry_run,
@@ -232,14 +251,16 @@ impl<S: Store> Limiter<S> {
                 }
             })
             .collect();
-        if !dry_run {
-            for (&(seller, _), d) in lists.iter().zip(&decisions) {
-                if let BatchDecision::Granted(g) = d {
-                    self.shadow(seller, g.units, at_us).await;
-                }
-            }
-        }
         Ok(decisions)
+    }
+
+    /// Asks the shadow rules of every seller granted units (`(seller,
+    /// units)`), all at once; a failure is counted and logged per seller.
+    pub(super) async fn shadow_granted(&self, granted: &[(&str, u64)], at_us: Option<u64>) {
+        let calls = granted
+            .iter()
+            .map(|&(seller, units)| self.shadow(seller, units, at_us));
+        futures::future::join_all(calls).await;
     }
 
     fn jobs_request(
@@ -400,4 +421,19 @@ impl<S: Store> Limiter<S> {
             BatchDecision::Never(c) => BatchDecision::Never(shift_never(c)),
         })
     }
+}
+
+/// The sellers granted units by `answers` (one per list), with the units.
+pub(super) fn granted_units<'a, E: std::error::Error + 'static>(
+    lists: &[(&'a str, &[u64])],
+    answers: &[ListAnswer<E>],
+) -> Vec<(&'a str, u64)> {
+    lists
+        .iter()
+        .zip(answers)
+        .filter_map(|(&(seller, _), a)| match a {
+            Ok(BatchDecision::Granted(g)) => Some((seller, g.units)),
+            _ => None,
+        })
+        .collect()
 }

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
-use super::batch::JobsQuery;
+use super::batch::{granted_units, JobsQuery};
 use super::decision::BatchDecision;
 use super::permits::{Limiter, LimiterError};
 use super::script::Store;
@@ -192,7 +192,9 @@ async fn run<S: Store + 'static>(
 
 /// One call for the whole batch (one per seller in cluster topology);
 /// every ask gets its own decision, or the error of the call that carried
-/// it.
+/// it. Only then are the granted sellers' shadow rules asked, with the
+/// call slot given back: a slow shadow rule holds back neither a grant nor
+/// the next batch.
 async fn decide<S: Store>(
     limiter: &Limiter<S>,
     batch: Vec<Ask<S::Error>>,
@@ -205,23 +207,40 @@ async fn decide<S: Store>(
         // master hangs holds back no other seller's answer.
         let calls = batch.into_iter().map(|ask| async move {
             let answer = limiter
-                .check_jobs(JobsQuery::new(&ask.seller, &ask.costs))
-                .await
-                .map_err(|e| CoalesceError::Limiter(Arc::new(e)));
-            let _ = ask.reply.send(answer);
+                .check_jobs_enforced(JobsQuery::new(&ask.seller, &ask.costs))
+                .await;
+            let units = match &answer {
+                Ok(BatchDecision::Granted(g)) => g.units,
+                _ => 0,
+            };
+            let _ = ask
+                .reply
+                .send(answer.map_err(|e| CoalesceError::Limiter(Arc::new(e))));
+            (ask.seller, units)
         });
-        futures::future::join_all(calls).await;
+        let decided = futures::future::join_all(calls).await;
         drop(slot);
+        let granted: Vec<(&str, u64)> = decided
+            .iter()
+            .filter(|(_, units)| *units > 0)
+            .map(|(seller, units)| (seller.as_str(), *units))
+            .collect();
+        limiter.shadow_granted(&granted, None).await;
         return;
     }
-    let lists: Vec<(&str, &[u64])> = batch
+    let (asks, senders): (Vec<(String, Vec<u64>)>, Vec<_>) = batch
+        .into_iter()
+        .map(|a| ((a.seller, a.costs), a.reply))
+        .unzip();
+    let lists: Vec<(&str, &[u64])> = asks
         .iter()
-        .map(|a| (a.seller.as_str(), a.costs.as_slice()))
+        .map(|(seller, costs)| (seller.as_str(), costs.as_slice()))
         .collect();
-    let answers = limiter.check_jobs_many(&lists, false, None).await;
-    drop(lists);
-    for (ask, answer) in batch.into_iter().zip(answers) {
-        let _ = ask.reply.send(answer.map_err(CoalesceError::Limiter));
+    let answers = limiter.decide_jobs_many(&lists, false, None).await;
+    let granted = granted_units(&lists, &answers);
+    for (reply, answer) in senders.into_iter().zip(answers) {
+        let _ = reply.send(answer.map_err(CoalesceError::Limiter));
     }
     drop(slot);
+    limiter.shadow_granted(&granted, None).await;
 }
