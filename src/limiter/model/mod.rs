@@ -8,6 +8,7 @@
 //! - one file per algorithm, each implementing [`Algo`], the per-algorithm
 //!   contract of `lua/common.lua` (cap, load, avail, wait, left, reset, go,
 //!   take, refund);
+//! - [`convert`]: what a rule edit does to the state it finds (state v2);
 //! - this file: the store ([`ModelStore`]), the driver ([`run`], [`block`]),
 //!   and [`ModelLimiter`], a limiter for one seller over an injected [`Clock`].
 //!
@@ -297,6 +298,9 @@ macro_rules! with_algo {
         }
     };
 }
+
+// After `with_algo!`, which it uses.
+pub mod convert;
 
 fn cap_of(rule: &Rule) -> i128 {
     with_algo!(rule.algorithm(), A => A::cap(&Params::from(rule)))
