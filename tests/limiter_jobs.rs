@@ -287,6 +287,65 @@ async fn a_bad_request_refuses_the_whole_call_and_charges_nobody() {
     );
 }
 
+/// Issue 21, part 5: a jobs call carries a deadline on Redis' clock (the
+/// argument after the requests); one that runs after it is refused with
+/// `EXPIRED` and charges nothing (its caller has timed out), whether the
+/// call's own time is Redis' or explicit. One before it runs as usual.
+#[tokio::test]
+async fn a_jobs_call_past_its_deadline_charges_nothing() {
+    let prefix = unique_prefix("jobs-deadline");
+    let store = common::store().await;
+    let redis_now_us = {
+        let (s, us): (u64, u64) = redis::cmd("TIME")
+            .query_async(&mut common::raw().await)
+            .await
+            .expect("TIME");
+        s * 1_000_000 + us
+    };
+    let keys = [
+        format!("{prefix}:{{s}}:block"),
+        format!("{prefix}:{{s}}:gcra"),
+    ];
+    let call = |now: String, deadline: u64| {
+        let args: Vec<String> = [
+            "jobs", &now, "1", "c1", "1,1", "1", "gcra", "5", "1000000", "5",
+        ]
+        .iter()
+        .map(|a| a.to_string())
+        .chain([deadline.to_string()])
+        .collect();
+        let (keys, function) = (keys.clone(), store.library().limiter.clone());
+        async move {
+            redis::cmd("FCALL")
+                .arg(function)
+                .arg(keys.len())
+                .arg(&keys)
+                .arg(&args)
+                .query_async::<Vec<i64>>(&mut common::raw().await)
+                .await
+        }
+    };
+    for now in [String::new(), T0.to_string()] {
+        let err = call(now.clone(), redis_now_us - 1)
+            .await
+            .expect_err("a call past its deadline must be refused");
+        assert!(err.to_string().contains("EXPIRED"), "now {now:?}: {err}");
+        assert_eq!(
+            keys_under(&prefix).await,
+            Vec::<String>::new(),
+            "now {now:?}: nothing may be charged by an expired call"
+        );
+    }
+    let reply = call(String::new(), redis_now_us + 60_000_000)
+        .await
+        .expect("a call within its deadline runs");
+    assert_eq!(
+        (reply[0], reply[10]),
+        (1, 2),
+        "both jobs granted: {reply:?}"
+    );
+}
+
 // ---------------------------------------------------------------------------
 // Exact retry-after of the job that stops the prefix (reference model).
 
