@@ -287,6 +287,48 @@ async fn a_bad_request_refuses_the_whole_call_and_charges_nobody() {
     );
 }
 
+/// Issue 21, part 6: a grant names the rule its `remaining` is from, so
+/// that `near_limit` reads it against that rule's capacity. Here a large
+/// rule (1,000) is nearly used up while a small one (10) is fresh: the
+/// large one is the tightest. In cluster topology the global rules are
+/// numbered after the seller's own.
+#[tokio::test]
+async fn a_grant_names_its_tightest_rule() {
+    for topology in [Topology::Single, Topology::Cluster] {
+        let prefix = unique_prefix("jobs-tightest");
+        let lim = limiter_with(
+            &prefix,
+            policy(
+                vec![
+                    rule("fixed_window", 10, "1s", None),
+                    rule("fixed_window", 1000, "1h", None),
+                ],
+                vec![rule("fixed_window", 5000, "1h", None)],
+            ),
+            topology,
+        )
+        .await;
+        let tightest = |d: &BatchDecision| match d {
+            BatchDecision::Granted(g) => (g.remaining, g.tightest),
+            other => panic!("{topology:?}: {other:?}"),
+        };
+        let d = lim.check_jobs(at("s", 0, &[1])).await.expect("a decision");
+        assert_eq!(tightest(&d), (9, Some(0)), "{topology:?}: fresh");
+        // 990 more, a second apart in ten-unit steps: the hourly rule holds
+        // 9 then, the per-second one 10.
+        for t in 1..=99 {
+            lim.check_jobs(at("s", t * 1_000_000, &[10]))
+                .await
+                .expect("a decision");
+        }
+        let d = lim
+            .check_jobs(at("s", 100_000_000, &[1]))
+            .await
+            .expect("a decision");
+        assert_eq!(tightest(&d), (8, Some(1)), "{topology:?}: the hourly rule");
+    }
+}
+
 /// Issue 21, part 5: a jobs call carries a deadline on Redis' clock (the
 /// argument after the requests); one that runs after it is refused with
 /// `EXPIRED` and charges nothing (its caller has timed out), whether the

@@ -405,6 +405,11 @@ impl<S: Store> Limiter<S> {
                     jobs: g.jobs,
                     units: g.units,
                     remaining: g.remaining.min(mine.remaining),
+                    tightest: if g.remaining < mine.remaining {
+                        g.tightest.map(|i| n_own + i)
+                    } else {
+                        mine.tightest
+                    },
                     reset_after: g.reset_after.max(mine.reset_after),
                     pace: match (mine.pace, g.pace) {
                         (Some(a), Some(b)) if b.first_at_us > a.first_at_us => Some(b),

@@ -686,7 +686,7 @@ impl<P: Permits> Engine<P> {
                     tier: &info.tier,
                     jobs: n,
                     units: batch.iter().map(|p| p.job.cost).sum(),
-                    near_limit: info.near_limit(g.remaining),
+                    near_limit: info.near_limit(g.remaining, g.tightest),
                 }
                 .emit();
                 // Why the prefix stopped short: the next job waits (so does
