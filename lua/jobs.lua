@@ -12,11 +12,14 @@
 --             call id (unique per call; names sliding-log members),
 --             the job costs 'c1,c2,...' (each >= 1, at least one),
 --             number of rules, then per rule: algorithm, limit, period_us, burst
+--           then, optionally, a deadline in µs on Redis' clock (or ''):
+--             a call that runs after it charges nothing and fails with
+--             EXPIRED (its caller has timed out and will never read it)
 -- KEYS      per request: its block key, then one key per rule
 --
--- Reply: 12 integers per request, in order:
+-- Reply: 13 integers per request, in order:
 --   { status, units, remaining, retry_after_ms, reset_after_ms, go_at_us,
---     retry_after_us, reset_after_us, now_us, by, jobs, next }
+--     retry_after_us, reset_after_us, now_us, by, jobs, next, tight }
 --   status 1: the first `jobs` jobs (`units` units) are granted and charged;
 --          0: none, the first job must wait (by 0: a downstream block);
 --         -1: none, the first job can never pass (cost above rule `by`'s cap).
@@ -25,7 +28,9 @@
 --          2 the next job can never pass (by = the rule).
 --   A refused job ends the prefix: later, lighter jobs are not looked at.
 --   remaining and reset_after are after the grant; go_at_us is when the
---   first granted unit may go (pacers; else now).
+--   first granted unit may go (pacers; else now). tight: on a grant, the
+--   rule whose `remaining` it is (the first of equals), 0 with no rules or
+--   on a refusal.
 
 -- The index of the first rule whose capacity `cost` exceeds, else 0.
 local function never_rule(rules, cost)
@@ -39,12 +44,13 @@ end
 
 -- Appends one request's reply row (see the header) to `out`, the call's
 -- flat reply: no table per request.
-local function jobs_reply(out, now, status, units, remaining, retry, reset, go_at, by, jobs, next)
+local function jobs_reply(out, now, status, units, remaining, retry, reset, go_at, by, jobs, next, tight)
   local o = #out
   out[o + 1], out[o + 2], out[o + 3] = status, units, remaining
   out[o + 4], out[o + 5], out[o + 6] = cdiv(retry, 1000), cdiv(reset, 1000), go_at
   out[o + 7], out[o + 8], out[o + 9] = retry, reset, now
   out[o + 10], out[o + 11], out[o + 12] = by, jobs, next
+  out[o + 13] = tight or 0
 end
 
 -- µs until a job of `cost` fits after `taken` units are taken now, and
@@ -63,18 +69,19 @@ local function jobs_wait_for(rules, states, avail, now, cost, taken)
   return wait, by
 end
 
--- Units left and µs until fresh over every rule after `taken` units.
+-- Units left and µs until fresh over every rule after `taken` units, and
+-- the rule with the fewest left (the first of equals; 0 with no rules).
 local function jobs_summary(rules, states, now, taken)
-  local remaining, reset = nil, 0
+  local remaining, reset, tight = nil, 0, 0
   for i = 1, #rules do
     local r = rules[i]
     local left = r.algo.left(states[i], r, now, taken)
     if remaining == nil or left < remaining then
-      remaining = left
+      remaining, tight = left, i
     end
     reset = math.max(reset, r.algo.reset(states[i], r, now, taken))
   end
-  return remaining or 0, reset
+  return remaining or 0, reset, tight
 end
 
 -- Helpers are file-level functions rather than closures: with Functions
@@ -134,7 +141,7 @@ local function jobs_request(out, now, charge, id, blocked_until, rules, costs)
       go_at = math.max(go_at, r.algo.go(states[i], r, now))
     end
   end
-  local remaining, reset = jobs_summary(rules, states, now, units)
+  local remaining, reset, tight = jobs_summary(rules, states, now, units)
   local retry, by, next = 0, 0, 0
   if jobs < #costs then
     if stop > 0 then
@@ -150,7 +157,7 @@ local function jobs_request(out, now, charge, id, blocked_until, rules, costs)
       r.algo.take(r.key, states[i], r, now, units, id)
     end
   end
-  return jobs_reply(out, now, 1, units, remaining, retry, reset, go_at, by, jobs, next)
+  return jobs_reply(out, now, 1, units, remaining, retry, reset, go_at, by, jobs, next, tight)
 end
 
 -- Every request is read and checked before any is decided, so a bad
@@ -193,6 +200,18 @@ local function run_jobs(KEYS, ARGV, op, now)
     reqs[q] = { id = id, rules = rules, costs = costs, block_key = KEYS[k] }
     a = a + 3 + 4 * nrules
     k = k + 1 + nrules
+  end
+  -- A call that waited in a hung server's buffers until after its caller
+  -- gave up must not charge units nobody was told of.
+  local deadline = tonumber(ARGV[a] or '')
+  if deadline ~= nil then
+    local real = now
+    if ARGV[2] ~= '' then
+      real = clock_us('')
+    end
+    if real > deadline then
+      return redis.error_reply('EXPIRED the caller gave up on this call at ' .. I(deadline))
+    end
   end
   local out = {}
   for q = 1, nreq do

@@ -236,10 +236,12 @@ async fn several_sellers_in_one_call_answer_as_separate_calls() {
         for (seller, costs) in lists {
             separate.push(one.check_jobs(at(seller, t, costs)).await.unwrap());
         }
-        let together = many
+        let together: Vec<BatchDecision> = many
             .check_jobs_many(&lists, false, Some(T0 + t))
             .await
-            .unwrap();
+            .into_iter()
+            .map(|a| a.expect("a decision"))
+            .collect();
         assert_eq!(together, separate, "at +{t} µs");
     }
 }
@@ -282,6 +284,107 @@ async fn a_bad_request_refuses_the_whole_call_and_charges_nobody() {
         keys_under(&prefix).await,
         Vec::<String>::new(),
         "nothing may be charged by a refused call"
+    );
+}
+
+/// Issue 21, part 6: a grant names the rule its `remaining` is from, so
+/// that `near_limit` reads it against that rule's capacity. Here a large
+/// rule (1,000) is nearly used up while a small one (10) is fresh: the
+/// large one is the tightest. In cluster topology the global rules are
+/// numbered after the seller's own.
+#[tokio::test]
+async fn a_grant_names_its_tightest_rule() {
+    for topology in [Topology::Single, Topology::Cluster] {
+        let prefix = unique_prefix("jobs-tightest");
+        let lim = limiter_with(
+            &prefix,
+            policy(
+                vec![
+                    rule("fixed_window", 10, "1s", None),
+                    rule("fixed_window", 1000, "1h", None),
+                ],
+                vec![rule("fixed_window", 5000, "1h", None)],
+            ),
+            topology,
+        )
+        .await;
+        let tightest = |d: &BatchDecision| match d {
+            BatchDecision::Granted(g) => (g.remaining, g.tightest),
+            other => panic!("{topology:?}: {other:?}"),
+        };
+        let d = lim.check_jobs(at("s", 0, &[1])).await.expect("a decision");
+        assert_eq!(tightest(&d), (9, Some(0)), "{topology:?}: fresh");
+        // 990 more, a second apart in ten-unit steps: the hourly rule holds
+        // 9 then, the per-second one 10.
+        for t in 1..=99 {
+            lim.check_jobs(at("s", t * 1_000_000, &[10]))
+                .await
+                .expect("a decision");
+        }
+        let d = lim
+            .check_jobs(at("s", 100_000_000, &[1]))
+            .await
+            .expect("a decision");
+        assert_eq!(tightest(&d), (8, Some(1)), "{topology:?}: the hourly rule");
+    }
+}
+
+/// Issue 21, part 5: a jobs call carries a deadline on Redis' clock (the
+/// argument after the requests); one that runs after it is refused with
+/// `EXPIRED` and charges nothing (its caller has timed out), whether the
+/// call's own time is Redis' or explicit. One before it runs as usual.
+#[tokio::test]
+async fn a_jobs_call_past_its_deadline_charges_nothing() {
+    let prefix = unique_prefix("jobs-deadline");
+    let store = common::store().await;
+    let redis_now_us = {
+        let (s, us): (u64, u64) = redis::cmd("TIME")
+            .query_async(&mut common::raw().await)
+            .await
+            .expect("TIME");
+        s * 1_000_000 + us
+    };
+    let keys = [
+        format!("{prefix}:{{s}}:block"),
+        format!("{prefix}:{{s}}:gcra"),
+    ];
+    let call = |now: String, deadline: u64| {
+        let args: Vec<String> = [
+            "jobs", &now, "1", "c1", "1,1", "1", "gcra", "5", "1000000", "5",
+        ]
+        .iter()
+        .map(|a| a.to_string())
+        .chain([deadline.to_string()])
+        .collect();
+        let (keys, function) = (keys.clone(), store.library().limiter.clone());
+        async move {
+            redis::cmd("FCALL")
+                .arg(function)
+                .arg(keys.len())
+                .arg(&keys)
+                .arg(&args)
+                .query_async::<Vec<i64>>(&mut common::raw().await)
+                .await
+        }
+    };
+    for now in [String::new(), T0.to_string()] {
+        let err = call(now.clone(), redis_now_us - 1)
+            .await
+            .expect_err("a call past its deadline must be refused");
+        assert!(err.to_string().contains("EXPIRED"), "now {now:?}: {err}");
+        assert_eq!(
+            keys_under(&prefix).await,
+            Vec::<String>::new(),
+            "now {now:?}: nothing may be charged by an expired call"
+        );
+    }
+    let reply = call(String::new(), redis_now_us + 60_000_000)
+        .await
+        .expect("a call within its deadline runs");
+    assert_eq!(
+        (reply[0], reply[10]),
+        (1, 2),
+        "both jobs granted: {reply:?}"
     );
 }
 

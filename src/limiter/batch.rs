@@ -7,6 +7,8 @@
 //! job never overtakes a heavy one. Exactly the granted jobs' units are
 //! charged.
 
+use std::sync::Arc;
+
 use super::decision::{BatchDecision, BatchGranted, CannotPass, Denied, DeniedBy, Mode, NextJob};
 use super::permits::{Limiter, LimiterError};
 use super::policy::Resolved;
@@ -14,6 +16,10 @@ use super::reply::JobsReply;
 use super::rule::Rule;
 use super::script::{JobsCall, JobsRequest, Op, ScriptCall, Store};
 use crate::config::Topology;
+
+/// One list's answer from [`Limiter::check_jobs_many`]; an error is shared
+/// by every list of the call that failed.
+pub type ListAnswer<E> = Result<BatchDecision, Arc<LimiterError<E>>>;
 
 /// A list of jobs for the limiter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,7 +71,7 @@ impl<S: Store> Limiter<S> {
     }
 
     /// [`Limiter::check_jobs`] without the shadow rules.
-    async fn check_jobs_enforced(
+    pub(super) async fn check_jobs_enforced(
         &self,
         q: JobsQuery<'_>,
     ) -> Result<BatchDecision, LimiterError<S::Error>> {
@@ -109,33 +115,95 @@ impl<S: Store> Limiter<S> {
     /// twice sees its first list's charge. With `redis.topology = cluster`
     /// the sellers' keys live in different slots, so each list is its own
     /// call, all sent at once. `dry_run` and `at_us` apply to every list.
+    ///
+    /// Each list's answer is its own: a bad list (no jobs, a cost of 0) is
+    /// refused alone and left out of the call, and in cluster topology one
+    /// seller's failed call fails that seller's answer only (the others
+    /// were charged, so they must hear their grants). In single topology
+    /// the lists share one script call, atomic in Redis, so its error is
+    /// every list's and none of them was charged by it.
+    ///
+    /// The granted sellers' shadow rules are asked once every list is
+    /// decided, all at once; the [`super::Coalescer`] hands its asks their
+    /// answers before it asks them.
     pub async fn check_jobs_many(
         &self,
         lists: &[(&str, &[u64])],
         dry_run: bool,
         at_us: Option<u64>,
-    ) -> Result<Vec<BatchDecision>, LimiterError<S::Error>> {
-        for (_, costs) in lists {
-            if costs.is_empty() {
-                return Err(LimiterError::NoJobs);
-            }
-            if costs.contains(&0) {
-                return Err(LimiterError::ZeroCost);
-            }
+    ) -> Vec<ListAnswer<S::Error>> {
+        let answers = self.decide_jobs_many(lists, dry_run, at_us).await;
+        if !dry_run {
+            self.shadow_granted(&granted_units(lists, &answers), at_us)
+                .await;
         }
-        if self.topology == Topology::Cluster || lists.len() == 1 {
+        answers
+    }
+
+    /// [`Limiter::check_jobs_many`] without the shadow rules.
+    pub(super) async fn decide_jobs_many(
+        &self,
+        lists: &[(&str, &[u64])],
+        dry_run: bool,
+        at_us: Option<u64>,
+    ) -> Vec<ListAnswer<S::Error>> {
+        let mut answers: Vec<Option<ListAnswer<S::Error>>> = lists
+            .iter()
+            .map(|(_, costs)| {
+                if costs.is_empty() {
+                    Some(Err(Arc::new(LimiterError::NoJobs)))
+                } else if costs.contains(&0) {
+                    Some(Err(Arc::new(LimiterError::ZeroCost)))
+                } else {
+                    None
+                }
+            })
+            .collect();
+        let good: Vec<usize> = (0..lists.len()).filter(|&i| answers[i].is_none()).collect();
+        let sent: Vec<(&str, &[u64])> = good.iter().map(|&i| lists[i]).collect();
+        let decided = if sent.is_empty() {
+            Vec::new()
+        } else if self.topology == Topology::Cluster || sent.len() == 1 {
             // One slot per seller: concurrent calls, routed by the cluster
-            // client to each slot's node.
-            let calls = lists.iter().map(|&(seller, costs)| {
-                self.check_jobs(JobsQuery {
+            // client to each slot's node; each answer stands alone.
+            let calls = sent.iter().map(|&(seller, costs)| {
+                self.check_jobs_enforced(JobsQuery {
                     seller,
                     costs,
                     dry_run,
                     at_us,
                 })
             });
-            return futures::future::join_all(calls).await.into_iter().collect();
+            futures::future::join_all(calls)
+                .await
+                .into_iter()
+                .map(|r| r.map_err(Arc::new))
+                .collect()
+        } else {
+            match self.check_jobs_one_call(&sent, dry_run, at_us).await {
+                Ok(decisions) => decisions.into_iter().map(Ok).collect(),
+                Err(e) => {
+                    let e = Arc::new(e);
+                    sent.iter().map(|_| Err(e.clone())).collect()
+                }
+            }
+        };
+        for (i, d) in good.into_iter().zip(decided) {
+            answers[i] = Some(d);
         }
+        answers
+            .into_iter()
+            .map(|a| a.expect("every list is answered: refused above or decided"))
+            .collect()
+    }
+
+    /// Single topology: every list (each checked) in one script call.
+    async fn check_jobs_one_call(
+        &self,
+        lists: &[(&str, &[u64])],
+        dry_run: bool,
+        at_us: Option<u64>,
+    ) -> Result<Vec<BatchDecision>, LimiterError<S::Error>> {
         let policy = self.policy();
         let mut unlimited = Vec::with_capacity(lists.len());
         let mut requests = Vec::with_capacity(lists.len());
@@ -183,14 +251,16 @@ impl<S: Store> Limiter<S> {
                 }
             })
             .collect();
-        if !dry_run {
-            for (&(seller, _), d) in lists.iter().zip(&decisions) {
-                if let BatchDecision::Granted(g) = d {
-                    self.shadow(seller, g.units, at_us).await;
-                }
-            }
-        }
         Ok(decisions)
+    }
+
+    /// Asks the shadow rules of every seller granted units (`(seller,
+    /// units)`), all at once; a failure is counted and logged per seller.
+    pub(super) async fn shadow_granted(&self, granted: &[(&str, u64)], at_us: Option<u64>) {
+        let calls = granted
+            .iter()
+            .map(|&(seller, units)| self.shadow(seller, units, at_us));
+        futures::future::join_all(calls).await;
     }
 
     fn jobs_request(
@@ -335,6 +405,11 @@ impl<S: Store> Limiter<S> {
                     jobs: g.jobs,
                     units: g.units,
                     remaining: g.remaining.min(mine.remaining),
+                    tightest: if g.remaining < mine.remaining {
+                        g.tightest.map(|i| n_own + i)
+                    } else {
+                        mine.tightest
+                    },
                     reset_after: g.reset_after.max(mine.reset_after),
                     pace: match (mine.pace, g.pace) {
                         (Some(a), Some(b)) if b.first_at_us > a.first_at_us => Some(b),
@@ -351,4 +426,19 @@ impl<S: Store> Limiter<S> {
             BatchDecision::Never(c) => BatchDecision::Never(shift_never(c)),
         })
     }
+}
+
+/// The sellers granted units by `answers` (one per list), with the units.
+pub(super) fn granted_units<'a, E: std::error::Error + 'static>(
+    lists: &[(&'a str, &[u64])],
+    answers: &[ListAnswer<E>],
+) -> Vec<(&'a str, u64)> {
+    lists
+        .iter()
+        .zip(answers)
+        .filter_map(|(&(seller, _), a)| match a {
+            Ok(BatchDecision::Granted(g)) => Some((seller, g.units)),
+            _ => None,
+        })
+        .collect()
 }

@@ -13,20 +13,24 @@
 //! with the load by themselves: under light load a call carries one ask and
 //! adds no wait; under heavy load it carries up to `max` asks. With
 //! `redis.topology = cluster` the sellers' keys lie in different slots, so a
-//! batch goes out as concurrent calls, one per seller.
+//! batch goes out as concurrent calls, one per seller, and each ask is
+//! answered when its own call is: one seller's failed or slow call is that
+//! seller's alone.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
+use super::batch::{granted_units, JobsQuery};
 use super::decision::BatchDecision;
 use super::permits::{Limiter, LimiterError};
 use super::script::Store;
+use crate::config::Topology;
 use crate::telemetry::events::LimiterCallCoalesced;
 
-/// What a coalesced ask can fail with: the call's error (shared by every
-/// ask the call carried), or a coalescer that has stopped.
+/// What a coalesced ask can fail with: the error of the call that carried
+/// it (shared by every ask of that call), or a coalescer that has stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum CoalesceError<E: std::error::Error + 'static> {
     #[error(transparent)]
@@ -181,33 +185,62 @@ async fn run<S: Store + 'static>(
         }
         let limiter = limiter.clone();
         tokio::spawn(async move {
-            decide(&limiter, batch).await;
-            drop(slot);
+            decide(&limiter, batch, slot).await;
         });
     }
 }
 
-/// One call for the whole batch; every ask gets its own decision, or the
-/// call's error.
-async fn decide<S: Store>(limiter: &Limiter<S>, batch: Vec<Ask<S::Error>>) {
+/// One call for the whole batch (one per seller in cluster topology);
+/// every ask gets its own decision, or the error of the call that carried
+/// it. Only then are the granted sellers' shadow rules asked, with the
+/// call slot given back: a slow shadow rule holds back neither a grant nor
+/// the next batch.
+async fn decide<S: Store>(
+    limiter: &Limiter<S>,
+    batch: Vec<Ask<S::Error>>,
+    slot: OwnedSemaphorePermit,
+) {
     LimiterCallCoalesced { asks: batch.len() }.emit();
-    let lists: Vec<(&str, &[u64])> = batch
-        .iter()
-        .map(|a| (a.seller.as_str(), a.costs.as_slice()))
-        .collect();
-    let result = limiter.check_jobs_many(&lists, false, None).await;
-    drop(lists);
-    match result {
-        Ok(decisions) => {
-            for (ask, d) in batch.into_iter().zip(decisions) {
-                let _ = ask.reply.send(Ok(d));
-            }
-        }
-        Err(e) => {
-            let e = Arc::new(e);
-            for ask in batch {
-                let _ = ask.reply.send(Err(CoalesceError::Limiter(e.clone())));
-            }
-        }
+    if limiter.topology == Topology::Cluster {
+        // One call per seller (their keys lie in different slots): each
+        // ask is answered as soon as its own call is, so a seller whose
+        // master hangs holds back no other seller's answer.
+        let calls = batch.into_iter().map(|ask| async move {
+            let answer = limiter
+                .check_jobs_enforced(JobsQuery::new(&ask.seller, &ask.costs))
+                .await;
+            let units = match &answer {
+                Ok(BatchDecision::Granted(g)) => g.units,
+                _ => 0,
+            };
+            let _ = ask
+                .reply
+                .send(answer.map_err(|e| CoalesceError::Limiter(Arc::new(e))));
+            (ask.seller, units)
+        });
+        let decided = futures::future::join_all(calls).await;
+        drop(slot);
+        let granted: Vec<(&str, u64)> = decided
+            .iter()
+            .filter(|(_, units)| *units > 0)
+            .map(|(seller, units)| (seller.as_str(), *units))
+            .collect();
+        limiter.shadow_granted(&granted, None).await;
+        return;
     }
+    let (asks, senders): (Vec<(String, Vec<u64>)>, Vec<_>) = batch
+        .into_iter()
+        .map(|a| ((a.seller, a.costs), a.reply))
+        .unzip();
+    let lists: Vec<(&str, &[u64])> = asks
+        .iter()
+        .map(|(seller, costs)| (seller.as_str(), costs.as_slice()))
+        .collect();
+    let answers = limiter.decide_jobs_many(&lists, false, None).await;
+    let granted = granted_units(&lists, &answers);
+    for (reply, answer) in senders.into_iter().zip(answers) {
+        let _ = reply.send(answer.map_err(CoalesceError::Limiter));
+    }
+    drop(slot);
+    limiter.shadow_granted(&granted, None).await;
 }

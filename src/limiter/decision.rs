@@ -205,6 +205,7 @@ impl BatchDecision {
                 jobs: g.granted as usize,
                 units: g.granted,
                 remaining: g.remaining,
+                tightest: None,
                 reset_after: g.reset_after,
                 pace: g.pace,
                 decided_at_us: g.decided_at_us,
@@ -226,6 +227,10 @@ pub struct BatchGranted {
     pub units: u64,
     /// Units still admissible now under the tightest rule, after this grant.
     pub remaining: u64,
+    /// That tightest rule: its index in the seller's rules then the global
+    /// ones (the first of equals); `None` when no rule applies or it is
+    /// not known.
+    pub tightest: Option<usize>,
     /// Time until every rule is back to its full, unused state.
     pub reset_after: Duration,
     /// Set when a pacer took part: unit `i` of the grant may go at

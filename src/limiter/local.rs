@@ -170,6 +170,7 @@ pub fn granted(jobs: usize, units: u64) -> BatchGranted {
         jobs,
         units,
         remaining: 0,
+        tightest: None,
         reset_after: Duration::ZERO,
         pace: None,
         decided_at_us: 0,

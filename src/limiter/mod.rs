@@ -39,7 +39,7 @@ pub mod rule;
 pub mod script;
 mod shadow;
 
-pub use batch::JobsQuery;
+pub use batch::{JobsQuery, ListAnswer};
 pub use coalesce::{CoalesceError, CoalesceSettings, Coalescer};
 pub use decision::{
     BatchDecision, BatchGranted, CannotPass, Decision, Denied, DeniedBy, Granted, Mode, NextJob,

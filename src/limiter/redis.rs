@@ -69,15 +69,74 @@ impl RedisError {
 /// leaves the connection as it is: a Redis that stops answering without
 /// closing the socket (a hung host, a network that drops packets, a
 /// failover that moved its address) would keep every call timing out until
-/// the kernel gives the socket up, minutes later. So a timeout replaces the
-/// connection in the background, and the sockets carry TCP keepalive and a
-/// user timeout that bound how long the kernel waits for a silent peer.
+/// the kernel gives the socket up, minutes later. So a timeout replaces a
+/// single server's connection in the background, and the sockets carry TCP
+/// keepalive and a user timeout that bound how long the kernel waits for a
+/// silent peer. A cluster connection is not replaced: one master's timeout
+/// would fail the calls in flight to every healthy master (after they had
+/// run, so they were charged and nobody was told), and the cluster client
+/// reconnects node by node by itself.
 #[derive(Clone)]
 pub struct RedisStore {
     conn: Arc<Connection>,
     limiter: Script,
     block: Script,
     functions: Arc<Functions>,
+    clock: Arc<RedisClock>,
+}
+
+/// Where Redis' clock stands against ours, learnt from the jobs replies,
+/// for the deadline each jobs call on Redis' clock carries.
+///
+/// A call that times out may still be waiting in the buffers of a server
+/// that hangs (a stalled host, `CLIENT PAUSE`), and run when the server
+/// wakes: its grant would be charged, and nobody told of it. So the call
+/// carries a deadline on Redis' clock, before the moment the caller gives
+/// up, and the script refuses to run after it (`lua/jobs.lua`).
+///
+/// The offset is measured as Redis' `now` less our clock when the reply
+/// arrives, which is later than the script ran: it comes out at most the
+/// true offset, so the deadline errs early, never late. The deadline is
+/// sent + offset + 3/4 of the timeout: a script that runs in time leaves
+/// its reply a quarter of the timeout to arrive. What is left: a reply
+/// slower than that on its way back after the script ran (see
+/// docs/limiter-state-v2.md).
+struct RedisClock {
+    /// Redis' µs less ours; `i64::MIN` until a first reply.
+    offset_us: std::sync::atomic::AtomicI64,
+}
+
+impl RedisClock {
+    const UNKNOWN: i64 = i64::MIN;
+
+    fn new() -> RedisClock {
+        RedisClock {
+            offset_us: std::sync::atomic::AtomicI64::new(RedisClock::UNKNOWN),
+        }
+    }
+
+    /// The deadline on Redis' clock for a call sent at `sent_us` (ours).
+    fn deadline(&self, sent_us: i64, timeout: Duration) -> Option<i64> {
+        let offset = self.offset_us.load(Ordering::Relaxed);
+        if offset == RedisClock::UNKNOWN {
+            return None;
+        }
+        let budget = i64::try_from(timeout.as_micros() * 3 / 4).unwrap_or(i64::MAX);
+        Some(sent_us.saturating_add(offset).saturating_add(budget))
+    }
+
+    /// A reply decided at `redis_us` (Redis' clock) arrived at `ours_us`.
+    fn observe(&self, redis_us: i64, ours_us: i64) {
+        self.offset_us
+            .store(redis_us.saturating_sub(ours_us), Ordering::Relaxed);
+    }
+}
+
+/// Our wall clock in µs since the epoch (0 before it, which no host is).
+fn local_us() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
 }
 
 /// The Functions library and whether this server runs it.
@@ -234,6 +293,7 @@ impl RedisStore {
                 library: FunctionLibrary::new(),
                 on: AtomicBool::new(true),
             }),
+            clock: Arc::new(RedisClock::new()),
         };
         store.load().await?;
         Ok(store)
@@ -371,9 +431,9 @@ impl RedisStore {
         inv.invoke_async(&mut conn).await
     }
 
-    /// A failed call: a timeout gets the connection replaced.
+    /// A failed call: a timeout gets a single server's connection replaced.
     fn failed(&self, e: redis::RedisError) -> RedisError {
-        if e.is_timeout() {
+        if e.is_timeout() && matches!(self.conn.client, Client::Single(_)) {
             self.conn.replace();
         }
         RedisError::Script(e)
@@ -533,8 +593,20 @@ impl Store for RedisStore {
     }
 
     async fn run_jobs(&self, call: &JobsCall) -> Result<Vec<JobsReply>, RedisError> {
-        let raw = self.invoke(call.keys(), call.args()).await?;
-        Ok(JobsReply::many_from_slice(&raw)?)
+        let mut args = call.args();
+        // Only on Redis' clock: an explicit time (tests) says nothing of it.
+        let on_redis_clock = call.now_us.is_none();
+        if on_redis_clock {
+            if let Some(deadline) = self.clock.deadline(local_us(), self.conn.timeout) {
+                args.push(deadline.to_string());
+            }
+        }
+        let raw = self.invoke(call.keys(), args).await?;
+        let replies = JobsReply::many_from_slice(&raw)?;
+        if let (true, Some(first)) = (on_redis_clock, replies.first()) {
+            self.clock.observe(first.head.now_us, local_us());
+        }
+        Ok(replies)
     }
 
     async fn block(&self, key: &str, now_us: Option<u64>, dur_us: u64) -> Result<u64, RedisError> {

@@ -128,7 +128,7 @@ fn cannot_pass(rules: &[Rule], rule: usize, cost: u64) -> CannotPass {
 }
 
 /// One request's reply to a jobs call (`lua/jobs.lua`): the ten fields of
-/// [`Reply`] (`granted` = units, `by` = what stops the prefix) and two more.
+/// [`Reply`] (`granted` = units, `by` = what stops the prefix) and three more.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct JobsReply {
     pub head: Reply,
@@ -137,10 +137,13 @@ pub struct JobsReply {
     /// What stops the prefix: 0 nothing, 1 the next job must wait, 2 it can
     /// never pass.
     pub next: i64,
+    /// On a grant, the 1-based index of the rule whose `remaining` it is
+    /// (the first of equals); 0 with no rules or on a refusal.
+    pub tight: i64,
 }
 
 impl JobsReply {
-    pub const LEN: usize = Reply::LEN + 2;
+    pub const LEN: usize = Reply::LEN + 3;
 
     /// One reply per request of the call, in order.
     pub fn many_from_slice(v: &[i64]) -> Result<Vec<JobsReply>, MalformedReply> {
@@ -150,11 +153,16 @@ impl JobsReply {
         v.chunks(Self::LEN)
             .map(|c| {
                 let head = Reply::from_slice(&c[..Reply::LEN])?;
-                let (jobs, next) = (c[Reply::LEN], c[Reply::LEN + 1]);
-                if jobs < 0 || !(0..=2).contains(&next) {
+                let (jobs, next, tight) = (c[Reply::LEN], c[Reply::LEN + 1], c[Reply::LEN + 2]);
+                if jobs < 0 || !(0..=2).contains(&next) || tight < 0 {
                     return Err(MalformedReply(c.to_vec()));
                 }
-                Ok(JobsReply { head, jobs, next })
+                Ok(JobsReply {
+                    head,
+                    jobs,
+                    next,
+                    tight,
+                })
             })
             .collect()
     }
@@ -181,6 +189,8 @@ impl JobsReply {
                     jobs,
                     units: g.granted,
                     remaining: g.remaining,
+                    tightest: (self.tight > 0 && (self.tight as usize) <= rules.len())
+                        .then(|| self.tight as usize - 1),
                     reset_after: g.reset_after,
                     pace: g.pace,
                     decided_at_us: g.decided_at_us,

@@ -6,8 +6,9 @@
 //! would have let through, and the rest is counted as `shadow_denied`. Their
 //! state therefore follows the traffic the rule would have admitted, and
 //! the count tells how many units it would have held back. The extra call
-//! is made only for sellers that have shadow rules; a failure of it is
-//! counted and logged, and never delays the job.
+//! is made only for sellers that have shadow rules, after the grant is
+//! handed over (the coalescer answers first); a failure of it is counted
+//! and logged, and never delays the job.
 
 use crate::config::Topology;
 use crate::telemetry::events::ShadowDecided;

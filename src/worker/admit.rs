@@ -129,7 +129,7 @@ impl<X: Ports> Engine<X> {
                     tier: &info.tier,
                     jobs: n,
                     units: batch.iter().map(|p| p.job.cost).sum(),
-                    near_limit: info.near_limit(g.remaining),
+                    near_limit: info.near_limit(g.remaining, g.tightest),
                 }
                 .emit();
                 // Why the prefix stopped short: the next job waits (so does

@@ -81,6 +81,7 @@ pub trait Permits: Send + Sync + 'static {
         SellerInfo {
             tier: crate::limiter::policy::DEFAULT_TIER.to_owned(),
             smallest_capacity: None,
+            capacities: Vec::new(),
         }
     }
 }
@@ -90,16 +91,21 @@ pub trait Permits: Send + Sync + 'static {
 pub struct SellerInfo {
     pub tier: String,
     pub smallest_capacity: Option<u64>,
+    /// Each rule's capacity, the seller's own then the global ones (the
+    /// order of `BatchGranted::tightest`).
+    pub capacities: Vec<u64>,
 }
 
 impl SellerInfo {
-    /// A grant leaving `remaining` units is near the limit when at most a
-    /// fifth of the smallest capacity is left: 80 % of a window used, as
-    /// envoy's ratelimit counts `near_limit`. (`remaining` is the tightest
-    /// rule's; with rules of very different sizes this undercounts a large
-    /// rule nearly used up while a small one is fresh.)
-    pub fn near_limit(&self, remaining: u64) -> bool {
-        self.smallest_capacity
+    /// A grant leaving `remaining` units under rule `tightest` is near the
+    /// limit when at most a fifth of that rule's capacity is left: 80 % of
+    /// a window used, as envoy's ratelimit counts `near_limit`. When the
+    /// rule is not known, the smallest capacity stands in (which
+    /// undercounts a large rule nearly used up while a small one is fresh).
+    pub fn near_limit(&self, remaining: u64, tightest: Option<usize>) -> bool {
+        tightest
+            .and_then(|i| self.capacities.get(i).copied())
+            .or(self.smallest_capacity)
             .is_some_and(|cap| remaining.saturating_mul(5) <= cap)
     }
 }
@@ -113,15 +119,16 @@ impl<S: Store + 'static> Permits for Limiter<S> {
 
     fn describe(&self, seller: &str) -> SellerInfo {
         let policy = self.policy();
-        let smallest_capacity = match policy.resolve(seller) {
-            Resolved::Unlimited => None,
+        let capacities: Vec<u64> = match policy.resolve(seller) {
+            Resolved::Unlimited => Vec::new(),
             Resolved::Limited { seller, global } => {
-                seller.iter().chain(global).map(Rule::capacity).min()
+                seller.iter().chain(global).map(Rule::capacity).collect()
             }
         };
         SellerInfo {
             tier: policy.tier_of(seller).to_owned(),
-            smallest_capacity,
+            smallest_capacity: capacities.iter().copied().min(),
+            capacities,
         }
     }
 
@@ -254,6 +261,30 @@ mod tests {
             Decision::Denied(d) => d.retry_after,
             other => panic!("fail-closed must refuse, got {other:?}"),
         }
+    }
+
+    /// Issue 21, part 6: `near_limit` judged `remaining` against the
+    /// smallest capacity, so a large rule nearly used up (150 of 1,000
+    /// left) beside a small fresh one (capacity 10) never counted. With
+    /// the grant's tightest rule it does; without it, the old reading.
+    #[test]
+    fn near_limit_reads_remaining_against_the_tightest_rule() {
+        let info = SellerInfo {
+            tier: "t".to_owned(),
+            smallest_capacity: Some(10),
+            capacities: vec![10, 1000],
+        };
+        assert!(info.near_limit(150, Some(1)));
+        assert!(!info.near_limit(201, Some(1)));
+        assert!(
+            !info.near_limit(150, None),
+            "the smallest capacity stands in"
+        );
+        assert!(info.near_limit(2, Some(0)));
+        assert!(
+            !info.near_limit(5, Some(7)),
+            "an unknown index reads as None"
+        );
     }
 
     #[test]

@@ -197,6 +197,16 @@ impl RedisCluster {
         });
     }
 
+    /// `CLIENT PAUSE` on one node for `dur`: it stops answering its
+    /// clients (their commands wait in its buffers and run when the pause
+    /// ends) while the cluster bus goes on, so the cluster does not fail
+    /// it over: a master that hangs for a while.
+    pub fn pause(&self, node: usize, dur: Duration) {
+        let ms = dur.as_millis().to_string();
+        let reply = self.cli(node, &["CLIENT", "PAUSE", &ms, "ALL"]);
+        assert_eq!(reply.trim(), "OK", "CLIENT PAUSE on node {node}: {reply}");
+    }
+
     /// The node's cluster id (`CLUSTER MYID`).
     pub fn node_id(&self, node: usize) -> String {
         self.cli(node, &["CLUSTER", "MYID"]).trim().to_owned()

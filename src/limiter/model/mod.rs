@@ -8,6 +8,7 @@
 //! - one file per algorithm, each implementing [`Algo`], the per-algorithm
 //!   contract of `lua/common.lua` (cap, load, avail, wait, left, reset, go,
 //!   take, refund);
+//! - [`convert`]: what a rule edit does to the state it finds (state v2);
 //! - this file: the store ([`ModelStore`]), the driver ([`run`], [`block`]),
 //!   and [`ModelLimiter`], a limiter for one seller over an injected [`Clock`].
 //!
@@ -298,6 +299,9 @@ macro_rules! with_algo {
     };
 }
 
+// After `with_algo!`, which it uses.
+pub mod convert;
+
 fn cap_of(rule: &Rule) -> i128 {
     with_algo!(rule.algorithm(), A => A::cap(&Params::from(rule)))
 }
@@ -557,6 +561,7 @@ fn jobs_request(store: &mut ModelStore, now: i128, charge: bool, q: &JobsRequest
         head: out.reply(now),
         jobs,
         next,
+        tight: 0,
     };
     let out = |status, granted, remaining, retry_us, reset_us, go_at, by| Out {
         status,
@@ -599,22 +604,22 @@ fn jobs_request(store: &mut ModelStore, now: i128, charge: bool, q: &JobsRequest
         (wait, by)
     };
     let summary = |taken: i128| {
-        let (mut remaining, mut reset) = (None, 0);
-        for st in &states {
+        let (mut remaining, mut reset, mut tight) = (None, 0, 0);
+        for (i, st) in states.iter().enumerate() {
             let left = st.left(now, taken);
             if remaining.is_none_or(|r| left < r) {
-                remaining = Some(left);
+                (remaining, tight) = (Some(left), i as i64 + 1);
             }
             reset = reset.max(st.reset(now, taken));
         }
-        (remaining.unwrap_or(0), reset)
+        (remaining.unwrap_or(0), reset, tight)
     };
 
     let blocked_until = store.block_until(&q.block_key).unwrap_or(0);
     if blocked_until > now {
         let block = blocked_until - now;
         let (wait, by) = wait_for(costs[0], 0);
-        let (_, reset) = summary(0);
+        let (_, reset, _) = summary(0);
         let (retry, by) = if block >= wait {
             (block, 0)
         } else {
@@ -633,7 +638,7 @@ fn jobs_request(store: &mut ModelStore, now: i128, charge: bool, q: &JobsRequest
     }
     if jobs == 0 {
         let (wait, by) = wait_for(costs[0], 0);
-        let (remaining, reset) = summary(0);
+        let (remaining, reset, _) = summary(0);
         return reply(out(0, 0, remaining, wait, reset, now, by), 0, 1);
     }
 
@@ -641,7 +646,7 @@ fn jobs_request(store: &mut ModelStore, now: i128, charge: bool, q: &JobsRequest
         .iter()
         .filter_map(|st| st.go(now))
         .fold(now, i128::max);
-    let (remaining, reset) = summary(units);
+    let (remaining, reset, tight) = summary(units);
     let (retry, by, next) = if jobs == costs.len() {
         (0, 0, 0)
     } else if stop > 0 {
@@ -655,11 +660,14 @@ fn jobs_request(store: &mut ModelStore, now: i128, charge: bool, q: &JobsRequest
             st.take(store, key, now, units, &q.call_id);
         }
     }
-    reply(
-        out(1, units, remaining, retry, reset, go_at, by),
-        jobs as i64,
-        next,
-    )
+    JobsReply {
+        tight,
+        ..reply(
+            out(1, units, remaining, retry, reset, go_at, by),
+            jobs as i64,
+            next,
+        )
+    }
 }
 
 /// `lua/block.lua`: hold the seller until `now_us + dur_us`; a shorter block
