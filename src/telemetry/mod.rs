@@ -4,6 +4,7 @@
 //! - [`every`]: [`Every`], one log line per interval for repeated failures.
 //! - [`http`]: `/healthz`, `/readyz`, `/metrics`.
 //! - [`metrics`]: the Prometheus registry and its series.
+//! - [`traceparent`]: the `traceparent` header parsed and written (pure).
 //!
 //! A leaf module: it depends on no other module of this crate.
 
@@ -11,6 +12,7 @@ pub mod events;
 pub mod every;
 pub mod http;
 pub mod metrics;
+pub mod traceparent;
 
 pub use every::Every;
 
