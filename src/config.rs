@@ -36,6 +36,7 @@ pub struct Settings {
     pub http: HttpSettings,
     pub worker: WorkerSettings,
     pub limits: LimitsConfig,
+    pub tracing: TracingSettings,
 }
 
 #[derive(Clone, Deserialize)]
@@ -283,6 +284,23 @@ pub struct WorkerSettings {
     /// Highest `cost` a job may declare; above it the job is dead-lettered.
     /// At least 1. Default 10000.
     pub max_job_cost: u64,
+}
+
+/// `[tracing]`: job spans exported through OTLP. The W3C trace context of
+/// a job record goes on to the downstream whatever is set here.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TracingSettings {
+    /// OTLP/HTTP collector (protobuf), e.g. `http://otel-collector:4318`;
+    /// an endpoint with no path gets `/v1/traces`. Empty (the default): no
+    /// spans are exported.
+    pub otlp_endpoint: String,
+    /// Share of new traces (jobs whose record has no valid traceparent)
+    /// that are exported, 0 to 1; a job with a traceparent follows its
+    /// sampled flag. Default 1.
+    pub sample_ratio: f64,
+    /// `service.name` of the exported spans. Default `throttle-worker`.
+    pub service_name: String,
 }
 
 /// The `[limits]` section as written; `limiter::Policy` validates it.
@@ -731,6 +749,30 @@ impl KafkaSettings {
     }
 }
 
+impl TracingSettings {
+    fn validate(&self, at: &Loaded) -> Result<(), ConfigError> {
+        let endpoint = self.otlp_endpoint.trim();
+        if !endpoint.is_empty() {
+            let host = endpoint
+                .strip_prefix("http://")
+                .or_else(|| endpoint.strip_prefix("https://"));
+            if host.is_none_or(|h| h.is_empty() || h.starts_with('/')) {
+                return Err(at.error_at(
+                    "tracing.otlp_endpoint",
+                    "must be an http:// or https:// URL such as http://otel-collector:4318, or empty",
+                ));
+            }
+        }
+        if !(0.0..=1.0).contains(&self.sample_ratio) {
+            return Err(at.error_at("tracing.sample_ratio", "must be between 0 and 1"));
+        }
+        if self.service_name.trim().is_empty() {
+            return Err(at.error_at("tracing.service_name", "must not be empty"));
+        }
+        Ok(())
+    }
+}
+
 /// `1m30s`: humantime's form without spaces, fit for a topic name.
 pub fn tier_label(d: Duration) -> String {
     humantime::format_duration(d).to_string().replace(' ', "")
@@ -849,6 +891,7 @@ impl Settings {
             ));
         }
         self.kafka.validate_tiers(at)?;
+        self.tracing.validate(at)?;
         // The worker adds this to `Instant::now()`; an absurd value (a typo
         // such as "1000000y") would bring back the overflow the clamp exists
         // to prevent, and a week is already longer than any real throttle.
