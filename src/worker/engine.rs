@@ -31,7 +31,7 @@ use crate::telemetry::events::{
     Backlog, Backpressure, CallAvoided, DownstreamFailed, DownstreamThrottled, HeadMoved,
     JobDeadLettered, JobDeferred, JobDone, JobsAdmitted, LimiterCalled, LimiterNever,
     LimiterUnavailable, PartitionsAssigned, RecordReceived, RevokedJobsDropped, RevokedWorkDropped,
-    SellerThrottled,
+    SellerThrottled, SellerWaiting,
 };
 use crate::telemetry::http::Health;
 
@@ -373,7 +373,7 @@ impl<P: Permits> Engine<P> {
             }
         };
         let job = match Job::parse_shared(&rec.original.value, &self.settings.worker) {
-            Ok(job) => job,
+            Ok(job) => job.traced(&rec.original.trace),
             Err(e) => {
                 let reason = e.to_string();
                 return self.write(
@@ -552,6 +552,7 @@ impl<P: Permits> Engine<P> {
         if self.slots_free == 0 {
             // Capacity-bound: wait for a slot without asking Redis.
             if !seller.wants_capacity {
+                SellerWaiting::capacity(key).emit();
                 seller.wants_capacity = true;
                 self.capacity_waiters.push_back(key.clone());
             }
@@ -694,6 +695,7 @@ impl<P: Permits> Engine<P> {
                 // never pass (dead-lettered now, not retried forever).
                 match g.next {
                     Some(NextJob::Wait { retry_after, .. }) => {
+                        SellerWaiting::limit(&key, retry_after).emit();
                         let until = after(answered_at, retry_after);
                         if let Some(seller) = self.sellers.get_mut(&key) {
                             seller.blocked_until =
@@ -1094,6 +1096,11 @@ impl<P: Permits> Engine<P> {
             bytes,
             ..
         } = p;
+        let (outcome, detail) = match &target {
+            Target::DeadLetter { kind, .. } => ("dead_lettered", *kind),
+            Target::Retry { topic, .. } => ("retry_topic", topic.as_str()),
+        };
+        job.trace.finish(outcome, detail);
         self.write(bytes, origin, original, Some(job.job_id), attempts, target);
     }
 

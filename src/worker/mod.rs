@@ -30,6 +30,7 @@ use crate::kafka::RecordSink;
 use crate::limiter::{CoalesceSettings, Coalescer, KeySpace, Limiter, Policy, RedisStore};
 use crate::telemetry::events::OverridesUnreadable;
 use crate::telemetry::http;
+use crate::telemetry::trace::Export;
 
 pub use engine::{Engine, Summary};
 pub use permit::{OnLimiterError, Permits};
@@ -158,6 +159,16 @@ pub async fn run_watching(
             ..CoalesceSettings::default()
         },
     );
+    // Job spans, once every startup check has passed (nothing to stop on
+    // an early return).
+    let t = &settings.tracing;
+    let traces = Export::start(
+        &t.otlp_endpoint,
+        t.sample_ratio,
+        &t.service_name,
+        &worker_id,
+    )
+    .context("tracing.otlp_endpoint")?;
     let deps = engine::Deps {
         permits: Arc::new(permits),
         downstream: Arc::new(downstream),
@@ -183,6 +194,10 @@ pub async fn run_watching(
     });
     if tokio::time::timeout(CLOSE_TIMEOUT, close).await.is_err() {
         tracing::warn!(timeout = ?CLOSE_TIMEOUT, "Kafka clients did not close in time; exiting anyway");
+    }
+    if let Some(traces) = traces {
+        // The last spans are exported (within a few seconds); blocking.
+        let _ = tokio::task::spawn_blocking(move || traces.shutdown()).await;
     }
     health.set_ready(false);
     tracing::info!(?summary, "worker stopped");
