@@ -569,7 +569,8 @@ mod tests {
                 a.tracestate, None,
                 "row {row}: no tracestate without a parent"
             );
-            let b = JobTrace::start(&h, "j2", "s1", 1).call("s1");
+            let other_job = JobTrace::start(&h, "j2", "s1", 1);
+            let b = other_job.call("s1");
             let other = TraceParent::parse(b.traceparent.as_bytes()).unwrap();
             assert_ne!(sent.trace_id, other.trace_id, "row {row}: a new trace each");
             assert_eq!(
