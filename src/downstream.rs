@@ -193,7 +193,7 @@ impl Downstream {
             request = request.header("X-Granted-At", HeaderValue::from(at));
         }
         // W3C trace context: the job's trace, this call's span as parent.
-        let trace = job.trace.call(job.seller_id.as_str());
+        let trace = job.trace.call();
         if let Ok(v) = HeaderValue::from_str(&trace.traceparent) {
             request = request.header(TRACEPARENT, v);
         }

@@ -127,6 +127,14 @@ fn parse_traceparent(h: &str) -> Option<(String, String, String)> {
     }
 }
 
+/// The spans named `job` of job `id`.
+fn job_spans<'a>(spans: &'a [Span], id: &str) -> Vec<&'a Span> {
+    spans
+        .iter()
+        .filter(|x| x.name == "job" && attr(&x.attributes, "job.id").as_deref() == Some(id))
+        .collect()
+}
+
 fn job_value(job_id: &str, seller: &str) -> Vec<u8> {
     serde_json::json!({"job_id": job_id, "seller_id": seller, "payload": {"sku": job_id}})
         .to_string()
@@ -150,7 +158,7 @@ fn arrival<'a>(arrivals: &'a [Arrival], job_id: &str) -> &'a Arrival {
 async fn job_spans_carry_job_seller_wait_cause_and_outcome_and_the_downstream_joins_the_trace() {
     let bench = Bench::new("traces", 1);
     let receiver = Receiver::start().await;
-    // `dl` is refused (400): dead-lettered at once.
+    // `-dl` is refused (400): dead-lettered at once.
     let down = Downstream::start(Arc::new(|a: &Arrival, _| {
         if a.job_id.ends_with("-dl") {
             (StatusCode::BAD_REQUEST, None)
@@ -162,32 +170,43 @@ async fn job_spans_carry_job_seller_wait_cause_and_outcome_and_the_downstream_jo
     let mut settings = bench.settings(&down.url);
     settings.tracing.otlp_endpoint = receiver.endpoint.clone();
     settings.tracing.service_name = "traces-test".to_owned();
+    // A wait of 1 s is held in memory, one of 3 s goes round the retry topic.
+    settings.worker.max_inline_delay = Duration::from_secs(2);
     let run = format!("{:08x}", rand::random::<u32>());
-    let (seller, other) = (format!("tr-{run}"), format!("tr-{run}-b"));
-    // (job id, seller, trace id, parent id given on the record)
-    let jobs: Vec<(String, String, String, String)> = [
-        (format!("{run}-1"), &seller),
-        // Same seller and partition: waits for `-1`, then for the limit
-        // (one a second).
-        (format!("{run}-2"), &seller),
-        (format!("{run}-dl"), &other),
+    let (a, b, c) = (
+        format!("tr-{run}-a"),
+        format!("tr-{run}-b"),
+        format!("tr-{run}-c"),
+    );
+    // One unit a second, bursts of 3; each seller's jobs are on one
+    // partition, so its second job waits for its first.
+    // (job id, seller, cost, trace id, parent id on the record)
+    let jobs: Vec<(String, String, u64, String, String)> = [
+        (format!("{run}-a1"), &a, 3),
+        // Waits ~1 s for its unit, in memory: cause `limit`.
+        (format!("{run}-a2"), &a, 1),
+        (format!("{run}-b1"), &b, 3),
+        // Waits ~3 s: to the retry topic, then back and done.
+        (format!("{run}-b2"), &b, 3),
+        (format!("{run}-dl"), &c, 1),
     ]
     .into_iter()
-    .map(|(id, s)| (id, s.clone(), random_hex(32), random_hex(16)))
+    .map(|(id, s, cost)| (id, s.clone(), cost, random_hex(32), random_hex(16)))
     .collect();
-    for (id, s, trace, parent) in &jobs {
+    for (id, s, cost, trace, parent) in &jobs {
         let tp = format!("00-{trace}-{parent}-01");
         let headers = [("traceparent", tp), ("tracestate", "vendor=x1".to_owned())];
+        let value = serde_json::json!({"job_id": id, "seller_id": s, "cost": cost, "payload": {}});
         produce_with_headers(
             &bench.bootstrap(),
             &bench.topics.jobs,
             0,
-            &job_value(id, s),
+            value.to_string().as_bytes(),
             &headers,
         )
         .await;
     }
-    let w = Running::start(settings, policy(vec![rule("gcra", 1, "1s", Some(1))]));
+    let w = Running::start(settings, policy(vec![rule("gcra", 1, "1s", Some(3))]));
     down.wait_for("every job called", Duration::from_secs(30), |a| {
         let ids: HashSet<&str> = a.iter().map(|x| x.job_id.as_str()).collect();
         jobs.iter().all(|(id, ..)| ids.contains(id.as_str()))
@@ -200,7 +219,7 @@ async fn job_spans_carry_job_seller_wait_cause_and_outcome_and_the_downstream_jo
     let arrivals = down.arrivals();
     let spans = receiver.spans();
     let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
-    for (id, s, trace, parent) in &jobs {
+    for (id, s, _, trace, parent) in &jobs {
         let a = arrival(&arrivals, id);
         let (sent_trace, sent_parent, flags) = parse_traceparent(&a.traceparent)
             .unwrap_or_else(|| panic!("{id}: downstream got traceparent {:?}", a.traceparent));
@@ -215,25 +234,6 @@ async fn job_spans_carry_job_seller_wait_cause_and_outcome_and_the_downstream_jo
         assert_eq!(flags, "01", "{id}: sampled, as the record said");
         assert_eq!(a.tracestate, "vendor=x1", "{id}: tracestate carried on");
 
-        let job = spans
-            .iter()
-            .find(|x| x.name == "job" && attr(&x.attributes, "job.id").as_deref() == Some(id))
-            .unwrap_or_else(|| panic!("{id}: no job span among {names:?}"));
-        assert_eq!(
-            hex(&job.trace_id),
-            *trace,
-            "{id}: job span in the record's trace"
-        );
-        assert_eq!(
-            hex(&job.parent_span_id),
-            *parent,
-            "{id}: child of the record's span"
-        );
-        assert_eq!(
-            attr(&job.attributes, "seller").as_deref(),
-            Some(s.as_str()),
-            "{id}"
-        );
         let call = spans
             .iter()
             .find(|x| hex(&x.span_id) == sent_parent)
@@ -241,59 +241,98 @@ async fn job_spans_carry_job_seller_wait_cause_and_outcome_and_the_downstream_jo
                 panic!("{id}: no span with the call's id {sent_parent} among {names:?}")
             });
         assert_eq!(call.name, "downstream call", "{id}");
-        assert_eq!(
-            call.parent_span_id, job.span_id,
-            "{id}: the call is a child of the job span"
-        );
-        let waited: Vec<Option<String>> = job
-            .events
+        let mine = job_spans(&spans, id);
+        assert!(!mine.is_empty(), "{id}: no job span among {names:?}");
+        let job = mine
             .iter()
-            .filter(|e| e.name == "waited")
-            .map(|e| attr(&e.attributes, "wait.cause"))
-            .collect();
+            .find(|j| j.span_id == call.parent_span_id)
+            .unwrap_or_else(|| panic!("{id}: the call's parent is not the job's span"));
+        for j in &mine {
+            // Every span of the job, before and after a retry-topic round
+            // trip, is a child of the record's span.
+            assert_eq!(
+                hex(&j.trace_id),
+                *trace,
+                "{id}: job span in the record's trace"
+            );
+            assert_eq!(
+                hex(&j.parent_span_id),
+                *parent,
+                "{id}: child of the record's span"
+            );
+            assert_eq!(
+                attr(&j.attributes, "seller").as_deref(),
+                Some(s.as_str()),
+                "{id}"
+            );
+            let waited: Vec<Option<String>> = j
+                .events
+                .iter()
+                .filter(|e| e.name == "waited")
+                .map(|e| attr(&e.attributes, "wait.cause"))
+                .collect();
+            assert_eq!(waited.len(), 1, "{id}: one wait per span: {:?}", j.events);
+            assert_eq!(
+                attr(&j.attributes, "wait.cause"),
+                waited[0],
+                "{id}: the span's wait cause is its (only) wait's"
+            );
+        }
+        let expected = if id.ends_with("-dl") {
+            "dead_lettered"
+        } else {
+            "done"
+        };
         assert_eq!(
-            waited.len(),
-            1,
-            "{id}: one call, one wait: {:?}",
-            job.events
-        );
-        assert_eq!(
-            attr(&job.attributes, "wait.cause"),
-            waited[0],
-            "{id}: the span's wait cause is its (only) wait's"
+            attr(&job.attributes, "job.outcome").as_deref(),
+            Some(expected),
+            "{id}: {:?}",
+            job.attributes
         );
     }
-    let job = |suffix: &str| {
-        spans
-            .iter()
-            .find(|x| {
-                x.name == "job"
-                    && attr(&x.attributes, "job.id").as_deref() == Some(&format!("{run}-{suffix}"))
-            })
-            .unwrap()
+    let only = |suffix: &str| {
+        let mine = job_spans(&spans, &format!("{run}-{suffix}"));
+        assert_eq!(mine.len(), 1, "{suffix}: one span: {mine:?}");
+        mine[0].clone()
     };
-    let outcome = |suffix: &str| attr(&job(suffix).attributes, "job.outcome");
-    assert_eq!(outcome("1").as_deref(), Some("done"));
-    assert_eq!(outcome("2").as_deref(), Some("done"));
-    assert_eq!(outcome("dl").as_deref(), Some("dead_lettered"));
-    let dl_kind = job("dl")
+    let dl_kind = only("dl")
         .events
         .iter()
         .find(|e| e.name == "dead_lettered")
         .and_then(|e| attr(&e.attributes, "dead_letter.kind"));
     assert_eq!(dl_kind.as_deref(), Some("downstream_rejected"));
-    // `-2` was refused by the limiter (one a second) after `-1` went.
+    // `-a2` was refused by the limiter after `-a1` took the burst, and
+    // waited in memory for its unit.
+    let a2 = only("a2");
     assert_eq!(
-        attr(&job("2").attributes, "wait.cause").as_deref(),
+        attr(&a2.attributes, "wait.cause").as_deref(),
         Some("limit"),
-        "events of -2: {:?}",
-        job("2").events
+        "events of -a2: {:?}",
+        a2.events
     );
-    let waited_ms: u64 = attr(&job("2").attributes, "wait.ms")
-        .unwrap()
-        .parse()
-        .unwrap();
-    assert!(waited_ms >= 500, "-2 waited {waited_ms} ms for a 1/s limit");
+    let waited_ms: u64 = attr(&a2.attributes, "wait.ms").unwrap().parse().unwrap();
+    assert!(
+        waited_ms >= 500,
+        "-a2 waited {waited_ms} ms for a unit at 1/s"
+    );
+    // `-b2` went round the retry topic for its limit, and came back in its
+    // trace (the retry copy kept the traceparent): two spans.
+    let b2 = job_spans(&spans, &format!("{run}-b2"));
+    let outcomes: Vec<Option<String>> = b2
+        .iter()
+        .map(|j| attr(&j.attributes, "job.outcome"))
+        .collect();
+    assert_eq!(b2.len(), 2, "-b2: {outcomes:?}");
+    let deferred = b2
+        .iter()
+        .find(|j| attr(&j.attributes, "job.outcome").as_deref() == Some("retry_topic"))
+        .unwrap_or_else(|| panic!("-b2 never went to the retry topic: {outcomes:?}"));
+    assert_eq!(
+        attr(&deferred.attributes, "wait.cause").as_deref(),
+        Some("limit"),
+        "events of -b2's first span: {:?}",
+        deferred.events
+    );
     assert!(
         receiver
             .services
@@ -305,7 +344,7 @@ async fn job_spans_carry_job_seller_wait_cause_and_outcome_and_the_downstream_jo
     );
     // The dead letter keeps the record's own trace headers.
     let dlq = bench.dead_letters(1, Duration::ZERO);
-    let (_, _, trace, parent) = &jobs[2];
+    let (_, _, _, trace, parent) = &jobs[4];
     assert_eq!(
         dlq[0].1.get("traceparent").map(String::as_str),
         Some(format!("00-{trace}-{parent}-01").as_str()),

@@ -10,8 +10,9 @@
 //! a child of the job's span. With no exporter the ids are still made
 //! (at random), so the downstream can always join the trace.
 //!
-//! The job span records: `received` (span start), a `waited` event per
-//! call with its cause, the call as a child span `downstream call`, and
+//! The job span records: `received` (span start), a `waited` event with
+//! its cause before each call (and before a retry-topic write), the call as
+//! a child span `downstream call`, and
 //! the outcome (`job.outcome`: `done`, `dead_lettered`, `retry_topic`, or
 //! `dropped` for a job let go on a revoke or at shutdown).
 //!
@@ -244,6 +245,8 @@ struct Inner {
     state: Option<String>,
     /// Present while spans are exported and this job's trace is sampled.
     span: Option<Span>,
+    /// The job's seller, to look up its waits; only with a span.
+    seller: Option<Box<str>>,
     tracer: Option<Tracer>,
     /// From when the current wait counts: the record's receipt, then the
     /// end of each call.
@@ -344,6 +347,7 @@ impl JobTrace {
             flags,
             state,
             tracer: span.as_ref().and(tracer),
+            seller: span.as_ref().map(|_| seller.into()),
             span,
             since: now,
             at_receipt,
@@ -367,7 +371,7 @@ impl JobTrace {
     /// A downstream call of the job is about to go out: records how long
     /// the job waited for it and why, starts the call's span, and returns
     /// the headers to send.
-    pub fn call(&self, seller: &str) -> Call<'_> {
+    pub fn call(&self) -> Call<'_> {
         let Some(inner) = &self.0 else {
             return Call {
                 traceparent: header(random_trace_id(), random_span_id(), TraceFlags::default()),
@@ -378,27 +382,9 @@ impl JobTrace {
         };
         let mut guard = lock(inner);
         let i = &mut *guard;
-        let now = Instant::now();
-        let waited = now.saturating_duration_since(i.since);
-        let note = seller_note(seller).filter(|n| n.at >= i.since);
-        let cause = note
-            .map(|n| n.cause)
-            .or(i.own.take())
-            .or(i.at_receipt.take())
-            .unwrap_or("none");
-        i.waited += waited;
-        if i.longest.is_none_or(|(d, _)| waited > d) {
-            i.longest = Some((waited, cause));
-        }
+        i.wait_ends();
         let mut call_span = None;
         if let (Some(span), Some(tracer)) = (i.span.as_mut(), i.tracer.as_ref()) {
-            span.add_event(
-                "waited",
-                vec![
-                    KeyValue::new("wait.cause", cause),
-                    KeyValue::new("wait.ms", millis(waited)),
-                ],
-            );
             let cx = Context::new().with_remote_span_context(span.span_context().clone());
             call_span = Some(
                 tracer
@@ -426,6 +412,11 @@ impl JobTrace {
     pub fn finish(&self, outcome: &'static str, detail: &str) {
         let Some(inner) = &self.0 else { return };
         let mut i = lock(inner);
+        // A job sent round the retry topic is there for its wait; one that
+        // never got to a call (a cost over a rule's capacity) waited too.
+        if outcome == "retry_topic" || i.longest.is_none() {
+            i.wait_ends();
+        }
         i.outcome = Some(outcome);
         if let Some(span) = i.span.as_mut() {
             let key = if outcome == "dead_lettered" {
@@ -440,6 +431,39 @@ impl JobTrace {
 }
 
 impl Inner {
+    /// The job's current wait ends now: event `waited` with its length and
+    /// cause (the seller's latest wait since it began, else the job's own,
+    /// else the seller's wait in force when the job arrived, else `none`).
+    fn wait_ends(&mut self) {
+        let now = Instant::now();
+        let waited = now.saturating_duration_since(self.since);
+        let since = self.since;
+        let note = self
+            .seller
+            .as_deref()
+            .and_then(seller_note)
+            .filter(|n| n.at >= since);
+        let cause = note
+            .map(|n| n.cause)
+            .or(self.own.take())
+            .or(self.at_receipt.take())
+            .unwrap_or("none");
+        self.since = now;
+        self.waited += waited;
+        if self.longest.is_none_or(|(d, _)| waited > d) {
+            self.longest = Some((waited, cause));
+        }
+        if let Some(span) = self.span.as_mut() {
+            span.add_event(
+                "waited",
+                vec![
+                    KeyValue::new("wait.cause", cause),
+                    KeyValue::new("wait.ms", millis(waited)),
+                ],
+            );
+        }
+    }
+
     /// Writes the summary attributes and ends the span (once).
     fn end(&mut self) {
         let Some(mut span) = self.span.take() else {
@@ -537,14 +561,14 @@ mod tests {
     fn a_call_continues_the_records_trace_with_a_new_parent_id() {
         let given = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
         let t = JobTrace::start(&headers(given), "j1", "s1", 1);
-        let call = t.call("s1");
+        let call = t.call();
         let sent = TraceParent::parse(call.traceparent.as_bytes()).expect("valid");
         let got = TraceParent::parse(given.as_bytes()).unwrap();
         assert_eq!(sent.trace_id, got.trace_id, "{}", call.traceparent);
         assert_ne!(sent.parent_id, got.parent_id, "{}", call.traceparent);
         assert!(sent.sampled(), "the sampled flag goes on");
         assert_eq!(call.tracestate.as_deref(), Some("congo=t61rcWkgMzE"));
-        let again = t.call("s1");
+        let again = t.call();
         assert_ne!(
             again.traceparent, call.traceparent,
             "each call has its own span"
@@ -562,7 +586,7 @@ mod tests {
             (3, headers("garbage")),
         ] {
             let t = JobTrace::start(&h, "j1", "s1", 1);
-            let a = t.call("s1");
+            let a = t.call();
             let sent = TraceParent::parse(a.traceparent.as_bytes())
                 .unwrap_or_else(|e| panic!("row {row}: {e}: {}", a.traceparent));
             assert_eq!(
@@ -570,7 +594,7 @@ mod tests {
                 "row {row}: no tracestate without a parent"
             );
             let other_job = JobTrace::start(&h, "j2", "s1", 1);
-            let b = other_job.call("s1");
+            let b = other_job.call();
             let other = TraceParent::parse(b.traceparent.as_bytes()).unwrap();
             assert_ne!(sent.trace_id, other.trace_id, "row {row}: a new trace each");
             assert_eq!(
