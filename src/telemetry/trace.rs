@@ -57,8 +57,9 @@ const MAX_NOTED_SELLERS: usize = 10_000;
 /// Why [`Export::start`] failed; the messages name the key.
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
-    #[error("tracing.otlp_endpoint {endpoint:?}: cannot build the OTLP exporter: {reason}")]
-    Exporter { endpoint: String, reason: String },
+    /// The endpoint is not repeated: it may carry credentials.
+    #[error("cannot build the OTLP exporter: {reason}")]
+    Exporter { reason: String },
 }
 
 /// The tracer jobs use while an [`Export`] runs, with the number of the
@@ -100,6 +101,7 @@ impl Export {
             return Ok(None);
         }
         let url = traces_url(endpoint);
+        // Not logged here: the caller logs it with any credentials hidden.
         let exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
             .with_protocol(Protocol::HttpBinary)
@@ -107,7 +109,6 @@ impl Export {
             .with_timeout(EXPORT_TIMEOUT)
             .build()
             .map_err(|e| TraceError::Exporter {
-                endpoint: endpoint.to_owned(),
                 reason: e.to_string(),
             })?;
         let resource = opentelemetry_sdk::Resource::builder()
@@ -125,7 +126,6 @@ impl Export {
         let tracer = provider.tracer("throttle-worker");
         *TRACER.write().unwrap_or_else(|p| p.into_inner()) = Some((id, tracer));
         EXPORTING.store(true, Ordering::Release);
-        tracing::info!(endpoint = %url, sample_ratio, "exporting job spans through OTLP");
         Ok(Some(Export { id, provider }))
     }
 
@@ -362,8 +362,8 @@ impl JobTrace {
         JobTrace(Some(Box::new(Mutex::new(inner))))
     }
 
-    /// The trace id, as 32 lowercase hex digits (a new one per call for a
-    /// job that has no trace).
+    /// The trace id, as 32 lowercase hex digits; `None` for a job parsed
+    /// outside the worker (each of its calls starts a new trace).
     pub fn trace_id(&self) -> Option<String> {
         self.0.as_ref().map(|i| lock(i).trace_id.to_string())
     }

@@ -159,8 +159,8 @@ pub async fn run_watching(
             ..CoalesceSettings::default()
         },
     );
-    // Job spans, once every startup check has passed (nothing to stop on
-    // an early return).
+    // Job spans, once every startup check has passed: an export is not
+    // left behind by a failed start.
     let t = &settings.tracing;
     let traces = Export::start(
         &t.otlp_endpoint,
@@ -169,6 +169,13 @@ pub async fn run_watching(
         &worker_id,
     )
     .context("tracing.otlp_endpoint")?;
+    if traces.is_some() {
+        tracing::info!(
+            endpoint = %crate::config::redact_url(&t.otlp_endpoint),
+            sample_ratio = t.sample_ratio,
+            "exporting job spans through OTLP"
+        );
+    }
     let deps = engine::Deps {
         permits: Arc::new(permits),
         downstream: Arc::new(downstream),
