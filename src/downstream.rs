@@ -6,6 +6,9 @@
 //! for [`Answer::Retryable`] and for a 429 whose wait is
 //! [`RetryAfter::Unspecified`].
 //!
+//! Each call carries the job's W3C `traceparent` (its trace, the call's own
+//! span id) and `tracestate` ([`crate::telemetry::trace`]).
+//!
 //! Everything read from the response is hostile input: a `Retry-After` is
 //! parsed without panicking and every wait it yields is clamped to
 //! `downstream.max_retry_after`, so one absurd header cannot overflow the
@@ -21,6 +24,7 @@ use tokio::sync::Semaphore;
 
 use crate::job::Job;
 use crate::telemetry::events::{DownstreamAnswered, RetryAfterClamped};
+use crate::telemetry::traceparent::{TRACEPARENT, TRACESTATE};
 
 /// The default of `downstream.max_retry_after`: an hour is longer than any
 /// sane rate-limit window, yet short enough that a bogus header (a year, or
@@ -264,6 +268,18 @@ impl Downstream {
         if let Some(at) = granted_at_us {
             request = request.header("X-Granted-At", HeaderValue::from(at));
         }
+        // W3C trace context: the job's trace, this call's span as parent.
+        let trace = job.trace.call();
+        if let Ok(v) = HeaderValue::from_str(&trace.traceparent) {
+            request = request.header(TRACEPARENT, v);
+        }
+        if let Some(v) = trace
+            .tracestate
+            .as_deref()
+            .and_then(|s| HeaderValue::from_str(s).ok())
+        {
+            request = request.header(TRACESTATE, v);
+        }
         let started = std::time::Instant::now();
         let sent = request.body(job.payload.clone()).send().await;
         let (answer, class) = match sent {
@@ -284,6 +300,7 @@ impl Downstream {
             took: started.elapsed(),
         }
         .emit();
+        trace.end(class);
         answer
     }
 

@@ -16,6 +16,8 @@ use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
 use crate::config::WorkerSettings;
+use crate::telemetry::trace::JobTrace;
+use crate::telemetry::traceparent::TraceHeaders;
 
 /// The default of `worker.max_job_cost`: far above any real batch, low
 /// enough that one job cannot drain a seller's quota for a day.
@@ -88,6 +90,9 @@ pub struct Job {
     pub payload: Bytes,
     /// Units the job weighs: at least 1, at most `worker.max_job_cost`.
     pub cost: u64,
+    /// Its W3C trace context and span ([`Job::traced`]); a job parsed
+    /// without it starts a new trace at each downstream call.
+    pub trace: JobTrace,
 }
 
 /// Which id field an error is about.
@@ -238,7 +243,15 @@ impl Job {
             seller_id,
             payload: value.slice(start..start + size),
             cost,
+            trace: JobTrace::default(),
         })
+    }
+
+    /// The job in the trace its record's headers name (a new trace if
+    /// they name none, or an invalid one: counted, never an error).
+    pub fn traced(mut self, headers: &TraceHeaders) -> Job {
+        self.trace = JobTrace::start(headers, &self.job_id, self.seller_id.as_str(), self.cost);
+        self
     }
 
     /// The downstream body: the payload's bytes as they were in the record.

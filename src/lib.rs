@@ -17,8 +17,9 @@
 //!   embedded mock broker (the only module importing rdkafka).
 //! - [`worker`]: one job's path, decode → permit → call → outcome, for many
 //!   sellers at once without head-of-line blocking.
-//! - [`telemetry`]: logging, typed events, the Prometheus metrics and the HTTP
-//!   endpoints. Leaf module.
+//! - [`telemetry`]: logging, typed events, the Prometheus metrics, the HTTP
+//!   endpoints and traces (W3C trace context, job spans through OTLP).
+//!   Leaf module.
 //! - [`demo`]: `throttle-worker demo`, the whole pipeline on one machine
 //!   (mock broker, stub, replicas as child processes, load, live view, a
 //!   summary that checks the limits held), and `limiter demo`.

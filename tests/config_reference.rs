@@ -8,7 +8,15 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use throttle_worker::config::{load_from, DEFAULT_TOML};
 
-const SECTIONS: [&str; 6] = ["kafka", "redis", "downstream", "http", "worker", "limits"];
+const SECTIONS: [&str; 7] = [
+    "kafka",
+    "redis",
+    "downstream",
+    "http",
+    "worker",
+    "limits",
+    "tracing",
+];
 
 /// Keys whose value is a table of free-form entries: listed as one row.
 const OPEN_TABLES: [&str; 5] = [
@@ -164,6 +172,8 @@ fn every_environment_variable_in_the_reference_loads() {
         let pem = limits_file.path().display().to_string();
         let mut env = Vec::new();
         let value = match defaults.get(key) {
+            // Empty by default, and a URL when set.
+            _ if key == "tracing.otlp_endpoint" => "http://127.0.0.1:4318".to_owned(),
             Some(toml::Value::String(s)) if s.is_empty() => "x".to_owned(),
             Some(toml::Value::String(s)) => s.clone(),
             Some(other) => other.to_string(),

@@ -15,6 +15,12 @@
 //! | `x-original-topic`     | yes   | yes | where the job first entered, ...         |
 //! | `x-original-partition` | yes   | yes | ... kept across retry-topic round trips  |
 //! | `x-original-offset`    | yes   | yes |                                          |
+//! | `traceparent`          | yes   | yes | the original record's, unchanged, if any |
+//! | `tracestate`           | yes   | yes | the original record's, unchanged, if any |
+//!
+//! The W3C trace headers are copied as they were (even an invalid
+//! traceparent), so a job that goes round the retry topic stays in its
+//! trace, and a dead letter can be found from the producer's trace.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -25,6 +31,8 @@ use rdkafka::message::{Header, Headers, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
 use rdkafka::{ClientConfig, Message};
+
+use crate::telemetry::traceparent::TraceHeaders;
 
 pub const X_ERROR: &str = "x-error";
 pub const X_ATTEMPTS: &str = "x-attempts";
@@ -91,6 +99,8 @@ pub struct OriginalRecord {
     /// The record value, byte for byte; shared (not copied) with the job
     /// parsed from it.
     pub value: Bytes,
+    /// Its `traceparent` and `tracestate` headers, as they were.
+    pub trace: TraceHeaders,
 }
 
 impl OriginalRecord {
@@ -113,6 +123,10 @@ impl OriginalRecord {
             value: message
                 .payload()
                 .map(Bytes::copy_from_slice)
+                .unwrap_or_default(),
+            trace: message
+                .headers()
+                .map(|h| TraceHeaders::from_pairs(header_pairs(h)))
                 .unwrap_or_default(),
         }
     }
@@ -271,8 +285,14 @@ impl RecordSink {
         &self,
         topic: &str,
         original: &OriginalRecord,
-        headers: OwnedHeaders,
+        mut headers: OwnedHeaders,
     ) -> Result<(), SinkError> {
+        for (key, value) in original.trace.pairs() {
+            headers = headers.insert(Header {
+                key,
+                value: Some(value),
+            });
+        }
         let mut record = FutureRecord::to(topic)
             .payload(&original.value[..])
             .headers(headers);
@@ -301,7 +321,7 @@ impl RecordSink {
 }
 
 fn origin_headers(origin: &Position) -> OwnedHeaders {
-    OwnedHeaders::new_with_capacity(6)
+    OwnedHeaders::new_with_capacity(8)
         .insert(text(X_ORIGINAL_TOPIC, &origin.topic))
         .insert(text(X_ORIGINAL_PARTITION, &origin.partition.to_string()))
         .insert(text(X_ORIGINAL_OFFSET, &origin.offset.to_string()))
@@ -463,6 +483,13 @@ mod tests {
             },
             key: Some(b"seller-7".to_vec()),
             value: value.clone().into(),
+            // Copied as they were, valid or not.
+            trace: TraceHeaders {
+                traceparent: Some(
+                    b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_vec(),
+                ),
+                tracestate: Some(b"not even checked".to_vec()),
+            },
         };
         sink.dead_letter(
             &dlq,
@@ -483,6 +510,11 @@ mod tests {
         assert_eq!(h.attempts, 0);
         assert_eq!(h.not_before_unix_ms, None);
         assert_eq!(h.original, Some(original.origin.clone()));
+        assert_eq!(
+            OriginalRecord::from_message(&got).trace,
+            original.trace,
+            "trace headers kept on the dead letter"
+        );
 
         sink.to_retry_topic(&retry, &original, 1_700_000_000_500, 1_700_000_000_400, 2)
             .await
@@ -501,6 +533,10 @@ mod tests {
             "origin survives the retry topic"
         );
         assert_eq!(again.value, value);
+        assert_eq!(
+            again.trace, original.trace,
+            "trace headers kept on the retry topic"
+        );
         sink.flush(Duration::from_secs(5)).unwrap();
     }
 
@@ -523,6 +559,7 @@ mod tests {
             },
             key: None,
             value: bytes::Bytes::from_static(b"{}"),
+            trace: TraceHeaders::default(),
         };
         let err = sink
             .dead_letter("dlq", &original, "x", 1)

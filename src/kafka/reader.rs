@@ -255,6 +255,7 @@ mod tests {
                 },
                 key: Some(format!("seller-{}/job-{i}", i % 3).into_bytes()),
                 value: bytes::Bytes::from(vec![b'x'; 10]),
+                trace: Default::default(),
             };
             let reason = if i % 2 == 0 { "not_json" } else { "missing_id" };
             sink.dead_letter(&topic, &original, reason, 0)

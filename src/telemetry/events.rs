@@ -261,6 +261,11 @@ impl SellerThrottled<'_> {
             })
             .inc();
         m.limiter_retry_after.observe(secs(self.retry_after));
+        super::trace::note_seller_wait(
+            self.seller,
+            super::trace::cause_of_refusal(self.by),
+            Some(self.retry_after),
+        );
         tracing::debug!(
             seller = self.seller,
             retry_after_ms = self.retry_after.as_millis() as u64,
@@ -278,6 +283,7 @@ pub struct DownstreamThrottled<'a> {
 
 impl DownstreamThrottled<'_> {
     pub fn emit(&self) {
+        super::trace::note_seller_wait(self.seller, "downstream_429", Some(self.retry_after));
         tracing::info!(
             seller = self.seller,
             retry_after_ms = self.retry_after.as_millis() as u64,
@@ -751,5 +757,62 @@ impl OverridesUnreadable<'_> {
                 "limit overrides unreadable; the ones read last stay in force"
             );
         }
+    }
+}
+
+/// A job record's `traceparent` is not valid W3C trace context: the job
+/// goes on, in a new trace. Counted per record by kind; logged at most
+/// once a minute, without the header's text (input from the producer).
+pub struct TraceContextInvalid {
+    /// `shape`, `not_hex`, `version`, `zero_trace_id`, `zero_parent_id`.
+    pub kind: &'static str,
+}
+
+impl TraceContextInvalid {
+    pub fn emit(&self) {
+        metrics()
+            .trace_context_invalid
+            .get_or_create(&ReasonLabel { reason: self.kind })
+            .inc();
+        static LOG: Every = Every::new(Duration::from_secs(60));
+        if let Some(more) = LOG.tick() {
+            tracing::warn!(
+                kind = self.kind,
+                more_since_last_line = more,
+                "job record has an invalid traceparent; its job starts a new trace"
+            );
+        }
+    }
+}
+
+/// A seller's jobs wait: for a downstream slot (`capacity`, no end known)
+/// or for the units a partial grant left short (`limit`, `wait` long).
+/// Refusals and 429s are told by [`SellerThrottled`] and
+/// [`DownstreamThrottled`]. Only the job spans use it (their wait cause).
+pub struct SellerWaiting<'a> {
+    pub seller: &'a str,
+    pub cause: &'static str,
+    pub wait: Option<Duration>,
+}
+
+impl SellerWaiting<'_> {
+    pub fn capacity(seller: &str) -> SellerWaiting<'_> {
+        SellerWaiting {
+            seller,
+            cause: "capacity",
+            wait: None,
+        }
+    }
+
+    pub fn limit(seller: &str, wait: Duration) -> SellerWaiting<'_> {
+        SellerWaiting {
+            seller,
+            cause: "limit",
+            wait: Some(wait),
+        }
+    }
+
+    pub fn emit(&self) {
+        super::trace::note_seller_wait(self.seller, self.cause, self.wait);
     }
 }

@@ -96,6 +96,7 @@ pub struct Metrics {
     pub jobs_done: Counter,
     pub jobs_dead_lettered: Family<ReasonLabel, Counter>,
     pub jobs_to_retry_topic: Counter,
+    pub trace_context_invalid: Family<ReasonLabel, Counter>,
     pub jobs_retried: Counter,
     pub jobs_dropped_on_revoke: Counter,
     pub jobs_already_done: Counter,
@@ -172,6 +173,11 @@ impl Metrics {
                 "jobs_to_retry_topic",
                 "Jobs deferred through a retry tier",
                 Counter::default()
+            ),
+            trace_context_invalid: reg!(
+                "trace_context_invalid",
+                "Job records whose traceparent header is not valid W3C trace context (the job starts a new trace), by reason",
+                Family::default()
             ),
             jobs_retried: reg!(
                 "jobs_retried",

@@ -4,6 +4,10 @@
 //! - [`every`]: [`Every`], one log line per interval for repeated failures.
 //! - [`http`]: `/healthz`, `/readyz`, `/metrics`.
 //! - [`metrics`]: the Prometheus registry and its series.
+//! - [`trace`]: a job's W3C trace context carried to the downstream, and
+//!   its span exported through OTLP (the only module importing
+//!   `opentelemetry*`).
+//! - [`traceparent`]: the `traceparent` header parsed and written (pure).
 //!
 //! A leaf module: it depends on no other module of this crate.
 
@@ -11,6 +15,8 @@ pub mod events;
 pub mod every;
 pub mod http;
 pub mod metrics;
+pub mod trace;
+pub mod traceparent;
 
 pub use every::Every;
 

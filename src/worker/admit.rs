@@ -11,7 +11,9 @@ use crate::kafka::consumer::Origin;
 use crate::limiter::local::{self, LocalShare};
 use crate::limiter::model;
 use crate::limiter::{BatchDecision, CannotPass, DeniedBy, NextJob};
-use crate::telemetry::events::{JobsAdmitted, LimiterNever, LimiterUnavailable, SellerThrottled};
+use crate::telemetry::events::{
+    JobsAdmitted, LimiterNever, LimiterUnavailable, SellerThrottled, SellerWaiting,
+};
 
 use super::engine::{Engine, Pending};
 use super::permit::OnLimiterError;
@@ -140,6 +142,7 @@ impl<X: Ports> Engine<X> {
                     // tiers, as any refusal does: a daily quota that runs
                     // out mid-batch must not keep its backlog in memory.
                     Some(NextJob::Wait { retry_after, .. }) => {
+                        SellerWaiting::limit(&key, retry_after).emit();
                         self.hold(&key, after(answered_at, retry_after));
                     }
                     Some(NextJob::Never(c)) => {

@@ -308,7 +308,7 @@ impl<X: Ports> Engine<X> {
             }
         };
         let job = match Job::parse_shared(&rec.original.value, &self.settings.worker) {
-            Ok(job) => job,
+            Ok(job) => job.traced(&rec.original.trace),
             Err(e) => {
                 let (kind, reason) = (e.kind(), e.to_string());
                 let target = Target::DeadLetter { kind, reason };

@@ -46,6 +46,7 @@ use crate::kafka::RecordSink;
 use crate::limiter::{CoalesceSettings, Coalescer, KeySpace, Limiter, Policy, RedisStore};
 use crate::telemetry::events::OverridesUnreadable;
 use crate::telemetry::http;
+use crate::telemetry::trace::Export;
 
 pub use engine::{Deps, Engine, Pending, Summary};
 pub use permit::{OnLimiterError, PermitError, Permits};
@@ -189,6 +190,23 @@ pub async fn run_watching(
             ..CoalesceSettings::default()
         },
     );
+    // Job spans, once every startup check has passed: an export is not
+    // left behind by a failed start.
+    let t = &settings.tracing;
+    let traces = Export::start(
+        &t.otlp_endpoint,
+        t.sample_ratio,
+        &t.service_name,
+        &worker_id,
+    )
+    .context("tracing.otlp_endpoint")?;
+    if traces.is_some() {
+        tracing::info!(
+            endpoint = %crate::config::redact_url(&t.otlp_endpoint),
+            sample_ratio = t.sample_ratio,
+            "exporting job spans through OTLP"
+        );
+    }
     let deps: Deps<Live> = Deps {
         permits: Arc::new(permits),
         caller: Arc::new(downstream),
@@ -216,6 +234,10 @@ pub async fn run_watching(
     });
     if tokio::time::timeout(CLOSE_TIMEOUT, close).await.is_err() {
         tracing::warn!(timeout = ?CLOSE_TIMEOUT, "Kafka clients did not close in time; exiting anyway");
+    }
+    if let Some(traces) = traces {
+        // The last spans are exported (within a few seconds); blocking.
+        let _ = tokio::task::spawn_blocking(move || traces.shutdown()).await;
     }
     health.set_ready(false);
     tracing::info!(?summary, "worker stopped");

@@ -222,6 +222,7 @@ impl Writer for RecordSink {
                 origin: original.origin.clone(),
                 key: original.key.clone(),
                 value: bytes::Bytes::new(),
+                trace: original.trace.clone(),
             };
             RecordSink::dead_letter(self, topic, &bare, reason, attempts).await
         }

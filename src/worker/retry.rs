@@ -189,6 +189,11 @@ impl<X: Ports> Engine<X> {
             bytes,
             ..
         } = p;
+        let (outcome, detail) = match &target {
+            Target::DeadLetter { kind, .. } => ("dead_lettered", *kind),
+            Target::Retry { topic, .. } => ("retry_topic", topic.as_str()),
+        };
+        job.trace.finish(outcome, detail);
         self.write(bytes, origin, original, Some(job.job_id), attempts, target);
     }
 

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use crate::kafka::consumer::Origin;
 use crate::limiter::BatchGranted;
-use crate::telemetry::events::{CallAvoided, LimiterCalled};
+use crate::telemetry::events::{CallAvoided, LimiterCalled, SellerWaiting};
 
 use super::engine::{Engine, Event, Pending};
 use super::ports::{Clock, Permits, Ports};
@@ -185,6 +185,7 @@ impl<X: Ports> Engine<X> {
         if self.sellers.slots_free == 0 {
             // Capacity-bound: wait for a slot without asking Redis.
             if !seller.wants_capacity {
+                SellerWaiting::capacity(key).emit();
                 seller.wants_capacity = true;
                 self.sellers.capacity_waiters.push_back(key.clone());
             }

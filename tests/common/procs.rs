@@ -506,6 +506,8 @@ async fn tagged_register(
         cost: header("x-job-cost").parse().unwrap_or(1),
         worker: header("x-worker-id"),
         granted_at_us: header("x-granted-at").parse().ok(),
+        traceparent: header("traceparent"),
+        tracestate: header("tracestate"),
         via: String::new(),
         at: Instant::now(),
         wall: SystemTime::now(),

@@ -40,6 +40,9 @@ pub struct Arrival {
     /// `X-Granted-At`: when the limiter granted the job (Unix µs on Redis'
     /// clock; a pacer's go-at), if a Redis decided.
     pub granted_at_us: Option<u64>,
+    /// `traceparent` and `tracestate` (W3C trace context), `""` if absent.
+    pub traceparent: String,
+    pub tracestate: String,
     /// The query string of the URL called (`""` if none): a test that
     /// gives each worker `{url}?w=NAME` knows which worker called.
     pub via: String,
@@ -155,6 +158,8 @@ async fn register(
         cost: header("x-job-cost").parse().unwrap_or(1),
         worker: header("x-worker-id"),
         granted_at_us: header("x-granted-at").parse().ok(),
+        traceparent: header("traceparent"),
+        tracestate: header("tracestate"),
         via: uri.query().unwrap_or("").to_owned(),
         at: Instant::now(),
         wall: SystemTime::now(),

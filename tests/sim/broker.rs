@@ -194,6 +194,7 @@ impl SimSource {
                         origin: rec.headers.original.clone().unwrap_or(here),
                         key: rec.key.clone(),
                         value: rec.value.clone(),
+                        trace: Default::default(),
                     },
                     headers: Ok(rec.headers.clone()),
                 });
