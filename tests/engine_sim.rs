@@ -201,6 +201,50 @@ fn assert_kept(sc: &Scenario, out: &sim::run::Outcome) {
     );
 }
 
+/// Defect 1: a pacer's grant (leaky_bucket) names the instant each unit
+/// may go, and each granted job waited for it *holding its downstream
+/// slot*: a slow pacer with jobs on many partitions held most slots while
+/// the downstream sat idle, and the other sellers waited for capacity.
+/// A slot is now taken only when the call can go.
+#[test]
+fn a_slow_pacer_holds_no_downstream_slot_while_it_waits() {
+    // 20 light sellers, 10 jobs each, on 8 partitions and 4 slots; with
+    // and without a pacer (10 a minute: one call every 6 s) whose jobs
+    // arrived first, one on each partition.
+    let light_done_ms = |with_pacer: bool| {
+        let mut sc = Scenario::quiet(1);
+        sc.partitions = 8;
+        sc.concurrency = 4;
+        sc.sellers.push(seller(
+            "pacer",
+            Some(rule("leaky_bucket", 10, Duration::from_secs(60), Some(10))),
+        ));
+        if with_pacer {
+            sc.jobs.extend((0..8).map(|p| job(0, 1, 0, p)));
+        }
+        for l in 0..20 {
+            sc.sellers.push(seller(&format!("light-{l}"), None));
+            sc.jobs
+                .extend((0..10).map(|i| job(l + 1, 1, 50, ((l + i) % 8) as i32)));
+        }
+        let out = run(&sc);
+        assert_kept(&sc, &out);
+        out.log
+            .calls
+            .iter()
+            .filter(|c| c.class == "2xx" && c.seller.starts_with("light-"))
+            .map(|c| c.at_ms)
+            .max()
+            .expect("light calls")
+    };
+    let (alone, beside) = (light_done_ms(false), light_done_ms(true));
+    println!("200 light jobs took {alone} ms alone, {beside} ms beside a slow pacer");
+    assert!(
+        beside as f64 <= alone as f64 * 1.25 + 100.0,
+        "200 light jobs took {beside} ms beside a slow pacer, {alone} ms alone"
+    );
+}
+
 /// Defect 2: a 429 with `Retry-After: 0` (or a date in the past) ended the
 /// hold at once and a 429 never counts as an attempt: 3 jobs made 103
 /// calls in under 5 s. Consecutive 429s without a useful wait now back off.

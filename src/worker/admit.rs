@@ -19,8 +19,8 @@ use super::engine::{Engine, Pending};
 use super::permit::OnLimiterError;
 use super::ports::{Clock, PermitError, Permits, Ports, Source};
 use super::retry::Target;
-use super::sellers::{position, take_granted, Phase};
-use super::timers::after;
+use super::sellers::{position, take_granted, Paced, Phase};
+use super::timers::{after, Timer};
 
 /// The engine's wall clock as the limiter models read it (µs).
 pub(super) struct ModelClock<K>(Arc<K>);
@@ -122,15 +122,49 @@ impl<X: Ports> Engine<X> {
                 for p in &gone {
                     self.memory.remove(p.bytes);
                 }
-                let n = batch.len();
+                let (jobs, units) = (batch.len(), batch.iter().map(|p| p.job.cost).sum());
+                // Each job with its grant's instant (`X-Granted-At`): the
+                // decision, or under a pacer its first unit's go-at. A paced
+                // job whose go-at is still to come waits without a slot.
+                let now = self.deps.clock.now();
+                let mut go_now = Vec::new();
+                let mut unit = 0u64;
+                for p in batch {
+                    let first_unit = unit;
+                    unit += p.job.cost;
+                    match g.pace {
+                        Some(pace) => {
+                            let go_at = after(answered_at, pace.unit_after(first_unit));
+                            let granted_at_us = pace
+                                .first_at_us
+                                .saturating_add(first_unit.saturating_mul(pace.interval_us));
+                            if go_at <= now {
+                                go_now.push((Some(granted_at_us), p));
+                            } else {
+                                seller.paced.push_back(Paced {
+                                    go_at,
+                                    granted_at_us,
+                                    pending: p,
+                                });
+                            }
+                        }
+                        None => go_now.push(((g.decided_at_us > 0).then_some(g.decided_at_us), p)),
+                    }
+                }
+                let n = go_now.len();
                 seller.reserved = n;
+                seller.runs = usize::from(n > 0);
+                seller.settle_phase();
+                if let Some(first) = seller.paced.front() {
+                    self.timers.at(first.go_at, Timer::Paced(key.clone()));
+                }
                 self.release(reserved - n);
                 let info = self.deps.permits.describe(&key);
                 JobsAdmitted {
                     seller: &key,
                     tier: &info.tier,
-                    jobs: n,
-                    units: batch.iter().map(|p| p.job.cost).sum(),
+                    jobs,
+                    units,
                     near_limit: info.near_limit(g.remaining, g.tightest),
                 }
                 .emit();
@@ -152,13 +186,11 @@ impl<X: Ports> Engine<X> {
                     }
                     None => {}
                 }
-                if batch.is_empty() {
+                if go_now.is_empty() {
                     self.outage.probe_dropped(&key);
                     return self.ask_if_ready(&key);
                 }
-                let seller = self.sellers.get_mut(&key).expect("looked up above");
-                seller.phase = Phase::Running;
-                self.spawn_run(key, batch, (g.pace, g.decided_at_us), answered_at);
+                self.spawn_run(key, go_now);
             }
             BatchDecision::Denied(d) => {
                 SellerThrottled {

@@ -211,6 +211,7 @@ impl<X: Ports> Engine<X> {
         for seller in self.sellers.map.values_mut() {
             seller.queue.clear();
             seller.delayed.clear();
+            seller.paced.clear();
         }
         self.retry.parked.clear();
         let deadline = after(self.deps.clock.now(), self.settings.worker.shutdown_timeout);
@@ -282,6 +283,7 @@ impl<X: Ports> Engine<X> {
             match timer {
                 Timer::Seller(key) => self.ask_if_ready(&key),
                 Timer::Parked(topic, partition) => self.unpark((topic, partition)),
+                Timer::Paced(key) => self.call_paced(&key),
             }
         }
     }

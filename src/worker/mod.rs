@@ -49,7 +49,7 @@ use crate::telemetry::http;
 use crate::telemetry::trace::Export;
 
 pub use engine::{Deps, Engine, Pending, Summary};
-pub use permit::{OnLimiterError, PermitError, Permits};
+pub use permit::{OnLimiterError, PermitError, Permits, SellerInfo};
 pub use ports::{Caller, Clock, CommitError, Live, Ports, Source, SystemClock, WriteError, Writer};
 
 /// How long startup waits for Kafka metadata.

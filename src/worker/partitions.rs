@@ -84,6 +84,14 @@ impl<X: Ports> Engine<X> {
                 }
                 keep
             });
+            seller.paced.retain(|q| {
+                let keep = source.is_current(&q.pending.origin);
+                if !keep {
+                    dropped.push(q.pending.bytes);
+                }
+                keep
+            });
+            seller.settle_phase();
         }
         for part in &parts {
             if let Some(q) = self.retry.parked.remove(part) {
@@ -118,6 +126,12 @@ impl<X: Ports> Engine<X> {
                 "capacity"
             };
             *waiting.entry((cause, key.clone())).or_default() += n;
+        }
+        // Granted jobs of a pacer wait for their unit's instant: the limit's.
+        for (key, seller) in &self.sellers.map {
+            if !seller.paced.is_empty() {
+                *waiting.entry(("limit", key.clone())).or_default() += seller.paced.len() as i64;
+            }
         }
         let assigned = self.deps.source.assignment().len();
         let paused = if self.memory.is_paused() {

@@ -1,15 +1,15 @@
-//! Downstream runs: a granted batch called in order per partition, pacing
-//! for leaky-bucket grants, each call's answer, and the downstream's 429s
-//! (a hold for the seller, shared with every replica through the limiter).
+//! Downstream runs: a granted batch called in order per partition, a
+//! pacer's granted jobs called at their go-at, each call's answer, and the
+//! downstream's 429s (a hold for the seller, shared with every replica
+//! through the limiter).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::time::{sleep_until, Instant};
+use tokio::time::Instant;
 
 use crate::downstream::{backoff_with, Answer, RetryAfter};
 use crate::kafka::consumer::Partition;
-use crate::limiter::Pace;
 use crate::telemetry::events::{
     DownstreamFailed, DownstreamThrottled, JobDone, RevokedWorkDropped,
 };
@@ -21,6 +21,9 @@ use super::retry::Target;
 use super::sellers::Phase;
 use super::timers::{after, Timer};
 
+/// A job of a run: its place in the run, its `X-Granted-At`, the job.
+type Granted = (usize, Option<u64>, Pending);
+
 /// A 429 met by a run: what it asked for, and the attempts of the job it
 /// answered (the worker's own backoff grows with them).
 #[derive(Debug, Clone, Copy)]
@@ -30,39 +33,28 @@ pub(super) struct Throttle {
 }
 
 impl<X: Ports> Engine<X> {
-    /// Runs a granted batch: the jobs of each partition one after the
-    /// other (so one seller's jobs of a partition reach the downstream in
-    /// offset order), the partitions side by side (so every job is called
-    /// close to its grant, which is what keeps the downstream's view of the
-    /// rate exact). A 429 stops the whole batch; what was not called comes
-    /// back in order. `grant` is the limiter's pacing and decision instant
-    /// (Unix µs on its clock, 0 when no store decided: fail-open, local):
-    /// each call names its grant in `X-Granted-At`.
-    pub(super) fn spawn_run(
-        &mut self,
-        seller: Arc<str>,
-        batch: Vec<Pending>,
-        grant: (Option<Pace>, u64),
-        answered_at: Instant,
-    ) {
-        let (pace, decided_at_us) = grant;
+    /// Runs granted jobs: the jobs of each partition one after the other
+    /// (so one seller's jobs of a partition reach the downstream in offset
+    /// order), the partitions side by side (so every job is called close to
+    /// its grant, which is what keeps the downstream's view of the rate
+    /// exact). Each job comes with its grant's instant on the limiter's
+    /// clock (`X-Granted-At`; none when no store decided: fail-open,
+    /// local). A 429 stops the whole run; what was not called comes back in
+    /// order. Every job holds a slot, taken by the caller.
+    pub(super) fn spawn_run(&mut self, seller: Arc<str>, batch: Vec<(Option<u64>, Pending)>) {
         let (caller, tx, source) = (
             self.deps.caller.clone(),
             self.tx.clone(),
             self.deps.source.clone(),
         );
         self.tasks += 1;
-        // Each job with its first unit's index in the grant (the costs of
-        // the jobs before it): a pacer's go-at instants are per unit.
-        let mut chains: Vec<(Partition, Vec<(u64, Pending)>)> = Vec::new();
-        let mut unit = 0u64;
-        for p in batch {
-            let first_unit = unit;
-            unit += p.job.cost;
+        // Each job with its place in the run, to put back what a 429 left.
+        let mut chains: Vec<(Partition, Vec<Granted>)> = Vec::new();
+        for (i, (granted_at, p)) in batch.into_iter().enumerate() {
             let part = (p.origin.topic.clone(), p.origin.partition);
             match chains.iter_mut().find(|(k, _)| *k == part) {
-                Some((_, chain)) => chain.push((first_unit, p)),
-                None => chains.push((part, vec![(first_unit, p)])),
+                Some((_, chain)) => chain.push((i, granted_at, p)),
+                None => chains.push((part, vec![(i, granted_at, p)])),
             }
         }
         tokio::spawn(async move {
@@ -74,24 +66,12 @@ impl<X: Ports> Engine<X> {
                 async move {
                     let mut unused = Vec::new();
                     let mut jobs = chain.into_iter();
-                    while let Some((i, p)) = jobs.next() {
-                        if let Some(pace) = pace {
-                            // A pacer grant: unit i may go this long after the
-                            // decision, which came before `answered_at`.
-                            sleep_until(after(answered_at, pace.unit_after(i))).await;
-                        }
+                    while let Some((i, granted_at, p)) = jobs.next() {
                         // A revoked job is not called: its new owner does.
                         if stopped() || !source.is_current(&p.origin) {
                             unused.push((i, p));
                             continue;
                         }
-                        // The instant this job was granted on the
-                        // limiter's clock: its first unit's go-at under a
-                        // pacer, else the decision.
-                        let granted_at = match pace {
-                            Some(pace) => Some(pace.first_at_us + i * pace.interval_us),
-                            None => (decided_at_us > 0).then_some(decided_at_us),
-                        };
                         match caller.call(&p.job, granted_at).await {
                             Answer::Throttled(retry_after) => {
                                 if let Ok(mut t) = throttles.lock() {
@@ -101,7 +81,7 @@ impl<X: Ports> Engine<X> {
                                     });
                                 }
                                 unused.push((i, p));
-                                unused.extend(jobs.by_ref());
+                                unused.extend(jobs.by_ref().map(|(i, _, p)| (i, p)));
                             }
                             outcome => {
                                 let _ = tx.send(Event::Called {
@@ -115,7 +95,7 @@ impl<X: Ports> Engine<X> {
                     unused
                 }
             });
-            let mut unused: Vec<(u64, Pending)> = futures::future::join_all(runs)
+            let mut unused: Vec<(usize, Pending)> = futures::future::join_all(runs)
                 .await
                 .into_iter()
                 .flatten()
@@ -129,6 +109,58 @@ impl<X: Ports> Engine<X> {
                 throttled,
             });
         });
+    }
+
+    /// Calls a pacer's granted jobs whose go-at has come, each in a run of
+    /// its own with a slot of its own. One that finds every slot taken waits
+    /// for the next free slot, ahead of any seller's ask.
+    pub(super) fn call_paced(&mut self, key: &Arc<str>) {
+        let now = self.deps.clock.now();
+        let source = self.deps.source.clone();
+        let mut due = Vec::new();
+        let mut gone = Vec::new();
+        let Some(seller) = self.sellers.map.get_mut(key) else {
+            return;
+        };
+        while let Some(head) = seller.paced.front() {
+            if head.go_at > now {
+                self.timers.at(head.go_at, Timer::Paced(key.clone()));
+                break;
+            }
+            if !source.is_current(&head.pending.origin) {
+                gone.extend(seller.paced.pop_front());
+                continue;
+            }
+            if self.sellers.slots_free == 0 {
+                if !seller.wants_paced_slot {
+                    seller.wants_paced_slot = true;
+                    self.sellers.paced_waiters.push_back(key.clone());
+                }
+                break;
+            }
+            self.sellers.slots_free -= 1;
+            seller.reserved += 1;
+            seller.runs += 1;
+            due.extend(seller.paced.pop_front());
+        }
+        seller.settle_phase();
+        let idle = seller.phase == Phase::Idle;
+        for q in &gone {
+            self.memory.remove(q.pending.bytes);
+        }
+        if !gone.is_empty() {
+            RevokedWorkDropped {
+                jobs: gone.len(),
+                stage: "paced",
+            }
+            .emit();
+        }
+        for q in due {
+            self.spawn_run(key.clone(), vec![(Some(q.granted_at_us), q.pending)]);
+        }
+        if idle {
+            self.ask_if_ready(key);
+        }
     }
 
     pub(super) fn on_called(&mut self, key: Arc<str>, mut p: Pending, outcome: Answer) {
@@ -267,11 +299,28 @@ impl<X: Ports> Engine<X> {
             .emit();
         }
         let seller = self.sellers.entry(&key);
-        seller.phase = Phase::Idle;
-        let slots = std::mem::take(&mut seller.reserved);
-        for p in unused.into_iter().rev() {
+        seller.runs = seller.runs.saturating_sub(1);
+        // Each job the run did not call held a slot (a called one gave its
+        // slot back with its answer).
+        let slots = before;
+        seller.reserved = seller.reserved.saturating_sub(slots);
+        let mut back = unused;
+        if !throttled.is_empty() {
+            // The downstream refuses the seller now: its paced jobs wait
+            // again with the rest (their units are lost, as a 429's are).
+            for q in std::mem::take(&mut seller.paced) {
+                if source.is_current(&q.pending.origin) {
+                    back.push(q.pending);
+                } else {
+                    self.memory.remove(q.pending.bytes);
+                }
+            }
+        }
+        let seller = self.sellers.entry(&key);
+        for p in back.into_iter().rev() {
             seller.queue.push_front(p);
         }
+        seller.settle_phase();
         // A 429 is an answer: the downstream is up. A probe that ended
         // without an answer lets the next seller probe.
         self.outage.probe_dropped(&key);

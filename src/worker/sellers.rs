@@ -5,7 +5,8 @@
 //! downstream slots, one per partition head, so a grant is used at once: a
 //! grant that waited for capacity would reach the downstream late and bunch
 //! up with the next window's. Sellers that are ready while every slot is
-//! taken wait in turn, without asking Redis.
+//! taken wait in turn, without asking Redis. A pacer's granted jobs wait
+//! for their go-at without a slot, and take one when they can go.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -57,6 +58,22 @@ pub(super) struct Seller {
     /// 429s in a row that named no useful wait (none, zero, a past date):
     /// each one backs off longer, so "Retry-After: 0" cannot loop.
     pub(super) throttles_in_a_row: u32,
+    /// A pacer's granted jobs waiting for the instant their unit may go,
+    /// earliest first. They hold no downstream slot while they wait.
+    pub(super) paced: VecDeque<Paced>,
+    /// Runs under way (a granted batch, or one paced job each).
+    pub(super) runs: usize,
+    /// In the paced queue: a paced job is due, but every slot is taken.
+    pub(super) wants_paced_slot: bool,
+}
+
+/// A granted job of a pacer (`leaky_bucket`), waiting for its go-at.
+#[derive(Debug)]
+pub(super) struct Paced {
+    pub(super) go_at: Instant,
+    /// Its unit's go-at on the limiter's clock (µs): its `X-Granted-At`.
+    pub(super) granted_at_us: u64,
+    pub(super) pending: Pending,
 }
 
 impl Seller {
@@ -70,14 +87,33 @@ impl Seller {
             wants_capacity: false,
             asked: Vec::new(),
             throttles_in_a_row: 0,
+            paced: VecDeque::new(),
+            runs: 0,
+            wants_paced_slot: false,
         }
     }
 
     pub(super) fn is_empty(&self) -> bool {
         self.queue.is_empty()
             && self.delayed.is_empty()
+            && self.paced.is_empty()
+            && self.runs == 0
             && self.phase == Phase::Idle
             && !self.wants_capacity
+    }
+
+    /// Running while a run is under way or a paced job waits; idle after.
+    /// A limiter call under way keeps its seller asking: its answer holds
+    /// the slots it reserved.
+    pub(super) fn settle_phase(&mut self) {
+        if self.phase == Phase::Asking {
+            return;
+        }
+        self.phase = if self.runs > 0 || !self.paced.is_empty() {
+            Phase::Running
+        } else {
+            Phase::Idle
+        };
     }
 }
 
@@ -91,6 +127,9 @@ pub(super) struct Sellers {
     pub(super) slots_free: usize,
     /// Sellers ready to ask but waiting for a slot, served in turn.
     capacity_waiters: VecDeque<Arc<str>>,
+    /// Sellers with a paced job due but no slot: served before any seller
+    /// asks, since their units are spent already.
+    pub(super) paced_waiters: VecDeque<Arc<str>>,
 }
 
 impl Sellers {
@@ -99,6 +138,7 @@ impl Sellers {
             map: BTreeMap::new(),
             slots_free: slots,
             capacity_waiters: VecDeque::new(),
+            paced_waiters: VecDeque::new(),
         }
     }
 
@@ -225,9 +265,19 @@ impl<X: Ports> Engine<X> {
         });
     }
 
-    /// Gives `n` downstream slots back and lets waiting sellers ask, in turn.
+    /// Gives `n` downstream slots back: to paced jobs that are due first
+    /// (granted already), then to waiting sellers' asks, in turn.
     pub(super) fn release(&mut self, n: usize) {
         self.sellers.slots_free += n;
+        while self.sellers.slots_free > 0 {
+            let Some(key) = self.sellers.paced_waiters.pop_front() else {
+                break;
+            };
+            if let Some(seller) = self.sellers.map.get_mut(&key) {
+                seller.wants_paced_slot = false;
+            }
+            self.call_paced(&key);
+        }
         while self.sellers.slots_free > 0 {
             let Some(key) = self.sellers.capacity_waiters.pop_front() else {
                 break;

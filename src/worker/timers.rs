@@ -18,6 +18,8 @@ pub(super) enum Timer {
     Seller(Arc<str>),
     /// A retry-tier partition whose head may be released.
     Parked(Arc<str>, i32),
+    /// A seller whose next paced job may go.
+    Paced(Arc<str>),
 }
 
 /// Pending timers, earliest first. A timer may fire for nothing (its seller

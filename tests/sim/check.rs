@@ -18,6 +18,7 @@ pub fn all(sc: &Scenario, out: &Outcome) -> Vec<String> {
     v.extend(limits(sc, out));
     v.extend(nothing_lost(sc, out));
     v.extend(no_innocent_dead_letters(sc, out));
+    v.extend(no_idle_slot_while_granted_waits(sc, out));
     v.extend(no_tight_loop(sc, out));
     v.extend(out.log.violations.iter().map(|c| format!("6. {c}")));
     v
@@ -89,6 +90,31 @@ pub fn over_rule(rule: &Rule, grants: &[(u64, u64)]) -> Option<String> {
             }
             None
         }
+        Algorithm::LeakyBucket => {
+            // A pacer: a call's grant is its first unit's go-at, and its
+            // units leave one interval apart, so the next call's first unit
+            // comes `cost` intervals later. A grant's interval is rounded
+            // up to the µs (`Pace::interval_us`): its unit k goes up to k µs
+            // late (k < 64, a batch), so the next grant's first unit may be
+            // that much closer, plus a µs of rounding per call.
+            let rate = limit as f64 / period as f64;
+            for i in 0..grants.len() {
+                let mut n = 0u64;
+                for j in i + 1..grants.len() {
+                    n += grants[j - 1].1;
+                    let span = (grants[j].0 - grants[i].0 + 64 + 2 * (j - i) as u64) as f64;
+                    if n as f64 > span * rate + 1e-6 {
+                        return Some(format!(
+                            "{n} units paced between {} and {} µs, {:.2} intervals apart",
+                            grants[i].0,
+                            grants[j].0,
+                            span * rate
+                        ));
+                    }
+                }
+            }
+            None
+        }
         Algorithm::TokenBucket | Algorithm::Gcra => {
             let burst = rule.burst().get() as f64;
             for i in 0..grants.len() {
@@ -146,6 +172,87 @@ pub fn no_innocent_dead_letters(sc: &Scenario, out: &Outcome) -> Vec<String> {
             || capacity(sc, spec.seller).is_some_and(|cap| spec.cost > cap);
         if !own_fault {
             v.push(format!("3. job {j} (valid) dead-lettered: {reason}"));
+        }
+    }
+    v
+}
+
+/// Invariant 4: no downstream slot sits idle while a granted job waits for
+/// one. A call that reached the downstream later than its grant (for a
+/// pacer, the instant its unit may go) waited for a slot: from then until it
+/// went, every slot of its process must have been busy with a call or a
+/// limiter call under way (an ask holds a slot per job it asks about).
+pub fn no_idle_slot_while_granted_waits(sc: &Scenario, out: &Outcome) -> Vec<String> {
+    // Virtual time is exact; a millisecond covers the µs → ms rounding.
+    const SLACK_MS: u64 = 1;
+    let log = &out.log;
+    let start_of = |t: u64| {
+        log.starts
+            .iter()
+            .copied()
+            .filter(|&s| s <= t)
+            .max()
+            .unwrap_or(0)
+    };
+    // Slots in use as a step function: (ms, +/- slots), per process start.
+    let mut steps: Vec<(u64, u64, i64)> = Vec::new();
+    for c in &log.calls {
+        let s = start_of(c.at_ms);
+        steps.push((s, c.at_ms, 1));
+        steps.push((s, c.end_ms, -1));
+    }
+    for a in &log.asks {
+        let s = start_of(a.from_ms);
+        steps.push((s, a.from_ms, a.jobs as i64));
+        if let Some(to) = a.to_ms {
+            steps.push((s, to, -(a.jobs as i64)));
+        }
+    }
+    steps.sort_by_key(|&(s, t, d)| (s, t, d));
+    // The least busy the slots of the process started at `s` were within
+    // [from, to]: the count between two instants, after every change made
+    // at the first of them (a call that ends and one that starts at the
+    // same instant hand a slot over; it was not idle).
+    let least_busy = |s: u64, from: u64, to: u64| {
+        let mine: Vec<(u64, i64)> = steps
+            .iter()
+            .filter(|(ss, _, _)| *ss == s)
+            .map(|&(_, t, d)| (t, d))
+            .collect();
+        let (mut busy, mut least, mut i) = (0i64, i64::MAX, 0);
+        while i < mine.len() {
+            let t = mine[i].0;
+            if t > to {
+                break;
+            }
+            if t > from {
+                least = least.min(busy);
+            }
+            while i < mine.len() && mine[i].0 == t {
+                busy += mine[i].1;
+                i += 1;
+            }
+        }
+        least.min(busy)
+    };
+    let mut v = Vec::new();
+    for c in &log.calls {
+        let Some(g) = c.granted_at_us else { continue };
+        let granted_ms = g.saturating_sub(super::clock::EPOCH_US) / 1000;
+        if c.at_ms <= granted_ms + SLACK_MS {
+            continue;
+        }
+        let s = start_of(c.at_ms);
+        if granted_ms < s {
+            continue;
+        }
+        let least = least_busy(s, granted_ms + SLACK_MS, c.at_ms - SLACK_MS);
+        if least < sc.concurrency as i64 {
+            v.push(format!(
+                "4. job {} granted at {granted_ms} ms went at {} ms, with only {least} of {} slots busy meanwhile",
+                c.job, c.at_ms, sc.concurrency
+            ));
+            break;
         }
     }
     v

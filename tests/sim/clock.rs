@@ -8,7 +8,7 @@ use throttle_worker::worker::Clock;
 use tokio::time::Instant;
 
 /// 2026-11-01 00:00 UTC, in µs: the wall clocks' start.
-const EPOCH_US: u64 = 1_793_491_200_000_000;
+pub const EPOCH_US: u64 = 1_793_491_200_000_000;
 
 #[derive(Debug)]
 pub struct SimClock {

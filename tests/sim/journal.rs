@@ -23,6 +23,18 @@ pub struct Call {
     pub granted_at_us: Option<u64>,
     /// The answer's class: "2xx", "429", "5xx", "timeout", "refused", "4xx".
     pub class: &'static str,
+    /// Virtual ms when the answer left.
+    pub end_ms: u64,
+}
+
+/// One limiter call of the engine's, from its start to its answer: the
+/// downstream slots it holds meanwhile (one per job asked about).
+#[derive(Debug, Clone)]
+pub struct Ask {
+    pub from_ms: u64,
+    /// `None`: never answered (the process died).
+    pub to_ms: Option<u64>,
+    pub jobs: usize,
 }
 
 #[derive(Debug, Default)]
@@ -31,6 +43,10 @@ pub struct Log {
     pub by_value: HashMap<Bytes, JobId>,
     pub by_job_id: HashMap<String, JobId>,
     pub calls: Vec<Call>,
+    /// The engine's limiter calls.
+    pub asks: Vec<Ask>,
+    /// Virtual ms of each process start (a restart has slots of its own).
+    pub starts: Vec<u64>,
     /// Jobs answered 2xx, with the sequence number of the first.
     pub done: BTreeMap<JobId, u64>,
     /// Dead letters: job and reason.

@@ -13,12 +13,16 @@ use throttle_worker::downstream::{retry_after, Answer};
 use throttle_worker::job::Job;
 use throttle_worker::kafka::{OriginalRecord, Position, RetryHeaders};
 use throttle_worker::limiter::model::{self, ModelStore};
-use throttle_worker::limiter::{JobsCall, JobsReply, Op, Reply, ScriptCall, Store};
-use throttle_worker::worker::{Caller, Clock, WriteError, Writer};
+use throttle_worker::limiter::{
+    BatchDecision, Decision, JobsCall, JobsReply, Limiter, Op, Reply, Rule, ScriptCall, Store,
+};
+use throttle_worker::worker::{
+    Caller, Clock, PermitError, Permits, SellerInfo, WriteError, Writer,
+};
 
 use super::broker::{SharedBroker, SimRecord};
 use super::clock::SimClock;
-use super::journal::{Call, Journal};
+use super::journal::{Ask, Call, Journal};
 
 /// A window of virtual time, in ms since the start.
 #[derive(Debug, Clone, Copy)]
@@ -216,6 +220,7 @@ impl Caller for SimDownstream {
             at_ms,
             granted_at_us,
             class,
+            end_ms: w.now_ms(),
         });
         answer
     }
@@ -407,6 +412,69 @@ impl Store for SimStore {
             now_us.unwrap_or(now),
             dur_us,
         ))
+    }
+}
+
+/// The limiter as the engine sees it, recording each of its calls (the
+/// downstream slots an ask holds, for invariant 4).
+pub struct SimPermits {
+    pub inner: Limiter<SimStore>,
+    pub world: Arc<World>,
+}
+
+/// Records an ask's end when its future ends, answered or dropped.
+struct AskGuard<'a> {
+    world: &'a World,
+    index: usize,
+}
+
+impl Drop for AskGuard<'_> {
+    fn drop(&mut self) {
+        let now = self.world.now_ms();
+        self.world.journal.with(|log| {
+            if let Some(ask) = log.asks.get_mut(self.index) {
+                ask.to_ms = Some(now);
+            }
+        });
+    }
+}
+
+impl Permits for SimPermits {
+    async fn acquire(&self, seller: &str, n: u64) -> Result<Decision, PermitError> {
+        Permits::acquire(&self.inner, seller, n).await
+    }
+
+    async fn block(&self, seller: &str, dur: Duration) -> Result<(), PermitError> {
+        Permits::block(&self.inner, seller, dur).await
+    }
+
+    async fn acquire_jobs(
+        &self,
+        seller: &str,
+        costs: &[u64],
+    ) -> Result<BatchDecision, PermitError> {
+        let w = &self.world;
+        let from_ms = w.now_ms();
+        let index = w.journal.with(|log| {
+            log.asks.push(Ask {
+                from_ms,
+                to_ms: None,
+                jobs: costs.len(),
+            });
+            log.asks.len() - 1
+        });
+        let guard = AskGuard { world: w, index };
+        let answer = Permits::acquire_jobs(&self.inner, seller, costs).await;
+        drop(guard);
+        answer
+    }
+
+    fn rules_of(&self, seller: &str) -> Option<(Vec<Rule>, Vec<Rule>)> {
+        Permits::rules_of(&self.inner, seller)
+    }
+
+    fn describe(&self, seller: &str) -> SellerInfo {
+        Permits::describe(&self.inner, seller)
     }
 }
 

@@ -19,14 +19,14 @@ use tokio::task::JoinHandle;
 use super::broker::{deliver, Broker, SimRecord, SimSource, Tp};
 use super::clock::SimClock;
 use super::journal::{Journal, Log};
-use super::ports::{job_value, SimDownstream, SimStore, SimWriter, World};
+use super::ports::{job_value, SimDownstream, SimPermits, SimStore, SimWriter, World};
 use super::scenario::Scenario;
 
 /// The simulation's ports.
 pub struct SimPorts;
 
 impl Ports for SimPorts {
-    type Permits = Limiter<SimStore>;
+    type Permits = SimPermits;
     type Source = SimSource;
     type Writer = SimWriter;
     type Caller = SimDownstream;
@@ -98,6 +98,8 @@ fn start(
 ) -> Incarnation {
     let settings = Arc::new(sc.settings());
     let dead = Arc::new(AtomicBool::new(false));
+    let started = world.now_ms();
+    world.journal.with(|log| log.starts.push(started));
     let notify = Arc::new(Notify::new());
     *wake.lock().unwrap_or_else(|p| p.into_inner()) = notify.clone();
     let source = Arc::new(SimSource::new(
@@ -120,7 +122,10 @@ fn start(
     let (rec_tx, rec_rx) = mpsc::channel(64);
     let (part_tx, part_rx) = mpsc::unbounded_channel();
     let deps: Deps<SimPorts> = Deps {
-        permits: Arc::new(limiter),
+        permits: Arc::new(SimPermits {
+            inner: limiter,
+            world: world.clone(),
+        }),
         caller: Arc::new(SimDownstream {
             world: world.clone(),
             dead: dead.clone(),

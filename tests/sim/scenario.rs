@@ -116,7 +116,7 @@ impl Scenario {
                     .unwrap_or(&1000),
             );
             let limit = r.random_range(1..=20);
-            let rule = match r.random_range(0..10) {
+            let rule = match r.random_range(0..11) {
                 0 => None,
                 1..=3 => Some(rule("fixed_window", limit, period, None)),
                 4..=5 => Some(rule("sliding_window_log", limit, period, None)),
@@ -126,7 +126,14 @@ impl Scenario {
                     period,
                     Some(limit + r.random_range(0..=limit)),
                 )),
-                _ => Some(rule("gcra", limit, period, Some(r.random_range(1..=limit)))),
+                8..=9 => Some(rule("gcra", limit, period, Some(r.random_range(1..=limit)))),
+                // A pacer: its grants name the instant each unit may go.
+                _ => Some(rule(
+                    "leaky_bucket",
+                    limit,
+                    period,
+                    Some(r.random_range(1..=limit)),
+                )),
             };
             sc.sellers.push(SellerSpec {
                 name: format!("seller-{i}"),
