@@ -14,15 +14,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export SIM_SEEDS=${SIM_SEEDS:-2000}
 
-# invariant | file | perl substitution (-0 mode, must match once) | what it breaks
+# invariant, file, perl substitution (-0 mode), what it breaks: tab-separated
 MUTATIONS=(
-  '1|src/worker/sellers.rs|s/for origin in asked\.iter\(\)\.take\(g\.jobs\)/for origin in asked.iter()/|a grant of k jobs calls every job asked about'
-  '2|src/worker/run.rs|s/for p in back\.into_iter\(\)\.rev\(\) \{/for p in back.into_iter().rev().filter(|_| false) {/|jobs a run did not call (after a 429) are dropped'
-  '3|src/worker/run.rs|s/Answer::Unreachable \{ \.\. \} if self\.outage\.is_open\(\)/Answer::Unreachable { .. } if false/; s/if p\.attempts >= max && reached_nothing/if false \&\& reached_nothing/|a downstream outage spends the jobs'"'"' attempts'
-  '4|src/worker/sellers.rs|s/let Some\(key\) = self\.sellers\.paced_waiters\.pop_front\(\) else \{/let Some(key) = None::<Arc<str>> else {/|a freed slot is not offered to a due paced job'
-  '5|src/worker/run.rs|s/RetryAfter::Wait\(wait\) if !wait\.is_zero\(\) => wait,/RetryAfter::Wait(wait) => wait,\n                _ if true => Duration::ZERO,/|a 429 with no useful wait holds the seller for nothing'
-  '6|src/worker/run.rs|s/(                let at = after\(self\.deps\.clock\.now\(\), wait\);)/                self.deps.source.finish(\&p.origin);\n$1/|a failed job is marked finished before it is'
-  '7|src/worker/timers.rs|s/Duration::from_millis\(unix_ms_at\.saturating_sub\(clock\.unix_ms\(\)\)\)/Duration::from_millis(unix_ms_at - clock.unix_ms())/|a wall-clock wait read as unsigned difference (a clock step backwards wraps)'
+  $'1\tsrc/worker/sellers.rs\ts/for origin in asked\\.iter\\(\\)\\.take\\(g\\.jobs\\)/for origin in asked.iter()/; s/if units \\+ cost > g\\.units \\{\\s*break;\\s*\\}//\ta grant of k jobs calls every job asked about'
+  $'2\tsrc/worker/run.rs\ts/for p in back\\.into_iter\\(\\)\\.rev\\(\\) \\{/for p in back.into_iter().rev().filter(|_| false) {/\tjobs a run did not call (after a 429) are dropped'
+  $'3\tsrc/worker/run.rs\ts/Answer::Unreachable \\{ \\.\\. \\} if self\\.outage\\.is_open\\(\\)/Answer::Unreachable { .. } if false/; s/if p\\.attempts >= max && reached_nothing/if false && reached_nothing/\ta downstream outage spends the jobs\' attempts'
+  $'4\tsrc/worker/sellers.rs\ts/let Some\\(key\\) = self\\.sellers\\.paced_waiters\\.pop_front\\(\\) else \\{/let Some(key) = None::<Arc<str>> else {/\ta freed slot is not offered to a due paced job'
+  $'5\tsrc/worker/run.rs\ts/RetryAfter::Wait\\(wait\\) if !wait\\.is_zero\\(\\) => wait,/RetryAfter::Wait(wait) => wait,\\n                _ if true => Duration::ZERO,/\ta 429 with no useful wait holds the seller for nothing'
+  $'6\tsrc/worker/run.rs\ts/(                let at = after\\(self\\.deps\\.clock\\.now\\(\\), wait\\);)/                self.deps.source.finish(&p.origin);\\n$1/\ta failed job is marked finished before it is'
+  $'7\tsrc/worker/timers.rs\ts/Duration::from_millis\\(unix_ms_at\\.saturating_sub\\(clock\\.unix_ms\\(\\)\\)\\)/Duration::from_millis(unix_ms_at - clock.unix_ms())/\ta wall-clock wait read as an unsigned difference (a clock step backwards wraps)'
 )
 
 only=("$@")
@@ -31,7 +31,7 @@ cleanup() { [ -n "$restore" ] && git checkout -q -- "$restore"; restore=""; }
 trap cleanup EXIT INT TERM
 
 for m in "${MUTATIONS[@]}"; do
-  IFS='|' read -r inv file subst what <<<"$m"
+  IFS=$'\t' read -r inv file subst what <<<"$m"
   if [ ${#only[@]} -gt 0 ] && [[ ! " ${only[*]} " =~ " $inv " ]]; then continue; fi
   if ! git diff --quiet -- "$file"; then
     echo "invariant $inv: $file has uncommitted changes; commit or stash them first" >&2

@@ -807,9 +807,77 @@ pub fn tier_label(d: Duration) -> String {
     humantime::format_duration(d).to_string().replace(' ', "")
 }
 
+/// What a retry or dead-letter copy adds to a job's value: its key and the
+/// worker's headers (`x-error` is at most 1 KiB), with room to spare.
+pub const COPY_OVERHEAD_BYTES: usize = 64 * 1024;
+
+/// librdkafka's ceiling for `message.max.bytes`.
+const LIBRDKAFKA_MAX_MESSAGE_BYTES: usize = 1_000_000_000;
+
 impl Settings {
+    /// The largest record the worker copies to a retry tier or the
+    /// dead-letter topic: a job of `worker.max_payload_bytes` with its key
+    /// and headers (never below librdkafka's default of 1,000,000).
+    pub fn max_copy_bytes(&self) -> usize {
+        self.worker
+            .max_payload_bytes
+            .saturating_add(COPY_OVERHEAD_BYTES)
+            .max(1_000_000)
+    }
+
+    /// The producer's librdkafka properties: `kafka.properties` and
+    /// `kafka.producer_properties`, with `message.max.bytes` sized to carry
+    /// the largest job the worker accepts unless set there. (librdkafka's
+    /// default, 1,000,000, is below the default `worker.max_payload_bytes`:
+    /// a job near the limit could never be retried.)
+    pub fn producer_config(&self) -> BTreeMap<String, String> {
+        let mut all = self.kafka.producer_config();
+        all.entry("message.max.bytes".to_owned())
+            .or_insert_with(|| self.max_copy_bytes().to_string());
+        all
+    }
+
+    /// `message.max.bytes`, if set by hand, must carry the largest job.
+    fn validate_copy_size(&self, at: &Loaded) -> Result<(), ConfigError> {
+        let need = self.max_copy_bytes();
+        if need > LIBRDKAFKA_MAX_MESSAGE_BYTES {
+            return Err(at.error_at(
+                "worker.max_payload_bytes",
+                format!("with {COPY_OVERHEAD_BYTES} bytes for a copy's key and headers, the largest record would be {need} bytes, over librdkafka's limit of {LIBRDKAFKA_MAX_MESSAGE_BYTES}"),
+            ));
+        }
+        let k = &self.kafka;
+        let set = [
+            (
+                "kafka.producer_properties",
+                k.producer_properties.get("message.max.bytes"),
+            ),
+            ("kafka.properties", k.properties.get("message.max.bytes")),
+        ];
+        let Some((key, value)) = set.into_iter().find_map(|(key, v)| v.map(|v| (key, v))) else {
+            return Ok(());
+        };
+        let Ok(bytes) = value.trim().parse::<usize>() else {
+            return Err(at.error_at(
+                key,
+                format!("message.max.bytes = {value:?} is not a whole number of bytes"),
+            ));
+        };
+        if bytes < need {
+            return Err(at.error_at(
+                key,
+                format!(
+                    "message.max.bytes = {bytes} is below worker.max_payload_bytes ({}) plus {COPY_OVERHEAD_BYTES} bytes for a copy's key and headers: a job near the payload limit could never be copied to a retry tier or the dead-letter topic; set it to at least {need} or leave it unset (the worker sizes it)",
+                    self.worker.max_payload_bytes
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Checks that serde's types cannot express.
     fn validate(&self, at: &Loaded) -> Result<(), ConfigError> {
+        self.validate_copy_size(at)?;
         let nonempty = [
             ("kafka.brokers", &self.kafka.brokers),
             ("kafka.group_id", &self.kafka.group_id),
@@ -1111,6 +1179,49 @@ mod tests {
             None,
             "consumer keys stay out of the producer"
         );
+    }
+
+    /// Defect 5 of issue 20: librdkafka's default `message.max.bytes`
+    /// (1,000,000) is below the default `worker.max_payload_bytes`
+    /// (1,048,576), so a job near the limit could never be copied.
+    #[test]
+    fn the_producer_is_sized_to_copy_the_largest_job() {
+        let s = load_from(None, Vec::new()).unwrap().settings;
+        let max: usize = s.producer_config()["message.max.bytes"].parse().unwrap();
+        assert!(
+            max >= s.worker.max_payload_bytes + COPY_OVERHEAD_BYTES,
+            "message.max.bytes {max} for max_payload_bytes {}",
+            s.worker.max_payload_bytes
+        );
+        // Set by hand: kept when large enough, refused naming the key when not.
+        let f = file("[kafka.producer_properties]\n\"message.max.bytes\" = \"5000000\"\n");
+        let s = load_from(Some(f.path()), Vec::new()).unwrap().settings;
+        assert_eq!(s.producer_config()["message.max.bytes"], "5000000");
+        let cases = [
+            (
+                "[kafka.producer_properties]\n\"message.max.bytes\" = \"1000000\"\n",
+                "kafka.producer_properties",
+                "below worker.max_payload_bytes",
+            ),
+            (
+                "[kafka.properties]\n\"message.max.bytes\" = \"lots\"\n",
+                "kafka.properties",
+                "not a whole number",
+            ),
+            (
+                "[worker]\nmax_payload_bytes = 2000000000\n",
+                "worker.max_payload_bytes",
+                "over librdkafka's limit",
+            ),
+        ];
+        for (i, (toml, key, problem)) in cases.into_iter().enumerate() {
+            let f = file(toml);
+            let err = load_from(Some(f.path()), Vec::new())
+                .err()
+                .unwrap_or_else(|| panic!("row {i}: must fail"));
+            assert_eq!(err.key, key, "row {i}: {err}");
+            assert!(err.problem.contains(problem), "row {i}: {err}");
+        }
     }
 
     #[test]

@@ -59,8 +59,8 @@ async fn main() -> anyhow::Result<()> {
             anyhow::ensure!(skew >= 0.0, "--skew must be at least 0, got {skew}");
             let brokers = brokers.unwrap_or_else(|| k.brokers.clone());
             let topic = topic.unwrap_or_else(|| k.topic.clone());
-            let sink =
-                kafka::RecordSink::new(&brokers, &k.producer_config()).context("kafka producer")?;
+            let sink = kafka::RecordSink::new(&brokers, &loaded.settings.producer_config())
+                .context("kafka producer")?;
             let spec = load::LoadSpec {
                 jobs,
                 sellers,

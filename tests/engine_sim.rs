@@ -331,6 +331,48 @@ fn the_local_fallback_share_never_dead_letters_a_job_that_fits_the_rule() {
     assert_kept(&sc, &out);
 }
 
+/// Defect 5: a copy the broker refuses as too large was written again
+/// every second, forever, and held its partition's commit: librdkafka's
+/// `message.max.bytes` (1,000,000) is below the default
+/// `worker.max_payload_bytes` (1,048,576). The producer is now sized from
+/// the config (`Settings::producer_config`); for a record the broker still
+/// refuses, a dead letter goes without its payload and a job bound for a
+/// retry tier waits in memory.
+#[test]
+fn records_too_large_to_copy_are_dead_lettered_bare_or_kept_in_memory() {
+    let mut sc = Scenario::quiet(5);
+    sc.sellers.push(seller(
+        "quota",
+        Some(rule("fixed_window", 1, Duration::from_secs(120), None)),
+    ));
+    // The broker takes up to 1,000,000 bytes. Job 0 spends the quota; job 1
+    // (about 1,010,000 bytes, under worker.max_payload_bytes) must then wait
+    // 2 minutes, past worker.max_inline_delay, so it is bound for a retry
+    // tier; job 2's payload is over worker.max_payload_bytes: a dead letter.
+    let big = |pad, at_ms| JobSpec {
+        pad,
+        ..job(0, 1, at_ms, 0)
+    };
+    sc.jobs = vec![job(0, 1, 0, 0), big(1_010_000, 10), big(1_100_000, 20)];
+    let out = run(&sc);
+    assert_kept(&sc, &out);
+    assert!(out.log.done.contains_key(&1), "job 1 was never done");
+    let dead: Vec<&(usize, String)> = out.log.dead.iter().collect();
+    assert!(
+        matches!(&dead[..], [(2, reason)] if reason.contains("without its payload")),
+        "dead letters: {dead:?}"
+    );
+    let done_at = out
+        .log
+        .calls
+        .iter()
+        .find(|c| c.job == 1 && c.class == "2xx");
+    assert!(
+        done_at.is_some_and(|c| c.at_ms >= 120_000),
+        "job 1 was called before its seller's window ended: {done_at:?}"
+    );
+}
+
 /// Defect 7: the job a "never" named was found again by its index in the
 /// queue at answer time; a revoke during the limiter call shifted the
 /// queue and a valid job of another partition was dead-lettered in its

@@ -239,6 +239,42 @@ impl JobDeferred<'_> {
     }
 }
 
+/// A copy of a record (a retry or a dead letter) the broker refused as too
+/// large, and what the worker does instead: a dead letter goes without its
+/// payload (which stays at its original position), a job due later waits in
+/// memory rather than on a retry tier.
+pub struct RecordTooLarge<'a> {
+    pub topic: &'a str,
+    pub bytes: usize,
+    pub original_topic: &'a str,
+    pub partition: i32,
+    pub offset: i64,
+    /// `dead_letter_without_payload` or `kept_in_memory`.
+    pub fallback: &'static str,
+    pub error: &'a str,
+}
+
+impl RecordTooLarge<'_> {
+    pub fn emit(&self) {
+        metrics()
+            .records_too_large
+            .get_or_create(&ReasonLabel {
+                reason: self.fallback,
+            })
+            .inc();
+        tracing::warn!(
+            topic = self.topic,
+            bytes = self.bytes,
+            original_topic = self.original_topic,
+            partition = self.partition,
+            offset = self.offset,
+            fallback = self.fallback,
+            error = self.error,
+            "record too large to copy; see kafka.producer_properties.message.max.bytes and the topic's max.message.bytes"
+        );
+    }
+}
+
 /// The limiter refused a seller for a while.
 pub struct SellerThrottled<'a> {
     pub seller: &'a str,

@@ -96,6 +96,7 @@ pub struct Metrics {
     pub jobs_done: Counter,
     pub jobs_dead_lettered: Family<ReasonLabel, Counter>,
     pub jobs_to_retry_topic: Counter,
+    pub records_too_large: Family<ReasonLabel, Counter>,
     pub trace_context_invalid: Family<ReasonLabel, Counter>,
     pub jobs_retried: Counter,
     pub jobs_dropped_on_revoke: Counter,
@@ -173,6 +174,11 @@ impl Metrics {
                 "jobs_to_retry_topic",
                 "Jobs deferred through a retry tier",
                 Counter::default()
+            ),
+            records_too_large: reg!(
+                "records_too_large",
+                "Records the broker refused as too large to copy, by what the worker did instead: dead_letter_without_payload, kept_in_memory",
+                Family::default()
             ),
             trace_context_invalid: reg!(
                 "trace_context_invalid",

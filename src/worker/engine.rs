@@ -66,6 +66,9 @@ pub struct Pending {
     /// dead-lettered for its attempts only if the downstream answered
     /// another call since.
     pub failing_since: Option<Instant>,
+    /// The broker refused its retry copy as too large: it waits in memory
+    /// instead of on a retry tier.
+    pub too_large_to_copy: bool,
 }
 
 /// What the spawned tasks report.
@@ -326,6 +329,7 @@ impl<X: Ports> Engine<X> {
             bytes,
             received_at: self.deps.clock.now(),
             failing_since: None,
+            too_large_to_copy: false,
         };
         let now = self.deps.clock.unix_ms();
         match headers.release_at_unix_ms {

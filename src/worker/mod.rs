@@ -122,7 +122,8 @@ pub async fn run_watching(
         topics[0], k.topic,
         "all_topics() starts with the jobs topic"
     );
-    let sink = RecordSink::new(&k.brokers, &k.producer_config()).context("kafka producer")?;
+    let sink =
+        RecordSink::new(&k.brokers, &settings.producer_config()).context("kafka producer")?;
     // The jobs topic and every retry tier: all but the dead-letter topic.
     consumer
         .subscribe(&topics[..topics.len() - 1])

@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::{RetryTier, Settings};
+use crate::job::Job;
 use crate::kafka::consumer::{Origin, Partition};
 use crate::kafka::OriginalRecord;
-use crate::telemetry::events::{JobDeadLettered, JobDeferred, RevokedWorkDropped};
+use crate::telemetry::events::{JobDeadLettered, JobDeferred, RecordTooLarge, RevokedWorkDropped};
 
 use super::engine::{Engine, Event, Pending};
 use super::ports::{Clock, Ports, Source, WriteError, Writer};
@@ -41,6 +42,9 @@ pub(super) struct PendingWrite {
     job_id: Option<String>,
     attempts: u32,
     target: Target,
+    /// A dead letter carries the record's value, unless the broker refused
+    /// it as too large: then it goes without (the original still holds it).
+    with_value: bool,
 }
 
 /// A retry-tier record held until its release time.
@@ -149,8 +153,12 @@ impl<X: Ports> Engine<X> {
         }
     }
 
-    /// Sends a job to the retry tier that fits `wait`.
+    /// Sends a job to the retry tier that fits `wait`; one whose copy the
+    /// broker refused as too large waits in memory instead.
     pub(super) fn defer(&mut self, p: Pending, wait: Duration) {
+        if p.too_large_to_copy {
+            return self.keep_in_memory(p, wait);
+        }
         JobDeferred {
             job_id: &p.job.job_id,
             wait,
@@ -222,8 +230,105 @@ impl<X: Ports> Engine<X> {
             job_id,
             attempts,
             target,
+            with_value: true,
         };
         self.spawn_write(pending, Duration::ZERO);
+    }
+
+    /// A job that cannot go round a retry tier: held with its seller's
+    /// backoffs until `wait` is over (it counts against `worker.max_buffered`,
+    /// and its partition commits up to it only once it is done).
+    fn keep_in_memory(&mut self, p: Pending, wait: Duration) {
+        let key: Arc<str> = Arc::from(p.job.seller_id.as_str());
+        let at = after(self.deps.clock.now(), wait);
+        self.sellers.entry(&key).delayed.push((at, p));
+        self.timers.at(at, Timer::Seller(key));
+    }
+
+    /// The broker refused a copy as too large (`message.max.bytes`, or the
+    /// topic's `max.message.bytes`): writing it again would fail forever and
+    /// hold its partition's commit. A dead letter goes without its payload,
+    /// keeping its reason and original coordinates; a job bound for a retry
+    /// tier is parsed again and waits in memory until it is due.
+    fn on_too_large(&mut self, mut pending: PendingWrite, topic: &str, error: &str) {
+        let bytes = pending.original.value.len();
+        let fallback = match &pending.target {
+            Target::DeadLetter { .. } if pending.with_value => "dead_letter_without_payload",
+            Target::Retry { .. } => "kept_in_memory",
+            // Even without its value the copy is too large (its key): the
+            // broker's limit is below any record; keep trying, loudly.
+            Target::DeadLetter { .. } => return self.retry_write(pending, error),
+        };
+        RecordTooLarge {
+            topic,
+            bytes,
+            original_topic: &pending.original.origin.topic,
+            partition: pending.original.origin.partition,
+            offset: pending.original.origin.offset,
+            fallback,
+            error,
+        }
+        .emit();
+        match &mut pending.target {
+            Target::DeadLetter { reason, .. } => {
+                reason.push_str(&format!(
+                    "; dead-lettered without its payload: the record ({bytes} bytes) is too large for {topic}, it stays at its original position"
+                ));
+                pending.with_value = false;
+                self.spawn_write(pending, Duration::ZERO);
+            }
+            Target::Retry {
+                not_before_unix_ms, ..
+            } => {
+                let wait = until_unix_ms(&*self.deps.clock, *not_before_unix_ms);
+                let PendingWrite {
+                    bytes,
+                    origin,
+                    original,
+                    attempts,
+                    ..
+                } = pending;
+                match Job::parse_shared(&original.value, &self.settings.worker) {
+                    Ok(job) => {
+                        let p = Pending {
+                            job: job.traced(&original.trace),
+                            origin,
+                            original,
+                            attempts,
+                            bytes,
+                            received_at: self.deps.clock.now(),
+                            failing_since: None,
+                            too_large_to_copy: true,
+                        };
+                        self.keep_in_memory(p, wait);
+                    }
+                    // It parsed when it was taken up, with the same limits.
+                    Err(e) => {
+                        let (kind, reason) = (e.kind(), e.to_string());
+                        let target = Target::DeadLetter { kind, reason };
+                        self.write(bytes, origin, original, None, attempts, target);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A write that failed for a reason that may pass: tried again in a
+    /// second, as long as this worker owns the record.
+    fn retry_write(&mut self, pending: PendingWrite, error: &str) {
+        // Losing it is not an option: the record stays unfinished (so
+        // uncommitted) and the write is tried again.
+        tracing::warn!(
+            error,
+            topic = &*pending.origin.topic,
+            offset = pending.origin.offset,
+            "write to the retry or dead-letter topic failed; trying again in 1s"
+        );
+        if self.deps.source.is_current(&pending.origin) {
+            self.spawn_write(pending, Duration::from_secs(1));
+        } else {
+            self.memory.remove(pending.bytes);
+        }
     }
 
     fn spawn_write(&mut self, pending: PendingWrite, delay: Duration) {
@@ -242,7 +347,7 @@ impl<X: Ports> Engine<X> {
                             &pending.original,
                             reason,
                             pending.attempts,
-                            true,
+                            pending.with_value,
                         )
                         .await
                 }
@@ -283,21 +388,12 @@ impl<X: Ports> Engine<X> {
                 self.deps.source.finish(&pending.origin);
                 self.memory.remove(pending.bytes);
             }
-            Err(error) => {
-                // Losing it is not an option: the record stays unfinished
-                // (so uncommitted) and the write is tried again.
-                tracing::warn!(
-                    error = %error,
-                    topic = &*pending.origin.topic,
-                    offset = pending.origin.offset,
-                    "write to the retry or dead-letter topic failed; trying again in 1s"
-                );
-                if self.deps.source.is_current(&pending.origin) {
-                    self.spawn_write(pending, Duration::from_secs(1));
-                } else {
-                    self.memory.remove(pending.bytes);
-                }
+            Err(WriteError::TooLarge { topic, reason })
+                if self.deps.source.is_current(&pending.origin) =>
+            {
+                self.on_too_large(pending, &topic, &reason)
             }
+            Err(error) => self.retry_write(pending, &error.to_string()),
         }
     }
 }

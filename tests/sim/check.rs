@@ -168,6 +168,7 @@ pub fn no_innocent_dead_letters(sc: &Scenario, out: &Outcome) -> Vec<String> {
             continue;
         };
         let own_fault = spec.malformed
+            || spec.pad > sc.settings().worker.max_payload_bytes
             || spec.poison != Poison::None
             || capacity(sc, spec.seller).is_some_and(|cap| spec.cost > cap);
         if !own_fault {
