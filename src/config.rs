@@ -79,8 +79,10 @@ pub struct KafkaSettings {
     /// Values are never logged.
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
-    /// For the consumer only, over `properties` (e.g. `session.timeout.ms`,
+    /// For the consumers only, over `properties` (e.g. `session.timeout.ms`,
     /// `partition.assignment.strategy`, `fetch.*`, `max.poll.interval.ms`).
+    /// `partition.assignment.strategy` is `cooperative-sticky` unless set
+    /// here (or `group.protocol = "consumer"`, where the broker assigns).
     #[serde(default)]
     pub consumer_properties: BTreeMap<String, String>,
     /// For the producer only (retry and dead-letter writes), over

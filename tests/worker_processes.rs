@@ -654,6 +654,57 @@ async fn a_replica_joins_and_another_leaves_mid_run_and_no_job_is_lost() {
     );
 }
 
+/// Waits until no worker has logged an assignment or a revocation for
+/// `quiet`: the group has settled for every consumer of every replica.
+async fn wait_quiet(workers: &[Proc], quiet: Duration, timeout: Duration) {
+    let count = || -> usize {
+        workers
+            .iter()
+            .map(|w| {
+                w.log_events()
+                    .iter()
+                    .filter(|e| e.message.starts_with("partitions "))
+                    .count()
+            })
+            .sum()
+    };
+    let deadline = Instant::now() + timeout;
+    let (mut seen, mut since) = (count(), Instant::now());
+    while since.elapsed() < quiet {
+        assert!(
+            Instant::now() < deadline,
+            "the group kept rebalancing for {timeout:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = count();
+        if now != seen {
+            (seen, since) = (now, Instant::now());
+        }
+    }
+}
+
+/// Rewrites a worker config's consumer properties for one membership
+/// protocol: `eager` (`range`), `kip848` (`group.protocol = consumer`, which
+/// takes no session or heartbeat settings from the client), anything else
+/// the default (cooperative-sticky).
+fn with_membership(config: &std::path::Path, membership: &str) {
+    let text = std::fs::read_to_string(config).expect("read worker config");
+    let text = match membership {
+        "eager" => text.replace(
+            "[kafka.consumer_properties]\n",
+            "[kafka.consumer_properties]\n\"partition.assignment.strategy\" = \"range\"\n",
+        ),
+        "kip848" => text
+            .replace("\"session.timeout.ms\" = \"3000\"\n", "")
+            .replace(
+                "\"heartbeat.interval.ms\" = \"300\"\n",
+                "\"group.protocol\" = \"consumer\"\n",
+            ),
+        _ => text,
+    };
+    std::fs::write(config, text).expect("write worker config");
+}
+
 /// Every seller's limit in the crash loop: a sliding log, so "over its
 /// limit" has one meaning (more than 20 calls in some second).
 const CRASH_LOOP_LIMIT: usize = 20;
@@ -671,6 +722,10 @@ const CRASH_LOOP_RULES: &str =
 /// CRASH_LOOP_JOBS=20000 CRASH_LOOP_EVERY_S=15 cargo test --release \
 ///   --test worker_processes crash_loop -- --nocapture
 /// ```
+///
+/// `CRASH_LOOP_MEMBERSHIP` = `cooperative` (the default protocol),
+/// `eager` (`range`) or `kip848` (`group.protocol = consumer`) measures the
+/// README's table of membership protocols ("Rebalances and restarts").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_loop_kill_9_a_random_replica_repeatedly_loses_and_over_admits_nothing() {
     let _serial = SERIAL.lock().await;
@@ -683,7 +738,7 @@ async fn crash_loop_kill_9_a_random_replica_repeatedly_loses_and_over_admits_not
     let total = env("CRASH_LOOP_JOBS", 4000) as usize;
     let every = Duration::from_secs(env("CRASH_LOOP_EVERY_S", 6));
     const PARTITIONS: i32 = 8;
-    const SELLERS: usize = 20;
+    let sellers = env("CRASH_LOOP_SELLERS", 20) as usize;
     let dir = Scratch::new("crash-loop");
     let n = Names::new("crash-loop");
     let broker = BrokerProc::start(dir.path(), &n.topics(PARTITIONS));
@@ -691,6 +746,8 @@ async fn crash_loop_kill_9_a_random_replica_repeatedly_loses_and_over_admits_not
     let mut cfg = n.config(&broker.bootstrap, "5s");
     cfg.rules = CRASH_LOOP_RULES;
     let config = cfg.write(dir.path(), "worker");
+    let membership = std::env::var("CRASH_LOOP_MEMBERSHIP").unwrap_or_default();
+    with_membership(&config, &membership);
     let mut incarnation = 0usize;
     let mut spawn = |slot: usize| {
         incarnation += 1;
@@ -705,12 +762,17 @@ async fn crash_loop_kill_9_a_random_replica_repeatedly_loses_and_over_admits_not
         Duration::from_secs(30),
     )
     .await;
-    let (ids, records) = jobs("loop", SELLERS, total / SELLERS);
+    // The retry-tier consumers join too: under an eager protocol each join
+    // stops every partition of the group, jobs included.
+    wait_quiet(&workers, Duration::from_secs(4), Duration::from_secs(60)).await;
+    let (ids, records) = jobs("loop", sellers, total / sellers);
     let produced = produce(&broker.bootstrap, &n.jobs, &records).await;
     let started = Instant::now();
     // (when, which slot, committed offsets just before the kill)
     let mut kills: Vec<(SystemTime, usize, BTreeMap<i32, Option<i64>>)> = Vec::new();
-    let deadline = started + Duration::from_secs(60 + 2 * total as u64 / 100);
+    // A liveness bound, generous: an eager group under kills spends most
+    // of its time in rebalances.
+    let deadline = started + Duration::from_secs(120 + 4 * total as u64 / 100);
     while down.distinct() < ids.len() {
         assert!(
             Instant::now() < deadline,
@@ -836,7 +898,15 @@ async fn crash_loop_kill_9_a_random_replica_repeatedly_loses_and_over_admits_not
         .collect();
     let (seller, most, calls, span) = busiest_seller;
     eprintln!(
-        "crash loop: {} jobs, {SELLERS} sellers at {CRASH_LOOP_LIMIT}/s, 4 worker processes on {PARTITIONS} partitions; \
+        "crash loop: membership {}",
+        if membership.is_empty() {
+            "cooperative (default)"
+        } else {
+            &membership
+        }
+    );
+    eprintln!(
+        "crash loop: {} jobs, {sellers} sellers at {CRASH_LOOP_LIMIT}/s, 4 worker processes on {PARTITIONS} partitions; \
          {} kill -9 + restart, one every {every:?}; all done and committed after {run_time:?}; 0 lost, 0 over the limit",
         ids.len(),
         kills.len(),

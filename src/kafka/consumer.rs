@@ -1,5 +1,6 @@
-//! The consumer side: one librdkafka consumer per worker, subscribed to the
-//! jobs topic and the retry topic, with manual offset commits.
+//! One librdkafka group consumer with manual offset commits. A worker runs
+//! two (see [`super::group`]): one for the jobs topic and one for the retry
+//! tiers, so that each is balanced over the replicas on its own.
 //!
 //! Every call into librdkafka that can block (polling, the rebalance
 //! callbacks with their synchronous commit and committed-offset look-up, the
@@ -219,6 +220,7 @@ pub struct WorkerContext {
     closing: std::sync::atomic::AtomicBool,
     /// The consumer group, for the lag metrics' `group` label.
     group: String,
+    role: Role,
 }
 
 impl ClientContext for WorkerContext {
@@ -266,7 +268,7 @@ impl ConsumerContext for WorkerContext {
             return;
         };
         let revoked = partitions_of(tpl);
-        tracing::info!(partitions = %describe(&revoked), "partitions revoked");
+        tracing::info!(partitions = %describe(&revoked), consumer = self.role.as_str(), "partitions revoked");
         let closing = self.closing.load(Ordering::Acquire);
         let commits: Vec<Commit> = lock(&self.tracker)
             .offsets
@@ -319,7 +321,7 @@ impl ConsumerContext for WorkerContext {
         match rebalance {
             Rebalance::Assign(tpl) => {
                 let assigned = partitions_of(tpl);
-                tracing::info!(partitions = %describe(&assigned), "partitions assigned");
+                tracing::info!(partitions = %describe(&assigned), consumer = self.role.as_str(), "partitions assigned");
                 let done = already_done(consumer, tpl);
                 let mut tracker = lock(&self.tracker);
                 for (topic, partition) in &assigned {
@@ -354,7 +356,47 @@ const POLL_TIMEOUT: Duration = Duration::from_millis(50);
 
 /// Records received and not yet taken by the worker. Small: a pause stops
 /// librdkafka's fetching, not what already sits here.
-const RECORD_CHANNEL: usize = 16;
+pub const RECORD_CHANNEL: usize = 16;
+
+/// What a consumer reads. A worker runs one of each, in one group: a
+/// member subscribes to one role's topics only, so the group's assignor
+/// balances the jobs topic over the jobs consumers and the retry tiers over
+/// the retry consumers, each on its own (one consumer of both could be
+/// given only retry partitions by a cooperative assignor, which balances
+/// the partition count over every subscribed topic together).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Jobs,
+    Retries,
+}
+
+impl Role {
+    /// The name in logs, and the suffix of the retry consumer's static
+    /// member id (`group.instance.id` must differ between the two).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Jobs => "jobs",
+            Role::Retries => "retries",
+        }
+    }
+}
+
+/// The membership protocol a consumer runs when the config names none:
+/// incremental cooperative rebalancing, which stops only the partitions that
+/// move (eager `range` stops every partition of the group at every join and
+/// leave, and the records in flight are done again by their next owner).
+pub const DEFAULT_ASSIGNMENT_STRATEGY: &str = "cooperative-sticky";
+
+/// `partition.assignment.strategy`, unless the config sets it or runs the
+/// KIP-848 protocol (`group.protocol = consumer`, where the broker assigns
+/// and librdkafka refuses the property).
+fn default_strategy(config: &std::collections::BTreeMap<String, String>) -> Option<&'static str> {
+    let kip848 = config
+        .get("group.protocol")
+        .is_some_and(|p| p.trim().eq_ignore_ascii_case("consumer"));
+    (!kip848 && !config.contains_key("partition.assignment.strategy"))
+        .then_some(DEFAULT_ASSIGNMENT_STRATEGY)
+}
 
 /// Work the poll thread does between polls.
 enum Command {
@@ -382,11 +424,13 @@ pub struct Consumer {
 }
 
 impl Consumer {
-    /// Creates the consumer (not yet subscribed). Partition events go to
-    /// `events`. `kafka.properties` and `kafka.consumer_properties` are applied first; the settings the
-    /// worker's guarantees depend on are forced after them.
+    /// Creates the consumer of `role` (not yet subscribed). Partition events
+    /// go to `events`. `kafka.properties` and `kafka.consumer_properties` are
+    /// applied first; the settings the worker's guarantees depend on are
+    /// forced after them.
     pub fn new(
         settings: &KafkaSettings,
+        role: Role,
         events: mpsc::UnboundedSender<PartitionEvent>,
     ) -> Result<Consumer, ConsumerError> {
         let mut config = ClientConfig::new();
@@ -394,7 +438,11 @@ impl Consumer {
             .set("auto.offset.reset", "earliest")
             // Lag metrics come from librdkafka's statistics.
             .set("statistics.interval.ms", DEFAULT_STATISTICS_INTERVAL_MS);
-        for (k, v) in &settings.consumer_config() {
+        let properties = settings.consumer_config();
+        if let Some(strategy) = default_strategy(&properties) {
+            config.set("partition.assignment.strategy", strategy);
+        }
+        for (k, v) in &properties {
             config.set(k, v);
         }
         config
@@ -403,8 +451,15 @@ impl Consumer {
             // Offsets are committed only for finished records, by us.
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false");
-        if !settings.group_instance_id.trim().is_empty() {
-            config.set("group.instance.id", settings.group_instance_id.trim());
+        let instance = settings.group_instance_id.trim();
+        match role {
+            _ if instance.is_empty() => {}
+            Role::Jobs => {
+                config.set("group.instance.id", instance);
+            }
+            Role::Retries => {
+                config.set("group.instance.id", format!("{instance}-retries"));
+            }
         }
         let tracker: SharedTracker = Arc::default();
         let context = WorkerContext {
@@ -412,6 +467,7 @@ impl Consumer {
             events,
             closing: AtomicBool::new(false),
             group: settings.group_id.clone(),
+            role,
         };
         let inner: WorkerConsumer =
             config
@@ -475,14 +531,14 @@ impl Consumer {
             })
     }
 
-    /// Starts the poll thread; returns the records it receives, each
-    /// already tracked as unfinished. Rebalance callbacks run on that
-    /// thread. Call once.
-    pub fn start(&self) -> Result<mpsc::Receiver<Record>, ConsumerError> {
+    /// Starts the poll thread, which delivers the records it receives into
+    /// `tx` (two consumers share one), each already tracked as unfinished.
+    /// Rebalance callbacks run on that thread. Call once.
+    pub fn start(&self, tx: mpsc::Sender<Record>) -> Result<(), ConsumerError> {
         let commands = lock_opt(&self.commands_rx)
             .take()
             .ok_or(ConsumerError::Stopped)?;
-        let (tx, rx) = mpsc::channel(RECORD_CHANNEL);
+        let role = self.inner.context().role;
         let poller = Poller {
             inner: self.inner.clone(),
             tracker: self.tracker.clone(),
@@ -492,11 +548,11 @@ impl Consumer {
             stop: self.stop.clone(),
         };
         let handle = std::thread::Builder::new()
-            .name("kafka-poll".to_owned())
+            .name(format!("kafka-poll-{}", role.as_str()))
             .spawn(move || poller.run())
             .map_err(ConsumerError::Spawn)?;
         *lock_opt(&self.thread) = Some(handle);
-        Ok(rx)
+        Ok(())
     }
 
     /// Asks the poll thread for a commit of every partition that moved since
@@ -808,4 +864,34 @@ fn commit_list(commits: &[Commit]) -> TopicPartitionList {
         elem.set_metadata(c.metadata.as_str());
     }
     tpl
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn props(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    /// Cooperative unless the config chooses: a strategy set by hand is
+    /// kept, and under KIP-848 none is set (librdkafka refuses it there).
+    #[test]
+    fn the_assignment_strategy_defaults_to_cooperative_unless_the_config_chooses() {
+        type Row<'a> = (&'a [(&'a str, &'a str)], Option<&'a str>);
+        let rows: [Row; 4] = [
+            (&[], Some("cooperative-sticky")),
+            (&[("partition.assignment.strategy", "range")], None),
+            (&[("group.protocol", "consumer")], None),
+            (&[("group.protocol", "classic")], Some("cooperative-sticky")),
+        ];
+        for (i, (given, want)) in rows.into_iter().enumerate() {
+            assert_eq!(default_strategy(&props(given)), want, "row {i}: {given:?}");
+        }
+    }
 }

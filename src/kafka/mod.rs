@@ -2,6 +2,8 @@
 //!
 //! - [`consumer`]: the group consumer with manual commits; tracks each
 //!   record's offset and commits revoked partitions inside the rebalance.
+//! - [`group`]: [`Consumers`], the worker's two consumers (the jobs topic,
+//!   the retry tiers), each balanced over the replicas on its own.
 //! - [`offsets`]: per-partition tracker of finished records; says which
 //!   offset may be committed (pure, no rdkafka).
 //! - [`producer`]: [`RecordSink`] writes retry-topic and dead-letter records
@@ -13,11 +15,13 @@
 //!   end outside any group (the demo's dead-letter count).
 
 pub mod consumer;
+pub mod group;
 pub mod mock;
 pub mod offsets;
 pub mod producer;
 pub mod reader;
 
+pub use group::Consumers;
 pub use mock::{parse_topic_spec, serve_dev_broker, DevBroker, MockError, TopicSpecError};
 pub use offsets::{Commit, Finish, Offsets, PartitionOffsets, TrackError};
 pub use producer::{HeaderError, OriginalRecord, Position, RecordSink, RetryHeaders, SinkError};

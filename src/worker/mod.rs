@@ -41,8 +41,7 @@ use tokio::sync::mpsc;
 
 use crate::config::Settings;
 use crate::downstream::Downstream;
-use crate::kafka::consumer::Consumer;
-use crate::kafka::RecordSink;
+use crate::kafka::{Consumers, RecordSink};
 use crate::limiter::{CoalesceSettings, Coalescer, KeySpace, Limiter, Policy, RedisStore};
 use crate::telemetry::events::OverridesUnreadable;
 use crate::telemetry::http;
@@ -112,7 +111,7 @@ pub async fn run_watching(
         settings.redis.topology,
     );
     let (part_tx, part_rx) = mpsc::unbounded_channel();
-    let consumer = Consumer::new(&settings.kafka, part_tx).context("kafka settings")?;
+    let consumer = Consumers::new(&settings.kafka, part_tx).context("kafka settings")?;
     let k = &settings.kafka;
     let all = k.all_topics();
     let topics: Vec<&str> = all.iter().map(String::as_str).collect();
@@ -124,9 +123,10 @@ pub async fn run_watching(
     );
     let sink =
         RecordSink::new(&k.brokers, &settings.producer_config()).context("kafka producer")?;
-    // The jobs topic and every retry tier: all but the dead-letter topic.
+    // The jobs topic to one consumer, every retry tier (all but the jobs
+    // and the dead-letter topic) to the other.
     consumer
-        .subscribe(&topics[..topics.len() - 1])
+        .subscribe(&topics[1..topics.len() - 1])
         .context("kafka subscribe")?;
     let records = consumer.start().context("kafka consumer")?;
     // The event loop turns at least every commit interval.

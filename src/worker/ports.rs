@@ -22,9 +22,9 @@ use tokio::time::Instant;
 
 use crate::downstream::{Answer, Downstream};
 use crate::job::Job;
-use crate::kafka::consumer::{Consumer, HeldBack, Origin, Partition};
+use crate::kafka::consumer::{HeldBack, Origin, Partition};
 use crate::kafka::producer::SinkError;
-use crate::kafka::{OriginalRecord, RecordSink};
+use crate::kafka::{Consumers, OriginalRecord, RecordSink};
 
 pub use super::permit::{PermitError, Permits};
 
@@ -151,44 +151,44 @@ pub struct Live;
 
 impl Ports for Live {
     type Permits = crate::limiter::Coalescer<crate::limiter::RedisStore>;
-    type Source = Consumer;
+    type Source = Consumers;
     type Writer = RecordSink;
     type Caller = Downstream;
     type Clock = SystemClock;
 }
 
-impl Source for Consumer {
+impl Source for Consumers {
     fn is_current(&self, origin: &Origin) -> bool {
-        Consumer::is_current(self, origin)
+        Consumers::is_current(self, origin)
     }
 
     fn finish(&self, origin: &Origin) {
-        Consumer::finish(self, origin);
+        Consumers::finish(self, origin);
     }
 
     fn pause(&self, parts: &[Partition]) {
-        Consumer::pause(self, parts);
+        Consumers::pause(self, parts);
     }
 
     fn resume(&self, parts: &[Partition]) {
-        Consumer::resume(self, parts);
+        Consumers::resume(self, parts);
     }
 
     fn assignment(&self) -> Vec<Partition> {
-        Consumer::assignment(self)
+        Consumers::assignment(self)
     }
 
     fn held_back(&self) -> Vec<HeldBack> {
-        Consumer::held_back(self)
+        Consumers::held_back(self)
     }
 
     fn request_commit(&self) {
-        Consumer::request_commit(self);
+        Consumers::request_commit(self);
     }
 
     async fn commit_all(&self) -> Result<usize, CommitError> {
         use crate::kafka::consumer::ConsumerError;
-        Consumer::commit_all(self).await.map_err(|e| match e {
+        Consumers::commit_all(self).await.map_err(|e| match e {
             ConsumerError::Stopped => CommitError::Stopped,
             other => CommitError::Refused(other.to_string()),
         })

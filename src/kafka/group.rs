@@ -1,0 +1,142 @@
+//! The worker's membership in its consumer group: two consumers, one
+//! subscribed to the jobs topic and one to the retry tiers, in the same
+//! group (so their committed offsets stay where one consumer of both left
+//! them).
+//!
+//! Why two: an assignor balances a member's partition count over every
+//! topic it subscribes to. With one consumer of the jobs topic and every
+//! tier, the cooperative assignor could leave a replica only retry-tier
+//! partitions, idle while the others carried the jobs. A member of one role
+//! takes only that role's partitions, so the jobs topic is spread over the
+//! replicas on its own, and so are the tiers, under any protocol; the
+//! cheaper cooperative one is then the default (see
+//! [`super::consumer::DEFAULT_ASSIGNMENT_STRATEGY`]).
+//!
+//! Both consumers deliver into one record channel and one partition-event
+//! channel; each keeps its own offsets, so every per-record call goes to the
+//! consumer of the record's topic.
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+
+use crate::config::KafkaSettings;
+
+use super::consumer::{
+    Consumer, ConsumerError, HeldBack, Origin, Partition, PartitionEvent, Record, Role,
+    RECORD_CHANNEL,
+};
+
+/// The jobs consumer and the retry-tier consumer of one worker.
+pub struct Consumers {
+    jobs_topic: Arc<str>,
+    jobs: Consumer,
+    retries: Consumer,
+}
+
+impl Consumers {
+    /// Creates both consumers (not yet subscribed); partition events of both
+    /// go to `events`.
+    pub fn new(
+        settings: &KafkaSettings,
+        events: mpsc::UnboundedSender<PartitionEvent>,
+    ) -> Result<Consumers, ConsumerError> {
+        Ok(Consumers {
+            jobs_topic: Arc::from(settings.topic.as_str()),
+            jobs: Consumer::new(settings, Role::Jobs, events.clone())?,
+            retries: Consumer::new(settings, Role::Retries, events)?,
+        })
+    }
+
+    /// See [`Consumer::check_topics`]. Blocks.
+    pub fn check_topics(
+        &self,
+        topics: &[&str],
+        timeout: std::time::Duration,
+    ) -> Result<Vec<usize>, ConsumerError> {
+        self.jobs.check_topics(topics, timeout)
+    }
+
+    /// Subscribes the jobs consumer to the jobs topic and the retry consumer
+    /// to `tiers`.
+    pub fn subscribe(&self, tiers: &[&str]) -> Result<(), ConsumerError> {
+        self.jobs.subscribe(&[&*self.jobs_topic])?;
+        self.retries.subscribe(tiers)
+    }
+
+    /// Starts both poll threads; returns the records of both. Call once.
+    pub fn start(&self) -> Result<mpsc::Receiver<Record>, ConsumerError> {
+        let (tx, rx) = mpsc::channel(RECORD_CHANNEL);
+        self.jobs.start(tx.clone())?;
+        self.retries.start(tx)?;
+        Ok(rx)
+    }
+
+    /// The consumer that owns `topic`'s partitions.
+    fn of(&self, topic: &str) -> &Consumer {
+        if topic == &*self.jobs_topic {
+            &self.jobs
+        } else {
+            &self.retries
+        }
+    }
+
+    /// Calls `f` with each consumer and its share of `parts`, if any.
+    fn split(&self, parts: &[Partition], f: impl Fn(&Consumer, &[Partition])) {
+        let (jobs, tiers): (Vec<Partition>, Vec<Partition>) = parts
+            .iter()
+            .cloned()
+            .partition(|(t, _)| *t == self.jobs_topic);
+        for (c, share) in [(&self.jobs, jobs), (&self.retries, tiers)] {
+            if !share.is_empty() {
+                f(c, &share);
+            }
+        }
+    }
+
+    pub fn is_current(&self, origin: &Origin) -> bool {
+        self.of(&origin.topic).is_current(origin)
+    }
+
+    pub fn finish(&self, origin: &Origin) {
+        self.of(&origin.topic).finish(origin);
+    }
+
+    pub fn pause(&self, parts: &[Partition]) {
+        self.split(parts, Consumer::pause);
+    }
+
+    pub fn resume(&self, parts: &[Partition]) {
+        self.split(parts, Consumer::resume);
+    }
+
+    pub fn assignment(&self) -> Vec<Partition> {
+        let mut all = self.jobs.assignment();
+        all.extend(self.retries.assignment());
+        all
+    }
+
+    pub fn held_back(&self) -> Vec<HeldBack> {
+        let mut all = self.jobs.held_back();
+        all.extend(self.retries.held_back());
+        all
+    }
+
+    pub fn request_commit(&self) {
+        self.jobs.request_commit();
+        self.retries.request_commit();
+    }
+
+    /// Commits both consumers' finished prefixes and waits for the broker;
+    /// the first error wins, after both were tried.
+    pub async fn commit_all(&self) -> Result<usize, ConsumerError> {
+        let (jobs, retries) = tokio::join!(self.jobs.commit_all(), self.retries.commit_all());
+        Ok(jobs? + retries?)
+    }
+
+    /// Stops both poll threads. Blocks: call it off the async threads.
+    pub fn shutdown(&self) {
+        self.jobs.shutdown();
+        self.retries.shutdown();
+    }
+}
