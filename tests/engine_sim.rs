@@ -473,3 +473,70 @@ fn a_60_s_downstream_outage_dead_letters_nothing_and_resumes_within_5_s() {
         );
     }
 }
+
+/// Section 5: what a membership protocol costs, and that a fleet keeps the
+/// invariants through a kill loop. Four replicas of the engine in one group
+/// (one consumer for the jobs topic and one for the tiers each), one seller
+/// with a backlog of 1,200 jobs under a 20/s sliding log, a random replica
+/// killed (kill -9) and started again every 8 s, on the mock broker's
+/// timings (`tests/sim/fleet.rs`). The same run as the README's table from
+/// `tests/worker_processes.rs` on the mock; this one replays exactly.
+#[test]
+fn a_fleet_through_a_kill_loop_keeps_every_invariant_and_cooperative_redoes_less() {
+    use sim::fleet::{cost, run_fleet, Fleet, Membership};
+    let mut sc = Scenario::quiet(8);
+    sc.partitions = 8;
+    sc.fleet = 4;
+    sc.limit_ms = 10 * 60 * 1000;
+    sc.sellers.push(seller(
+        "seller-0",
+        Some(rule("sliding_window_log", 20, Duration::from_secs(1), None)),
+    ));
+    sc.jobs = (0..1_200).map(|i| job(0, 1, 0, i % 8)).collect();
+    let mut extra = Vec::new();
+    let runs = [
+        (Membership::Eager, true),
+        (Membership::Cooperative, true),
+        (Membership::Eager, false),
+        (Membership::Cooperative, false),
+    ];
+    for (membership, like_the_mock) in runs {
+        let fleet = Fleet {
+            refuse_commits_in_rebalance: like_the_mock,
+            ..Fleet::crash_loop(membership)
+        };
+        let out = run_fleet(&sc, &fleet);
+        let broken = check::fleet(&sc, &out);
+        assert!(
+            broken.is_empty(),
+            "{membership:?}: {}",
+            broken
+                .iter()
+                .take(10)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        let c = cost(&sc, &out);
+        let broker = if like_the_mock {
+            "commits refused in a rebalance (the mock)"
+        } else {
+            "commits taken in a rebalance (Kafka)"
+        };
+        eprintln!(
+            "fleet {membership:?}, {broker}: {} jobs, quota use {:.2}, {} extra calls, first to last call {:.1} s, {} kills",
+            c.jobs,
+            c.quota_use,
+            c.extra_calls,
+            c.span_ms as f64 / 1000.0,
+            out.log.starts.len() - 4
+        );
+        extra.push(c.extra_calls);
+    }
+    for (eager, cooperative) in [(extra[0], extra[1]), (extra[2], extra[3])] {
+        assert!(
+            cooperative <= eager,
+            "cooperative redid more than eager: {cooperative} against {eager} ({extra:?})"
+        );
+    }
+}

@@ -24,6 +24,19 @@ pub fn all(sc: &Scenario, out: &Outcome) -> Vec<String> {
     v
 }
 
+/// The invariants of a fleet of replicas: all but invariant 4, which
+/// judges one process's slots.
+pub fn fleet(sc: &Scenario, out: &Outcome) -> Vec<String> {
+    let mut v = Vec::new();
+    v.extend(out.panics.iter().map(|p| format!("7. panic: {p}")));
+    v.extend(limits(sc, out));
+    v.extend(nothing_lost(sc, out));
+    v.extend(no_innocent_dead_letters(sc, out));
+    v.extend(no_tight_loop(sc, out));
+    v.extend(out.log.violations.iter().map(|c| format!("6. {c}")));
+    v
+}
+
 fn rule_of(sc: &Scenario, seller: &str) -> Option<Rule> {
     let spec = sc.sellers.iter().find(|s| s.name == seller)?;
     let r = spec.rule.as_ref()?;

@@ -12,10 +12,13 @@
 //! - [`journal`]: what the world saw.
 //! - [`check`]: the invariants, judged after every run.
 //! - [`run`]: one run of a scenario.
+//! - [`fleet`]: several replicas in one group through kills, under a
+//!   membership protocol.
 
 pub mod broker;
 pub mod check;
 pub mod clock;
+pub mod fleet;
 pub mod journal;
 pub mod ports;
 pub mod run;

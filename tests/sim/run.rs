@@ -68,12 +68,33 @@ fn catch_panics() {
 }
 
 /// One process lifetime.
-struct Incarnation {
-    dead: Arc<AtomicBool>,
-    source: Arc<SimSource>,
-    parts: mpsc::UnboundedSender<throttle_worker::kafka::consumer::PartitionEvent>,
-    engine: JoinHandle<Summary>,
-    shutdown: Option<oneshot::Sender<()>>,
+pub struct Incarnation {
+    pub dead: Arc<AtomicBool>,
+    pub source: Arc<SimSource>,
+    pub parts: mpsc::UnboundedSender<throttle_worker::kafka::consumer::PartitionEvent>,
+    pub engine: JoinHandle<Summary>,
+    pub shutdown: Option<oneshot::Sender<()>>,
+}
+
+impl Incarnation {
+    /// kill -9: nothing more is finished, committed or answered.
+    pub fn kill(&self) {
+        self.dead.store(true, Ordering::SeqCst);
+        self.engine.abort();
+    }
+
+    /// A graceful stop: the engine drains and commits; its summary.
+    pub async fn stop(mut self) -> Option<Summary> {
+        if let Some(stop) = self.shutdown.take() {
+            let _ = stop.send(());
+        }
+        let summary = match tokio::time::timeout(Duration::from_secs(60), &mut self.engine).await {
+            Ok(Ok(s)) => Some(s),
+            _ => None,
+        };
+        self.dead.store(true, Ordering::SeqCst);
+        summary
+    }
 }
 
 pub fn topic_partitions(sc: &Scenario) -> Vec<Tp> {
@@ -89,12 +110,15 @@ pub fn topic_partitions(sc: &Scenario) -> Vec<Tp> {
     all
 }
 
-fn start(
+/// Starts a process: a fresh engine on its own consumer, which takes
+/// `initial` at once.
+pub fn start(
     sc: &Scenario,
     world: &Arc<World>,
     policy: &Policy,
     generation: u64,
     wake: &Arc<Mutex<Arc<Notify>>>,
+    initial: &[Tp],
 ) -> Incarnation {
     let settings = Arc::new(sc.settings());
     let dead = Arc::new(AtomicBool::new(false));
@@ -148,7 +172,7 @@ fn start(
     let engine = tokio::spawn(engine.run(async move {
         let _ = stop_rx.await;
     }));
-    source.assign(&topic_partitions(sc), &part_tx);
+    source.assign(initial, &part_tx);
     tokio::spawn(deliver(source.clone(), rec_tx));
     Incarnation {
         dead,
@@ -171,6 +195,12 @@ enum Step {
 
 /// Runs `sc` on a fresh paused runtime of this thread.
 pub fn run(sc: &Scenario) -> Outcome {
+    run_on_paused_runtime(run_async(sc))
+}
+
+/// Runs a world to its outcome on a fresh paused current-thread runtime,
+/// catching its panics.
+pub fn run_on_paused_runtime(world: impl std::future::Future<Output = Outcome>) -> Outcome {
     catch_panics();
     PANICS.with(|p| p.borrow_mut().clear());
     IN_RUN.with(|r| r.set(true));
@@ -179,19 +209,19 @@ pub fn run(sc: &Scenario) -> Outcome {
         .start_paused(true)
         .build()
         .expect("a current-thread runtime");
-    let mut out = rt.block_on(run_async(sc));
+    let mut out = rt.block_on(world);
     drop(rt);
     IN_RUN.with(|r| r.set(false));
     out.panics = PANICS.with(|p| std::mem::take(&mut *p.borrow_mut()));
     out
 }
 
-async fn run_async(sc: &Scenario) -> Outcome {
+/// The world of a scenario: clock, journal, broker, Redis, the downstream's
+/// faults; and each job's record value.
+pub fn world_of(sc: &Scenario) -> (Arc<World>, Vec<bytes::Bytes>) {
     let clock = Arc::new(SimClock::new());
     let journal = Arc::new(Journal::default());
     let broker = Arc::new(Mutex::new(Broker::default()));
-    let settings = sc.settings();
-    let policy = Policy::from_config(&settings.limits).expect("the scenario's limits are valid");
     let values: Vec<_> = sc
         .jobs
         .iter()
@@ -219,14 +249,52 @@ async fn run_async(sc: &Scenario) -> Outcome {
         }
     });
     let world = Arc::new(World {
-        clock: clock.clone(),
-        journal: journal.clone(),
-        broker: broker.clone(),
+        clock,
+        journal,
+        broker,
         faults: sc.faults.clone(),
         poison: sc.jobs.iter().map(|j| j.poison).collect(),
         redis: Mutex::new(ModelStore::new()),
         rng: World::seeded(sc.seed),
     });
+    (world, values)
+}
+
+/// Appends job `j`'s record to its partition of the jobs topic.
+pub fn produce(sc: &Scenario, world: &World, values: &[bytes::Bytes], j: usize) {
+    let spec = &sc.jobs[j];
+    let tp = (sc.settings().kafka.topic, spec.partition);
+    let key = (!spec.malformed).then(|| sc.sellers[spec.seller].name.clone().into_bytes());
+    let rec = SimRecord {
+        key,
+        value: values[j].clone(),
+        headers: RetryHeaders::default(),
+    };
+    world
+        .broker
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .append(&tp, rec);
+}
+
+/// Whether every job is done or dead-lettered.
+pub fn all_finished(sc: &Scenario, world: &World) -> bool {
+    world.journal.with(|log| {
+        (0..sc.jobs.len())
+            .all(|j| log.done.contains_key(&j) || log.dead.iter().any(|(d, _)| *d == j))
+    })
+}
+
+/// Runs `sc`'s process lifetimes on the current (paused) runtime.
+async fn run_async(sc: &Scenario) -> Outcome {
+    let (world, values) = world_of(sc);
+    let (clock, journal, broker) = (
+        world.clock.clone(),
+        world.journal.clone(),
+        world.broker.clone(),
+    );
+    let settings = sc.settings();
+    let policy = Policy::from_config(&settings.limits).expect("the scenario's limits are valid");
     let mut steps: Vec<(u64, Step)> = Vec::new();
     for (i, j) in sc.jobs.iter().enumerate() {
         steps.push((j.at_ms, Step::Produce(i)));
@@ -242,7 +310,14 @@ async fn run_async(sc: &Scenario) -> Outcome {
     }
     let wake = Arc::new(Mutex::new(Arc::new(Notify::new())));
     let mut generation = 0u64;
-    let mut current = Some(start(sc, &world, &policy, generation, &wake));
+    let mut current = Some(start(
+        sc,
+        &world,
+        &policy,
+        generation,
+        &wake,
+        &topic_partitions(sc),
+    ));
     let jobs_topic = settings.kafka.topic.clone();
     let mut i = 0;
     let mut settled_ms = None;
@@ -252,11 +327,7 @@ async fn run_async(sc: &Scenario) -> Outcome {
         let next_at = steps.get(i).map(|(at, _)| *at);
         let now = clock.elapsed_ms();
         if next_at.is_none() {
-            let finished = journal.with(|log| {
-                (0..sc.jobs.len())
-                    .all(|j| log.done.contains_key(&j) || log.dead.iter().any(|(d, _)| *d == j))
-            });
-            if finished && current.is_some() {
+            if all_finished(sc, &world) && current.is_some() {
                 settled_ms = Some(now);
                 break;
             }
@@ -274,25 +345,12 @@ async fn run_async(sc: &Scenario) -> Outcome {
         i += 1;
         match step {
             Step::Produce(j) => {
-                let spec = &sc.jobs[j];
-                let tp = (jobs_topic.clone(), spec.partition);
-                let key =
-                    (!spec.malformed).then(|| sc.sellers[spec.seller].name.clone().into_bytes());
-                let rec = SimRecord {
-                    key,
-                    value: values[j].clone(),
-                    headers: RetryHeaders::default(),
-                };
-                broker
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .append(&tp, rec);
+                produce(sc, &world, &values, j);
                 wake.lock().unwrap_or_else(|p| p.into_inner()).notify_one();
             }
             Step::Crash(down) => {
                 if let Some(inc) = current.take() {
-                    inc.dead.store(true, Ordering::SeqCst);
-                    inc.engine.abort();
+                    inc.kill();
                     generation = inc.source.max_generation();
                     let at = clock.elapsed_ms() + down;
                     steps.push((at, Step::Restart));
@@ -300,7 +358,14 @@ async fn run_async(sc: &Scenario) -> Outcome {
             }
             Step::Restart => {
                 if current.is_none() {
-                    current = Some(start(sc, &world, &policy, generation, &wake));
+                    current = Some(start(
+                        sc,
+                        &world,
+                        &policy,
+                        generation,
+                        &wake,
+                        &topic_partitions(sc),
+                    ));
                 }
             }
             Step::Revoke(parts, dur) => {
@@ -334,14 +399,8 @@ async fn run_async(sc: &Scenario) -> Outcome {
         }
     }
     let mut summary = None;
-    if let Some(mut inc) = current.take() {
-        if let Some(stop) = inc.shutdown.take() {
-            let _ = stop.send(());
-        }
-        if let Ok(Ok(s)) = tokio::time::timeout(Duration::from_secs(60), &mut inc.engine).await {
-            summary = Some(s);
-        }
-        inc.dead.store(true, Ordering::SeqCst);
+    if let Some(inc) = current.take() {
+        summary = inc.stop().await;
     }
     let end_ms = clock.elapsed_ms();
     let log = journal.with(std::mem::take);

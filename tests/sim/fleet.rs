@@ -1,0 +1,388 @@
+//! A fleet: several replicas of the real engine in one consumer group,
+//! sharing the broker, Redis and the downstream, with a group coordinator
+//! that moves partitions by a membership protocol when a replica is killed
+//! and started again. It measures what a protocol costs (quota use, calls
+//! made twice), and runs the invariants with replicas contending for one
+//! limit.
+//!
+//! The coordinator follows librdkafka's mock broker, whose figures the
+//! README reports beside these: a killed member is noticed after the session
+//! timeout, and its restarted self joins at once but is given partitions
+//! only when that rebalance completes.
+//! - Eager (`range`): at the first heartbeat after a join (`heartbeat_ms`),
+//!   every member gives up every partition (committing its finished prefix,
+//!   which the mock refuses while the group rebalances);
+//!   when the session of the dead member ends, each topic is assigned in
+//!   ranges over the members.
+//! - Cooperative (`cooperative-sticky`): nobody stops at the join. When the
+//!   session ends, the dead member's partitions go to their new owners at
+//!   once, and a partition that moves between live members is given up
+//!   then and assigned after a second round (`second_round_ms`).
+//!
+//! Both run one consumer for the jobs topic and one for the retry tiers, as
+//! the worker does: each role is balanced over the members on its own.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use throttle_worker::limiter::Policy;
+use tokio::sync::Notify;
+
+use super::broker::Tp;
+use super::run::{
+    all_finished, produce, run_on_paused_runtime, start, topic_partitions, world_of, Incarnation,
+    Outcome,
+};
+use super::scenario::Scenario;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Membership {
+    Eager,
+    Cooperative,
+}
+
+#[derive(Debug, Clone)]
+pub struct Fleet {
+    pub replicas: usize,
+    pub membership: Membership,
+    /// A random replica is killed (and started again at once) this often,
+    /// until every job is finished.
+    pub kill_every_ms: u64,
+    pub session_ms: u64,
+    pub heartbeat_ms: u64,
+    pub second_round_ms: u64,
+    /// The mock refuses every commit while the group rebalances (from the
+    /// restarted member's join until the last round), so work finished
+    /// meanwhile, and the commit of a partition given up, fail there (real
+    /// Kafka takes the current generation's): that work is redone.
+    pub refuse_commits_in_rebalance: bool,
+}
+
+impl Fleet {
+    /// The crash loop of `tests/worker_processes.rs` on the mock broker's
+    /// timings there (`session.timeout.ms` 3 s, heartbeat 300 ms).
+    pub fn crash_loop(membership: Membership) -> Fleet {
+        Fleet {
+            replicas: 4,
+            membership,
+            kill_every_ms: 8_000,
+            session_ms: 3_000,
+            heartbeat_ms: 300,
+            second_round_ms: 2_000,
+            refuse_commits_in_rebalance: true,
+        }
+    }
+}
+
+/// A replica slot: its process, and an id for each process it has run.
+struct Member {
+    id: u64,
+    inc: Incarnation,
+    wake: Arc<Mutex<Arc<Notify>>>,
+}
+
+enum Step {
+    /// Kill a random member and start it again.
+    Kill,
+    /// Eager: every member gives up its partitions.
+    StopAll,
+    /// The dead member's session ended: the group's new assignment.
+    Settle,
+    /// Cooperative: the partitions given up at `Settle` reach their owners.
+    SecondRound(Vec<(Tp, u64)>),
+}
+
+/// Runs `sc` (its jobs and downstream faults; its own crashes and
+/// rebalances are not used) on `fleet`.
+pub fn run_fleet(sc: &Scenario, fleet: &Fleet) -> Outcome {
+    run_on_paused_runtime(run_async(sc, fleet))
+}
+
+async fn run_async(sc: &Scenario, fleet: &Fleet) -> Outcome {
+    let (world, values) = world_of(sc);
+    let settings = sc.settings();
+    let policy = Policy::from_config(&settings.limits).expect("the scenario's limits are valid");
+    let mut rng = StdRng::seed_from_u64(sc.seed ^ 0x0066_6c65_6574);
+    let roles = roles(sc);
+    let mut next_id = 0u64;
+    let mut spawn = |parts: &[Tp]| {
+        next_id += 1;
+        let wake = Arc::new(Mutex::new(Arc::new(Notify::new())));
+        // Generations far apart: no two processes share one.
+        let inc = start(sc, &world, &policy, next_id << 32, &wake, parts);
+        Member {
+            id: next_id,
+            inc,
+            wake,
+        }
+    };
+    // The group formed before the jobs arrive, as in the crash loop.
+    let ids: Vec<u64> = (1..=fleet.replicas as u64).collect();
+    let first = assign(&roles, &BTreeMap::new(), &ids, fleet.membership);
+    let mut owner: BTreeMap<Tp, u64> = first.clone();
+    let mut members: Vec<Member> = ids.iter().map(|id| spawn(&owned_by(&first, *id))).collect();
+    for j in 0..sc.jobs.len() {
+        produce(sc, &world, &values, j);
+    }
+    for m in &members {
+        m.wake
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .notify_one();
+    }
+    let start_at = tokio::time::Instant::now();
+    let mut steps: Vec<(u64, Step)> = vec![(fleet.kill_every_ms, Step::Kill)];
+    let mut settled_ms = None;
+    while !steps.is_empty() {
+        steps.sort_by_key(|(at, _)| *at);
+        let (at, step) = steps.remove(0);
+        tokio::time::sleep_until(start_at + Duration::from_millis(at)).await;
+        let now = world.now_ms();
+        match step {
+            Step::Kill => {
+                if all_finished(sc, &world) {
+                    settled_ms = Some(now);
+                    continue;
+                }
+                if now >= sc.limit_ms {
+                    continue;
+                }
+                let slot = rng.random_range(0..members.len());
+                members[slot].inc.kill();
+                members[slot] = spawn(&[]);
+                // The restarted member's join starts a rebalance.
+                set_rebalancing(&world, fleet.refuse_commits_in_rebalance);
+                steps.push((now + fleet.kill_every_ms, Step::Kill));
+                steps.push((now + fleet.session_ms, Step::Settle));
+                if fleet.membership == Membership::Eager {
+                    steps.push((now + fleet.heartbeat_ms, Step::StopAll));
+                }
+            }
+            Step::StopAll => {
+                for m in &members {
+                    let held = m.inc.source.owned();
+                    if !held.is_empty() {
+                        m.inc.source.revoke(&held, false, &m.inc.parts);
+                    }
+                }
+                owner.clear();
+            }
+            Step::Settle => {
+                let live: Vec<u64> = members.iter().map(|m| m.id).collect();
+                let target = assign(&roles, &owner, &live, fleet.membership);
+                let mut later = Vec::new();
+                for m in &members {
+                    let mut give_up = Vec::new();
+                    let mut take = Vec::new();
+                    for (tp, to) in &target {
+                        let from = owner.get(tp).copied();
+                        if *to == m.id && from != Some(m.id) {
+                            match from {
+                                // Moves between live members: a second round.
+                                Some(f) if live.contains(&f) => later.push((tp.clone(), *to)),
+                                _ => take.push(tp.clone()),
+                            }
+                        } else if *to != m.id && from == Some(m.id) {
+                            give_up.push(tp.clone());
+                        }
+                    }
+                    if !give_up.is_empty() {
+                        m.inc.source.revoke(&give_up, false, &m.inc.parts);
+                    }
+                    if !take.is_empty() {
+                        m.inc.source.assign(&take, &m.inc.parts);
+                        m.wake
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .notify_one();
+                    }
+                }
+                owner = target
+                    .iter()
+                    .filter(|(tp, _)| !later.iter().any(|(l, _)| l == *tp))
+                    .map(|(tp, to)| (tp.clone(), *to))
+                    .collect();
+                set_rebalancing(
+                    &world,
+                    fleet.refuse_commits_in_rebalance && !later.is_empty(),
+                );
+                if !later.is_empty() {
+                    steps.push((now + fleet.second_round_ms, Step::SecondRound(later)));
+                }
+            }
+            Step::SecondRound(moves) => {
+                for (tp, to) in moves {
+                    // The member it was meant for may have died since: then
+                    // the next settle assigns it.
+                    if let Some(m) = members.iter().find(|m| m.id == to) {
+                        m.inc.source.assign(std::slice::from_ref(&tp), &m.inc.parts);
+                        m.wake
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .notify_one();
+                        owner.insert(tp, to);
+                    }
+                }
+                set_rebalancing(&world, false);
+            }
+        }
+    }
+    // Every job is finished (or the run hit its limit); no rebalance is
+    // left under way. Stop every replica gracefully.
+    let mut summary = None;
+    for m in members {
+        summary = m.inc.stop().await.or(summary);
+    }
+    let end_ms = world.now_ms();
+    let log = world.journal.with(std::mem::take);
+    Outcome {
+        log,
+        panics: Vec::new(),
+        settled_ms,
+        summary,
+        end_ms,
+    }
+}
+
+fn set_rebalancing(world: &super::ports::World, on: bool) {
+    world
+        .broker
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .rebalancing = on;
+}
+
+/// The partitions of each consumer role: the jobs topic, then every retry
+/// tier together (one consumer subscribes to all the tiers).
+fn roles(sc: &Scenario) -> Vec<Vec<Tp>> {
+    let jobs_topic = sc.settings().kafka.topic;
+    let (jobs, tiers): (Vec<Tp>, Vec<Tp>) = topic_partitions(sc)
+        .into_iter()
+        .partition(|(t, _)| *t == jobs_topic);
+    vec![jobs, tiers]
+}
+
+fn owned_by(assignment: &BTreeMap<Tp, u64>, id: u64) -> Vec<Tp> {
+    assignment
+        .iter()
+        .filter(|(_, o)| **o == id)
+        .map(|(tp, _)| tp.clone())
+        .collect()
+}
+
+/// The group's assignment over `members` (sorted ids), role by role.
+/// Eager: `range`, topic by topic. Cooperative: sticky, each member keeps
+/// what it holds up to its fair share, the rest goes to the least loaded.
+fn assign(
+    roles: &[Vec<Tp>],
+    owner: &BTreeMap<Tp, u64>,
+    members: &[u64],
+    membership: Membership,
+) -> BTreeMap<Tp, u64> {
+    let mut out = BTreeMap::new();
+    if members.is_empty() {
+        return out;
+    }
+    for parts in roles {
+        match membership {
+            Membership::Eager => {
+                let mut by_topic: BTreeMap<&str, Vec<&Tp>> = BTreeMap::new();
+                for tp in parts {
+                    by_topic.entry(&tp.0).or_default().push(tp);
+                }
+                for tps in by_topic.values() {
+                    let (n, m) = (tps.len(), members.len());
+                    let mut i = 0;
+                    for (k, id) in members.iter().enumerate() {
+                        let take = n / m + usize::from(k < n % m);
+                        for tp in &tps[i..i + take] {
+                            out.insert((*tp).clone(), *id);
+                        }
+                        i += take;
+                    }
+                }
+            }
+            Membership::Cooperative => {
+                let ceil = parts.len().div_ceil(members.len());
+                let mut count: BTreeMap<u64, usize> = members.iter().map(|m| (*m, 0)).collect();
+                let mut free = Vec::new();
+                for tp in parts {
+                    match owner.get(tp).and_then(|o| count.get_mut(o)) {
+                        Some(c) if *c < ceil => {
+                            *c += 1;
+                            out.insert(tp.clone(), owner[tp]);
+                        }
+                        _ => free.push(tp.clone()),
+                    }
+                }
+                for tp in free {
+                    let (id, c) = count
+                        .iter_mut()
+                        .min_by_key(|(id, c)| (**c, **id))
+                        .expect("members is not empty");
+                    *c += 1;
+                    out.insert(tp, *id);
+                }
+                // Even out: no member more than one above another.
+                loop {
+                    let (&hi, &nh) = count
+                        .iter()
+                        .max_by_key(|(id, c)| (**c, u64::MAX - **id))
+                        .expect("members");
+                    let (&lo, &nl) = count
+                        .iter()
+                        .min_by_key(|(id, c)| (**c, **id))
+                        .expect("members");
+                    if nh <= nl + 1 {
+                        break;
+                    }
+                    let tp = out
+                        .iter()
+                        .filter(|(tp, o)| **o == hi && parts.contains(tp))
+                        .map(|(tp, _)| tp.clone())
+                        .next_back()
+                        .expect("the busiest member holds a partition");
+                    out.insert(tp, lo);
+                    *count.get_mut(&hi).expect("hi") -= 1;
+                    *count.get_mut(&lo).expect("lo") += 1;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// What a run cost the seller with the most calls: quota use (its calls
+/// against what its rule allowed from its first call to its last, one full
+/// window plus the rule's rate) and calls beyond one per job.
+pub struct Cost {
+    pub quota_use: f64,
+    pub extra_calls: usize,
+    pub jobs: usize,
+    pub span_ms: u64,
+}
+
+pub fn cost(sc: &Scenario, out: &Outcome) -> Cost {
+    let mut per_job: BTreeMap<usize, usize> = BTreeMap::new();
+    for c in &out.log.calls {
+        *per_job.entry(c.job).or_default() += 1;
+    }
+    let extra_calls = per_job.values().map(|n| n - 1).sum();
+    let at: Vec<u64> = out.log.calls.iter().map(|c| c.at_ms).collect();
+    let span_ms = match (at.iter().min(), at.iter().max()) {
+        (Some(a), Some(b)) => b - a,
+        _ => 0,
+    };
+    let rule = sc.sellers[0].rule.as_ref().expect("a limited seller");
+    let rate = rule.limit as f64 / rule.period.as_secs_f64();
+    let allowed = rule.limit as f64 + rate * span_ms as f64 / 1000.0;
+    Cost {
+        quota_use: out.log.calls.len() as f64 / allowed,
+        extra_calls,
+        jobs: per_job.len(),
+        span_ms,
+    }
+}
