@@ -75,7 +75,20 @@ async fn metrics_tell_what_the_worker_does() {
             },
         )],
     );
+    // Every partition of the jobs topic and the tiers, once both consumers
+    // have joined. On a fresh group the mock forms the group with the first
+    // member at once and rebalances again for the second, refusing commits
+    // meanwhile: the jobs go in once the group is stable, so that the
+    // commit-error count below means what it says.
+    let partitions = 2.0 * (1 + settings.kafka.retry_tiers().len()) as f64;
     let worker = Running::start(settings, policy);
+    scrape_until(
+        &url,
+        "every partition assigned",
+        Duration::from_secs(20),
+        |t| metric_in(t, "throttle_assigned_partitions", &[]) == partitions,
+    )
+    .await;
     let mut records: Vec<_> = (0..30).map(|i| job(&format!("h{i}"), "hot")).collect();
     records.extend((0..10).map(|i| job(&format!("c{i}"), &format!("cold-{i}"))));
     records.push((None, b"{not json".to_vec()));

@@ -23,7 +23,16 @@ async fn revoked_work_is_not_dead_lettered_by_the_old_owner() {
     // first owner come back after its partitions were revoked.
     let down = Downstream::start(Arc::new(|_, _| (StatusCode::BAD_REQUEST, None))).await;
     down.set_delay(Duration::from_millis(2000));
-    let settings = bench.settings(&down.url);
+    let mut settings = bench.settings(&down.url);
+    // Eager: the join revokes every partition at the first heartbeat,
+    // before any answer is back, so every answer of the first owner comes
+    // back late. (Under the default cooperative protocol a moved partition
+    // is revoked only when the join's first round ends, about when the
+    // answers come back: a race this test does not mean to time.)
+    settings.kafka.consumer_properties.insert(
+        "partition.assignment.strategy".to_owned(),
+        "range".to_owned(),
+    );
     let rules = || policy(vec![rule("fixed_window", 100_000, "1s", None)]);
     let n = 20;
     let records: Vec<_> = (0..n)
@@ -37,24 +46,33 @@ async fn revoked_work_is_not_dead_lettered_by_the_old_owner() {
     })
     .await;
     // Joining triggers a rebalance while every call of the first owner is
-    // still in flight.
+    // still in flight: every partition is revoked from the first while its
+    // calls are out, and its jobs are called again by their new owner.
     let b = Running::start(settings.clone(), rules());
     down.wait_for(
-        "every job called again by its new owner",
+        "a job of a moved partition called again by its new owner",
         Duration::from_secs(60),
         |a| {
             let mut calls: HashMap<&str, usize> = HashMap::new();
             for x in a {
                 *calls.entry(x.job_id.as_str()).or_default() += 1;
             }
-            calls.len() >= n && calls.values().all(|c| *c >= 2)
+            calls.values().any(|c| *c >= 2)
         },
     )
     .await;
-    // The old owners' late answers come back before the new owners' (the
+    // The old owner's late answers come back before the new owner's (the
     // calls take equally long): once every job is in the dead-letter topic,
     // any duplicate would be there too.
-    tokio::task::block_in_place(|| bench.wait_dead_letters(n, Duration::from_secs(60)));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while dead_lettered(&bench, 0).len() < n {
+        assert!(
+            Instant::now() < deadline,
+            "not every job was dead-lettered within 60 s: {:?}",
+            dead_lettered(&bench, 0)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     a.stop().await;
     b.stop().await;
     let started = Instant::now();
@@ -72,7 +90,8 @@ async fn revoked_work_is_not_dead_lettered_by_the_old_owner() {
 /// once it holds at least `expect` records).
 fn dead_lettered(bench: &Bench, expect: usize) -> HashMap<String, usize> {
     let mut per_job: HashMap<String, usize> = HashMap::new();
-    for (value, _) in bench.dead_letters(expect, Duration::ZERO) {
+    let records = tokio::task::block_in_place(|| bench.dead_letters(expect, Duration::ZERO));
+    for (value, _) in records {
         let v: serde_json::Value = serde_json::from_slice(&value).expect("dead letter is the job");
         *per_job
             .entry(v["job_id"].as_str().unwrap_or_default().to_owned())
