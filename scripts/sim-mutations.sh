@@ -18,7 +18,7 @@ export SIM_SEEDS=${SIM_SEEDS:-2000}
 MUTATIONS=(
   $'1\tsrc/worker/sellers.rs\ts/for origin in asked\\.iter\\(\\)\\.take\\(g\\.jobs\\)/for origin in asked.iter()/; s/if units \\+ cost > g\\.units \\{\\s*break;\\s*\\}//\ta grant of k jobs calls every job asked about'
   $'2\tsrc/worker/run.rs\ts/for p in back\\.into_iter\\(\\)\\.rev\\(\\) \\{/for p in back.into_iter().rev().filter(|_| false) {/\tjobs a run did not call (after a 429) are dropped'
-  $'3\tsrc/worker/run.rs\ts/Answer::Unreachable \\{ \\.\\. \\} if self\\.outage\\.is_open\\(\\)/Answer::Unreachable { .. } if false/; s/if p\\.attempts >= max && reached_nothing/if false && reached_nothing/\ta downstream outage spends the jobs\' attempts'
+  $'3\tsrc/worker/run.rs\ts/Answer::Unreachable \\{ \\.\\. \\} if self\\.outage\\.is_open\\(\\)/Answer::Unreachable { .. } if false/; s/if reached_nothing\\s*&& previous/if false \&\& previous/\ta downstream outage spends the jobs\' attempts'
   $'4\tsrc/worker/sellers.rs\ts/let Some\\(key\\) = self\\.sellers\\.paced_waiters\\.pop_front\\(\\) else \\{/let Some(key) = None::<Arc<str>> else {/\ta freed slot is not offered to a due paced job'
   $'5\tsrc/worker/run.rs\ts/RetryAfter::Wait\\(wait\\) if !wait\\.is_zero\\(\\) => wait,/RetryAfter::Wait(wait) => wait,\\n                _ if true => Duration::ZERO,/\ta 429 with no useful wait holds the seller for nothing'
   $'6\tsrc/worker/run.rs\ts/(                let at = after\\(self\\.deps\\.clock\\.now\\(\\), wait\\);)/                self.deps.source.finish(&p.origin);\\n$1/\ta failed job is marked finished before it is'

@@ -62,10 +62,13 @@ pub struct Pending {
     pub bytes: usize,
     /// When this worker took the record (how long a partition's head waits).
     pub received_at: Instant,
-    /// When its first failed call (since the last answer) came back: it is
-    /// dead-lettered for its attempts only if the downstream answered
-    /// another call since.
-    pub failing_since: Option<Instant>,
+    /// When its latest failed call came back (none since an answer or an
+    /// outage hold): a call that reaches nothing spends an attempt only if
+    /// the downstream answered another call since.
+    pub last_failed_at: Option<Instant>,
+    /// Failed calls in a row (spent attempts or not): the backoff grows
+    /// with them, so a job that spends no attempt still backs off.
+    pub failures_in_a_row: u32,
     /// The broker refused its retry copy as too large: it waits in memory
     /// instead of on a retry tier.
     pub too_large_to_copy: bool,
@@ -328,7 +331,8 @@ impl<X: Ports> Engine<X> {
             attempts: headers.attempts,
             bytes,
             received_at: self.deps.clock.now(),
-            failing_since: None,
+            last_failed_at: None,
+            failures_in_a_row: 0,
             too_large_to_copy: false,
         };
         let now = self.deps.clock.unix_ms();

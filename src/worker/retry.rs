@@ -297,7 +297,8 @@ impl<X: Ports> Engine<X> {
                             attempts,
                             bytes,
                             received_at: self.deps.clock.now(),
-                            failing_since: None,
+                            last_failed_at: None,
+                            failures_in_a_row: 0,
                             too_large_to_copy: true,
                         };
                         self.keep_in_memory(p, wait);

@@ -229,13 +229,15 @@ impl<X: Ports> Engine<X> {
             Answer::Unreachable { .. } if self.outage.is_open() => self.hold_for_outage(key, p),
             Answer::Retryable { reason } | Answer::Unreachable { reason } => {
                 let max = self.settings.downstream.max_attempts;
-                let since = *p.failing_since.get_or_insert(now);
-                // Out of attempts because the downstream could not be
-                // reached, and it answered nothing else since this job began
-                // failing: it cannot be told from a dead downstream, so it
-                // waits (its next failure asks again).
-                if p.attempts >= max && reached_nothing && !self.outage.answered_since(since) {
-                    p.attempts = max - 1;
+                // A call that reached nothing, when the downstream answered
+                // nothing else since this job's previous failure, cannot be
+                // told from a dead downstream: it spends no attempt (the job
+                // waits with its backoff). Judged against the previous
+                // failure, not the first: answers between two outages (a
+                // 429, say) do not make the attempts of the first one count.
+                let previous = p.last_failed_at.replace(now);
+                if reached_nothing && previous.is_some_and(|at| !self.outage.answered_since(at)) {
+                    p.attempts = p.attempts.saturating_sub(1);
                 }
                 if p.attempts >= max {
                     let reason = format!("downstream failed {} times (downstream.max_attempts = {max}); last: {reason}", p.attempts);
@@ -247,8 +249,10 @@ impl<X: Ports> Engine<X> {
                         },
                     );
                 }
+                p.failures_in_a_row += 1;
                 let d = &self.settings.downstream;
-                let wait = backoff_with(p.attempts, d.backoff_base, d.backoff_max, &mut self.rng);
+                let step = p.failures_in_a_row.max(p.attempts);
+                let wait = backoff_with(step, d.backoff_base, d.backoff_max, &mut self.rng);
                 DownstreamFailed {
                     job_id: &p.job.job_id,
                     attempts: p.attempts,
@@ -271,7 +275,8 @@ impl<X: Ports> Engine<X> {
     /// on the breaker).
     fn hold_for_outage(&mut self, key: Arc<str>, mut p: Pending) {
         p.attempts = p.attempts.saturating_sub(1);
-        p.failing_since = None;
+        p.last_failed_at = None;
+        p.failures_in_a_row = 0;
         let now = self.deps.clock.now();
         self.sellers.entry(&key).delayed.push((now, p));
         self.ask_if_ready(&key);

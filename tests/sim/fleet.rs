@@ -54,6 +54,8 @@ pub struct Fleet {
     pub session_ms: u64,
     pub heartbeat_ms: u64,
     pub second_round_ms: u64,
+    /// No kill after this (virtual ms); `None`: until every job is finished.
+    pub kills_until_ms: Option<u64>,
     /// The mock refuses every commit while the group rebalances (from the
     /// restarted member's join until the last round), so work finished
     /// meanwhile, and the commit of a partition given up, fail there (real
@@ -62,6 +64,27 @@ pub struct Fleet {
 }
 
 impl Fleet {
+    /// What seed `seed` draws for the world `sc`: 2 to 4 replicas, a
+    /// protocol, kills every 2 to 15 s while `sc`'s faults last, commits
+    /// refused in a rebalance or not.
+    pub fn random(seed: u64, sc: &Scenario) -> Fleet {
+        let mut r = StdRng::seed_from_u64(seed ^ 0x0066_6c65_6574);
+        Fleet {
+            replicas: r.random_range(2..=4),
+            membership: if r.random_bool(0.5) {
+                Membership::Eager
+            } else {
+                Membership::Cooperative
+            },
+            kill_every_ms: r.random_range(2_000..=15_000),
+            session_ms: 3_000,
+            heartbeat_ms: 300,
+            second_round_ms: r.random_range(100..=2_000),
+            refuse_commits_in_rebalance: r.random_bool(0.5),
+            kills_until_ms: Some(sc.faults_end_ms),
+        }
+    }
+
     /// The crash loop of `tests/worker_processes.rs` on the mock broker's
     /// timings there (`session.timeout.ms` 3 s, heartbeat 300 ms).
     pub fn crash_loop(membership: Membership) -> Fleet {
@@ -72,6 +95,7 @@ impl Fleet {
             session_ms: 3_000,
             heartbeat_ms: 300,
             second_round_ms: 2_000,
+            kills_until_ms: None,
             refuse_commits_in_rebalance: true,
         }
     }
@@ -85,6 +109,8 @@ struct Member {
 }
 
 enum Step {
+    /// Job `j` is produced.
+    Produce(usize),
     /// Kill a random member and start it again.
     Kill,
     /// Eager: every member gives up its partitions.
@@ -124,17 +150,11 @@ async fn run_async(sc: &Scenario, fleet: &Fleet) -> Outcome {
     let first = assign(&roles, &BTreeMap::new(), &ids, fleet.membership);
     let mut owner: BTreeMap<Tp, u64> = first.clone();
     let mut members: Vec<Member> = ids.iter().map(|id| spawn(&owned_by(&first, *id))).collect();
-    for j in 0..sc.jobs.len() {
-        produce(sc, &world, &values, j);
-    }
-    for m in &members {
-        m.wake
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .notify_one();
-    }
     let start_at = tokio::time::Instant::now();
     let mut steps: Vec<(u64, Step)> = vec![(fleet.kill_every_ms, Step::Kill)];
+    for (j, spec) in sc.jobs.iter().enumerate() {
+        steps.push((spec.at_ms, Step::Produce(j)));
+    }
     let mut settled_ms = None;
     while !steps.is_empty() {
         steps.sort_by_key(|(at, _)| *at);
@@ -142,12 +162,21 @@ async fn run_async(sc: &Scenario, fleet: &Fleet) -> Outcome {
         tokio::time::sleep_until(start_at + Duration::from_millis(at)).await;
         let now = world.now_ms();
         match step {
+            Step::Produce(j) => {
+                produce(sc, &world, &values, j);
+                for m in &members {
+                    m.wake
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .notify_one();
+                }
+            }
             Step::Kill => {
                 if all_finished(sc, &world) {
                     settled_ms = Some(now);
                     continue;
                 }
-                if now >= sc.limit_ms {
+                if now >= sc.limit_ms || fleet.kills_until_ms.is_some_and(|end| now >= end) {
                     continue;
                 }
                 let slot = rng.random_range(0..members.len());
@@ -230,8 +259,15 @@ async fn run_async(sc: &Scenario, fleet: &Fleet) -> Outcome {
             }
         }
     }
-    // Every job is finished (or the run hit its limit); no rebalance is
-    // left under way. Stop every replica gracefully.
+    // No rebalance is left under way; the last jobs finish without kills.
+    while settled_ms.is_none() && world.now_ms() < sc.limit_ms {
+        if all_finished(sc, &world) {
+            settled_ms = Some(world.now_ms());
+        } else {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    // Stop every replica gracefully.
     let mut summary = None;
     for m in members {
         summary = m.inc.stop().await.or(summary);
