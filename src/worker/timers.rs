@@ -89,6 +89,54 @@ mod tests {
         );
     }
 
+    /// A wall clock that moves by `step_ms` (either way) at every read.
+    struct Stepping {
+        ms: std::sync::atomic::AtomicI64,
+        step_ms: i64,
+    }
+
+    impl Clock for Stepping {
+        fn now(&self) -> Instant {
+            Instant::now()
+        }
+
+        fn unix_us(&self) -> u64 {
+            let ms = self
+                .ms
+                .fetch_add(self.step_ms, std::sync::atomic::Ordering::SeqCst);
+            u64::try_from(ms).unwrap_or(0) * 1000
+        }
+    }
+
+    /// Defect 6 of issue 20: the engine read the wall clock twice
+    /// (`nb > unix_ms()`, then `nb - unix_ms()`); a clock that moved
+    /// between the reads past `nb` made the difference wrap (584 million
+    /// years in release, a panic in debug). One read, saturating: a
+    /// deadline 1 ms ahead of a clock that moves 2 ms per read, or that
+    /// steps back an hour per read, gives a sane wait.
+    #[test]
+    fn a_wait_until_a_wall_clock_time_reads_the_clock_once_and_never_wraps() {
+        for (step_ms, want) in [(2, 1), (-3_600_000, 1), (0, 1)] {
+            let clock = Stepping {
+                ms: std::sync::atomic::AtomicI64::new(1_000_000),
+                step_ms,
+            };
+            let wait = until_unix_ms(&clock, 1_000_001);
+            assert_eq!(wait, Duration::from_millis(want), "step {step_ms} ms");
+            // The deadline has passed by now on a clock moving forwards.
+            let later = until_unix_ms(&clock, 1_000_001);
+            assert!(
+                later <= Duration::from_millis(3_600_001),
+                "step {step_ms} ms: {later:?}"
+            );
+        }
+        let past = Stepping {
+            ms: std::sync::atomic::AtomicI64::new(5_000),
+            step_ms: 2,
+        };
+        assert_eq!(until_unix_ms(&past, 4_999), Duration::ZERO);
+    }
+
     #[test]
     fn ceil_ms_rounds_up() {
         assert_eq!(ceil_ms(Duration::from_micros(1001)), 2);
