@@ -221,6 +221,9 @@ pub struct WorkerContext {
     /// The consumer group, for the lag metrics' `group` label.
     group: String,
     role: Role,
+    /// The partitions of the last lag report (so that the next drops the
+    /// revoked ones' series, and only those).
+    reported: Mutex<Vec<(String, i32)>>,
 }
 
 impl ClientContext for WorkerContext {
@@ -254,11 +257,25 @@ impl ClientContext for WorkerContext {
                 partitions.push((topic.as_str(), *p, part.consumer_lag, age));
             }
         }
+        // This consumer's partitions reported last time and not now.
+        let mut reported = lock_opt(&self.reported);
+        let now: Vec<(String, i32)> = partitions
+            .iter()
+            .map(|(t, p, _, _)| ((*t).to_owned(), *p))
+            .collect();
+        let gone: Vec<(&str, i32)> = reported
+            .iter()
+            .filter(|tp| !now.contains(tp))
+            .map(|(t, p)| (t.as_str(), *p))
+            .collect();
         crate::telemetry::events::ConsumerLag {
             group: &self.group,
             partitions: &partitions,
+            gone: &gone,
         }
         .emit();
+        drop(gone);
+        *reported = now;
     }
 }
 
@@ -468,6 +485,7 @@ impl Consumer {
             closing: AtomicBool::new(false),
             group: settings.group_id.clone(),
             role,
+            reported: Mutex::default(),
         };
         let inner: WorkerConsumer =
             config

@@ -700,33 +700,46 @@ impl WorkerConfigured {
 pub struct ConsumerLag<'a> {
     pub group: &'a str,
     pub partitions: &'a [(&'a str, i32, i64, f64)],
+    /// Partitions this consumer reported last time and not now (revoked):
+    /// their series drop out. A worker has two consumers (the jobs topic,
+    /// the retry tiers), each reporting its own partitions: a report leaves
+    /// the other consumer's series alone.
+    pub gone: &'a [(&'a str, i32)],
 }
 
 impl ConsumerLag<'_> {
     pub fn emit(&self) {
         use super::metrics::{PartitionLabels, TopicLabels};
         let m = metrics();
-        // Partitions revoked since the last report drop out.
-        m.consumer_lag.clear();
-        m.consumer_lag_seconds.clear();
-        m.consumer_topic_lag.clear();
+        let labels = |topic: &str, partition: i32| PartitionLabels {
+            group: self.group.to_owned(),
+            topic: topic.to_owned(),
+            partition,
+        };
+        let topic_labels = |topic: &str| TopicLabels {
+            group: self.group.to_owned(),
+            topic: topic.to_owned(),
+        };
+        for (topic, partition) in self.gone {
+            m.consumer_lag.remove(&labels(topic, *partition));
+            m.consumer_lag_seconds.remove(&labels(topic, *partition));
+        }
         let mut per_topic: std::collections::HashMap<&str, i64> = std::collections::HashMap::new();
         for (topic, partition, messages, seconds) in self.partitions {
-            let labels = PartitionLabels {
-                group: self.group.to_owned(),
-                topic: (*topic).to_owned(),
-                partition: *partition,
-            };
-            m.consumer_lag.get_or_create(&labels).set(*messages);
-            m.consumer_lag_seconds.get_or_create(&labels).set(*seconds);
+            let l = labels(topic, *partition);
+            m.consumer_lag.get_or_create(&l).set(*messages);
+            m.consumer_lag_seconds.get_or_create(&l).set(*seconds);
             *per_topic.entry(topic).or_default() += messages;
+        }
+        // A topic none of whose partitions is held any more drops out too.
+        for (topic, _) in self.gone {
+            if !per_topic.contains_key(topic) {
+                m.consumer_topic_lag.remove(&topic_labels(topic));
+            }
         }
         for (topic, sum) in per_topic {
             m.consumer_topic_lag
-                .get_or_create(&TopicLabels {
-                    group: self.group.to_owned(),
-                    topic: topic.to_owned(),
-                })
+                .get_or_create(&topic_labels(topic))
                 .set(sum);
         }
     }
