@@ -197,3 +197,128 @@ async fn failing_commits_and_fetches_are_retried_without_loss() {
         "a failed commit must not make a job run twice"
     );
 }
+
+/// A periodic offset commit the broker holds (here the mock cluster, which
+/// answers a commit only once a rebalance is over: 2 s with a 3 s session;
+/// a coordinator moving to another broker holds commits the same way) must
+/// not stop the worker from taking new records: under the cooperative
+/// protocol the worker keeps its partitions through the rebalance, and its
+/// jobs should keep flowing. Before the fix the poll thread committed
+/// synchronously, so one held commit stopped intake until the rebalance was
+/// over (found as a 1.6 s gap in `worker_flow`'s precision test).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_commit_does_not_stop_intake() {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::ClientConfig;
+
+    let bench = Bench::new("held-commit", 2);
+    let down = Downstream::start(always_ok()).await;
+    let worker = Running::start(
+        bench.settings(&down.url),
+        policy(vec![rule("fixed_window", 100_000, "1s", None)]),
+    );
+    bench.produce(&[job("warm-up", "s-0")]).await;
+    down.wait_for("the warm-up job", Duration::from_secs(30), |a| {
+        !a.is_empty()
+    })
+    .await;
+    // The worker's own two consumers joined one after the other: let any
+    // rebalance of theirs end (the mock holds each for 2 s).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    // Another member of the group, on a topic of its own, starts a
+    // rebalance; its assignment arrives when the rebalance is over.
+    let joiner: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bench.bootstrap())
+        .set("group.id", &bench.group)
+        .set("session.timeout.ms", "3000")
+        .set("heartbeat.interval.ms", "300")
+        .set("partition.assignment.strategy", "cooperative-sticky")
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("joiner");
+    joiner.subscribe(&[&bench.topics.dlq]).expect("subscribe");
+    let joined = Instant::now();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let poller = std::thread::spawn(move || {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            let _ = joiner.poll(Duration::from_millis(20));
+            if joiner.assignment().is_ok_and(|a| a.count() > 0) {
+                let _ = tx.send(Instant::now());
+                break;
+            }
+        }
+    });
+
+    // Jobs go in while the group rebalances, five every 100 ms.
+    let mut produced: Vec<(String, Instant)> = Vec::new();
+    let settled = loop {
+        if let Ok(at) = rx.try_recv() {
+            break at;
+        }
+        assert!(
+            joined.elapsed() < Duration::from_secs(20),
+            "the joiner got no assignment"
+        );
+        let ids: Vec<String> = (0..5)
+            .map(|i| format!("during-{}-{i}", produced.len()))
+            .collect();
+        let batch: Vec<_> = ids
+            .iter()
+            .enumerate()
+            .map(|(i, id)| job(id, &format!("s-{i}")))
+            .collect();
+        let at = Instant::now();
+        bench.produce(&batch).await;
+        produced.extend(ids.into_iter().map(|id| (id, at)));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    poller.join().unwrap();
+    down.wait_for(
+        "every job produced during the rebalance",
+        Duration::from_secs(30),
+        |a| {
+            let ids: HashSet<&str> = a.iter().map(|x| x.job_id.as_str()).collect();
+            produced.iter().all(|(id, _)| ids.contains(id.as_str()))
+        },
+    )
+    .await;
+    worker.stop().await;
+
+    // The jobs produced well inside the rebalance (from 0.8 s after the
+    // join, when the hold has begun, to 0.5 s before its end) must have
+    // reached the downstream before the rebalance ended.
+    let arrived: std::collections::HashMap<String, Instant> = down
+        .arrivals()
+        .into_iter()
+        .map(|a| (a.job_id, a.at))
+        .collect();
+    let inside: Vec<&(String, Instant)> = produced
+        .iter()
+        .filter(|(_, at)| {
+            *at >= joined + Duration::from_millis(800)
+                && *at + Duration::from_millis(500) <= settled
+        })
+        .collect();
+    let late: Vec<String> = inside
+        .iter()
+        .filter(|(id, _)| arrived[id] > settled)
+        .map(|(id, at)| format!("{id} (produced {:?} before the end)", settled - *at))
+        .collect();
+    println!(
+        "rebalance held {:?}; {} jobs produced inside it, {} arrived only after it",
+        settled - joined,
+        inside.len(),
+        late.len()
+    );
+    assert!(
+        inside.len() >= 10,
+        "the rebalance was too short to test ({:?})",
+        settled - joined
+    );
+    assert!(
+        late.is_empty(),
+        "jobs produced during the rebalance waited for its end: {late:?}"
+    );
+}

@@ -259,6 +259,9 @@ async fn a_hot_seller_does_not_hold_up_the_others() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn waiting_jobs_go_when_due_never_early() {
     let _serial = SERIAL.lock().await;
+    if std::env::var("TEST_LOG").is_ok() {
+        throttle_worker::telemetry::init();
+    }
     const WINDOW_US: u64 = 200_000;
     let bench = Bench::new("precision", 4);
     let down = Downstream::start(always_ok()).await;
@@ -269,8 +272,17 @@ async fn waiting_jobs_go_when_due_never_early() {
         }
     }
     bench.produce(&records).await;
+    let mut settings = bench.settings(&down.url);
+    // The sellers are backlogged only once their records are in memory.
+    // The first fetch may bring one partition's, and the next one waits
+    // `fetch.wait.max.ms` (500 ms by default) before it brings the rest:
+    // windows with no grant then, but no job waiting either.
+    settings
+        .kafka
+        .consumer_properties
+        .insert("fetch.wait.max.ms".into(), "20".into());
     let w = Running::start(
-        bench.settings(&down.url),
+        settings,
         policy(vec![rule("fixed_window", 10, "200ms", None)]),
     );
     down.wait_for("all 1,000 jobs", Duration::from_secs(60), |a| {

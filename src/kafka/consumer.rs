@@ -4,11 +4,12 @@
 //!
 //! Every call into librdkafka that can block (polling, the rebalance
 //! callbacks with their synchronous commit and committed-offset look-up, the
-//! periodic and final commits) runs on one dedicated thread, never on the
-//! async runtime's threads: a slow broker then delays only that thread, not
-//! the worker's event loop. Records reach the worker through a small bounded
-//! channel; commits are asked of the thread and acknowledged by the broker
-//! before they count.
+//! final commit) runs on one dedicated thread, never on the async runtime's
+//! threads: a slow broker then delays only that thread, not the worker's
+//! event loop. Records reach the worker through a small bounded channel;
+//! commits are asked of the thread and acknowledged by the broker before
+//! they count. The periodic commit does not wait for its answer (see
+//! [`super::commits`]): a broker that holds it would stop the intake.
 //!
 //! Offsets are tracked here, next to the consumer, because the rebalance
 //! callback runs inside the poll and must commit the finished prefix of
@@ -32,6 +33,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::config::KafkaSettings;
 use crate::telemetry::events::{CommitFailed, KafkaPollFailed, OffsetsCommitted};
 
+use super::commits::CommitQueue;
 use super::offsets::{decode_done, Commit, Finish, Offsets};
 use super::producer::{header_pairs, HeaderError, OriginalRecord, RetryHeaders};
 
@@ -564,6 +566,8 @@ impl Consumer {
             commands,
             commit_queued: self.commit_queued.clone(),
             stop: self.stop.clone(),
+            answers: CommitQueue::new(self.inner.clone()),
+            in_flight: None,
         };
         let handle = std::thread::Builder::new()
             .name(format!("kafka-poll-{}", role.as_str()))
@@ -711,12 +715,17 @@ struct Poller {
     commands: std_mpsc::Receiver<Command>,
     commit_queued: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
+    /// Where the periodic commits' answers arrive.
+    answers: CommitQueue,
+    /// The periodic commit sent and not yet answered: one at a time.
+    in_flight: Option<Vec<Commit>>,
 }
 
 impl Poller {
     fn run(mut self) {
         while !self.stop.load(Ordering::Acquire) {
             self.serve_commands();
+            self.read_answers();
             let record = match self.inner.poll(POLL_TIMEOUT) {
                 None => continue,
                 Some(Ok(msg)) => self.track(&msg),
@@ -794,7 +803,7 @@ impl Poller {
         }
     }
 
-    fn serve_commands(&self) {
+    fn serve_commands(&mut self) {
         while let Ok(Command::Commit { all, reply }) = self.commands.try_recv() {
             let result = self.commit(all);
             if let Some(reply) = reply {
@@ -803,12 +812,18 @@ impl Poller {
         }
     }
 
-    /// Commits synchronously: an offset counts as committed only once the
-    /// broker acknowledged it. Failures are counted and logged here; the
-    /// next commit tries again.
-    fn commit(&self, all: bool) -> Result<usize, ConsumerError> {
+    /// Commits the finished prefix. `all` (the final commit) is synchronous:
+    /// an offset counts as committed only once the broker acknowledged it.
+    /// The periodic one is sent without waiting; its offsets count once its
+    /// answer arrives ([`read_answers`](Self::read_answers)), and none is
+    /// sent while the last is unanswered. Failures are counted and logged
+    /// here; the next commit tries again.
+    fn commit(&mut self, all: bool) -> Result<usize, ConsumerError> {
         if !all {
             self.commit_queued.store(false, Ordering::Release);
+            if self.in_flight.is_some() {
+                return Ok(0);
+            }
         }
         let commits = {
             let tracker = lock(&self.tracker);
@@ -821,15 +836,25 @@ impl Poller {
         if commits.is_empty() {
             return Ok(0);
         }
-        match self.inner.commit(&commit_list(&commits), CommitMode::Sync) {
-            Ok(()) => {
+        let result = if all {
+            self.inner.commit(&commit_list(&commits), CommitMode::Sync)
+        } else {
+            self.answers.send(&commit_list(&commits))
+        };
+        match result {
+            Ok(()) if all => {
                 lock(&self.tracker).offsets.mark_committed(&commits);
                 OffsetsCommitted {
                     partitions: commits.len(),
-                    sync: all,
+                    sync: true,
                 }
                 .emit();
                 Ok(commits.len())
+            }
+            Ok(()) => {
+                let n = commits.len();
+                self.in_flight = Some(commits);
+                Ok(n)
             }
             Err(e) => {
                 CommitFailed {
@@ -837,6 +862,40 @@ impl Poller {
                 }
                 .emit();
                 Err(ConsumerError::Commit(e))
+            }
+        }
+    }
+
+    /// Takes the answer of the periodic commit, if it came: its partitions
+    /// the broker accepted count as committed.
+    fn read_answers(&mut self) {
+        for answer in self.answers.answers() {
+            let Some(sent) = self.in_flight.take() else {
+                continue;
+            };
+            let done: Vec<Commit> = sent
+                .into_iter()
+                .filter(|c| answer.committed(&c.topic, c.partition))
+                .collect();
+            if !done.is_empty() {
+                lock(&self.tracker).offsets.mark_committed(&done);
+                OffsetsCommitted {
+                    partitions: done.len(),
+                    sync: false,
+                }
+                .emit();
+            }
+            if let Some(e) = &answer.error {
+                CommitFailed {
+                    error: &e.to_string(),
+                }
+                .emit();
+            }
+            for (topic, partition, why) in &answer.refused {
+                CommitFailed {
+                    error: &format!("{topic}[{partition}]: {why}"),
+                }
+                .emit();
             }
         }
     }

@@ -2,6 +2,8 @@
 //!
 //! - [`consumer`]: the group consumer with manual commits; tracks each
 //!   record's offset and commits revoked partitions inside the rebalance.
+//! - [`commits`]: periodic commits whose answers the poll thread reads
+//!   without waiting for them.
 //! - [`group`]: [`Consumers`], the worker's two consumers (the jobs topic,
 //!   the retry tiers), each balanced over the replicas on its own.
 //! - [`offsets`]: per-partition tracker of finished records; says which
@@ -14,6 +16,7 @@
 //! - [`reader`]: [`TopicReader`] reads a topic from its beginning to its
 //!   end outside any group (the demo's dead-letter count).
 
+mod commits;
 pub mod consumer;
 pub mod group;
 pub mod mock;

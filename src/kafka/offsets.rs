@@ -124,10 +124,13 @@ impl PartitionOffsets {
             .filter(|&c| Some(c) > self.committed || self.metadata() != self.committed_metadata)
     }
 
-    /// Notes that `offset` was committed with `metadata`.
-    pub fn mark_committed(&mut self, offset: i64) {
-        self.committed = self.committed.max(Some(offset));
-        self.committed_metadata = self.metadata();
+    /// Notes that `offset` was committed with `metadata`. An answer that
+    /// comes after a later commit's (offsets only grow) changes nothing.
+    pub fn mark_committed(&mut self, offset: i64, metadata: &str) {
+        if Some(offset) >= self.committed {
+            self.committed = Some(offset);
+            self.committed_metadata = metadata.to_owned();
+        }
     }
 
     /// The finished records above the committable offset, for the commit's
@@ -327,7 +330,7 @@ impl Offsets {
     pub fn mark_committed(&mut self, commits: &[Commit]) {
         for c in commits {
             if let Some(p) = self.partition_mut(&c.topic, c.partition) {
-                p.mark_committed(c.offset);
+                p.mark_committed(c.offset, &c.metadata);
             }
         }
     }
@@ -492,7 +495,7 @@ mod tests {
         assert_eq!(p.uncommitted(), None);
         p.finish(0);
         assert_eq!(p.uncommitted(), Some(1));
-        p.mark_committed(1);
+        p.mark_committed(1, &p.metadata());
         assert_eq!(p.uncommitted(), None, "nothing moved since the commit");
         assert_eq!(
             p.committable(),
@@ -521,7 +524,7 @@ mod tests {
         p.finish(11);
         assert_eq!(p.committable(), Some(15));
         assert_eq!(p.metadata(), "tw1:2");
-        p.mark_committed(15);
+        p.mark_committed(15, &p.metadata());
         assert_eq!(p.uncommitted(), None);
         p.finish(19);
         assert_eq!(p.uncommitted(), Some(15), "new metadata is worth a commit");

@@ -41,7 +41,7 @@ use super::admit::Admission;
 use super::memory::{self, Memory};
 use super::outage::Outage;
 use super::partitions::Partitions;
-use super::ports::{Clock, PermitError, Ports, Source, WriteError};
+use super::ports::{Clock, CommitError, PermitError, Ports, Source, WriteError};
 use super::retry::{Parked, PendingWrite, Retry, Target};
 use super::run::Throttle;
 use super::sellers::Sellers;
@@ -49,6 +49,9 @@ use super::timers::{after, Timer, Timers};
 
 /// How long shutdown waits for the broker to acknowledge the final commit.
 const FINAL_COMMIT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The pause before a refused final commit is tried again.
+const FINAL_COMMIT_RETRY: Duration = Duration::from_millis(200);
 
 /// A job in memory, with everything needed to finish its record.
 #[derive(Debug)]
@@ -88,6 +91,8 @@ pub(super) enum Event {
         pending: Pending,
         outcome: Answer,
     },
+    /// A chain of a run will not call its last `slots` jobs.
+    ChainStopped { seller: Arc<str>, slots: usize },
     RunEnded {
         seller: Arc<str>,
         /// Jobs the run did not get to, in order (after a 429).
@@ -269,6 +274,7 @@ impl<X: Ports> Engine<X> {
                 pending,
                 outcome,
             } => self.on_called(seller, pending, outcome),
+            Event::ChainStopped { seller, slots } => self.on_chain_stopped(&seller, slots),
             Event::RunEnded {
                 seller,
                 unused,
@@ -359,15 +365,29 @@ impl<X: Ports> Engine<X> {
 
     /// The final commit: every finished prefix, acknowledged by the broker
     /// (failures are counted and logged by the consumer). Returns how many
-    /// partitions were committed.
+    /// partitions were committed. A commit the broker refuses is tried
+    /// again until [`FINAL_COMMIT_TIMEOUT`]: one made while the group
+    /// rebalances (a member joining or leaving as this one stops) is refused
+    /// with `REBALANCE_IN_PROGRESS` or, once the generation moved on,
+    /// `ILLEGAL_GENERATION`, and the same offsets go through once the
+    /// rebalance is over (the consumer keeps polling meanwhile, which is
+    /// what lets it end).
     async fn commit_all(&mut self) -> usize {
-        let commit = self.deps.source.commit_all();
-        match tokio::time::timeout(FINAL_COMMIT_TIMEOUT, commit).await {
-            Ok(Ok(n)) => n,
-            Ok(Err(_)) => 0,
-            Err(_) => {
-                tracing::warn!(timeout = ?FINAL_COMMIT_TIMEOUT, "final commit got no answer in time; the next owner redoes the uncommitted records");
-                0
+        let deadline = after(self.deps.clock.now(), FINAL_COMMIT_TIMEOUT);
+        loop {
+            let commit = self.deps.source.commit_all();
+            match tokio::time::timeout_at(deadline, commit).await {
+                Ok(Ok(n)) => return n,
+                Ok(Err(CommitError::Refused(_)))
+                    if after(self.deps.clock.now(), FINAL_COMMIT_RETRY) < deadline =>
+                {
+                    tokio::time::sleep(FINAL_COMMIT_RETRY).await;
+                }
+                Ok(Err(_)) => return 0,
+                Err(_) => {
+                    tracing::warn!(timeout = ?FINAL_COMMIT_TIMEOUT, "final commit got no answer in time; the next owner redoes the uncommitted records");
+                    return 0;
+                }
             }
         }
     }
