@@ -40,7 +40,8 @@ impl<X: Ports> Engine<X> {
     /// exact). Each job comes with its grant's instant on the limiter's
     /// clock (`X-Granted-At`; none when no store decided: fail-open,
     /// local). A 429 stops the whole run; what was not called comes back in
-    /// order. Every job holds a slot, taken by the caller.
+    /// order. Every job holds a slot, taken by the caller, and gives it back
+    /// with its answer, or when its chain stops short of it.
     pub(super) fn spawn_run(&mut self, seller: Arc<str>, batch: Vec<(Option<u64>, Pending)>) {
         let (caller, tx, source) = (
             self.deps.caller.clone(),
@@ -91,6 +92,14 @@ impl<X: Ports> Engine<X> {
                                 });
                             }
                         }
+                    }
+                    // The jobs this chain will not call give their slots
+                    // back now, not when the run's slowest chain ends.
+                    if !unused.is_empty() {
+                        let _ = tx.send(Event::ChainStopped {
+                            seller: seller.clone(),
+                            slots: unused.len(),
+                        });
                     }
                     unused
                 }
@@ -305,10 +314,8 @@ impl<X: Ports> Engine<X> {
         }
         let seller = self.sellers.entry(&key);
         seller.runs = seller.runs.saturating_sub(1);
-        // Each job the run did not call held a slot (a called one gave its
-        // slot back with its answer).
-        let slots = before;
-        seller.reserved = seller.reserved.saturating_sub(slots);
+        // Every slot of the run is back already: a called job's with its
+        // answer, the others' when their chain stopped.
         let mut back = unused;
         if !throttled.is_empty() {
             // The downstream refuses the seller now: its paced jobs wait
@@ -353,8 +360,17 @@ impl<X: Ports> Engine<X> {
                 }
             });
         }
-        self.release(slots);
         self.ask_if_ready(&key);
+    }
+
+    /// A chain of a run stopped (a 429, a revoke) with `slots` jobs it will
+    /// not call: their slots go to whoever waits, while the run's other
+    /// chains finish.
+    pub(super) fn on_chain_stopped(&mut self, key: &Arc<str>, slots: usize) {
+        if let Some(seller) = self.sellers.get_mut(key) {
+            seller.reserved = seller.reserved.saturating_sub(slots);
+        }
+        self.release(slots);
     }
 
     /// The hold a run's 429s ask for: the longest. A 429 that names no
