@@ -32,29 +32,27 @@ fn judge(seed: u64) -> Vec<String> {
     check::all(&sc, &out)
 }
 
-#[test]
-fn random_seeds() {
-    let first = env_u64("SIM_FIRST", 0);
-    let n = env_u64("SIM_SEEDS", 2_000);
-    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+/// Judges seeds `first..first + n` with `judge` on every core; prints the
+/// rate and fails with the first ten failing seeds, each with the command
+/// (`replay`) that replays it.
+fn explore(
+    what: &str,
+    first: u64,
+    n: u64,
+    judge: fn(u64) -> Vec<String>,
+    replay: fn(u64) -> String,
+) {
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get()) as u64;
     let started = Instant::now();
-    let seeds: Vec<u64> = (first..first + n).collect();
-    let chunks: Vec<Vec<u64>> = (0..threads)
-        .map(|t| seeds.iter().copied().skip(t).step_by(threads).collect())
-        .collect();
     let failures: Vec<(u64, Vec<String>)> = std::thread::scope(|s| {
-        let handles: Vec<_> = chunks
-            .into_iter()
-            .map(|chunk| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
                 s.spawn(move || {
-                    let mut bad = Vec::new();
-                    for seed in chunk {
-                        let broken = judge(seed);
-                        if !broken.is_empty() {
-                            bad.push((seed, broken));
-                        }
-                    }
-                    bad
+                    (first + t..first + n)
+                        .step_by(threads as usize)
+                        .map(|seed| (seed, judge(seed)))
+                        .filter(|(_, broken)| !broken.is_empty())
+                        .collect::<Vec<_>>()
                 })
             })
             .collect();
@@ -65,26 +63,30 @@ fn random_seeds() {
     });
     let took = started.elapsed();
     println!(
-        "simulation: {n} seeds from {first} in {:.1} s ({:.0} seeds/s on {threads} threads), {} failed",
+        "{what}: {n} seeds from {first} in {:.1} s ({:.0} seeds/s on {threads} threads), {} failed",
         took.as_secs_f64(),
         n as f64 / took.as_secs_f64(),
         failures.len()
     );
     let mut report = String::new();
     for (seed, broken) in failures.iter().take(10) {
-        report.push_str(&format!(
-            "\nseed {seed}: replay with `{}`\n",
-            replay_command(*seed)
-        ));
+        report.push_str(&format!("\nseed {seed}: replay with `{}`\n", replay(*seed)));
         for b in broken.iter().take(5) {
             report.push_str(&format!("  {b}\n"));
         }
     }
     assert!(
         failures.is_empty(),
-        "{} seeds broke an invariant:{report}",
+        "{} seeds broke an invariant ({what}):{report}",
         failures.len()
     );
+}
+
+#[test]
+fn random_seeds() {
+    let first = env_u64("SIM_FIRST", 0);
+    let n = env_u64("SIM_SEEDS", 2_000);
+    explore("simulation", first, n, judge, replay_command);
 }
 
 #[test]
@@ -130,44 +132,9 @@ fn replay() {
 fn random_fleets() {
     let first = env_u64("SIM_FLEET_FIRST", 0);
     let n = env_u64("SIM_FLEET_SEEDS", 200);
-    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let started = Instant::now();
-    let failures: Vec<(u64, Vec<String>)> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads as u64)
-            .map(|t| {
-                s.spawn(move || {
-                    (first + t..first + n)
-                        .step_by(threads)
-                        .map(|seed| (seed, judge_fleet(seed)))
-                        .filter(|(_, broken)| !broken.is_empty())
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().expect("a simulation thread"))
-            .collect()
+    explore("fleet simulation", first, n, judge_fleet, |seed| {
+        format!("SIM_FLEET_SEED={seed} cargo test --test engine_sim replay_fleet -- --nocapture")
     });
-    println!(
-        "fleet simulation: {n} seeds from {first} in {:.1} s on {threads} threads, {} failed",
-        started.elapsed().as_secs_f64(),
-        failures.len()
-    );
-    let mut report = String::new();
-    for (seed, broken) in failures.iter().take(10) {
-        report.push_str(&format!(
-            "\nseed {seed}: replay with `SIM_FLEET_SEED={seed} cargo test --test engine_sim replay_fleet -- --nocapture`\n"
-        ));
-        for b in broken.iter().take(5) {
-            report.push_str(&format!("  {b}\n"));
-        }
-    }
-    assert!(
-        failures.is_empty(),
-        "{} fleet seeds broke an invariant:{report}",
-        failures.len()
-    );
 }
 
 fn judge_fleet(seed: u64) -> Vec<String> {

@@ -13,14 +13,8 @@ use super::scenario::Scenario;
 
 /// Every invariant; empty when the run kept them all.
 pub fn all(sc: &Scenario, out: &Outcome) -> Vec<String> {
-    let mut v = Vec::new();
-    v.extend(out.panics.iter().map(|p| format!("7. panic: {p}")));
-    v.extend(limits(sc, out));
-    v.extend(nothing_lost(sc, out));
-    v.extend(no_innocent_dead_letters(sc, out));
+    let mut v = fleet(sc, out);
     v.extend(no_idle_slot_while_granted_waits(sc, out));
-    v.extend(no_tight_loop(sc, out));
-    v.extend(out.log.violations.iter().map(|c| format!("6. {c}")));
     v
 }
 

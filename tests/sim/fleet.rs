@@ -38,6 +38,10 @@ use super::run::{
 };
 use super::scenario::Scenario;
 
+/// Mixed into a world's seed for the fleet's own draws (replicas, kills,
+/// protocol), so that they do not repeat the world's draws.
+const FLEET_SALT: u64 = 0x0066_6c65_6574;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Membership {
     Eager,
@@ -68,7 +72,7 @@ impl Fleet {
     /// protocol, kills every 2 to 15 s while `sc`'s faults last, commits
     /// refused in a rebalance or not.
     pub fn random(seed: u64, sc: &Scenario) -> Fleet {
-        let mut r = StdRng::seed_from_u64(seed ^ 0x0066_6c65_6574);
+        let mut r = StdRng::seed_from_u64(seed ^ FLEET_SALT);
         Fleet {
             replicas: r.random_range(2..=4),
             membership: if r.random_bool(0.5) {
@@ -131,7 +135,7 @@ async fn run_async(sc: &Scenario, fleet: &Fleet) -> Outcome {
     let (world, values) = world_of(sc);
     let settings = sc.settings();
     let policy = Policy::from_config(&settings.limits).expect("the scenario's limits are valid");
-    let mut rng = StdRng::seed_from_u64(sc.seed ^ 0x0066_6c65_6574);
+    let mut rng = StdRng::seed_from_u64(sc.seed ^ FLEET_SALT);
     let roles = roles(sc);
     let mut next_id = 0u64;
     let mut spawn = |parts: &[Tp]| {
