@@ -213,8 +213,17 @@ async fn a_held_commit_does_not_stop_intake() {
 
     let bench = Bench::new("held-commit", 2);
     let down = Downstream::start(always_ok()).await;
+    let mut settings = bench.settings(&down.url);
+    // A record produced just after a fetch went out waits for that fetch's
+    // `fetch.wait.max.ms` (500 ms by default) on the mock: short here, so
+    // that a job's way to the downstream is far shorter than the margin
+    // below.
+    settings
+        .kafka
+        .consumer_properties
+        .insert("fetch.wait.max.ms".into(), "20".into());
     let worker = Running::start(
-        bench.settings(&down.url),
+        settings,
         policy(vec![rule("fixed_window", 100_000, "1s", None)]),
     );
     bench.produce(&[job("warm-up", "s-0")]).await;
