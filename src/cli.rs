@@ -50,6 +50,12 @@ pub enum Command {
         #[command(subcommand)]
         command: LimitsCommand,
     },
+    /// The dead-letter topic: count its records by reason, seller and age,
+    /// or list them. Reads outside the workers' consumer group.
+    Dlq {
+        #[command(subcommand)]
+        command: DlqCommand,
+    },
     /// Load generator: jobs of many sellers with a Zipf skew, a share of
     /// malformed records and a paced rate, written to the jobs topic.
     Produce {
@@ -177,6 +183,54 @@ pub enum LimitsCommand {
         #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
         redis_url: String,
     },
+}
+
+#[derive(Subcommand)]
+pub enum DlqCommand {
+    /// Counts of the matching dead letters by reason kind, by seller and by
+    /// age, with the oldest and the newest.
+    Stats {
+        /// How many sellers the table names (the ones with the most).
+        #[arg(long, default_value_t = 20)]
+        top: usize,
+        #[command(flatten)]
+        select: DlqSelect,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// The matching dead letters, one a line: reason, seller, job id and
+    /// where the job first entered.
+    Show {
+        /// Also print each record's value (the job's payload).
+        #[arg(long)]
+        payload: bool,
+        #[command(flatten)]
+        select: DlqSelect,
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+/// Which dead letters a `dlq` command takes.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct DlqSelect {
+    /// Only this reason kind (repeatable), e.g. attempts_exhausted, not_json.
+    #[arg(long = "reason")]
+    pub reasons: Vec<String>,
+    /// Only this seller's.
+    #[arg(long)]
+    pub seller: Option<String>,
+    /// Only those written since: RFC 3339 UTC (2026-11-23T18:00:00Z) or an
+    /// age (2h: the last two hours).
+    #[arg(long)]
+    pub since: Option<String>,
+    /// Only those written before: RFC 3339 UTC or an age (30m: until half
+    /// an hour ago).
+    #[arg(long)]
+    pub until: Option<String>,
+    /// At most this many.
+    #[arg(long)]
+    pub limit: Option<usize>,
 }
 
 fn parse_topic(spec: &str) -> Result<(String, i32), String> {

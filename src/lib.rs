@@ -24,6 +24,8 @@
 //!   (mock broker, stub, replicas as child processes, load, live view, a
 //!   summary that checks the limits held), and `limiter demo`.
 //! - [`load`]: the load generator behind `throttle-worker produce`.
+//! - [`dlq`]: `throttle-worker dlq stats|show`, the dead-letter topic read
+//!   outside the group, counted or listed by reason, seller and age.
 //! - [`operator`]: the operator commands (`limits show|reset|override|list|peek`,
 //!   `check-config`), as tables or JSON.
 //! - [`stub`]: `throttle-worker stub`, a downstream that counts per seller
@@ -32,6 +34,7 @@
 pub mod cli;
 pub mod config;
 pub mod demo;
+pub mod dlq;
 pub mod downstream;
 pub mod job;
 pub mod kafka;

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Parser;
 
-use throttle_worker::cli::{Cli, Command, LimitsCommand};
+use throttle_worker::cli::{Cli, Command, Common, DlqCommand, DlqSelect, LimitsCommand};
 use throttle_worker::limiter::Mode;
 use throttle_worker::operator::{self, Output};
 use throttle_worker::{config, demo, kafka, load, stub, telemetry, worker};
@@ -39,6 +39,7 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Limits { command } => limits(command).await,
+        Command::Dlq { command } => dlq(command).await,
         Command::Produce {
             config,
             brokers,
@@ -87,6 +88,61 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// `dlq stats|show`: reads the dead-letter topic on a blocking thread.
+async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
+    use throttle_worker::dlq::{self as dead, Filter, TerminalProgress};
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    let open = move |common: &Common, select: &DlqSelect| -> anyhow::Result<_> {
+        let (settings, _) = load(common.config.clone())?;
+        let filter = Filter::from_select(select, now_ms)?;
+        Ok((
+            settings.kafka,
+            filter,
+            TerminalProgress::new("reading dead letters"),
+        ))
+    };
+    tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+        match command {
+            DlqCommand::Stats {
+                top,
+                select,
+                common,
+            } => {
+                let (kafka, filter, mut progress) = open(&common, &select)?;
+                let out = common.output();
+                print!(
+                    "{}",
+                    dead::stats(&kafka, &filter, top, out, now_ms, &mut progress)?
+                );
+            }
+            DlqCommand::Show {
+                payload,
+                select,
+                common,
+            } => {
+                let (kafka, filter, mut progress) = open(&common, &select)?;
+                let stdout = std::io::stdout();
+                let out = common.output();
+                let n = dead::show(
+                    &kafka,
+                    &filter,
+                    payload,
+                    out,
+                    &mut progress,
+                    &mut stdout.lock(),
+                )?;
+                if out == Output::Table {
+                    eprintln!("{n} dead letters matched");
+                }
+            }
+        }
+        Ok(())
+    })
+    .await?
 }
 
 async fn limits(command: LimitsCommand) -> anyhow::Result<()> {

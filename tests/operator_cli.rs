@@ -6,26 +6,9 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 
-fn run(args: &[&str], config: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_throttle-worker"))
-        .args(args)
-        .arg("--config")
-        .arg(config)
-        .output()
-        .expect("run throttle-worker")
-}
-
-fn stdout_of(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use common::cli::{run, stdout_of};
 
 fn config(dir: &Path, prefix: &str, limits: &str) -> std::path::PathBuf {
     let path = dir.join("operator.toml");

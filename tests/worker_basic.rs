@@ -68,6 +68,14 @@ async fn poison_records_are_dead_lettered_with_their_reason_and_good_jobs_are_do
             err.contains(words),
             "row {row}: x-error {err:?} must mention {words:?}"
         );
+        assert!(
+            headers.get("x-error-kind").is_some_and(|k| !k.is_empty()),
+            "row {row}: a dead letter names its reason kind: {headers:?}"
+        );
+        assert!(
+            !headers.contains_key("x-seller-id"),
+            "row {row}: a record that is not a job names no seller: {headers:?}"
+        );
         for h in [
             "x-attempts",
             "x-original-topic",
@@ -120,6 +128,19 @@ async fn downstream_5xx_backs_off_and_dead_letters_after_max_attempts() {
     for (_, h) in &dlq {
         assert_eq!(h.get("x-attempts").map(String::as_str), Some("3"), "{h:?}");
         assert!(h["x-error"].contains("3 times"), "{h:?}");
+        // What `dlq stats` counts by: the metric's reason kind, the seller
+        // and the job id, without reading the payload.
+        assert_eq!(
+            h.get("x-error-kind").map(String::as_str),
+            Some("attempts_exhausted"),
+            "{h:?}"
+        );
+        assert_eq!(
+            h.get("x-seller-id").map(String::as_str),
+            Some("broken"),
+            "{h:?}"
+        );
+        assert!(["b1", "b2"].contains(&h["x-job-id"].as_str()), "{h:?}");
     }
     // Two retries of each failing job counted (the process' metrics: other
     // tests of this binary only add to it).

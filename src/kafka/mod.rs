@@ -27,5 +27,7 @@ pub mod reader;
 pub use group::Consumers;
 pub use mock::{parse_topic_spec, serve_dev_broker, DevBroker, MockError, TopicSpecError};
 pub use offsets::{Commit, Finish, Offsets, PartitionOffsets, TrackError};
-pub use producer::{HeaderError, OriginalRecord, Position, RecordSink, RetryHeaders, SinkError};
+pub use producer::{
+    HeaderError, OriginalRecord, Position, RecordSink, RetryHeaders, SinkError, Verdict,
+};
 pub use reader::{ReadRecord, ReaderError, TopicReader};

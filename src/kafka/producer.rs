@@ -12,6 +12,9 @@
 //! | `x-not-before`         | yes   |     | Unix ms before which it must not be run  |
 //! | `x-attempts`           | yes   | yes | downstream attempts made so far          |
 //! | `x-error`              |       | yes | why it was dead-lettered                 |
+//! | `x-error-kind`         |       | yes | the reason's kind (`attempts_exhausted`) |
+//! | `x-seller-id`          |       | yes | the job's seller, when the job parsed    |
+//! | `x-job-id`             |       | yes | the job's id, when the job parsed        |
 //! | `x-original-topic`     | yes   | yes | where the job first entered, ...         |
 //! | `x-original-partition` | yes   | yes | ... kept across retry-topic round trips  |
 //! | `x-original-offset`    | yes   | yes |                                          |
@@ -35,6 +38,12 @@ use rdkafka::{ClientConfig, Message};
 use crate::telemetry::traceparent::TraceHeaders;
 
 pub const X_ERROR: &str = "x-error";
+/// The dead letter's reason kind: the `kind` label of
+/// `throttle_jobs_dead_lettered_total`, so that `dlq stats` and the metric
+/// count alike.
+pub const X_ERROR_KIND: &str = "x-error-kind";
+pub const X_SELLER_ID: &str = "x-seller-id";
+pub const X_JOB_ID: &str = "x-job-id";
 pub const X_ATTEMPTS: &str = "x-attempts";
 pub const X_NOT_BEFORE: &str = "x-not-before";
 /// When a retry-tier record may be taken up (written + the tier's delay):
@@ -47,6 +56,33 @@ pub const X_ORIGINAL_OFFSET: &str = "x-original-offset";
 
 /// `x-error` is a header, not a log: keep it bounded.
 const MAX_ERROR_HEADER_BYTES: usize = 1024;
+
+/// What a dead letter says of itself, in its headers.
+#[derive(Debug, Clone, Copy)]
+pub struct Verdict<'a> {
+    /// A short fixed label (`attempts_exhausted`, `not_json`, ...).
+    pub kind: &'a str,
+    /// Why, for people (bounded to 1 KiB in the header).
+    pub reason: &'a str,
+    /// Downstream attempts made.
+    pub attempts: u32,
+    /// The job's seller and id, when the record parsed as a job.
+    pub seller: Option<&'a str>,
+    pub job_id: Option<&'a str>,
+}
+
+impl<'a> Verdict<'a> {
+    /// A verdict on a record that did not parse as a job.
+    pub fn bare(kind: &'a str, reason: &'a str, attempts: u32) -> Verdict<'a> {
+        Verdict {
+            kind,
+            reason,
+            attempts,
+            seller: None,
+            job_id: None,
+        }
+    }
+}
 
 /// Why a record could not be written.
 #[derive(Debug, thiserror::Error)]
@@ -235,18 +271,27 @@ impl RecordSink {
         Ok(RecordSink { producer })
     }
 
-    /// Writes `original` to `dlq_topic` with the reason and attempt count,
-    /// and waits for the broker's acknowledgement.
+    /// Writes `original` to `dlq_topic` with what `verdict` says of it, and
+    /// waits for the broker's acknowledgement.
     pub async fn dead_letter(
         &self,
         dlq_topic: &str,
         original: &OriginalRecord,
-        reason: &str,
-        attempts: u32,
+        verdict: &Verdict<'_>,
     ) -> Result<(), SinkError> {
-        let headers = origin_headers(&original.origin)
-            .insert(text(X_ERROR, truncate(reason, MAX_ERROR_HEADER_BYTES)))
-            .insert(text(X_ATTEMPTS, &attempts.to_string()));
+        let mut headers = origin_headers(&original.origin)
+            .insert(text(
+                X_ERROR,
+                truncate(verdict.reason, MAX_ERROR_HEADER_BYTES),
+            ))
+            .insert(text(X_ERROR_KIND, verdict.kind))
+            .insert(text(X_ATTEMPTS, &verdict.attempts.to_string()));
+        if let Some(seller) = verdict.seller {
+            headers = headers.insert(text(X_SELLER_ID, seller));
+        }
+        if let Some(job_id) = verdict.job_id {
+            headers = headers.insert(text(X_JOB_ID, job_id));
+        }
         self.send(dlq_topic, original, headers).await
     }
 
@@ -491,14 +536,16 @@ mod tests {
                 tracestate: Some(b"not even checked".to_vec()),
             },
         };
-        sink.dead_letter(
-            &dlq,
-            &original,
-            "record value is not valid UTF-8 (invalid byte at offset 12)",
-            0,
-        )
-        .await
-        .expect("dead letter acknowledged");
+        let verdict = Verdict {
+            kind: "attempts_exhausted",
+            reason: "record value is not valid UTF-8 (invalid byte at offset 12)",
+            attempts: 0,
+            seller: Some("seller-7"),
+            job_id: Some("job-42"),
+        };
+        sink.dead_letter(&dlq, &original, &verdict)
+            .await
+            .expect("dead letter acknowledged");
         let got = read_one(broker.bootstrap_servers(), &dlq).await;
         assert_eq!(got.payload(), Some(value.as_slice()), "value byte for byte");
         assert_eq!(got.key(), Some(&b"seller-7"[..]), "original key kept");
@@ -510,6 +557,18 @@ mod tests {
         assert_eq!(h.attempts, 0);
         assert_eq!(h.not_before_unix_ms, None);
         assert_eq!(h.original, Some(original.origin.clone()));
+        let named: Vec<(&str, Option<&[u8]>)> = header_pairs(got.headers().unwrap())
+            .filter(|(k, _)| [X_ERROR_KIND, X_SELLER_ID, X_JOB_ID].contains(k))
+            .collect();
+        assert_eq!(
+            named,
+            vec![
+                (X_ERROR_KIND, Some(&b"attempts_exhausted"[..])),
+                (X_SELLER_ID, Some(&b"seller-7"[..])),
+                (X_JOB_ID, Some(&b"job-42"[..])),
+            ],
+            "the kind, seller and job id travel as headers"
+        );
         assert_eq!(
             OriginalRecord::from_message(&got).trace,
             original.trace,
@@ -562,7 +621,7 @@ mod tests {
             trace: TraceHeaders::default(),
         };
         let err = sink
-            .dead_letter("dlq", &original, "x", 1)
+            .dead_letter("dlq", &original, &Verdict::bare("test", "x", 1))
             .await
             .unwrap_err();
         assert!(err.to_string().contains("\"dlq\""), "{err}");

@@ -1,6 +1,6 @@
 //! Reading a whole topic from its beginning, outside any consumer group:
 //! the demo tails the dead-letter topic with it and reads it to its end for
-//! the summary.
+//! the summary, and `throttle-worker dlq` reads the dead letters.
 //!
 //! Partitions are assigned directly (no subscribe), so a reader never joins
 //! a group, never commits and never causes a rebalance, and can start at
@@ -16,17 +16,22 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 /// How long one metadata or watermark request may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// One record as read: where it sits, its key and headers. The value is
-/// left out on purpose: callers count and classify, and a payload has no
-/// business in a demo's memory or output.
+/// One record as read: where it sits, when it was written, its key and
+/// headers. The value is left out unless the reader was asked to keep it
+/// ([`TopicReader::keep_values`]): callers mostly count and classify, and a
+/// payload has no business in their memory or output.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReadRecord {
     pub partition: i32,
     pub offset: i64,
+    /// The record's timestamp (Unix ms), if it has one.
+    pub timestamp_ms: Option<i64>,
     pub key: Option<Vec<u8>>,
     /// Each header as (name, value as lossy UTF-8), in record order.
     pub headers: Vec<(String, String)>,
     pub value_len: usize,
+    /// The value, with [`TopicReader::keep_values`] only.
+    pub value: Option<Vec<u8>>,
 }
 
 impl ReadRecord {
@@ -69,6 +74,7 @@ pub struct TopicReader {
     topic: String,
     /// Next offset to read, per partition (what was read so far).
     read_to: BTreeMap<i32, i64>,
+    keep_values: bool,
 }
 
 impl TopicReader {
@@ -102,6 +108,7 @@ impl TopicReader {
             consumer,
             topic: topic.to_owned(),
             read_to: BTreeMap::new(),
+            keep_values: false,
         };
         let partitions = reader.partitions()?;
         let mut tpl = TopicPartitionList::new();
@@ -115,6 +122,12 @@ impl TopicReader {
             .assign(&tpl)
             .map_err(|e| reader.fail("assign", e))?;
         Ok(reader)
+    }
+
+    /// Keeps each record's value in [`ReadRecord::value`].
+    pub fn keep_values(mut self) -> TopicReader {
+        self.keep_values = true;
+        self
     }
 
     fn fail(&self, what: &'static str, e: impl std::fmt::Display) -> ReaderError {
@@ -143,12 +156,22 @@ impl TopicReader {
 
     /// The high watermark of every partition now: where "the end" is.
     pub fn end_offsets(&self) -> Result<BTreeMap<i32, i64>, ReaderError> {
+        Ok(self
+            .watermarks()?
+            .into_iter()
+            .map(|(p, (_, high))| (p, high))
+            .collect())
+    }
+
+    /// The low and high watermark of every partition now: the records a
+    /// read to the end goes through (for a progress bar).
+    pub fn watermarks(&self) -> Result<BTreeMap<i32, (i64, i64)>, ReaderError> {
         self.read_to
             .keys()
             .map(|p| {
                 self.consumer
                     .fetch_watermarks(&self.topic, *p, REQUEST_TIMEOUT)
-                    .map(|(_, high)| (*p, high))
+                    .map(|marks| (*p, marks))
                     .map_err(|e| self.fail("watermarks", e))
             })
             .collect()
@@ -165,6 +188,7 @@ impl TopicReader {
             out.push(ReadRecord {
                 partition: m.partition(),
                 offset: m.offset(),
+                timestamp_ms: m.timestamp().to_millis(),
                 key: m.key().map(<[u8]>::to_vec),
                 headers: m
                     .headers()
@@ -181,6 +205,9 @@ impl TopicReader {
                     })
                     .unwrap_or_default(),
                 value_len: m.payload().map_or(0, <[u8]>::len),
+                value: self
+                    .keep_values
+                    .then(|| m.payload().unwrap_or_default().to_vec()),
             });
             // Take what is ready without waiting again.
             wait = Duration::ZERO;
@@ -239,7 +266,7 @@ pub fn count_by_header<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kafka::{DevBroker, OriginalRecord, Position, RecordSink};
+    use crate::kafka::{DevBroker, OriginalRecord, Position, RecordSink, Verdict};
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn reads_a_topic_to_its_end_with_keys_and_headers() {
@@ -258,7 +285,7 @@ mod tests {
                 trace: Default::default(),
             };
             let reason = if i % 2 == 0 { "not_json" } else { "missing_id" };
-            sink.dead_letter(&topic, &original, reason, 0)
+            sink.dead_letter(&topic, &original, &Verdict::bare(reason, reason, 0))
                 .await
                 .unwrap();
         }

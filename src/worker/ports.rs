@@ -24,7 +24,7 @@ use crate::downstream::{Answer, Downstream};
 use crate::job::Job;
 use crate::kafka::consumer::{HeldBack, Origin, Partition};
 use crate::kafka::producer::SinkError;
-use crate::kafka::{Consumers, OriginalRecord, RecordSink};
+use crate::kafka::{Consumers, OriginalRecord, RecordSink, Verdict};
 
 pub use super::permit::{PermitError, Permits};
 
@@ -106,15 +106,15 @@ pub enum WriteError {
 
 /// The retry tiers and the dead-letter topic.
 pub trait Writer: Send + Sync + 'static {
-    /// A copy of `original` with its reason and the `x-original-*` position.
-    /// Without `value`, the copy carries no payload (for a record too large
-    /// to copy: the original still sits at its position).
+    /// A copy of `original` with what `verdict` says of it and the
+    /// `x-original-*` position. Without `value`, the copy carries no payload
+    /// (for a record too large to copy: the original still sits at its
+    /// position).
     fn dead_letter(
         &self,
         topic: &str,
         original: &OriginalRecord,
-        reason: &str,
-        attempts: u32,
+        verdict: &Verdict<'_>,
         with_value: bool,
     ) -> impl Future<Output = Result<(), WriteError>> + Send;
 
@@ -211,12 +211,11 @@ impl Writer for RecordSink {
         &self,
         topic: &str,
         original: &OriginalRecord,
-        reason: &str,
-        attempts: u32,
+        verdict: &Verdict<'_>,
         with_value: bool,
     ) -> Result<(), WriteError> {
         if with_value {
-            RecordSink::dead_letter(self, topic, original, reason, attempts).await
+            RecordSink::dead_letter(self, topic, original, verdict).await
         } else {
             let bare = OriginalRecord {
                 origin: original.origin.clone(),
@@ -224,7 +223,7 @@ impl Writer for RecordSink {
                 value: bytes::Bytes::new(),
                 trace: original.trace.clone(),
             };
-            RecordSink::dead_letter(self, topic, &bare, reason, attempts).await
+            RecordSink::dead_letter(self, topic, &bare, verdict).await
         }
         .map_err(write_error)
     }

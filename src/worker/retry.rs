@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::config::{RetryTier, Settings};
 use crate::job::Job;
 use crate::kafka::consumer::{Origin, Partition};
-use crate::kafka::OriginalRecord;
+use crate::kafka::{OriginalRecord, Verdict};
 use crate::telemetry::events::{JobDeadLettered, JobDeferred, RecordTooLarge, RevokedWorkDropped};
 
 use super::engine::{Engine, Event, Pending};
@@ -40,11 +40,20 @@ pub(super) struct PendingWrite {
     origin: Origin,
     original: OriginalRecord,
     job_id: Option<String>,
+    /// The job's seller, when the record parsed as a job.
+    seller: Option<String>,
     attempts: u32,
     target: Target,
     /// A dead letter carries the record's value, unless the broker refused
     /// it as too large: then it goes without (the original still holds it).
     with_value: bool,
+}
+
+/// The ids a dead letter names in its headers, when the record parsed.
+#[derive(Debug)]
+pub(super) struct Named {
+    pub(super) job_id: String,
+    pub(super) seller: String,
 }
 
 /// A retry-tier record held until its release time.
@@ -202,7 +211,11 @@ impl<X: Ports> Engine<X> {
             Target::Retry { topic, .. } => ("retry_topic", topic.as_str()),
         };
         job.trace.finish(outcome, detail);
-        self.write(bytes, origin, original, Some(job.job_id), attempts, target);
+        let named = Named {
+            job_id: job.job_id,
+            seller: job.seller_id.as_str().to_owned(),
+        };
+        self.write(bytes, origin, original, Some(named), attempts, target);
     }
 
     pub(super) fn write(
@@ -210,7 +223,7 @@ impl<X: Ports> Engine<X> {
         bytes: usize,
         origin: Origin,
         original: OriginalRecord,
-        job_id: Option<String>,
+        named: Option<Named>,
         attempts: u32,
         target: Target,
     ) {
@@ -223,11 +236,13 @@ impl<X: Ports> Engine<X> {
             }
             .emit();
         }
+        let (job_id, seller) = named.map_or((None, None), |n| (Some(n.job_id), Some(n.seller)));
         let pending = PendingWrite {
             bytes,
             origin,
             original,
             job_id,
+            seller,
             attempts,
             target,
             with_value: true,
@@ -341,15 +356,16 @@ impl<X: Ports> Engine<X> {
                 tokio::time::sleep(delay).await;
             }
             let result = match &pending.target {
-                Target::DeadLetter { reason, .. } => {
+                Target::DeadLetter { kind, reason } => {
+                    let verdict = Verdict {
+                        kind,
+                        reason,
+                        attempts: pending.attempts,
+                        seller: pending.seller.as_deref(),
+                        job_id: pending.job_id.as_deref(),
+                    };
                     writer
-                        .dead_letter(
-                            &dlq_topic,
-                            &pending.original,
-                            reason,
-                            pending.attempts,
-                            pending.with_value,
-                        )
+                        .dead_letter(&dlq_topic, &pending.original, &verdict, pending.with_value)
                         .await
                 }
                 Target::Retry {

@@ -2,6 +2,7 @@
 //! prefixes so that runs never collide, and limiters over literal rules.
 #![allow(dead_code)]
 
+pub mod cli;
 pub mod cluster;
 pub mod procs;
 pub mod redis_server;

@@ -11,7 +11,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use throttle_worker::downstream::{retry_after, Answer};
 use throttle_worker::job::Job;
-use throttle_worker::kafka::{OriginalRecord, Position, RetryHeaders};
+use throttle_worker::kafka::{OriginalRecord, Position, RetryHeaders, Verdict};
 use throttle_worker::limiter::model::{self, ModelStore};
 use throttle_worker::limiter::{
     BatchDecision, Decision, JobsCall, JobsReply, Limiter, Op, Reply, Rule, ScriptCall, Store,
@@ -269,10 +269,10 @@ impl Writer for SimWriter {
         &self,
         _topic: &str,
         original: &OriginalRecord,
-        reason: &str,
-        _attempts: u32,
+        verdict: &Verdict<'_>,
         with_value: bool,
     ) -> Result<(), WriteError> {
+        let reason = verdict.reason;
         let size = if with_value {
             wire_bytes(original, 200 + reason.len().min(1024))
         } else {
