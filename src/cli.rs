@@ -51,7 +51,7 @@ pub enum Command {
         command: LimitsCommand,
     },
     /// The dead-letter topic: count its records by reason, seller and age,
-    /// or list them. Reads outside the workers' consumer group.
+    /// list them, or replay them. Reads outside the workers' consumer group.
     Dlq {
         #[command(subcommand)]
         command: DlqCommand,
@@ -204,6 +204,26 @@ pub enum DlqCommand {
         /// Also print each record's value (the job's payload).
         #[arg(long)]
         payload: bool,
+        #[command(flatten)]
+        select: DlqSelect,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Writes the matching dead letters back to the jobs topic (key and
+    /// value as they were, fresh attempts, `x-replayed-from`), each exactly
+    /// once: a replay killed and run again, or run twice, writes no record
+    /// twice. Replayed jobs pass the limits like any other.
+    Replay {
+        /// List what would go; write nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Replay records replayed before, too.
+        #[arg(long)]
+        again: bool,
+        /// At most this many records a second (default: as fast as the
+        /// broker takes them).
+        #[arg(long)]
+        rate: Option<f64>,
         #[command(flatten)]
         select: DlqSelect,
         #[command(flatten)]

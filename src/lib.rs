@@ -24,8 +24,9 @@
 //!   (mock broker, stub, replicas as child processes, load, live view, a
 //!   summary that checks the limits held), and `limiter demo`.
 //! - [`load`]: the load generator behind `throttle-worker produce`.
-//! - [`dlq`]: `throttle-worker dlq stats|show`, the dead-letter topic read
-//!   outside the group, counted or listed by reason, seller and age.
+//! - [`dlq`]: `throttle-worker dlq stats|show|replay`, the dead-letter topic
+//!   read outside the group, counted or listed by reason, seller and age,
+//!   and replayed to the jobs topic, each record exactly once.
 //! - [`operator`]: the operator commands (`limits show|reset|override|list|peek`,
 //!   `check-config`), as tables or JSON.
 //! - [`stub`]: `throttle-worker stub`, a downstream that counts per seller

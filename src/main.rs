@@ -90,7 +90,8 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
-/// `dlq stats|show`: reads the dead-letter topic on a blocking thread.
+/// `dlq stats|show` read the dead-letter topic on a blocking thread;
+/// `dlq replay` runs on the async threads (it reads on one of its own).
 async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
     use throttle_worker::dlq::{self as dead, Filter, TerminalProgress};
     let now_ms = std::time::SystemTime::now()
@@ -105,25 +106,37 @@ async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
             TerminalProgress::new("reading dead letters"),
         ))
     };
-    tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
-        match command {
-            DlqCommand::Stats {
-                top,
-                select,
-                common,
-            } => {
+    let blocking = |f: Box<dyn FnOnce() -> anyhow::Result<()> + Send>| async move {
+        tokio::task::spawn_blocking(f).await?
+    };
+    match command {
+        DlqCommand::Replay {
+            dry_run,
+            again,
+            rate,
+            select,
+            common,
+        } => dlq_replay(dry_run, again, rate, &select, &common, now_ms).await,
+        DlqCommand::Stats {
+            top,
+            select,
+            common,
+        } => {
+            blocking(Box::new(move || {
                 let (kafka, filter, mut progress) = open(&common, &select)?;
                 let out = common.output();
-                print!(
-                    "{}",
-                    dead::stats(&kafka, &filter, top, out, now_ms, &mut progress)?
-                );
-            }
-            DlqCommand::Show {
-                payload,
-                select,
-                common,
-            } => {
+                let text = dead::stats(&kafka, &filter, top, out, now_ms, &mut progress)?;
+                print!("{text}");
+                Ok(())
+            }))
+            .await
+        }
+        DlqCommand::Show {
+            payload,
+            select,
+            common,
+        } => {
+            blocking(Box::new(move || {
                 let (kafka, filter, mut progress) = open(&common, &select)?;
                 let stdout = std::io::stdout();
                 let out = common.output();
@@ -138,11 +151,44 @@ async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
                 if out == Output::Table {
                     eprintln!("{n} dead letters matched");
                 }
-            }
+                Ok(())
+            }))
+            .await
         }
-        Ok(())
-    })
-    .await?
+    }
+}
+
+/// `dlq replay`: async (Redis markers, acknowledged writes); the topic is
+/// read on a blocking thread inside.
+async fn dlq_replay(
+    dry_run: bool,
+    again: bool,
+    rate: Option<f64>,
+    select: &DlqSelect,
+    common: &Common,
+    now_ms: i64,
+) -> anyhow::Result<()> {
+    use throttle_worker::dlq::{self as dead, Filter, TerminalProgress};
+    anyhow::ensure!(
+        rate.is_none_or(|r| r > 0.0),
+        "--rate must be above 0, got {rate:?}"
+    );
+    let (settings, _) = load(common.config.clone())?;
+    let filter = Filter::from_select(select, now_ms)?;
+    let opts = dead::ReplayOptions {
+        dry_run,
+        again,
+        rate,
+        output: common.output(),
+    };
+    let progress = TerminalProgress::new("replaying dead letters");
+    let mut stdout = std::io::stdout();
+    let done = dead::replay(&settings, &filter, &opts, progress, &mut stdout).await?;
+    match common.output() {
+        Output::Table => print!("{}", done.text(&settings.kafka.topic, dry_run)),
+        Output::Json => println!("{}", serde_json::to_string(&done)?),
+    }
+    Ok(())
 }
 
 async fn limits(command: LimitsCommand) -> anyhow::Result<()> {

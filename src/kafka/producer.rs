@@ -44,6 +44,9 @@ pub const X_ERROR: &str = "x-error";
 pub const X_ERROR_KIND: &str = "x-error-kind";
 pub const X_SELLER_ID: &str = "x-seller-id";
 pub const X_JOB_ID: &str = "x-job-id";
+/// On a jobs-topic record written by `dlq replay`: the dead letter it was
+/// replayed from, `<topic>:<partition>:<offset>`.
+pub const X_REPLAYED_FROM: &str = "x-replayed-from";
 pub const X_ATTEMPTS: &str = "x-attempts";
 pub const X_NOT_BEFORE: &str = "x-not-before";
 /// When a retry-tier record may be taken up (written + the tier's delay):
@@ -311,6 +314,39 @@ impl RecordSink {
             .insert(text(X_RELEASE_AT, &release_at_unix_ms.to_string()))
             .insert(text(X_ATTEMPTS, &attempts.to_string()));
         self.send(retry_topic, original, headers).await
+    }
+
+    /// Writes one record to `partition` of `topic` with `headers`, and waits
+    /// for the broker's acknowledgement; returns its offset.
+    pub async fn produce_to(
+        &self,
+        topic: &str,
+        partition: i32,
+        key: Option<&[u8]>,
+        value: &[u8],
+        headers: &[(&str, &[u8])],
+    ) -> Result<i64, SinkError> {
+        let mut h = OwnedHeaders::new_with_capacity(headers.len());
+        for (k, v) in headers {
+            h = h.insert(Header {
+                key: k,
+                value: Some(*v),
+            });
+        }
+        let mut record = FutureRecord::to(topic)
+            .partition(partition)
+            .payload(value)
+            .headers(h);
+        if let Some(key) = key {
+            record = record.key(key);
+        }
+        match self.producer.send(record, Timeout::Never).await {
+            Ok(delivery) => Ok(delivery.offset),
+            Err((e, _)) => Err(SinkError::Delivery {
+                topic: topic.to_owned(),
+                reason: e.to_string(),
+            }),
+        }
     }
 
     /// Writes one record as it is (the load generator's jobs) and waits for

@@ -124,6 +124,45 @@ impl TopicReader {
         Ok(reader)
     }
 
+    /// Reads only `partition` of `topic`, from `offset` on.
+    pub fn open_partition(
+        brokers: &str,
+        properties: &BTreeMap<String, String>,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+    ) -> Result<TopicReader, ReaderError> {
+        let mut reader = TopicReader::open(brokers, properties, topic)?;
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(topic, partition, Offset::Offset(offset))
+            .map_err(|e| reader.fail("assign", e))?;
+        reader
+            .consumer
+            .assign(&tpl)
+            .map_err(|e| reader.fail("assign", e))?;
+        reader.read_to = BTreeMap::from([(partition, offset)]);
+        Ok(reader)
+    }
+
+    /// Stops fetching: for a reader kept only to ask for watermarks. A
+    /// fetching consumer's watermark request waits behind its long-polled
+    /// fetch on the broker connection (`fetch.wait.max.ms`, 500 ms).
+    pub fn idle(self) -> Result<TopicReader, ReaderError> {
+        self.consumer
+            .unassign()
+            .map_err(|e| self.fail("unassign", e))?;
+        Ok(self)
+    }
+
+    /// The high watermark of `partition`: the offset the next record
+    /// written to it gets.
+    pub fn high_watermark(&self, partition: i32) -> Result<i64, ReaderError> {
+        self.consumer
+            .fetch_watermarks(&self.topic, partition, REQUEST_TIMEOUT)
+            .map(|(_, high)| high)
+            .map_err(|e| self.fail("watermarks", e))
+    }
+
     /// Keeps each record's value in [`ReadRecord::value`].
     pub fn keep_values(mut self) -> TopicReader {
         self.keep_values = true;

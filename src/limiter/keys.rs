@@ -58,6 +58,13 @@ impl KeySpace {
     pub fn overrides(&self) -> String {
         format!("{}:{{overrides}}", self.prefix)
     }
+
+    /// What `dlq replay` has replayed from dead-letter topic `topic`: a
+    /// hash of `partition:offset` → marker (one key: a replay is one
+    /// client's sequential work, never hot).
+    pub fn dlq_replay(&self, topic: &str) -> String {
+        format!("{}:{{dlq-replay}}:{topic}", self.prefix)
+    }
 }
 
 /// Escapes a seller id so that it is exactly one hash tag: `{`, `}`, `%` and

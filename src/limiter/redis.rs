@@ -666,6 +666,43 @@ impl RedisStore {
             .map_err(RedisError::Script)
     }
 
+    /// One field of a hash (`HGET`); `None` when absent.
+    pub async fn hash_field(&self, key: &str, field: &str) -> Result<Option<String>, RedisError> {
+        let mut conn = self.conn.get();
+        redis::cmd("HGET")
+            .arg(key)
+            .arg(field)
+            .query_async(&mut conn)
+            .await
+            .map_err(RedisError::Script)
+    }
+
+    /// Sets one field of a hash and keeps the hash `ttl` from now (`HSET`
+    /// then `PEXPIRE`, atomically).
+    pub async fn set_hash_field(
+        &self,
+        key: &str,
+        field: &str,
+        value: &str,
+        ttl: Duration,
+    ) -> Result<(), RedisError> {
+        let mut conn = self.conn.get();
+        redis::pipe()
+            .atomic()
+            .cmd("HSET")
+            .arg(key)
+            .arg(field)
+            .arg(value)
+            .ignore()
+            .cmd("PEXPIRE")
+            .arg(key)
+            .arg(ttl.as_millis() as u64)
+            .ignore()
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(RedisError::Script)
+    }
+
     /// `DEL keys…` (one slot: a seller's keys share a hash tag); returns how
     /// many existed. For `limits reset`.
     pub async fn delete(&self, keys: &[String]) -> Result<u64, RedisError> {

@@ -1,6 +1,7 @@
 //! Dead letters as an operator sees them: `throttle-worker dlq stats` counts
-//! the records of the dead-letter topic by reason kind, seller and age, and
-//! `dlq show` lists them. Both read the topic from its beginning outside
+//! the records of the dead-letter topic by reason kind, seller and age,
+//! `dlq show` lists them, and `dlq replay` ([`replay`]) writes them back to
+//! the jobs topic, each exactly once. Both read the topic from its beginning outside
 //! any consumer group (reading never rebalances the workers) and keep only
 //! the records a [`Filter`] matches.
 //!
@@ -22,6 +23,10 @@ use crate::kafka::producer::{
     X_ORIGINAL_TOPIC, X_SELLER_ID,
 };
 use crate::kafka::{ReadRecord, ReaderError, TopicReader};
+
+pub mod replay;
+
+pub use replay::{replay, ReplayOptions, Replayed};
 
 /// The kind of a dead letter that names none (written before kinds were).
 pub const UNKNOWN_KIND: &str = "unknown";
@@ -327,7 +332,7 @@ pub fn scan(
     filter: &Filter,
     keep_payload: bool,
     progress: &mut dyn Progress,
-    mut visit: impl FnMut(DeadLetter),
+    mut visit: impl FnMut(DeadLetter, ReadRecord),
 ) -> Result<u64, ReaderError> {
     let mut reader = TopicReader::open(brokers, properties, topic)?.keep_values();
     let marks = reader.watermarks()?;
@@ -370,7 +375,7 @@ pub fn scan(
             let d = DeadLetter::from_record(&r, keep_payload);
             if taken < limit && filter.matches(&d) {
                 taken += 1;
-                visit(d);
+                visit(d, r);
             }
         }
     }
@@ -391,6 +396,10 @@ pub enum DlqError {
     Read(#[from] ReaderError),
     #[error("could not write the output: {0}")]
     Output(#[from] std::io::Error),
+    #[error("replay markers in Redis: {0}")]
+    Markers(String),
+    #[error("could not write a replayed record: {0}")]
+    Write(String),
 }
 
 /// `--since`/`--until`: an RFC 3339 time, or an age before `now_ms`.
@@ -484,7 +493,7 @@ pub fn stats(
         filter,
         false,
         progress,
-        |d| stats.add(&d, now_ms),
+        |d, _| stats.add(&d, now_ms),
     )?;
     Ok(match output {
         crate::operator::Output::Table => {
@@ -516,7 +525,7 @@ pub fn show(
         filter,
         payload,
         progress,
-        |d| {
+        |d, _| {
             if failed.is_some() {
                 return;
             }

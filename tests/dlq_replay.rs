@@ -1,0 +1,261 @@
+//! `throttle-worker dlq replay` (issue 22, part 1): the dead letters of one
+//! reason and seller written back to the jobs topic, each exactly once,
+//! through a SIGKILL halfway and a second run, and again only with
+//! `--again`. The binary runs against the mock broker and the test Redis.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::cli::{run, stdout_of};
+use throttle_worker::kafka::{
+    DevBroker, OriginalRecord, Position, ReadRecord, RecordSink, TopicReader, Verdict,
+};
+use throttle_worker::limiter::{KeySpace, RedisStore};
+
+const JOBS: &str = "jobs";
+const DLQ: &str = "jobs.dlq";
+
+fn job(job_id: &str, seller: &str) -> String {
+    format!(r#"{{"job_id":"{job_id}","seller_id":"{seller}","payload":{{"sku":"{job_id}"}}}}"#)
+}
+
+/// 12 `attempts_exhausted` of s-1, 4 of s-2, 3 `not_json`: their job ids.
+async fn dead_letters(broker: &DevBroker) {
+    let sink = RecordSink::new(broker.bootstrap_servers(), &BTreeMap::new()).unwrap();
+    let mut offset = 0i64;
+    let mut all: Vec<(&str, Option<&str>, String)> = Vec::new();
+    all.extend((0..12).map(|i| ("attempts_exhausted", Some("s-1"), format!("a-{i}"))));
+    all.extend((0..4).map(|i| ("attempts_exhausted", Some("s-2"), format!("b-{i}"))));
+    all.extend((0..3).map(|i| ("not_json", None, format!("n-{i}"))));
+    for (kind, seller, id) in all {
+        offset += 1;
+        let value = match seller {
+            Some(s) => job(&id, s),
+            None => format!("not json {id}"),
+        };
+        let original = OriginalRecord {
+            origin: Position {
+                topic: JOBS.into(),
+                partition: (offset % 3) as i32,
+                offset,
+            },
+            key: Some(format!("product-{id}").into_bytes()),
+            value: bytes::Bytes::from(value),
+            trace: Default::default(),
+        };
+        let verdict = Verdict {
+            kind,
+            reason: "for the test",
+            attempts: 5,
+            seller,
+            job_id: seller.map(|_| id.as_str()),
+        };
+        sink.dead_letter(DLQ, &original, &verdict).await.unwrap();
+    }
+}
+
+fn config(dir: &Path, brokers: &str, prefix: &str) -> std::path::PathBuf {
+    let path = dir.join("replay.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[kafka]\nbrokers = \"{brokers}\"\ntopic = \"{JOBS}\"\ndlq_topic = \"{DLQ}\"\n\n\
+             [redis]\nurl = \"{}\"\nkey_prefix = \"{prefix}\"\n",
+            common::redis_url()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// Every record of `topic` now, values kept.
+fn read_all(brokers: &str, topic: &str) -> Vec<ReadRecord> {
+    let mut reader = TopicReader::open(brokers, &BTreeMap::new(), topic)
+        .unwrap()
+        .keep_values();
+    let ends = reader.end_offsets().unwrap();
+    reader.read_to_end(&ends, Duration::from_secs(15)).unwrap()
+}
+
+/// The replayed records of the jobs topic, by the dead letter they name.
+fn replayed(brokers: &str) -> HashMap<String, Vec<ReadRecord>> {
+    let mut by: HashMap<String, Vec<ReadRecord>> = HashMap::new();
+    for r in read_all(brokers, JOBS) {
+        let from = r
+            .header("x-replayed-from")
+            .expect("only replays are written to this jobs topic")
+            .to_owned();
+        by.entry(from).or_default().push(r);
+    }
+    by
+}
+
+fn summary(out: &str) -> serde_json::Value {
+    serde_json::from_str(out.lines().last().expect("a summary line")).expect("JSON summary")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_killed_halfway_and_run_again_writes_each_record_once() {
+    let broker = DevBroker::start(&[(JOBS.into(), 3), (DLQ.into(), 2)]).unwrap();
+    let brokers = broker.bootstrap_servers().to_owned();
+    dead_letters(&broker).await;
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = common::unique_prefix("dlqreplay");
+    let cfg = config(dir.path(), &brokers, &prefix);
+    let select = ["--reason", "attempts_exhausted", "--seller", "s-1"];
+
+    // A dry run writes nothing.
+    let mut args = vec!["dlq", "replay", "--dry-run"];
+    args.extend(select);
+    let listed = stdout_of(&run(&args, &cfg));
+    assert_eq!(
+        listed.lines().filter(|l| l.contains("seller=s-1")).count(),
+        12,
+        "{listed}"
+    );
+    assert!(listed.contains("would replay 12 of 12"), "{listed}");
+    assert!(
+        read_all(&brokers, JOBS).is_empty(),
+        "a dry run wrote nothing"
+    );
+
+    // Paced to 8 a second and killed once a few are written.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_throttle-worker"))
+        .args(["dlq", "replay", "--rate", "8"])
+        .args(select)
+        .arg("--config")
+        .arg(&cfg)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let written: i64 = {
+            let b = brokers.clone();
+            tokio::task::spawn_blocking(move || {
+                TopicReader::open(&b, &BTreeMap::new(), JOBS)
+                    .unwrap()
+                    .end_offsets()
+                    .unwrap()
+                    .values()
+                    .sum()
+            })
+            .await
+            .unwrap()
+        };
+        if written >= 4 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the replay wrote nothing");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    child.kill().expect("SIGKILL");
+    child.wait().unwrap();
+    let before = replayed(&brokers);
+    println!("killed after {} of 12 replayed", before.len());
+    assert!(before.len() < 12, "the kill came too late to test a resume");
+
+    // Run again: the rest, and nothing twice.
+    let mut args = vec!["dlq", "replay", "--json"];
+    args.extend(select);
+    let second = summary(&stdout_of(&run(&args, &cfg)));
+    println!("second run: {second}");
+    let after = replayed(&brokers);
+    assert_eq!(after.len(), 12, "every selected dead letter replayed");
+    for (from, copies) in &after {
+        assert_eq!(copies.len(), 1, "{from} replayed {} times", copies.len());
+        let r = &copies[0];
+        let value = String::from_utf8(r.value.clone().unwrap()).unwrap();
+        assert!(value.contains("\"seller_id\":\"s-1\""), "{from}: {value}");
+        assert!(
+            r.header("x-attempts").is_none() && r.header("x-error").is_none(),
+            "{from}: a replayed job starts with fresh attempts: {:?}",
+            r.headers
+        );
+        assert!(r.key.as_deref().unwrap().starts_with(b"product-a-"));
+    }
+    assert_eq!(
+        second["replayed"].as_u64().unwrap()
+            + second["already"].as_u64().unwrap()
+            + second["recovered"].as_u64().unwrap(),
+        12,
+        "{second}"
+    );
+
+    // The same replay once more: nothing.
+    let third = summary(&stdout_of(&run(&args, &cfg)));
+    assert_eq!(third["replayed"], 0, "{third}");
+    assert_eq!(third["already"], 12, "{third}");
+    assert_eq!(replayed(&brokers).len(), 12);
+
+    // With --again: each once more.
+    let mut again = args.clone();
+    again.push("--again");
+    let fourth = summary(&stdout_of(&run(&again, &cfg)));
+    assert_eq!(fourth["replayed"], 12, "{fourth}");
+    assert!(replayed(&brokers).values().all(|c| c.len() == 2));
+}
+
+/// A run killed between its marker and the broker's acknowledgement leaves
+/// a `pending` marker: the next run writes the record only if the jobs
+/// topic does not hold it already.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_marker_is_settled_by_reading_the_jobs_topic() {
+    let broker = DevBroker::start(&[(JOBS.into(), 3), (DLQ.into(), 2)]).unwrap();
+    let brokers = broker.bootstrap_servers().to_owned();
+    dead_letters(&broker).await;
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = common::unique_prefix("dlqpending");
+    let cfg = config(dir.path(), &brokers, &prefix);
+
+    // The four dead letters of s-2, as the replay will see them.
+    let s2: Vec<ReadRecord> = read_all(&brokers, DLQ)
+        .into_iter()
+        .filter(|r| r.header("x-seller-id") == Some("s-2"))
+        .collect();
+    assert_eq!(s2.len(), 4);
+    let from = |r: &ReadRecord| format!("{DLQ}:{}:{}", r.partition, r.offset);
+    // Interrupted runs: the first got its copy written (into partition 0,
+    // from offset 0), the second did not.
+    let store = RedisStore::connect(&common::redis_url(), Duration::from_secs(5))
+        .await
+        .unwrap();
+    let markers = KeySpace::new(prefix.clone()).dlq_replay(DLQ);
+    let ttl = Duration::from_secs(60);
+    for r in &s2[..2] {
+        let field = format!("{}:{}", r.partition, r.offset);
+        store
+            .set_hash_field(&markers, &field, "pending 0 0", ttl)
+            .await
+            .unwrap();
+    }
+    let sink = RecordSink::new(&brokers, &BTreeMap::new()).unwrap();
+    let first = from(&s2[0]);
+    sink.produce_to(
+        JOBS,
+        0,
+        s2[0].key.as_deref(),
+        s2[0].value.as_deref().unwrap(),
+        &[("x-replayed-from", first.as_bytes())],
+    )
+    .await
+    .unwrap();
+
+    let done = summary(&stdout_of(&run(
+        &["dlq", "replay", "--json", "--seller", "s-2"],
+        &cfg,
+    )));
+    assert_eq!(done["recovered"], 1, "{done}");
+    assert_eq!(done["replayed"], 3, "{done}");
+    let after = replayed(&brokers);
+    assert_eq!(after.len(), 4);
+    assert!(
+        after.values().all(|c| c.len() == 1),
+        "nothing twice: {after:?}"
+    );
+}
