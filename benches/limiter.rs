@@ -126,6 +126,7 @@ fn baseline(
             "1",
             "all",
             "b__rand_int__",
+            "k",
             "1",
             rule.algorithm().name(),
         ])
@@ -133,6 +134,7 @@ fn baseline(
             rule.limit().to_string(),
             rule.period_us().to_string(),
             rule.burst().to_string(),
+            String::new(),
         ])
         .output();
     let out = match out {

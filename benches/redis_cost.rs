@@ -188,11 +188,13 @@ fn ours(rule: &Rule) -> Vec<String> {
         s(1),
         s("all"),
         s("b__rand_int__"),
+        s("k"),
         s(1),
         s(rule.algorithm().name()),
         s(rule.limit()),
         s(rule.period_us()),
         s(rule.burst()),
+        s(""),
     ]
 }
 

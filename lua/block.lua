@@ -2,20 +2,35 @@
 -- every replica. limiter.lua refuses the seller while the block lasts.
 -- A shorter block never shortens a longer one.
 --
--- KEYS[1]  the seller's block key
+-- KEYS[1]  the seller's block key (v1) or the seller's hash (v2)
 -- ARGV[1]  now in µs, or '' for Redis' clock
 -- ARGV[2]  block duration in µs (>= 1)
+-- ARGV[3]  'k' (v1: a key of its own; also when absent) or 'f' (v2: the
+--          `block` field of the seller's hash)
 -- Reply: the µs instant the block ends.
 local function block_call(KEYS, ARGV)
   local now = clock_us(ARGV[1])
   local dur = tonumber(ARGV[2])
   local until_ = now + dur
+  -- One second of slack, as every limiter key has: the value says when the
+  -- block ends, so a key that outlives it is read as "not blocked".
+  local ms = math.ceil(dur / 1000) + 1000
+  if ARGV[3] == 'f' then
+    local current = redis.call('HGET', KEYS[1], 'block')
+    if current and tonumber(current) >= until_ then
+      return tonumber(current)
+    end
+    redis.call('HSET', KEYS[1], 'block', string.format('%d', until_))
+    -- The hash holds the rules' state too: its expiry is only lengthened.
+    if redis.call('PTTL', KEYS[1]) < ms then
+      redis.call('PEXPIRE', KEYS[1], ms)
+    end
+    return until_
+  end
   local current = redis.call('GET', KEYS[1])
   if current and tonumber(current) >= until_ then
     return tonumber(current)
   end
-  -- One second of slack, as every limiter key has: the value says when the
-  -- block ends, so a key that outlives it is read as "not blocked".
-  redis.call('SET', KEYS[1], string.format('%d', until_), 'PX', math.ceil(dur / 1000) + 1000)
+  redis.call('SET', KEYS[1], string.format('%d', until_), 'PX', ms)
   return until_
 end

@@ -12,13 +12,13 @@ ALGO.burst_fill = {
   cap = function(r)
     return r.limit
   end,
-  load = function(key, r, now)
-    local h = redis.call('HMGET', key, 's', 'n')
-    local s = num(h[1], nil)
+  load = function(h, r, now)
+    local v = fields(h, 's', 'n')
+    local s = num(v[1], nil)
     if s == nil or now >= s + r.period then
       return { fresh = true, s = now, n = r.limit }
     end
-    return { fresh = false, s = s, n = num(h[2], 0) }
+    return { fresh = false, s = s, n = num(v[2], 0) }
   end,
   avail = function(st, r, now)
     return math.max(0, st.n)
@@ -36,28 +36,28 @@ ALGO.burst_fill = {
     end
     return st.s + r.period - now
   end,
-  take = function(key, st, r, now, n, id)
+  take = function(h, st, r, now, n, id)
     if st.fresh then
-      redis.call('HSET', key, 's', I(now), 'n', I(r.limit - n))
-      expire_in(key, r.period)
+      put(h, 's', I(now), 'n', I(r.limit - n))
+      expire_in(h, r.period)
     else
-      redis.call('HINCRBY', key, 'n', I(-n))
+      incr(h, 'n', -n)
     end
   end,
-  refund = function(key, r, at, n, id, skip, now)
+  refund = function(h, r, at, n, id, skip, now)
     -- Tokens are additive: the period the take fell in gets them back.
     -- When every token of the period is back, nothing taken in it is held
     -- any more, so the period is as if never opened and the key goes: a
     -- period kept with all `limit` tokens would let its tail take `limit`
     -- and the refill `limit` more, 2*limit in under a period.
-    local h = redis.call('HMGET', key, 's', 'n')
-    local s = num(h[1], nil)
+    local v = fields(h, 's', 'n')
+    local s = num(v[1], nil)
     if s ~= nil and s <= now and now < s + r.period then
-      local left = math.min(r.limit, num(h[2], 0) + n)
+      local left = math.min(r.limit, num(v[2], 0) + n)
       if left >= r.limit then
-        redis.call('DEL', key)
+        drop(h)
       else
-        redis.call('HSET', key, 'n', I(left))
+        put(h, 'n', I(left))
       end
     end
   end,

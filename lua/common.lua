@@ -7,10 +7,11 @@
 -- the rounding of a / b. So the scripts and the Rust reference models compute
 -- the very same integers.
 --
--- Every algorithm is a table in ALGO with these functions (st = state read
+-- Every algorithm is a table in ALGO with these functions (h = where the
+-- state lives, see "Where one rule's state lives" below; st = the state read
 -- by load, never written by anything but take/refund):
 --   cap(r)                      the largest cost one call can ever be granted
---   load(key, r, now)           read the state as of `now` (no writes)
+--   load(h, r, now)             read the state as of `now` (no writes)
 --   avail(st, r, now)           units admissible now
 --   wait(st, r, now, need, taken)
 --                               µs until `need` more units are admissible after
@@ -18,8 +19,8 @@
 --                               after the take refuses them)
 --   left(st, r, now, n)         units still admissible after taking n
 --   reset(st, r, now, n)        µs until the state is back to fresh after taking n
---   take(key, st, r, now, n, id) write the state for n >= 1 units, set the TTL
---   refund(key, r, at, n, id, skip, taken)
+--   take(h, st, r, now, n, id)  write the state for n >= 1 units, set the TTL
+--   refund(h, r, at, n, id, skip, taken)
 --                               give back n units of call `id`, taken at `taken`,
 --                               skipping its first `skip`; `at` (>= taken) is the
 --                               refund's own time, at or after every take since.
@@ -70,37 +71,251 @@ local function num(v, default)
   return tonumber(v)
 end
 
--- Expire `key` `us` microseconds from now, rounded up to Redis' millisecond
+-- Where one rule's state lives: a handle `h` that every algorithm reads
+-- and writes through, never a key directly.
+--
+--   v1: h = { key = the rule's own key, p = '' }. A hash (a sorted set for
+--       sliding_window_log) with a TTL of its own; every access is a Redis
+--       command at once. The key's name carries the rule's fingerprint, so an
+--       edited rule starts fresh (the layout of state v1).
+--   v2: h = { key = the seller's hash, p = 'r0:', hash = H }. The fields of
+--       one place of one hash that holds the seller's block and the state of
+--       every rule, by place (`r<i>:` enforced, `s<i>:` shadow; global rules
+--       in a hash of their own). H is read once per call (HGETALL) and
+--       written once at its end (`flush`), so a dry run writes nothing and a
+--       call touches one key per seller. `r<i>:fp` names the rule that wrote
+--       the place; another rule there converts the state first (`settle`).
+--
+-- Values are Redis' strings in both: `num` reads them.
+
+-- Expire a state `us` microseconds from now, rounded up to Redis' millisecond
 -- resolution, plus a fixed second of slack. The slack keeps a key from
 -- expiring (on Redis' own clock) a moment before the script's time says its
 -- state is stale, which would otherwise differ from the state a caller with
 -- an explicit clock expects; every algorithm reads stale state correctly, so
 -- the slack only costs an idle seller's bytes for one more second.
+-- A v2 hash is shared: it keeps the longest expiry any of its places asks
+-- for (`flush` never shortens it).
 local EXPIRY_SLACK_MS = 1000
-local function expire_in(key, us)
-  redis.call('PEXPIRE', key, math.max(0, cdiv(us, 1000)) + EXPIRY_SLACK_MS)
+local function expire_in(h, us)
+  local ms = math.max(0, cdiv(us, 1000)) + EXPIRY_SLACK_MS
+  if h.hash == nil then
+    redis.call('PEXPIRE', h.key, ms)
+  elseif ms > h.hash.ttl then
+    h.hash.ttl = ms
+  end
+end
+
+-- The values of fields of a state, as HMGET answers (false when absent).
+local function fields(h, ...)
+  if h.hash == nil then
+    return redis.call('HMGET', h.key, ...)
+  end
+  local t, p, out = h.hash.t, h.p, {}
+  local names = { ... }
+  for i = 1, #names do
+    out[i] = t[p .. names[i]] or false
+  end
+  return out
+end
+
+-- Sets fields of a state: put(h, name, value, name, value, ...).
+local function put(h, ...)
+  if h.hash == nil then
+    redis.call('HSET', h.key, ...)
+    return
+  end
+  local H, p = h.hash, h.p
+  local args = { ... }
+  for i = 1, #args, 2 do
+    local f = p .. args[i]
+    H.t[f] = args[i + 1]
+    H.dirty[f] = true
+  end
+end
+
+-- Adds n to an integer field.
+local function incr(h, name, n)
+  if h.hash == nil then
+    redis.call('HINCRBY', h.key, name, I(n))
+    return
+  end
+  local f = h.p .. name
+  h.hash.t[f] = I(num(h.hash.t[f], 0) + n)
+  h.hash.dirty[f] = true
+end
+
+-- Forgets a state: its key (v1) or every field of its place (v2).
+local function drop(h)
+  if h.hash == nil then
+    redis.call('DEL', h.key)
+    return
+  end
+  local H, p = h.hash, h.p
+  for f in pairs(H.t) do
+    if string.sub(f, 1, #p) == p then
+      H.t[f] = nil
+      H.dirty[f] = true
+    end
+  end
+end
+
+-- A v2 hash as one call sees it; `hashes` caches them per call, so every
+-- request of a call sees what the ones before it decided.
+local function open_hash(hashes, key)
+  local H = hashes[key]
+  if H == nil then
+    local raw = redis.call('HGETALL', key)
+    local t = {}
+    for i = 1, #raw, 2 do
+      t[raw[i]] = raw[i + 1]
+    end
+    H = { key = key, t = t, dirty = {}, ttl = 0 }
+    hashes[key] = H
+    hashes[#hashes + 1] = H
+  end
+  return H
+end
+
+-- Writes what a call changed in its v2 hashes: the set fields, the dropped
+-- ones, and the expiry, lengthened only.
+local function flush(hashes)
+  for i = 1, #hashes do
+    local H = hashes[i]
+    local set, del = {}, {}
+    for f in pairs(H.dirty) do
+      local v = H.t[f]
+      if v == nil then
+        del[#del + 1] = f
+      else
+        set[#set + 1] = f
+        set[#set + 1] = v
+      end
+    end
+    if #set > 0 then
+      redis.call('HSET', H.key, unpack(set))
+    end
+    if #del > 0 then
+      redis.call('HDEL', H.key, unpack(del))
+    end
+    if H.ttl > 0 and #set > 0 then
+      local left = redis.call('PTTL', H.key)
+      if left < H.ttl then
+        redis.call('PEXPIRE', H.key, H.ttl)
+      end
+    end
+  end
+end
+
+-- A seller's 429 block: the µs instant it ends, 0 when none. `how` is 'k'
+-- (v1: a key of its own), 'f' (v2: the `block` field of the seller's hash)
+-- or '-' (none: shadow rules, the global rules' own call).
+local function blocked_until(hashes, key, how)
+  if how == 'k' then
+    return num(redis.call('GET', key), 0)
+  elseif how == 'f' then
+    return num(open_hash(hashes, key).t['block'], 0)
+  end
+  return 0
 end
 
 -- The rules of a request: `nrules` groups of argv (algorithm, limit,
--- period_us, burst) from argv[a], with their keys from keys[k]. Returns nil
--- and a message for an algorithm no script implements.
-local function read_rules(keys, argv, a, nrules, k)
+-- period_us, burst, place) from argv[a], with their keys from keys[k]. An
+-- empty place is a v1 key of the rule's own; else the rule's place in the
+-- v2 hash at its key. Returns nil and a message for an algorithm no script
+-- implements.
+local function read_rules(keys, argv, a, nrules, k, hashes)
   local rules = {}
   for i = 1, nrules do
-    local b = a + (i - 1) * 4
-    local algo = ALGO[argv[b]]
+    local b = a + (i - 1) * 5
+    local name = argv[b]
+    local algo = ALGO[name]
     if algo == nil then
-      return nil, 'unknown algorithm ' .. tostring(argv[b])
+      return nil, 'unknown algorithm ' .. tostring(name)
+    end
+    local key, place = keys[k + i - 1], argv[b + 4]
+    local h = { key = key, p = '' }
+    if place ~= nil and place ~= '' then
+      h = { key = key, p = place .. ':', hash = open_hash(hashes, key) }
     end
     rules[i] = {
       algo = algo,
-      key = keys[k + i - 1],
+      h = h,
       limit = tonumber(argv[b + 1]),
       period = tonumber(argv[b + 2]),
       burst = tonumber(argv[b + 3]),
+      fp = name .. ':' .. argv[b + 1] .. ':' .. argv[b + 2] .. ':' .. argv[b + 3],
     }
   end
   return rules
+end
+
+-- A rule back from its fingerprint ('name:limit:period:burst'), nil when
+-- it does not parse or names an algorithm this code does not have.
+local function parse_rule(fp)
+  local name, limit, period, burst = string.match(fp, '^([%w_]+):(%d+):(%d+):(%d+)$')
+  if name == nil or ALGO[name] == nil then
+    return nil
+  end
+  return { algo = ALGO[name], limit = tonumber(limit), period = tonumber(period),
+    burst = tonumber(burst), fp = fp }
+end
+
+-- v2: makes the state at a rule's place the rule's own, before the rule
+-- reads it. The place's `fp` names the rule that wrote it. When another
+-- rule is there now (a limit edit, an override starting or ending, a tier
+-- change, a new algorithm), what the old rule admitted still counts:
+--   - the same window algorithm and period (fixed_window,
+--     sliding_window_log): the state is kept; a count per aligned window
+--     and a log of admission times mean the same under any limit;
+--   - anything else: the old rule's units in use now (its capacity less
+--     what it would admit) are charged to a fresh state of the new rule,
+--     at most its capacity. Charged at the edit, not when admitted, so they
+--     drain later than they would have: conservative, never over.
+-- An old rule that does not parse (written by a newer version) leaves
+-- nothing. `src/limiter/model/convert.rs` is the specification.
+-- Returns nothing; the place's `fp` is written with the state (`stamp`).
+local function settle(r, now)
+  local h = r.h
+  if h.hash == nil then
+    return
+  end
+  local fp = h.hash.t[h.p .. 'fp']
+  if fp == nil or fp == r.fp then
+    return
+  end
+  local old = parse_rule(fp)
+  if old ~= nil and old.algo == r.algo and old.period == r.period
+      and (r.algo == ALGO.fixed_window or r.algo == ALGO.sliding_window_log) then
+    put(h, 'fp', r.fp)
+    return
+  end
+  local used = 0
+  if old ~= nil then
+    local st = old.algo.load(h, old, now)
+    used = math.max(0, old.algo.cap(old) - old.algo.avail(st, old, now))
+  end
+  drop(h)
+  local charge = math.min(used, r.algo.cap(r))
+  if charge > 0 then
+    local st = r.algo.load(h, r, now)
+    r.algo.take(h, st, r, now, charge, 'edit')
+    put(h, 'fp', r.fp)
+  end
+end
+
+-- v2: names the rule that wrote a place, after a take.
+local function stamp(r)
+  local h = r.h
+  if h.hash ~= nil and h.hash.t[h.p .. 'fp'] ~= r.fp then
+    put(h, 'fp', r.fp)
+  end
+end
+
+-- v2: whether a refund may touch a rule's place: only the rule that took
+-- the units is still there (after an edit, the units were converted).
+local function owns(r)
+  return r.h.hash == nil or r.h.hash.t[r.h.p .. 'fp'] == r.fp
 end
 
 -- Debt of a TAT-based algorithm (gcra, leaky_bucket), in units of µs * limit:
@@ -113,10 +328,10 @@ local function tat_debt(u, f, limit, now)
 end
 
 -- Store a TAT `now + debt/limit` exactly as whole µs `u` and remainder `f`.
-local function tat_store(key, debt, limit, now)
+local function tat_store(h, debt, limit, now)
   local whole = fdiv(debt, limit)
-  redis.call('HSET', key, 'tat', I(now + whole), 'f', I(debt - whole * limit))
-  expire_in(key, cdiv(debt, limit))
+  put(h, 'tat', I(now + whole), 'f', I(debt - whole * limit))
+  expire_in(h, cdiv(debt, limit))
 end
 
 -- Debt (µs * limit) that a refund of n units taken at `taken` may give back

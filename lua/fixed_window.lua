@@ -9,11 +9,11 @@ ALGO.fixed_window = {
   cap = function(r)
     return r.limit
   end,
-  load = function(key, r, now)
+  load = function(h, r, now)
     local start = fdiv(now, r.period) * r.period
-    local h = redis.call('HMGET', key, 'w', 'n')
-    local fresh = num(h[1], -1) ~= start
-    return { start = start, fresh = fresh, n = fresh and 0 or num(h[2], 0) }
+    local v = fields(h, 'w', 'n')
+    local fresh = num(v[1], -1) ~= start
+    return { start = start, fresh = fresh, n = fresh and 0 or num(v[2], 0) }
   end,
   avail = function(st, r, now)
     return math.max(0, r.limit - st.n)
@@ -31,21 +31,21 @@ ALGO.fixed_window = {
     end
     return 0
   end,
-  take = function(key, st, r, now, n, id)
+  take = function(h, st, r, now, n, id)
     if st.fresh then
-      redis.call('HSET', key, 'w', I(st.start), 'n', I(n))
-      expire_in(key, st.start + r.period - now)
+      put(h, 'w', I(st.start), 'n', I(n))
+      expire_in(h, st.start + r.period - now)
     else
-      redis.call('HINCRBY', key, 'n', I(n))
+      incr(h, 'n', n)
     end
   end,
-  refund = function(key, r, at, n, id, skip, now)
+  refund = function(h, r, at, n, id, skip, now)
     -- Counts are additive: the window the take fell in gets them back,
     -- whatever was counted since.
     local start = fdiv(now, r.period) * r.period
-    local h = redis.call('HMGET', key, 'w', 'n')
-    if num(h[1], -1) == start then
-      redis.call('HSET', key, 'n', I(math.max(0, num(h[2], 0) - n)))
+    local v = fields(h, 'w', 'n')
+    if num(v[1], -1) == start then
+      put(h, 'n', I(math.max(0, num(v[2], 0) - n)))
     end
   end,
 }

@@ -7,9 +7,9 @@ ALGO.gcra = {
   cap = function(r)
     return r.burst
   end,
-  load = function(key, r, now)
-    local h = redis.call('HMGET', key, 'tat', 'f')
-    return { debt = tat_debt(num(h[1], 0), num(h[2], 0), r.limit, now) }
+  load = function(h, r, now)
+    local v = fields(h, 'tat', 'f')
+    return { debt = tat_debt(num(v[1], 0), num(v[2], 0), r.limit, now) }
   end,
   avail = function(st, r, now)
     return math.max(0, fdiv(r.burst * r.period - st.debt, r.period))
@@ -26,17 +26,17 @@ ALGO.gcra = {
   reset = function(st, r, now, n)
     return cdiv(st.debt + n * r.period, r.limit)
   end,
-  take = function(key, st, r, now, n, id)
-    tat_store(key, st.debt + n * r.period, r.limit, now)
+  take = function(h, st, r, now, n, id)
+    tat_store(h, st.debt + n * r.period, r.limit, now)
   end,
-  refund = function(key, r, at, n, id, skip, taken)
+  refund = function(h, r, at, n, id, skip, taken)
     -- Other calls may have queued behind this one: only the part of its
     -- charge that cannot have drained yet comes back (drained_refund).
     local back = drained_refund(r, n, at, taken)
-    local h = redis.call('HMGET', key, 'tat', 'f')
-    local debt = tat_debt(num(h[1], 0), num(h[2], 0), r.limit, at)
+    local v = fields(h, 'tat', 'f')
+    local debt = tat_debt(num(v[1], 0), num(v[2], 0), r.limit, at)
     if back > 0 and debt > 0 then
-      tat_store(key, math.max(0, debt - back), r.limit, at)
+      tat_store(h, math.max(0, debt - back), r.limit, at)
     end
   end,
 }

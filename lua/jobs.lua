@@ -11,11 +11,14 @@
 -- ARGV[3]   number of requests (>= 1); then per request:
 --             call id (unique per call; names sliding-log members),
 --             the job costs 'c1,c2,...' (each >= 1, at least one),
---             number of rules, then per rule: algorithm, limit, period_us, burst
+--             how its block is read ('k', 'f' or '-', as in limiter.lua),
+--             number of rules, then per rule: algorithm, limit, period_us,
+--             burst, place ('' for v1, see common.lua)
 --           then, optionally, a deadline in µs on Redis' clock (or ''):
 --             a call that runs after it charges nothing and fails with
 --             EXPIRED (its caller has timed out and will never read it)
--- KEYS      per request: its block key, then one key per rule
+-- KEYS      per request: its block key, then one key per rule (v2: the
+--           seller's hash, repeated, and the global rules' hash)
 --
 -- Reply: 13 integers per request, in order:
 --   { status, units, remaining, retry_after_ms, reset_after_ms, go_at_us,
@@ -86,7 +89,7 @@ end
 
 -- Helpers are file-level functions rather than closures: with Functions
 -- the file runs once per load, and a call then allocates no closures.
-local function jobs_request(out, now, charge, id, blocked_until, rules, costs)
+local function jobs_request(out, now, charge, id, until_, rules, costs)
   local first_never = never_rule(rules, costs[1])
   if first_never > 0 then
     return jobs_reply(out, now, -1, 0, 0, 0, 0, now, first_never, 0, 2)
@@ -96,7 +99,8 @@ local function jobs_request(out, now, charge, id, blocked_until, rules, costs)
   local n = nil
   for i = 1, #rules do
     local r = rules[i]
-    states[i] = r.algo.load(r.key, r, now)
+    settle(r, now)
+    states[i] = r.algo.load(r.h, r, now)
     avail[i] = r.algo.avail(states[i], r, now)
     if n == nil or avail[i] < n then
       n = avail[i]
@@ -105,8 +109,8 @@ local function jobs_request(out, now, charge, id, blocked_until, rules, costs)
 
   -- A downstream block refuses the whole list; as in limiter.lua the wait
   -- is the longer of the block and the first job's own.
-  if blocked_until > now then
-    local block = blocked_until - now
+  if until_ > now then
+    local block = until_ - now
     local wait, by = jobs_wait_for(rules, states, avail, now, costs[1], 0)
     local _, reset = jobs_summary(rules, states, now, 0)
     if block >= wait then
@@ -154,7 +158,8 @@ local function jobs_request(out, now, charge, id, blocked_until, rules, costs)
   if charge then
     for i = 1, #rules do
       local r = rules[i]
-      r.algo.take(r.key, states[i], r, now, units, id)
+      r.algo.take(r.h, states[i], r, now, units, id)
+      stamp(r)
     end
   end
   return jobs_reply(out, now, 1, units, remaining, retry, reset, go_at, by, jobs, next, tight)
@@ -172,6 +177,7 @@ local function run_jobs(KEYS, ARGV, op, now)
   end
   local a, k = 4, 1
   local reqs = {}
+  local hashes = {}
   for q = 1, nreq do
     local id = ARGV[a]
     local costs = {}
@@ -192,13 +198,14 @@ local function run_jobs(KEYS, ARGV, op, now)
     if #costs == 0 then
       return redis.error_reply('a request needs at least one job')
     end
-    local nrules = tonumber(ARGV[a + 2])
-    local rules, err = read_rules(KEYS, ARGV, a + 3, nrules, k + 1)
+    local how = ARGV[a + 2]
+    local nrules = tonumber(ARGV[a + 3])
+    local rules, err = read_rules(KEYS, ARGV, a + 4, nrules, k + 1, hashes)
     if rules == nil then
       return redis.error_reply(err)
     end
-    reqs[q] = { id = id, rules = rules, costs = costs, block_key = KEYS[k] }
-    a = a + 3 + 4 * nrules
+    reqs[q] = { id = id, rules = rules, costs = costs, block_key = KEYS[k], how = how }
+    a = a + 4 + 5 * nrules
     k = k + 1 + nrules
   end
   -- A call that waited in a hung server's buffers until after its caller
@@ -216,8 +223,13 @@ local function run_jobs(KEYS, ARGV, op, now)
   local out = {}
   for q = 1, nreq do
     local r = reqs[q]
-    local blocked_until = num(redis.call('GET', r.block_key), 0)
-    jobs_request(out, now, charge, r.id, blocked_until, r.rules, r.costs)
+    local until_ = blocked_until(hashes, r.block_key, r.how)
+    jobs_request(out, now, charge, r.id, until_, r.rules, r.costs)
+  end
+  -- A conversion (settle) is written even for a refused request: the next
+  -- call would convert the same state again, later.
+  if charge then
+    flush(hashes)
   end
   return out
 end

@@ -14,9 +14,9 @@ ALGO.leaky_bucket = {
   cap = function(r)
     return r.burst
   end,
-  load = function(key, r, now)
-    local h = redis.call('HMGET', key, 'tat', 'f')
-    return { debt = tat_debt(num(h[1], 0), num(h[2], 0), r.limit, now) }
+  load = function(h, r, now)
+    local v = fields(h, 'tat', 'f')
+    return { debt = tat_debt(num(v[1], 0), num(v[2], 0), r.limit, now) }
   end,
   avail = function(st, r, now)
     return math.max(0, fdiv(r.burst * r.period - st.debt, r.period))
@@ -36,20 +36,20 @@ ALGO.leaky_bucket = {
     -- The first unit leaves when everything queued before it has left.
     return now + cdiv(st.debt, r.limit)
   end,
-  take = function(key, st, r, now, n, id)
-    tat_store(key, st.debt + n * r.period, r.limit, now)
-    redis.call('HSET', key, 'id', id)
+  take = function(h, st, r, now, n, id)
+    tat_store(h, st.debt + n * r.period, r.limit, now)
+    put(h, 'id', id)
   end,
-  refund = function(key, r, at, n, id, skip, taken)
+  refund = function(h, r, at, n, id, skip, taken)
     -- A caller uses a grant's first slots, so the units given back are its
     -- last ones: the end of the queue, if nothing queued behind them.
-    local h = redis.call('HMGET', key, 'tat', 'f', 'id')
-    if h[3] ~= id then
+    local v = fields(h, 'tat', 'f', 'id')
+    if v[3] ~= id then
       return
     end
-    local debt = tat_debt(num(h[1], 0), num(h[2], 0), r.limit, at)
+    local debt = tat_debt(num(v[1], 0), num(v[2], 0), r.limit, at)
     if debt > 0 then
-      tat_store(key, math.max(0, debt - n * r.period), r.limit, at)
+      tat_store(h, math.max(0, debt - n * r.period), r.limit, at)
     end
   end,
 }

@@ -1,7 +1,8 @@
 -- limiter.lua: the decision for one seller, over all of its rules at once.
 --
--- KEYS[1]     the seller's downstream block (set by block.lua on a 429)
--- KEYS[1+i]   the state of rule i
+-- KEYS[1]     the seller's downstream block (set by block.lua on a 429): a
+--             key of its own (v1) or the seller's hash (v2)
+-- KEYS[1+i]   the state of rule i: its own key (v1) or a hash (v2)
 -- ARGV[1]     op: 'acquire', 'peek' (dry run: decide, write nothing) or
 --             'refund'; 'jobs' and 'jobs_peek' are a list of job costs per
 --             request, with their own layout (see jobs.lua)
@@ -14,7 +15,11 @@
 -- ARGV[4]     mode: 'all' (whole cost or nothing) or 'upto' (1..cost);
 --             for refund, how many of the call's units to skip
 -- ARGV[5]     call id, unique per call (names sliding-log members)
--- ARGV[6]     number of rules; then per rule: algorithm, limit, period_us, burst
+-- ARGV[6]     how the block is read: 'k' (GET KEYS[1], v1), 'f' (the `block`
+--             field of the hash KEYS[1], v2) or '-' (not at all)
+-- ARGV[7]     number of rules; then per rule: algorithm, limit, period_us,
+--             burst, place ('' for v1; else the rule's place in its hash,
+--             see common.lua)
 -- refund only: after the rules, the now_us the acquire replied with
 --             (windows and periods are those of the take being undone)
 --
@@ -64,23 +69,27 @@ local function limiter_call(KEYS, ARGV)
     return redis.error_reply('cost must be at least 1')
   end
   local id = ARGV[5]
-  local nrules = tonumber(ARGV[6])
-  local rules, err = read_rules(KEYS, ARGV, 7, nrules, 2)
+  local nrules = tonumber(ARGV[7])
+  local hashes = {}
+  local rules, err = read_rules(KEYS, ARGV, 8, nrules, 2, hashes)
   if rules == nil then
     return redis.error_reply(err)
   end
 
   if op == 'refund' then
     local skip = tonumber(ARGV[4])
-    local taken = tonumber(ARGV[7 + nrules * 4])
+    local taken = tonumber(ARGV[8 + nrules * 5])
     if taken == nil then
       return redis.error_reply('refund needs the time of the take')
     end
     local at = math.max(now, taken)
     for i = 1, nrules do
       local r = rules[i]
-      r.algo.refund(r.key, r, at, cost, id, skip, taken)
+      if owns(r) then
+        r.algo.refund(r.h, r, at, cost, id, skip, taken)
+      end
     end
+    flush(hashes)
     return { 1, cost, 0, 0, 0, now, 0, 0, now, 0 }
   end
 
@@ -100,7 +109,8 @@ local function limiter_call(KEYS, ARGV)
   local states = {}
   for i = 1, nrules do
     local r = rules[i]
-    local st = r.algo.load(r.key, r, now)
+    settle(r, now)
+    local st = r.algo.load(r.h, r, now)
     states[i] = st
     local av = r.algo.avail(st, r, now)
     if av < need then
@@ -115,9 +125,15 @@ local function limiter_call(KEYS, ARGV)
   -- A downstream block refuses the seller; the retry-after is the longer of
   -- the block and the rules' own wait, so that a caller retrying at the end
   -- of the block is not refused again by a rule.
-  local blocked_until = num(redis.call('GET', KEYS[1]), 0)
-  if blocked_until > now then
-    local block = blocked_until - now
+  -- A conversion (settle) is written even when the call is refused: the
+  -- next call would convert the same state again, later.
+  local charge = op == 'acquire'
+  local until_ = blocked_until(hashes, KEYS[1], ARGV[6])
+  if until_ > now then
+    if charge then
+      flush(hashes)
+    end
+    local block = until_ - now
     local _, reset = summary(rules, states, now, 0)
     if block >= wait then
       wait, by = block, 0
@@ -126,6 +142,9 @@ local function limiter_call(KEYS, ARGV)
   end
 
   if wait > 0 then
+    if charge then
+      flush(hashes)
+    end
     local remaining, reset = summary(rules, states, now, 0)
     return reply(now, 0, 0, remaining, wait, reset, now, by)
   end
@@ -138,11 +157,13 @@ local function limiter_call(KEYS, ARGV)
     end
   end
   local remaining, reset, tight = summary(rules, states, now, n)
-  if op == 'acquire' then
+  if charge then
     for i = 1, nrules do
       local r = rules[i]
-      r.algo.take(r.key, states[i], r, now, n, id)
+      r.algo.take(r.h, states[i], r, now, n, id)
+      stamp(r)
     end
+    flush(hashes)
   end
   return reply(now, 1, n, remaining, 0, reset, go_at, tight)
 end

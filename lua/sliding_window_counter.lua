@@ -8,15 +8,15 @@ ALGO.sliding_window_counter = {
   cap = function(r)
     return r.limit
   end,
-  load = function(key, r, now)
+  load = function(h, r, now)
     local start = fdiv(now, r.period) * r.period
-    local h = redis.call('HMGET', key, 'w', 'cur', 'prev')
-    local w = num(h[1], -1)
+    local v = fields(h, 'w', 'cur', 'prev')
+    local w = num(v[1], -1)
     local cur, prev = 0, 0
     if w == start then
-      cur, prev = num(h[2], 0), num(h[3], 0)
+      cur, prev = num(v[2], 0), num(v[3], 0)
     elseif w == start - r.period then
-      prev = num(h[2], 0)
+      prev = num(v[2], 0)
     end
     return { start = start, w = w, cur = cur, prev = prev, e = now - start }
   end,
@@ -47,25 +47,25 @@ ALGO.sliding_window_counter = {
     end
     return 0
   end,
-  take = function(key, st, r, now, n, id)
+  take = function(h, st, r, now, n, id)
     if st.w == st.start then
-      redis.call('HINCRBY', key, 'cur', I(n))
+      incr(h, 'cur', n)
     else
-      redis.call('HSET', key, 'w', I(st.start), 'cur', I(n), 'prev', I(st.prev))
+      put(h, 'w', I(st.start), 'cur', I(n), 'prev', I(st.prev))
       -- This window's count matters until the end of the next window.
-      expire_in(key, st.start + 2 * r.period - now)
+      expire_in(h, st.start + 2 * r.period - now)
     end
   end,
-  refund = function(key, r, at, n, id, skip, now)
+  refund = function(h, r, at, n, id, skip, now)
     -- Counts are additive: the window the take fell in gets them back,
     -- whatever was counted since.
     local start = fdiv(now, r.period) * r.period
-    local h = redis.call('HMGET', key, 'w', 'cur', 'prev')
-    local w = num(h[1], -1)
+    local v = fields(h, 'w', 'cur', 'prev')
+    local w = num(v[1], -1)
     if w == start then
-      redis.call('HSET', key, 'cur', I(math.max(0, num(h[2], 0) - n)))
+      put(h, 'cur', I(math.max(0, num(v[2], 0) - n)))
     elseif w == start + r.period then
-      redis.call('HSET', key, 'prev', I(math.max(0, num(h[3], 0) - n)))
+      put(h, 'prev', I(math.max(0, num(v[3], 0) - n)))
     end
   end,
 }

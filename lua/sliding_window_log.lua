@@ -1,16 +1,63 @@
 -- sliding_window_log: at most `limit` admissions in any window of `period`
--- ending now. State: sorted set, score = admission time in µs, one member
--- per admitted unit.
+-- ending now. One entry per admitted unit, with its admission time in µs.
 --
--- Members are `<call id>:<unit>`, unique per call. A log whose member is the
+-- v1 keeps the log as a sorted set of its own: score = admission time,
+-- members `<call id>:<unit>`, unique per call. A log whose member is the
 -- timestamp alone collapses two admissions in the same millisecond (or µs)
--- into one entry and then admits more than the limit. Refused calls are not
--- logged, so a refused client cannot push its own window forward.
+-- into one entry and then admits more than the limit.
+--
+-- v2 keeps it in the seller's hash, as one field `<place>:log`: the
+-- admission times, sorted, 8 bytes each (struct '>d', exact below 2^53).
+-- A second key would bring back what one key per seller removes (TRYAGAIN
+-- while a slot migrates). Entries carry no call id: a refund removes
+-- entries with the time of its take, which are interchangeable.
+--
+-- Refused calls are not logged, so a refused client cannot push its own
+-- window forward.
+
+local LOG_ENTRY = 8
+
+local function log_at(log, i)
+  return (struct.unpack('>d', log, (i - 1) * LOG_ENTRY + 1))
+end
+
+-- The index of the first entry above `t` in a sorted log of `n` entries
+-- (n + 1 when none is).
+local function log_above(log, n, t)
+  local lo, hi = 1, n + 1
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if log_at(log, mid) > t then
+      hi = mid
+    else
+      lo = mid + 1
+    end
+  end
+  return lo
+end
+
+-- The index of the first entry at or above `t`.
+local function log_from(log, n, t)
+  return log_above(log, n, t - 1)
+end
+
 ALGO.sliding_window_log = {
   cap = function(r)
     return r.limit
   end,
-  load = function(key, r, now)
+  load = function(h, r, now)
+    if h.hash ~= nil then
+      local log = fields(h, 'log')[1] or ''
+      local n = #log / LOG_ENTRY
+      local first = log_above(log, n, now - r.period)
+      local count = n - first + 1
+      local newest = 0
+      if count > 0 then
+        newest = log_at(log, n)
+      end
+      return { log = log, first = first, count = count, newest = newest }
+    end
+    local key = h.key
     local lo = '(' .. I(now - r.period)
     local count = redis.call('ZCOUNT', key, lo, '+inf')
     local newest = 0
@@ -30,6 +77,9 @@ ALGO.sliding_window_log = {
       -- One of the `taken` entries, written now.
       return r.period
     end
+    if st.log ~= nil then
+      return log_at(st.log, st.first + k - 1) + r.period - now
+    end
     local e = redis.call('ZRANGEBYSCORE', st.key, st.lo, '+inf', 'WITHSCORES', 'LIMIT', k - 1, 1)
     return tonumber(e[2]) + r.period - now
   end,
@@ -45,7 +95,20 @@ ALGO.sliding_window_log = {
     end
     return 0
   end,
-  take = function(key, st, r, now, n, id)
+  take = function(h, st, r, now, n, id)
+    if h.hash ~= nil then
+      -- The live entries (the dead ones go), then n entries at `now`, in order.
+      local log = string.sub(st.log, (st.first - 1) * LOG_ENTRY + 1)
+      local count = #log / LOG_ENTRY
+      local at = log_above(log, count, now)
+      local cut = (at - 1) * LOG_ENTRY
+      log = string.sub(log, 1, cut) .. string.rep(struct.pack('>d', now), n)
+        .. string.sub(log, cut + 1)
+      put(h, 'log', log)
+      expire_in(h, r.period)
+      return
+    end
+    local key = h.key
     redis.call('ZREMRANGEBYSCORE', key, '-inf', I(now - r.period))
     local score = I(now)
     local j = 1
@@ -61,10 +124,26 @@ ALGO.sliding_window_log = {
       j = last + 1
     end
     -- The newest entry, written now, leaves the window one period from now.
-    expire_in(key, r.period)
+    expire_in(h, r.period)
   end,
-  refund = function(key, r, at, n, id, skip, taken)
+  refund = function(h, r, at, n, id, skip, taken)
+    if h.hash ~= nil then
+      -- Up to n of the entries written at `taken`: the call's own, or ones
+      -- exactly like them.
+      local log = fields(h, 'log')[1]
+      if log then
+        local count = #log / LOG_ENTRY
+        local from = log_from(log, count, taken)
+        local to = math.min(log_above(log, count, taken), from + n)
+        if to > from then
+          put(h, 'log', string.sub(log, 1, (from - 1) * LOG_ENTRY)
+            .. string.sub(log, (to - 1) * LOG_ENTRY + 1))
+        end
+      end
+      return
+    end
     -- Exact: the call's own members, whatever came since.
+    local key = h.key
     local j = skip + 1
     while j <= skip + n do
       local members = {}
@@ -77,4 +156,3 @@ ALGO.sliding_window_log = {
     end
   end,
 }
-

@@ -5,14 +5,14 @@ ALGO.token_bucket = {
   cap = function(r)
     return r.burst
   end,
-  load = function(key, r, now)
+  load = function(h, r, now)
     local full = r.burst * r.period
-    local h = redis.call('HMGET', key, 'c', 'ts')
-    local c = num(h[1], nil)
+    local v = fields(h, 'c', 'ts')
+    local c = num(v[1], nil)
     if c == nil then
       return { c = full }
     end
-    local elapsed = math.max(0, now - num(h[2], now))
+    local elapsed = math.max(0, now - num(v[2], now))
     -- Compare before multiplying: a long idle time times the rate could
     -- leave the exact range.
     if elapsed >= cdiv(full - c, r.limit) then
@@ -36,14 +36,14 @@ ALGO.token_bucket = {
   reset = function(st, r, now, n)
     return cdiv(r.burst * r.period - (st.c - n * r.period), r.limit)
   end,
-  take = function(key, st, r, now, n, id)
+  take = function(h, st, r, now, n, id)
     local c = st.c - n * r.period
-    redis.call('HSET', key, 'c', I(c), 'ts', I(now))
+    put(h, 'c', I(c), 'ts', I(now))
     -- Once full again the state equals no state at all.
-    expire_in(key, cdiv(r.burst * r.period - c, r.limit))
+    expire_in(h, cdiv(r.burst * r.period - c, r.limit))
   end,
-  refund = function(key, r, at, n, id, skip, taken)
-    local ts = num(redis.call('HGET', key, 'ts'), nil)
+  refund = function(h, r, at, n, id, skip, taken)
+    local ts = num(fields(h, 'ts')[1], nil)
     if ts ~= nil then
       -- Credit at the later of the refund's time and the last write, never
       -- moving `ts` back (which would refill the span between twice), and
@@ -52,10 +52,10 @@ ALGO.token_bucket = {
       at = math.max(at, ts)
       local back = drained_refund(r, n, at, taken)
       if back > 0 then
-        local st = ALGO.token_bucket.load(key, r, at)
+        local st = ALGO.token_bucket.load(h, r, at)
         local c = math.min(r.burst * r.period, st.c + back)
-        redis.call('HSET', key, 'c', I(c), 'ts', I(at))
-        expire_in(key, cdiv(r.burst * r.period - c, r.limit))
+        put(h, 'c', I(c), 'ts', I(at))
+        expire_in(h, cdiv(r.burst * r.period - c, r.limit))
       end
     end
   end,

@@ -107,6 +107,12 @@ pub struct RedisSettings {
     /// they are checked in a second call that refunds the seller's units when
     /// the global rule refuses.
     pub topology: Topology,
+    /// The layout of the limiter's state in Redis: `v1` (a key per rule,
+    /// named by its fingerprint: an edited rule starts fresh) or `v2` (one
+    /// hash per seller, rules by place: an edited rule converts what the
+    /// old one admitted). See README "Limiter state".
+    #[serde(default)]
+    pub state: StateLayout,
     /// Longest a limiter call may take before it counts as a Redis failure.
     #[serde(deserialize_with = "human_duration")]
     pub timeout: Duration,
@@ -139,6 +145,31 @@ pub struct RedisSettings {
     /// The client certificate's private key (PEM).
     #[serde(default)]
     pub tls_key_file: Option<PathBuf>,
+}
+
+/// Which layout the limiter's calls use (`redis.state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StateLayout {
+    /// A key per rule, named by its fingerprint; a block key per seller.
+    #[default]
+    V1,
+    /// One hash per seller, rules by place.
+    V2,
+}
+
+impl<'de> Deserialize<'de> for StateLayout {
+    // By hand: the derived error ("does not have variant constructor")
+    // does not say which values are allowed.
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        match s.as_str() {
+            "v1" => Ok(StateLayout::V1),
+            "v2" => Ok(StateLayout::V2),
+            other => Err(serde::de::Error::custom(format!(
+                "{other:?} is not a state layout: use \"v1\" or \"v2\""
+            ))),
+        }
+    }
 }
 
 /// librdkafka properties whose values are secrets: shown as `***`.
@@ -191,6 +222,7 @@ impl fmt::Debug for RedisSettings {
             .field("url", &redact_url(&self.url))
             .field("key_prefix", &self.key_prefix)
             .field("topology", &self.topology)
+            .field("state", &self.state)
             .field("timeout", &self.timeout)
             .field("unready_after", &self.unready_after)
             .field("on_error", &self.on_error)
@@ -1131,6 +1163,20 @@ mod tests {
         let text = err.to_string();
         assert!(text.contains("max_bufered"), "{text}");
         assert!(text.contains(&f.path().display().to_string()), "{text}");
+    }
+
+    #[test]
+    fn an_unknown_state_layout_names_the_key_and_the_choices() {
+        let f = file("[redis]\nstate = \"v3\"\n");
+        let err = load_from(Some(f.path()), Vec::new())
+            .err()
+            .expect("must fail");
+        let text = err.to_string();
+        assert!(text.contains("redis.state"), "{text}");
+        assert!(text.contains("v1") && text.contains("v2"), "{text}");
+        let f = file("[redis]\nstate = \"v2\"\n");
+        let s = load_from(Some(f.path()), Vec::new()).unwrap().settings;
+        assert_eq!(s.redis.state, StateLayout::V2);
     }
 
     #[test]

@@ -39,7 +39,7 @@ pub async fn open_limiter(file: Option<&Path>) -> anyhow::Result<Limiter<RedisSt
     let store = RedisStore::open(&settings.redis).await?;
     let limiter = Limiter::new(
         store,
-        KeySpace::new(settings.redis.key_prefix.clone()),
+        KeySpace::with_layout(settings.redis.key_prefix.clone(), settings.redis.state),
         policy,
         settings.redis.topology,
     );

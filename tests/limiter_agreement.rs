@@ -29,8 +29,8 @@ use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
 use redis::aio::MultiplexedConnection;
 use throttle_worker::limiter::model::{self, ModelStore};
 use throttle_worker::limiter::{
-    Algorithm, JobsCall, JobsReply, JobsRequest, Mode, Op, RedisStore, Reply, Rule, ScriptCall,
-    Store,
+    Algorithm, BlockAt, BlockRead, JobsCall, JobsReply, JobsRequest, KeyedRule, Mode, Op,
+    RedisStore, Reply, Rule, ScriptCall, StateKey, StateLayout, Store,
 };
 
 /// Cases the property test runs unless `PROPTEST_CASES` says otherwise:
@@ -43,25 +43,58 @@ const MAX_STEPS: usize = 40;
 // ---------------------------------------------------------------------------
 // Running one call on both sides
 
-/// One seller's keys: the block key and one key per rule, all new.
+/// One seller's keys, all new: in state v1 the block key and one key per
+/// rule; in v2 one hash.
 struct Seller {
     prefix: String,
-    block_key: String,
-    rules: Vec<(String, Rule)>,
+    layout: StateLayout,
+    block: BlockAt,
+    rules: Vec<KeyedRule>,
 }
 
 impl Seller {
     fn new(test: &str, rules: &[Rule]) -> Seller {
+        Seller::in_layout(test, rules, StateLayout::V1)
+    }
+
+    fn in_layout(test: &str, rules: &[Rule], layout: StateLayout) -> Seller {
         let prefix = unique_prefix(test);
-        Seller {
-            block_key: format!("{prefix}:{{s}}:block"),
-            rules: rules
-                .iter()
-                .enumerate()
-                .map(|(i, r)| (format!("{prefix}:{{s}}:r{}:{}", i + 1, r.fingerprint()), *r))
-                .collect(),
+        let hash = format!("{prefix}:{{s}}:v2");
+        let block = match layout {
+            StateLayout::V1 => BlockAt::key(format!("{prefix}:{{s}}:block")),
+            StateLayout::V2 => BlockAt {
+                key: hash,
+                read: BlockRead::Field,
+            },
+        };
+        let mut seller = Seller {
             prefix,
-        }
+            layout,
+            block,
+            rules: Vec::new(),
+        };
+        seller.rules = (0..rules.len()).map(|i| seller.at(i, &rules[i])).collect();
+        seller
+    }
+
+    /// Where rule `i` of the seller keeps its state.
+    fn at(&self, i: usize, rule: &Rule) -> KeyedRule {
+        let at = match self.layout {
+            StateLayout::V1 => StateKey::own(format!(
+                "{}:{{s}}:r{}:{}",
+                self.prefix,
+                i + 1,
+                rule.fingerprint()
+            )),
+            StateLayout::V2 => StateKey::place(self.block.key.clone(), format!("r{i}")),
+        };
+        (at, *rule)
+    }
+
+    /// The operator edits rule `i`: in v1 its state is a new key, in v2 the
+    /// same place, converted by the next call.
+    fn edit(&mut self, i: usize, rule: &Rule) {
+        self.rules[i] = self.at(i, rule);
     }
 
     fn call(&self, op: Op, now_us: u64, cost: u64, mode: Mode, call_id: &str) -> ScriptCall {
@@ -71,7 +104,7 @@ impl Seller {
             cost,
             mode,
             call_id: call_id.to_owned(),
-            block_key: self.block_key.clone(),
+            block: self.block.clone(),
             rules: self.rules.clone(),
         }
     }
@@ -80,9 +113,9 @@ impl Seller {
     /// as its period (up to 366 days).
     async fn forget(&self, conn: &mut MultiplexedConnection) {
         let mut del = redis::cmd("DEL");
-        del.arg(&self.block_key);
-        for (key, _) in &self.rules {
-            del.arg(key);
+        del.arg(&self.block.key);
+        for (at, _) in &self.rules {
+            del.arg(&at.key);
         }
         let _: i64 = del
             .query_async(conn)
@@ -96,7 +129,7 @@ impl Seller {
             dry_run,
             requests: vec![JobsRequest {
                 call_id: call_id.to_owned(),
-                block_key: self.block_key.clone(),
+                block: self.block.clone(),
                 rules: self.rules.clone(),
                 costs: costs.to_vec(),
             }],
@@ -200,7 +233,7 @@ async fn both(
         call.cost,
         call.mode,
         &call.call_id,
-        &call.block_key,
+        &call.block,
         &call.rules,
     );
     if lua != want {
@@ -273,10 +306,10 @@ async fn both_block(
         seller.describe_rules()
     );
     let lua = redis
-        .block(&seller.block_key, Some(now_us), dur_us)
+        .block(&seller.block, Some(now_us), dur_us)
         .await
         .map_err(|e| format!("{inputs}\n  lua failed: {e}"))?;
-    let want = model::block(model, &seller.block_key, now_us, dur_us);
+    let want = model::block(model, &seller.block, now_us, dur_us);
     if lua != want {
         return Err(format!("{inputs}\n  block ends: lua {lua} ≠ model {want}"));
     }
@@ -320,6 +353,9 @@ enum Step {
         dry_run: bool,
         then: Option<Vec<u64>>,
     },
+    /// The operator replaces the rule at `place` with `rule` (a limit
+    /// edit, an override, a tier change): v2 converts the place's state.
+    Edit { place: Index, rule: Rule },
 }
 
 #[derive(Debug, Clone)]
@@ -424,6 +460,8 @@ fn any_step() -> impl Strategy<Value = Step> {
             prop::option::weighted(0.25, job_costs()),
         )
             .prop_map(|(gap, costs, dry_run, then)| Step::Jobs { gap, costs, dry_run, then }),
+        1 => (any::<Index>(), any_rule())
+            .prop_map(|(place, rule)| Step::Edit { place, rule }),
     ]
 }
 
@@ -465,6 +503,7 @@ struct Seen {
     jobs_never: u64,
     jobs_listed: u64,
     coalesced: u64,
+    edits: u64,
 }
 
 impl Seen {
@@ -503,16 +542,17 @@ async fn agree(
     conn: &MultiplexedConnection,
     case: &Case,
     seen: &RefCell<Seen>,
+    layout: StateLayout,
 ) -> Result<(), String> {
-    let seller = Seller::new("agree", &case.rules);
-    let agreed = steps(redis, &seller, case, seen).await;
+    let mut seller = Seller::in_layout("agree", &case.rules, layout);
+    let agreed = steps(redis, &mut seller, case, seen).await;
     seller.forget(&mut conn.clone()).await;
     agreed
 }
 
 async fn steps(
     redis: &RedisStore,
-    seller: &Seller,
+    seller: &mut Seller,
     case: &Case,
     seen: &RefCell<Seen>,
 ) -> Result<(), String> {
@@ -531,7 +571,7 @@ async fn steps(
                 now += gap;
                 let call_id = format!("c{i}");
                 let call = seller.call(*op, now, *cost, *mode, &call_id);
-                let reply = both(redis, &mut model, seller, &label, &call).await?;
+                let reply = both(redis, &mut model, &*seller, &label, &call).await?;
                 seen.borrow_mut().reply(*cost, &reply);
                 if *op == Op::Acquire && reply.status == 1 && reply.granted > 0 {
                     taken.push(Taken {
@@ -563,12 +603,12 @@ async fn steps(
                     Mode::AllOrNothing,
                     &t.call_id,
                 );
-                both(redis, &mut model, seller, &label, &call).await?;
+                both(redis, &mut model, &*seller, &label, &call).await?;
                 seen.borrow_mut().refunds += 1;
             }
             Step::Block { gap, dur_us } => {
                 now += gap;
-                both_block(redis, &mut model, seller, &label, now, *dur_us).await?;
+                both_block(redis, &mut model, &*seller, &label, now, *dur_us).await?;
                 seen.borrow_mut().blocks += 1;
             }
             Step::Jobs {
@@ -586,7 +626,7 @@ async fn steps(
                     call.requests.extend(second.requests);
                     seen.borrow_mut().coalesced += 1;
                 }
-                let r = both_jobs(redis, &mut model, seller, &label, &call).await?;
+                let r = both_jobs(redis, &mut model, &*seller, &label, &call).await?;
                 seen.borrow_mut().jobs(costs.len(), &r);
                 if !*dry_run && r.head.status == 1 {
                     taken.push(Taken {
@@ -595,6 +635,10 @@ async fn steps(
                         granted: r.head.granted as u64,
                     });
                 }
+            }
+            Step::Edit { place, rule } => {
+                seller.edit(place.index(seller.rules.len()), rule);
+                seen.borrow_mut().edits += 1;
             }
         }
     }
@@ -614,6 +658,18 @@ fn cases() -> u32 {
 /// model, identical decisions".
 #[test]
 fn lua_and_model_agree_on_random_sequences() {
+    agree_on_random_sequences(StateLayout::V1);
+}
+
+/// The same in state v2 (one hash per seller, rules by place), where an
+/// edit converts the state at its place: the Lua's `settle` against
+/// `model::convert`.
+#[test]
+fn lua_and_model_agree_on_random_sequences_in_state_v2() {
+    agree_on_random_sequences(StateLayout::V2);
+}
+
+fn agree_on_random_sequences(layout: StateLayout) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -635,7 +691,7 @@ fn lua_and_model_agree_on_random_sequences() {
     let started = Instant::now();
     let mut runner = TestRunner::new(config.clone());
     let result = runner.run(&any_case(), |case| {
-        rt.block_on(agree(&redis, &conn, &case, &seen))
+        rt.block_on(agree(&redis, &conn, &case, &seen, layout))
             .map_err(TestCaseError::fail)
     });
     match result {
@@ -647,7 +703,7 @@ fn lua_and_model_agree_on_random_sequences() {
     }
     let seen = seen.into_inner();
     eprintln!(
-        "lua == model on {} cases of up to {MAX_STEPS} steps in {:?}: {seen:?}",
+        "lua == model ({layout:?}) on {} cases of up to {MAX_STEPS} steps in {:?}: {seen:?}",
         config.cases,
         started.elapsed(),
     );
@@ -674,6 +730,7 @@ fn lua_and_model_agree_on_random_sequences() {
                 ("job lists refused", seen.jobs_denied),
                 ("job lists that can never pass", seen.jobs_never),
                 ("coalesced calls", seen.coalesced),
+                ("rule edits", seen.edits),
             ],
             &seen,
         );
@@ -856,7 +913,7 @@ async fn cost_zero_is_refused_by_both() {
                 0,
                 Mode::AllOrNothing,
                 "c1",
-                &seller.block_key,
+                &seller.block,
                 &seller.rules,
             )
         }));
@@ -891,7 +948,7 @@ async fn no_rules_reads_only_the_block() {
     assert_eq!(brief(&got), [0, 0, 0, 1_500, 1_500, 0], "{got:?}");
     assert_eq!(
         keys_under(&seller.prefix).await,
-        vec![seller.block_key.clone()],
+        vec![seller.block.key.clone()],
         "only the block key"
     );
 }

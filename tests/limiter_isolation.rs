@@ -70,8 +70,13 @@ impl Store for Faulty {
         self.inner.run_jobs(call).await.map_err(FaultyError::Redis)
     }
 
-    async fn block(&self, key: &str, now_us: Option<u64>, dur_us: u64) -> Result<u64, FaultyError> {
-        self.check(std::iter::once(key))?;
+    async fn block(
+        &self,
+        key: &throttle_worker::limiter::BlockAt,
+        now_us: Option<u64>,
+        dur_us: u64,
+    ) -> Result<u64, FaultyError> {
+        self.check(std::iter::once(key.key.as_str()))?;
         self.inner
             .block(key, now_us, dur_us)
             .await

@@ -261,7 +261,7 @@ async fn a_bad_request_refuses_the_whole_call_and_charges_nobody() {
         keys.push(format!("{prefix}:{{{seller}}}:block"));
         keys.push(format!("{prefix}:{{{seller}}}:gcra"));
         args.extend(
-            [seller, costs, "1", "gcra", "5", "1000000", "5"]
+            [seller, costs, "k", "1", "gcra", "5", "1000000", "5", ""]
                 .iter()
                 .map(|a| a.to_string()),
         );
@@ -350,7 +350,7 @@ async fn a_jobs_call_past_its_deadline_charges_nothing() {
     ];
     let call = |now: String, deadline: u64| {
         let args: Vec<String> = [
-            "jobs", &now, "1", "c1", "1,1", "1", "gcra", "5", "1000000", "5",
+            "jobs", &now, "1", "c1", "1,1", "k", "1", "gcra", "5", "1000000", "5", "",
         ]
         .iter()
         .map(|a| a.to_string())
@@ -413,11 +413,11 @@ fn small_rule() -> impl Strategy<Value = Rule> {
 fn request(rules: &[Rule], costs: &[u64], id: &str) -> JobsRequest {
     JobsRequest {
         call_id: id.to_owned(),
-        block_key: "m:{s}:block".to_owned(),
+        block: "m:{s}:block".into(),
         rules: rules
             .iter()
             .enumerate()
-            .map(|(i, r)| (format!("m:{{s}}:r{i}"), *r))
+            .map(|(i, r)| (format!("m:{{s}}:r{i}").into(), *r))
             .collect(),
         costs: costs.to_vec(),
     }

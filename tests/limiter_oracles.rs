@@ -44,7 +44,8 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
 use redis::aio::MultiplexedConnection;
 use throttle_worker::limiter::{
-    Algorithm, JobsCall, JobsRequest, Mode, Op, RedisStore, Reply, Rule, ScriptCall, Store,
+    Algorithm, JobsCall, JobsRequest, Mode, Op, RedisStore, Reply, Rule, ScriptCall, StateKey,
+    Store,
 };
 
 #[derive(Debug, Clone)]
@@ -150,7 +151,7 @@ struct Seen {
 struct Keys {
     prefix: String,
     block: String,
-    rule: (String, Rule),
+    rule: (StateKey, Rule),
 }
 
 impl Keys {
@@ -158,7 +159,10 @@ impl Keys {
         let prefix = unique_prefix("oracle");
         Keys {
             block: format!("{prefix}:{{s}}:block"),
-            rule: (format!("{prefix}:{{s}}:r0:{}", rule.fingerprint()), rule),
+            rule: (
+                format!("{prefix}:{{s}}:r0:{}", rule.fingerprint()).into(),
+                rule,
+            ),
             prefix,
         }
     }
@@ -170,7 +174,7 @@ impl Keys {
             cost,
             mode,
             call_id: id.to_owned(),
-            block_key: self.block.clone(),
+            block: self.block.clone().into(),
             rules: vec![self.rule.clone()],
         }
     }
@@ -181,7 +185,7 @@ impl Keys {
             dry_run,
             requests: vec![JobsRequest {
                 call_id: id.to_owned(),
-                block_key: self.block.clone(),
+                block: self.block.clone().into(),
                 rules: vec![self.rule.clone()],
                 costs: costs.to_vec(),
             }],
@@ -191,7 +195,7 @@ impl Keys {
     async fn forget(&self, conn: &mut MultiplexedConnection) {
         let _: i64 = redis::cmd("DEL")
             .arg(&self.block)
-            .arg(&self.rule.0)
+            .arg(&self.rule.0.key)
             .query_async(conn)
             .await
             .unwrap_or_else(|e| panic!("DEL under {}: {e}", self.prefix));
@@ -261,7 +265,7 @@ async fn exercise(
         let answer = match step {
             Step::Block { dur_us } => {
                 let until = redis
-                    .block(&keys.block, Some(now), *dur_us)
+                    .block(&keys.block.clone().into(), Some(now), *dur_us)
                     .await
                     .map_err(|e| format!("block: {e}"))?;
                 log.push(format!("+{} block {dur_us}µs -> +{}", now - T0, until - T0));
@@ -404,7 +408,7 @@ async fn exercise(
         // none shorter than the 1 s of slack a write gives (less the time
         // run since the case's first write, rounded to Redis' ms).
         for (key, life_us) in [
-            (&keys.rule.0, useful_life_us(&rule)),
+            (&keys.rule.0.key, useful_life_us(&rule)),
             (&keys.block, longest_block_us),
         ] {
             let ttl = pttl(conn, key).await;
@@ -708,7 +712,7 @@ fn token_bucket_and_gcra_answer_alike() {
                     Step::Block { dur_us } => {
                         for k in [&kg, &kt] {
                             redis
-                                .block(&k.block, Some(now), *dur_us)
+                                .block(&k.block.clone().into(), Some(now), *dur_us)
                                 .await
                                 .map_err(|e| e.to_string())?;
                         }

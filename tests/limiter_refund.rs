@@ -36,7 +36,9 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
 use redis::aio::MultiplexedConnection;
 use throttle_worker::limiter::model::{self, burst_fill, ModelStore, Params, State};
-use throttle_worker::limiter::{Algorithm, Mode, Op, RedisStore, Reply, Rule, ScriptCall, Store};
+use throttle_worker::limiter::{
+    Algorithm, KeyedRule, Mode, Op, RedisStore, Reply, Rule, ScriptCall, Store,
+};
 
 /// One call by a replica other than A: `gap` µs after the previous step.
 #[derive(Debug, Clone, Copy)]
@@ -127,7 +129,7 @@ struct Kept {
 struct Keys {
     prefix: String,
     block: String,
-    rules: Vec<(String, Rule)>,
+    rules: Vec<KeyedRule>,
 }
 
 impl Keys {
@@ -138,7 +140,12 @@ impl Keys {
             rules: rules
                 .iter()
                 .enumerate()
-                .map(|(i, r)| (format!("{prefix}:{{s}}:r{i}:{}", r.fingerprint()), *r))
+                .map(|(i, r)| {
+                    (
+                        format!("{prefix}:{{s}}:r{i}:{}", r.fingerprint()).into(),
+                        *r,
+                    )
+                })
                 .collect(),
             prefix,
         }
@@ -151,7 +158,7 @@ impl Keys {
             cost,
             mode,
             call_id: id.to_owned(),
-            block_key: self.block.clone(),
+            block: self.block.clone().into(),
             rules: self.rules.clone(),
         }
     }
@@ -160,7 +167,7 @@ impl Keys {
         let mut del = redis::cmd("DEL");
         del.arg(&self.block);
         for (k, _) in &self.rules {
-            del.arg(k);
+            del.arg(&k.key);
         }
         let _: i64 = del
             .query_async(conn)
@@ -358,7 +365,7 @@ fn replay(keys: &Keys, kept: &[Kept], a_opened: bool) -> Result<(), String> {
             k.units,
             Mode::AllOrNothing,
             &format!("replay-{}", k.who),
-            &keys.block,
+            &keys.block.clone().into(),
             &keys.rules,
         );
         if r.status != 1 || r.granted as u64 != k.units {
@@ -372,11 +379,12 @@ fn replay(keys: &Keys, kept: &[Kept], a_opened: bool) -> Result<(), String> {
 }
 
 /// burst_fill: A's request opened its period even though its units came back.
-fn touch_burst_fill(store: &mut ModelStore, rules: &[(String, Rule)], at: u64) {
+fn touch_burst_fill(store: &mut ModelStore, rules: &[KeyedRule], at: u64) {
     for (key, rule) in rules {
         if rule.algorithm() != Algorithm::BurstFill {
             continue;
         }
+        let key = &key.address();
         let p = Params::from(rule);
         let at = i128::from(at);
         let live = matches!(store.get(key), Some(State::BurstFill(h)) if at < h.s + p.period);
@@ -395,7 +403,7 @@ fn touch_burst_fill(store: &mut ModelStore, rules: &[(String, Rule)], at: u64) {
 /// interval of the slowest pacer, as `Pace` uses). So each departure below
 /// is within 1 µs of its slot, and two departures k units apart must be
 /// more than k·period/limit − 2 µs apart.
-fn pacing_violation(rules: &[(String, Rule)], kept: &[Kept]) -> Option<String> {
+fn pacing_violation(rules: &[KeyedRule], kept: &[Kept]) -> Option<String> {
     let pacers: Vec<&Rule> = rules
         .iter()
         .map(|(_, r)| r)

@@ -13,7 +13,9 @@ use common::redis_server::RedisServer;
 use common::rule;
 use throttle_worker::config::{load_from, Topology};
 use throttle_worker::limiter::overrides::Override;
-use throttle_worker::limiter::{BatchDecision, Decision, KeySpace, Limiter, Mode, RedisStore};
+use throttle_worker::limiter::{
+    BatchDecision, Decision, KeySpace, Limiter, Mode, RedisStore, StateLayout,
+};
 
 const PASSWORD: &str = "acl-s3cret-Pw";
 
@@ -84,8 +86,41 @@ async fn the_readme_acl_user_runs_the_worker_and_nothing_more() {
         ],
         vec![rule("gcra", 100, "1s", None)],
     );
-    let limiter = Limiter::new(store, KeySpace::new(prefix), policy, Topology::Single);
+    // Both state layouts: v2 reads and writes the seller's hash whole.
+    for layout in [StateLayout::V1, StateLayout::V2] {
+        let keys = KeySpace::with_layout(prefix, layout);
+        let limiter = Limiter::new(store.clone(), keys, policy.clone(), Topology::Single);
+        limiter_commands(&limiter).await;
+    }
 
+    // Nothing more: keys outside the prefix are refused...
+    let outside = Limiter::new(
+        open(server.port, PASSWORD, prefix).await.unwrap(),
+        KeySpace::new("elsewhere"),
+        common::policy(vec![rule("gcra", 10, "1s", None)], vec![]),
+        Topology::Single,
+    );
+    let e = outside
+        .acquire("s", 1, Mode::AllOrNothing)
+        .await
+        .expect_err("a key outside ~twacl:* must be refused");
+    assert!(
+        e.to_string().contains("NOPERM") || e.to_string().contains("no permissions"),
+        "{e}"
+    );
+    // ...and so is a wrong password, without the password in the error.
+    let Err(e) = open(server.port, "wrong-password-xyz", prefix).await else {
+        panic!("a wrong password must be refused");
+    };
+    assert!(
+        !e.contains("wrong-password-xyz"),
+        "the error shows the password: {e}"
+    );
+    assert!(!e.contains(PASSWORD), "{e}");
+}
+
+/// What a worker and the operator commands do with Redis, through `limiter`.
+async fn limiter_commands(limiter: &Limiter<RedisStore>) {
     // Limiter calls: single, job lists, a refusal.
     for _ in 0..3 {
         let d = limiter.acquire("s", 1, Mode::AllOrNothing).await.unwrap();
@@ -135,29 +170,4 @@ async fn the_readme_acl_user_runs_the_worker_and_nothing_more() {
         .unwrap();
     let d = limiter.acquire("s", 1, Mode::AllOrNothing).await.unwrap();
     assert!(matches!(d, Decision::Granted(_)), "after the reset: {d:?}");
-
-    // Nothing more: keys outside the prefix are refused...
-    let outside = Limiter::new(
-        open(server.port, PASSWORD, prefix).await.unwrap(),
-        KeySpace::new("elsewhere"),
-        common::policy(vec![rule("gcra", 10, "1s", None)], vec![]),
-        Topology::Single,
-    );
-    let e = outside
-        .acquire("s", 1, Mode::AllOrNothing)
-        .await
-        .expect_err("a key outside ~twacl:* must be refused");
-    assert!(
-        e.to_string().contains("NOPERM") || e.to_string().contains("no permissions"),
-        "{e}"
-    );
-    // ...and so is a wrong password, without the password in the error.
-    let Err(e) = open(server.port, "wrong-password-xyz", prefix).await else {
-        panic!("a wrong password must be refused");
-    };
-    assert!(
-        !e.contains("wrong-password-xyz"),
-        "the error shows the password: {e}"
-    );
-    assert!(!e.contains(PASSWORD), "{e}");
 }

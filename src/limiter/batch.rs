@@ -14,7 +14,7 @@ use super::permits::{Limiter, LimiterError};
 use super::policy::Resolved;
 use super::reply::JobsReply;
 use super::rule::Rule;
-use super::script::{JobsCall, JobsRequest, Op, ScriptCall, Store};
+use super::script::{BlockAt, JobsCall, JobsRequest, KeyedRule, Op, ScriptCall, Store};
 use crate::config::Topology;
 
 /// One list's answer from [`Limiter::check_jobs_many`]; an error is shared
@@ -103,7 +103,7 @@ impl<S: Store> Limiter<S> {
         let (mut seller_rules, global_rules) = self.keyed(q.seller, own, global);
         if self.topology == Topology::Single || global_rules.is_empty() {
             seller_rules.extend(global_rules);
-            let req = self.jobs_request(self.keys.block(q.seller), seller_rules, q.costs);
+            let req = self.jobs_request(self.keys.block_at(q.seller), seller_rules, q.costs);
             return self.one(q, req).await;
         }
         self.jobs_split(q, seller_rules, global_rules).await
@@ -210,18 +210,18 @@ impl<S: Store> Limiter<S> {
         for &(seller, costs) in lists {
             let resolved = policy.resolve(seller);
             unlimited.push(matches!(resolved, Resolved::Unlimited));
-            let rules: Vec<(String, Rule)> = match resolved {
+            let rules: Vec<KeyedRule> = match resolved {
                 Resolved::Unlimited => Vec::new(),
                 Resolved::Limited {
                     seller: own,
                     global,
-                } => own
-                    .iter()
-                    .map(|r| (self.keys.rule(seller, r), *r))
-                    .chain(global.iter().map(|r| (self.keys.global_rule(r), *r)))
-                    .collect(),
+                } => {
+                    let mut rules = self.keys.own_rules(seller, own);
+                    rules.extend(self.keys.global_rules(global));
+                    rules
+                }
             };
-            requests.push(self.jobs_request(self.keys.block(seller), rules, costs));
+            requests.push(self.jobs_request(self.keys.block_at(seller), rules, costs));
         }
         let call = JobsCall {
             now_us: at_us,
@@ -263,15 +263,10 @@ impl<S: Store> Limiter<S> {
         futures::future::join_all(calls).await;
     }
 
-    fn jobs_request(
-        &self,
-        block_key: String,
-        rules: Vec<(String, Rule)>,
-        costs: &[u64],
-    ) -> JobsRequest {
+    fn jobs_request(&self, block: BlockAt, rules: Vec<KeyedRule>, costs: &[u64]) -> JobsRequest {
         JobsRequest {
             call_id: self.ids.next(),
-            block_key,
+            block,
             rules,
             costs: costs.to_vec(),
         }
@@ -319,7 +314,7 @@ impl<S: Store> Limiter<S> {
         &self,
         q: JobsQuery<'_>,
     ) -> Result<BatchDecision, LimiterError<S::Error>> {
-        let req = self.jobs_request(self.keys.block(q.seller), Vec::new(), q.costs);
+        let req = self.jobs_request(self.keys.block_at(q.seller), Vec::new(), q.costs);
         Ok(match self.one(q, req).await? {
             BatchDecision::Granted(g) => BatchDecision::Granted(BatchGranted {
                 remaining: u64::MAX,
@@ -336,11 +331,11 @@ impl<S: Store> Limiter<S> {
     async fn jobs_split(
         &self,
         q: JobsQuery<'_>,
-        seller_rules: Vec<(String, Rule)>,
-        global_rules: Vec<(String, Rule)>,
+        seller_rules: Vec<KeyedRule>,
+        global_rules: Vec<KeyedRule>,
     ) -> Result<BatchDecision, LimiterError<S::Error>> {
         let n_own = seller_rules.len();
-        let first = self.jobs_request(self.keys.block(q.seller), seller_rules, q.costs);
+        let first = self.jobs_request(self.keys.block_at(q.seller), seller_rules, q.costs);
         let (own_reply, first) = self.run_one(q, first).await?;
         let own_rules: Vec<Rule> = first.rules.iter().map(|(_, r)| *r).collect();
         let mine = match own_reply.decision(&own_rules, q.costs) {
@@ -348,7 +343,7 @@ impl<S: Store> Limiter<S> {
             other => return Ok(other),
         };
         let second = self.jobs_request(
-            self.keys.global_block(),
+            self.keys.global_block_at(),
             global_rules,
             &q.costs[..mine.jobs],
         );
@@ -375,7 +370,7 @@ impl<S: Store> Limiter<S> {
                 cost: refund.0,
                 mode: Mode::AllOrNothing,
                 call_id: first.call_id.clone(),
-                block_key: first.block_key.clone(),
+                block: first.block.clone(),
                 rules: first.rules.clone(),
             };
             self.run_refund(&call, refund.0).await;

@@ -8,7 +8,7 @@ use super::decision::{Decision, Mode};
 use super::permits::Limiter;
 use super::policy::Resolved;
 use super::rule::Rule;
-use super::script::{Op, ScriptCall, Store};
+use super::script::{BlockAt, KeyedRule, Op, ScriptCall, StateKey, Store};
 
 /// Which list a rule comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,22 +81,25 @@ impl<S: Store> Limiter<S> {
         } else {
             policy.shadow(seller)
         };
-        let mut listed: Vec<(Rule, RuleKind, String, String)> = Vec::new();
+        let mut listed: Vec<(Rule, RuleKind, StateKey, BlockAt)> = Vec::new();
         let lists = [
-            (own, RuleKind::Seller),
-            (global, RuleKind::Global),
-            (own_shadow, RuleKind::Shadow),
-            (global_shadow, RuleKind::GlobalShadow),
+            (self.keys.own_rules(seller, own), RuleKind::Seller),
+            (self.keys.global_rules(global), RuleKind::Global),
+            (self.keys.shadow_rules(seller, own_shadow), RuleKind::Shadow),
+            (
+                self.keys.global_shadow_rules(global_shadow),
+                RuleKind::GlobalShadow,
+            ),
         ];
         for (rules, kind) in lists {
             let global = matches!(kind, RuleKind::Global | RuleKind::GlobalShadow);
-            for r in rules {
-                let (key, block) = if global {
-                    (self.keys.global_rule(r), self.keys.global_block())
-                } else {
-                    (self.keys.rule(seller, r), self.keys.no_block(seller))
-                };
-                listed.push((*r, kind, key, block));
+            let block = if global {
+                self.keys.global_block_at()
+            } else {
+                self.keys.unblocked_at(seller)
+            };
+            for (at, r) in rules {
+                listed.push((r, kind, at, block.clone()));
             }
         }
         let mut rules = Vec::with_capacity(listed.len());
@@ -159,7 +162,7 @@ impl<S: Store> Limiter<S> {
             at_us,
             1,
             Mode::AllOrNothing,
-            self.keys.block(seller),
+            self.keys.block_at(seller),
             Vec::new(),
         );
         let blocked_for = match block.await? {
@@ -179,8 +182,8 @@ impl<S: Store> Limiter<S> {
         at_us: Option<u64>,
         cost: u64,
         mode: Mode,
-        block_key: String,
-        rules: Vec<(String, Rule)>,
+        block: BlockAt,
+        rules: Vec<KeyedRule>,
     ) -> Result<Decision, S::Error> {
         let call = ScriptCall {
             op: Op::Peek,
@@ -188,7 +191,7 @@ impl<S: Store> Limiter<S> {
             cost,
             mode,
             call_id: self.ids.next(),
-            block_key,
+            block,
             rules,
         };
         let plain: Vec<Rule> = call.rules.iter().map(|(_, r)| *r).collect();

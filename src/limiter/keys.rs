@@ -1,18 +1,30 @@
-//! Redis key names.
+//! Redis key names, in the two layouts of the limiter's state.
 //!
 //! Every key of one seller carries the seller in one hash tag (`{…}`), so a
 //! Redis Cluster puts all of them in one slot and one script can touch them
-//! all. A rule's key includes its fingerprint: when an operator changes a
-//! rule, the new rule starts from fresh state instead of misreading the old
-//! rule's state (or hitting WRONGTYPE when the algorithm changed).
+//! all.
+//!
+//! - **v1**: a key per rule whose name includes the rule's fingerprint, and
+//!   a key for the 429 block. An edited rule starts from fresh state, on
+//!   top of what the old rule admitted (issue 21).
+//! - **v2**: one hash per seller, `prefix:{seller}:v2`, holding the block
+//!   and every rule's state by its place in the seller's rule list
+//!   (`r<i>` enforced, `s<i>` shadow); the global rules in
+//!   `prefix:{*global*}:v2`. An edited rule converts what it finds at its
+//!   place (`lua/common.lua`, `settle`), and a slot migration moves a
+//!   seller whole.
+
+pub use crate::config::StateLayout;
 
 use super::rule::Rule;
+use super::script::{BlockAt, BlockRead, KeyedRule, StateKey};
 
 /// Key names under one prefix.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeySpace {
     /// Validated by config: contains no `{` or `}`.
     prefix: String,
+    layout: StateLayout,
 }
 
 /// The hash tag of the global rules, which belong to no seller. It cannot
@@ -20,13 +32,120 @@ pub struct KeySpace {
 const GLOBAL_TAG: &str = "*global*";
 
 impl KeySpace {
+    /// Keys of state v1.
     pub fn new(prefix: impl Into<String>) -> KeySpace {
+        KeySpace::with_layout(prefix, StateLayout::V1)
+    }
+
+    pub fn with_layout(prefix: impl Into<String>, layout: StateLayout) -> KeySpace {
         KeySpace {
             prefix: prefix.into(),
+            layout,
         }
     }
 
-    /// Where a downstream 429 holds a seller for every replica.
+    pub fn layout(&self) -> StateLayout {
+        self.layout
+    }
+
+    /// v2: the hash that holds everything of one seller.
+    pub fn seller_state(&self, seller: &str) -> String {
+        format!("{}:{{{}}}:v2", self.prefix, tag(seller))
+    }
+
+    /// v2: the hash of the global rules' state.
+    pub fn global_state(&self) -> String {
+        format!("{}:{{{}}}:v2", self.prefix, GLOBAL_TAG)
+    }
+
+    /// Where a call finds the seller's 429 block.
+    pub fn block_at(&self, seller: &str) -> BlockAt {
+        match self.layout {
+            StateLayout::V1 => BlockAt::key(self.block(seller)),
+            StateLayout::V2 => BlockAt {
+                key: self.seller_state(seller),
+                read: BlockRead::Field,
+            },
+        }
+    }
+
+    /// The first key of a call over the seller's rules that must not see
+    /// its 429 block (shadow rules, `limits show`'s reads of one rule).
+    pub fn unblocked_at(&self, seller: &str) -> BlockAt {
+        match self.layout {
+            StateLayout::V1 => BlockAt::key(self.no_block(seller)),
+            StateLayout::V2 => BlockAt {
+                key: self.seller_state(seller),
+                read: BlockRead::Ignore,
+            },
+        }
+    }
+
+    /// The first key of a call over the global rules alone (Redis Cluster).
+    pub fn global_block_at(&self) -> BlockAt {
+        match self.layout {
+            StateLayout::V1 => BlockAt::key(self.global_block()),
+            StateLayout::V2 => BlockAt {
+                key: self.global_state(),
+                read: BlockRead::Ignore,
+            },
+        }
+    }
+
+    /// The seller's enforced rules with where their state lives.
+    pub fn own_rules(&self, seller: &str, rules: &[Rule]) -> Vec<KeyedRule> {
+        self.placed(
+            rules,
+            "r",
+            || self.seller_state(seller),
+            |r| self.rule(seller, r),
+        )
+    }
+
+    /// The seller's shadow rules with where their state lives.
+    pub fn shadow_rules(&self, seller: &str, rules: &[Rule]) -> Vec<KeyedRule> {
+        self.placed(
+            rules,
+            "s",
+            || self.seller_state(seller),
+            |r| self.rule(seller, r),
+        )
+    }
+
+    /// The global enforced rules with where their state lives.
+    pub fn global_rules(&self, rules: &[Rule]) -> Vec<KeyedRule> {
+        self.placed(rules, "r", || self.global_state(), |r| self.global_rule(r))
+    }
+
+    /// The global shadow rules with where their state lives.
+    pub fn global_shadow_rules(&self, rules: &[Rule]) -> Vec<KeyedRule> {
+        self.placed(rules, "s", || self.global_state(), |r| self.global_rule(r))
+    }
+
+    fn placed(
+        &self,
+        rules: &[Rule],
+        kind: &str,
+        hash: impl Fn() -> String,
+        own_key: impl Fn(&Rule) -> String,
+    ) -> Vec<KeyedRule> {
+        match self.layout {
+            StateLayout::V1 => rules
+                .iter()
+                .map(|r| (StateKey::own(own_key(r)), *r))
+                .collect(),
+            StateLayout::V2 => {
+                let key = hash();
+                rules
+                    .iter()
+                    .enumerate()
+                    .map(|(i, r)| (StateKey::place(key.clone(), format!("{kind}{i}")), *r))
+                    .collect()
+            }
+        }
+    }
+
+    /// v1: where a downstream 429 holds a seller for every replica.
     pub fn block(&self, seller: &str) -> String {
         format!("{}:{{{}}}:block", self.prefix, tag(seller))
     }
@@ -38,12 +157,12 @@ impl KeySpace {
         format!("{}:{{{}}}:unblocked", self.prefix, tag(seller))
     }
 
-    /// The state of one of a seller's rules.
+    /// v1: the state of one of a seller's rules.
     pub fn rule(&self, seller: &str, rule: &Rule) -> String {
         format!("{}:{{{}}}:{}", self.prefix, tag(seller), rule.fingerprint())
     }
 
-    /// The state of a global rule.
+    /// v1: the state of a global rule.
     pub fn global_rule(&self, rule: &Rule) -> String {
         format!("{}:{{{}}}:{}", self.prefix, GLOBAL_TAG, rule.fingerprint())
     }

@@ -45,10 +45,13 @@ pub use decision::{
     BatchDecision, BatchGranted, CannotPass, Decision, Denied, DeniedBy, Granted, Mode, NextJob,
     Pace,
 };
-pub use keys::KeySpace;
+pub use keys::{KeySpace, StateLayout};
 pub use permits::{Limiter, LimiterError, Request};
 pub use policy::{Policy, Resolved};
 pub use redis::{RedisError, RedisStore, Scripts};
 pub use reply::{JobsReply, Reply};
 pub use rule::{Algorithm, Rule, RuleError};
-pub use script::{FunctionLibrary, JobsCall, JobsRequest, Op, ScriptCall, Store};
+pub use script::{
+    BlockAt, BlockRead, FunctionLibrary, JobsCall, JobsRequest, KeyedRule, Op, ScriptCall,
+    StateKey, Store,
+};

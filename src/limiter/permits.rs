@@ -13,11 +13,11 @@ use std::time::Duration;
 use crate::config::Topology;
 
 use super::decision::{CannotPass, Decision, Denied, DeniedBy, Granted, Mode};
-use super::keys::KeySpace;
+use super::keys::{KeySpace, StateLayout};
 use super::policy::{Policy, Resolved, RuleSet};
 use super::reply::Reply;
 use super::rule::Rule;
-use super::script::{Op, ScriptCall, Store};
+use super::script::{BlockAt, Op, ScriptCall, Store};
 
 /// A question for the limiter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,8 +57,7 @@ pub enum LimiterError<E: std::error::Error + 'static> {
     Store(E),
 }
 
-/// A rule with the Redis key its state lives under.
-pub(super) type KeyedRule = (String, Rule);
+pub(super) use super::script::KeyedRule;
 
 /// The shared per-seller limiter over a [`Store`].
 pub struct Limiter<S> {
@@ -132,9 +131,12 @@ impl<S: Store> Limiter<S> {
 
     /// Every key that holds `seller`'s own state: its 429 block and one per
     /// rule it is held to now, shadow rules included (global rules' keys are
-    /// shared, not its own).
-    /// All in the seller's hash slot.
+    /// shared, not its own); in state v2, its one hash, which also holds
+    /// what rules it was held to before. All in the seller's hash slot.
     pub fn seller_keys(&self, seller: &str) -> Vec<String> {
+        if self.keys.layout() == StateLayout::V2 {
+            return vec![self.keys.seller_state(seller)];
+        }
         let policy = self.policy();
         let mut keys = vec![self.keys.block(seller)];
         if let Resolved::Limited { seller: own, .. } = policy.resolve(seller) {
@@ -157,15 +159,10 @@ impl<S: Store> Limiter<S> {
         own: &[Rule],
         global: &[Rule],
     ) -> (Vec<KeyedRule>, Vec<KeyedRule>) {
-        let own = own
-            .iter()
-            .map(|r| (self.keys.rule(seller, r), *r))
-            .collect();
-        let global = global
-            .iter()
-            .map(|r| (self.keys.global_rule(r), *r))
-            .collect();
-        (own, global)
+        (
+            self.keys.own_rules(seller, own),
+            self.keys.global_rules(global),
+        )
     }
 
     /// Asks for `cost` units for `seller` on Redis' clock, charging them.
@@ -204,7 +201,7 @@ impl<S: Store> Limiter<S> {
         let (mut seller_rules, global_rules) = self.keyed(req.seller, own, global);
         if self.topology == Topology::Single || global_rules.is_empty() {
             seller_rules.extend(global_rules);
-            let call = self.call(op, req, self.keys.block(req.seller), seller_rules);
+            let call = self.call(op, req, self.keys.block_at(req.seller), seller_rules);
             let reply = self.store.run(&call).await.map_err(LimiterError::Store)?;
             let rules: Vec<Rule> = call.rules.iter().map(|(_, r)| *r).collect();
             return Ok(reply.decision(&rules, req.cost));
@@ -217,7 +214,7 @@ impl<S: Store> Limiter<S> {
     /// only the block key (and the clock) and writes nothing.
     async fn check_unlimited(&self, req: Request<'_>) -> Result<Decision, LimiterError<S::Error>> {
         let op = if req.dry_run { Op::Peek } else { Op::Acquire };
-        let call = self.call(op, req, self.keys.block(req.seller), Vec::new());
+        let call = self.call(op, req, self.keys.block_at(req.seller), Vec::new());
         let reply = self.store.run(&call).await.map_err(LimiterError::Store)?;
         Ok(match reply.decision(&[], req.cost) {
             Decision::Granted(g) => unlimited(req.cost, g.decided_at_us),
@@ -238,11 +235,11 @@ impl<S: Store> Limiter<S> {
         &self,
         op: Op,
         req: Request<'_>,
-        seller_rules: Vec<(String, Rule)>,
-        global_rules: Vec<(String, Rule)>,
+        seller_rules: Vec<KeyedRule>,
+        global_rules: Vec<KeyedRule>,
     ) -> Result<Decision, LimiterError<S::Error>> {
         let n_own = seller_rules.len();
-        let first = self.call(op, req, self.keys.block(req.seller), seller_rules);
+        let first = self.call(op, req, self.keys.block_at(req.seller), seller_rules);
         let own_reply = self.store.run(&first).await.map_err(LimiterError::Store)?;
         let own_rules: Vec<Rule> = first.rules.iter().map(|(_, r)| *r).collect();
         let granted = match own_reply.decision(&own_rules, req.cost) {
@@ -256,7 +253,7 @@ impl<S: Store> Limiter<S> {
             cost: granted.granted,
             ..req
         };
-        let second = self.call(op, second_req, self.keys.global_block(), global_rules);
+        let second = self.call(op, second_req, self.keys.global_block_at(), global_rules);
         let global_rules: Vec<Rule> = second.rules.iter().map(|(_, r)| *r).collect();
         let global = match self.store.run(&second).await {
             Ok(reply) => reply.decision(&global_rules, granted.granted),
@@ -336,7 +333,7 @@ impl<S: Store> Limiter<S> {
     pub async fn block(&self, seller: &str, dur: Duration) -> Result<u64, S::Error> {
         let dur_us = u64::try_from(dur.as_micros()).unwrap_or(u64::MAX).max(1);
         self.store
-            .block(&self.keys.block(seller), None, dur_us)
+            .block(&self.keys.block_at(seller), None, dur_us)
             .await
     }
 
@@ -349,24 +346,18 @@ impl<S: Store> Limiter<S> {
     ) -> Result<u64, S::Error> {
         let dur_us = u64::try_from(dur.as_micros()).unwrap_or(u64::MAX).max(1);
         self.store
-            .block(&self.keys.block(seller), Some(now_us), dur_us)
+            .block(&self.keys.block_at(seller), Some(now_us), dur_us)
             .await
     }
 
-    fn call(
-        &self,
-        op: Op,
-        req: Request<'_>,
-        block_key: String,
-        rules: Vec<(String, Rule)>,
-    ) -> ScriptCall {
+    fn call(&self, op: Op, req: Request<'_>, block: BlockAt, rules: Vec<KeyedRule>) -> ScriptCall {
         ScriptCall {
             op,
             now_us: req.at_us,
             cost: req.cost,
             mode: req.mode,
             call_id: self.ids.next(),
-            block_key,
+            block,
             rules,
         }
     }

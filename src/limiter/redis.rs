@@ -20,7 +20,9 @@ use redis::{Cmd, IntoConnectionInfo, Pipeline, RedisFuture, Script, Value};
 use crate::config::{RedisSettings, Topology};
 
 use super::reply::{JobsReply, MalformedReply, Reply};
-use super::script::{FunctionLibrary, JobsCall, ScriptCall, Store, BLOCK_LUA, LIMITER_LUA};
+use super::script::{
+    BlockAt, BlockRead, FunctionLibrary, JobsCall, ScriptCall, Store, BLOCK_LUA, LIMITER_LUA,
+};
 use crate::telemetry::events::RedisCalled;
 
 /// Why a Redis call failed.
@@ -609,14 +611,30 @@ impl Store for RedisStore {
         Ok(replies)
     }
 
-    async fn block(&self, key: &str, now_us: Option<u64>, dur_us: u64) -> Result<u64, RedisError> {
+    async fn block(
+        &self,
+        at: &BlockAt,
+        now_us: Option<u64>,
+        dur_us: u64,
+    ) -> Result<u64, RedisError> {
+        let how = if at.read == BlockRead::Field {
+            "f"
+        } else {
+            "k"
+        };
         let args = [
             now_us.map(|n| n.to_string()).unwrap_or_default(),
             dur_us.max(1).to_string(),
+            how.to_owned(),
         ];
-        self.call(&self.functions.library.block, &self.block, &[key], &args)
-            .await
-            .map_err(|e| self.failed(e))
+        self.call(
+            &self.functions.library.block,
+            &self.block,
+            &[at.key.as_str()],
+            &args,
+        )
+        .await
+        .map_err(|e| self.failed(e))
     }
 }
 

@@ -213,8 +213,26 @@ impl Rule {
         self.burst.get()
     }
 
-    /// A stable, human-readable identity used in Redis key names, so that a
-    /// changed rule starts with fresh state instead of misreading old state.
+    /// The rule a [`Rule::fingerprint`] names; `None` when it does not
+    /// parse or names no valid rule.
+    pub fn from_fingerprint(fp: &str) -> Option<Rule> {
+        let mut parts = fp.split(':');
+        let algorithm: Algorithm = parts.next()?.parse().ok()?;
+        let limit: u64 = parts.next()?.parse().ok()?;
+        let period_us: u64 = parts.next()?.parse().ok()?;
+        let burst: u64 = parts.next()?.parse().ok()?;
+        if parts.next().is_some() {
+            return None;
+        }
+        let burst = algorithm.uses_burst().then_some(burst);
+        Rule::new(algorithm, limit, Duration::from_micros(period_us), burst)
+            .ok()
+            .filter(|r| r.fingerprint() == fp)
+    }
+
+    /// A stable, human-readable identity: in v1 Redis key names, so that a
+    /// changed rule starts with fresh state instead of misreading old state;
+    /// in v2 the `fp` of a rule's place, so that a changed rule converts it.
     pub fn fingerprint(&self) -> String {
         format!(
             "{}:{}:{}:{}",

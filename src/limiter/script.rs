@@ -115,6 +115,121 @@ pub enum Op {
     Refund { skip: u64, taken_at_us: u64 },
 }
 
+/// Where one rule's state lives (see `lua/common.lua`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct StateKey {
+    pub key: String,
+    /// `None`: state v1, a key of the rule's own whose name carries the
+    /// rule's fingerprint. `Some(place)`: state v2, the fields `<place>:…`
+    /// of the hash `key`, which holds the seller's block and every rule's
+    /// state (`r<i>` enforced, `s<i>` shadow rules).
+    pub place: Option<String>,
+}
+
+impl StateKey {
+    /// A v1 key of the rule's own.
+    pub fn own(key: impl Into<String>) -> StateKey {
+        StateKey {
+            key: key.into(),
+            place: None,
+        }
+    }
+
+    /// A place in a v2 hash.
+    pub fn place(key: impl Into<String>, place: impl Into<String>) -> StateKey {
+        StateKey {
+            key: key.into(),
+            place: Some(place.into()),
+        }
+    }
+
+    /// One name for the state, unique across layouts: the key (v1), or
+    /// `key#place` (v2; a place never holds `#`). The reference model
+    /// stores each state under it.
+    pub fn address(&self) -> String {
+        match &self.place {
+            None => self.key.clone(),
+            Some(place) => format!("{}#{place}", self.key),
+        }
+    }
+}
+
+impl From<String> for StateKey {
+    fn from(key: String) -> StateKey {
+        StateKey::own(key)
+    }
+}
+
+impl From<&str> for StateKey {
+    fn from(key: &str) -> StateKey {
+        StateKey::own(key)
+    }
+}
+
+/// How a call reads the seller's downstream 429 block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BlockRead {
+    /// v1: a key of its own holds the block's end.
+    Key,
+    /// v2: the `block` field of the seller's hash.
+    Field,
+    /// Not read: shadow rules, `limits show`'s per-rule reads, the global
+    /// rules' own call.
+    Ignore,
+}
+
+impl BlockRead {
+    fn wire(self) -> &'static str {
+        match self {
+            BlockRead::Key => "k",
+            BlockRead::Field => "f",
+            BlockRead::Ignore => "-",
+        }
+    }
+}
+
+/// The key a call names first (its block key, or the seller's hash), and
+/// how the block is read there.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct BlockAt {
+    pub key: String,
+    pub read: BlockRead,
+}
+
+impl BlockAt {
+    /// A v1 block key.
+    pub fn key(key: impl Into<String>) -> BlockAt {
+        BlockAt {
+            key: key.into(),
+            read: BlockRead::Key,
+        }
+    }
+
+    /// The model's name for the block: `None` when it is not read.
+    pub fn address(&self) -> Option<String> {
+        match self.read {
+            BlockRead::Key => Some(self.key.clone()),
+            BlockRead::Field => Some(format!("{}#block", self.key)),
+            BlockRead::Ignore => None,
+        }
+    }
+}
+
+impl From<String> for BlockAt {
+    fn from(key: String) -> BlockAt {
+        BlockAt::key(key)
+    }
+}
+
+impl From<&str> for BlockAt {
+    fn from(key: &str) -> BlockAt {
+        BlockAt::key(key)
+    }
+}
+
+/// A rule with where its state lives.
+pub type KeyedRule = (StateKey, Rule);
+
 /// One invocation of [`LIMITER_LUA`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ScriptCall {
@@ -125,15 +240,16 @@ pub struct ScriptCall {
     pub mode: Mode,
     /// Unique per call across all replicas; names sliding-log entries.
     pub call_id: String,
-    pub block_key: String,
-    /// Each rule with the key of its state.
-    pub rules: Vec<(String, Rule)>,
+    pub block: BlockAt,
+    /// Each rule with where its state lives.
+    pub rules: Vec<KeyedRule>,
 }
 
 impl ScriptCall {
     /// KEYS of the script: the block key, then one per rule.
     pub fn keys(&self) -> impl Iterator<Item = &str> {
-        std::iter::once(self.block_key.as_str()).chain(self.rules.iter().map(|(k, _)| k.as_str()))
+        std::iter::once(self.block.key.as_str())
+            .chain(self.rules.iter().map(|(k, _)| k.key.as_str()))
     }
 
     /// ARGV of the script, as `lua/limiter.lua` documents it.
@@ -149,14 +265,10 @@ impl ScriptCall {
             self.cost.to_string(),
             mode,
             self.call_id.clone(),
+            self.block.read.wire().to_owned(),
             self.rules.len().to_string(),
         ];
-        for (_, r) in &self.rules {
-            args.push(r.algorithm().name().to_owned());
-            args.push(r.limit().to_string());
-            args.push(r.period_us().to_string());
-            args.push(r.burst().to_string());
-        }
+        push_rules(&mut args, &self.rules);
         if let Op::Refund { taken_at_us, .. } = self.op {
             args.push(taken_at_us.to_string());
         }
@@ -170,9 +282,9 @@ impl ScriptCall {
 pub struct JobsRequest {
     /// Unique per call across all replicas; names sliding-log entries.
     pub call_id: String,
-    pub block_key: String,
-    /// Each rule with the key of its state.
-    pub rules: Vec<(String, Rule)>,
+    pub block: BlockAt,
+    /// Each rule with where its state lives.
+    pub rules: Vec<KeyedRule>,
     /// At least one, each >= 1.
     pub costs: Vec<u64>,
 }
@@ -194,7 +306,7 @@ impl JobsCall {
     /// KEYS: per request its block key, then one per rule.
     pub fn keys(&self) -> impl Iterator<Item = &str> {
         self.requests.iter().flat_map(|q| {
-            std::iter::once(q.block_key.as_str()).chain(q.rules.iter().map(|(k, _)| k.as_str()))
+            std::iter::once(q.block.key.as_str()).chain(q.rules.iter().map(|(k, _)| k.key.as_str()))
         })
     }
 
@@ -210,15 +322,22 @@ impl JobsCall {
             args.push(q.call_id.clone());
             let costs: Vec<String> = q.costs.iter().map(u64::to_string).collect();
             args.push(costs.join(","));
+            args.push(q.block.read.wire().to_owned());
             args.push(q.rules.len().to_string());
-            for (_, r) in &q.rules {
-                args.push(r.algorithm().name().to_owned());
-                args.push(r.limit().to_string());
-                args.push(r.period_us().to_string());
-                args.push(r.burst().to_string());
-            }
+            push_rules(&mut args, &q.rules);
         }
         args
+    }
+}
+
+/// Per rule: algorithm, limit, period_us, burst, place ('' for v1).
+fn push_rules(args: &mut Vec<String>, rules: &[KeyedRule]) {
+    for (at, r) in rules {
+        args.push(r.algorithm().name().to_owned());
+        args.push(r.limit().to_string());
+        args.push(r.period_us().to_string());
+        args.push(r.burst().to_string());
+        args.push(at.place.clone().unwrap_or_default());
     }
 }
 
@@ -235,11 +354,11 @@ pub trait Store: Send + Sync {
         call: &JobsCall,
     ) -> impl Future<Output = Result<Vec<JobsReply>, Self::Error>> + Send;
 
-    /// Blocks the seller whose block key is `key` for `dur_us` from now
+    /// Blocks the seller whose block is at `at` for `dur_us` from now
     /// (never shortening a longer block); returns when the block ends (µs).
     fn block(
         &self,
-        key: &str,
+        at: &BlockAt,
         now_us: Option<u64>,
         dur_us: u64,
     ) -> impl Future<Output = Result<u64, Self::Error>> + Send;

@@ -16,6 +16,7 @@ use crate::telemetry::events::ShadowDecided;
 use super::decision::{Decision, DeniedBy, Mode};
 use super::permits::{KeyedRule, Limiter};
 use super::rule::Rule;
+use super::script::BlockAt;
 use super::script::{Op, ScriptCall, Store};
 
 impl<S: Store> Limiter<S> {
@@ -34,23 +35,17 @@ impl<S: Store> Limiter<S> {
         if own.is_empty() && global.is_empty() {
             return;
         }
-        let own: Vec<KeyedRule> = own
-            .iter()
-            .map(|r| (self.keys.rule(seller, r), *r))
-            .collect();
-        let global: Vec<KeyedRule> = global
-            .iter()
-            .map(|r| (self.keys.global_rule(r), *r))
-            .collect();
+        let own: Vec<KeyedRule> = self.keys.shadow_rules(seller, own);
+        let global: Vec<KeyedRule> = self.keys.global_shadow_rules(global);
         let tier = policy.tier_of(seller);
         if self.topology == Topology::Single || global.is_empty() || own.is_empty() {
             let offset = 0;
             let (block, rules) = if own.is_empty() {
-                (self.keys.global_block(), global)
+                (self.keys.global_block_at(), global)
             } else {
                 let mut all = own;
                 all.extend(global);
-                (self.keys.no_block(seller), all)
+                (self.keys.unblocked_at(seller), all)
             };
             self.shadow_call(seller, tier, units, at_us, block, rules, offset)
                 .await;
@@ -63,7 +58,7 @@ impl<S: Store> Limiter<S> {
                 tier,
                 units,
                 at_us,
-                self.keys.no_block(seller),
+                self.keys.unblocked_at(seller),
                 own,
                 0,
             )
@@ -73,7 +68,7 @@ impl<S: Store> Limiter<S> {
                 tier,
                 units,
                 at_us,
-                self.keys.global_block(),
+                self.keys.global_block_at(),
                 global,
                 n_own,
             )
@@ -91,7 +86,7 @@ impl<S: Store> Limiter<S> {
         tier: &str,
         units: u64,
         at_us: Option<u64>,
-        block_key: String,
+        block: BlockAt,
         rules: Vec<KeyedRule>,
         offset: usize,
     ) {
@@ -101,7 +96,7 @@ impl<S: Store> Limiter<S> {
             cost: units,
             mode: Mode::UpTo,
             call_id: self.ids.next(),
-            block_key,
+            block,
             rules,
         };
         let plain: Vec<Rule> = call.rules.iter().map(|(_, r)| *r).collect();

@@ -106,7 +106,7 @@ pub async fn run_watching(
     crate::telemetry::metrics::name_sellers(policy.named_sellers().map(str::to_owned));
     let limiter = Limiter::new(
         store,
-        KeySpace::new(settings.redis.key_prefix.clone()),
+        KeySpace::with_layout(settings.redis.key_prefix.clone(), settings.redis.state),
         policy,
         settings.redis.topology,
     );

@@ -14,7 +14,8 @@ use throttle_worker::job::Job;
 use throttle_worker::kafka::{OriginalRecord, Position, RetryHeaders, Verdict};
 use throttle_worker::limiter::model::{self, ModelStore};
 use throttle_worker::limiter::{
-    BatchDecision, Decision, JobsCall, JobsReply, Limiter, Op, Reply, Rule, ScriptCall, Store,
+    BatchDecision, BlockAt, Decision, JobsCall, JobsReply, Limiter, Op, Reply, Rule, ScriptCall,
+    Store,
 };
 use throttle_worker::worker::{
     Caller, Clock, PermitError, Permits, SellerInfo, WriteError, Writer,
@@ -383,7 +384,7 @@ impl Store for SimStore {
             call.cost,
             call.mode,
             &call.call_id,
-            &call.block_key,
+            &call.block,
             &call.rules,
         ))
     }
@@ -401,7 +402,7 @@ impl Store for SimStore {
 
     async fn block(
         &self,
-        key: &str,
+        key: &BlockAt,
         now_us: Option<u64>,
         dur_us: u64,
     ) -> Result<u64, SimRedisError> {

@@ -115,7 +115,7 @@ mod tests {
         let mut now = T0;
         let mut grants = Vec::new();
         let mut ask = |store: &mut ModelStore, now: u64, rule: &Rule, cost: u64, i: usize| {
-            let rules = [(KEY.to_owned(), *rule)];
+            let rules = [(KEY.into(), *rule)];
             let reply = run(
                 store,
                 Op::Acquire,
@@ -123,7 +123,7 @@ mod tests {
                 cost,
                 Mode::UpTo,
                 &format!("c{i}"),
-                BLOCK,
+                &BLOCK.into(),
                 &rules,
             );
             if reply.status == 1 && reply.granted > 0 {
@@ -365,7 +365,7 @@ mod tests {
                 for (limit, left) in [(5, 0), (10, 4), (30, 24)] {
                     let new = rule_of(b, limit, 10, 0);
                     let mut store = ModelStore::new();
-                    let rules = [(KEY.to_owned(), old)];
+                    let rules = [(KEY.into(), old)];
                     let r = run(
                         &mut store,
                         Op::Acquire,
@@ -373,7 +373,7 @@ mod tests {
                         6,
                         Mode::UpTo,
                         "c",
-                        BLOCK,
+                        &BLOCK.into(),
                         &rules,
                     );
                     assert_eq!(r.granted, 6, "{a:?}");
@@ -383,7 +383,7 @@ mod tests {
                         in_use >= 6.min(i128::from(limit)),
                         "{a:?} -> {b:?} {limit}: {in_use} in use"
                     );
-                    let rules = [(KEY.to_owned(), new)];
+                    let rules = [(KEY.into(), new)];
                     let r = run(
                         &mut store,
                         Op::Peek,
@@ -391,7 +391,7 @@ mod tests {
                         100,
                         Mode::UpTo,
                         "p",
-                        BLOCK,
+                        &BLOCK.into(),
                         &rules,
                     );
                     assert!(

@@ -42,7 +42,7 @@ use std::time::Duration;
 use super::decision::{Decision, Mode};
 use super::reply::{JobsReply, Reply};
 use super::rule::{Algorithm, Rule};
-use super::script::JobsRequest;
+use super::script::{BlockAt, JobsRequest, KeyedRule, StateKey};
 
 pub use burst_fill::BurstFill;
 pub use fixed_window::FixedWindow;
@@ -133,9 +133,13 @@ pub fn tat_store(store: &mut ModelStore, key: &str, debt: i128, limit: i128, now
 /// The Redis keyspace of the scripts, in memory.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ModelStore {
-    /// Key name → value; a key is absent exactly when Redis would not have
-    /// it (modulo expiry, which is not modelled).
+    /// State address ([`StateKey::address`]) → value; a state is absent
+    /// exactly when Redis would not have it (modulo expiry, which is not
+    /// modelled). A v2 place is `hash#place`, a v2 block `hash#block`.
     entries: HashMap<String, State>,
+    /// State v2: the fingerprint of the rule that wrote each place (the
+    /// place's `fp` field).
+    marks: HashMap<String, String>,
 }
 
 impl ModelStore {
@@ -155,8 +159,19 @@ impl ModelStore {
         self.entries.insert(key.to_owned(), state);
     }
 
+    /// Forgets a state (v2: every field of its place, its `fp` too).
     pub fn remove(&mut self, key: &str) {
         self.entries.remove(key);
+        self.marks.remove(key);
+    }
+
+    /// State v2: the fingerprint of the rule that wrote the place at `key`.
+    pub fn mark(&self, key: &str) -> Option<&str> {
+        self.marks.get(key).map(String::as_str)
+    }
+
+    pub fn set_mark(&mut self, key: &str, fingerprint: String) {
+        self.marks.insert(key.to_owned(), fingerprint);
     }
 
     /// Every key present, sorted.
@@ -166,9 +181,9 @@ impl ModelStore {
         keys
     }
 
-    /// `GET` of a block key as the limiter reads it.
-    fn block_until(&self, key: &str) -> Option<i128> {
-        match self.get(key) {
+    /// The block as the limiter reads it (`None`: not read, or none).
+    fn block_until(&self, at: &BlockAt) -> Option<i128> {
+        match self.get(&at.address()?) {
             Some(State::Block(until)) => Some(*until),
             _ => None,
         }
@@ -329,6 +344,48 @@ fn refund_rule(
     with_algo!(rule.algorithm(), A => A::refund(store, key, &r, at, n, id, skip, taken))
 }
 
+/// `settle` of common.lua (state v2): makes the state at a rule's place the
+/// rule's own, converting what another rule left there ([`convert`]).
+fn settle(store: &mut ModelStore, at: &StateKey, rule: &Rule, now: i128) {
+    if at.place.is_none() {
+        return;
+    }
+    let addr = at.address();
+    let fp = rule.fingerprint();
+    let Some(old) = store.mark(&addr).map(str::to_owned) else {
+        return;
+    };
+    if old == fp {
+        return;
+    }
+    match Rule::from_fingerprint(&old) {
+        Some(old) => convert::convert(store, &addr, &old, rule, now as u64),
+        None => store.remove(&addr),
+    }
+    if store.get(&addr).is_some() {
+        store.set_mark(&addr, fp);
+    }
+}
+
+/// `stamp` of common.lua: a take names its rule at the place.
+fn stamp(store: &mut ModelStore, at: &StateKey, rule: &Rule) {
+    if at.place.is_some() {
+        store.set_mark(&at.address(), rule.fingerprint());
+    }
+}
+
+/// `owns` of common.lua: a v2 refund touches a place only while the rule
+/// that took the units is still there.
+fn owns(store: &ModelStore, at: &StateKey, rule: &Rule) -> bool {
+    at.place.is_none() || store.mark(&at.address()) == Some(rule.fingerprint().as_str())
+}
+
+/// A dry run works on a copy when a v2 place may be converted (the script
+/// converts in its buffered hash and writes nothing).
+fn scratch_for(store: &ModelStore, dry: bool, rules: &[KeyedRule]) -> Option<ModelStore> {
+    (dry && rules.iter().any(|(at, _)| at.place.is_some())).then(|| store.clone())
+}
+
 /// `drained_refund` of common.lua: the debt (µs * limit) a refund of `n`
 /// units taken at `taken` may give back at `at`, when other calls may have
 /// taken since: `n * period` less what has drained in between.
@@ -407,8 +464,8 @@ pub fn run(
     cost: u64,
     mode: Mode,
     call_id: &str,
-    block_key: &str,
-    rules: &[(String, Rule)],
+    block: &BlockAt,
+    rules: &[KeyedRule],
 ) -> Reply {
     assert!(
         cost >= 1,
@@ -421,7 +478,24 @@ pub fn run(
             let taken = i128::from(taken_at_us);
             let at = now.max(taken);
             for (key, rule) in rules {
-                refund_rule(store, key, rule, at, cost, call_id, i128::from(skip), taken);
+                if !owns(store, key, rule) {
+                    continue;
+                }
+                let addr = key.address();
+                if key.place.is_some() && rule.algorithm() == Algorithm::SlidingWindowLog {
+                    sliding_window_log::refund_v2(store, &addr, cost, taken);
+                } else {
+                    refund_rule(
+                        store,
+                        &addr,
+                        rule,
+                        at,
+                        cost,
+                        call_id,
+                        i128::from(skip),
+                        taken,
+                    );
+                }
             }
             return Out {
                 status: 1,
@@ -462,13 +536,18 @@ pub fn run(
         }
     }
 
-    let blocked_until = store.block_until(block_key).unwrap_or(0);
+    let mut scratch = scratch_for(store, op == Op::Peek, rules);
+    let store = scratch.as_mut().unwrap_or(store);
+    for (key, rule) in rules {
+        settle(store, key, rule, now);
+    }
+    let blocked_until = store.block_until(block).unwrap_or(0);
     let need = if all { cost } else { 1 };
     let mut n = cost;
     let (mut wait, mut by) = (0, 0);
     let states: Vec<Box<dyn Loaded>> = rules
         .iter()
-        .map(|(key, rule)| load_rule(store, key, rule, now))
+        .map(|(key, rule)| load_rule(store, &key.address(), rule, now))
         .collect();
     for (i, st) in states.iter().enumerate() {
         let av = st.avail(now);
@@ -512,8 +591,9 @@ pub fn run(
         .fold(now, i128::max);
     let (remaining, reset, tight) = summary(n);
     if op == Op::Acquire {
-        for ((key, _), st) in rules.iter().zip(&states) {
-            st.take(store, key, now, n, call_id);
+        for ((key, rule), st) in rules.iter().zip(&states) {
+            st.take(store, &key.address(), now, n, call_id);
+            stamp(store, key, rule);
         }
     }
     Out {
@@ -549,6 +629,9 @@ pub fn run_jobs(
         "every request needs at least one job, each of cost >= 1"
     );
     let now = i128::from(now_us);
+    let all: Vec<KeyedRule> = requests.iter().flat_map(|q| q.rules.clone()).collect();
+    let mut scratch = scratch_for(store, dry_run, &all);
+    let store = scratch.as_mut().unwrap_or(store);
     requests
         .iter()
         .map(|q| jobs_request(store, now, !dry_run, q))
@@ -584,10 +667,13 @@ fn jobs_request(store: &mut ModelStore, now: i128, charge: bool, q: &JobsRequest
         return reply(out(-1, 0, 0, 0, 0, now, first_never), 0, 2);
     }
 
+    for (key, rule) in &q.rules {
+        settle(store, key, rule, now);
+    }
     let states: Vec<Box<dyn Loaded>> = q
         .rules
         .iter()
-        .map(|(key, rule)| load_rule(store, key, rule, now))
+        .map(|(key, rule)| load_rule(store, &key.address(), rule, now))
         .collect();
     let avail: Vec<i128> = states.iter().map(|st| st.avail(now)).collect();
     let n = avail.iter().copied().min();
@@ -615,7 +701,7 @@ fn jobs_request(store: &mut ModelStore, now: i128, charge: bool, q: &JobsRequest
         (remaining.unwrap_or(0), reset, tight)
     };
 
-    let blocked_until = store.block_until(&q.block_key).unwrap_or(0);
+    let blocked_until = store.block_until(&q.block).unwrap_or(0);
     if blocked_until > now {
         let block = blocked_until - now;
         let (wait, by) = wait_for(costs[0], 0);
@@ -656,8 +742,9 @@ fn jobs_request(store: &mut ModelStore, now: i128, charge: bool, q: &JobsRequest
         (wait, by, 1)
     };
     if charge {
-        for ((key, _), st) in q.rules.iter().zip(&states) {
-            st.take(store, key, now, units, &q.call_id);
+        for ((key, rule), st) in q.rules.iter().zip(&states) {
+            st.take(store, &key.address(), now, units, &q.call_id);
+            stamp(store, key, rule);
         }
     }
     JobsReply {
@@ -672,14 +759,20 @@ fn jobs_request(store: &mut ModelStore, now: i128, charge: bool, q: &JobsRequest
 
 /// `lua/block.lua`: hold the seller until `now_us + dur_us`; a shorter block
 /// never shortens a longer one. Returns the µs instant the block ends.
-pub fn block(store: &mut ModelStore, key: &str, now_us: u64, dur_us: u64) -> u64 {
+pub fn block(store: &mut ModelStore, at: &BlockAt, now_us: u64, dur_us: u64) -> u64 {
     let until = i128::from(now_us) + i128::from(dur_us);
-    if let Some(current) = store.block_until(key) {
+    if let Some(current) = store.block_until(at) {
         if current >= until {
             return current as u64;
         }
     }
-    store.put(key, State::Block(until));
+    // The block script writes a v2 block too when it is asked not to read
+    // one: only the limiter's calls ignore it.
+    let addr = match at.read {
+        super::script::BlockRead::Ignore => format!("{}#block", at.key),
+        _ => at.address().expect("a read block has an address"),
+    };
+    store.put(&addr, State::Block(until));
     until as u64
 }
 
@@ -779,7 +872,7 @@ impl<C: Clock> ModelLimiter<C> {
         let dur_us = u64::try_from(dur.as_micros()).unwrap_or(u64::MAX);
         block(
             &mut self.store,
-            Self::BLOCK_KEY,
+            &BlockAt::key(Self::BLOCK_KEY),
             self.clock.now_us(),
             dur_us,
         )
@@ -795,7 +888,10 @@ impl<C: Clock> ModelLimiter<C> {
 
     fn decide(&mut self, op: Op, rules: &[Rule], cost: u64, mode: Mode) -> Decision {
         self.calls += 1;
-        let keyed: Vec<(String, Rule)> = rules.iter().map(|r| (Self::rule_key(r), *r)).collect();
+        let keyed: Vec<KeyedRule> = rules
+            .iter()
+            .map(|r| (StateKey::own(Self::rule_key(r)), *r))
+            .collect();
         let reply = run(
             &mut self.store,
             op,
@@ -803,7 +899,7 @@ impl<C: Clock> ModelLimiter<C> {
             cost,
             mode,
             &format!("call{}", self.calls),
-            Self::BLOCK_KEY,
+            &BlockAt::key(Self::BLOCK_KEY),
             &keyed,
         );
         reply.decision(rules, cost)

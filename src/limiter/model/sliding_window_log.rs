@@ -32,6 +32,21 @@ impl Log {
     }
 
     /// `ZREMRANGEBYSCORE -inf max`.
+    /// Removes up to `n` entries of score `score` (state v2, whose log
+    /// names no calls: entries of one instant are interchangeable).
+    pub fn remove_at(&mut self, score: i128, n: i128) {
+        let members: Vec<String> = self
+            .ordered
+            .range((score, String::new())..)
+            .take_while(|(s, _)| *s == score)
+            .take(usize::try_from(n.max(0)).unwrap_or(usize::MAX))
+            .map(|(_, m)| m.clone())
+            .collect();
+        for m in members {
+            self.remove(&m);
+        }
+    }
+
     pub fn remove_up_to(&mut self, max: i128) {
         while let Some((score, member)) = self.ordered.first().cloned() {
             if score > max {
@@ -162,6 +177,18 @@ impl Algo for SlidingWindowLog {
         if log.is_empty() {
             store.remove(key);
         }
+    }
+}
+
+/// The v2 refund (`lua/sliding_window_log.lua`): up to `n` entries written
+/// at `taken`, whichever call wrote them.
+pub fn refund_v2(store: &mut ModelStore, key: &str, n: i128, taken: i128) {
+    let Some(log) = log_mut(store, key) else {
+        return;
+    };
+    log.remove_at(taken, n);
+    if log.is_empty() {
+        store.remove(key);
     }
 }
 

@@ -54,8 +54,8 @@ pub(crate) fn call(
     mode: Mode,
     id: &str,
 ) -> Reply {
-    let rules = [(KEY.to_owned(), *rule)];
-    run(store, op, T0 + at, cost, mode, id, BLOCK, &rules)
+    let rules = [(KEY.into(), *rule)];
+    run(store, op, T0 + at, cost, mode, id, &BLOCK.into(), &rules)
 }
 
 /// Runs the rows in order against one store and checks every field, plus

@@ -6,15 +6,16 @@ use proptest::prelude::*;
 
 use super::testkit::{drive, rule, BLOCK, T0};
 use super::{block, run, ManualClock, ModelLimiter, ModelStore, Op, State};
+use crate::limiter::script::KeyedRule;
 use crate::limiter::{Algorithm, Decision, DeniedBy, Mode, Reply, Rule};
 
 const S: u64 = 1_000_000;
 
-fn keyed(rules: &[Rule]) -> Vec<(String, Rule)> {
+fn keyed(rules: &[Rule]) -> Vec<KeyedRule> {
     rules
         .iter()
         .enumerate()
-        .map(|(i, r)| (format!("model-test:{{seller}}:r{}", i + 1), *r))
+        .map(|(i, r)| (format!("model-test:{{seller}}:r{}", i + 1).into(), *r))
         .collect()
 }
 
@@ -27,7 +28,16 @@ fn go(
     id: &str,
     rules: &[Rule],
 ) -> Reply {
-    run(store, op, T0 + at, cost, mode, id, BLOCK, &keyed(rules))
+    run(
+        store,
+        op,
+        T0 + at,
+        cost,
+        mode,
+        id,
+        &BLOCK.into(),
+        &keyed(rules),
+    )
 }
 
 /// status, granted, remaining, retry µs, reset µs, by.
@@ -209,6 +219,7 @@ fn refund_returns_what_the_call_took_under_every_rule() {
         other => other.cloned(),
     };
     for (key, _) in keyed(&rules) {
+        let key = key.address();
         assert_eq!(
             queue(store.get(&key)),
             queue(before_second.get(&key)),
@@ -220,9 +231,15 @@ fn refund_returns_what_the_call_took_under_every_rule() {
 #[test]
 fn a_shorter_block_never_shortens_a_longer_one() {
     let mut store = ModelStore::new();
-    assert_eq!(block(&mut store, BLOCK, T0, 300_000), T0 + 300_000);
-    assert_eq!(block(&mut store, BLOCK, T0 + 1, 1_000), T0 + 300_000);
-    assert_eq!(block(&mut store, BLOCK, T0 + 2, 400_000), T0 + 400_002);
+    assert_eq!(block(&mut store, &BLOCK.into(), T0, 300_000), T0 + 300_000);
+    assert_eq!(
+        block(&mut store, &BLOCK.into(), T0 + 1, 1_000),
+        T0 + 300_000
+    );
+    assert_eq!(
+        block(&mut store, &BLOCK.into(), T0 + 2, 400_000),
+        T0 + 400_002
+    );
     assert_eq!(store.keys(), vec![BLOCK.to_owned()]);
 }
 
@@ -230,7 +247,7 @@ fn a_shorter_block_never_shortens_a_longer_one() {
 fn a_block_refuses_with_its_own_time() {
     let rules = [rule(Algorithm::Gcra, 2, Duration::from_secs(1), None)];
     let mut store = ModelStore::new();
-    block(&mut store, BLOCK, T0, 300_000);
+    block(&mut store, &BLOCK.into(), T0, 300_000);
     let got = go(
         &mut store,
         Op::Acquire,
@@ -285,7 +302,7 @@ fn a_block_does_not_hide_a_longer_wait() {
         .status,
         1
     );
-    block(&mut store, BLOCK, T0, 300_000);
+    block(&mut store, &BLOCK.into(), T0, 300_000);
     let got = go(
         &mut store,
         Op::Acquire,
