@@ -9,7 +9,9 @@ use std::time::Duration;
 use common::cluster::RedisCluster;
 use common::{policy, rule, unique_prefix, T0};
 use throttle_worker::config::Topology;
-use throttle_worker::limiter::{Decision, KeySpace, Limiter, Mode, Policy, RedisStore, Request};
+use throttle_worker::limiter::{
+    Decision, KeySpace, Limiter, Mode, Policy, RedisStore, Request, StateLayout,
+};
 
 fn at(seller: &str, t_us: u64) -> Request<'_> {
     Request {
@@ -327,6 +329,18 @@ fn print_migrations(migrations: &[common::cluster::Migration], join_took: Durati
 /// minute holds more grants than its limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slots_move_under_live_traffic_and_admissions_stay_those_of_one_redis() {
+    slots_move_under_live_traffic(StateLayout::V1).await;
+}
+
+/// The same in state v2 (issue 21, part 1): a call names one key, the
+/// seller's hash, so a migrating slot answers ASK for a moved seller and
+/// never TRYAGAIN (v1's calls name a block key that usually does not exist).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_state_v2_a_moving_slot_never_answers_tryagain() {
+    slots_move_under_live_traffic(StateLayout::V2).await;
+}
+
+async fn slots_move_under_live_traffic(layout: StateLayout) {
     use std::collections::BTreeMap;
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Arc, Mutex};
@@ -345,7 +359,7 @@ async fn slots_move_under_live_traffic_and_admissions_stay_those_of_one_redis() 
     };
     let cluster = RedisCluster::start(3);
     let prefix = unique_prefix("cluster-migrate");
-    let keys = KeySpace::new(&prefix);
+    let keys = KeySpace::with_layout(&prefix, layout);
     let single = Arc::new(Limiter::new(
         common::store().await,
         keys.clone(),
@@ -468,12 +482,19 @@ async fn slots_move_under_live_traffic_and_admissions_stay_those_of_one_redis() 
     let seen_by_servers = cluster.error_stats();
     print_migrations(&migrations, join_took);
     println!(
-        "{calls} calls by 16 sellers, {granted} granted; every decision equal to one Redis's; \
-         retried errors by kind {seen_by_client:?}; error replies counted by the masters \
-         {seen_by_servers:?}; longest call including retries {longest:?}; busiest minute of a \
-         seller {busiest} grants (limit {WINDOW_LIMIT}); keys per master {:?}",
+        "state {layout:?}: {calls} calls by 16 sellers, {granted} granted; every decision equal \
+         to one Redis's; retried errors by kind {seen_by_client:?}; error replies counted by the \
+         masters {seen_by_servers:?}; longest call including retries {longest:?}; busiest minute \
+         of a seller {busiest} grants (limit {WINDOW_LIMIT}); keys per master {:?}",
         cluster.keys_per_node()
     );
+    if layout == StateLayout::V2 {
+        assert_eq!(
+            seen_by_servers.get("TRYAGAIN").copied().unwrap_or(0),
+            0,
+            "one key per call: a moving slot never answers TRYAGAIN"
+        );
+    }
     assert!(
         busiest <= WINDOW_LIMIT as usize,
         "a seller's minute holds {busiest} grants"
@@ -507,11 +528,13 @@ async fn slots_move_under_live_traffic_and_admissions_stay_those_of_one_redis() 
     // The sellers moved to the joined master were served there after the
     // move (their rule keys live there now): it got the limiter's script
     // or function on demand.
+    // v1: a key per rule; v2: the seller's one hash.
+    let want = if layout == StateLayout::V2 { 1 } else { 3 };
     for (seller, _) in &moving[2..] {
         let on_new = keys_of(&cluster, 3, &prefix, seller);
         assert!(
-            on_new >= 3,
-            "{seller}'s three rule keys are on the joined master: {on_new}"
+            on_new >= want,
+            "{seller}'s state ({want} keys) is on the joined master: {on_new}"
         );
     }
     cluster
