@@ -139,7 +139,7 @@ pub fn start(
     };
     let limiter = Limiter::new(
         store,
-        KeySpace::new("sim"),
+        KeySpace::with_layout("sim", sc.state),
         policy.clone(),
         Topology::Single,
     );

@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use throttle_worker::config::{self, LimitsConfig, OnError, RuleConfig, SellerConfig, Settings};
+use throttle_worker::config::{
+    self, LimitsConfig, OnError, RuleConfig, SellerConfig, Settings, StateLayout,
+};
 
 use super::ports::{Faults, OutageKind, Poison, RetryAfterKind, Window};
 
@@ -48,6 +50,9 @@ pub struct Scenario {
     pub concurrency: usize,
     pub max_attempts: u32,
     pub on_error: OnError,
+    /// The limiter's state layout: v2 on odd seeds (from the seed, not
+    /// the seed's draws, so every other choice of a seed is what it was).
+    pub state: StateLayout,
     /// Replicas the fleet pretends to have: this one holds 1/fleet of the
     /// jobs topic's partitions as far as the local fallback's share goes.
     pub fleet: usize,
@@ -92,6 +97,11 @@ impl Scenario {
             concurrency: 8,
             max_attempts: 5,
             on_error: OnError::FailClosed,
+            state: if seed % 2 == 1 {
+                StateLayout::V2
+            } else {
+                StateLayout::V1
+            },
             fleet: 1,
             faults_end_ms: 0,
             // Long enough for every hold to end: a parked record waits at most
@@ -262,6 +272,7 @@ impl Scenario {
         s.downstream.timeout = self.faults.timeout;
         s.downstream.max_retry_after = self.faults.max_retry_after;
         s.redis.on_error = self.on_error;
+        s.redis.state = self.state;
         s.worker.shutdown_timeout = Duration::from_secs(5);
         s.limits = self.limits();
         s
