@@ -248,5 +248,17 @@ async fn one_key_holds_a_seller() {
         .await
         .unwrap();
     assert!(ttl > 0, "the hash expires (PTTL {ttl})");
+    // `limits show` reads the same hash: 5 of the window's 30 used, the
+    // block's end.
+    let state = lim
+        .inspect("s", Some(T0 + 1_600 * MS))
+        .await
+        .expect("inspect");
+    assert_eq!(state.rules[0].remaining, 25, "{state:?}");
+    assert_eq!(
+        state.blocked_for,
+        Some(Duration::from_millis(3_420)),
+        "{state:?}"
+    );
     assert_eq!(lim.seller_keys("s"), vec![hash]);
 }
