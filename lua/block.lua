@@ -5,8 +5,9 @@
 -- KEYS[1]  the seller's block key (v1) or the seller's hash (v2)
 -- ARGV[1]  now in µs, or '' for Redis' clock
 -- ARGV[2]  block duration in µs (>= 1)
--- ARGV[3]  'k' (v1: a key of its own; also when absent) or 'f' (v2: the
---          `block` field of the seller's hash)
+-- ARGV[3]  'k' (v1: a key of its own; also when absent), 'f' (v2: the
+--          `block` field of the seller's hash) or 'F' (v1+v2: both, the
+--          hash's field and the v1 key KEYS[2])
 -- Reply: the µs instant the block ends.
 local function block_call(KEYS, ARGV)
   local now = clock_us(ARGV[1])
@@ -15,6 +16,12 @@ local function block_call(KEYS, ARGV)
   -- One second of slack, as every limiter key has: the value says when the
   -- block ends, so a key that outlives it is read as "not blocked".
   local ms = math.ceil(dur / 1000) + 1000
+  if ARGV[3] == 'F' then
+    -- Each layout keeps the longer of its block and this one.
+    local v2 = block_call({ KEYS[1] }, { ARGV[1] ~= '' and ARGV[1] or I(now), ARGV[2], 'f' })
+    local v1 = block_call({ KEYS[2] }, { ARGV[1] ~= '' and ARGV[1] or I(now), ARGV[2], 'k' })
+    return math.max(v1, v2)
+  end
   if ARGV[3] == 'f' then
     local current = redis.call('HGET', KEYS[1], 'block')
     if current and tonumber(current) >= until_ then

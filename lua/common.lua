@@ -209,23 +209,34 @@ end
 
 -- A seller's 429 block: the µs instant it ends, 0 when none. `how` is 'k'
 -- (v1: a key of its own), 'f' (v2: the `block` field of the seller's hash)
--- or '-' (none: shadow rules, the global rules' own call).
-local function blocked_until(hashes, key, how)
+-- or '-' (none: shadow rules, the global rules' own call); 'F' and '=' are
+-- 'f' and '-' in v1+v2, where `key1` is the seller's v1 block key, read too
+-- (replicas still on v1 write only that one).
+local function blocked_until(hashes, key, how, key1)
   if how == 'k' then
     return num(redis.call('GET', key), 0)
   elseif how == 'f' then
     return num(open_hash(hashes, key).t['block'], 0)
+  elseif how == 'F' then
+    return math.max(num(open_hash(hashes, key).t['block'], 0), num(redis.call('GET', key1), 0))
   end
   return 0
+end
+
+-- Whether a request's block token says v1+v2 (two keys per rule).
+local function mixed_request(how)
+  return how == 'F' or how == '='
 end
 
 -- The rules of a request: `nrules` groups of argv (algorithm, limit,
 -- period_us, burst, place) from argv[a], with their keys from keys[k]. An
 -- empty place is a v1 key of the rule's own; else the rule's place in the
--- v2 hash at its key. Returns nil and a message for an algorithm no script
--- implements.
-local function read_rules(keys, argv, a, nrules, k, hashes)
+-- v2 hash at its key. With `mixed` (v1+v2) each rule has two keys, its
+-- place's hash and its v1 key (`h1`). Returns nil and a message for an
+-- algorithm no script implements.
+local function read_rules(keys, argv, a, nrules, k, hashes, mixed)
   local rules = {}
+  local per = mixed and 2 or 1
   for i = 1, nrules do
     local b = a + (i - 1) * 5
     local name = argv[b]
@@ -233,14 +244,19 @@ local function read_rules(keys, argv, a, nrules, k, hashes)
     if algo == nil then
       return nil, 'unknown algorithm ' .. tostring(name)
     end
-    local key, place = keys[k + i - 1], argv[b + 4]
+    local key, place = keys[k + (i - 1) * per], argv[b + 4]
     local h = { key = key, p = '' }
     if place ~= nil and place ~= '' then
       h = { key = key, p = place .. ':', hash = open_hash(hashes, key) }
     end
+    local h1 = nil
+    if mixed then
+      h1 = { key = keys[k + (i - 1) * per + 1], p = '' }
+    end
     rules[i] = {
       algo = algo,
       h = h,
+      h1 = h1,
       limit = tonumber(argv[b + 1]),
       period = tonumber(argv[b + 2]),
       burst = tonumber(argv[b + 3]),
@@ -316,6 +332,46 @@ end
 -- the units is still there (after an edit, the units were converted).
 local function owns(r)
   return r.h.hash == nil or r.h.hash.t[r.h.p .. 'fp'] == r.fp
+end
+
+-- A rule's state as the decision reads it. In v1+v2 both states are read
+-- (`r.st`, `r.st1`) and the more used one decides (fewer units admissible
+-- now; v2's on a tie): replicas still on v1 charge only the v1 key, these
+-- charge both, so neither layout alone need hold every admission.
+local function load_rule(r, now)
+  settle(r, now)
+  local st = r.algo.load(r.h, r, now)
+  if r.h1 == nil then
+    return st
+  end
+  local st1 = r.algo.load(r.h1, r, now)
+  r.st, r.st1 = st, st1
+  if r.algo.avail(st1, r, now) < r.algo.avail(st, r, now) then
+    return st1
+  end
+  return st
+end
+
+-- Charges n units to a rule (both layouts in v1+v2, each from its own
+-- state) and names the rule at its place.
+local function take_rule(r, st, now, n, id)
+  if r.h1 ~= nil then
+    r.algo.take(r.h, r.st, r, now, n, id)
+    r.algo.take(r.h1, r.st1, r, now, n, id)
+  else
+    r.algo.take(r.h, st, r, now, n, id)
+  end
+  stamp(r)
+end
+
+-- Gives back units of a call to a rule, in each layout it was charged in.
+local function refund_rule(r, at, n, id, skip, taken)
+  if owns(r) then
+    r.algo.refund(r.h, r, at, n, id, skip, taken)
+  end
+  if r.h1 ~= nil then
+    r.algo.refund(r.h1, r, at, n, id, skip, taken)
+  end
 end
 
 -- Debt of a TAT-based algorithm (gcra, leaky_bucket), in units of µs * limit:

@@ -18,7 +18,9 @@
 --             a call that runs after it charges nothing and fails with
 --             EXPIRED (its caller has timed out and will never read it)
 -- KEYS      per request: its block key, then one key per rule (v2: the
---           seller's hash, repeated, and the global rules' hash)
+--           seller's hash, repeated, and the global rules' hash); in v1+v2
+--           (block token 'F' or '=') the v1 block key after the first, and
+--           two keys per rule: its place's hash, then its v1 key
 --
 -- Reply: 13 integers per request, in order:
 --   { status, units, remaining, retry_after_ms, reset_after_ms, go_at_us,
@@ -99,8 +101,7 @@ local function jobs_request(out, now, charge, id, until_, rules, costs)
   local n = nil
   for i = 1, #rules do
     local r = rules[i]
-    settle(r, now)
-    states[i] = r.algo.load(r.h, r, now)
+    states[i] = load_rule(r, now)
     avail[i] = r.algo.avail(states[i], r, now)
     if n == nil or avail[i] < n then
       n = avail[i]
@@ -158,8 +159,7 @@ local function jobs_request(out, now, charge, id, until_, rules, costs)
   if charge then
     for i = 1, #rules do
       local r = rules[i]
-      r.algo.take(r.h, states[i], r, now, units, id)
-      stamp(r)
+      take_rule(r, states[i], now, units, id)
     end
   end
   return jobs_reply(out, now, 1, units, remaining, retry, reset, go_at, by, jobs, next, tight)
@@ -200,13 +200,17 @@ local function run_jobs(KEYS, ARGV, op, now)
     end
     local how = ARGV[a + 2]
     local nrules = tonumber(ARGV[a + 3])
-    local rules, err = read_rules(KEYS, ARGV, a + 4, nrules, k + 1, hashes)
+    -- v1+v2: the v1 block key after the first, two keys per rule.
+    local mixed = mixed_request(how)
+    local nblock, per = mixed and 2 or 1, mixed and 2 or 1
+    local rules, err = read_rules(KEYS, ARGV, a + 4, nrules, k + nblock, hashes, mixed)
     if rules == nil then
       return redis.error_reply(err)
     end
-    reqs[q] = { id = id, rules = rules, costs = costs, block_key = KEYS[k], how = how }
+    reqs[q] = { id = id, rules = rules, costs = costs, block_key = KEYS[k], how = how,
+      block_key1 = KEYS[k + 1] }
     a = a + 4 + 5 * nrules
-    k = k + 1 + nrules
+    k = k + nblock + per * nrules
   end
   -- A call that waited in a hung server's buffers until after its caller
   -- gave up must not charge units nobody was told of.
@@ -223,7 +227,7 @@ local function run_jobs(KEYS, ARGV, op, now)
   local out = {}
   for q = 1, nreq do
     local r = reqs[q]
-    local until_ = blocked_until(hashes, r.block_key, r.how)
+    local until_ = blocked_until(hashes, r.block_key, r.how, r.block_key1)
     jobs_request(out, now, charge, r.id, until_, r.rules, r.costs)
   end
   -- A conversion (settle) is written even for a refused request: the next

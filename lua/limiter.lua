@@ -16,7 +16,9 @@
 --             for refund, how many of the call's units to skip
 -- ARGV[5]     call id, unique per call (names sliding-log members)
 -- ARGV[6]     how the block is read: 'k' (GET KEYS[1], v1), 'f' (the `block`
---             field of the hash KEYS[1], v2) or '-' (not at all)
+--             field of the hash KEYS[1], v2) or '-' (not at all); 'F' and '='
+--             in v1+v2, where KEYS[2] is the v1 block key (read with 'F') and
+--             every rule has two keys, its place's hash then its v1 key
 -- ARGV[7]     number of rules; then per rule: algorithm, limit, period_us,
 --             burst, place ('' for v1; else the rule's place in its hash,
 --             see common.lua)
@@ -71,7 +73,9 @@ local function limiter_call(KEYS, ARGV)
   local id = ARGV[5]
   local nrules = tonumber(ARGV[7])
   local hashes = {}
-  local rules, err = read_rules(KEYS, ARGV, 8, nrules, 2, hashes)
+  local mixed = mixed_request(ARGV[6])
+  local first_rule_key = mixed and 3 or 2
+  local rules, err = read_rules(KEYS, ARGV, 8, nrules, first_rule_key, hashes, mixed)
   if rules == nil then
     return redis.error_reply(err)
   end
@@ -84,10 +88,7 @@ local function limiter_call(KEYS, ARGV)
     end
     local at = math.max(now, taken)
     for i = 1, nrules do
-      local r = rules[i]
-      if owns(r) then
-        r.algo.refund(r.h, r, at, cost, id, skip, taken)
-      end
+      refund_rule(rules[i], at, cost, id, skip, taken)
     end
     flush(hashes)
     return { 1, cost, 0, 0, 0, now, 0, 0, now, 0 }
@@ -109,8 +110,7 @@ local function limiter_call(KEYS, ARGV)
   local states = {}
   for i = 1, nrules do
     local r = rules[i]
-    settle(r, now)
-    local st = r.algo.load(r.h, r, now)
+    local st = load_rule(r, now)
     states[i] = st
     local av = r.algo.avail(st, r, now)
     if av < need then
@@ -128,7 +128,7 @@ local function limiter_call(KEYS, ARGV)
   -- A conversion (settle) is written even when the call is refused: the
   -- next call would convert the same state again, later.
   local charge = op == 'acquire'
-  local until_ = blocked_until(hashes, KEYS[1], ARGV[6])
+  local until_ = blocked_until(hashes, KEYS[1], ARGV[6], KEYS[2])
   if until_ > now then
     if charge then
       flush(hashes)
@@ -160,8 +160,7 @@ local function limiter_call(KEYS, ARGV)
   if charge then
     for i = 1, nrules do
       local r = rules[i]
-      r.algo.take(r.h, states[i], r, now, n, id)
-      stamp(r)
+      take_rule(r, states[i], now, n, id)
     end
     flush(hashes)
   end

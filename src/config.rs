@@ -155,6 +155,11 @@ pub enum StateLayout {
     V1,
     /// One hash per seller, rules by place.
     V2,
+    /// The step of a rolling deploy from v1 to v2: every call reads both
+    /// layouts, decides on the more used state of each rule and charges
+    /// both, so replicas still on v1 and replicas on v2 never over-admit
+    /// together.
+    V1V2,
 }
 
 impl<'de> Deserialize<'de> for StateLayout {
@@ -165,8 +170,9 @@ impl<'de> Deserialize<'de> for StateLayout {
         match s.as_str() {
             "v1" => Ok(StateLayout::V1),
             "v2" => Ok(StateLayout::V2),
+            "v1+v2" => Ok(StateLayout::V1V2),
             other => Err(serde::de::Error::custom(format!(
-                "{other:?} is not a state layout: use \"v1\" or \"v2\""
+                "{other:?} is not a state layout: use \"v1\", \"v1+v2\" or \"v2\""
             ))),
         }
     }
@@ -1174,9 +1180,11 @@ mod tests {
         let text = err.to_string();
         assert!(text.contains("redis.state"), "{text}");
         assert!(text.contains("v1") && text.contains("v2"), "{text}");
-        let f = file("[redis]\nstate = \"v2\"\n");
-        let s = load_from(Some(f.path()), Vec::new()).unwrap().settings;
-        assert_eq!(s.redis.state, StateLayout::V2);
+        for (text, want) in [("v2", StateLayout::V2), ("v1+v2", StateLayout::V1V2)] {
+            let f = file(&format!("[redis]\nstate = \"{text}\"\n"));
+            let s = load_from(Some(f.path()), Vec::new()).unwrap().settings;
+            assert_eq!(s.redis.state, want);
+        }
     }
 
     #[test]

@@ -60,11 +60,18 @@ impl Seller {
     fn in_layout(test: &str, rules: &[Rule], layout: StateLayout) -> Seller {
         let prefix = unique_prefix(test);
         let hash = format!("{prefix}:{{s}}:v2");
+        let v1_block = format!("{prefix}:{{s}}:block");
         let block = match layout {
-            StateLayout::V1 => BlockAt::key(format!("{prefix}:{{s}}:block")),
+            StateLayout::V1 => BlockAt::key(v1_block),
             StateLayout::V2 => BlockAt {
                 key: hash,
                 read: BlockRead::Field,
+                also: None,
+            },
+            StateLayout::V1V2 => BlockAt {
+                key: hash,
+                read: BlockRead::Field,
+                also: Some(v1_block),
             },
         };
         let mut seller = Seller {
@@ -79,14 +86,11 @@ impl Seller {
 
     /// Where rule `i` of the seller keeps its state.
     fn at(&self, i: usize, rule: &Rule) -> KeyedRule {
+        let v1 = format!("{}:{{s}}:r{}:{}", self.prefix, i + 1, rule.fingerprint());
         let at = match self.layout {
-            StateLayout::V1 => StateKey::own(format!(
-                "{}:{{s}}:r{}:{}",
-                self.prefix,
-                i + 1,
-                rule.fingerprint()
-            )),
+            StateLayout::V1 => StateKey::own(v1),
             StateLayout::V2 => StateKey::place(self.block.key.clone(), format!("r{i}")),
+            StateLayout::V1V2 => StateKey::both(self.block.key.clone(), format!("r{i}"), v1),
         };
         (at, *rule)
     }
@@ -114,8 +118,10 @@ impl Seller {
     async fn forget(&self, conn: &mut MultiplexedConnection) {
         let mut del = redis::cmd("DEL");
         del.arg(&self.block.key);
+        del.arg(self.block.also.as_deref());
         for (at, _) in &self.rules {
             del.arg(&at.key);
+            del.arg(at.also.as_deref());
         }
         let _: i64 = del
             .query_async(conn)
@@ -667,6 +673,13 @@ fn lua_and_model_agree_on_random_sequences() {
 #[test]
 fn lua_and_model_agree_on_random_sequences_in_state_v2() {
     agree_on_random_sequences(StateLayout::V2);
+}
+
+/// The same in v1+v2 (a rolling deploy's middle step): both states read,
+/// the more used one decides, both charged, both blocks read and written.
+#[test]
+fn lua_and_model_agree_on_random_sequences_in_state_v1_v2() {
+    agree_on_random_sequences(StateLayout::V1V2);
 }
 
 fn agree_on_random_sequences(layout: StateLayout) {

@@ -91,6 +91,11 @@ async fn raised_in_a_window(layout: StateLayout, path: Path) -> u64 {
 #[tokio::test]
 async fn a_raised_limit_counts_what_the_old_one_admitted() {
     for path in [Path::Single, Path::Jobs] {
+        let mixed = raised_in_a_window(StateLayout::V1V2, path).await;
+        assert_eq!(
+            mixed, 40,
+            "{path:?}: v1+v2 decides on the converted v2 state"
+        );
         let v2 = raised_in_a_window(StateLayout::V2, path).await;
         assert_eq!(
             v2, 40,

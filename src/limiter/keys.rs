@@ -60,34 +60,41 @@ impl KeySpace {
 
     /// Where a call finds the seller's 429 block.
     pub fn block_at(&self, seller: &str) -> BlockAt {
-        match self.layout {
-            StateLayout::V1 => BlockAt::key(self.block(seller)),
-            StateLayout::V2 => BlockAt {
-                key: self.seller_state(seller),
-                read: BlockRead::Field,
-            },
-        }
+        self.block_of(self.seller_state(seller), BlockRead::Field, || {
+            self.block(seller)
+        })
     }
 
     /// The first key of a call over the seller's rules that must not see
     /// its 429 block (shadow rules, `limits show`'s reads of one rule).
     pub fn unblocked_at(&self, seller: &str) -> BlockAt {
-        match self.layout {
-            StateLayout::V1 => BlockAt::key(self.no_block(seller)),
-            StateLayout::V2 => BlockAt {
-                key: self.seller_state(seller),
-                read: BlockRead::Ignore,
-            },
-        }
+        self.block_of(self.seller_state(seller), BlockRead::Ignore, || {
+            self.no_block(seller)
+        })
     }
 
     /// The first key of a call over the global rules alone (Redis Cluster).
     pub fn global_block_at(&self) -> BlockAt {
+        self.block_of(self.global_state(), BlockRead::Ignore, || {
+            self.global_block()
+        })
+    }
+
+    /// v1: the key `v1` names, read as a block key (never set for the
+    /// unblocked and global ones); v2: the hash, read as `read` says;
+    /// v1+v2: both.
+    fn block_of(&self, hash: String, read: BlockRead, v1: impl Fn() -> String) -> BlockAt {
         match self.layout {
-            StateLayout::V1 => BlockAt::key(self.global_block()),
+            StateLayout::V1 => BlockAt::key(v1()),
             StateLayout::V2 => BlockAt {
-                key: self.global_state(),
-                read: BlockRead::Ignore,
+                key: hash,
+                read,
+                also: None,
+            },
+            StateLayout::V1V2 => BlockAt {
+                key: hash,
+                read,
+                also: Some(v1()),
             },
         }
     }
@@ -134,6 +141,19 @@ impl KeySpace {
                 .iter()
                 .map(|r| (StateKey::own(own_key(r)), *r))
                 .collect(),
+            StateLayout::V1V2 => {
+                let key = hash();
+                rules
+                    .iter()
+                    .enumerate()
+                    .map(|(i, r)| {
+                        (
+                            StateKey::both(key.clone(), format!("{kind}{i}"), own_key(r)),
+                            *r,
+                        )
+                    })
+                    .collect()
+            }
             StateLayout::V2 => {
                 let key = hash();
                 rules

@@ -134,11 +134,16 @@ impl<S: Store> Limiter<S> {
     /// shared, not its own); in state v2, its one hash, which also holds
     /// what rules it was held to before. All in the seller's hash slot.
     pub fn seller_keys(&self, seller: &str) -> Vec<String> {
-        if self.keys.layout() == StateLayout::V2 {
-            return vec![self.keys.seller_state(seller)];
+        let layout = self.keys.layout();
+        let mut keys = Vec::new();
+        if layout != StateLayout::V1 {
+            keys.push(self.keys.seller_state(seller));
+        }
+        if layout == StateLayout::V2 {
+            return keys;
         }
         let policy = self.policy();
-        let mut keys = vec![self.keys.block(seller)];
+        keys.push(self.keys.block(seller));
         if let Resolved::Limited { seller: own, .. } = policy.resolve(seller) {
             keys.extend(own.iter().map(|r| self.keys.rule(seller, r)));
         }

@@ -617,24 +617,20 @@ impl Store for RedisStore {
         now_us: Option<u64>,
         dur_us: u64,
     ) -> Result<u64, RedisError> {
-        let how = if at.read == BlockRead::Field {
-            "f"
-        } else {
-            "k"
+        // v1+v2 writes both blocks: replicas still on v1 read the key.
+        let (how, keys): (&str, Vec<&str>) = match (at.read, at.also.as_deref()) {
+            (BlockRead::Field, Some(v1)) => ("F", vec![at.key.as_str(), v1]),
+            (BlockRead::Field, None) => ("f", vec![at.key.as_str()]),
+            _ => ("k", vec![at.key.as_str()]),
         };
         let args = [
             now_us.map(|n| n.to_string()).unwrap_or_default(),
             dur_us.max(1).to_string(),
             how.to_owned(),
         ];
-        self.call(
-            &self.functions.library.block,
-            &self.block,
-            &[at.key.as_str()],
-            &args,
-        )
-        .await
-        .map_err(|e| self.failed(e))
+        self.call(&self.functions.library.block, &self.block, &keys, &args)
+            .await
+            .map_err(|e| self.failed(e))
     }
 }
 

@@ -124,6 +124,9 @@ pub struct StateKey {
     /// of the hash `key`, which holds the seller's block and every rule's
     /// state (`r<i>` enforced, `s<i>` shadow rules).
     pub place: Option<String>,
+    /// State v1+v2 (a rolling deploy): the rule's v1 key, read beside the
+    /// place and charged with it. `None` otherwise.
+    pub also: Option<String>,
 }
 
 impl StateKey {
@@ -132,6 +135,7 @@ impl StateKey {
         StateKey {
             key: key.into(),
             place: None,
+            also: None,
         }
     }
 
@@ -140,6 +144,19 @@ impl StateKey {
         StateKey {
             key: key.into(),
             place: Some(place.into()),
+            also: None,
+        }
+    }
+
+    /// A place in a v2 hash with the rule's v1 key beside it (v1+v2).
+    pub fn both(
+        key: impl Into<String>,
+        place: impl Into<String>,
+        v1: impl Into<String>,
+    ) -> StateKey {
+        StateKey {
+            also: Some(v1.into()),
+            ..StateKey::place(key, place)
         }
     }
 
@@ -178,13 +195,22 @@ pub enum BlockRead {
     Ignore,
 }
 
-impl BlockRead {
-    fn wire(self) -> &'static str {
-        match self {
-            BlockRead::Key => "k",
-            BlockRead::Field => "f",
-            BlockRead::Ignore => "-",
+impl BlockAt {
+    /// The request's block token (`lua/limiter.lua`): upper case (`F`,
+    /// `=`) when a v1 block key follows the first key (v1+v2).
+    fn wire(&self) -> &'static str {
+        match (self.read, self.also.is_some()) {
+            (BlockRead::Key, _) => "k",
+            (BlockRead::Field, false) => "f",
+            (BlockRead::Field, true) => "F",
+            (BlockRead::Ignore, false) => "-",
+            (BlockRead::Ignore, true) => "=",
         }
+    }
+
+    /// The first key, then the v1 block key in v1+v2.
+    fn keys(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.key.as_str()).chain(self.also.as_deref())
     }
 }
 
@@ -194,6 +220,9 @@ impl BlockRead {
 pub struct BlockAt {
     pub key: String,
     pub read: BlockRead,
+    /// v1+v2: the seller's v1 block key, read (and written) beside the
+    /// hash's field.
+    pub also: Option<String>,
 }
 
 impl BlockAt {
@@ -202,6 +231,7 @@ impl BlockAt {
         BlockAt {
             key: key.into(),
             read: BlockRead::Key,
+            also: None,
         }
     }
 
@@ -246,10 +276,10 @@ pub struct ScriptCall {
 }
 
 impl ScriptCall {
-    /// KEYS of the script: the block key, then one per rule.
+    /// KEYS of the script: the block key (and v1's in v1+v2), then one
+    /// per rule (two in v1+v2: the place's hash and the v1 key).
     pub fn keys(&self) -> impl Iterator<Item = &str> {
-        std::iter::once(self.block.key.as_str())
-            .chain(self.rules.iter().map(|(k, _)| k.key.as_str()))
+        self.block.keys().chain(rule_keys(&self.rules))
     }
 
     /// ARGV of the script, as `lua/limiter.lua` documents it.
@@ -265,7 +295,7 @@ impl ScriptCall {
             self.cost.to_string(),
             mode,
             self.call_id.clone(),
-            self.block.read.wire().to_owned(),
+            self.block.wire().to_owned(),
             self.rules.len().to_string(),
         ];
         push_rules(&mut args, &self.rules);
@@ -305,9 +335,9 @@ pub struct JobsCall {
 impl JobsCall {
     /// KEYS: per request its block key, then one per rule.
     pub fn keys(&self) -> impl Iterator<Item = &str> {
-        self.requests.iter().flat_map(|q| {
-            std::iter::once(q.block.key.as_str()).chain(q.rules.iter().map(|(k, _)| k.key.as_str()))
-        })
+        self.requests
+            .iter()
+            .flat_map(|q| q.block.keys().chain(rule_keys(&q.rules)))
     }
 
     /// ARGV, as `lua/jobs.lua` documents it.
@@ -322,12 +352,19 @@ impl JobsCall {
             args.push(q.call_id.clone());
             let costs: Vec<String> = q.costs.iter().map(u64::to_string).collect();
             args.push(costs.join(","));
-            args.push(q.block.read.wire().to_owned());
+            args.push(q.block.wire().to_owned());
             args.push(q.rules.len().to_string());
             push_rules(&mut args, &q.rules);
         }
         args
     }
+}
+
+/// Per rule its key, and its v1 key in v1+v2.
+fn rule_keys(rules: &[KeyedRule]) -> impl Iterator<Item = &str> {
+    rules
+        .iter()
+        .flat_map(|(k, _)| std::iter::once(k.key.as_str()).chain(k.also.as_deref()))
 }
 
 /// Per rule: algorithm, limit, period_us, burst, place ('' for v1).

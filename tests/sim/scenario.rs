@@ -50,8 +50,9 @@ pub struct Scenario {
     pub concurrency: usize,
     pub max_attempts: u32,
     pub on_error: OnError,
-    /// The limiter's state layout: v2 on odd seeds (from the seed, not
-    /// the seed's draws, so every other choice of a seed is what it was).
+    /// The limiter's state layout: v1 on even seeds, v2 on seeds 1 mod 4,
+    /// v1+v2 on seeds 3 mod 4 (from the seed, not the seed's draws, so
+    /// every other choice of a seed is what it was).
     pub state: StateLayout,
     /// Replicas the fleet pretends to have: this one holds 1/fleet of the
     /// jobs topic's partitions as far as the local fallback's share goes.
@@ -97,10 +98,10 @@ impl Scenario {
             concurrency: 8,
             max_attempts: 5,
             on_error: OnError::FailClosed,
-            state: if seed % 2 == 1 {
-                StateLayout::V2
-            } else {
-                StateLayout::V1
+            state: match seed % 4 {
+                1 => StateLayout::V2,
+                3 => StateLayout::V1V2,
+                _ => StateLayout::V1,
             },
             fleet: 1,
             faults_end_ms: 0,

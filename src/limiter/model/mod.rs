@@ -181,11 +181,17 @@ impl ModelStore {
         keys
     }
 
-    /// The block as the limiter reads it (`None`: not read, or none).
+    /// The block as the limiter reads it (`None`: not read, or none); in
+    /// v1+v2 the later of the hash's and the v1 key's.
     fn block_until(&self, at: &BlockAt) -> Option<i128> {
-        match self.get(&at.address()?) {
+        let read = |addr: &str| match self.get(addr) {
             Some(State::Block(until)) => Some(*until),
             _ => None,
+        };
+        let v2 = read(&at.address()?);
+        match &at.also {
+            Some(v1) => v2.max(read(v1)),
+            None => v2,
         }
     }
 }
@@ -344,6 +350,50 @@ fn refund_rule(
     with_algo!(rule.algorithm(), A => A::refund(store, key, &r, at, n, id, skip, taken))
 }
 
+/// `load_rule` and `take_rule` of common.lua: a rule's state at its
+/// address, and in v1+v2 also at its v1 key; the more used one decides
+/// (fewer units admissible now, v2's on a tie), every one is charged.
+struct Both {
+    all: Vec<(String, Box<dyn Loaded>)>,
+    pick: usize,
+}
+
+impl Both {
+    fn load(store: &ModelStore, at: &StateKey, rule: &Rule, now: i128) -> Both {
+        let mut all = vec![(at.address(), load_rule(store, &at.address(), rule, now))];
+        if let Some(v1) = &at.also {
+            all.push((v1.clone(), load_rule(store, v1, rule, now)));
+        }
+        let pick = usize::from(all.len() == 2 && all[1].1.avail(now) < all[0].1.avail(now));
+        Both { all, pick }
+    }
+
+    fn st(&self) -> &dyn Loaded {
+        self.all[self.pick].1.as_ref()
+    }
+
+    fn avail(&self, now: i128) -> i128 {
+        self.st().avail(now)
+    }
+    fn wait(&self, now: i128, need: i128, taken: i128) -> i128 {
+        self.st().wait(now, need, taken)
+    }
+    fn left(&self, now: i128, n: i128) -> i128 {
+        self.st().left(now, n)
+    }
+    fn reset(&self, now: i128, n: i128) -> i128 {
+        self.st().reset(now, n)
+    }
+    fn go(&self, now: i128) -> Option<i128> {
+        self.st().go(now)
+    }
+    fn take(&self, store: &mut ModelStore, now: i128, n: i128, id: &str) {
+        for (addr, st) in &self.all {
+            st.take(store, addr, now, n, id);
+        }
+    }
+}
+
 /// `settle` of common.lua (state v2): makes the state at a rule's place the
 /// rule's own, converting what another rule left there ([`convert`]).
 fn settle(store: &mut ModelStore, at: &StateKey, rule: &Rule, now: i128) {
@@ -478,23 +528,19 @@ pub fn run(
             let taken = i128::from(taken_at_us);
             let at = now.max(taken);
             for (key, rule) in rules {
-                if !owns(store, key, rule) {
-                    continue;
+                if owns(store, key, rule) {
+                    let addr = key.address();
+                    if key.place.is_some() && rule.algorithm() == Algorithm::SlidingWindowLog {
+                        sliding_window_log::refund_v2(store, &addr, cost, taken);
+                    } else {
+                        let skip = i128::from(skip);
+                        refund_rule(store, &addr, rule, at, cost, call_id, skip, taken);
+                    }
                 }
-                let addr = key.address();
-                if key.place.is_some() && rule.algorithm() == Algorithm::SlidingWindowLog {
-                    sliding_window_log::refund_v2(store, &addr, cost, taken);
-                } else {
-                    refund_rule(
-                        store,
-                        &addr,
-                        rule,
-                        at,
-                        cost,
-                        call_id,
-                        i128::from(skip),
-                        taken,
-                    );
+                // v1+v2: the v1 key was charged too.
+                if let Some(v1) = &key.also {
+                    let skip = i128::from(skip);
+                    refund_rule(store, v1, rule, at, cost, call_id, skip, taken);
                 }
             }
             return Out {
@@ -545,9 +591,9 @@ pub fn run(
     let need = if all { cost } else { 1 };
     let mut n = cost;
     let (mut wait, mut by) = (0, 0);
-    let states: Vec<Box<dyn Loaded>> = rules
+    let states: Vec<Both> = rules
         .iter()
-        .map(|(key, rule)| load_rule(store, &key.address(), rule, now))
+        .map(|(key, rule)| Both::load(store, key, rule, now))
         .collect();
     for (i, st) in states.iter().enumerate() {
         let av = st.avail(now);
@@ -592,7 +638,7 @@ pub fn run(
     let (remaining, reset, tight) = summary(n);
     if op == Op::Acquire {
         for ((key, rule), st) in rules.iter().zip(&states) {
-            st.take(store, &key.address(), now, n, call_id);
+            st.take(store, now, n, call_id);
             stamp(store, key, rule);
         }
     }
@@ -670,10 +716,10 @@ fn jobs_request(store: &mut ModelStore, now: i128, charge: bool, q: &JobsRequest
     for (key, rule) in &q.rules {
         settle(store, key, rule, now);
     }
-    let states: Vec<Box<dyn Loaded>> = q
+    let states: Vec<Both> = q
         .rules
         .iter()
-        .map(|(key, rule)| load_rule(store, &key.address(), rule, now))
+        .map(|(key, rule)| Both::load(store, key, rule, now))
         .collect();
     let avail: Vec<i128> = states.iter().map(|st| st.avail(now)).collect();
     let n = avail.iter().copied().min();
@@ -743,7 +789,7 @@ fn jobs_request(store: &mut ModelStore, now: i128, charge: bool, q: &JobsRequest
     };
     if charge {
         for ((key, rule), st) in q.rules.iter().zip(&states) {
-            st.take(store, &key.address(), now, units, &q.call_id);
+            st.take(store, now, units, &q.call_id);
             stamp(store, key, rule);
         }
     }
@@ -760,20 +806,28 @@ fn jobs_request(store: &mut ModelStore, now: i128, charge: bool, q: &JobsRequest
 /// `lua/block.lua`: hold the seller until `now_us + dur_us`; a shorter block
 /// never shortens a longer one. Returns the µs instant the block ends.
 pub fn block(store: &mut ModelStore, at: &BlockAt, now_us: u64, dur_us: u64) -> u64 {
+    use super::script::BlockRead;
     let until = i128::from(now_us) + i128::from(dur_us);
-    if let Some(current) = store.block_until(at) {
-        if current >= until {
-            return current as u64;
+    // Each layout keeps the longer of its block and this one.
+    let mut one = |addr: String| -> i128 {
+        match store.get(&addr) {
+            Some(State::Block(current)) if *current >= until => *current,
+            _ => {
+                store.put(&addr, State::Block(until));
+                until
+            }
         }
-    }
-    // The block script writes a v2 block too when it is asked not to read
-    // one: only the limiter's calls ignore it.
-    let addr = match at.read {
-        super::script::BlockRead::Ignore => format!("{}#block", at.key),
-        _ => at.address().expect("a read block has an address"),
     };
-    store.put(&addr, State::Block(until));
-    until as u64
+    let v2 = match at.read {
+        BlockRead::Field => one(format!("{}#block", at.key)),
+        _ => one(at.key.clone()),
+    };
+    // v1+v2 writes the v1 key too: replicas still on v1 read only that.
+    let v1 = match (&at.also, at.read) {
+        (Some(v1), BlockRead::Field) => one(v1.clone()),
+        _ => v2,
+    };
+    v2.max(v1) as u64
 }
 
 /// Where the model limiter reads the time.
