@@ -177,47 +177,43 @@ fn minimal(port: u16, algorithm: Algorithm, rule: &Rule) -> (&'static str, Vec<S
     }
 }
 
-/// The limiter's KEYS and ARGV for one acquire of one unit, state v2: the
-/// seller's one hash, the rule at place r0.
-fn ours_v2(rule: &Rule) -> Vec<String> {
-    let hash = format!("{PREFIX}:{{s__rand_int__}}:v2");
-    vec![
-        s(2),
-        hash.clone(),
-        hash,
-        s("acquire"),
-        s(""),
-        s(1),
-        s("all"),
-        s("b__rand_int__"),
-        s("f"),
-        s(1),
-        s(rule.algorithm().name()),
-        s(rule.limit()),
-        s(rule.period_us()),
-        s(rule.burst()),
-        s("r0"),
-    ]
+/// The limiter's KEYS and ARGV for one acquire of one unit (state v1: a
+/// block key and the rule's own key).
+fn ours(rule: &Rule) -> Vec<String> {
+    let rule_key = format!("{PREFIX}:{{s__rand_int__}}:{}", rule.fingerprint());
+    acquire_args(
+        &format!("{PREFIX}:{{s__rand_int__}}:block"),
+        &rule_key,
+        "k",
+        "",
+        rule,
+    )
 }
 
-/// The limiter's KEYS and ARGV for one acquire of one unit (state v1).
-fn ours(rule: &Rule) -> Vec<String> {
+/// The same in state v2: the seller's one hash, the rule at place r0.
+fn ours_v2(rule: &Rule) -> Vec<String> {
+    let hash = format!("{PREFIX}:{{s__rand_int__}}:v2");
+    acquire_args(&hash, &hash, "f", "r0", rule)
+}
+
+/// KEYS and ARGV of one acquire of one unit (`lua/limiter.lua`).
+fn acquire_args(first: &str, rule_key: &str, block: &str, place: &str, rule: &Rule) -> Vec<String> {
     vec![
         s(2),
-        format!("{PREFIX}:{{s__rand_int__}}:block"),
-        format!("{PREFIX}:{{s__rand_int__}}:{}", rule.fingerprint()),
+        s(first),
+        s(rule_key),
         s("acquire"),
         s(""),
         s(1),
         s("all"),
         s("b__rand_int__"),
-        s("k"),
+        s(block),
         s(1),
         s(rule.algorithm().name()),
         s(rule.limit()),
         s(rule.period_us()),
         s(rule.burst()),
-        s(""),
+        s(place),
     ]
 }
 

@@ -249,9 +249,13 @@ local function read_rules(keys, argv, a, nrules, k, hashes, mixed)
     if place ~= nil and place ~= '' then
       h = { key = key, p = place .. ':', hash = open_hash(hashes, key) }
     end
-    local h1 = nil
+    local h1, fp = nil, nil
     if mixed then
       h1 = { key = keys[k + (i - 1) * per + 1], p = '' }
+    end
+    if h.hash ~= nil then
+      -- Only a v2 place records its rule (v1 never reads it).
+      fp = name .. ':' .. argv[b + 1] .. ':' .. argv[b + 2] .. ':' .. argv[b + 3]
     end
     rules[i] = {
       algo = algo,
@@ -260,7 +264,7 @@ local function read_rules(keys, argv, a, nrules, k, hashes, mixed)
       limit = tonumber(argv[b + 1]),
       period = tonumber(argv[b + 2]),
       burst = tonumber(argv[b + 3]),
-      fp = name .. ':' .. argv[b + 1] .. ':' .. argv[b + 2] .. ':' .. argv[b + 3],
+      fp = fp,
     }
   end
   return rules

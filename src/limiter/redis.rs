@@ -21,7 +21,7 @@ use crate::config::{RedisSettings, Topology};
 
 use super::reply::{JobsReply, MalformedReply, Reply};
 use super::script::{
-    BlockAt, BlockRead, FunctionLibrary, JobsCall, ScriptCall, Store, BLOCK_LUA, LIMITER_LUA,
+    BlockAt, FunctionLibrary, JobsCall, ScriptCall, Store, BLOCK_LUA, LIMITER_LUA,
 };
 use crate::telemetry::events::RedisCalled;
 
@@ -617,16 +617,13 @@ impl Store for RedisStore {
         now_us: Option<u64>,
         dur_us: u64,
     ) -> Result<u64, RedisError> {
-        // v1+v2 writes both blocks: replicas still on v1 read the key.
-        let (how, keys): (&str, Vec<&str>) = match (at.read, at.also.as_deref()) {
-            (BlockRead::Field, Some(v1)) => ("F", vec![at.key.as_str(), v1]),
-            (BlockRead::Field, None) => ("f", vec![at.key.as_str()]),
-            _ => ("k", vec![at.key.as_str()]),
-        };
+        // The same token and keys as a limiter call names the block with
+        // (`lua/block.lua` writes both layouts in v1+v2).
+        let keys: Vec<&str> = at.keys().collect();
         let args = [
             now_us.map(|n| n.to_string()).unwrap_or_default(),
             dur_us.max(1).to_string(),
-            how.to_owned(),
+            at.wire().to_owned(),
         ];
         self.call(&self.functions.library.block, &self.block, &keys, &args)
             .await

@@ -198,7 +198,7 @@ pub enum BlockRead {
 impl BlockAt {
     /// The request's block token (`lua/limiter.lua`): upper case (`F`,
     /// `=`) when a v1 block key follows the first key (v1+v2).
-    fn wire(&self) -> &'static str {
+    pub(crate) fn wire(&self) -> &'static str {
         match (self.read, self.also.is_some()) {
             (BlockRead::Key, _) => "k",
             (BlockRead::Field, false) => "f",
@@ -209,7 +209,7 @@ impl BlockAt {
     }
 
     /// The first key, then the v1 block key in v1+v2.
-    fn keys(&self) -> impl Iterator<Item = &str> {
+    pub(crate) fn keys(&self) -> impl Iterator<Item = &str> {
         std::iter::once(self.key.as_str()).chain(self.also.as_deref())
     }
 }
