@@ -22,6 +22,8 @@ MUTATIONS=(
   $'4\tsrc/worker/sellers.rs\ts/let Some\\(key\\) = self\\.sellers\\.paced_waiters\\.pop_front\\(\\) else \\{/let Some(key) = None::<Arc<str>> else {/\ta freed slot is not offered to a due paced job'
   $'5\tsrc/worker/run.rs\ts/RetryAfter::Wait\\(wait\\) if !wait\\.is_zero\\(\\) => wait,/RetryAfter::Wait(wait) => wait,\\n                _ if true => Duration::ZERO,/\ta 429 with no useful wait holds the seller for nothing'
   $'6\tsrc/worker/run.rs\ts/(                let at = after\\(self\\.deps\\.clock\\.now\\(\\), wait\\);)/                self.deps.source.finish(&p.origin);\\n$1/\ta failed job is marked finished before it is'
+  $'8\tsrc/worker/sellers.rs\ts/if let Some\(pause\) = self\.pause_of\(key\) \{/if let Some(pause) = self.pause_of(key).filter(|_| false) {/\ta paused seller still asks the limiter and calls'
+  $'8\tsrc/worker/run.rs\ts/if stopped\(\) \|\| paused\(\) \|\|/if stopped() ||/\ta run under way when a pause begins goes on calling'
   $'7\tsrc/worker/timers.rs\ts/Duration::from_millis\\(unix_ms_at\\.saturating_sub\\(clock\\.unix_ms\\(\\)\\)\\)/Duration::from_millis(unix_ms_at - clock.unix_ms())/\ta wall-clock wait read as an unsigned difference (a clock step backwards wraps)'
 )
 

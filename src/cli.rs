@@ -161,7 +161,44 @@ pub enum LimitsCommand {
         #[command(flatten)]
         common: Common,
     },
-    /// Lists the overrides in force.
+    /// Stops every replica's downstream calls for one seller (or, with
+    /// `--all`, for every seller) within a second, until `limits resume`
+    /// or the end given. Its jobs wait, in memory, then in the retry tiers:
+    /// none is dead-lettered, none is lost.
+    Pause {
+        /// The seller to pause (or give --all).
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        seller: Option<String>,
+        /// Pause every seller: a maintenance window of the downstream.
+        #[arg(long)]
+        all: bool,
+        /// How long it lasts, e.g. 30m (or give --until; neither: until resumed).
+        #[arg(long = "for", conflicts_with = "until")]
+        for_: Option<String>,
+        /// When it ends, RFC 3339 UTC, e.g. 2026-11-23T03:00:00Z.
+        #[arg(long)]
+        until: Option<String>,
+        /// Why, shown by `limits show` and `limits list` (e.g. an incident id).
+        #[arg(long, default_value = "")]
+        reason: String,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Ends a pause: the seller's (or, with `--all`, the fleet-wide one)
+    /// jobs flow again within a second; those parked in the retry tiers
+    /// within a minute.
+    Resume {
+        /// The seller to resume (or give --all).
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        seller: Option<String>,
+        /// End the pause of every seller (`limits pause --all`); sellers
+        /// paused one by one stay paused.
+        #[arg(long)]
+        all: bool,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Lists the overrides and the pauses in force.
     List {
         #[command(flatten)]
         common: Common,

@@ -224,6 +224,32 @@ async fn limits(command: LimitsCommand) -> anyhow::Result<()> {
             )
             .await?
         }
+        LimitsCommand::Pause {
+            seller,
+            all: _,
+            for_,
+            until,
+            reason,
+            common,
+        } => {
+            let until_ms = match (&for_, &until) {
+                (None, None) => None,
+                _ => Some(operator::until_ms(for_.as_deref(), until.as_deref())?),
+            };
+            operator::pause(
+                common.config.as_deref(),
+                seller.as_deref(),
+                until_ms,
+                &reason,
+                common.output(),
+            )
+            .await?
+        }
+        LimitsCommand::Resume {
+            seller,
+            all: _,
+            common,
+        } => operator::resume(common.config.as_deref(), seller.as_deref(), common.output()).await?,
         LimitsCommand::List { common } => {
             operator::list(common.config.as_deref(), common.output()).await?
         }

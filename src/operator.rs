@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 use crate::config::{self, Settings};
 use crate::limiter::inspect::SellerState;
 use crate::limiter::overrides::{self, Override};
+use crate::limiter::pauses::{self, Pause, Pauses};
 use crate::limiter::{Decision, KeySpace, Limiter, Mode, Policy, RedisStore, Request, Rule};
 
 /// How a command prints.
@@ -118,7 +119,7 @@ async fn override_of(
 ) -> anyhow::Result<Option<Override>> {
     let fields = limiter
         .store()
-        .read_overrides(&limiter.keys().overrides())
+        .read_hash(&limiter.keys().overrides())
         .await?;
     Ok(fields
         .get(seller)
@@ -132,11 +133,110 @@ pub async fn show(file: Option<&Path>, seller: &str, out: Output) -> anyhow::Res
     let limiter = open_limiter(file).await?;
     let state = limiter.inspect(seller, None).await?;
     let ov = override_of(&limiter, seller).await?;
+    let pause = limiter.refresh_pauses().await?.of(seller, now_ms());
     Ok(match out {
         Output::Json => {
-            serde_json::to_string_pretty(&show_json(seller, &state, ov.as_ref()))? + "\n"
+            let mut v = show_json(seller, &state, ov.as_ref());
+            v["paused"] = pause.as_ref().map_or(Value::Null, pause_json);
+            serde_json::to_string_pretty(&v)? + "\n"
         }
-        Output::Table => show_table(seller, &state, ov.as_ref()),
+        Output::Table => {
+            let mut s = show_table(seller, &state, ov.as_ref());
+            let line = match &pause {
+                Some(p) => format!("paused: {}\n", pause_text(p)),
+                None => "paused: no\n".to_owned(),
+            };
+            // After the header line, before the 429 block's.
+            let at = s.find('\n').map_or(s.len(), |i| i + 1);
+            s.insert_str(at, &line);
+            s
+        }
+    })
+}
+
+fn pause_json(p: &Pause) -> Value {
+    json!({
+        "reason": p.reason,
+        "since": rfc3339(p.since_ms),
+        "until": p.until_ms.map(rfc3339),
+    })
+}
+
+fn pause_text(p: &Pause) -> String {
+    let end = match p.until_ms {
+        Some(u) => format!("until {}", rfc3339(u)),
+        None => "until resumed".to_owned(),
+    };
+    let why = if p.reason.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", p.reason)
+    };
+    format!("{end}, since {}{why}", rfc3339(p.since_ms))
+}
+
+/// The field a pause of `seller` (or, `None`, of every seller) is kept in.
+fn pause_field(seller: Option<&str>) -> String {
+    seller.map_or_else(|| pauses::ALL.to_owned(), pauses::field)
+}
+
+fn who(seller: Option<&str>) -> String {
+    seller.map_or_else(|| "every seller".to_owned(), |s| format!("seller {s}"))
+}
+
+/// `limits pause SELLER|--all [--for D | --until T] [--reason TEXT]`: every
+/// replica stops calling the downstream for it within a second (the
+/// workers read the pauses every [`pauses::REFRESH`]).
+pub async fn pause(
+    file: Option<&Path>,
+    seller: Option<&str>,
+    until_ms: Option<u64>,
+    reason: &str,
+    out: Output,
+) -> anyhow::Result<String> {
+    let (settings, _) = load(file)?;
+    let store = RedisStore::open(&settings.redis).await?;
+    let key = KeySpace::new(settings.redis.key_prefix.clone()).pauses();
+    let p = Pause {
+        reason: reason.to_owned(),
+        since_ms: now_ms(),
+        until_ms,
+    };
+    store
+        .set_field(&key, &pause_field(seller), &p.to_json())
+        .await?;
+    Ok(match out {
+        Output::Json => {
+            let mut v = pause_json(&p);
+            v["seller"] = seller.map_or(Value::Null, Value::from);
+            v["all"] = Value::from(seller.is_none());
+            v.to_string() + "\n"
+        }
+        Output::Table => format!(
+            "paused {}: {} (on every replica within a second)\n",
+            who(seller),
+            pause_text(&p)
+        ),
+    })
+}
+
+/// `limits resume SELLER|--all`: ends the pause; jobs held in memory go
+/// within a second, those parked in the retry tiers within a minute.
+pub async fn resume(
+    file: Option<&Path>,
+    seller: Option<&str>,
+    out: Output,
+) -> anyhow::Result<String> {
+    let (settings, _) = load(file)?;
+    let store = RedisStore::open(&settings.redis).await?;
+    let key = KeySpace::new(settings.redis.key_prefix.clone()).pauses();
+    let n = store.delete_fields(&key, &[pause_field(seller)]).await?;
+    Ok(match out {
+        Output::Json => {
+            json!({"seller": seller, "all": seller.is_none(), "resumed": n > 0}).to_string() + "\n"
+        }
+        Output::Table if n > 0 => format!("resumed {}\n", who(seller)),
+        Output::Table => format!("{} was not paused\n", who(seller)),
     })
 }
 
@@ -222,7 +322,7 @@ pub fn until_ms(for_: Option<&str>, until: Option<&str>) -> anyhow::Result<u64> 
         (None, Some(t)) => humantime::parse_rfc3339_weak(t).context("--until")?,
         _ => anyhow::bail!("give --for DURATION or --until TIME"),
     };
-    anyhow::ensure!(until > now, "the override would end before it starts");
+    anyhow::ensure!(until > now, "it would end before it starts");
     Ok(until.duration_since(UNIX_EPOCH)?.as_millis() as u64)
 }
 
@@ -241,7 +341,7 @@ pub async fn set_override(
     let (settings, _) = load(file)?;
     let store = RedisStore::open(&settings.redis).await?;
     let key = KeySpace::new(settings.redis.key_prefix.clone()).overrides();
-    store.write_override(&key, seller, &o.to_json()).await?;
+    store.set_field(&key, seller, &o.to_json()).await?;
     Ok(match out {
         Output::Json => {
             json!({"seller": seller, "rule": rule_json(&rule), "until": rfc3339(until_ms)})
@@ -266,7 +366,7 @@ pub async fn clear_override(
     let store = RedisStore::open(&settings.redis).await?;
     let key = KeySpace::new(settings.redis.key_prefix.clone()).overrides();
     let n = store
-        .clear_overrides(&key, std::slice::from_ref(&seller.to_owned()))
+        .delete_fields(&key, std::slice::from_ref(&seller.to_owned()))
         .await?;
     Ok(match out {
         Output::Json => json!({"seller": seller, "cleared": n > 0}).to_string() + "\n",
@@ -287,7 +387,7 @@ pub async fn list(file: Option<&Path>, out: Output) -> anyhow::Result<String> {
     let (settings, _) = load(file)?;
     let store = RedisStore::open(&settings.redis).await?;
     let key = KeySpace::new(settings.redis.key_prefix.clone()).overrides();
-    let fields: HashMap<String, String> = store.read_overrides(&key).await?;
+    let fields: HashMap<String, String> = store.read_hash(&key).await?;
     let now = now_ms();
     let mut expired = Vec::new();
     let mut live: Vec<(String, Override)> = Vec::new();
@@ -297,24 +397,89 @@ pub async fn list(file: Option<&Path>, out: Output) -> anyhow::Result<String> {
             _ => expired.push(seller),
         }
     }
-    store.clear_overrides(&key, &expired).await?;
+    store.delete_fields(&key, &expired).await?;
     live.sort_by(|a, b| a.0.cmp(&b.0));
+    let paused = paused_in_force(&store, &settings, now).await?;
     Ok(match out {
         Output::Json => {
-            let rows: Vec<Value> = live
+            let mut rows: Vec<Value> = live
                 .iter()
                 .map(|(seller, o)| {
                     json!({
+                        "kind": "override",
                         "seller": seller,
                         "rule": o.rule().map(|r| rule_json(&r)).unwrap_or(Value::Null),
                         "until": rfc3339(o.until_ms),
                     })
                 })
                 .collect();
+            rows.extend(paused.iter().map(|(seller, p)| {
+                let mut v = pause_json(p);
+                v["kind"] = Value::from("pause");
+                v["seller"] = seller.as_deref().map_or(Value::Null, Value::from);
+                v["all"] = Value::from(seller.is_none());
+                v
+            }));
             serde_json::to_string_pretty(&rows)? + "\n"
         }
-        Output::Table if live.is_empty() => "no overrides in force\n".to_owned(),
-        Output::Table => {
+        Output::Table => list_table(&live, &paused),
+    })
+}
+
+/// The pauses in force, the fleet's first (`None`), then by seller. Ended
+/// ones are removed here, by the operator's tool.
+async fn paused_in_force(
+    store: &RedisStore,
+    settings: &Settings,
+    now: u64,
+) -> anyhow::Result<Vec<(Option<String>, Pause)>> {
+    let key = KeySpace::new(settings.redis.key_prefix.clone()).pauses();
+    let fields = store.read_hash(&key).await?;
+    let live = Pauses::in_force(&fields, now);
+    let ended: Vec<String> = fields
+        .keys()
+        .filter(|f| {
+            let seller = f.strip_prefix("s:");
+            let held = match seller {
+                Some(s) => live.sellers.contains_key(s),
+                None => *f == pauses::ALL && live.all.is_some(),
+            };
+            !held
+        })
+        .cloned()
+        .collect();
+    store.delete_fields(&key, &ended).await?;
+    let mut out: Vec<(Option<String>, Pause)> = live.all.into_iter().map(|p| (None, p)).collect();
+    let mut sellers: Vec<(String, Pause)> = live.sellers.into_iter().collect();
+    sellers.sort_by(|a, b| a.0.cmp(&b.0));
+    out.extend(sellers.into_iter().map(|(s, p)| (Some(s), p)));
+    Ok(out)
+}
+
+fn list_table(live: &[(String, Override)], paused: &[(Option<String>, Pause)]) -> String {
+    let mut s = overrides_table(live);
+    if !paused.is_empty() {
+        let rows: Vec<Vec<String>> = paused
+            .iter()
+            .map(|(seller, p)| {
+                vec![
+                    seller.clone().unwrap_or_else(|| "(all sellers)".to_owned()),
+                    p.until_ms.map_or_else(|| "resumed".to_owned(), rfc3339),
+                    rfc3339(p.since_ms),
+                    p.reason.clone(),
+                ]
+            })
+            .collect();
+        s.push_str("\npaused:\n");
+        s.push_str(&table(&["SELLER", "UNTIL", "SINCE", "REASON"], &rows));
+    }
+    s
+}
+
+fn overrides_table(live: &[(String, Override)]) -> String {
+    match live {
+        [] => "no overrides in force\n".to_owned(),
+        live => {
             let rows: Vec<Vec<String>> = live
                 .iter()
                 .map(|(seller, o)| {
@@ -328,7 +493,7 @@ pub async fn list(file: Option<&Path>, out: Output) -> anyhow::Result<String> {
                 .collect();
             table(&["SELLER", "RULE", "UNTIL"], &rows)
         }
-    })
+    }
 }
 
 /// `limits peek SELLER`: what the limiter would answer now for `cost`,

@@ -649,3 +649,155 @@ fn a_throttled_call_gives_its_slot_back_before_its_run_ends() {
     assert!(idle.is_empty(), "{}", idle.join("\n"));
     assert_kept(&sc, &out);
 }
+
+/// Issue 22, part 2: an operator pauses one seller, with no end named, for
+/// 43 s. From the pause on, none of its calls reaches the downstream
+/// (invariant 8) while the other seller goes on at its pace. Its jobs wait
+/// in memory for the first `worker.max_inline_delay` (30 s), then go to the
+/// retry tiers (written once a minute while it lasts); after the resume
+/// every job is done, none dead-lettered, none lost.
+#[test]
+fn a_paused_seller_calls_nothing_until_resumed_and_loses_nothing() {
+    let mut sc = Scenario::quiet(22);
+    sc.partitions = 4;
+    sc.concurrency = 4;
+    for name in ["paused", "other"] {
+        sc.sellers.push(seller(
+            name,
+            Some(rule("fixed_window", 20, Duration::from_secs(1), None)),
+        ));
+    }
+    for i in 0..100u64 {
+        sc.jobs
+            .push(job((i % 2) as usize, 1, i * 100, (i % 4) as i32));
+    }
+    let pause = Window {
+        from_ms: 2_000,
+        to_ms: 45_000,
+    };
+    sc.faults
+        .pauses
+        .push((pause, Some("paused".to_owned()), false));
+    let out = run(&sc);
+    assert_kept(&sc, &out);
+    let calls = |who: &str, from: u64, to: u64| {
+        out.log
+            .calls
+            .iter()
+            .filter(|c| c.seller == who && (from..to).contains(&c.at_ms))
+            .count()
+    };
+    // The other seller's jobs produced during the pause (one every 200 ms,
+    // until 9.9 s: 40) are each called then.
+    let other = calls("other", pause.from_ms, pause.to_ms);
+    assert_eq!(other, 40, "the other seller's calls during the pause");
+    let parked: Vec<u64> = out.log.retried_at.iter().map(|(at, _)| *at).collect();
+    let inline_ends = pause.from_ms + 30_000;
+    assert!(
+        parked.iter().all(|at| *at >= inline_ends),
+        "jobs parked before the pause was 30 s old: {parked:?}"
+    );
+    assert_eq!(
+        parked.len(),
+        40,
+        "the paused seller's 40 waiting jobs, parked once"
+    );
+    let first_after = out
+        .log
+        .calls
+        .iter()
+        .filter(|c| c.seller == "paused" && c.at_ms >= pause.to_ms)
+        .map(|c| c.at_ms)
+        .min()
+        .expect("the paused seller's calls after the resume");
+    assert!(
+        first_after <= inline_ends + 61_000,
+        "parked at {inline_ends} ms, resumed at {} ms, first call at {first_after} ms",
+        pause.to_ms
+    );
+    assert_eq!(out.log.done.len(), 100, "jobs done");
+    println!(
+        "pause 2-45 s: other seller {other} calls meanwhile; {} jobs parked from {inline_ends} ms; the paused seller's first call after the resume at {first_after} ms",
+        parked.len()
+    );
+}
+
+/// Issue 22, part 2: a pause lifted within `worker.max_inline_delay`
+/// writes nothing to the retry tiers, and its seller calls again within a
+/// recheck (250 ms) of the resume.
+#[test]
+fn a_short_pause_holds_jobs_in_memory_and_a_resume_takes_effect_at_once() {
+    let mut sc = Scenario::quiet(24);
+    sc.partitions = 2;
+    sc.sellers.push(seller("paused", None));
+    sc.jobs = (0..60u64)
+        .map(|i| job(0, 1, i * 200, (i % 2) as i32))
+        .collect();
+    let pause = Window {
+        from_ms: 1_000,
+        to_ms: 9_000,
+    };
+    sc.faults
+        .pauses
+        .push((pause, Some("paused".to_owned()), false));
+    let out = run(&sc);
+    assert_kept(&sc, &out);
+    assert!(out.log.retried_at.is_empty(), "{:?}", out.log.retried_at);
+    let first_after = out
+        .log
+        .calls
+        .iter()
+        .filter(|c| c.at_ms >= pause.to_ms)
+        .map(|c| c.at_ms)
+        .min()
+        .expect("calls after the resume");
+    assert!(
+        first_after <= pause.to_ms + 300,
+        "resumed at {} ms, first call at {first_after} ms",
+        pause.to_ms
+    );
+    assert_eq!(out.log.done.len(), 60);
+}
+
+/// Issue 22, part 2: a fleet-wide pause with an end within
+/// `worker.max_inline_delay` holds every seller's jobs in memory (nothing
+/// is written to a retry tier) and the calls start again within a recheck
+/// of its end.
+#[test]
+fn a_short_pause_of_every_seller_holds_jobs_in_memory_and_ends_on_time() {
+    let mut sc = Scenario::quiet(23);
+    sc.partitions = 2;
+    for name in ["a", "b", "c"] {
+        sc.sellers.push(seller(name, None));
+    }
+    for i in 0..90u64 {
+        sc.jobs
+            .push(job((i % 3) as usize, 1, i * 100, (i % 2) as i32));
+    }
+    let pause = Window {
+        from_ms: 3_000,
+        to_ms: 8_000,
+    };
+    sc.faults.pauses.push((pause, None, true));
+    let out = run(&sc);
+    assert_kept(&sc, &out);
+    assert!(
+        out.log.retried_at.is_empty(),
+        "a 5 s pause sent {} jobs to the retry tiers",
+        out.log.retried_at.len()
+    );
+    let first_after = out
+        .log
+        .calls
+        .iter()
+        .filter(|c| c.at_ms >= pause.to_ms)
+        .map(|c| c.at_ms)
+        .min()
+        .expect("calls after the pause");
+    assert!(
+        first_after <= pause.to_ms + 300,
+        "the first call after a pause ending at {} ms went at {first_after} ms",
+        pause.to_ms
+    );
+    assert_eq!(out.log.done.len(), 90);
+}

@@ -151,13 +151,13 @@ async fn limiter_commands(limiter: &Limiter<RedisStore>) {
     let key = limiter.keys().overrides();
     limiter
         .store()
-        .write_override(&key, "v", &o.to_json())
+        .set_field(&key, "v", &o.to_json())
         .await
         .unwrap();
     assert_eq!(limiter.refresh_overrides().await.unwrap(), 1);
     limiter
         .store()
-        .clear_overrides(&key, &["v".to_owned()])
+        .delete_fields(&key, &["v".to_owned()])
         .await
         .unwrap();
     // `limits show` and `limits reset`.

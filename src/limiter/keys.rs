@@ -198,6 +198,12 @@ impl KeySpace {
         format!("{}:{{overrides}}", self.prefix)
     }
 
+    /// The hash of operators' pauses: a field per paused seller and one
+    /// for the whole fleet (see [`super::pauses`]).
+    pub fn pauses(&self) -> String {
+        format!("{}:{{pauses}}", self.prefix)
+    }
+
     /// What `dlq replay` has replayed from dead-letter topic `topic`: a
     /// hash of `partition:offset` → marker (one key: a replay is one
     /// client's sequential work, never hot).

@@ -14,6 +14,8 @@
 //! - [`coalesce`]: [`Coalescer`], many sellers' job lists in one call.
 //! - `shadow`: rules in shadow mode, asked after a grant and counted,
 //!   never holding a job.
+//! - [`pauses`]: operators' pauses of one seller or of every seller, kept
+//!   in Redis and read by every replica.
 //! - [`inspect`]: a seller's live state per rule, charging nothing
 //!   (`limits show`).
 //! - [`model`]: pure-Rust reference models of every script, with an injected clock.
@@ -31,6 +33,7 @@ pub mod keys;
 pub mod local;
 pub mod model;
 pub mod overrides;
+pub mod pauses;
 pub mod permits;
 pub mod policy;
 pub mod redis;
@@ -46,6 +49,7 @@ pub use decision::{
     Pace,
 };
 pub use keys::{KeySpace, StateLayout};
+pub use pauses::{Pause, Pauses};
 pub use permits::{Limiter, LimiterError, Request};
 pub use policy::{Policy, Resolved};
 pub use redis::{RedisError, RedisStore, Scripts};

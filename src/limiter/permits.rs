@@ -14,6 +14,7 @@ use crate::config::Topology;
 
 use super::decision::{CannotPass, Decision, Denied, DeniedBy, Granted, Mode};
 use super::keys::{KeySpace, StateLayout};
+use super::pauses::Pauses;
 use super::policy::{Policy, Resolved, RuleSet};
 use super::reply::Reply;
 use super::rule::Rule;
@@ -68,6 +69,9 @@ pub struct Limiter<S> {
     policy: RwLock<Arc<Policy>>,
     /// The config's limits, and the temporary overrides from Redis.
     base: RwLock<(Arc<Policy>, HashMap<String, RuleSet>)>,
+    /// The operators' pauses from Redis, as last read (see
+    /// [`super::pauses`]); judged against the reader's clock when asked.
+    pauses: RwLock<Arc<Pauses>>,
     pub(super) topology: Topology,
     pub(super) ids: CallIds,
 }
@@ -79,6 +83,7 @@ impl<S: Store> Limiter<S> {
             keys,
             policy: RwLock::new(Arc::new(policy.clone())),
             base: RwLock::new((Arc::new(policy), HashMap::new())),
+            pauses: RwLock::new(Arc::new(Pauses::default())),
             topology,
             ids: CallIds::new(),
         }
@@ -110,6 +115,19 @@ impl<S: Store> Limiter<S> {
         }
         base.1 = overrides;
         self.apply(&base);
+    }
+
+    /// Replaces the pauses (see [`super::pauses`]).
+    pub fn set_pauses(&self, pauses: Pauses) {
+        *self.pauses.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(pauses);
+    }
+
+    /// The pauses as last read.
+    pub fn pauses(&self) -> Arc<Pauses> {
+        self.pauses
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     fn apply(&self, base: &(Arc<Policy>, HashMap<String, RuleSet>)) {

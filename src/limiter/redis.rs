@@ -632,8 +632,8 @@ impl Store for RedisStore {
 }
 
 impl RedisStore {
-    /// Every field of the overrides hash (`HGETALL`).
-    pub async fn read_overrides(
+    /// Every field of a hash (`HGETALL`): the overrides, the pauses.
+    pub async fn read_hash(
         &self,
         key: &str,
     ) -> Result<std::collections::HashMap<String, String>, RedisError> {
@@ -645,33 +645,29 @@ impl RedisStore {
             .map_err(RedisError::Script)
     }
 
-    /// Sets one seller's override (`HSET`).
-    pub async fn write_override(
-        &self,
-        key: &str,
-        seller: &str,
-        json: &str,
-    ) -> Result<(), RedisError> {
+    /// Sets one field of a hash that is kept until deleted (`HSET`): an
+    /// override, a pause.
+    pub async fn set_field(&self, key: &str, field: &str, value: &str) -> Result<(), RedisError> {
         let mut conn = self.conn.get();
         redis::cmd("HSET")
             .arg(key)
-            .arg(seller)
-            .arg(json)
+            .arg(field)
+            .arg(value)
             .query_async::<i64>(&mut conn)
             .await
             .map(|_| ())
             .map_err(RedisError::Script)
     }
 
-    /// Removes sellers' overrides (`HDEL`); returns how many there were.
-    pub async fn clear_overrides(&self, key: &str, sellers: &[String]) -> Result<u64, RedisError> {
-        if sellers.is_empty() {
+    /// Removes fields of a hash (`HDEL`); returns how many there were.
+    pub async fn delete_fields(&self, key: &str, fields: &[String]) -> Result<u64, RedisError> {
+        if fields.is_empty() {
             return Ok(0);
         }
         let mut conn = self.conn.get();
         redis::cmd("HDEL")
             .arg(key)
-            .arg(sellers)
+            .arg(fields)
             .query_async(&mut conn)
             .await
             .map_err(RedisError::Script)
@@ -744,13 +740,25 @@ impl super::Limiter<RedisStore> {
     /// Reads the temporary overrides from Redis and puts those in force now
     /// in place; returns how many there are.
     pub async fn refresh_overrides(&self) -> Result<usize, RedisError> {
-        let fields = self.store.read_overrides(&self.keys.overrides()).await?;
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        let live = super::overrides::in_force(&fields, now_ms);
+        let fields = self.store.read_hash(&self.keys.overrides()).await?;
+        let live = super::overrides::in_force(&fields, unix_ms());
         let n = live.len();
         self.set_overrides(live);
         Ok(n)
     }
+
+    /// Reads the operators' pauses from Redis and holds those in force
+    /// now; returns them. On an error the last ones read stay (a pause is
+    /// not lifted because Redis did not answer).
+    pub async fn refresh_pauses(&self) -> Result<Arc<super::Pauses>, RedisError> {
+        let fields = self.store.read_hash(&self.keys.pauses()).await?;
+        self.set_pauses(super::Pauses::in_force(&fields, unix_ms()));
+        Ok(self.pauses())
+    }
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }

@@ -809,6 +809,75 @@ impl OverridesUnreadable<'_> {
     }
 }
 
+/// The pauses as a replica read them (every `limiter::pauses::REFRESH`):
+/// the gauges, and a line when they change.
+pub struct PausesRead {
+    pub sellers: usize,
+    pub all: bool,
+    /// They differ from the previous read.
+    pub changed: bool,
+}
+
+impl PausesRead {
+    pub fn emit(&self) {
+        metrics().paused_sellers.set(self.sellers as i64);
+        metrics().paused_all.set(i64::from(self.all));
+        if self.changed {
+            tracing::warn!(
+                paused_sellers = self.sellers,
+                all_paused = self.all,
+                "operator pauses changed: paused sellers call nothing until resumed"
+            );
+        }
+    }
+}
+
+/// The pauses could not be read; the ones read last stay in force.
+pub struct PausesUnreadable<'a> {
+    pub error: &'a str,
+}
+
+impl PausesUnreadable<'_> {
+    pub fn emit(&self) {
+        // Four times a second while Redis is out: one line per interval.
+        static LOG: Every = Every::new(Duration::from_secs(30));
+        if let Some(more) = LOG.tick() {
+            tracing::warn!(
+                error = self.error,
+                more_since_last_line = more,
+                "operator pauses unreadable; the ones read last stay in force"
+            );
+        }
+    }
+}
+
+/// A paused seller's waiting jobs held back: in memory until the pause's
+/// near end, or sent to the retry tiers (`parked`).
+pub struct SellerPaused<'a> {
+    pub seller: &'a str,
+    pub jobs: usize,
+    pub parked: bool,
+    /// What is left of the pause; `None`: until resumed.
+    pub left: Option<Duration>,
+}
+
+impl SellerPaused<'_> {
+    pub fn emit(&self) {
+        if self.jobs == 0 {
+            return;
+        }
+        metrics().jobs_held_paused.inc_by(self.jobs as u64);
+        tracing::debug!(
+            seller = self.seller,
+            jobs = self.jobs,
+            parked = self.parked,
+            left_ms = self.left.map(|d| d.as_millis() as u64),
+            "seller paused: jobs held back"
+        );
+        super::trace::note_seller_wait(self.seller, "paused", self.left);
+    }
+}
+
 /// A job record's `traceparent` is not valid W3C trace context: the job
 /// goes on, in a new trace. Counted per record by kind; logged at most
 /// once a minute, without the header's text (input from the producer).

@@ -6,7 +6,8 @@
 //!   `run` (downstream runs, pacing, 429 holds), `retry` (parking,
 //!   deferral, retry/DLQ writes), `partitions` (rebalances, `unstick`,
 //!   backpressure, gauges), `outage` (a downstream outage told apart
-//!   from a job's own failure), `timers` (timer heap, time arithmetic).
+//!   from a job's own failure), `paused` (an operator's pause: held
+//!   sellers, parked jobs), `timers` (timer heap, time arithmetic).
 //! - [`ports`]: the traits through which the engine reaches its world
 //!   (clock, consumer, writer, downstream; the limiter is [`Permits`]),
 //!   and the production implementations ([`ports::Live`]).
@@ -23,6 +24,7 @@ pub mod engine;
 pub mod memory;
 mod outage;
 mod partitions;
+mod paused;
 pub mod permit;
 pub mod ports;
 pub mod reload;
@@ -43,7 +45,7 @@ use crate::config::Settings;
 use crate::downstream::Downstream;
 use crate::kafka::{Consumers, RecordSink};
 use crate::limiter::{CoalesceSettings, Coalescer, KeySpace, Limiter, Policy, RedisStore};
-use crate::telemetry::events::OverridesUnreadable;
+use crate::telemetry::events::{OverridesUnreadable, PausesRead, PausesUnreadable};
 use crate::telemetry::http;
 use crate::telemetry::trace::Export;
 
@@ -180,6 +182,34 @@ pub async fn run_watching(
             }
         })
     };
+    // Operators' pauses (`limits pause`) live in Redis too: read them now
+    // and four times a second, so a pause stops every replica's calls
+    // within a second.
+    let pauses = {
+        let limiter = limiter.clone();
+        tokio::spawn(async move {
+            let mut last = None;
+            loop {
+                match limiter.refresh_pauses().await {
+                    Ok(p) => {
+                        PausesRead {
+                            sellers: p.sellers.len(),
+                            all: p.all.is_some(),
+                            changed: last.as_ref().is_some_and(|l| *l != p)
+                                || (last.is_none() && !p.is_empty()),
+                        }
+                        .emit();
+                        last = Some(p);
+                    }
+                    Err(e) => PausesUnreadable {
+                        error: &e.to_string(),
+                    }
+                    .emit(),
+                }
+                tokio::time::sleep(crate::limiter::pauses::REFRESH).await;
+            }
+        })
+    };
     health.set_ready(true);
     let consumer = Arc::new(consumer);
     let sink = Arc::new(sink);
@@ -225,6 +255,7 @@ pub async fn run_watching(
         w.abort();
     }
     overrides.abort();
+    pauses.abort();
     // Closing a librdkafka client blocks (leaving the group, flushing); do it
     // off the async threads, and do not let a broker that stopped answering
     // hold the process forever.

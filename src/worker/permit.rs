@@ -9,7 +9,8 @@ use rand::Rng;
 use crate::config::OnError;
 use crate::downstream::backoff_with;
 use crate::limiter::{
-    BatchDecision, Coalescer, Decision, Denied, DeniedBy, Limiter, Mode, Resolved, Rule, Store,
+    BatchDecision, Coalescer, Decision, Denied, DeniedBy, Limiter, Mode, Pause, Resolved, Rule,
+    Store,
 };
 
 /// Why the limiter gave no answer. Every kind is a fault of the limiter's
@@ -67,6 +68,13 @@ pub trait Permits: Send + Sync + 'static {
             }
             self.acquire(seller, n).await.map(BatchDecision::from_units)
         }
+    }
+
+    /// The operator's pause holding `seller` at `now_ms` (unix ms), if any
+    /// (`limits pause`). Answered from what the limiter last read, never
+    /// with a call; `None` by default.
+    fn paused(&self, _seller: &str, _now_ms: u64) -> Option<Pause> {
+        None
     }
 
     /// The seller's own and the global rules, for the local fallback;
@@ -132,6 +140,10 @@ impl<S: Store + 'static> Permits for Limiter<S> {
         }
     }
 
+    fn paused(&self, seller: &str, now_ms: u64) -> Option<Pause> {
+        self.pauses().of(seller, now_ms)
+    }
+
     fn rules_of(&self, seller: &str) -> Option<(Vec<Rule>, Vec<Rule>)> {
         match self.policy().resolve(seller) {
             Resolved::Unlimited => None,
@@ -170,6 +182,10 @@ impl<S: Store + 'static> Permits for Coalescer<S> {
 
     fn rules_of(&self, seller: &str) -> Option<(Vec<Rule>, Vec<Rule>)> {
         Permits::rules_of(&**self.limiter(), seller)
+    }
+
+    fn paused(&self, seller: &str, now_ms: u64) -> Option<Pause> {
+        Permits::paused(&**self.limiter(), seller, now_ms)
     }
 
     async fn block(&self, seller: &str, dur: Duration) -> Result<(), PermitError> {

@@ -43,10 +43,12 @@ impl<X: Ports> Engine<X> {
     /// order. Every job holds a slot, taken by the caller, and gives it back
     /// with its answer, or when its chain stops short of it.
     pub(super) fn spawn_run(&mut self, seller: Arc<str>, batch: Vec<(Option<u64>, Pending)>) {
-        let (caller, tx, source) = (
+        let (caller, tx, source, permits, clock) = (
             self.deps.caller.clone(),
             self.tx.clone(),
             self.deps.source.clone(),
+            self.deps.permits.clone(),
+            self.deps.clock.clone(),
         );
         self.tasks += 1;
         // Each job with its place in the run, to put back what a 429 left.
@@ -61,15 +63,17 @@ impl<X: Ports> Engine<X> {
         tokio::spawn(async move {
             let throttles: Mutex<Vec<Throttle>> = Mutex::new(Vec::new());
             let stopped = || throttles.lock().map_or(true, |t| !t.is_empty());
+            // An operator's pause stops every chain before its next call.
+            let paused = || permits.paused(&seller, clock.unix_ms()).is_some();
             let runs = chains.into_iter().map(|(_, chain)| {
-                let (caller, tx, seller, throttles, source) =
-                    (&caller, &tx, &seller, &throttles, &source);
+                let (caller, tx, seller, throttles, source, paused) =
+                    (&caller, &tx, &seller, &throttles, &source, &paused);
                 async move {
                     let mut unused = Vec::new();
                     let mut jobs = chain.into_iter();
                     while let Some((i, granted_at, p)) = jobs.next() {
                         // A revoked job is not called: its new owner does.
-                        if stopped() || !source.is_current(&p.origin) {
+                        if stopped() || paused() || !source.is_current(&p.origin) {
                             unused.push((i, p));
                             continue;
                         }
@@ -124,6 +128,11 @@ impl<X: Ports> Engine<X> {
     /// its own with a slot of its own. One that finds every slot taken waits
     /// for the next free slot, ahead of any seller's ask.
     pub(super) fn call_paced(&mut self, key: &Arc<str>) {
+        if self.pause_of(key).is_some() {
+            // Granted before the pause; asked for again after it.
+            self.unpace(key);
+            return self.ask_if_ready(key);
+        }
         let now = self.deps.clock.now();
         let source = self.deps.source.clone();
         let mut due = Vec::new();

@@ -65,6 +65,9 @@ pub(super) struct Seller {
     pub(super) runs: usize,
     /// In the paced queue: a paced job is due, but every slot is taken.
     pub(super) wants_paced_slot: bool,
+    /// Held by an operator's pause since then (`None`: not paused, as far
+    /// as the last look went).
+    pub(super) paused_since: Option<Instant>,
 }
 
 /// A granted job of a pacer (`leaky_bucket`), waiting for its go-at.
@@ -90,6 +93,7 @@ impl Seller {
             paced: VecDeque::new(),
             runs: 0,
             wants_paced_slot: false,
+            paused_since: None,
         }
     }
 
@@ -214,6 +218,14 @@ impl<X: Ports> Engine<X> {
             }
             return;
         }
+        // An operator's pause: no ask, no call, until it ends.
+        if let Some(pause) = self.pause_of(key) {
+            return self.hold_paused(key, pause);
+        }
+        let Some(seller) = self.sellers.map.get_mut(key) else {
+            return;
+        };
+        seller.paused_since = None;
         // During a downstream outage only one probe call goes out at a time.
         let probe = match self.outage.admit(key, now) {
             Ok(probe) => probe,

@@ -28,6 +28,26 @@ pub fn fleet(sc: &Scenario, out: &Outcome) -> Vec<String> {
     v.extend(no_innocent_dead_letters(sc, out));
     v.extend(no_tight_loop(sc, out));
     v.extend(out.log.violations.iter().map(|c| format!("6. {c}")));
+    v.extend(no_call_while_paused(sc, out));
+    v
+}
+
+/// Invariant 8: no call of a paused seller reaches the downstream while
+/// its pause (or the fleet's) lasts. A call under way when the pause began
+/// may finish; none may start.
+pub fn no_call_while_paused(sc: &Scenario, out: &Outcome) -> Vec<String> {
+    let mut v = Vec::new();
+    for c in &out.log.calls {
+        for (w, who, _) in &sc.faults.pauses {
+            let held = who.as_deref().is_none_or(|s| s == c.seller);
+            if held && w.contains(c.at_ms) {
+                v.push(format!(
+                    "8. {}: job {} called at {} ms, inside its pause {}..{} ms",
+                    c.seller, c.job, c.at_ms, w.from_ms, w.to_ms
+                ));
+            }
+        }
+    }
     v
 }
 

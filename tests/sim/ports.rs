@@ -14,8 +14,8 @@ use throttle_worker::job::Job;
 use throttle_worker::kafka::{OriginalRecord, Position, RetryHeaders, Verdict};
 use throttle_worker::limiter::model::{self, ModelStore};
 use throttle_worker::limiter::{
-    BatchDecision, BlockAt, Decision, JobsCall, JobsReply, Limiter, Op, Reply, Rule, ScriptCall,
-    Store,
+    BatchDecision, BlockAt, Decision, JobsCall, JobsReply, Limiter, Op, Pause, Reply, Rule,
+    ScriptCall, Store,
 };
 use throttle_worker::worker::{
     Caller, Clock, PermitError, Permits, SellerInfo, WriteError, Writer,
@@ -75,6 +75,9 @@ pub struct Faults {
     pub redis_latency_us: (u64, u64),
     pub timeout: Duration,
     pub max_retry_after: Duration,
+    /// Operators' pauses: the window, the seller (None: every seller), and
+    /// whether the pause names its end (`--for`) or waits for a resume.
+    pub pauses: Vec<(Window, Option<String>, bool)>,
 }
 
 /// Per-job behaviour of the downstream, beyond the faults.
@@ -472,6 +475,24 @@ impl Permits for SimPermits {
 
     fn rules_of(&self, seller: &str) -> Option<(Vec<Rule>, Vec<Rule>)> {
         Permits::rules_of(&self.inner, seller)
+    }
+
+    /// The scenario's pauses, on the world's time (as if every replica
+    /// read them the instant they were set); an end is told on the
+    /// engine's wall clock, which may have jumped.
+    fn paused(&self, seller: &str, now_ms: u64) -> Option<Pause> {
+        let at = self.world.now_ms();
+        self.world
+            .faults
+            .pauses
+            .iter()
+            .filter(|(w, who, _)| w.contains(at) && who.as_deref().is_none_or(|s| s == seller))
+            .map(|(w, _, ends)| Pause {
+                reason: "sim".to_owned(),
+                since_ms: 0,
+                until_ms: ends.then(|| now_ms + (w.to_ms - at)),
+            })
+            .max_by_key(|p| p.until_ms.unwrap_or(u64::MAX))
     }
 
     fn describe(&self, seller: &str) -> SellerInfo {

@@ -11,6 +11,9 @@ use throttle_worker::config::{
 
 use super::ports::{Faults, OutageKind, Poison, RetryAfterKind, Window};
 
+/// Salts the generator of a seed's pauses.
+const PAUSE_SALT: u64 = 0x9a05_e5ee_d5a1_7000;
+
 #[derive(Debug, Clone)]
 pub struct SellerSpec {
     pub name: String,
@@ -233,6 +236,22 @@ impl Scenario {
             sc.clock_jumps.push((r.random_range(0..horizon), by));
         }
         sc.faults.latency_ms = (1, r.random_range(5..=200));
+        // Operators' pauses, from a generator of their own: every draw
+        // above is what it was before pauses existed.
+        let mut p = StdRng::seed_from_u64(seed ^ PAUSE_SALT);
+        if p.random_bool(0.3) {
+            for _ in 0..p.random_range(1..=2) {
+                let from = p.random_range(0..horizon);
+                let window = Window {
+                    from_ms: from,
+                    to_ms: from + p.random_range(100..=40_000),
+                };
+                let who = p
+                    .random_bool(0.7)
+                    .then(|| format!("seller-{}", p.random_range(0..n_sellers)));
+                sc.faults.pauses.push((window, who, p.random_bool(0.5)));
+            }
+        }
         sc
     }
 
