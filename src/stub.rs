@@ -116,6 +116,11 @@ pub struct StubArgs {
     /// Delay every answer by this much, e.g. 20ms.
     #[arg(long, value_parser = parse_latency, default_value = "0s")]
     pub latency: Duration,
+    /// SELLER: answer every call of SELLER with 500, as a downstream
+    /// failing that seller's registrations (its jobs end in the
+    /// dead-letter topic as attempts_exhausted). Repeatable.
+    #[arg(long = "fail")]
+    pub fail: Vec<String>,
 }
 
 fn parse_throttle(spec: &str) -> Result<Throttle, String> {
@@ -145,6 +150,8 @@ pub struct StubConfig {
     pub throttle: Vec<Throttle>,
     pub latency: Duration,
     pub faults: Faults,
+    /// Sellers whose every call is answered 500.
+    pub fail: HashSet<String>,
 }
 
 /// What the stub has seen of one seller.
@@ -156,6 +163,9 @@ pub struct SellerStats {
     pub accepted: u64,
     /// Calls answered 429.
     pub throttled: u64,
+    /// Calls answered 500 (`--fail`), not counted in `calls`.
+    #[serde(default)]
+    pub failed: u64,
     /// Each call's arrival, µs since the stub started, in arrival order.
     pub arrivals_us: Vec<u64>,
 }
@@ -196,6 +206,7 @@ struct Shared {
     throttle: HashMap<String, Throttle>,
     latency: Duration,
     faults: Faults,
+    fail: HashSet<String>,
     book: Mutex<Book>,
 }
 
@@ -210,6 +221,7 @@ impl Shared {
                 .collect(),
             latency: config.latency,
             faults: config.faults,
+            fail: config.fail,
             book: Mutex::new(Book {
                 sellers: HashMap::new(),
                 jobs: HashMap::new(),
@@ -397,6 +409,18 @@ async fn register(State(s): State<Arc<Shared>>, headers: HeaderMap) -> Response 
         )
             .into_response();
     };
+    if s.fail.contains(seller) {
+        s.lock()
+            .sellers
+            .entry(seller.to_owned())
+            .or_default()
+            .failed += 1;
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the stub fails this seller (--fail)\n",
+        )
+            .into_response();
+    }
     let retry_after = s.record(seller, job_id);
     if !s.latency.is_zero() {
         tokio::time::sleep(s.latency).await;
@@ -435,6 +459,7 @@ pub async fn serve(args: StubArgs, shutdown: impl Future<Output = ()>) -> anyhow
             throttle: args.throttle,
             latency: args.latency,
             faults: Faults::default(),
+            fail: args.fail.into_iter().collect(),
         },
     )
     .await?;
@@ -596,6 +621,7 @@ mod tests {
             "127.0.0.1:0".parse().unwrap(),
             StubConfig {
                 throttle: vec!["slow=1/1h".parse().unwrap()],
+                fail: ["broken".to_owned()].into(),
                 ..Default::default()
             },
         )
@@ -614,6 +640,17 @@ mod tests {
         };
         use crate::downstream::{Answer, RetryAfter};
         assert_eq!(client.send(&job("fast", "j1")).await, Answer::Done);
+        // A seller the stub fails (--fail) gets a 500, the job's own
+        // failure (retried, then dead-lettered as attempts_exhausted).
+        assert!(
+            matches!(
+                client.send(&job("broken", "j0")).await,
+                Answer::Retryable { .. }
+            ),
+            "--fail answers 500"
+        );
+        assert_eq!(stub.stats().sellers["broken"].failed, 1);
+        assert_eq!(stub.stats().sellers["broken"].calls, 0);
         assert_eq!(client.send(&job("slow", "j2")).await, Answer::Done);
         match client.send(&job("slow", "j3")).await {
             Answer::Throttled(RetryAfter::Wait(d)) => {

@@ -120,6 +120,7 @@ impl Run {
                     double_count: args.fault_double_count.iter().cloned().collect(),
                     forget: args.fault_forget.iter().cloned().collect(),
                 },
+                fail: Default::default(),
             },
         )
         .await?;
