@@ -259,3 +259,71 @@ async fn a_pending_marker_is_settled_by_reading_the_jobs_topic() {
         "nothing twice: {after:?}"
     );
 }
+
+/// The replay rate on the mock broker (BENCHMARKS.md, "DLQ replay rate"):
+/// `DLQ_RATE_RECORDS` dead letters (2,000 by default) of one seller, then
+/// `dlq stats` and `dlq replay` timed as an operator runs them. Prints each
+/// step's time; asserts only that each record was replayed once.
+///
+/// `cargo test --test dlq_replay replay_rate -- --ignored --nocapture`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: run it with --ignored --nocapture"]
+async fn replay_rate_of_2000_dead_letters() {
+    let n: usize = std::env::var("DLQ_RATE_RECORDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2_000);
+    let broker = DevBroker::start(&[(JOBS.into(), 3), (DLQ.into(), 2)]).unwrap();
+    let brokers = broker.bootstrap_servers().to_owned();
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = common::unique_prefix("dlqrate");
+    let cfg = config(dir.path(), &brokers, &prefix);
+
+    let t = Instant::now();
+    let sink = RecordSink::new(&brokers, &BTreeMap::new()).unwrap();
+    for i in 0..n {
+        let id = format!("r-{i}");
+        let original = OriginalRecord {
+            origin: Position {
+                topic: JOBS.into(),
+                partition: (i % 3) as i32,
+                offset: i as i64,
+            },
+            key: Some(format!("product-{id}").into_bytes()),
+            value: bytes::Bytes::from(job(&id, "s-1")),
+            trace: Default::default(),
+        };
+        let verdict = Verdict {
+            kind: "attempts_exhausted",
+            reason: "for the measurement",
+            attempts: 5,
+            seller: Some("s-1"),
+            job_id: Some(&id),
+        };
+        sink.dead_letter(DLQ, &original, &verdict).await.unwrap();
+    }
+    println!("write {n} dead letters: {:.2?}", t.elapsed());
+
+    let t = Instant::now();
+    let stats = stdout_of(&run(&["dlq", "stats", "--json"], &cfg));
+    println!("dlq stats: {:.2?}", t.elapsed());
+    assert!(stats.contains(&format!("\"total\": {n}")), "{stats}");
+
+    let t = Instant::now();
+    let done = summary(&stdout_of(&run(&["dlq", "replay", "--json"], &cfg)));
+    let took = t.elapsed();
+    println!(
+        "dlq replay: {took:.2?}, {:.0} records/s ({done})",
+        n as f64 / took.as_secs_f64()
+    );
+    assert_eq!(done["replayed"].as_u64(), Some(n as u64), "{done}");
+
+    let t = Instant::now();
+    let b = brokers.clone();
+    let after = tokio::task::spawn_blocking(move || replayed(&b))
+        .await
+        .unwrap();
+    println!("read the jobs topic back: {:.2?}", t.elapsed());
+    assert_eq!(after.len(), n);
+    assert!(after.values().all(|c| c.len() == 1));
+}

@@ -108,7 +108,7 @@ pub async fn replay(
     let jobs_reader = {
         let (b, p, t) = (brokers.clone(), props.clone(), jobs.clone());
         Arc::new(Mutex::new(
-            blocking(move || TopicReader::open(&b, &p, &t)?.idle()).await?,
+            blocking(move || TopicReader::for_watermarks(&b, &p, &t)).await?,
         ))
     };
     let partitions = {
