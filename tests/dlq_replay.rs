@@ -522,4 +522,10 @@ async fn replay_rate_of_2000_dead_letters() {
     println!("read the jobs topic back: {:.2?}", t.elapsed());
     assert_eq!(after.len(), n);
     assert!(after.values().all(|c| c.len() == 1));
+    // Not 30 days of a measurement's markers in the test Redis.
+    let _: () = redis::cmd("DEL")
+        .arg(KeySpace::new(prefix).dlq_replay(DLQ))
+        .query_async(&mut common::raw().await)
+        .await
+        .unwrap();
 }
