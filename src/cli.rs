@@ -261,6 +261,11 @@ pub enum DlqCommand {
         /// broker takes them).
         #[arg(long)]
         rate: Option<f64>,
+        /// At most this many records written and not yet acknowledged at
+        /// once; a killed replay leaves at most this many for the next run
+        /// to look up in the jobs topic.
+        #[arg(long, default_value_t = crate::dlq::replay::DEFAULT_IN_FLIGHT)]
+        in_flight: usize,
         #[command(flatten)]
         select: DlqSelect,
         #[command(flatten)]

@@ -114,9 +114,10 @@ async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
             dry_run,
             again,
             rate,
+            in_flight,
             select,
             common,
-        } => dlq_replay(dry_run, again, rate, &select, &common, now_ms).await,
+        } => dlq_replay(dry_run, again, rate, in_flight, &select, &common, now_ms).await,
         DlqCommand::Stats {
             top,
             select,
@@ -164,6 +165,7 @@ async fn dlq_replay(
     dry_run: bool,
     again: bool,
     rate: Option<f64>,
+    in_flight: usize,
     select: &DlqSelect,
     common: &Common,
     now_ms: i64,
@@ -173,12 +175,14 @@ async fn dlq_replay(
         rate.is_none_or(|r| r > 0.0),
         "--rate must be above 0, got {rate:?}"
     );
+    anyhow::ensure!(in_flight > 0, "--in-flight must be at least 1");
     let (settings, _) = load(common.config.clone())?;
     let filter = Filter::from_select(select, now_ms)?;
     let opts = dead::ReplayOptions {
         dry_run,
         again,
         rate,
+        in_flight,
         output: common.output(),
     };
     let progress = TerminalProgress::new("replaying dead letters");

@@ -14,6 +14,7 @@
 //! asked for.
 
 use std::collections::BTreeMap;
+use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -324,7 +325,9 @@ const STALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Reads the dead-letter `topic` from its beginning to its end as it is
 /// now, and hands each dead letter `filter` matches to `visit`, up to the
-/// filter's limit. Blocking: run it on a thread of its own.
+/// filter's limit or until `visit` breaks (its consumer is gone: reading
+/// on would be for nothing). Returns how many `visit` took. Blocking: run
+/// it on a thread of its own.
 pub fn scan(
     brokers: &str,
     properties: &BTreeMap<String, String>,
@@ -332,7 +335,7 @@ pub fn scan(
     filter: &Filter,
     keep_payload: bool,
     progress: &mut dyn Progress,
-    mut visit: impl FnMut(DeadLetter, ReadRecord),
+    mut visit: impl FnMut(DeadLetter, ReadRecord) -> ControlFlow<()>,
 ) -> Result<u64, ReaderError> {
     let mut reader = TopicReader::open(brokers, properties, topic)?.keep_values();
     let marks = reader.watermarks()?;
@@ -375,7 +378,10 @@ pub fn scan(
             let d = DeadLetter::from_record(&r, keep_payload);
             if taken < limit && filter.matches(&d) {
                 taken += 1;
-                visit(d, r);
+                if visit(d, r).is_break() {
+                    progress.done();
+                    return Ok(taken);
+                }
             }
         }
     }
@@ -493,7 +499,10 @@ pub fn stats(
         filter,
         false,
         progress,
-        |d, _| stats.add(&d, now_ms),
+        |d, _| {
+            stats.add(&d, now_ms);
+            ControlFlow::Continue(())
+        },
     )?;
     Ok(match output {
         crate::operator::Output::Table => {
@@ -526,15 +535,17 @@ pub fn show(
         payload,
         progress,
         |d, _| {
-            if failed.is_some() {
-                return;
-            }
             let text = match output {
                 crate::operator::Output::Table => line(&d),
                 crate::operator::Output::Json => serde_json::to_string(&d).unwrap_or_default(),
             };
-            if let Err(e) = writeln!(out, "{text}") {
-                failed = Some(e);
+            match writeln!(out, "{text}") {
+                Ok(()) => ControlFlow::Continue(()),
+                // A closed pipe (`| head`): stop reading.
+                Err(e) => {
+                    failed = Some(e);
+                    ControlFlow::Break(())
+                }
             }
         },
     )?;
@@ -561,6 +572,47 @@ mod tests {
             value_len: value.len(),
             value: Some(value.to_vec()),
         }
+    }
+
+    /// Regression: when `dlq replay` failed, its reading thread's sends
+    /// failed unseen and it read the rest of the topic for nobody. A visit
+    /// that breaks ends the scan there.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_visit_that_breaks_ends_the_scan() {
+        use crate::kafka::{DevBroker, RecordSink};
+        let topic = "dlq-break";
+        let broker = DevBroker::start(&[(topic.to_owned(), 1)]).unwrap();
+        let sink = RecordSink::new(broker.bootstrap_servers(), &BTreeMap::new()).unwrap();
+        for i in 0..20 {
+            sink.produce(topic, format!("k{i}").as_bytes(), b"{}")
+                .await
+                .unwrap();
+        }
+        let bootstrap = broker.bootstrap_servers().to_owned();
+        let (taken, seen) = tokio::task::spawn_blocking(move || {
+            let mut seen = 0;
+            let taken = scan(
+                &bootstrap,
+                &BTreeMap::new(),
+                topic,
+                &Filter::default(),
+                false,
+                &mut (),
+                |_, _| {
+                    seen += 1;
+                    if seen == 3 {
+                        ControlFlow::Break(())
+                    } else {
+                        ControlFlow::Continue(())
+                    }
+                },
+            )
+            .unwrap();
+            (taken, seen)
+        })
+        .await
+        .unwrap();
+        assert_eq!((taken, seen), (3, 3), "(returned, visits) of 20 records");
     }
 
     #[test]

@@ -10,17 +10,25 @@
 //!
 //! Exactly once: each dead letter has a marker in Redis (one hash per
 //! dead-letter topic, [`KeySpace::dlq_replay`]). Before its copy is written
-//! the marker says `pending <jobs partition> <offset>`, the partition's
-//! high watermark then, and after the broker acknowledged it `done`. A run
+//! the marker says `pending <jobs partition> <offset>`, an offset at or
+//! below the one the copy will get (the partition's high watermark read
+//! before the marker), and after the broker acknowledged it `done`. A run
 //! that finds `done` skips the record; one that finds `pending` (a run
 //! killed between the two) reads that jobs partition from that offset for
 //! a record replayed from this one, and writes it again only if there is
-//! none. (A lookup by time would spare the watermark read per record, but
-//! librdkafka's mock cluster answers none, so it could not be tested.)
+//! none. (A lookup by time would spare the watermark reads, but librdkafka's
+//! mock cluster answers none, so it could not be tested.)
+//!
+//! Pipelined: up to [`ReplayOptions::in_flight`] copies are under way at
+//! once, each with its own `pending` marker naming its own partition and
+//! offset, so a killed run leaves at most that many to settle. The markers
+//! of the dead letters read together are read in one call, and the pending
+//! ones among them are settled with one read per jobs partition.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::ops::ControlFlow;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -38,6 +46,18 @@ const MARKER_TTL: Duration = Duration::from_secs(30 * 86_400);
 /// The trace headers a replayed record keeps.
 const KEPT_HEADERS: [&str; 2] = ["traceparent", "tracestate"];
 
+/// Copies under way at once unless `--in-flight` says otherwise: enough to
+/// fill a produce batch within librdkafka's `linger.ms` (5 ms), few enough
+/// that a killed run leaves a short read to settle.
+pub const DEFAULT_IN_FLIGHT: usize = 64;
+
+/// How long a jobs partition's high watermark serves as the offset of new
+/// `pending` markers before it is read again. Any watermark read before a
+/// marker is written is at or below its copy's offset (offsets only grow),
+/// so reuse is sound; it only lengthens the read that settles a killed
+/// run's markers by what the partition took meanwhile.
+const WATERMARK_REUSE: Duration = Duration::from_millis(100);
+
 /// How a replay runs.
 #[derive(Debug, Clone)]
 pub struct ReplayOptions {
@@ -47,6 +67,9 @@ pub struct ReplayOptions {
     pub again: bool,
     /// At most this many records a second.
     pub rate: Option<f64>,
+    /// At most this many copies under way at once (at least 1): marked
+    /// `pending`, not yet acknowledged.
+    pub in_flight: usize,
     /// How `--dry-run` lists: lines, or JSON Lines.
     pub output: crate::operator::Output,
 }
@@ -86,6 +109,15 @@ impl From<SinkError> for DlqError {
     }
 }
 
+/// Where the Kafka clients of a replay connect.
+#[derive(Clone)]
+struct Kafka {
+    brokers: String,
+    props: BTreeMap<String, String>,
+    /// The jobs topic.
+    jobs: String,
+}
+
 /// Replays the dead letters `filter` matches (see the module's docs);
 /// `out` gets the `--dry-run` list.
 pub async fn replay(
@@ -95,115 +127,319 @@ pub async fn replay(
     mut progress: impl Progress + Send + 'static,
     out: &mut (dyn std::io::Write + Send),
 ) -> Result<Replayed, DlqError> {
-    let kafka = &settings.kafka;
-    let store = RedisStore::open(&settings.redis).await?;
-    let markers = KeySpace::new(settings.redis.key_prefix.clone()).dlq_replay(&kafka.dlq_topic);
-    let sink = RecordSink::new(&kafka.brokers, &kafka.producer_config())?;
-    let (brokers, props, jobs) = (
-        kafka.brokers.clone(),
-        kafka.consumer_config(),
-        kafka.topic.clone(),
-    );
-    // Watermarks of the jobs topic come from one reader, kept open.
-    let jobs_reader = {
-        let (b, p, t) = (brokers.clone(), props.clone(), jobs.clone());
-        Arc::new(Mutex::new(
-            blocking(move || TopicReader::open(&b, &p, &t)?.idle()).await?,
-        ))
+    let kafka = Kafka {
+        brokers: settings.kafka.brokers.clone(),
+        props: settings.kafka.consumer_config(),
+        jobs: settings.kafka.topic.clone(),
     };
-    let partitions = {
-        let reader = jobs_reader.clone();
-        blocking(move || Ok(lock(&reader).watermarks()?.len() as i32)).await?
-    };
+    let writer = Arc::new(Writer {
+        store: RedisStore::open(&settings.redis).await?,
+        markers: KeySpace::new(settings.redis.key_prefix.clone())
+            .dlq_replay(&settings.kafka.dlq_topic),
+        sink: RecordSink::new(&kafka.brokers, &settings.kafka.producer_config())?,
+        jobs: kafka.jobs.clone(),
+    });
+    let watermarks = Watermarks::open(&kafka).await?;
 
-    // The dead letters come from a reading thread, a few at a time.
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<(DeadLetter, ReadRecord)>(64);
+    // The dead letters come from a reading thread, a few at a time; it
+    // stops when this end is dropped (the replay failed).
+    let (tx, rx) =
+        tokio::sync::mpsc::channel::<(DeadLetter, ReadRecord)>(opts.in_flight.clamp(64, 1024));
     let reading = {
-        let (b, p, t, f) = (
-            brokers.clone(),
-            props.clone(),
-            kafka.dlq_topic.clone(),
+        let (k, t, f) = (
+            kafka.clone(),
+            settings.kafka.dlq_topic.clone(),
             filter.clone(),
         );
         tokio::task::spawn_blocking(move || {
-            scan(&b, &p, &t, &f, false, &mut progress, |d, r| {
-                let _ = tx.blocking_send((d, r));
-            })
+            scan(
+                &k.brokers,
+                &k.props,
+                &t,
+                &f,
+                false,
+                &mut progress,
+                |d, r| match tx.blocking_send((d, r)) {
+                    Ok(()) => ControlFlow::Continue(()),
+                    Err(_) => ControlFlow::Break(()),
+                },
+            )
         })
     };
-    let mut done = Replayed::default();
-    let pause = opts
-        .rate
-        .filter(|r| *r > 0.0)
-        .map(|r| Duration::from_secs_f64(1.0 / r));
-    while let Some((d, r)) = rx.recv().await {
-        done.matched += 1;
-        let field = format!("{}:{}", r.partition, r.offset);
-        let from = format!("{}:{}:{}", kafka.dlq_topic, r.partition, r.offset);
-        match store.hash_field(&markers, &field).await?.as_deref() {
-            Some("done") if !opts.again => {
-                done.already += 1;
-                continue;
-            }
-            Some(m) if m.starts_with("pending ") && !opts.again => {
-                if let Some((partition, offset)) = parse_pending(m) {
-                    let (b, p, t, f) = (brokers.clone(), props.clone(), jobs.clone(), from.clone());
-                    let found =
-                        blocking(move || written(&b, &p, &t, partition, offset, &f)).await?;
-                    if found {
-                        if !opts.dry_run {
-                            store
-                                .set_hash_field(&markers, &field, "done", MARKER_TTL)
-                                .await?;
-                        }
-                        done.recovered += 1;
-                        continue;
-                    }
-                }
-            }
-            _ => {}
-        }
-        if opts.dry_run {
-            match opts.output {
-                crate::operator::Output::Table => writeln!(out, "{}", line(&d))?,
-                crate::operator::Output::Json => {
-                    writeln!(out, "{}", serde_json::to_string(&d).unwrap_or_default())?
-                }
-            }
-            done.replayed += 1;
-            continue;
-        }
-        let partition = target_partition(&d, &r, &jobs, partitions);
-        let high = {
-            let reader = jobs_reader.clone();
-            blocking(move || lock(&reader).high_watermark(partition)).await?
-        };
-        let pending = format!("pending {partition} {high}");
-        store
-            .set_hash_field(&markers, &field, &pending, MARKER_TTL)
+    let mut run = Run {
+        writer,
+        kafka: &kafka,
+        dlq: settings.kafka.dlq_topic.clone(),
+        opts,
+        watermarks,
+        done: Replayed::default(),
+    };
+    let piped = run.pipeline(rx, out).await;
+    // `rx` is gone: a reading thread still at work stops at its next
+    // record instead of reading the rest of the topic for nothing.
+    let read = reading
+        .await
+        .map_err(|e| DlqError::Write(format!("the reading thread failed: {e}")));
+    piped?;
+    read??;
+    Ok(run.done)
+}
+
+/// Writes one copy: marker `pending`, the record, marker `done`.
+struct Writer {
+    store: RedisStore,
+    /// The markers' hash ([`KeySpace::dlq_replay`]).
+    markers: String,
+    sink: RecordSink,
+    jobs: String,
+}
+
+/// A dead letter to be written back.
+struct Copy {
+    /// Its marker's field: `<dlq partition>:<offset>`.
+    field: String,
+    /// `x-replayed-from`: `<dlq topic>:<partition>:<offset>`.
+    from: String,
+    /// The jobs partition it goes to.
+    partition: i32,
+    key: Option<Vec<u8>>,
+    value: Vec<u8>,
+    /// The kept trace headers.
+    headers: Vec<(String, String)>,
+}
+
+impl Writer {
+    /// `pending <partition> <low>` (`low` at or below the offset the copy
+    /// will get), the record, then `done` once the broker acknowledged it.
+    async fn write(&self, copy: Copy, low: i64) -> Result<(), DlqError> {
+        let pending = format!("pending {} {low}", copy.partition);
+        self.store
+            .set_hash_field(&self.markers, &copy.field, &pending, MARKER_TTL)
             .await?;
-        let mut headers: Vec<(&str, &[u8])> = r
+        let mut headers: Vec<(&str, &[u8])> = copy
             .headers
             .iter()
-            .filter(|(k, _)| KEPT_HEADERS.contains(&k.as_str()))
             .map(|(k, v)| (k.as_str(), v.as_bytes()))
             .collect();
-        headers.push((X_REPLAYED_FROM, from.as_bytes()));
-        let value = r.value.as_deref().unwrap_or_default();
-        sink.produce_to(&jobs, partition, r.key.as_deref(), value, &headers)
+        headers.push((X_REPLAYED_FROM, copy.from.as_bytes()));
+        self.sink
+            .produce_to(
+                &self.jobs,
+                copy.partition,
+                copy.key.as_deref(),
+                &copy.value,
+                &headers,
+            )
             .await?;
-        store
-            .set_hash_field(&markers, &field, "done", MARKER_TTL)
+        self.store
+            .set_hash_field(&self.markers, &copy.field, "done", MARKER_TTL)
             .await?;
-        done.replayed += 1;
-        if let Some(p) = pause {
-            tokio::time::sleep(p).await;
+        Ok(())
+    }
+}
+
+/// The high watermarks of the jobs topic, from one reader kept open, each
+/// reused for [`WATERMARK_REUSE`].
+struct Watermarks {
+    reader: Arc<Mutex<TopicReader>>,
+    partitions: i32,
+    /// Per partition: when its watermark was asked for, and the answer.
+    read: HashMap<i32, (Instant, i64)>,
+}
+
+impl Watermarks {
+    async fn open(kafka: &Kafka) -> Result<Watermarks, DlqError> {
+        let k = kafka.clone();
+        let reader =
+            blocking(move || TopicReader::for_watermarks(&k.brokers, &k.props, &k.jobs)).await?;
+        let reader = Arc::new(Mutex::new(reader));
+        let partitions = {
+            let reader = reader.clone();
+            blocking(move || Ok(lock(&reader).watermarks()?.len() as i32)).await?
+        };
+        Ok(Watermarks {
+            reader,
+            partitions,
+            read: HashMap::new(),
+        })
+    }
+
+    /// An offset at or below the one the next record written to
+    /// `partition` gets.
+    async fn low(&mut self, partition: i32) -> Result<i64, DlqError> {
+        if let Some((at, high)) = self.read.get(&partition) {
+            if at.elapsed() < WATERMARK_REUSE {
+                return Ok(*high);
+            }
+        }
+        let asked = Instant::now();
+        let reader = self.reader.clone();
+        let high = blocking(move || lock(&reader).high_watermark(partition)).await?;
+        self.read.insert(partition, (asked, high));
+        Ok(high)
+    }
+}
+
+/// One replay's state.
+struct Run<'a> {
+    writer: Arc<Writer>,
+    kafka: &'a Kafka,
+    dlq: String,
+    opts: &'a ReplayOptions,
+    watermarks: Watermarks,
+    done: Replayed,
+}
+
+impl Run<'_> {
+    /// Takes the dead letters from `rx` until it closes, and writes those
+    /// to replay with up to `in_flight` under way, started no faster than
+    /// `rate`. Returns at the first failure: the copies still under way
+    /// are aborted with their `pending` markers, which the next run
+    /// settles.
+    ///
+    /// Each copy is a task of its own, so that it goes on while this loop
+    /// awaits something else (the next dead letters' markers, a
+    /// watermark). As futures of this task they stalled then, and
+    /// deadlocked it: a copy waiting for room in the Redis connection's
+    /// request queue was handed the room but not polled to use it, and
+    /// the markers' read queued behind it waited forever (seen with 128
+    /// and 256 under way).
+    async fn pipeline(
+        &mut self,
+        mut rx: tokio::sync::mpsc::Receiver<(DeadLetter, ReadRecord)>,
+        out: &mut (dyn std::io::Write + Send),
+    ) -> Result<(), DlqError> {
+        let in_flight = self.opts.in_flight.max(1);
+        let pause = self
+            .opts
+            .rate
+            .filter(|r| *r > 0.0)
+            .map(|r| Duration::from_secs_f64(1.0 / r));
+        let mut under_way = tokio::task::JoinSet::new();
+        let mut ready: VecDeque<Copy> = VecDeque::new();
+        let mut closed = false;
+        let mut next_start = tokio::time::Instant::now();
+        loop {
+            let take = ready.is_empty() && !closed;
+            let start = !ready.is_empty() && under_way.len() < in_flight;
+            if !take && !start && under_way.is_empty() {
+                return Ok(());
+            }
+            tokio::select! {
+                // Acknowledgements first: they free room for more.
+                biased;
+                Some(written) = under_way.join_next(), if !under_way.is_empty() => {
+                    written.map_err(|e| DlqError::Write(format!("a copy's task failed: {e}")))??;
+                    self.done.replayed += 1;
+                }
+                _ = tokio::time::sleep_until(next_start), if start => {
+                    let copy = ready.pop_front().expect("start only with a copy ready");
+                    let low = self.watermarks.low(copy.partition).await?;
+                    let writer = self.writer.clone();
+                    under_way.spawn(async move { writer.write(copy, low).await });
+                    if let Some(p) = pause {
+                        next_start = tokio::time::Instant::now() + p;
+                    }
+                }
+                first = rx.recv(), if take => match first {
+                    None => closed = true,
+                    Some(first) => {
+                        let mut batch = vec![first];
+                        while batch.len() < in_flight {
+                            match rx.try_recv() {
+                                Ok(next) => batch.push(next),
+                                Err(_) => break,
+                            }
+                        }
+                        ready.extend(self.triage(batch, out).await?);
+                    }
+                },
+            }
         }
     }
-    reading
-        .await
-        .map_err(|e| DlqError::Write(format!("the reading thread failed: {e}")))??;
-    Ok(done)
+
+    /// Sorts dead letters read together by their markers: replayed before
+    /// (skipped), written by a killed run (found in the jobs topic: marked
+    /// done and skipped), and the rest, returned to be written (with
+    /// `--dry-run`: listed).
+    async fn triage(
+        &mut self,
+        batch: Vec<(DeadLetter, ReadRecord)>,
+        out: &mut (dyn std::io::Write + Send),
+    ) -> Result<Vec<Copy>, DlqError> {
+        self.done.matched += batch.len() as u64;
+        let fields: Vec<String> = batch
+            .iter()
+            .map(|(_, r)| format!("{}:{}", r.partition, r.offset))
+            .collect();
+        let marks = if self.opts.again {
+            vec![None; batch.len()]
+        } else {
+            let w = &self.writer;
+            w.store.hash_fields(&w.markers, &fields).await?
+        };
+        let from = |r: &ReadRecord| format!("{}:{}:{}", self.dlq, r.partition, r.offset);
+        // The pending ones, by the jobs partition and offset they name.
+        let mut pending: BTreeMap<i32, (i64, HashSet<String>)> = BTreeMap::new();
+        for ((_, r), mark) in batch.iter().zip(&marks) {
+            if let Some((partition, offset)) = mark.as_deref().and_then(parse_pending) {
+                let entry = pending.entry(partition).or_insert((offset, HashSet::new()));
+                entry.0 = entry.0.min(offset);
+                entry.1.insert(from(r));
+            }
+        }
+        let mut found = HashSet::new();
+        for (partition, (start, wanted)) in pending {
+            let k = self.kafka.clone();
+            found.extend(
+                blocking(move || written(&k.brokers, &k.props, &k.jobs, partition, start, wanted))
+                    .await?,
+            );
+        }
+        let mut copies = Vec::new();
+        for (((d, r), mark), field) in batch.into_iter().zip(marks).zip(fields) {
+            let from = from(&r);
+            if mark.as_deref() == Some("done") {
+                self.done.already += 1;
+                continue;
+            }
+            if found.contains(&from) {
+                if !self.opts.dry_run {
+                    let w = &self.writer;
+                    w.store
+                        .set_hash_field(&w.markers, &field, "done", MARKER_TTL)
+                        .await?;
+                }
+                self.done.recovered += 1;
+                continue;
+            }
+            if self.opts.dry_run {
+                match self.opts.output {
+                    crate::operator::Output::Table => writeln!(out, "{}", line(&d))?,
+                    crate::operator::Output::Json => {
+                        writeln!(out, "{}", serde_json::to_string(&d).unwrap_or_default())?
+                    }
+                }
+                self.done.replayed += 1;
+                continue;
+            }
+            let partition = target_partition(&d, &r, &self.kafka.jobs, self.watermarks.partitions);
+            copies.push(Copy {
+                field,
+                from,
+                partition,
+                headers: r
+                    .headers
+                    .iter()
+                    .filter(|(k, _)| KEPT_HEADERS.contains(&k.as_str()))
+                    .cloned()
+                    .collect(),
+                key: r.key,
+                value: r.value.unwrap_or_default(),
+            });
+        }
+        Ok(copies)
+    }
 }
 
 /// Runs blocking Kafka reads off the async threads.
@@ -218,7 +454,7 @@ async fn blocking<T: Send + 'static>(
 
 /// `pending <partition> <offset>`.
 fn parse_pending(marker: &str) -> Option<(i32, i64)> {
-    let mut parts = marker.split_whitespace().skip(1);
+    let mut parts = marker.strip_prefix("pending ")?.split_whitespace();
     let partition = parts.next()?.parse().ok()?;
     let offset = parts.next()?.parse().ok()?;
     Some((partition, offset))
@@ -229,25 +465,26 @@ fn lock(reader: &Mutex<TopicReader>) -> std::sync::MutexGuard<'_, TopicReader> {
     reader.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Whether `partition` of `topic` holds, from `start` to its end now, a
-/// record replayed from `from`.
+/// Which of `wanted` (`x-replayed-from` values) `partition` of `topic`
+/// holds a record replayed from, between `start` and its end now.
 fn written(
     brokers: &str,
     props: &BTreeMap<String, String>,
     topic: &str,
     partition: i32,
     start: i64,
-    from: &str,
-) -> Result<bool, ReaderError> {
+    mut wanted: HashSet<String>,
+) -> Result<HashSet<String>, ReaderError> {
+    let mut found = HashSet::new();
     let mut reader = TopicReader::open_partition(brokers, props, topic, partition, start)?;
     let end = reader.end_offsets()?;
     let ends: BTreeMap<i32, i64> = end.into_iter().filter(|(p, _)| *p == partition).collect();
     if ends.get(&partition).is_none_or(|e| *e <= start) {
-        return Ok(false);
+        return Ok(found);
     }
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while !reader.reached(&ends) {
-        if std::time::Instant::now() >= deadline {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !reader.reached(&ends) && !wanted.is_empty() {
+        if Instant::now() >= deadline {
             return Err(ReaderError::Timeout {
                 topic: topic.to_owned(),
                 ends,
@@ -256,12 +493,14 @@ fn written(
             });
         }
         for r in reader.poll(Duration::from_millis(100))? {
-            if r.header(X_REPLAYED_FROM) == Some(from) {
-                return Ok(true);
+            if let Some(from) = r.header(X_REPLAYED_FROM) {
+                if let Some(from) = wanted.take(from) {
+                    found.insert(from);
+                }
             }
         }
     }
-    Ok(false)
+    Ok(found)
 }
 
 /// The jobs partition a replayed record goes to: the one its job first

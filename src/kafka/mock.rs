@@ -220,6 +220,48 @@ impl DevBroker {
             .map_err(|e| MockError::Start(e.to_string()))
     }
 
+    /// The broker's answers to the next `count` requests of kind `api` wait
+    /// `delay`. The requests themselves are handled at once (a delayed
+    /// Produce is written; only its acknowledgement waits), and a
+    /// connection's answers leave in order, so the ones behind a delayed
+    /// answer wait for it too: one delayed Produce holds back every
+    /// acknowledgement of that producer for `delay`.
+    pub fn delay_answers(
+        &self,
+        api: RDKafkaApiKey,
+        count: usize,
+        delay: Duration,
+    ) -> Result<(), MockError> {
+        let ms = libc::c_int::try_from(delay.as_millis()).unwrap_or(libc::c_int::MAX);
+        for _ in 0..count {
+            // SAFETY: as in `tune_groups`: the cluster is owned by
+            // `self.client` and checked for null. The variadic arguments
+            // are the one (error, rtt in ms) pair that `cnt = 1` announces,
+            // as the C side reads them: `rd_kafka_resp_err_t` (an int-sized
+            // enum) and `int`.
+            let err = unsafe {
+                let cluster = rdsys::rd_kafka_handle_mock_cluster(self.client.native_ptr());
+                if cluster.is_null() {
+                    return Err(MockError::NoCluster);
+                }
+                rdsys::rd_kafka_mock_broker_push_request_error_rtts(
+                    cluster,
+                    BROKER_ID,
+                    api as i16,
+                    1,
+                    RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR as libc::c_int,
+                    ms,
+                )
+            };
+            if err != RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR {
+                return Err(MockError::Start(format!(
+                    "could not delay {api:?} answers: {err:?}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Groups form at once (no initial rebalance delay), and groups of the
     /// KIP-848 consumer protocol (`group.protocol=consumer`), whose session
     /// timeout is the broker's to set, notice a lost member after 3 s

@@ -86,6 +86,42 @@ impl TopicReader {
         properties: &BTreeMap<String, String>,
         topic: &str,
     ) -> Result<TopicReader, ReaderError> {
+        let reader = TopicReader::unassigned(brokers, properties, topic)?;
+        let mut tpl = TopicPartitionList::new();
+        for p in reader.read_to.keys() {
+            tpl.add_partition_offset(topic, *p, Offset::Beginning)
+                .map_err(|e| reader.fail("assign", e))?;
+        }
+        reader
+            .consumer
+            .assign(&tpl)
+            .map_err(|e| reader.fail("assign", e))?;
+        Ok(reader)
+    }
+
+    /// A reader of `topic` that never reads it: it only asks for
+    /// watermarks ([`TopicReader::high_watermark`],
+    /// [`TopicReader::watermarks`]). A consumer that fetches answers those
+    /// late: the broker answers a connection's requests in order, and a
+    /// fetch at the end of a partition waits `fetch.wait.max.ms` (500 ms)
+    /// for data. Unassigning a reader after [`TopicReader::open`] did not
+    /// keep it from fetching: on the mock broker its fetches went on, and
+    /// each watermark read waited up to 500 ms behind one (2.4 replayed
+    /// records a second; BENCHMARKS.md, "DLQ replay rate").
+    pub fn for_watermarks(
+        brokers: &str,
+        properties: &BTreeMap<String, String>,
+        topic: &str,
+    ) -> Result<TopicReader, ReaderError> {
+        TopicReader::unassigned(brokers, properties, topic)
+    }
+
+    /// The consumer, and the partitions of `topic` (from 0), not assigned.
+    fn unassigned(
+        brokers: &str,
+        properties: &BTreeMap<String, String>,
+        topic: &str,
+    ) -> Result<TopicReader, ReaderError> {
         let mut config = ClientConfig::new();
         for (k, v) in properties {
             config.set(k, v);
@@ -110,17 +146,7 @@ impl TopicReader {
             read_to: BTreeMap::new(),
             keep_values: false,
         };
-        let partitions = reader.partitions()?;
-        let mut tpl = TopicPartitionList::new();
-        for p in &partitions {
-            tpl.add_partition_offset(topic, *p, Offset::Beginning)
-                .map_err(|e| reader.fail("assign", e))?;
-            reader.read_to.insert(*p, 0);
-        }
-        reader
-            .consumer
-            .assign(&tpl)
-            .map_err(|e| reader.fail("assign", e))?;
+        reader.read_to = reader.partitions()?.into_iter().map(|p| (p, 0)).collect();
         Ok(reader)
     }
 
@@ -132,7 +158,7 @@ impl TopicReader {
         partition: i32,
         offset: i64,
     ) -> Result<TopicReader, ReaderError> {
-        let mut reader = TopicReader::open(brokers, properties, topic)?;
+        let mut reader = TopicReader::unassigned(brokers, properties, topic)?;
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(topic, partition, Offset::Offset(offset))
             .map_err(|e| reader.fail("assign", e))?;
@@ -142,16 +168,6 @@ impl TopicReader {
             .map_err(|e| reader.fail("assign", e))?;
         reader.read_to = BTreeMap::from([(partition, offset)]);
         Ok(reader)
-    }
-
-    /// Stops fetching: for a reader kept only to ask for watermarks. A
-    /// fetching consumer's watermark request waits behind its long-polled
-    /// fetch on the broker connection (`fetch.wait.max.ms`, 500 ms).
-    pub fn idle(self) -> Result<TopicReader, ReaderError> {
-        self.consumer
-            .unassign()
-            .map_err(|e| self.fail("unassign", e))?;
-        Ok(self)
     }
 
     /// The high watermark of `partition`: the offset the next record

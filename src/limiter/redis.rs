@@ -684,6 +684,25 @@ impl RedisStore {
             .map_err(RedisError::Script)
     }
 
+    /// Several fields of a hash in one call (`HMGET`), in the order asked;
+    /// `None` for each absent one.
+    pub async fn hash_fields(
+        &self,
+        key: &str,
+        fields: &[String],
+    ) -> Result<Vec<Option<String>>, RedisError> {
+        if fields.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut conn = self.conn.get();
+        redis::cmd("HMGET")
+            .arg(key)
+            .arg(fields)
+            .query_async(&mut conn)
+            .await
+            .map_err(RedisError::Script)
+    }
+
     /// Sets one field of a hash and keeps the hash `ttl` from now (`HSET`
     /// then `PEXPIRE`, atomically).
     pub async fn set_hash_field(
