@@ -120,7 +120,25 @@ async fn a_paused_seller_stops_within_a_second_on_every_replica_and_nothing_is_l
     let listed: serde_json::Value = serde_json::from_str(&limits(&["list", "--json"])).unwrap();
     assert_eq!(listed[0]["kind"], "pause", "{listed}");
     assert_eq!(listed[0]["seller"], "paused", "{listed}");
-    tokio::time::sleep(Duration::from_secs(6)).await;
+    // What the metrics say meanwhile (the replicas share this process'
+    // registry): one seller paused, its jobs waiting for the pause.
+    let (mut paused_sellers, mut waiting_paused) = (0.0f64, 0.0f64);
+    for _ in 0..12 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        paused_sellers = paused_sellers.max(common::metric("throttle_paused_sellers", &[]));
+        waiting_paused = waiting_paused.max(common::metric(
+            "throttle_jobs_waiting",
+            &[("cause", "paused")],
+        ));
+    }
+    assert_eq!(
+        paused_sellers, 1.0,
+        "throttle_paused_sellers during the pause"
+    );
+    assert!(
+        waiting_paused > 0.0,
+        "throttle_jobs_waiting{{cause=\"paused\"}} stayed 0 during the pause"
+    );
     let resumed_at = SystemTime::now();
     assert_eq!(limits(&["resume", "paused"]), "resumed seller paused\n");
 

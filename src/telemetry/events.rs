@@ -649,10 +649,11 @@ impl Backlog<'_> {
         for ((cause, seller), n) in self.waiting {
             *by_label.entry((cause, seller_label(seller))).or_default() += n;
         }
-        // Both causes of every labelled seller, so a cause that emptied
+        // Every cause of every labelled seller, so a cause that emptied
         // reads 0 rather than vanishing; sellers gone entirely are dropped.
+        const CAUSES: [&str; 3] = ["limit", "capacity", "paused"];
         m.jobs_waiting.clear();
-        for cause in ["limit", "capacity"] {
+        for cause in CAUSES {
             m.jobs_waiting
                 .get_or_create(&super::metrics::WaitingLabels {
                     cause,
@@ -662,7 +663,7 @@ impl Backlog<'_> {
         }
         let sellers: std::collections::HashSet<&String> = by_label.keys().map(|(_, s)| s).collect();
         for seller in sellers {
-            for cause in ["limit", "capacity"] {
+            for cause in CAUSES {
                 let n = by_label.get(&(cause, seller.clone())).copied().unwrap_or(0);
                 m.jobs_waiting
                     .get_or_create(&super::metrics::WaitingLabels {
@@ -851,8 +852,9 @@ impl PausesUnreadable<'_> {
     }
 }
 
-/// A paused seller's waiting jobs held back: in memory until the pause's
-/// near end, or sent to the retry tiers (`parked`).
+/// A paused seller's waiting jobs held back: in memory (counted by
+/// `throttle_jobs_waiting{cause="paused"}`), or sent to the retry tiers
+/// (`parked`, counted as every deferral is).
 pub struct SellerPaused<'a> {
     pub seller: &'a str,
     pub jobs: usize,
@@ -866,7 +868,6 @@ impl SellerPaused<'_> {
         if self.jobs == 0 {
             return;
         }
-        metrics().jobs_held_paused.inc_by(self.jobs as u64);
         tracing::debug!(
             seller = self.seller,
             jobs = self.jobs,

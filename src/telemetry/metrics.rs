@@ -112,7 +112,6 @@ pub struct Metrics {
     pub downstream_outages: Counter,
     pub paused_sellers: Gauge,
     pub paused_all: Gauge,
-    pub jobs_held_paused: Counter,
     pub limiter_calls: Counter,
     pub limiter_decisions: Family<DecisionLabels, Counter>,
     pub limiter_near_limit: Family<TierSellerLabels, Counter>,
@@ -257,11 +256,6 @@ impl Metrics {
                 "paused_all",
                 "1 while every seller is paused by an operator (limits pause --all), as this replica last read it",
                 Gauge::default()
-            ),
-            jobs_held_paused: reg!(
-                "jobs_held_paused",
-                "Times a paused seller's waiting jobs were held back from the downstream (in memory or sent to the retry tiers), counted per job",
-                Counter::default()
             ),
             limiter_calls: reg!("limiter_calls", "Limiter calls made", Counter::default()),
             limiter_decisions: reg!(

@@ -120,7 +120,10 @@ impl<X: Ports> Engine<X> {
             if n == 0 {
                 continue;
             }
-            let cause = if seller.blocked_until.is_some_and(|t| t > now) {
+            let held = seller.blocked_until.is_some_and(|t| t > now);
+            let cause = if held && seller.paused_since.is_some() {
+                "paused"
+            } else if held {
                 "limit"
             } else {
                 "capacity"
