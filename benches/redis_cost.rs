@@ -5,8 +5,10 @@
 //!     cargo bench --bench redis_cost              # about 6 minutes
 //!     cargo bench --bench redis_cost -- --quick   # under 2 minutes
 //!
-//! 1. Script cost per algorithm, allow path, one rule: `redis-benchmark -c 50
-//!    -P 16 -r 10000` drives a minimal one-algorithm script (the baselines in
+//! 1. Script cost per algorithm, allow path, one rule: a load like
+//!    `redis-benchmark -c 50 -P 16 -r 10000` (50 connections, pipelines of
+//!    16, 10,000 random sellers; see `usec_per_call`) drives a minimal
+//!    one-algorithm script (the baselines in
 //!    `benches/minimal/`), the limiter as a Functions library (FCALL), and the
 //!    limiter as an EVAL script (EVALSHA). Redis' CPU per call is
 //!    `usec_per_call` from `INFO commandstats`.
@@ -27,12 +29,24 @@
 //! With `REDIS_CELL_MODULE=/path/to/libredis_cell.so` (redis-cell, the
 //! native GCRA module, built from its repository) the private server loads
 //! it and both parts add `CL.THROTTLE` as a reference, measured in the same
-//! run: its µs per call under the same redis-benchmark load, and its
+//! run: its µs per call under the same load, and its
 //! admitted jobs/s and µs per job with the same callers, one call per ask.
 //!
 //! Environment: BENCH_CALLERS (256), BENCH_SECONDS (5; 2 with --quick),
-//! BENCH_REQUESTS (redis-benchmark requests per figure: 200,000; 60,000 with
-//! --quick), REDIS_CELL_MODULE (unset).
+//! BENCH_REQUESTS (calls per figure of part 1: 200,000; 60,000 with
+//! --quick), BENCH_ROUNDS (1: part 1's figures are each the least of this
+//! many runs, taken in turn), REDIS_CELL_MODULE (unset), BENCH_REDIS_CPUS
+//! (unset: a CPU list for `taskset -cp`; the private redis-server is moved
+//! there once started), BENCH_BEFORE_LUA (unset: a directory holding an
+//! earlier `lua/`, e.g. `git archive HEAD~3 lua | tar -x -C /tmp/before`;
+//! part 1 adds its v1 and v2 as columns, measured in the same run),
+//! BENCH_CPU (unset: part 1 reads redis-server's CPU per call instead of
+//! `usec_per_call`; see `usec_per_call`).
+//!
+//! On a shared machine, pin Redis and the load to different cores, so that
+//! the figures repeat (BENCHMARKS.md 1a):
+//!
+//!     BENCH_REDIS_CPUS=0 BENCH_ROUNDS=3 taskset -c 1 cargo bench --bench redis_cost -- --quick
 
 #[path = "../tests/common/redis_server.rs"]
 #[allow(dead_code)]
@@ -90,24 +104,131 @@ fn commandstat(port: u16, command: &str) -> (u64, u64) {
     (field("calls="), field("usec="))
 }
 
-/// Redis µs per call of `args` driven by redis-benchmark (50 clients,
-/// pipelines of 16, 10,000 random sellers).
+/// Redis µs per call of `args` (a command and its arguments) under load:
+/// 50 connections, each with a pipeline of 16 calls in flight, `requests`
+/// calls in all (redis-benchmark's `-c 50 -P 16`). In each call every
+/// `__rand_int__` stands for the same random seller out of 10,000 and
+/// `__id__` for a number unique in the run. (redis-benchmark draws each
+/// `__rand_int__` of a command apart, so a v2 call named two sellers'
+/// hashes, the block's and the rule's: two HGETALLs a call.) Panics when a
+/// call failed.
+///
+/// With `BENCH_CPU` set, the figure is instead the CPU time of
+/// redis-server's main thread per call (`/proc/<pid>/schedstat`): it counts
+/// reading and answering the call too (a constant few µs), but not the time
+/// Redis waited for a core, which `usec_per_call` counts when other work
+/// shares the machine.
 fn usec_per_call(port: u16, requests: u64, command: &str, args: &[String]) -> f64 {
+    cli(port, &["FLUSHALL"]);
     cli(port, &["CONFIG", "RESETSTAT"]);
-    let status = Command::new("redis-benchmark")
-        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
-        .args(["-c", "50", "-P", "16", "-r", &SELLERS.to_string()])
-        .args(["-n", &requests.to_string(), "-q"])
-        .args(args)
-        .output()
-        .expect("redis-benchmark (redis-tools) must be installed");
-    assert!(status.status.success(), "redis-benchmark failed");
+    let cpu = std::env::var_os("BENCH_CPU").map(|_| server_pid(port));
+    let cpu_before = cpu.as_deref().map(cpu_ns);
+    let url = format!("redis://127.0.0.1:{port}");
+    let owned = args.to_vec();
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("load runtime")
+            .block_on(load(&url, requests, &owned))
+    })
+    .join()
+    .expect("load thread");
     let (calls, usec) = commandstat(port, command);
-    assert!(
-        calls > 0,
-        "redis-benchmark made no {command} call: {args:?}"
+    assert!(calls > 0, "no {command} call was made: {args:?}");
+    let failed = commandstat_field(port, command, "failed_calls=");
+    assert_eq!(
+        failed, 0,
+        "{failed} of {calls} {command} calls failed: {args:?}"
     );
-    usec as f64 / calls as f64
+    match (cpu.as_deref(), cpu_before) {
+        (Some(pid), Some(before)) => (cpu_ns(pid) - before) as f64 / 1000.0 / calls as f64,
+        _ => usec as f64 / calls as f64,
+    }
+}
+
+/// redis-server's process id (`INFO server`).
+fn server_pid(port: u16) -> String {
+    cli(port, &["INFO", "server"])
+        .lines()
+        .find_map(|l| l.strip_prefix("process_id:"))
+        .map(|p| p.trim().to_owned())
+        .expect("INFO server names the process")
+}
+
+/// CPU time (ns) of a process' main thread so far.
+fn cpu_ns(pid: &str) -> u64 {
+    let path = format!("/proc/{pid}/schedstat");
+    std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|t| t.split_whitespace().next().and_then(|v| v.parse().ok()))
+        .unwrap_or_else(|| panic!("{path} unreadable"))
+}
+
+/// The load of [`usec_per_call`].
+async fn load(url: &str, requests: u64, args: &[String]) {
+    const CONNECTIONS: u64 = 50;
+    const PIPELINE: u64 = 16;
+    let client = redis::Client::open(url).expect("client");
+    let next_id = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for c in 0..CONNECTIONS {
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("load connection");
+        let (args, next_id) = (args.to_vec(), next_id.clone());
+        let share = requests / CONNECTIONS + u64::from(c < requests % CONNECTIONS);
+        tasks.push(tokio::spawn(async move {
+            let mut x = (c + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+            let mut left = share;
+            while left > 0 {
+                let mut pipe = redis::pipe();
+                for _ in 0..left.min(PIPELINE) {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let seller = format!("{:012}", x % SELLERS);
+                    let id = next_id.fetch_add(1, Ordering::Relaxed).to_string();
+                    let mut cmd = redis::cmd(&args[0]);
+                    for a in &args[1..] {
+                        cmd.arg(a.replace("__rand_int__", &seller).replace("__id__", &id));
+                    }
+                    pipe.add_command(cmd);
+                }
+                // Errors are counted by Redis (failed_calls) and checked after.
+                let _: Result<redis::Value, _> = pipe.query_async(&mut conn).await;
+                left -= left.min(PIPELINE);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("load task");
+    }
+}
+
+/// One integer field (`name=`, e.g. `failed_calls=`) of a command's line in
+/// `INFO commandstats`.
+fn commandstat_field(port: u16, command: &str, name: &str) -> u64 {
+    let info = cli(port, &["INFO", "commandstats"]);
+    info.lines()
+        .find(|l| l.starts_with(&format!("cmdstat_{command}:")))
+        .and_then(|l| l.split([':', ',']).find_map(|kv| kv.strip_prefix(name)))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(0)
+}
+
+/// Moves the redis-server on `port` (its `process_id`, all its threads) to
+/// the CPUs `cpus` (`taskset -a -cp`).
+fn pin(port: u16, cpus: &str) {
+    let pid = server_pid(port);
+    let ok = Command::new("taskset")
+        .args(["-a", "-cp", cpus, &pid])
+        .output()
+        .expect("taskset (util-linux) must be installed")
+        .status
+        .success();
+    assert!(ok, "taskset -a -cp {cpus} {pid} failed");
 }
 
 fn rule_config(algorithm: Algorithm, limit: u64, period: Duration) -> RuleConfig {
@@ -160,7 +281,7 @@ fn minimal(port: u16, algorithm: Algorithm, rule: &Rule) -> (&'static str, Vec<S
                 s(1_000_000),
                 s(rule.period_us()),
                 s(rule.limit()),
-                s("m__rand_int__"),
+                s("m__id__"),
                 s(period_ms),
             ],
         ),
@@ -206,7 +327,7 @@ fn acquire_args(first: &str, rule_key: &str, block: &str, place: &str, rule: &Ru
         s(""),
         s(1),
         s("all"),
-        s("b__rand_int__"),
+        s("b__id__"),
         s(block),
         s(1),
         s(rule.algorithm().name()),
@@ -232,8 +353,18 @@ fn cell_args(key: &str) -> Vec<String> {
 
 /// Part 1's table; returns ours (FCALL) µs per gcra decision. `deny`: one
 /// unit a minute per seller, so all but a seller's first call are refused
-/// (about 5 in 6 at 60,000 requests over 10,000 sellers).
-fn script_cost(port: u16, store_fn: &str, requests: u64, deny: bool) -> f64 {
+/// (about 5 in 6 at 60,000 requests over 10,000 sellers). Each figure is
+/// the least of `rounds` runs, the rows of an algorithm run in turn.
+/// `before`: the FCALL name of an earlier library (`BENCH_BEFORE_LUA`),
+/// whose v1 and v2 get columns of their own.
+fn script_cost(
+    port: u16,
+    store_fn: &str,
+    before: Option<&str>,
+    requests: u64,
+    rounds: u64,
+    deny: bool,
+) -> f64 {
     let path = if deny {
         "deny path (mostly)"
     } else {
@@ -241,10 +372,27 @@ fn script_cost(port: u16, store_fn: &str, requests: u64, deny: bool) -> f64 {
     };
     println!("\n## 1. Redis µs per decision, {path}, one rule\n");
     println!(
-        "redis-benchmark -c 50 -P 16 -r 10000 -n {requests}; Redis `usec_per_call` from INFO commandstats.\n"
+        "50 connections, pipelines of 16, 10,000 random sellers, {requests} calls, least of {rounds} run(s); {}.\n",
+        if std::env::var_os("BENCH_CPU").is_some() {
+            "redis-server's CPU per call (BENCH_CPU: /proc schedstat, reading and answering included)"
+        } else {
+            "Redis `usec_per_call` from INFO commandstats"
+        }
     );
-    println!("| algorithm | minimal script (baseline) | µs | ours v1, FCALL µs | ratio | ours v1, EVALSHA µs | ratio | ours v2, FCALL µs | ratio |");
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    let extra = if before.is_some() {
+        " before v1 µs | ratio | before v2 µs | ratio |"
+    } else {
+        ""
+    };
+    println!("| algorithm | minimal script (baseline) | µs | ours v1, FCALL µs | ratio | ours v1, EVALSHA µs | ratio | ours v2, FCALL µs | ratio |{extra}");
+    println!(
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|{}",
+        if before.is_some() {
+            "---:|---:|---:|---:|"
+        } else {
+            ""
+        }
+    );
     let eval_sha = script_load(port, throttle_worker::limiter::script::LIMITER_LUA);
     let mut gcra = f64::NAN;
     for algorithm in Algorithm::ALL {
@@ -258,32 +406,73 @@ fn script_cost(port: u16, store_fn: &str, requests: u64, deny: bool) -> f64 {
         };
         let rule = Rule::new(algorithm, limit, Duration::from_secs(60), None).expect("bench rule");
         let (min_name, min_args) = minimal(port, algorithm, &rule);
-        let mut eval_args = vec![s("EVALSHA")];
-        eval_args.push(min_args[0].clone());
-        eval_args.extend(min_args[1..].iter().cloned());
-        let base = usec_per_call(port, requests, "evalsha", &eval_args);
-        let mut fcall = vec![s("FCALL"), s(store_fn)];
-        fcall.extend(ours(&rule));
-        let ours_f = usec_per_call(port, requests, "fcall", &fcall);
+        let fcall = |function: &str, args: Vec<String>| {
+            let mut call = vec![s("FCALL"), s(function)];
+            call.extend(args);
+            ("fcall", call)
+        };
         let mut evalsha = vec![s("EVALSHA"), eval_sha.clone()];
         evalsha.extend(ours(&rule));
-        let ours_e = usec_per_call(port, requests, "evalsha", &evalsha);
-        let mut fcall_v2 = vec![s("FCALL"), s(store_fn)];
-        fcall_v2.extend(ours_v2(&rule));
-        let ours_2 = usec_per_call(port, requests, "fcall", &fcall_v2);
-        if algorithm == Algorithm::Gcra {
-            gcra = ours_f;
+        let mut rows = vec![
+            ("evalsha", [vec![s("EVALSHA")], min_args].concat()),
+            fcall(store_fn, ours(&rule)),
+            ("evalsha", evalsha),
+            fcall(store_fn, ours_v2(&rule)),
+        ];
+        if let Some(before) = before {
+            rows.push(fcall(before, ours(&rule)));
+            rows.push(fcall(before, ours_v2(&rule)));
         }
-        println!(
-            "| {} | {min_name} | {base:.2} | {ours_f:.2} | {:.2} | {ours_e:.2} | {:.2} | {ours_2:.2} | {:.2} |",
-            algorithm.name(),
-            ours_f / base,
-            ours_e / base,
-            ours_2 / base,
-        );
-        cli(port, &["FLUSHALL"]);
+        let mut best = vec![f64::INFINITY; rows.len()];
+        for _ in 0..rounds.max(1) {
+            for (b, (command, args)) in best.iter_mut().zip(&rows) {
+                *b = b.min(usec_per_call(port, requests, command, args));
+            }
+        }
+        let base = best[0];
+        if algorithm == Algorithm::Gcra {
+            gcra = best[1];
+        }
+        let cells: String = best[1..]
+            .iter()
+            .map(|v| format!(" {v:.2} | {:.2} |", v / base))
+            .collect();
+        println!("| {} | {min_name} | {base:.2} |{cells}", algorithm.name());
     }
     gcra
+}
+
+/// The limiter's Lua of an earlier version, from a directory holding its
+/// `lua/` (`git archive <rev> lua | tar -x -C DIR`), loaded beside today's
+/// as a Functions library of its own; its FCALL name. The files are joined
+/// in the order of `src/limiter/script.rs`.
+fn load_before(port: u16, dir: &str) -> String {
+    const ORDER: [&str; 11] = [
+        "common",
+        "fixed_window",
+        "sliding_window_log",
+        "sliding_window_counter",
+        "token_bucket",
+        "leaky_bucket",
+        "burst_fill",
+        "gcra",
+        "jobs",
+        "limiter",
+        "block",
+    ];
+    let body: String = ORDER
+        .iter()
+        .map(|f| {
+            let path = format!("{dir}/lua/{f}.lua");
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+        })
+        .collect();
+    let code = format!(
+        "#!lua name=bench_before\n{body}\nredis.register_function('bench_before', limiter_call)\n"
+    );
+    let loaded = cli(port, &["FUNCTION", "LOAD", "REPLACE", &code]);
+    assert_eq!(loaded.trim(), "bench_before", "FUNCTION LOAD of {dir}");
+    s("bench_before")
 }
 
 /// The one-key prototypes of gcra against the minimal script and ours
@@ -626,6 +815,9 @@ async fn main() {
         Some(module) => redis_server::RedisServer::start_with(&[s("--loadmodule"), s(module)]),
         None => redis_server::RedisServer::start(),
     };
+    if let Ok(cpus) = std::env::var("BENCH_REDIS_CPUS") {
+        pin(redis.port, &cpus);
+    }
     let store = RedisStore::connect(&redis.url(), Duration::from_secs(5))
         .await
         .expect("the private redis-server");
@@ -639,8 +831,14 @@ async fn main() {
             .unwrap_or("redis_version:?")
             .trim()
     );
-    let ours_gcra = script_cost(redis.port, &store.library().limiter, requests, false);
-    script_cost(redis.port, &store.library().limiter, requests, true);
+    let rounds = env_u64("BENCH_ROUNDS", 1);
+    let before = std::env::var("BENCH_BEFORE_LUA")
+        .ok()
+        .map(|dir| load_before(redis.port, &dir));
+    let limiter = &store.library().limiter;
+    let before = before.as_deref();
+    let ours_gcra = script_cost(redis.port, limiter, before, requests, rounds, false);
+    script_cost(redis.port, limiter, before, requests, rounds, true);
     prototypes(redis.port, &store.library().limiter, requests);
     if cell.is_some() {
         cell_cost(redis.port, requests, ours_gcra);

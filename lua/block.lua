@@ -23,14 +23,19 @@ local function block_call(KEYS, ARGV)
     return math.max(v1, v2)
   end
   if ARGV[3] == 'f' then
-    local current = redis.call('HGET', KEYS[1], 'block')
+    local v = redis.call('HMGET', KEYS[1], 'block', 'exp')
+    local current = v[1]
     if current and tonumber(current) >= until_ then
       return tonumber(current)
     end
-    redis.call('HSET', KEYS[1], 'block', string.format('%d', until_))
-    -- The hash holds the rules' state too: its expiry is only lengthened.
-    if redis.call('PTTL', KEYS[1]) < ms then
-      redis.call('PEXPIRE', KEYS[1], ms)
+    -- The hash holds the rules' state too: its expiry is only lengthened,
+    -- and kept in its `exp` field (common.lua's `lengthen`).
+    local exp, ttl = lengthen(KEYS[1], v[2], true, ms, real_ms(ARGV[1] == '' and now or nil))
+    if exp ~= nil then
+      redis.call('HSET', KEYS[1], 'block', I(until_), 'exp', exp)
+      redis.call('PEXPIRE', KEYS[1], ttl)
+    else
+      redis.call('HSET', KEYS[1], 'block', I(until_))
     end
     return until_
   end

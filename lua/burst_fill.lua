@@ -13,12 +13,12 @@ ALGO.burst_fill = {
     return r.limit
   end,
   load = function(h, r, now)
-    local v = fields(h, 's', 'n')
-    local s = num(v[1], nil)
+    local vs, vn = fields(h, 's', 'n')
+    local s = num(vs, nil)
     if s == nil or now >= s + r.period then
       return { fresh = true, s = now, n = r.limit }
     end
-    return { fresh = false, s = s, n = num(v[2], 0) }
+    return { fresh = false, s = s, n = num(vn, 0) }
   end,
   avail = function(st, r, now)
     return math.max(0, st.n)
@@ -50,10 +50,10 @@ ALGO.burst_fill = {
     -- any more, so the period is as if never opened and the key goes: a
     -- period kept with all `limit` tokens would let its tail take `limit`
     -- and the refill `limit` more, 2*limit in under a period.
-    local v = fields(h, 's', 'n')
-    local s = num(v[1], nil)
+    local vs, vn = fields(h, 's', 'n')
+    local s = num(vs, nil)
     if s ~= nil and s <= now and now < s + r.period then
-      local left = math.min(r.limit, num(v[2], 0) + n)
+      local left = math.min(r.limit, num(vn, 0) + n)
       if left >= r.limit then
         drop(h)
       else

@@ -86,6 +86,16 @@ end
 --       call touches one key per seller. `r<i>:fp` names the rule that wrote
 --       the place; another rule there converts the state first (`settle`).
 --
+--       H has two forms. The common one (every call that drops no place):
+--       `raw`, HGETALL's array as it came, and `w`, the writes as HSET's
+--       arguments in order; a read looks in `w` (newest first), then in
+--       `raw`. No table is built per field and the end of the call is one
+--       HSET of `w`: for a hash of a few fields a scan is cheaper than a
+--       table. The other, built by `widen` when a place is dropped (a
+--       conversion, a refund that empties burst_fill) or when the hash has
+--       many fields: `t`, every field by name, and `dirty`, the fields
+--       changed (set or deleted).
+--
 -- Values are Redis' strings in both: `num` reads them.
 
 -- Expire a state `us` microseconds from now, rounded up to Redis' millisecond
@@ -106,31 +116,124 @@ local function expire_in(h, us)
   end
 end
 
--- The values of fields of a state, as HMGET answers (false when absent).
-local function fields(h, ...)
-  if h.hash == nil then
-    return redis.call('HMGET', h.key, ...)
+-- v2: a hash keeps the instant it expires in its field `exp` (ms on Redis'
+-- clock, at or before the key's real expiry), so a write learns without a
+-- `PTTL` whether the expiry must move. When it must, it moves one more
+-- grain than asked, so a busy seller's hash is lengthened about once a
+-- grain rather than on every call (a TAT's expiry moves with every take):
+-- the hash then lives at least the asked life + 1 s (the slack above) and
+-- at most + 2 s. A hash without `exp` (written before the field existed)
+-- is read with one `PTTL`.
+local EXPIRY_GRAIN_MS = 1000
+
+-- The `exp` to write and the TTL to set (ms) for a hash that must live
+-- `ttl` ms more from `real_ms` (Redis' clock), or nil when its expiry
+-- already reaches that far. `exp` is the hash's field as read (nil when
+-- absent); `old` whether the hash existed before the call.
+local function lengthen(key, exp, old, ttl, real_ms)
+  exp = num(exp, nil)
+  if exp == nil and old then
+    local left = redis.call('PTTL', key)
+    if left >= 0 then
+      exp = real_ms + left - 1
+    end
   end
-  local t, p, out = h.hash.t, h.p, {}
-  local names = { ... }
-  for i = 1, #names do
-    out[i] = t[p .. names[i]] or false
+  if exp ~= nil and exp >= real_ms + ttl then
+    return nil
   end
-  return out
+  ttl = ttl + EXPIRY_GRAIN_MS
+  -- Less one ms: the key's expiry is counted from the script's start,
+  -- which may lie a ms before the TIME read here.
+  return I(real_ms + ttl - 1), ttl
 end
 
--- Sets fields of a state: put(h, name, value, name, value, ...).
+-- Redis' clock in ms: from the call's `now` when it came from TIME (`real`
+-- is then that `now`), else read.
+local function real_ms(real)
+  return fdiv(real or clock_us(''), 1000)
+end
+
+-- A field of a v2 hash as this call sees it (nil when absent).
+local function hget(H, f)
+  if H.t ~= nil then
+    return H.t[f]
+  end
+  local w = H.w
+  for i = #w - 1, 1, -2 do
+    if w[i] == f then
+      return w[i + 1]
+    end
+  end
+  local raw = H.raw
+  for i = 1, #raw, 2 do
+    if raw[i] == f then
+      return raw[i + 1]
+    end
+  end
+  return nil
+end
+
+-- Sets a field of a v2 hash.
+local function hset(H, f, v)
+  if H.t ~= nil then
+    H.t[f] = v
+    H.dirty[f] = true
+    return
+  end
+  local w = H.w
+  w[#w + 1] = f
+  w[#w + 1] = v
+end
+
+-- Turns a v2 hash into its table form (see above), its writes kept.
+local function widen(H)
+  if H.t ~= nil then
+    return
+  end
+  local t, dirty, raw, w = {}, {}, H.raw, H.w
+  for i = 1, #raw, 2 do
+    t[raw[i]] = raw[i + 1]
+  end
+  for i = 1, #w, 2 do
+    t[w[i]] = w[i + 1]
+    dirty[w[i]] = true
+  end
+  H.t, H.dirty, H.raw, H.w = t, dirty, nil, nil
+end
+
+-- The values of up to three fields of a state, as HMGET answers them
+-- (false when absent), as values, not a table.
+local function fields(h, ...)
+  if h.hash == nil then
+    return unpack(redis.call('HMGET', h.key, ...))
+  end
+  local H, p = h.hash, h.p
+  local n, a, b, c = select('#', ...), ...
+  a = hget(H, p .. a) or false
+  if n == 1 then
+    return a
+  end
+  b = hget(H, p .. b) or false
+  if n == 2 then
+    return a, b
+  end
+  return a, b, hget(H, p .. c) or false
+end
+
+-- Sets up to three fields of a state: put(h, name, value, name, value, ...).
 local function put(h, ...)
   if h.hash == nil then
     redis.call('HSET', h.key, ...)
     return
   end
   local H, p = h.hash, h.p
-  local args = { ... }
-  for i = 1, #args, 2 do
-    local f = p .. args[i]
-    H.t[f] = args[i + 1]
-    H.dirty[f] = true
+  local a, x, b, y, c, z = ...
+  hset(H, p .. a, x)
+  if b ~= nil then
+    hset(H, p .. b, y)
+    if c ~= nil then
+      hset(H, p .. c, z)
+    end
   end
 end
 
@@ -141,8 +244,7 @@ local function incr(h, name, n)
     return
   end
   local f = h.p .. name
-  h.hash.t[f] = I(num(h.hash.t[f], 0) + n)
-  h.hash.dirty[f] = true
+  hset(h.hash, f, I(num(hget(h.hash, f), 0) + n))
 end
 
 -- Forgets a state: its key (v1) or every field of its place (v2).
@@ -152,6 +254,7 @@ local function drop(h)
     return
   end
   local H, p = h.hash, h.p
+  widen(H)
   for f in pairs(H.t) do
     if string.sub(f, 1, #p) == p then
       H.t[f] = nil
@@ -160,17 +263,20 @@ local function drop(h)
   end
 end
 
+-- Past this many fields a v2 hash is read as a table from the start: a
+-- scan per field would cost more than building it.
+local SCAN_FIELDS = 12
+
 -- A v2 hash as one call sees it; `hashes` caches them per call, so every
 -- request of a call sees what the ones before it decided.
 local function open_hash(hashes, key)
   local H = hashes[key]
   if H == nil then
     local raw = redis.call('HGETALL', key)
-    local t = {}
-    for i = 1, #raw, 2 do
-      t[raw[i]] = raw[i + 1]
+    H = { key = key, raw = raw, w = {}, ttl = 0, old = #raw > 0 }
+    if #raw > 2 * SCAN_FIELDS then
+      widen(H)
     end
-    H = { key = key, t = t, dirty = {}, ttl = 0 }
     hashes[key] = H
     hashes[#hashes + 1] = H
   end
@@ -178,31 +284,41 @@ local function open_hash(hashes, key)
 end
 
 -- Writes what a call changed in its v2 hashes: the set fields, the dropped
--- ones, and the expiry, lengthened only.
-local function flush(hashes)
+-- ones, and the expiry, lengthened only (see `lengthen`). `real` is the
+-- call's `now` when it is Redis' clock (nil when the caller passed a time).
+local function flush(hashes, real)
   for i = 1, #hashes do
     local H = hashes[i]
-    local set, del = {}, {}
-    for f in pairs(H.dirty) do
-      local v = H.t[f]
-      if v == nil then
-        del[#del + 1] = f
-      else
-        set[#set + 1] = f
-        set[#set + 1] = v
+    local set, del = H.w, nil
+    if set == nil then
+      set, del = {}, {}
+      for f in pairs(H.dirty) do
+        local v = H.t[f]
+        if v == nil then
+          del[#del + 1] = f
+        else
+          set[#set + 1] = f
+          set[#set + 1] = v
+        end
+      end
+    end
+    local ttl = nil
+    if H.ttl > 0 and #set > 0 then
+      local exp
+      exp, ttl = lengthen(H.key, hget(H, 'exp'), H.old, H.ttl, real_ms(real))
+      if exp ~= nil then
+        set[#set + 1] = 'exp'
+        set[#set + 1] = exp
       end
     end
     if #set > 0 then
       redis.call('HSET', H.key, unpack(set))
     end
-    if #del > 0 then
+    if del ~= nil and #del > 0 then
       redis.call('HDEL', H.key, unpack(del))
     end
-    if H.ttl > 0 and #set > 0 then
-      local left = redis.call('PTTL', H.key)
-      if left < H.ttl then
-        redis.call('PEXPIRE', H.key, H.ttl)
-      end
+    if ttl ~= nil then
+      redis.call('PEXPIRE', H.key, ttl)
     end
   end
 end
@@ -216,9 +332,9 @@ local function blocked_until(hashes, key, how, key1)
   if how == 'k' then
     return num(redis.call('GET', key), 0)
   elseif how == 'f' then
-    return num(open_hash(hashes, key).t['block'], 0)
+    return num(hget(open_hash(hashes, key), 'block'), 0)
   elseif how == 'F' then
-    return math.max(num(open_hash(hashes, key).t['block'], 0), num(redis.call('GET', key1), 0))
+    return math.max(num(hget(open_hash(hashes, key), 'block'), 0), num(redis.call('GET', key1), 0))
   end
   return 0
 end
@@ -300,7 +416,7 @@ local function settle(r, now)
   if h.hash == nil then
     return
   end
-  local fp = h.hash.t[h.p .. 'fp']
+  local fp = hget(h.hash, h.p .. 'fp')
   if fp == nil or fp == r.fp then
     return
   end
@@ -327,7 +443,7 @@ end
 -- v2: names the rule that wrote a place, after a take.
 local function stamp(r)
   local h = r.h
-  if h.hash ~= nil and h.hash.t[h.p .. 'fp'] ~= r.fp then
+  if h.hash ~= nil and hget(h.hash, h.p .. 'fp') ~= r.fp then
     put(h, 'fp', r.fp)
   end
 end
@@ -335,7 +451,7 @@ end
 -- v2: whether a refund may touch a rule's place: only the rule that took
 -- the units is still there (after an edit, the units were converted).
 local function owns(r)
-  return r.h.hash == nil or r.h.hash.t[r.h.p .. 'fp'] == r.fp
+  return r.h.hash == nil or hget(r.h.hash, r.h.p .. 'fp') == r.fp
 end
 
 -- A rule's state as the decision reads it. In v1+v2 both states are read

@@ -11,9 +11,9 @@ ALGO.fixed_window = {
   end,
   load = function(h, r, now)
     local start = fdiv(now, r.period) * r.period
-    local v = fields(h, 'w', 'n')
-    local fresh = num(v[1], -1) ~= start
-    return { start = start, fresh = fresh, n = fresh and 0 or num(v[2], 0) }
+    local w, count = fields(h, 'w', 'n')
+    local fresh = num(w, -1) ~= start
+    return { start = start, fresh = fresh, n = fresh and 0 or num(count, 0) }
   end,
   avail = function(st, r, now)
     return math.max(0, r.limit - st.n)
@@ -43,9 +43,9 @@ ALGO.fixed_window = {
     -- Counts are additive: the window the take fell in gets them back,
     -- whatever was counted since.
     local start = fdiv(now, r.period) * r.period
-    local v = fields(h, 'w', 'n')
-    if num(v[1], -1) == start then
-      put(h, 'n', I(math.max(0, num(v[2], 0) - n)))
+    local w, count = fields(h, 'w', 'n')
+    if num(w, -1) == start then
+      put(h, 'n', I(math.max(0, num(count, 0) - n)))
     end
   end,
 }

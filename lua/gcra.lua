@@ -8,8 +8,8 @@ ALGO.gcra = {
     return r.burst
   end,
   load = function(h, r, now)
-    local v = fields(h, 'tat', 'f')
-    return { debt = tat_debt(num(v[1], 0), num(v[2], 0), r.limit, now) }
+    local tat, f = fields(h, 'tat', 'f')
+    return { debt = tat_debt(num(tat, 0), num(f, 0), r.limit, now) }
   end,
   avail = function(st, r, now)
     return math.max(0, fdiv(r.burst * r.period - st.debt, r.period))
@@ -33,8 +33,8 @@ ALGO.gcra = {
     -- Other calls may have queued behind this one: only the part of its
     -- charge that cannot have drained yet comes back (drained_refund).
     local back = drained_refund(r, n, at, taken)
-    local v = fields(h, 'tat', 'f')
-    local debt = tat_debt(num(v[1], 0), num(v[2], 0), r.limit, at)
+    local tat, f = fields(h, 'tat', 'f')
+    local debt = tat_debt(num(tat, 0), num(f, 0), r.limit, at)
     if back > 0 and debt > 0 then
       tat_store(h, math.max(0, debt - back), r.limit, at)
     end

@@ -169,7 +169,7 @@ end
 -- request refuses the whole call with nothing charged. (One MGET of every
 -- block key instead of a GET each measured no gain, about 1 %, and would
 -- add a command to the ACL operators have granted: see the README.)
-local function run_jobs(KEYS, ARGV, op, now)
+local function run_jobs(KEYS, ARGV, op, now, real)
   local charge = op == 'jobs'
   local nreq = tonumber(ARGV[3])
   if nreq == nil or nreq < 1 then
@@ -233,7 +233,7 @@ local function run_jobs(KEYS, ARGV, op, now)
   -- A conversion (settle) is written even for a refused request: the next
   -- call would convert the same state again, later.
   if charge then
-    flush(hashes)
+    flush(hashes, real)
   end
   return out
 end

@@ -15,8 +15,8 @@ ALGO.leaky_bucket = {
     return r.burst
   end,
   load = function(h, r, now)
-    local v = fields(h, 'tat', 'f')
-    return { debt = tat_debt(num(v[1], 0), num(v[2], 0), r.limit, now) }
+    local tat, f = fields(h, 'tat', 'f')
+    return { debt = tat_debt(num(tat, 0), num(f, 0), r.limit, now) }
   end,
   avail = function(st, r, now)
     return math.max(0, fdiv(r.burst * r.period - st.debt, r.period))
@@ -43,11 +43,11 @@ ALGO.leaky_bucket = {
   refund = function(h, r, at, n, id, skip, taken)
     -- A caller uses a grant's first slots, so the units given back are its
     -- last ones: the end of the queue, if nothing queued behind them.
-    local v = fields(h, 'tat', 'f', 'id')
-    if v[3] ~= id then
+    local tat, f, last = fields(h, 'tat', 'f', 'id')
+    if last ~= id then
       return
     end
-    local debt = tat_debt(num(v[1], 0), num(v[2], 0), r.limit, at)
+    local debt = tat_debt(num(tat, 0), num(f, 0), r.limit, at)
     if debt > 0 then
       tat_store(h, math.max(0, debt - n * r.period), r.limit, at)
     end

@@ -63,8 +63,10 @@ end
 local function limiter_call(KEYS, ARGV)
   local op = ARGV[1]
   local now = clock_us(ARGV[2])
+  -- `now` on Redis' clock, or nil when the caller passed a time (flush).
+  local real = ARGV[2] == '' and now or nil
   if op == 'jobs' or op == 'jobs_peek' then
-    return run_jobs(KEYS, ARGV, op, now)
+    return run_jobs(KEYS, ARGV, op, now, real)
   end
   local cost = tonumber(ARGV[3])
   if cost == nil or cost < 1 then
@@ -90,7 +92,7 @@ local function limiter_call(KEYS, ARGV)
     for i = 1, nrules do
       refund_rule(rules[i], at, cost, id, skip, taken)
     end
-    flush(hashes)
+    flush(hashes, real)
     return { 1, cost, 0, 0, 0, now, 0, 0, now, 0 }
   end
 
@@ -131,7 +133,7 @@ local function limiter_call(KEYS, ARGV)
   local until_ = blocked_until(hashes, KEYS[1], ARGV[6], KEYS[2])
   if until_ > now then
     if charge then
-      flush(hashes)
+      flush(hashes, real)
     end
     local block = until_ - now
     local _, reset = summary(rules, states, now, 0)
@@ -143,7 +145,7 @@ local function limiter_call(KEYS, ARGV)
 
   if wait > 0 then
     if charge then
-      flush(hashes)
+      flush(hashes, real)
     end
     local remaining, reset = summary(rules, states, now, 0)
     return reply(now, 0, 0, remaining, wait, reset, now, by)
@@ -162,7 +164,7 @@ local function limiter_call(KEYS, ARGV)
       local r = rules[i]
       take_rule(r, states[i], now, n, id)
     end
-    flush(hashes)
+    flush(hashes, real)
   end
   return reply(now, 1, n, remaining, 0, reset, go_at, tight)
 end

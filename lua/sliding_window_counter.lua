@@ -10,13 +10,13 @@ ALGO.sliding_window_counter = {
   end,
   load = function(h, r, now)
     local start = fdiv(now, r.period) * r.period
-    local v = fields(h, 'w', 'cur', 'prev')
-    local w = num(v[1], -1)
+    local vw, vcur, vprev = fields(h, 'w', 'cur', 'prev')
+    local w = num(vw, -1)
     local cur, prev = 0, 0
     if w == start then
-      cur, prev = num(v[2], 0), num(v[3], 0)
+      cur, prev = num(vcur, 0), num(vprev, 0)
     elseif w == start - r.period then
-      prev = num(v[2], 0)
+      prev = num(vcur, 0)
     end
     return { start = start, w = w, cur = cur, prev = prev, e = now - start }
   end,
@@ -60,12 +60,12 @@ ALGO.sliding_window_counter = {
     -- Counts are additive: the window the take fell in gets them back,
     -- whatever was counted since.
     local start = fdiv(now, r.period) * r.period
-    local v = fields(h, 'w', 'cur', 'prev')
-    local w = num(v[1], -1)
+    local vw, vcur, vprev = fields(h, 'w', 'cur', 'prev')
+    local w = num(vw, -1)
     if w == start then
-      put(h, 'cur', I(math.max(0, num(v[2], 0) - n)))
+      put(h, 'cur', I(math.max(0, num(vcur, 0) - n)))
     elseif w == start + r.period then
-      put(h, 'prev', I(math.max(0, num(v[3], 0) - n)))
+      put(h, 'prev', I(math.max(0, num(vprev, 0) - n)))
     end
   end,
 }

@@ -47,7 +47,7 @@ ALGO.sliding_window_log = {
   end,
   load = function(h, r, now)
     if h.hash ~= nil then
-      local log = fields(h, 'log')[1] or ''
+      local log = fields(h, 'log') or ''
       local n = #log / LOG_ENTRY
       local first = log_above(log, n, now - r.period)
       local count = n - first + 1
@@ -130,7 +130,7 @@ ALGO.sliding_window_log = {
     if h.hash ~= nil then
       -- Up to n of the entries written at `taken`: the call's own, or ones
       -- exactly like them.
-      local log = fields(h, 'log')[1]
+      local log = fields(h, 'log')
       if log then
         local count = #log / LOG_ENTRY
         local from = log_from(log, count, taken)

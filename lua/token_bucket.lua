@@ -7,12 +7,12 @@ ALGO.token_bucket = {
   end,
   load = function(h, r, now)
     local full = r.burst * r.period
-    local v = fields(h, 'c', 'ts')
-    local c = num(v[1], nil)
+    local vc, ts = fields(h, 'c', 'ts')
+    local c = num(vc, nil)
     if c == nil then
       return { c = full }
     end
-    local elapsed = math.max(0, now - num(v[2], now))
+    local elapsed = math.max(0, now - num(ts, now))
     -- Compare before multiplying: a long idle time times the rate could
     -- leave the exact range.
     if elapsed >= cdiv(full - c, r.limit) then
@@ -43,7 +43,7 @@ ALGO.token_bucket = {
     expire_in(h, cdiv(r.burst * r.period - c, r.limit))
   end,
   refund = function(h, r, at, n, id, skip, taken)
-    local ts = num(fields(h, 'ts')[1], nil)
+    local ts = num(fields(h, 'ts'), nil)
     if ts ~= nil then
       -- Credit at the later of the refund's time and the last write, never
       -- moving `ts` back (which would refill the span between twice), and
