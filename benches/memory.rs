@@ -2,7 +2,8 @@
 //!
 //! 1. Bytes per seller in Redis for each algorithm: `MEMORY USAGE` of one
 //!    seller's rule key with the rule's state full (limit 100 per minute),
-//!    and of a seller's 429 block key.
+//!    and of a seller's 429 block key; in state v2, of the seller's one
+//!    hash (the rule's state, its fingerprint, the hash's expiry field).
 //! 2. Worker RSS per 1,000 waiting jobs: one worker process (the release
 //!    binary) on the mock broker, its resident set with nothing waiting
 //!    (the baseline, measured in the same run), then after each step of
@@ -13,6 +14,7 @@
 //! ```sh
 //! cargo bench --bench memory             # up to 40,000 waiting jobs
 //! cargo bench --bench memory -- --quick  # up to 10,000
+//! cargo test --bench memory -- --redis-only  # part 1 only, no release build
 //! ```
 
 #[path = "../tests/common/mod.rs"]
@@ -22,7 +24,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use throttle_worker::config::{LimitsConfig, RuleConfig, Topology};
-use throttle_worker::limiter::{Algorithm, KeySpace, Limiter, Mode, Policy, RedisStore, Rule};
+use throttle_worker::limiter::{
+    Algorithm, KeySpace, Limiter, Mode, Policy, RedisStore, Rule, StateLayout,
+};
 
 use common::procs::{BrokerProc, Proc, Scratch, TaggedDownstream, WorkerConfig, BIN};
 use common::redis_server::RedisServer;
@@ -37,39 +41,51 @@ async fn bytes_per_seller(redis: &RedisServer) {
         .await
         .expect("private Redis");
     println!("## Bytes per seller in Redis (MEMORY USAGE), state full, limit 100 per minute\n");
-    println!("| algorithm | bytes |");
-    println!("|---|---:|");
+    println!("| algorithm | v1: the rule's key, bytes | v2: the seller's hash, bytes |");
+    println!("|---|---:|---:|");
     for algorithm in Algorithm::ALL {
         let rule = Rule::new(algorithm, 100, Duration::from_secs(60), None).expect("rule");
-        let lim = Limiter::new(
-            store.clone(),
-            KeySpace::new(format!("mem-{algorithm}")),
-            Policy::from_config(&LimitsConfig {
-                default: vec![RuleConfig {
-                    algorithm: algorithm.name().to_owned(),
-                    limit: 100,
-                    period: Duration::from_secs(60),
-                    burst: None,
-                    shadow: false,
-                }],
-                ..Default::default()
-            })
-            .expect("rule"),
-            Topology::Single,
-        );
-        while lim
-            .acquire("m", 1, Mode::AllOrNothing)
-            .await
-            .expect("limiter call")
-            .granted()
-            > 0
-        {}
-        let bytes = store
-            .memory_usage(&lim.keys().rule("m", &rule))
-            .await
-            .expect("MEMORY USAGE")
-            .unwrap_or(0);
-        println!("| {} | {bytes} |", algorithm.name());
+        let limiter = |layout: StateLayout| {
+            Limiter::new(
+                store.clone(),
+                KeySpace::with_layout(format!("mem-{algorithm}-{layout:?}"), layout),
+                Policy::from_config(&LimitsConfig {
+                    default: vec![RuleConfig {
+                        algorithm: algorithm.name().to_owned(),
+                        limit: 100,
+                        period: Duration::from_secs(60),
+                        burst: None,
+                        shadow: false,
+                    }],
+                    ..Default::default()
+                })
+                .expect("rule"),
+                Topology::Single,
+            )
+        };
+        let (lim, v2) = (limiter(StateLayout::V1), limiter(StateLayout::V2));
+        for l in [&lim, &v2] {
+            while l
+                .acquire("m", 1, Mode::AllOrNothing)
+                .await
+                .expect("limiter call")
+                .granted()
+                > 0
+            {}
+        }
+        let usage = |key: String| {
+            let store = store.clone();
+            async move {
+                store
+                    .memory_usage(&key)
+                    .await
+                    .expect("MEMORY USAGE")
+                    .unwrap_or(0)
+            }
+        };
+        let bytes = usage(lim.keys().rule("m", &rule)).await;
+        let hash = usage(v2.keys().seller_state("m")).await;
+        println!("| {} | {bytes} | {hash} |", algorithm.name());
         if algorithm == Algorithm::Gcra {
             lim.block("m", Duration::from_secs(60))
                 .await
@@ -216,5 +232,8 @@ async fn main() {
     };
     let redis = RedisServer::start();
     bytes_per_seller(&redis).await;
+    if std::env::args().any(|a| a == "--redis-only") {
+        return;
+    }
     rss_per_waiting_job(&redis, steps).await;
 }

@@ -25,7 +25,15 @@ fi
 bin=target/debug/throttle-worker
 tmp=$(mktemp -d)
 pids=()
+workers=()
 cleanup() {
+  # The workers first, while their broker still answers their final
+  # commits; then the rest.
+  for p in "${workers[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${workers[@]}"; do
+    for _ in $(seq 300); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$p" 2>/dev/null || true
+  done
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
   rm -rf "$tmp"
@@ -100,7 +108,7 @@ export THROTTLE__DOWNSTREAM__URL=$stub_url
 echo "broker $THROTTLE__KAFKA__BROKERS, downstream $stub_url"
 for r in 1 2; do
   "$bin" run --config "$cfg" >"$tmp/worker-$r.log" 2>&1 &
-  pids+=($!)
+  workers+=($!)
 done
 sleep 6
 

@@ -24,7 +24,13 @@ async fn main() -> anyhow::Result<()> {
                     "in-flight work abandoned at shutdown; it will be redelivered"
                 );
             }
-            Ok(())
+            // Exit now, not when the runtime is dropped: a close of the
+            // Kafka clients that outlived its timeout (a broker that went
+            // away as the worker stopped) still runs on a blocking thread,
+            // and dropping the runtime waits for it without end. Seen in
+            // scripts/incident-demo.sh: "worker stopped" logged, the
+            // process alive an hour later.
+            std::process::exit(0)
         }
         Command::DevBroker {
             mut topics,

@@ -928,3 +928,64 @@ async fn crash_loop_kill_9_a_random_replica_repeatedly_loses_and_over_admits_not
         "crash loop: jobs repeated before the first kill"
     );
 }
+
+/// A worker told to stop after its broker is gone exits, within
+/// `worker.shutdown_timeout` and the Kafka clients' close timeout. It
+/// logged "worker stopped" and then never exited: the close of the
+/// librdkafka clients, left running on a blocking thread once its timeout
+/// passed, kept the runtime (and the process) alive for good (found when
+/// scripts/incident-demo.sh stopped its broker before its workers).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_after_the_broker_is_gone_still_exits() {
+    let _serial = SERIAL.lock().await;
+    let dir = Scratch::new("orphan");
+    let n = Names::new("orphan");
+    let broker = BrokerProc::start(dir.path(), &n.topics(4));
+    let down = TaggedDownstream::start(Duration::from_millis(1)).await;
+    let config = n
+        .config(&broker.bootstrap, "2s")
+        .write(dir.path(), "worker");
+    let mut workers: Vec<Proc> = (0..2)
+        .map(|i| {
+            start_worker(
+                dir.path(),
+                &format!("w{i}"),
+                &config,
+                &down.url(&format!("w{i}")),
+            )
+        })
+        .collect();
+    wait_settled(
+        &workers.iter().collect::<Vec<_>>(),
+        &n.jobs,
+        4,
+        Duration::from_secs(60),
+    )
+    .await;
+    // The broker goes as the workers are told to stop (a script's cleanup,
+    // a whole deployment torn down): their final commits and their leaving
+    // the group get no answer.
+    broker.proc.sigterm();
+    let term = Instant::now();
+    for w in &workers {
+        w.sigterm();
+    }
+    // shutdown_timeout (2 s) + the final commit's 10 s + the close's 10 s,
+    // and a margin.
+    for w in &mut workers {
+        let status = w
+            .wait_exit(
+                "a worker to exit with its broker gone",
+                Duration::from_secs(40),
+            )
+            .await;
+        println!(
+            "exited {status} {:?} after SIGTERM, broker gone",
+            term.elapsed()
+        );
+        assert!(
+            w.log_text().contains("worker stopped"),
+            "no \"worker stopped\" line"
+        );
+    }
+}
