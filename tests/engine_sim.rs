@@ -697,6 +697,27 @@ fn a_throttled_call_gives_its_slot_back_before_its_run_ends() {
     assert_kept(&sc, &out);
 }
 
+/// Seeds 31205 and 32258: calls that reached a downstream timing out
+/// (10 s) were under way when the process was killed, so never answered
+/// and never in the journal's calls; invariant 4 took their slots for
+/// idle (a paced job due at 15,639 ms "waited 93 ms with 2 of 3 slots
+/// busy" while job 27's cut call held the third). Each holds its slot
+/// until the kill, and the engine kept every slot busy.
+#[test]
+fn a_call_cut_short_by_a_kill_holds_its_slot_until_the_kill() {
+    for seed in [31205, 32258] {
+        let sc = Scenario::random(seed);
+        let out = run(&sc);
+        assert!(
+            !out.log.unanswered.is_empty(),
+            "seed {seed}: a call was under way at the kill"
+        );
+        let idle = check::no_idle_slot_while_granted_waits(&sc, &out);
+        assert!(idle.is_empty(), "seed {seed}: {}", idle.join("\n"));
+        assert_kept(&sc, &out);
+    }
+}
+
 /// Issue 22, part 2: an operator pauses one seller, with no end named, for
 /// 43 s. From the pause on, none of its calls reaches the downstream
 /// (invariant 8) while the other seller goes on at its pace. Its jobs wait
