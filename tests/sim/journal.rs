@@ -35,6 +35,7 @@ pub struct Ask {
     /// `None`: never answered (the process died).
     pub to_ms: Option<u64>,
     pub jobs: usize,
+    pub seller: String,
 }
 
 #[derive(Debug, Default)]
@@ -43,6 +44,12 @@ pub struct Log {
     pub by_value: HashMap<Bytes, JobId>,
     pub by_job_id: HashMap<String, JobId>,
     pub calls: Vec<Call>,
+    /// Calls that reached the downstream and have not been answered, by
+    /// the number `call_started` gave them: job and virtual ms of arrival.
+    /// What is left at the run's end are the calls of killed processes
+    /// (never answered, never in `calls`); each held a downstream slot
+    /// of its process until the kill.
+    pub unanswered: BTreeMap<u64, (JobId, u64)>,
     /// The engine's limiter calls.
     pub asks: Vec<Ask>,
     /// Virtual ms of each process start (a restart has slots of its own).
@@ -62,6 +69,8 @@ pub struct Log {
     /// A digest of the run's events, to check that a seed replays exactly.
     pub trace: Vec<String>,
     seq: u64,
+    /// Numbers `unanswered`'s calls.
+    started: u64,
 }
 
 #[derive(Debug, Default)]
@@ -88,8 +97,20 @@ impl Journal {
         });
     }
 
-    pub fn call(&self, call: Call) {
+    /// A call reached the downstream: unanswered until `call` (given the
+    /// number returned here) records its answer.
+    pub fn call_started(&self, job: JobId, at_ms: u64) -> u64 {
         self.with(|log| {
+            log.started += 1;
+            log.unanswered.insert(log.started, (job, at_ms));
+            log.started
+        })
+    }
+
+    /// A call answered; `started` is its number from `call_started`.
+    pub fn call(&self, started: u64, call: Call) {
+        self.with(|log| {
+            log.unanswered.remove(&started);
             let seq = Journal::next(log);
             log.trace.push(format!(
                 "c{}:{}:{}:{:?}",

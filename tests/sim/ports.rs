@@ -213,19 +213,24 @@ impl Caller for SimDownstream {
                 Poison::None => ("2xx", Answer::Done, w.random(lo, hi)),
             }
         };
+        // It holds a slot from now, answered or not (a kill cuts it short).
+        let started = w.journal.call_started(id, at_ms);
         tokio::time::sleep(Duration::from_millis(took)).await;
         if self.dead.load(Ordering::SeqCst) {
             never().await;
         }
-        w.journal.call(Call {
-            job: id,
-            seller: job.seller_id.as_str().to_owned(),
-            cost: job.cost,
-            at_ms,
-            granted_at_us,
-            class,
-            end_ms: w.now_ms(),
-        });
+        w.journal.call(
+            started,
+            Call {
+                job: id,
+                seller: job.seller_id.as_str().to_owned(),
+                cost: job.cost,
+                at_ms,
+                granted_at_us,
+                class,
+                end_ms: w.now_ms(),
+            },
+        );
         answer
     }
 }
@@ -464,6 +469,7 @@ impl Permits for SimPermits {
                 from_ms,
                 to_ms: None,
                 jobs: costs.len(),
+                seller: seller.to_owned(),
             });
             log.asks.len() - 1
         });
