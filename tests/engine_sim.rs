@@ -718,6 +718,16 @@ fn a_call_cut_short_by_a_kill_holds_its_slot_until_the_kill() {
     }
 }
 
+/// The first call at or after `from_ms` (of `seller`, if given).
+fn first_call_from(out: &sim::run::Outcome, from_ms: u64, seller: Option<&str>) -> Option<u64> {
+    out.log
+        .calls
+        .iter()
+        .filter(|c| c.at_ms >= from_ms && seller.is_none_or(|s| c.seller == s))
+        .map(|c| c.at_ms)
+        .min()
+}
+
 /// Issue 22, part 2: an operator pauses one seller, with no end named, for
 /// 43 s. From the pause on, none of its calls reaches the downstream
 /// (invariant 8) while the other seller goes on at its pace. Its jobs wait
@@ -770,13 +780,7 @@ fn a_paused_seller_calls_nothing_until_resumed_and_loses_nothing() {
         40,
         "the paused seller's 40 waiting jobs, parked once"
     );
-    let first_after = out
-        .log
-        .calls
-        .iter()
-        .filter(|c| c.seller == "paused" && c.at_ms >= pause.to_ms)
-        .map(|c| c.at_ms)
-        .min()
+    let first_after = first_call_from(&out, pause.to_ms, Some("paused"))
         .expect("the paused seller's calls after the resume");
     assert!(
         first_after <= inline_ends + 61_000,
@@ -811,14 +815,7 @@ fn a_short_pause_holds_jobs_in_memory_and_a_resume_takes_effect_at_once() {
     let out = run(&sc);
     assert_kept(&sc, &out);
     assert!(out.log.retried_at.is_empty(), "{:?}", out.log.retried_at);
-    let first_after = out
-        .log
-        .calls
-        .iter()
-        .filter(|c| c.at_ms >= pause.to_ms)
-        .map(|c| c.at_ms)
-        .min()
-        .expect("calls after the resume");
+    let first_after = first_call_from(&out, pause.to_ms, None).expect("calls after the resume");
     assert!(
         first_after <= pause.to_ms + 300,
         "resumed at {} ms, first call at {first_after} ms",
@@ -854,14 +851,7 @@ fn a_short_pause_of_every_seller_holds_jobs_in_memory_and_ends_on_time() {
         "a 5 s pause sent {} jobs to the retry tiers",
         out.log.retried_at.len()
     );
-    let first_after = out
-        .log
-        .calls
-        .iter()
-        .filter(|c| c.at_ms >= pause.to_ms)
-        .map(|c| c.at_ms)
-        .min()
-        .expect("calls after the pause");
+    let first_after = first_call_from(&out, pause.to_ms, None).expect("calls after the pause");
     assert!(
         first_after <= pause.to_ms + 300,
         "the first call after a pause ending at {} ms went at {first_after} ms",

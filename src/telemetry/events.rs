@@ -790,21 +790,37 @@ impl LimitsReloadRejected<'_> {
     }
 }
 
-/// The temporary overrides could not be read from Redis; the ones read last
-/// stay in force.
-pub struct OverridesUnreadable<'a> {
+/// What the replicas read from Redis beside the limiter's calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SharedState {
+    /// The temporary overrides (`limits override`), read every second.
+    Overrides,
+    /// The operators' pauses (`limits pause`), read four times a second.
+    Pauses,
+}
+
+/// Shared state could not be read from Redis; what was read last stays in
+/// force (an override is not dropped, a pause not lifted, because Redis did
+/// not answer).
+pub struct SharedStateUnreadable<'a> {
+    pub what: SharedState,
     pub error: &'a str,
 }
 
-impl OverridesUnreadable<'_> {
+impl SharedStateUnreadable<'_> {
     pub fn emit(&self) {
-        // Every second while Redis is out: one line per interval.
-        static LOG: Every = Every::new(Duration::from_secs(30));
-        if let Some(more) = LOG.tick() {
+        // Every read while Redis is out: one line per interval and kind.
+        static OVERRIDES: Every = Every::new(Duration::from_secs(30));
+        static PAUSES: Every = Every::new(Duration::from_secs(30));
+        let (log, what) = match self.what {
+            SharedState::Overrides => (&OVERRIDES, "limit overrides"),
+            SharedState::Pauses => (&PAUSES, "operator pauses"),
+        };
+        if let Some(more) = log.tick() {
             tracing::warn!(
                 error = self.error,
                 more_since_last_line = more,
-                "limit overrides unreadable; the ones read last stay in force"
+                "{what} unreadable; the ones read last stay in force"
             );
         }
     }
@@ -828,25 +844,6 @@ impl PausesRead {
                 paused_sellers = self.sellers,
                 all_paused = self.all,
                 "operator pauses changed: paused sellers call nothing until resumed"
-            );
-        }
-    }
-}
-
-/// The pauses could not be read; the ones read last stay in force.
-pub struct PausesUnreadable<'a> {
-    pub error: &'a str,
-}
-
-impl PausesUnreadable<'_> {
-    pub fn emit(&self) {
-        // Four times a second while Redis is out: one line per interval.
-        static LOG: Every = Every::new(Duration::from_secs(30));
-        if let Some(more) = LOG.tick() {
-            tracing::warn!(
-                error = self.error,
-                more_since_last_line = more,
-                "operator pauses unreadable; the ones read last stay in force"
             );
         }
     }

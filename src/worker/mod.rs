@@ -45,7 +45,7 @@ use crate::config::Settings;
 use crate::downstream::Downstream;
 use crate::kafka::{Consumers, RecordSink};
 use crate::limiter::{CoalesceSettings, Coalescer, KeySpace, Limiter, Policy, RedisStore};
-use crate::telemetry::events::{OverridesUnreadable, PausesRead, PausesUnreadable};
+use crate::telemetry::events::{PausesRead, SharedState, SharedStateUnreadable};
 use crate::telemetry::http;
 use crate::telemetry::trace::Export;
 
@@ -163,7 +163,8 @@ pub async fn run_watching(
     // Temporary overrides set with `limits override` live in Redis: read
     // them now and every second, so every replica applies them together.
     if let Err(e) = limiter.refresh_overrides().await {
-        OverridesUnreadable {
+        SharedStateUnreadable {
+            what: SharedState::Overrides,
             error: &e.to_string(),
         }
         .emit();
@@ -174,7 +175,8 @@ pub async fn run_watching(
             loop {
                 tokio::time::sleep(crate::limiter::overrides::REFRESH).await;
                 if let Err(e) = limiter.refresh_overrides().await {
-                    OverridesUnreadable {
+                    SharedStateUnreadable {
+                        what: SharedState::Overrides,
                         error: &e.to_string(),
                     }
                     .emit();
@@ -201,7 +203,8 @@ pub async fn run_watching(
                         .emit();
                         last = Some(p);
                     }
-                    Err(e) => PausesUnreadable {
+                    Err(e) => SharedStateUnreadable {
+                        what: SharedState::Pauses,
                         error: &e.to_string(),
                     }
                     .emit(),
