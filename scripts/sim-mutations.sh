@@ -22,8 +22,7 @@ MUTATIONS=(
   $'4\tsrc/worker/run.rs\ts/if !seller\\.wants_paced_slot \\{\\s*seller\\.wants_paced_slot = true;\\s*self\\.sellers\\.paced_waiters\\.push_back\\(key\\.clone\\(\\)\\);\\s*\\}/self.timers.at(after(now, Duration::from_millis(50)), Timer::Paced(key.clone()));/\ta due paced job that finds every slot taken looks again 50 ms later instead of taking the next freed slot'
   $'5\tsrc/worker/run.rs\ts/RetryAfter::Wait\\(wait\\) if !wait\\.is_zero\\(\\) => wait,/RetryAfter::Wait(wait) => wait,\\n                _ if true => Duration::ZERO,/\ta 429 with no useful wait holds the seller for nothing'
   $'6\tsrc/worker/run.rs\ts/(                let at = after\\(self\\.deps\\.clock\\.now\\(\\), wait\\);)/                self.deps.source.finish(&p.origin);\\n$1/\ta failed job is marked finished before it is'
-  $'8\tsrc/worker/sellers.rs\ts/if let Some\(pause\) = self\.pause_of\(key\) \{/if let Some(pause) = self.pause_of(key).filter(|_| false) {/\ta paused seller still asks the limiter and calls'
-  $'8\tsrc/worker/run.rs\ts/if stopped\(\) \|\| paused\(\) \|\|/if stopped() ||/\ta run under way when a pause begins goes on calling'
+  $'8\tsrc/worker/run.rs\ts/if stopped\(\) \|\| paused\(\) \|\|/if stopped() ||/; s/if self\.pause_of\(key\)\.is_some\(\) \{/if false {/\tgranted work (a run under way, a pacer\'s due jobs) is called after a pause began'
   $'7\tsrc/worker/timers.rs\ts/Duration::from_millis\\(unix_ms_at\\.saturating_sub\\(clock\\.unix_ms\\(\\)\\)\\)/Duration::from_millis(unix_ms_at - clock.unix_ms())/\ta wall-clock wait read as an unsigned difference (a clock step backwards wraps)'
 )
 
