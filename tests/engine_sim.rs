@@ -859,3 +859,40 @@ fn a_short_pause_of_every_seller_holds_jobs_in_memory_and_ends_on_time() {
     );
     assert_eq!(out.log.done.len(), 90);
 }
+
+/// Issue 22, part 2: a pacer's jobs granted before a pause (each with the
+/// instant its unit may go, seconds apart) are not called during it: they
+/// go back to the queue and are asked for again after the resume.
+#[test]
+fn a_pacers_granted_jobs_wait_out_a_pause() {
+    let mut sc = Scenario::quiet(25);
+    sc.partitions = 8;
+    sc.concurrency = 8;
+    // One unit a second, a queue of 10: one grant of 8 heads names go-ats
+    // 1 s apart.
+    sc.sellers.push(seller(
+        "pacer",
+        Some(rule("leaky_bucket", 10, Duration::from_secs(10), Some(10))),
+    ));
+    sc.jobs = (0..16).map(|i| job(0, 1, 0, i % 8)).collect();
+    let pause = Window {
+        from_ms: 2_500,
+        to_ms: 9_000,
+    };
+    sc.faults
+        .pauses
+        .push((pause, Some("pacer".to_owned()), true));
+    let out = run(&sc);
+    assert_kept(&sc, &out);
+    let before = out
+        .log
+        .calls
+        .iter()
+        .filter(|c| c.at_ms < pause.from_ms)
+        .count();
+    assert!(
+        before >= 2,
+        "{before} calls before the pause: the grant was not paced"
+    );
+    assert_eq!(out.log.done.len(), 16);
+}
