@@ -27,7 +27,7 @@
 //! - [`dlq`]: `throttle-worker dlq stats|show|replay`, the dead-letter topic
 //!   read outside the group, counted or listed by reason, seller and age,
 //!   and replayed to the jobs topic, each record exactly once.
-//! - [`operator`]: the operator commands (`limits show|reset|override|list|peek`,
+//! - [`operator`]: the operator commands (`limits show|reset|override|pause|resume|list|peek`,
 //!   `check-config`), as tables or JSON.
 //! - [`stub`]: `throttle-worker stub`, a downstream that counts per seller
 //!   and can answer 429 (the demo's, and docker-compose's).
