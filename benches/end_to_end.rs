@@ -57,9 +57,8 @@ fn policy(unlimited: bool) -> Policy {
                 (
                     format!("seller-{i}"),
                     SellerConfig {
-                        tier: None,
-                        rules: None,
                         unlimited: true,
+                        ..SellerConfig::default()
                     },
                 )
             })

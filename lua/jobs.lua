@@ -13,14 +13,16 @@
 --             the job costs 'c1,c2,...' (each >= 1, at least one),
 --             how its block is read ('k', 'f' or '-', as in limiter.lua),
 --             number of rules, then per rule: algorithm, limit, period_us,
---             burst, place ('' for v1, see common.lua)
+--             burst, place ('' for v1, see common.lua), then its slot
+--             terms ('' without max_in_flight; see slots.lua)
 --           then, optionally, a deadline in µs on Redis' clock (or ''):
 --             a call that runs after it charges nothing and fails with
 --             EXPIRED (its caller has timed out and will never read it)
 -- KEYS      per request: its block key, then one key per rule (v2: the
 --           seller's hash, repeated, and the global rules' hash); in v1+v2
 --           (block token 'F' or '=') the v1 block key after the first, and
---           two keys per rule: its place's hash, then its v1 key
+--           two keys per rule: its place's hash, then its v1 key; then,
+--           with slot terms, the seller's slots (slots.lua)
 --
 -- Reply: 13 integers per request, in order:
 --   { status, units, remaining, retry_after_ms, reset_after_ms, go_at_us,
@@ -30,7 +32,9 @@
 --         -1: none, the first job can never pass (cost above rule `by`'s cap).
 --   next   what stops the prefix: 0 nothing (every job granted),
 --          1 the next job must wait retry_after (by = the rule, 0 = block),
---          2 the next job can never pass (by = the rule).
+--          2 the next job can never pass (by = the rule),
+--          3 the next job waits for a slot (max_in_flight; retry_after is
+--            the terms' poll, by 0). On a refusal (status 0), 1 or 3.
 --   A refused job ends the prefix: later, lighter jobs are not looked at.
 --   remaining and reset_after are after the grant; go_at_us is when the
 --   first granted unit may go (pacers; else now). tight: on a grant, the
@@ -91,7 +95,7 @@ end
 
 -- Helpers are file-level functions rather than closures: with Functions
 -- the file runs once per load, and a call then allocates no closures.
-local function jobs_request(out, now, charge, id, until_, rules, costs)
+local function jobs_request(out, now, charge, id, until_, rules, costs, slots)
   local first_never = never_rule(rules, costs[1])
   if first_never > 0 then
     return jobs_reply(out, now, -1, 0, 0, 0, 0, now, first_never, 0, 2)
@@ -122,20 +126,29 @@ local function jobs_request(out, now, charge, id, until_, rules, costs)
 
   -- Every algorithm admits `taken + c` units exactly when it admits `c`
   -- more after `taken`, so the prefix is the longest whose sum fits the
-  -- tightest rule. No rules (an unlimited seller): everything fits.
-  local jobs, units, stop = 0, 0, 0
+  -- tightest rule. No rules (an unlimited seller): everything fits. With
+  -- max_in_flight, a job that fits the rules also needs a free slot.
+  local free = slots ~= nil and slots_free(slots, now) or nil
+  local jobs, units, stop, capped = 0, 0, 0, false
   for j = 1, #costs do
     local c = costs[j]
     stop = never_rule(rules, c)
     if stop > 0 or (n ~= nil and units + c > n) then
       break
     end
+    if free ~= nil and j > free then
+      capped = true
+      break
+    end
     jobs, units = j, units + c
   end
 
   if jobs == 0 then
-    local wait, by = jobs_wait_for(rules, states, avail, now, costs[1], 0)
     local remaining, reset = jobs_summary(rules, states, now, 0)
+    if capped then
+      return jobs_reply(out, now, 0, 0, remaining, slots.poll, reset, now, 0, 0, 3)
+    end
+    local wait, by = jobs_wait_for(rules, states, avail, now, costs[1], 0)
     return jobs_reply(out, now, 0, 0, remaining, wait, reset, now, by, 0, 1)
   end
 
@@ -151,6 +164,8 @@ local function jobs_request(out, now, charge, id, until_, rules, costs)
   if jobs < #costs then
     if stop > 0 then
       by, next = stop, 2
+    elseif capped then
+      retry, next = slots.poll, 3
     else
       retry, by = jobs_wait_for(rules, states, avail, now, costs[jobs + 1], units)
       next = 1
@@ -160,6 +175,18 @@ local function jobs_request(out, now, charge, id, until_, rules, costs)
     for i = 1, #rules do
       local r = rules[i]
       take_rule(r, states[i], now, units, id)
+    end
+    if slots ~= nil then
+      -- A pacer's later units go later: their leases run from their own
+      -- go-at (conservatively, the grant's last unit's).
+      local span = 0
+      for i = 1, #rules do
+        local r = rules[i]
+        if r.algo.go ~= nil then
+          span = math.max(span, cdiv(r.period, r.limit) * units)
+        end
+      end
+      slots_take(slots, now, id, jobs, go_at + span + slots.lease)
     end
   end
   return jobs_reply(out, now, 1, units, remaining, retry, reset, go_at, by, jobs, next, tight)
@@ -207,10 +234,15 @@ local function run_jobs(KEYS, ARGV, op, now, real)
     if rules == nil then
       return redis.error_reply(err)
     end
+    local slots_key = k + nblock + per * nrules
+    local slots, serr = slots_terms(ARGV[a + 4 + 5 * nrules], KEYS[slots_key])
+    if serr ~= nil then
+      return redis.error_reply(serr)
+    end
     reqs[q] = { id = id, rules = rules, costs = costs, block_key = KEYS[k], how = how,
-      block_key1 = KEYS[k + 1] }
-    a = a + 4 + 5 * nrules
-    k = k + nblock + per * nrules
+      block_key1 = KEYS[k + 1], slots = slots }
+    a = a + 5 + 5 * nrules
+    k = slots_key + (slots ~= nil and 1 or 0)
   end
   -- A call that waited in a hung server's buffers until after its caller
   -- gave up must not charge units nobody was told of.
@@ -228,7 +260,7 @@ local function run_jobs(KEYS, ARGV, op, now, real)
   for q = 1, nreq do
     local r = reqs[q]
     local until_ = blocked_until(hashes, r.block_key, r.how, r.block_key1)
-    jobs_request(out, now, charge, r.id, until_, r.rules, r.costs)
+    jobs_request(out, now, charge, r.id, until_, r.rules, r.costs, r.slots)
   end
   -- A conversion (settle) is written even for a refused request: the next
   -- call would convert the same state again, later.

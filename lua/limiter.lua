@@ -5,7 +5,8 @@
 -- KEYS[1+i]   the state of rule i: its own key (v1) or a hash (v2)
 -- ARGV[1]     op: 'acquire', 'peek' (dry run: decide, write nothing) or
 --             'refund'; 'jobs' and 'jobs_peek' are a list of job costs per
---             request, with their own layout (see jobs.lua)
+--             request, with their own layout (see jobs.lua); 'release'
+--             gives slots of max_in_flight back (see slots.lua)
 -- ARGV[2]     now in µs since the epoch, or '' to read Redis' clock (TIME);
 --             explicit times exist only so tests can be deterministic.
 --             For a refund, the refund's own time: at or after every call
@@ -62,6 +63,9 @@ end
 
 local function limiter_call(KEYS, ARGV)
   local op = ARGV[1]
+  if op == 'release' then
+    return slots_release(KEYS, ARGV)
+  end
   local now = clock_us(ARGV[2])
   -- `now` on Redis' clock, or nil when the caller passed a time (flush).
   local real = ARGV[2] == '' and now or nil

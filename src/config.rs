@@ -362,7 +362,7 @@ pub struct TracingSettings {
 }
 
 /// The `[limits]` section as written; `limiter::Policy` validates it.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LimitsConfig {
     /// A separate file holding `[limits]` (the same tables as this
@@ -384,6 +384,35 @@ pub struct LimitsConfig {
     /// Per-seller overrides.
     #[serde(default)]
     pub sellers: BTreeMap<String, SellerConfig>,
+    /// The most downstream calls of one seller under way at once, across
+    /// every replica, by tier: `default` for sellers under
+    /// `limits.default`, else a name of `limits.tiers`. A seller's own
+    /// `max_in_flight` wins. Unset: no cap.
+    #[serde(default)]
+    pub max_in_flight: BTreeMap<String, u32>,
+    /// How long a slot of `max_in_flight` stays taken when its replica
+    /// never gives it back (killed): longer than `downstream.timeout`, so
+    /// a call still under way never loses its slot. Default 30s.
+    #[serde(default = "default_slot_lease", deserialize_with = "human_duration")]
+    pub slot_lease: Duration,
+}
+
+fn default_slot_lease() -> Duration {
+    Duration::from_secs(30)
+}
+
+impl Default for LimitsConfig {
+    fn default() -> LimitsConfig {
+        LimitsConfig {
+            file: None,
+            default: Vec::new(),
+            global: Vec::new(),
+            tiers: BTreeMap::new(),
+            sellers: BTreeMap::new(),
+            max_in_flight: BTreeMap::new(),
+            slot_lease: default_slot_lease(),
+        }
+    }
 }
 
 /// One rule; the same shape for every algorithm.
@@ -402,7 +431,8 @@ pub struct RuleConfig {
     pub shadow: bool,
 }
 
-/// A seller override: exactly one of `tier`, `rules`, `unlimited = true`.
+/// A seller override: at most one of `tier`, `rules`, `unlimited = true`
+/// (none: the default rules), and optionally `max_in_flight`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SellerConfig {
@@ -412,6 +442,10 @@ pub struct SellerConfig {
     pub rules: Option<Vec<RuleConfig>>,
     #[serde(default)]
     pub unlimited: bool,
+    /// The most downstream calls of this seller under way at once, across
+    /// every replica (wins over its tier's).
+    #[serde(default)]
+    pub max_in_flight: Option<u32>,
 }
 
 /// Why the settings could not be loaded: where, which key, and what is wrong.
@@ -1029,6 +1063,16 @@ impl Settings {
             return Err(at.error_at(
                 "redis.coalesce_window",
                 "must be at most 1ms (longer holds every job for more than a Redis round trip)",
+            ));
+        }
+        if self.limits.slot_lease <= self.downstream.timeout {
+            return Err(at.error_at(
+                "limits.slot_lease",
+                format!(
+                    "{} must be longer than downstream.timeout ({}): a call still under way when its lease ends would let another call of its seller take its slot",
+                    humantime::format_duration(self.limits.slot_lease),
+                    humantime::format_duration(self.downstream.timeout)
+                ),
             ));
         }
         self.kafka.validate_tiers(at)?;

@@ -30,6 +30,10 @@ fn each_invalid_rule_has_its_own_error() {
         (10, "default = [{ algorithm = \"gcra\", limit = 5, period = \"1s\" }]\n[limits.tiers]\nbulk = [{ algorithm = \"token_bucket\", limit = 5, period = \"1s\", burst = 0 }]", "limits.tiers.bulk[0].burst", "burst must be at least 1"),
         (11, r#"default = [{ algorithm = "gcra", limit = 200, period = "100us" }]"#, "limits.default[0].limit", "more than one admission per microsecond"),
         (12, r#"default = [{ algorithm = "gcra", limit = 5, period = "1s" }, { algorithm = "gcra", limit = 5, period = "1s" }]"#, "limits.default[1]", "listed twice"),
+        (13, "default = [{ algorithm = \"gcra\", limit = 5, period = \"1s\" }]\n[limits.sellers]\n\"s1\" = { max_in_flight = 0 }", "limits.sellers.s1.max_in_flight", "at least 1"),
+        (14, "default = [{ algorithm = \"gcra\", limit = 5, period = \"1s\" }]\n[limits.max_in_flight]\ngold = 3", "limits.max_in_flight.gold", "neither \"default\" nor a tier"),
+        (15, "default = [{ algorithm = \"gcra\", limit = 5, period = \"1s\" }]\nslot_lease = \"5s\"", "limits.slot_lease", "longer than downstream.timeout"),
+        (16, "default = [{ algorithm = \"gcra\", limit = 5, period = \"1s\" }]\n[limits.sellers]\n\"s1\" = {}", "limits.sellers.s1", "max_in_flight = N"),
     ];
     for &(row, body, key, problem) in rows {
         let (result, path) = load(&format!("[limits]\n{body}\n"));

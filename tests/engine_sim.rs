@@ -250,6 +250,7 @@ fn a_quiet_world_finishes_every_job_within_its_limits() {
             Duration::from_secs(1),
             None,
         )),
+        max_in_flight: None,
     });
     for i in 0..40 {
         sc.jobs.push(sim::scenario::JobSpec {
@@ -295,6 +296,7 @@ fn seller(name: &str, rule: Option<throttle_worker::config::RuleConfig>) -> Sell
     SellerSpec {
         name: name.into(),
         rule,
+        max_in_flight: None,
     }
 }
 
@@ -895,4 +897,65 @@ fn a_pacers_granted_jobs_wait_out_a_pause() {
         "{before} calls before the pause: the grant was not paced"
     );
     assert_eq!(out.log.done.len(), 16);
+}
+
+/// Most calls of `seller` under way at once at the downstream (answered
+/// calls).
+fn most_in_flight(out: &sim::run::Outcome, seller: &str) -> i64 {
+    let mut steps: Vec<(u64, i64)> = Vec::new();
+    for c in out.log.calls.iter().filter(|c| c.seller == seller) {
+        steps.push((c.at_ms, 1));
+        steps.push((c.end_ms, -1));
+    }
+    steps.sort_unstable();
+    let (mut now, mut most) = (0, 0);
+    for (_, d) in steps {
+        now += d;
+        most = most.max(now);
+    }
+    most
+}
+
+/// Issue 22, part 3: a seller capped at 3 calls in flight, across a fleet
+/// of 4 replicas that are killed in a loop, a downstream that answers in
+/// 200 ms: never more than 3 of its calls under way at once (invariant 9),
+/// while an uncapped seller beside it runs wider; every job done. A killed
+/// replica's slots lapse with their lease (30 s), so the capped seller
+/// slows, never stops.
+#[test]
+fn a_capped_seller_never_has_more_calls_in_flight_than_its_cap_across_a_fleet() {
+    use sim::fleet::{run_fleet, Fleet, Membership};
+    let mut sc = Scenario::quiet(22);
+    sc.partitions = 8;
+    sc.limit_ms = 20 * 60 * 1000;
+    sc.faults.latency_ms = (200, 200);
+    let generous = || Some(rule("fixed_window", 1_000, Duration::from_secs(1), None));
+    sc.sellers.push(SellerSpec {
+        max_in_flight: Some(3),
+        ..seller("seller-0", generous())
+    });
+    sc.sellers.push(seller("seller-1", generous()));
+    sc.jobs = (0..400)
+        .map(|i| job(i % 2, 1, (i as u64 / 40) * 500, (i % 8) as i32))
+        .collect();
+    let fleet = Fleet {
+        kills_until_ms: Some(20_000),
+        ..Fleet::crash_loop(Membership::Cooperative)
+    };
+    let out = run_fleet(&sc, &fleet);
+    let broken = check::fleet(&sc, &out);
+    assert!(broken.is_empty(), "{}", broken.join("\n"));
+    let (capped, uncapped) = (
+        most_in_flight(&out, "seller-0"),
+        most_in_flight(&out, "seller-1"),
+    );
+    eprintln!(
+        "most calls in flight: capped seller {capped} (cap 3), uncapped {uncapped}; {} kills",
+        out.log.starts.len() - 4
+    );
+    assert_eq!(capped, 3, "the cap is reached, never passed");
+    assert!(
+        uncapped > 3,
+        "the uncapped seller is not held to another's cap"
+    );
 }

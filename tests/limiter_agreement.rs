@@ -30,7 +30,7 @@ use redis::aio::MultiplexedConnection;
 use throttle_worker::limiter::model::{self, ModelStore};
 use throttle_worker::limiter::{
     Algorithm, BlockAt, BlockRead, JobsCall, JobsReply, JobsRequest, KeyedRule, Mode, Op,
-    RedisStore, Reply, Rule, ScriptCall, StateKey, StateLayout, Store,
+    RedisStore, Reply, Rule, ScriptCall, SlotTerms, StateKey, StateLayout, Store,
 };
 
 /// Cases the property test runs unless `PROPTEST_CASES` says otherwise:
@@ -50,6 +50,8 @@ struct Seller {
     layout: StateLayout,
     block: BlockAt,
     rules: Vec<KeyedRule>,
+    /// The seller's `max_in_flight`, when the case caps it.
+    slots: Option<SlotTerms>,
 }
 
 impl Seller {
@@ -79,6 +81,7 @@ impl Seller {
             layout,
             block,
             rules: Vec::new(),
+            slots: None,
         };
         seller.rules = (0..rules.len()).map(|i| seller.at(i, &rules[i])).collect();
         seller
@@ -118,6 +121,7 @@ impl Seller {
     async fn forget(&self, conn: &mut MultiplexedConnection) {
         let mut del = redis::cmd("DEL");
         del.arg(&self.block.key);
+        del.arg(self.slots.as_ref().map(|s| s.key.as_str()));
         del.arg(self.block.also.as_deref());
         for (at, _) in &self.rules {
             del.arg(&at.key);
@@ -138,6 +142,7 @@ impl Seller {
                 block: self.block.clone(),
                 rules: self.rules.clone(),
                 costs: costs.to_vec(),
+                slots: self.slots.clone(),
             }],
         }
     }
@@ -297,6 +302,28 @@ async fn both_jobs(
     Ok(lua[0])
 }
 
+/// Gives slots back on Redis and in the model; how many were still held
+/// when both agree.
+async fn both_release(
+    redis: &RedisStore,
+    model: &mut ModelStore,
+    key: &str,
+    step: &str,
+    leases: &[String],
+) -> Result<u64, String> {
+    let lua = redis
+        .release(key, leases)
+        .await
+        .map_err(|e| format!("{step}: release {leases:?}\n  lua failed: {e}"))?;
+    let want = model.release(key, leases);
+    if lua != want {
+        return Err(format!(
+            "{step}: release {leases:?}: still held lua {lua} ≠ model {want}"
+        ));
+    }
+    Ok(lua)
+}
+
 /// Blocks on Redis and in the model; the end of the block when both agree.
 async fn both_block(
     redis: &RedisStore,
@@ -362,11 +389,17 @@ enum Step {
     /// The operator replaces the rule at `place` with `rule` (a limit
     /// edit, an override, a tier change): v2 converts the place's state.
     Edit { place: Index, rule: Rule },
+    /// Answers arrive: `1 + count` slots of earlier grants, from `pick`
+    /// on, go back (`max_in_flight`; a no-op without a cap or a grant).
+    Release { pick: Index, count: Index },
 }
 
 #[derive(Debug, Clone)]
 struct Case {
     rules: Vec<Rule>,
+    /// `max_in_flight` and its lease in µs (as short as the gaps, so
+    /// leases lapse within a case).
+    slots: Option<(u32, u64)>,
     /// µs after T0 of the first step, so windows do not all start aligned.
     start: u64,
     steps: Vec<Step>,
@@ -468,6 +501,8 @@ fn any_step() -> impl Strategy<Value = Step> {
             .prop_map(|(gap, costs, dry_run, then)| Step::Jobs { gap, costs, dry_run, then }),
         1 => (any::<Index>(), any_rule())
             .prop_map(|(place, rule)| Step::Edit { place, rule }),
+        2 => (any::<Index>(), any::<Index>())
+            .prop_map(|(pick, count)| Step::Release { pick, count }),
     ]
 }
 
@@ -481,11 +516,13 @@ fn job_costs() -> impl Strategy<Value = Vec<u64>> {
 fn any_case() -> impl Strategy<Value = Case> {
     (
         prop::collection::vec(any_rule(), 1..=3),
+        prop::option::weighted(0.5, (1u32..=4, 200u64..6_000)),
         0u64..1_000_000,
         prop::collection::vec(any_step(), 1..=MAX_STEPS),
     )
-        .prop_map(|(rules, start, steps)| Case {
+        .prop_map(|(rules, slots, start, steps)| Case {
             rules,
+            slots,
             start,
             steps,
         })
@@ -510,6 +547,9 @@ struct Seen {
     jobs_listed: u64,
     coalesced: u64,
     edits: u64,
+    jobs_prefix_then_slot: u64,
+    jobs_denied_for_a_slot: u64,
+    slots_released: u64,
 }
 
 impl Seen {
@@ -517,7 +557,9 @@ impl Seen {
         match (r.head.status, r.next) {
             (1, 0) => self.jobs_all += 1,
             (1, 1) => self.jobs_prefix_then_wait += 1,
+            (1, 3) => self.jobs_prefix_then_slot += 1,
             (1, _) => self.jobs_prefix_then_never += 1,
+            (0, 3) => self.jobs_denied_for_a_slot += 1,
             (0, _) => self.jobs_denied += 1,
             _ => self.jobs_never += 1,
         }
@@ -551,6 +593,12 @@ async fn agree(
     layout: StateLayout,
 ) -> Result<(), String> {
     let mut seller = Seller::in_layout("agree", &case.rules, layout);
+    seller.slots = case.slots.map(|(max, lease_us)| SlotTerms {
+        key: format!("{}:{{s}}:slots", seller.prefix),
+        max,
+        lease_us,
+        poll_us: 777,
+    });
     let agreed = steps(redis, &mut seller, case, seen).await;
     seller.forget(&mut conn.clone()).await;
     agreed
@@ -565,6 +613,8 @@ async fn steps(
     let mut model = ModelStore::new();
     let mut now = T0 + case.start;
     let mut taken: Vec<Taken> = Vec::new();
+    // Slots granted and not given back yet (they may have lapsed).
+    let mut held: Vec<String> = Vec::new();
     for (i, step) in case.steps.iter().enumerate() {
         let label = format!("step {i} of {}", case.steps.len());
         match step {
@@ -634,6 +684,9 @@ async fn steps(
                 }
                 let r = both_jobs(redis, &mut model, &*seller, &label, &call).await?;
                 seen.borrow_mut().jobs(costs.len(), &r);
+                if !*dry_run && seller.slots.is_some() && r.head.status == 1 {
+                    held.extend((0..r.jobs as usize).map(|j| SlotTerms::lease(&call_id, j)));
+                }
                 if !*dry_run && r.head.status == 1 {
                     taken.push(Taken {
                         call_id,
@@ -645,6 +698,19 @@ async fn steps(
             Step::Edit { place, rule } => {
                 seller.edit(place.index(seller.rules.len()), rule);
                 seen.borrow_mut().edits += 1;
+            }
+            Step::Release { pick, count } => {
+                let Some(key) = seller.slots.as_ref().map(|s| s.key.clone()) else {
+                    continue;
+                };
+                if held.is_empty() {
+                    continue;
+                }
+                let from = pick.index(held.len());
+                let n = 1 + count.index(held.len() - from);
+                let leases: Vec<String> = held.drain(from..from + n).collect();
+                both_release(redis, &mut model, &key, &label, &leases).await?;
+                seen.borrow_mut().slots_released += 1;
             }
         }
     }
@@ -744,6 +810,12 @@ fn agree_on_random_sequences(layout: StateLayout) {
                 ("job lists that can never pass", seen.jobs_never),
                 ("coalesced calls", seen.coalesced),
                 ("rule edits", seen.edits),
+                (
+                    "job prefixes stopped by max_in_flight",
+                    seen.jobs_prefix_then_slot,
+                ),
+                ("job lists refused for a slot", seen.jobs_denied_for_a_slot),
+                ("slots given back", seen.slots_released),
             ],
             &seen,
         );

@@ -70,6 +70,14 @@ impl Store for Faulty {
         self.inner.run_jobs(call).await.map_err(FaultyError::Redis)
     }
 
+    async fn release(&self, key: &str, leases: &[String]) -> Result<u64, FaultyError> {
+        self.check(std::iter::once(key))?;
+        self.inner
+            .release(key, leases)
+            .await
+            .map_err(FaultyError::Redis)
+    }
+
     async fn block(
         &self,
         key: &throttle_worker::limiter::BlockAt,

@@ -420,6 +420,7 @@ fn request(rules: &[Rule], costs: &[u64], id: &str) -> JobsRequest {
             .map(|(i, r)| (format!("m:{{s}}:r{i}").into(), *r))
             .collect(),
         costs: costs.to_vec(),
+        slots: None,
     }
 }
 

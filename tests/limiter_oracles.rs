@@ -188,6 +188,7 @@ impl Keys {
                 block: self.block.clone().into(),
                 rules: vec![self.rule.clone()],
                 costs: costs.to_vec(),
+                slots: None,
             }],
         }
     }

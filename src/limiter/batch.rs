@@ -12,9 +12,10 @@ use std::sync::Arc;
 use super::decision::{BatchDecision, BatchGranted, CannotPass, Denied, DeniedBy, Mode, NextJob};
 use super::permits::{Limiter, LimiterError};
 use super::policy::Resolved;
+use super::policy::SLOT_POLL;
 use super::reply::JobsReply;
 use super::rule::Rule;
-use super::script::{BlockAt, JobsCall, JobsRequest, KeyedRule, Op, ScriptCall, Store};
+use super::script::{BlockAt, JobsCall, JobsRequest, KeyedRule, Op, ScriptCall, SlotTerms, Store};
 use crate::config::Topology;
 
 /// One list's answer from [`Limiter::check_jobs_many`]; an error is shared
@@ -103,7 +104,7 @@ impl<S: Store> Limiter<S> {
         let (mut seller_rules, global_rules) = self.keyed(q.seller, own, global);
         if self.topology == Topology::Single || global_rules.is_empty() {
             seller_rules.extend(global_rules);
-            let req = self.jobs_request(self.keys.block_at(q.seller), seller_rules, q.costs);
+            let req = self.seller_request(q.seller, seller_rules, q.costs);
             return self.one(q, req).await;
         }
         self.jobs_split(q, seller_rules, global_rules).await
@@ -221,7 +222,7 @@ impl<S: Store> Limiter<S> {
                     rules
                 }
             };
-            requests.push(self.jobs_request(self.keys.block_at(seller), rules, costs));
+            requests.push(self.seller_request(seller, rules, costs));
         }
         let call = JobsCall {
             now_us: at_us,
@@ -240,7 +241,7 @@ impl<S: Store> Limiter<S> {
             .zip(unlimited)
             .map(|((req, reply), unlimited)| {
                 let rules: Vec<Rule> = req.rules.iter().map(|(_, r)| *r).collect();
-                match reply.decision(&rules, &req.costs) {
+                match read(&reply, req, &rules, !dry_run) {
                     BatchDecision::Granted(g) if unlimited => {
                         BatchDecision::Granted(BatchGranted {
                             remaining: u64::MAX,
@@ -269,7 +270,40 @@ impl<S: Store> Limiter<S> {
             block,
             rules,
             costs: costs.to_vec(),
+            slots: None,
         }
+    }
+
+    /// A seller's request: its keys, rules and costs, and its slots when
+    /// its calls in flight are capped.
+    fn seller_request(&self, seller: &str, rules: Vec<KeyedRule>, costs: &[u64]) -> JobsRequest {
+        let policy = self.policy();
+        JobsRequest {
+            slots: policy.max_in_flight(seller).map(|max| SlotTerms {
+                key: self.keys.slots(seller),
+                max,
+                lease_us: u64::try_from(policy.slot_lease().as_micros()).unwrap_or(u64::MAX),
+                poll_us: u64::try_from(SLOT_POLL.as_micros()).unwrap_or(u64::MAX),
+            }),
+            ..self.jobs_request(self.keys.block_at(seller), rules, costs)
+        }
+    }
+
+    /// Gives back slots of `seller`'s `max_in_flight` ([`BatchGranted::leases`]):
+    /// a job's call was answered, or will not be made. Returns how many
+    /// were still held (a lapsed lease is not).
+    pub async fn release(
+        &self,
+        seller: &str,
+        leases: &[String],
+    ) -> Result<u64, LimiterError<S::Error>> {
+        if leases.is_empty() {
+            return Ok(0);
+        }
+        self.store
+            .release(&self.keys.slots(seller), leases)
+            .await
+            .map_err(LimiterError::Store)
     }
 
     /// Runs one request; its reply, read.
@@ -280,7 +314,7 @@ impl<S: Store> Limiter<S> {
     ) -> Result<BatchDecision, LimiterError<S::Error>> {
         let (reply, req) = self.run_one(q, req).await?;
         let rules: Vec<Rule> = req.rules.iter().map(|(_, r)| *r).collect();
-        Ok(reply.decision(&rules, &req.costs))
+        Ok(read(&reply, &req, &rules, !q.dry_run))
     }
 
     async fn run_one(
@@ -314,7 +348,7 @@ impl<S: Store> Limiter<S> {
         &self,
         q: JobsQuery<'_>,
     ) -> Result<BatchDecision, LimiterError<S::Error>> {
-        let req = self.jobs_request(self.keys.block_at(q.seller), Vec::new(), q.costs);
+        let req = self.seller_request(q.seller, Vec::new(), q.costs);
         Ok(match self.one(q, req).await? {
             BatchDecision::Granted(g) => BatchDecision::Granted(BatchGranted {
                 remaining: u64::MAX,
@@ -335,10 +369,10 @@ impl<S: Store> Limiter<S> {
         global_rules: Vec<KeyedRule>,
     ) -> Result<BatchDecision, LimiterError<S::Error>> {
         let n_own = seller_rules.len();
-        let first = self.jobs_request(self.keys.block_at(q.seller), seller_rules, q.costs);
+        let first = self.seller_request(q.seller, seller_rules, q.costs);
         let (own_reply, first) = self.run_one(q, first).await?;
         let own_rules: Vec<Rule> = first.rules.iter().map(|(_, r)| *r).collect();
-        let mine = match own_reply.decision(&own_rules, q.costs) {
+        let mine = match read(&own_reply, &first, &own_rules, !q.dry_run) {
             BatchDecision::Granted(g) => g,
             other => return Ok(other),
         };
@@ -374,6 +408,16 @@ impl<S: Store> Limiter<S> {
                 rules: first.rules.clone(),
             };
             self.run_refund(&call, refund.0).await;
+        }
+        // The slots of the jobs the global rules cut go back with their units.
+        let kept = match &global {
+            Ok(BatchDecision::Granted(g)) => g.jobs,
+            _ => 0,
+        };
+        if let Some(cut) = mine.leases.get(kept..).filter(|c| !c.is_empty()) {
+            if let Err(e) = self.release(q.seller, cut).await {
+                tracing::warn!(error = %e, seller = q.seller, "could not give back the slots of jobs the global rules cut; they lapse with their lease");
+            }
         }
         let shift = |by: DeniedBy| match by {
             DeniedBy::Rule(i) => DeniedBy::Rule(n_own + i),
@@ -412,6 +456,7 @@ impl<S: Store> Limiter<S> {
                     },
                     decided_at_us: mine.decided_at_us,
                     next,
+                    leases: mine.leases[..g.jobs.min(mine.leases.len())].to_vec(),
                 })
             }
             BatchDecision::Denied(d) => BatchDecision::Denied(Denied {
@@ -420,6 +465,20 @@ impl<S: Store> Limiter<S> {
             }),
             BatchDecision::Never(c) => BatchDecision::Never(shift_never(c)),
         })
+    }
+}
+
+/// A request's reply read as a decision; a grant that was charged names
+/// the slots it took when the request carried a cap.
+fn read(reply: &JobsReply, req: &JobsRequest, rules: &[Rule], charged: bool) -> BatchDecision {
+    match reply.decision(rules, &req.costs) {
+        BatchDecision::Granted(mut g) if charged && req.slots.is_some() => {
+            g.leases = (0..g.jobs)
+                .map(|j| SlotTerms::lease(&req.call_id, j))
+                .collect();
+            BatchDecision::Granted(g)
+        }
+        d => d,
     }
 }
 

@@ -119,6 +119,9 @@ pub enum DeniedBy {
     /// The limiter could not be asked (Redis unavailable) and the failure
     /// policy refused in its place.
     Unavailable,
+    /// Every slot of the seller's `max_in_flight` is taken: the seller is
+    /// capacity-bound, not limit-bound, and asks again after the poll.
+    MaxInFlight,
 }
 
 /// A cost above the capacity of rule `rule`: it can never be granted whole.
@@ -210,6 +213,7 @@ impl BatchDecision {
                 pace: g.pace,
                 decided_at_us: g.decided_at_us,
                 next: None,
+                leases: Vec::new(),
             }),
             Decision::Denied(d) => BatchDecision::Denied(d),
             Decision::Never(c) => BatchDecision::Never(c),
@@ -241,6 +245,11 @@ pub struct BatchGranted {
     pub decided_at_us: u64,
     /// The first job not granted, if the grant stopped short of the list.
     pub next: Option<NextJob>,
+    /// The slots of the seller's `max_in_flight` the grant took, one per
+    /// granted job in order (empty without a cap). Each goes back when
+    /// its job's call is answered or will not be made
+    /// ([`Limiter::release`](super::Limiter::release)), or lapses.
+    pub leases: Vec<String>,
 }
 
 /// Why the job after a granted prefix was not granted.

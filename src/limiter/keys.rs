@@ -53,6 +53,12 @@ impl KeySpace {
         format!("{}:{{{}}}:v2", self.prefix, tag(seller))
     }
 
+    /// The sorted set of `seller`'s slots of `max_in_flight` (every
+    /// layout; see `lua/slots.lua`).
+    pub fn slots(&self, seller: &str) -> String {
+        format!("{}:{{{}}}:slots", self.prefix, tag(seller))
+    }
+
     /// v2: the hash of the global rules' state.
     pub fn global_state(&self) -> String {
         format!("{}:{{{}}}:v2", self.prefix, GLOBAL_TAG)

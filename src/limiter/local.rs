@@ -175,6 +175,7 @@ pub fn granted(jobs: usize, units: u64) -> BatchGranted {
         pace: None,
         decided_at_us: 0,
         next: None,
+        leases: Vec::new(),
     }
 }
 

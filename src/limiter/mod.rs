@@ -51,11 +51,11 @@ pub use decision::{
 pub use keys::{KeySpace, StateLayout};
 pub use pauses::{Pause, Pauses};
 pub use permits::{Limiter, LimiterError, Request};
-pub use policy::{Policy, Resolved};
+pub use policy::{Policy, Resolved, SLOT_POLL};
 pub use redis::{RedisError, RedisStore, Scripts};
 pub use reply::{JobsReply, Reply};
 pub use rule::{Algorithm, Rule, RuleError};
 pub use script::{
     BlockAt, BlockRead, FunctionLibrary, JobsCall, JobsRequest, KeyedRule, Op, ScriptCall,
-    StateKey, Store,
+    SlotTerms, StateKey, Store,
 };

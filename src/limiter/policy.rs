@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::config::{ConfigError, LimitsConfig, Loaded, RuleConfig, SellerConfig};
 
@@ -25,6 +26,10 @@ pub struct Policy {
     global_shadow: Vec<Rule>,
     tiers: BTreeMap<String, Rules>,
     sellers: HashMap<String, Entry>,
+    /// `limits.max_in_flight.default`: the cap of sellers no entry names.
+    default_in_flight: Option<u32>,
+    /// `limits.slot_lease`.
+    slot_lease: Duration,
 }
 
 /// A rule list as configured: the rules that hold jobs, and the rules in
@@ -42,7 +47,15 @@ struct Entry {
     shadow: RuleSet,
     /// The `tier` label of its metrics: see [`Policy::tier_of`].
     tier: Arc<str>,
+    /// Its `max_in_flight`: its own, else its tier's (or the default's).
+    max_in_flight: Option<u32>,
 }
+
+/// How soon a seller refused for want of a slot of its `max_in_flight`
+/// asks again: slots come back with answers, which no other replica is
+/// told of. Short against a call (a slot idles at most this long), long
+/// against a coalesced limiter call.
+pub const SLOT_POLL: Duration = Duration::from_millis(25);
 
 /// The tier label of sellers under `limits.default`.
 pub const DEFAULT_TIER: &str = "default";
@@ -105,13 +118,28 @@ impl Policy {
             }
             tiers.insert(name.clone(), rule_set(list, &key)?);
         }
+        for (tier, &n) in &cfg.max_in_flight {
+            let key = format!("limits.max_in_flight.{tier}");
+            if tier != DEFAULT_TIER && !tiers.contains_key(tier) {
+                let known: Vec<&str> = tiers.keys().map(String::as_str).collect();
+                return Err(invalid(
+                    key,
+                    format!("{tier:?} is neither \"default\" nor a tier of limits.tiers {known:?}"),
+                ));
+            }
+            check_in_flight(n, &key)?;
+        }
+        let in_flight = &cfg.max_in_flight;
         let mut sellers = HashMap::new();
         for (seller, sc) in &cfg.sellers {
             let key = format!("limits.sellers.{seller}");
             if seller.is_empty() {
                 return Err(invalid(key, "a seller id must not be empty"));
             }
-            sellers.insert(seller.clone(), seller_entry(sc, &key, &tiers)?);
+            sellers.insert(
+                seller.clone(),
+                seller_entry(sc, &key, &tiers, &default, in_flight)?,
+            );
         }
         Ok(Policy {
             default,
@@ -119,7 +147,24 @@ impl Policy {
             global_shadow,
             tiers,
             sellers,
+            default_in_flight: in_flight.get(DEFAULT_TIER).copied(),
+            slot_lease: cfg.slot_lease,
         })
+    }
+
+    /// The most downstream calls of `seller` under way at once across the
+    /// fleet (`max_in_flight`), if capped: its own, else its tier's, else
+    /// `limits.max_in_flight.default` (an override keeps the seller's).
+    pub fn max_in_flight(&self, seller: &str) -> Option<u32> {
+        match self.sellers.get(seller) {
+            Some(e) => e.max_in_flight,
+            None => self.default_in_flight,
+        }
+    }
+
+    /// How long a slot stays taken when its replica never gives it back.
+    pub fn slot_lease(&self) -> Duration {
+        self.slot_lease
     }
 
     /// The rules that apply to `seller`.
@@ -158,12 +203,14 @@ impl Policy {
     pub fn with_overrides(&self, overrides: &HashMap<String, RuleSet>) -> Policy {
         let mut p = self.clone();
         for (seller, rules) in overrides {
+            let max_in_flight = self.max_in_flight(seller);
             p.sellers.insert(
                 seller.clone(),
                 Entry {
                     limits: SellerLimits::Rules(rules.clone()),
                     shadow: Arc::new([]),
                     tier: OVERRIDE_TIER.into(),
+                    max_in_flight,
                 },
             );
         }
@@ -207,11 +254,18 @@ fn seller_entry(
     sc: &SellerConfig,
     key: &str,
     tiers: &BTreeMap<String, Rules>,
+    default: &Rules,
+    in_flight: &BTreeMap<String, u32>,
 ) -> Result<Entry, InvalidLimits> {
+    if let Some(n) = sc.max_in_flight {
+        check_in_flight(n, &format!("{key}.max_in_flight"))?;
+    }
+    let cap = |tier: &str| sc.max_in_flight.or_else(|| in_flight.get(tier).copied());
     let entry = |limits, shadow, tier: &str| Entry {
         limits,
         shadow,
         tier: tier.into(),
+        max_in_flight: cap(tier),
     };
     match (sc.unlimited, &sc.tier, &sc.rules) {
         (true, None, None) => Ok(entry(SellerLimits::Unlimited, Arc::new([]), UNLIMITED_TIER)),
@@ -235,15 +289,33 @@ fn seller_entry(
             let r = rule_set(list, &format!("{key}.rules"))?;
             Ok(entry(SellerLimits::Rules(r.enforced), r.shadow, OWN_TIER))
         }
+        // Only a cap: the default rules, under the default's tier label.
+        (false, None, None) if sc.max_in_flight.is_some() => Ok(entry(
+            SellerLimits::Rules(default.enforced.clone()),
+            default.shadow.clone(),
+            DEFAULT_TIER,
+        )),
         (false, None, None) => Err(invalid(
             key.to_owned(),
-            "give one of tier = \"…\", rules = [...] or unlimited = true",
+            "give one of tier = \"…\", rules = [...], unlimited = true or max_in_flight = N",
         )),
         _ => Err(invalid(
             key.to_owned(),
             "give only one of tier, rules and unlimited = true",
         )),
     }
+}
+
+/// A `max_in_flight` of at least 1 (0 would hold the seller for ever;
+/// leave it out for no cap).
+fn check_in_flight(n: u32, key: &str) -> Result<(), InvalidLimits> {
+    if n == 0 {
+        return Err(invalid(
+            key.to_owned(),
+            "must be at least 1 (leave it out for no cap; to stop a seller use `limits pause`)",
+        ));
+    }
+    Ok(())
 }
 
 fn rule_set(list: &[RuleConfig], key: &str) -> Result<Rules, InvalidLimits> {

@@ -611,6 +611,20 @@ impl Store for RedisStore {
         Ok(replies)
     }
 
+    async fn release(&self, key: &str, leases: &[String]) -> Result<u64, RedisError> {
+        let mut args = Vec::with_capacity(leases.len() + 1);
+        args.push("release".to_owned());
+        args.extend(leases.iter().cloned());
+        self.call(
+            &self.functions.library.limiter,
+            &self.limiter,
+            &[key],
+            &args,
+        )
+        .await
+        .map_err(|e| self.failed(e))
+    }
+
     async fn block(
         &self,
         at: &BlockAt,

@@ -135,7 +135,8 @@ pub struct JobsReply {
     /// Jobs granted, a prefix of the list.
     pub jobs: i64,
     /// What stops the prefix: 0 nothing, 1 the next job must wait, 2 it can
-    /// never pass.
+    /// never pass, 3 it waits for a slot of `max_in_flight`. A refusal says
+    /// 1 or 3.
     pub next: i64,
     /// On a grant, the 1-based index of the rule whose `remaining` it is
     /// (the first of equals); 0 with no rules or on a refusal.
@@ -154,7 +155,7 @@ impl JobsReply {
             .map(|c| {
                 let head = Reply::from_slice(&c[..Reply::LEN])?;
                 let (jobs, next, tight) = (c[Reply::LEN], c[Reply::LEN + 1], c[Reply::LEN + 2]);
-                if jobs < 0 || !(0..=2).contains(&next) || tight < 0 {
+                if jobs < 0 || !(0..=3).contains(&next) || tight < 0 {
                     return Err(MalformedReply(c.to_vec()));
                 }
                 Ok(JobsReply {
@@ -183,6 +184,10 @@ impl JobsReply {
                         by: h.denied_by(),
                     }),
                     2 => Some(NextJob::Never(cannot_pass(rules, rule_index, at(jobs)))),
+                    3 => Some(NextJob::Wait {
+                        retry_after: Duration::from_micros(h.retry_after_us as u64),
+                        by: DeniedBy::MaxInFlight,
+                    }),
                     _ => None,
                 };
                 BatchDecision::Granted(BatchGranted {
@@ -195,8 +200,13 @@ impl JobsReply {
                     pace: g.pace,
                     decided_at_us: g.decided_at_us,
                     next,
+                    leases: Vec::new(),
                 })
             }
+            0 if self.next == 3 => BatchDecision::Denied(Denied {
+                by: DeniedBy::MaxInFlight,
+                ..h.refusal()
+            }),
             0 => BatchDecision::Denied(h.refusal()),
             _ => BatchDecision::Never(cannot_pass(rules, rule_index, at(0))),
         }

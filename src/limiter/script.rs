@@ -24,6 +24,7 @@ macro_rules! library_body {
             include_str!("../../lua/leaky_bucket.lua"),
             include_str!("../../lua/burst_fill.lua"),
             include_str!("../../lua/gcra.lua"),
+            include_str!("../../lua/slots.lua"),
             include_str!("../../lua/jobs.lua"),
             include_str!("../../lua/limiter.lua"),
             include_str!("../../lua/block.lua"),
@@ -317,6 +318,33 @@ pub struct JobsRequest {
     pub rules: Vec<KeyedRule>,
     /// At least one, each >= 1.
     pub costs: Vec<u64>,
+    /// The seller's `max_in_flight`, when capped.
+    pub slots: Option<SlotTerms>,
+}
+
+/// A request's calls-in-flight cap (`lua/slots.lua`): each granted job
+/// also takes a slot, leased until `lease_us` after its go-at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotTerms {
+    /// The seller's sorted set of leases.
+    pub key: String,
+    /// `max_in_flight`, >= 1.
+    pub max: u32,
+    pub lease_us: u64,
+    /// The retry-after of a job refused for want of a slot: slots come
+    /// back with answers, which no replica is told of, so it looks again.
+    pub poll_us: u64,
+}
+
+impl SlotTerms {
+    fn wire(&self) -> String {
+        format!("{},{},{}", self.max, self.lease_us, self.poll_us)
+    }
+
+    /// The lease of the `j`-th (0-based) granted job of call `call_id`.
+    pub fn lease(call_id: &str, j: usize) -> String {
+        format!("{call_id}:{}", j + 1)
+    }
 }
 
 /// One invocation of [`LIMITER_LUA`] that grants, per request, the longest
@@ -333,11 +361,15 @@ pub struct JobsCall {
 }
 
 impl JobsCall {
-    /// KEYS: per request its block key, then one per rule.
+    /// KEYS: per request its block key, then one per rule, then its
+    /// slots' when capped.
     pub fn keys(&self) -> impl Iterator<Item = &str> {
-        self.requests
-            .iter()
-            .flat_map(|q| q.block.keys().chain(rule_keys(&q.rules)))
+        self.requests.iter().flat_map(|q| {
+            q.block
+                .keys()
+                .chain(rule_keys(&q.rules))
+                .chain(q.slots.as_ref().map(|s| s.key.as_str()))
+        })
     }
 
     /// ARGV, as `lua/jobs.lua` documents it.
@@ -355,6 +387,7 @@ impl JobsCall {
             args.push(q.block.wire().to_owned());
             args.push(q.rules.len().to_string());
             push_rules(&mut args, &q.rules);
+            args.push(q.slots.as_ref().map(SlotTerms::wire).unwrap_or_default());
         }
         args
     }
@@ -390,6 +423,14 @@ pub trait Store: Send + Sync {
         &self,
         call: &JobsCall,
     ) -> impl Future<Output = Result<Vec<JobsReply>, Self::Error>> + Send;
+
+    /// Gives back slots of `max_in_flight` (`leases` of the sorted set at
+    /// `key`); returns how many were still held (not lapsed or given back).
+    fn release(
+        &self,
+        key: &str,
+        leases: &[String],
+    ) -> impl Future<Output = Result<u64, Self::Error>> + Send;
 
     /// Blocks the seller whose block is at `at` for `dur_us` from now
     /// (never shortening a longer block); returns when the block ends (µs).

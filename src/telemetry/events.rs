@@ -901,6 +901,26 @@ impl TraceContextInvalid {
     }
 }
 
+/// Slots of a seller's `max_in_flight` could not be given back (Redis did
+/// not answer): they stay taken until their lease lapses, and the seller
+/// runs below its cap meanwhile.
+pub struct SlotsNotReturned<'a> {
+    pub seller: &'a str,
+    pub slots: usize,
+    pub error: &'a str,
+}
+
+impl SlotsNotReturned<'_> {
+    pub fn emit(&self) {
+        tracing::warn!(
+            seller = self.seller,
+            slots = self.slots,
+            error = self.error,
+            "could not give back slots of max_in_flight; they lapse with their lease (limits.slot_lease)"
+        );
+    }
+}
+
 /// A seller's jobs wait: for a downstream slot (`capacity`, no end known)
 /// or for the units a partial grant left short (`limit`, `wait` long).
 /// Refusals and 429s are told by [`SellerThrottled`] and
@@ -917,6 +937,15 @@ impl SellerWaiting<'_> {
             seller,
             cause: "capacity",
             wait: None,
+        }
+    }
+
+    /// Every slot of the seller's `max_in_flight` is taken, fleet-wide.
+    pub fn in_flight(seller: &str, wait: Duration) -> SellerWaiting<'_> {
+        SellerWaiting {
+            seller,
+            cause: "capacity",
+            wait: Some(wait),
         }
     }
 

@@ -212,6 +212,7 @@ pub fn cause_of_refusal(by: &str) -> &'static str {
     match by {
         "downstream_429" => "downstream_429",
         "unavailable" => "limiter_unavailable",
+        "max_in_flight" => "capacity",
         _ => "limit",
     }
 }

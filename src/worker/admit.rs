@@ -99,11 +99,32 @@ impl<X: Ports> Engine<X> {
                 decision
             }
         };
+        // The slots a grant took, held from here: whatever is not handed
+        // to a job below goes back when dropped.
+        let (decision, mut leases) = match decision {
+            BatchDecision::Granted(mut g) => {
+                let leases = self.slots.hold(&key, std::mem::take(&mut g.leases));
+                let leases: Vec<Option<_>> = leases.into_iter().map(Some).collect();
+                (BatchDecision::Granted(g), leases)
+            }
+            d => (d, Vec::new()),
+        };
         let source = self.deps.source.clone();
         let Some(seller) = self.sellers.get_mut(&key) else {
             return;
         };
         seller.phase = Phase::Idle;
+        seller.in_flight_bound = match &decision {
+            BatchDecision::Denied(d) => d.by == DeniedBy::MaxInFlight,
+            BatchDecision::Granted(g) => matches!(
+                g.next,
+                Some(NextJob::Wait {
+                    by: DeniedBy::MaxInFlight,
+                    ..
+                })
+            ),
+            BatchDecision::Never(_) => false,
+        };
         let reserved = std::mem::take(&mut seller.reserved);
         let asked = std::mem::take(&mut seller.asked);
         match decision {
@@ -111,7 +132,13 @@ impl<X: Ports> Engine<X> {
                 // The job the prefix stopped at: the one asked for there,
                 // whatever happened to the queue meanwhile.
                 let next = asked.get(g.jobs).cloned();
-                let batch = take_granted(&mut seller.queue, &g, &asked);
+                let batch: Vec<Pending> = take_granted(&mut seller.queue, &g, &asked)
+                    .into_iter()
+                    .map(|(k, mut p)| {
+                        p.lease = leases.get_mut(k).and_then(|l| l.take());
+                        p
+                    })
+                    .collect();
                 // Jobs of partitions revoked since the revoke event was
                 // handled belong to their new owner. (The queue itself is
                 // purged by that event; checking the batch only keeps this
@@ -175,6 +202,13 @@ impl<X: Ports> Engine<X> {
                     // A long wait sends the rest of the queue to the retry
                     // tiers, as any refusal does: a daily quota that runs
                     // out mid-batch must not keep its backlog in memory.
+                    Some(NextJob::Wait {
+                        retry_after,
+                        by: DeniedBy::MaxInFlight,
+                    }) => {
+                        SellerWaiting::in_flight(&key, retry_after).emit();
+                        self.hold(&key, after(answered_at, retry_after));
+                    }
                     Some(NextJob::Wait { retry_after, .. }) => {
                         SellerWaiting::limit(&key, retry_after).emit();
                         self.hold(&key, after(answered_at, retry_after));
@@ -288,5 +322,6 @@ fn denied_by(by: DeniedBy) -> String {
         DeniedBy::Rule(i) => format!("rule{i}"),
         DeniedBy::DownstreamBlock => "downstream_429".to_owned(),
         DeniedBy::Unavailable => "unavailable".to_owned(),
+        DeniedBy::MaxInFlight => "max_in_flight".to_owned(),
     }
 }

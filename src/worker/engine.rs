@@ -45,6 +45,7 @@ use super::ports::{Clock, CommitError, PermitError, Ports, Source, WriteError};
 use super::retry::{Parked, PendingWrite, Retry, Target};
 use super::run::Throttle;
 use super::sellers::Sellers;
+use super::slots::{FleetSlots, Lease};
 use super::timers::{after, Timer, Timers};
 
 /// How long shutdown waits for the broker to acknowledge the final commit.
@@ -75,6 +76,10 @@ pub struct Pending {
     /// The broker refused its retry copy as too large: it waits in memory
     /// instead of on a retry tier.
     pub too_large_to_copy: bool,
+    /// Its slot of the seller's `max_in_flight`, from its grant until its
+    /// call is answered or will not be made (`None`: uncapped, or not
+    /// granted).
+    pub lease: Option<Lease>,
 }
 
 /// What the spawned tasks report.
@@ -155,6 +160,8 @@ pub struct Engine<X: Ports> {
     pub(super) rng: StdRng,
     pub(super) tx: mpsc::UnboundedSender<Event>,
     rx: mpsc::UnboundedReceiver<Event>,
+    /// Slots of capped sellers' `max_in_flight` held by granted jobs.
+    pub(super) slots: FleetSlots,
 }
 
 impl<X: Ports> Engine<X> {
@@ -177,6 +184,7 @@ impl<X: Ports> Engine<X> {
             deps,
             tx,
             rx,
+            slots: FleetSlots::new(),
         }
     }
 
@@ -184,6 +192,7 @@ impl<X: Ports> Engine<X> {
     /// `worker.shutdown_timeout`) and commits synchronously.
     pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> Summary {
         tokio::pin!(shutdown);
+        self.slots.start(self.deps.permits.clone());
         let mut commit = tokio::time::interval(self.settings.kafka.commit_interval);
         commit.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -240,6 +249,9 @@ impl<X: Ports> Engine<X> {
             );
         }
         let committed_partitions = self.commit_all().await;
+        // Work abandoned above still holds its leases: they lapse.
+        self.sellers.map.clear();
+        self.slots.finish().await;
         Summary {
             abandoned,
             committed_partitions,
@@ -254,7 +266,13 @@ impl<X: Ports> Engine<X> {
                     self.memory.remove(p.bytes);
                 }
             }
-            Event::Permit { .. } => self.tasks -= 1,
+            Event::Permit { seller, result, .. } => {
+                self.tasks -= 1;
+                // Not used: the slots it took go back now.
+                if let Ok(BatchDecision::Granted(g)) = result {
+                    drop(self.slots.hold(&seller, g.leases));
+                }
+            }
             other => self.on_event(other),
         }
     }
@@ -340,6 +358,7 @@ impl<X: Ports> Engine<X> {
             last_failed_at: None,
             failures_in_a_row: 0,
             too_large_to_copy: false,
+            lease: None,
         };
         let now = self.deps.clock.unix_ms();
         match headers.release_at_unix_ms {

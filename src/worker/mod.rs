@@ -12,6 +12,8 @@
 //!   (clock, consumer, writer, downstream; the limiter is [`Permits`]),
 //!   and the production implementations ([`ports::Live`]).
 //! - [`memory`]: jobs and bytes held, and when fetching pauses.
+//! - [`slots`]: slots of a seller's `max_in_flight` across the fleet, held
+//!   by granted jobs as leases that go back when dropped.
 //! - [`permit`]: the limiter as the worker sees it, and the one place where
 //!   a limiter failure becomes a decision.
 //! - [`reload`]: the config file watched, its `[limits]` applied live.
@@ -31,6 +33,7 @@ pub mod reload;
 mod retry;
 mod run;
 mod sellers;
+pub mod slots;
 mod timers;
 
 use std::future::Future;

@@ -110,7 +110,8 @@ impl<X: Ports> Engine<X> {
     }
 
     /// Sets the backlog gauges: jobs waiting by cause (a seller refused
-    /// until later is limit-bound; one free to go waits for capacity), in
+    /// until later is limit-bound, unless every slot of its max_in_flight
+    /// is taken; one free to go waits for capacity), in
     /// flight, parked, bytes and partitions.
     pub(super) fn report_backlog(&self) {
         let now = self.deps.clock.now();
@@ -123,7 +124,7 @@ impl<X: Ports> Engine<X> {
             let held = seller.blocked_until.is_some_and(|t| t > now);
             let cause = if held && seller.paused_since.is_some() {
                 "paused"
-            } else if held {
+            } else if held && !seller.in_flight_bound {
                 "limit"
             } else {
                 "capacity"

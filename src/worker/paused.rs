@@ -89,7 +89,8 @@ impl<X: Ports> Engine<X> {
             return;
         };
         let paced: Vec<Pending> = seller.paced.drain(..).map(|q| q.pending).collect();
-        for p in paced.into_iter().rev() {
+        for mut p in paced.into_iter().rev() {
+            p.lease = None;
             seller.queue.push_front(p);
         }
         seller.settle_phase();

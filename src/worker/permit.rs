@@ -70,6 +70,18 @@ pub trait Permits: Send + Sync + 'static {
         }
     }
 
+    /// Gives back slots of `seller`'s `max_in_flight` that a grant took
+    /// ([`BatchGranted::leases`](crate::limiter::BatchGranted)): the job's
+    /// call was answered, or will not be made. Grants without a cap name
+    /// no leases, so a limiter that knows no caps has nothing to give back.
+    fn release(
+        &self,
+        _seller: &str,
+        _leases: &[String],
+    ) -> impl Future<Output = Result<(), PermitError>> + Send {
+        async { Ok(()) }
+    }
+
     /// The operator's pause holding `seller` at `now_ms` (unix ms), if any
     /// (`limits pause`). Answered from what the limiter last read, never
     /// with a call; `None` by default.
@@ -144,6 +156,13 @@ impl<S: Store + 'static> Permits for Limiter<S> {
         self.pauses().of(seller, now_ms)
     }
 
+    async fn release(&self, seller: &str, leases: &[String]) -> Result<(), PermitError> {
+        Limiter::release(self, seller, leases)
+            .await
+            .map(|_| ())
+            .map_err(PermitError::unavailable)
+    }
+
     fn rules_of(&self, seller: &str) -> Option<(Vec<Rule>, Vec<Rule>)> {
         match self.policy().resolve(seller) {
             Resolved::Unlimited => None,
@@ -186,6 +205,10 @@ impl<S: Store + 'static> Permits for Coalescer<S> {
 
     fn paused(&self, seller: &str, now_ms: u64) -> Option<Pause> {
         Permits::paused(&**self.limiter(), seller, now_ms)
+    }
+
+    async fn release(&self, seller: &str, leases: &[String]) -> Result<(), PermitError> {
+        Permits::release(&**self.limiter(), seller, leases).await
     }
 
     async fn block(&self, seller: &str, dur: Duration) -> Result<(), PermitError> {

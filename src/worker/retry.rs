@@ -315,6 +315,7 @@ impl<X: Ports> Engine<X> {
                             last_failed_at: None,
                             failures_in_a_row: 0,
                             too_large_to_copy: true,
+                            lease: None,
                         };
                         self.keep_in_memory(p, wait);
                     }

@@ -182,6 +182,8 @@ impl<X: Ports> Engine<X> {
     }
 
     pub(super) fn on_called(&mut self, key: Arc<str>, mut p: Pending, outcome: Answer) {
+        // Answered: its slot of the seller's max_in_flight goes back.
+        p.lease = None;
         p.attempts += 1;
         if let Some(seller) = self.sellers.get_mut(&key) {
             seller.reserved = seller.reserved.saturating_sub(1);
@@ -338,7 +340,9 @@ impl<X: Ports> Engine<X> {
             }
         }
         let seller = self.sellers.entry(&key);
-        for p in back.into_iter().rev() {
+        for mut p in back.into_iter().rev() {
+            // Not called: asked for again, its slot given back meanwhile.
+            p.lease = None;
             seller.queue.push_front(p);
         }
         seller.settle_phase();

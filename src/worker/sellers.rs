@@ -68,6 +68,9 @@ pub(super) struct Seller {
     /// Held by an operator's pause since then (`None`: not paused, as far
     /// as the last look went).
     pub(super) paused_since: Option<Instant>,
+    /// Its last hold is for a slot of its `max_in_flight` (every slot
+    /// taken, fleet-wide): it waits for capacity, not for its limit.
+    pub(super) in_flight_bound: bool,
 }
 
 /// A granted job of a pacer (`leaky_bucket`), waiting for its go-at.
@@ -94,6 +97,7 @@ impl Seller {
             runs: 0,
             wants_paced_slot: false,
             paused_since: None,
+            in_flight_bound: false,
         }
     }
 
@@ -333,18 +337,18 @@ pub(super) fn position(queue: &VecDeque<Pending>, origin: &Origin) -> Option<usi
         .position(|p| p.origin == *origin)
 }
 
-/// Removes and returns the granted jobs, in the order asked: the first
-/// `g.jobs` of `asked` that still wait (a revoke or `unstick` between the
-/// question and the answer may have taken some; their units go unused),
-/// never more units than were charged.
+/// Removes and returns the granted jobs, in the order asked, each with
+/// its place in `asked`: the first `g.jobs` of `asked` that still wait (a
+/// revoke or `unstick` between the question and the answer may have taken
+/// some; their units go unused), never more units than were charged.
 pub(super) fn take_granted(
     queue: &mut VecDeque<Pending>,
     g: &BatchGranted,
     asked: &[Origin],
-) -> Vec<Pending> {
+) -> Vec<(usize, Pending)> {
     let mut units = 0u64;
     let mut out = Vec::new();
-    for origin in asked.iter().take(g.jobs) {
+    for (k, origin) in asked.iter().take(g.jobs).enumerate() {
         let Some(i) = position(queue, origin) else {
             continue;
         };
@@ -353,7 +357,7 @@ pub(super) fn take_granted(
             break;
         }
         units += cost;
-        out.extend(queue.remove(i));
+        out.extend(queue.remove(i).map(|p| (k, p)));
     }
     out
 }

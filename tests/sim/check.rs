@@ -29,6 +29,39 @@ pub fn fleet(sc: &Scenario, out: &Outcome) -> Vec<String> {
     v.extend(no_tight_loop(sc, out));
     v.extend(out.log.violations.iter().map(|c| format!("6. {c}")));
     v.extend(no_call_while_paused(sc, out));
+    v.extend(in_flight_within_cap(sc, out));
+    v
+}
+
+/// Invariant 9: a seller whose calls in flight are capped
+/// (`max_in_flight`) never has more under way at once at the downstream,
+/// across the fleet. Judged on answered calls (a killed process's calls
+/// are never answered, and their slots lapse with their lease).
+pub fn in_flight_within_cap(sc: &Scenario, out: &Outcome) -> Vec<String> {
+    let mut v = Vec::new();
+    for spec in &sc.sellers {
+        let Some(cap) = spec.max_in_flight else {
+            continue;
+        };
+        // (instant, +1 start / -1 end): ends first at one instant.
+        let mut steps: Vec<(u64, i64)> = Vec::new();
+        for c in out.log.calls.iter().filter(|c| c.seller == spec.name) {
+            steps.push((c.at_ms, 1));
+            steps.push((c.end_ms, -1));
+        }
+        steps.sort_unstable();
+        let mut now = 0i64;
+        for (at, d) in steps {
+            now += d;
+            if now > i64::from(cap) {
+                v.push(format!(
+                    "9. {}: {now} calls in flight at {at} ms, over its max_in_flight {cap}",
+                    spec.name
+                ));
+                break;
+            }
+        }
+    }
     v
 }
 

@@ -408,6 +408,11 @@ impl Store for SimStore {
         ))
     }
 
+    async fn release(&self, key: &str, leases: &[String]) -> Result<u64, SimRedisError> {
+        self.reach().await?;
+        Ok(self.store().release(key, leases))
+    }
+
     async fn block(
         &self,
         key: &BlockAt,
@@ -455,6 +460,10 @@ impl Permits for SimPermits {
 
     async fn block(&self, seller: &str, dur: Duration) -> Result<(), PermitError> {
         Permits::block(&self.inner, seller, dur).await
+    }
+
+    async fn release(&self, seller: &str, leases: &[String]) -> Result<(), PermitError> {
+        Permits::release(&self.inner, seller, leases).await
     }
 
     async fn acquire_jobs(

@@ -14,11 +14,16 @@ use super::ports::{Faults, OutageKind, Poison, RetryAfterKind, Window};
 /// Salts the generator of a seed's pauses.
 const PAUSE_SALT: u64 = 0x9a05_e5ee_d5a1_7000;
 
+/// Salts the generator of a seed's `max_in_flight` caps.
+const IN_FLIGHT_SALT: u64 = 0x1f11_9470_ca95_0000;
+
 #[derive(Debug, Clone)]
 pub struct SellerSpec {
     pub name: String,
     /// `None`: unlimited.
     pub rule: Option<RuleConfig>,
+    /// Its calls in flight across the fleet, capped.
+    pub max_in_flight: Option<u32>,
 }
 
 #[derive(Debug, Clone)]
@@ -152,6 +157,7 @@ impl Scenario {
             sc.sellers.push(SellerSpec {
                 name: format!("seller-{i}"),
                 rule,
+                max_in_flight: None,
             });
         }
         let n_jobs = r.random_range(1..=150);
@@ -252,6 +258,16 @@ impl Scenario {
                 sc.faults.pauses.push((window, who, p.random_bool(0.5)));
             }
         }
+        // Calls in flight capped for some sellers, from a generator of
+        // their own too.
+        let mut f = StdRng::seed_from_u64(seed ^ IN_FLIGHT_SALT);
+        if f.random_bool(0.3) {
+            for s in &mut sc.sellers {
+                if f.random_bool(0.5) {
+                    s.max_in_flight = Some(f.random_range(1..=3));
+                }
+            }
+        }
         sc
     }
 
@@ -261,10 +277,12 @@ impl Scenario {
             let cfg = match &s.rule {
                 Some(r) => SellerConfig {
                     rules: Some(vec![r.clone()]),
+                    max_in_flight: s.max_in_flight,
                     ..SellerConfig::default()
                 },
                 None => SellerConfig {
                     unlimited: true,
+                    max_in_flight: s.max_in_flight,
                     ..SellerConfig::default()
                 },
             };
@@ -276,6 +294,7 @@ impl Scenario {
             global: Vec::new(),
             tiers: BTreeMap::new(),
             sellers,
+            ..LimitsConfig::default()
         }
     }
 

@@ -42,7 +42,7 @@ use std::time::Duration;
 use super::decision::{Decision, Mode};
 use super::reply::{JobsReply, Reply};
 use super::rule::{Algorithm, Rule};
-use super::script::{BlockAt, JobsRequest, KeyedRule, StateKey};
+use super::script::{BlockAt, JobsRequest, KeyedRule, SlotTerms, StateKey};
 
 pub use burst_fill::BurstFill;
 pub use fixed_window::FixedWindow;
@@ -140,6 +140,9 @@ pub struct ModelStore {
     /// State v2: the fingerprint of the rule that wrote each place (the
     /// place's `fp` field).
     marks: HashMap<String, String>,
+    /// `max_in_flight`: per sorted set, each lease with the µs instant it
+    /// lapses (`lua/slots.lua`).
+    slots: HashMap<String, std::collections::BTreeMap<String, i128>>,
 }
 
 impl ModelStore {
@@ -179,6 +182,35 @@ impl ModelStore {
         let mut keys: Vec<String> = self.entries.keys().cloned().collect();
         keys.sort();
         keys
+    }
+
+    /// Leases of the sorted set `key` that have not lapsed at `now`.
+    pub fn slots_live(&self, key: &str, now: i128) -> usize {
+        self.slots
+            .get(key)
+            .map_or(0, |set| set.values().filter(|&&until| until > now).count())
+    }
+
+    /// `slots_take`: a lease per granted job of call `id`, lapsed ones
+    /// dropped.
+    fn slots_take(&mut self, key: &str, now: i128, id: &str, jobs: usize, until: i128) {
+        let set = self.slots.entry(key.to_owned()).or_default();
+        set.retain(|_, &mut t| t > now);
+        for j in 0..jobs {
+            set.insert(SlotTerms::lease(id, j), until);
+        }
+    }
+
+    /// `slots_release`: how many of `leases` were still held.
+    pub fn release(&mut self, key: &str, leases: &[String]) -> u64 {
+        let Some(set) = self.slots.get_mut(key) else {
+            return 0;
+        };
+        let n = leases.iter().filter(|l| set.remove(*l).is_some()).count();
+        if set.is_empty() {
+            self.slots.remove(key);
+        }
+        n as u64
     }
 
     /// The block as the limiter reads it (`None`: not read, or none); in
@@ -760,17 +792,29 @@ fn jobs_request(store: &mut ModelStore, now: i128, charge: bool, q: &JobsRequest
         return reply(out(0, 0, 0, retry, block.max(reset), now, by), 0, 1);
     }
 
-    let (mut jobs, mut units, mut stop) = (0usize, 0i128, 0i128);
-    for &c in &costs {
+    let free = q
+        .slots
+        .as_ref()
+        .map(|s| i128::from(s.max) - store.slots_live(&s.key, now) as i128);
+    let (mut jobs, mut units, mut stop, mut capped) = (0usize, 0i128, 0i128, false);
+    for (j, &c) in costs.iter().enumerate() {
         stop = never(c);
         if stop > 0 || n.is_some_and(|n| units + c > n) {
             break;
         }
+        if free.is_some_and(|free| j as i128 + 1 > free) {
+            capped = true;
+            break;
+        }
         (jobs, units) = (jobs + 1, units + c);
     }
+    let poll = q.slots.as_ref().map_or(0, |s| i128::from(s.poll_us));
     if jobs == 0 {
-        let (wait, by) = wait_for(costs[0], 0);
         let (remaining, reset, _) = summary(0);
+        if capped {
+            return reply(out(0, 0, remaining, poll, reset, now, 0), 0, 3);
+        }
+        let (wait, by) = wait_for(costs[0], 0);
         return reply(out(0, 0, remaining, wait, reset, now, by), 0, 1);
     }
 
@@ -783,6 +827,8 @@ fn jobs_request(store: &mut ModelStore, now: i128, charge: bool, q: &JobsRequest
         (0, 0, 0)
     } else if stop > 0 {
         (0, stop, 2)
+    } else if capped {
+        (poll, 0, 3)
     } else {
         let (wait, by) = wait_for(costs[jobs], units);
         (wait, by, 1)
@@ -791,6 +837,22 @@ fn jobs_request(store: &mut ModelStore, now: i128, charge: bool, q: &JobsRequest
         for ((key, rule), st) in q.rules.iter().zip(&states) {
             st.take(store, now, units, &q.call_id);
             stamp(store, key, rule);
+        }
+        if let Some(s) = &q.slots {
+            // A pacer's later units go later: leases run from the grant's
+            // last unit's go-at.
+            let span = q
+                .rules
+                .iter()
+                .filter(|(_, r)| r.algorithm() == Algorithm::LeakyBucket)
+                .map(|(_, r)| {
+                    let p = Params::from(r);
+                    cdiv(p.period, p.limit) * units
+                })
+                .max()
+                .unwrap_or(0);
+            let until = go_at + span + i128::from(s.lease_us);
+            store.slots_take(&s.key, now, &q.call_id, jobs, until);
         }
     }
     JobsReply {

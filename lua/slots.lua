@@ -1,0 +1,64 @@
+-- slots.lua: a seller's calls in flight across the fleet (`max_in_flight`).
+--
+-- A seller with a cap has one sorted set of its own, `prefix:{seller}:slots`
+-- (its hash tag, so it lives beside the seller's state on a cluster). Each
+-- member is one granted job's lease, named `<call id>:<j>`, scored by the
+-- µs instant (on the limiter's clock) it lapses: a replica that dies
+-- holding slots leaks none for longer than its lease. The jobs script
+-- (jobs.lua) counts the live leases and grants at most the free ones, in
+-- the same call as the rate decision; the worker gives a slot back with
+-- its call's answer ('release' below).
+--
+-- A request's slot terms (its ARGV after the rules): '' (no cap) or
+-- 'max,lease_us,poll_us', and then one more KEY, the sorted set.
+
+-- The terms of a request, or nil without a cap; an error text for a
+-- malformed spec.
+local function slots_terms(spec, key)
+  if spec == nil or spec == '' then
+    return nil
+  end
+  local max, lease, poll = string.match(spec, '^(%d+),(%d+),(%d+)$')
+  max, lease, poll = tonumber(max), tonumber(lease), tonumber(poll)
+  if max == nil or max < 1 or lease < 1 or poll < 1 or key == nil then
+    return nil, 'slot terms must be max,lease_us,poll_us with each >= 1 and a key'
+  end
+  return { key = key, max = max, lease = lease, poll = poll }
+end
+
+-- Slots free now: the cap less the leases that have not lapsed.
+local function slots_free(s, now)
+  local live = redis.call('ZCOUNT', s.key, '(' .. I(now), '+inf')
+  return s.max - live
+end
+
+-- Takes a slot for each of `jobs` granted jobs of call `id`, each leased
+-- until `until_` (µs), and drops the leases that lapsed.
+local function slots_take(s, now, id, jobs, until_)
+  redis.call('ZREMRANGEBYSCORE', s.key, '-inf', I(now))
+  local args = {}
+  local score = I(until_)
+  for j = 1, jobs do
+    args[#args + 1] = score
+    args[#args + 1] = id .. ':' .. j
+  end
+  redis.call('ZADD', s.key, unpack(args))
+  -- The set outlives its longest lease by a second, then goes.
+  local ttl = math.floor((until_ - now) / 1000) + 1000
+  if redis.call('PTTL', s.key) < ttl then
+    redis.call('PEXPIRE', s.key, ttl)
+  end
+end
+
+-- 'release': KEYS[1] the sorted set, ARGV[2..] the leases given back.
+-- Answers how many were still held.
+local function slots_release(KEYS, ARGV)
+  if #ARGV < 2 then
+    return 0
+  end
+  local members = {}
+  for i = 2, #ARGV do
+    members[#members + 1] = ARGV[i]
+  end
+  return redis.call('ZREM', KEYS[1], unpack(members))
+end

@@ -1,0 +1,125 @@
+//! Slots of a seller's `max_in_flight`, held across the fleet: a grant of
+//! a capped seller takes one per job in Redis (`lua/slots.lua`), and the
+//! job holds it as a [`Lease`] until its call is answered or will not be
+//! made. A lease gives its slot back when dropped, wherever that happens
+//! (an answer, a revoke, a 429 that puts the job back, shutdown), so no
+//! path can forget it; a replica that dies gives nothing back, and its
+//! slots lapse with their lease (`limits.slot_lease`).
+//!
+//! Dropping only queues the lease; one task gives the queued ones back,
+//! per seller in one call, off the engine's loop.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::telemetry::events::SlotsNotReturned;
+
+use super::ports::Permits;
+
+/// How long shutdown waits for the last slots to go back.
+const FINAL_RETURN_TIMEOUT: Duration = Duration::from_secs(2);
+
+type Returned = (Arc<str>, String);
+
+/// One granted job's slot; given back when dropped.
+pub struct Lease {
+    seller: Arc<str>,
+    id: String,
+    back: mpsc::UnboundedSender<Returned>,
+}
+
+impl fmt::Debug for Lease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Lease").field(&self.id).finish()
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        // The task is gone only at the very end of shutdown: the slot
+        // lapses with its lease then.
+        let _ = self
+            .back
+            .send((self.seller.clone(), std::mem::take(&mut self.id)));
+    }
+}
+
+/// The engine's side of the fleet's slots.
+pub(super) struct FleetSlots {
+    back: Option<mpsc::UnboundedSender<Returned>>,
+    queued: Option<mpsc::UnboundedReceiver<Returned>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl FleetSlots {
+    pub(super) fn new() -> FleetSlots {
+        let (back, queued) = mpsc::unbounded_channel();
+        FleetSlots {
+            back: Some(back),
+            queued: Some(queued),
+            task: None,
+        }
+    }
+
+    /// Starts the task that gives slots back (on the engine's runtime).
+    pub(super) fn start<P: Permits>(&mut self, permits: Arc<P>) {
+        if let Some(queued) = self.queued.take() {
+            self.task = Some(tokio::spawn(give_back(permits, queued)));
+        }
+    }
+
+    /// A grant's leases, held from now on.
+    pub(super) fn hold(&self, seller: &Arc<str>, leases: Vec<String>) -> Vec<Lease> {
+        let Some(back) = &self.back else {
+            return Vec::new();
+        };
+        leases
+            .into_iter()
+            .map(|id| Lease {
+                seller: seller.clone(),
+                id,
+                back: back.clone(),
+            })
+            .collect()
+    }
+
+    /// Shutdown: waits (briefly) until the slots of dropped leases are
+    /// back. Leases still held elsewhere lapse.
+    pub(super) async fn finish(&mut self) {
+        self.back = None;
+        if let Some(task) = self.task.take() {
+            let _ = tokio::time::timeout(FINAL_RETURN_TIMEOUT, task).await;
+        }
+    }
+}
+
+/// Gives queued slots back, each seller's together, until every sender is
+/// gone. A failed return is told once per batch: the slots lapse.
+async fn give_back<P: Permits>(permits: Arc<P>, mut queued: mpsc::UnboundedReceiver<Returned>) {
+    while let Some(first) = queued.recv().await {
+        let mut by_seller: BTreeMap<Arc<str>, Vec<String>> = BTreeMap::new();
+        by_seller.entry(first.0).or_default().push(first.1);
+        while let Ok((seller, id)) = queued.try_recv() {
+            by_seller.entry(seller).or_default().push(id);
+        }
+        let calls = by_seller.iter().map(|(seller, leases)| {
+            let permits = &permits;
+            async move { (seller, leases.len(), permits.release(seller, leases).await) }
+        });
+        for (seller, n, result) in futures::future::join_all(calls).await {
+            if let Err(e) = result {
+                SlotsNotReturned {
+                    seller,
+                    slots: n,
+                    error: &e.to_string(),
+                }
+                .emit();
+            }
+        }
+    }
+}
