@@ -424,22 +424,77 @@ pub fn start_worker(dir: &Path, name: &str, config: &Path, downstream_url: &str)
 pub struct TaggedDownstream {
     base: String,
     arrivals: Arc<Mutex<Vec<(String, Arrival)>>>,
+    in_flight: Arc<Mutex<InFlight>>,
 }
 
 #[derive(Clone)]
 struct TaggedState {
     arrivals: Arc<Mutex<Vec<(String, Arrival)>>>,
     delay: Duration,
+    in_flight: Arc<Mutex<InFlight>>,
+}
+
+/// Calls under way at the downstream: per seller now and at most, and per
+/// (worker tag, seller) now.
+#[derive(Debug, Default)]
+pub struct InFlight {
+    pub now: HashMap<String, i64>,
+    pub most: HashMap<String, i64>,
+    pub by_worker: HashMap<(String, String), i64>,
+}
+
+/// One call under way; counted out when its answer leaves or its
+/// connection drops (a killed worker).
+struct Underway {
+    in_flight: Arc<Mutex<InFlight>>,
+    tag: String,
+    seller: String,
+}
+
+impl Underway {
+    fn start(in_flight: &Arc<Mutex<InFlight>>, tag: &str, seller: &str) -> Underway {
+        let mut f = in_flight.lock().unwrap();
+        let now = f.now.entry(seller.to_owned()).or_default();
+        *now += 1;
+        let n = *now;
+        let most = f.most.entry(seller.to_owned()).or_default();
+        *most = (*most).max(n);
+        *f.by_worker
+            .entry((tag.to_owned(), seller.to_owned()))
+            .or_default() += 1;
+        Underway {
+            in_flight: in_flight.clone(),
+            tag: tag.to_owned(),
+            seller: seller.to_owned(),
+        }
+    }
+}
+
+impl Drop for Underway {
+    fn drop(&mut self) {
+        let mut f = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = f.now.get_mut(&self.seller) {
+            *n -= 1;
+        }
+        if let Some(n) = f
+            .by_worker
+            .get_mut(&(self.tag.clone(), self.seller.clone()))
+        {
+            *n -= 1;
+        }
+    }
 }
 
 impl TaggedDownstream {
     pub async fn start(delay: Duration) -> TaggedDownstream {
         let arrivals = Arc::new(Mutex::new(Vec::new()));
+        let in_flight = Arc::new(Mutex::new(InFlight::default()));
         let app = Router::new()
             .route("/w/{tag}/registrations", post(tagged_register))
             .with_state(TaggedState {
                 arrivals: arrivals.clone(),
                 delay,
+                in_flight: in_flight.clone(),
             });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr: SocketAddr = listener.local_addr().unwrap();
@@ -449,7 +504,26 @@ impl TaggedDownstream {
         TaggedDownstream {
             base: format!("http://{addr}"),
             arrivals,
+            in_flight,
         }
+    }
+
+    /// Calls of `seller` under way now, and the most at once so far.
+    pub fn in_flight(&self, seller: &str) -> (i64, i64) {
+        let f = self.in_flight.lock().unwrap();
+        (
+            f.now.get(seller).copied().unwrap_or(0),
+            f.most.get(seller).copied().unwrap_or(0),
+        )
+    }
+
+    /// Calls of `seller` under way now from the worker tagged `tag`.
+    pub fn in_flight_from(&self, tag: &str, seller: &str) -> i64 {
+        let f = self.in_flight.lock().unwrap();
+        f.by_worker
+            .get(&(tag.to_owned(), seller.to_owned()))
+            .copied()
+            .unwrap_or(0)
     }
 
     pub fn url(&self, tag: &str) -> String {
@@ -513,10 +587,12 @@ async fn tagged_register(
         wall: SystemTime::now(),
         body,
     };
+    let underway = Underway::start(&s.in_flight, &tag, &arrival.seller);
     s.arrivals.lock().unwrap().push((tag, arrival));
     if !s.delay.is_zero() {
         tokio::time::sleep(s.delay).await;
     }
+    drop(underway);
     StatusCode::OK
 }
 
