@@ -10,7 +10,10 @@
 //! - [`permits`]: [`Limiter`], which resolves rules, calls the store and
 //!   answers with a [`Decision`].
 //! - [`batch`]: [`Limiter::acquire_jobs`], a list of job costs granted as
-//!   the longest prefix that fits, in one script call ([`BatchDecision`]).
+//!   the longest prefix that fits, in one script call ([`BatchDecision`]);
+//!   for a seller with `max_in_flight`, each granted job also takes a slot
+//!   leased in Redis in the same call (`lua/slots.lua`, [`SlotTerms`]),
+//!   given back with [`Limiter::release`].
 //! - [`coalesce`]: [`Coalescer`], many sellers' job lists in one call.
 //! - `shadow`: rules in shadow mode, asked after a grant and counted,
 //!   never holding a job.
