@@ -134,18 +134,37 @@ pub async fn show(file: Option<&Path>, seller: &str, out: Output) -> anyhow::Res
     let state = limiter.inspect(seller, None).await?;
     let ov = override_of(&limiter, seller).await?;
     let pause = limiter.refresh_pauses().await?.of(seller, now_ms());
+    // Slots of max_in_flight taken now, across the fleet (this host's
+    // clock says which leases lapsed).
+    let in_flight = match limiter.policy().max_in_flight(seller) {
+        Some(max) => {
+            let key = limiter.keys().slots(seller);
+            let held = limiter.store().count_above(&key, now_ms() * 1000).await?;
+            Some((held, max))
+        }
+        None => None,
+    };
     Ok(match out {
         Output::Json => {
             let mut v = show_json(seller, &state, ov.as_ref());
             v["paused"] = pause.as_ref().map_or(Value::Null, pause_json);
+            v["in_flight"] = in_flight.map_or(
+                Value::Null,
+                |(held, max)| json!({ "held": held, "max_in_flight": max }),
+            );
             serde_json::to_string_pretty(&v)? + "\n"
         }
         Output::Table => {
             let mut s = show_table(seller, &state, ov.as_ref());
-            let line = match &pause {
+            let mut line = match &pause {
                 Some(p) => format!("paused: {}\n", pause_text(p)),
                 None => "paused: no\n".to_owned(),
             };
+            if let Some((held, max)) = in_flight {
+                line.push_str(&format!(
+                    "calls in flight: {held} of max_in_flight {max} (slots held across the fleet)\n"
+                ));
+            }
             // After the header line, before the 429 block's.
             let at = s.find('\n').map_or(s.len(), |i| i + 1);
             s.insert_str(at, &line);
@@ -576,7 +595,9 @@ pub fn check_config(file: Option<&Path>, out: Output) -> anyhow::Result<String> 
                 "sellers": seller_rows.iter().map(|(s, tier, own, shadow)| json!({
                     "seller": s, "tier": tier, "rules": own, "shadow": shadow,
                     "unlimited": tier == crate::limiter::policy::UNLIMITED_TIER,
+                    "max_in_flight": policy.max_in_flight(s),
                 })).collect::<Vec<_>>(),
+                "max_in_flight": {"default": policy.default_max_in_flight(), "slot_lease_seconds": policy.slot_lease().as_secs_f64()},
             }))? + "\n"
         }
         Output::Table => {
@@ -623,6 +644,27 @@ pub fn check_config(file: Option<&Path>, out: Output) -> anyhow::Result<String> 
                 ]);
             }
             s.push_str(&table(&["SELLER", "TIER", "RULES", "SHADOW"], &rows));
+            // Calls in flight: only where a cap applies.
+            let capped: Vec<String> = sellers
+                .iter()
+                .filter_map(|seller| {
+                    policy
+                        .max_in_flight(seller)
+                        .map(|n| format!("{seller} {n}"))
+                })
+                .chain(
+                    policy
+                        .default_max_in_flight()
+                        .map(|n| format!("every other seller {n}")),
+                )
+                .collect();
+            if !capped.is_empty() {
+                s.push_str(&format!(
+                    "max_in_flight (fleet-wide): {}; slot lease {}\n",
+                    capped.join(", "),
+                    humantime::format_duration(policy.slot_lease())
+                ));
+            }
             s
         }
     })

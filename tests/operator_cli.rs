@@ -256,3 +256,36 @@ fn limits_demo_shows_every_algorithm_grant_refuse_and_retry() {
         );
     }
 }
+
+/// `limits show` tells a capped seller's slots of `max_in_flight` held
+/// across the fleet (issue 22, part 3); an uncapped seller has none.
+#[tokio::test]
+async fn show_tells_the_slots_a_capped_seller_holds() {
+    let prefix = common::unique_prefix("opcli-inflight");
+    let dir = tempfile::tempdir().unwrap();
+    let limits = r#"[limits]
+default = [{ algorithm = "fixed_window", limit = 100, period = "1m" }]
+[limits.sellers]
+"capped" = { max_in_flight = 2 }
+"#;
+    let path = config(dir.path(), &prefix, limits);
+    // A replica's grant: one job, one slot (on Redis' clock, a 30 s lease).
+    let loaded = throttle_worker::config::load_from(Some(&path), Vec::new()).unwrap();
+    let policy = throttle_worker::limiter::Policy::load(&loaded).unwrap();
+    let lim = common::limiter(&prefix, policy).await;
+    let g = lim.acquire_jobs("capped", &[1]).await.unwrap();
+    assert_eq!(g.jobs(), 1, "{g:?}");
+    let show = |seller: &str| {
+        let out = run(&["limits", "show", seller, "--json"], &path);
+        serde_json::from_str::<serde_json::Value>(&stdout_of(&out)).unwrap()
+    };
+    let shown = show("capped");
+    assert_eq!(shown["in_flight"]["held"], 1, "{shown}");
+    assert_eq!(shown["in_flight"]["max_in_flight"], 2, "{shown}");
+    assert!(show("other")["in_flight"].is_null());
+    let table = stdout_of(&run(&["limits", "show", "capped"], &path));
+    assert!(
+        table.contains("calls in flight: 1 of max_in_flight 2"),
+        "{table}"
+    );
+}

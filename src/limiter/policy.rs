@@ -162,6 +162,11 @@ impl Policy {
         }
     }
 
+    /// The cap of sellers no entry names (`limits.max_in_flight.default`).
+    pub fn default_max_in_flight(&self) -> Option<u32> {
+        self.default_in_flight
+    }
+
     /// How long a slot stays taken when its replica never gives it back.
     pub fn slot_lease(&self) -> Duration {
         self.slot_lease

@@ -646,6 +646,19 @@ impl Store for RedisStore {
 }
 
 impl RedisStore {
+    /// Members of a sorted set scored above `min` (`ZCOUNT key (min
+    /// +inf`): the leases of `max_in_flight` not lapsed at `min` µs.
+    pub async fn count_above(&self, key: &str, min: u64) -> Result<u64, RedisError> {
+        let mut conn = self.conn.get();
+        redis::cmd("ZCOUNT")
+            .arg(key)
+            .arg(format!("({min}"))
+            .arg("+inf")
+            .query_async(&mut conn)
+            .await
+            .map_err(RedisError::Script)
+    }
+
     /// Every field of a hash (`HGETALL`): the overrides, the pauses.
     pub async fn read_hash(
         &self,
