@@ -206,6 +206,9 @@ fn replay_fleet() {
     println!("sellers {:?}", sc.sellers);
     println!("faults: {:?}", sc.faults);
     let out = sim::fleet::run_fleet(&sc, &fleet);
+    if std::env::var_os("SIM_TRACE").is_some() {
+        print_timeline(&out);
+    }
     println!(
         "calls {}, done {}, dead letters {:?}, processes {}",
         out.log.calls.len(),

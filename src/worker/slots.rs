@@ -26,6 +26,9 @@ const FINAL_RETURN_TIMEOUT: Duration = Duration::from_secs(2);
 
 type Returned = (Arc<str>, String);
 
+/// Starts the task that gives slots back, given the queue it reads.
+type StartGiveBack = Box<dyn FnOnce(mpsc::UnboundedReceiver<Returned>) -> JoinHandle<()> + Send>;
+
 /// One granted job's slot; given back when dropped.
 pub struct Lease {
     seller: Arc<str>,
@@ -54,6 +57,9 @@ pub(super) struct FleetSlots {
     back: Option<mpsc::UnboundedSender<Returned>>,
     queued: Option<mpsc::UnboundedReceiver<Returned>>,
     task: Option<JoinHandle<()>>,
+    /// Gives slots back once the first lease is held: a fleet with no
+    /// capped seller runs no task for it.
+    give_back: Option<StartGiveBack>,
 }
 
 impl FleetSlots {
@@ -63,18 +69,26 @@ impl FleetSlots {
             back: Some(back),
             queued: Some(queued),
             task: None,
+            give_back: None,
         }
     }
 
-    /// Starts the task that gives slots back (on the engine's runtime).
+    /// Readies the task that gives slots back (on the engine's runtime),
+    /// started with the first lease.
     pub(super) fn start<P: Permits>(&mut self, permits: Arc<P>) {
-        if let Some(queued) = self.queued.take() {
-            self.task = Some(tokio::spawn(give_back(permits, queued)));
-        }
+        self.give_back = Some(Box::new(move |queued| {
+            tokio::spawn(give_back(permits, queued))
+        }));
     }
 
     /// A grant's leases, held from now on.
-    pub(super) fn hold(&self, seller: &Arc<str>, leases: Vec<String>) -> Vec<Lease> {
+    pub(super) fn hold(&mut self, seller: &Arc<str>, leases: Vec<String>) -> Vec<Lease> {
+        if leases.is_empty() {
+            return Vec::new();
+        }
+        if let (Some(spawn), Some(queued)) = (self.give_back.take(), self.queued.take()) {
+            self.task = Some(spawn(queued));
+        }
         let Some(back) = &self.back else {
             return Vec::new();
         };
