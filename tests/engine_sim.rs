@@ -962,3 +962,44 @@ fn a_capped_seller_never_has_more_calls_in_flight_than_its_cap_across_a_fleet() 
         "the uncapped seller is not held to another's cap"
     );
 }
+
+/// Without Redis, `max_in_flight` takes no slot: under `on_error =
+/// "local"` and `"fail_open"` a replica holds a capped seller to its share
+/// of the cap (at least one call). One replica of a fleet of 2 (share 1/2)
+/// and of 1, a cap of 4, Redis failing the whole run, a downstream that
+/// answers in 200 ms, 8 partitions of the seller's jobs: at most 2 and 4
+/// calls under way, every job done.
+#[test]
+fn without_redis_a_replica_holds_a_capped_seller_to_its_share_of_the_cap() {
+    for on_error in [OnError::Local, OnError::FailOpen] {
+        for (fleet, want) in [(2, 2), (1, 4)] {
+            let mut sc = Scenario::quiet(23);
+            sc.partitions = 8;
+            sc.fleet = fleet;
+            sc.on_error = on_error;
+            sc.faults.latency_ms = (200, 200);
+            sc.sellers.push(SellerSpec {
+                max_in_flight: Some(4),
+                ..seller(
+                    "capped",
+                    Some(rule("fixed_window", 1_000, Duration::from_secs(1), None)),
+                )
+            });
+            sc.jobs = (0..80).map(|i| job(0, 1, 0, i % 8)).collect();
+            sc.faults.redis_errors.push(Window {
+                from_ms: 0,
+                to_ms: 3_600_000,
+            });
+            let out = run(&sc);
+            // Calls without a grant are the policy's (invariant 1 judges
+            // grants); nothing may be lost.
+            let lost = check::nothing_lost(&sc, &out);
+            assert!(lost.is_empty(), "{on_error:?}: {}", lost.join("\n"));
+            let most = most_in_flight(&out, "capped");
+            assert_eq!(
+                most, want,
+                "{on_error:?}, a fleet of {fleet}: {most} calls under way at most"
+            );
+        }
+    }
+}

@@ -10,7 +10,7 @@ use crate::config::Settings;
 use crate::kafka::consumer::Origin;
 use crate::limiter::local::{self, LocalShare};
 use crate::limiter::model;
-use crate::limiter::{BatchDecision, CannotPass, DeniedBy, NextJob};
+use crate::limiter::{BatchDecision, CannotPass, Denied, DeniedBy, NextJob, SLOT_POLL};
 use crate::telemetry::events::{
     JobsAdmitted, LimiterNever, LimiterUnavailable, SellerThrottled, SellerWaiting,
 };
@@ -258,7 +258,7 @@ impl<X: Ports> Engine<X> {
     fn fallback(&mut self, key: &Arc<str>) -> BatchDecision {
         let policy = self.admission.on_error;
         // The costs of the jobs asked about that still wait, in order.
-        let costs: Vec<u64> = match self.sellers.map.get(key) {
+        let mut costs: Vec<u64> = match self.sellers.map.get(key) {
             Some(seller) => seller
                 .asked
                 .iter()
@@ -267,6 +267,29 @@ impl<X: Ports> Engine<X> {
             None => Vec::new(),
         };
         let failures = self.admission.failures;
+        let share = self.partitions.jobs_assigned.len().max(1) as f64
+            / self.deps.jobs_partitions.max(1) as f64;
+        // max_in_flight takes no slot in Redis now: this replica holds the
+        // seller to its share of the cap (at least one call), less its
+        // calls of the seller under way (a pacer's; a seller asks only
+        // when no batch of its own runs).
+        if let (OnLimiterError::FailOpen | OnLimiterError::Local, Some(cap)) =
+            (policy, self.deps.permits.max_in_flight(key))
+        {
+            let mine = ((f64::from(cap) * share).floor() as usize).max(1);
+            let busy = self.sellers.map.get(key).map_or(0, |s| s.runs);
+            let room = mine.saturating_sub(busy);
+            if room == 0 && !costs.is_empty() {
+                return BatchDecision::Denied(Denied {
+                    retry_after: SLOT_POLL,
+                    remaining: 0,
+                    reset_after: Duration::ZERO,
+                    by: DeniedBy::MaxInFlight,
+                    decided_at_us: 0,
+                });
+            }
+            costs.truncate(room);
+        }
         match policy {
             OnLimiterError::FailClosed { .. } => {
                 BatchDecision::from_units(policy.decide(failures, &mut self.rng))
@@ -278,8 +301,6 @@ impl<X: Ports> Engine<X> {
                 BatchDecision::Granted(local::granted(costs.len(), costs.iter().sum()))
             }
             OnLimiterError::Local => {
-                let share = self.partitions.jobs_assigned.len().max(1) as f64
-                    / self.deps.jobs_partitions.max(1) as f64;
                 let rules = self.deps.permits.rules_of(key);
                 let rules = rules.as_ref().map(|(own, global)| (&own[..], &global[..]));
                 self.admission.local.acquire_jobs(key, rules, &costs, share)

@@ -89,6 +89,12 @@ pub trait Permits: Send + Sync + 'static {
         None
     }
 
+    /// The seller's `max_in_flight`, for the local fallback (which takes
+    /// no slot in Redis); `None` by default.
+    fn max_in_flight(&self, _seller: &str) -> Option<u32> {
+        None
+    }
+
     /// The seller's own and the global rules, for the local fallback;
     /// `None` for an unlimited seller (and by default).
     fn rules_of(&self, _seller: &str) -> Option<(Vec<Rule>, Vec<Rule>)> {
@@ -163,6 +169,10 @@ impl<S: Store + 'static> Permits for Limiter<S> {
             .map_err(PermitError::unavailable)
     }
 
+    fn max_in_flight(&self, seller: &str) -> Option<u32> {
+        self.policy().max_in_flight(seller)
+    }
+
     fn rules_of(&self, seller: &str) -> Option<(Vec<Rule>, Vec<Rule>)> {
         match self.policy().resolve(seller) {
             Resolved::Unlimited => None,
@@ -201,6 +211,10 @@ impl<S: Store + 'static> Permits for Coalescer<S> {
 
     fn rules_of(&self, seller: &str) -> Option<(Vec<Rule>, Vec<Rule>)> {
         Permits::rules_of(&**self.limiter(), seller)
+    }
+
+    fn max_in_flight(&self, seller: &str) -> Option<u32> {
+        Permits::max_in_flight(&**self.limiter(), seller)
     }
 
     fn paused(&self, seller: &str, now_ms: u64) -> Option<Pause> {

@@ -492,6 +492,10 @@ impl Permits for SimPermits {
         Permits::rules_of(&self.inner, seller)
     }
 
+    fn max_in_flight(&self, seller: &str) -> Option<u32> {
+        Permits::max_in_flight(&self.inner, seller)
+    }
+
     /// The scenario's pauses, on the world's time (as if every replica
     /// read them the instant they were set); an end is told on the
     /// engine's wall clock, which may have jumped.
