@@ -803,6 +803,71 @@ impl RedisStore {
             .map_err(RedisError::Script)
     }
 
+    /// What Redis says about the install under `prefix`, for
+    /// [`super::layout::choose`]: its layout marker, and whether v1 state is
+    /// there (a bounded `SCAN`: at most `SCAN_PAGES` pages of 1,000 keys;
+    /// one that fails counts as found, the safe side).
+    pub async fn layout_facts(&self, prefix: &str) -> Result<super::layout::Facts, RedisError> {
+        const SCAN_PAGES: usize = 20;
+        let mut conn = self.conn.get();
+        let marker: Option<String> = redis::cmd("GET")
+            .arg(super::layout::marker_key(prefix))
+            .query_async(&mut conn)
+            .await
+            .map_err(RedisError::Script)?;
+        if marker.is_some() {
+            return Ok(super::layout::Facts {
+                marker,
+                v1_state: false,
+            });
+        }
+        let mut cursor = 0u64;
+        let mut v1_state = false;
+        for _ in 0..SCAN_PAGES {
+            let page: redis::RedisResult<(u64, Vec<String>)> = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(format!("{prefix}:*"))
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await;
+            match page {
+                Ok((next, keys)) => {
+                    if keys.iter().any(|k| super::layout::is_v1_state(prefix, k)) {
+                        v1_state = true;
+                        break;
+                    }
+                    cursor = next;
+                    if cursor == 0 {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot SCAN for v1 state (grant +scan, or set redis.state); assuming an older install");
+                    v1_state = true;
+                    break;
+                }
+            }
+        }
+        Ok(super::layout::Facts { marker, v1_state })
+    }
+
+    /// Records the layout this replica runs in the install's marker.
+    pub async fn mark_layout(
+        &self,
+        prefix: &str,
+        layout: crate::config::StateLayout,
+    ) -> Result<(), RedisError> {
+        let mut conn = self.conn.get();
+        redis::cmd("SET")
+            .arg(super::layout::marker_key(prefix))
+            .arg(super::layout::marker_value(layout))
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(RedisError::Script)
+    }
+
     /// `MEMORY USAGE key`: bytes a key takes, for the README's per-seller
     /// figures and the demo. `None` when the key does not exist.
     pub async fn memory_usage(&self, key: &str) -> Result<Option<u64>, RedisError> {
