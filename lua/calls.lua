@@ -15,12 +15,16 @@
 --
 -- One field, not a field per call: every call reads the whole hash
 -- (HGETALL), so a field per call would make every read of a busy seller
--- longer. The field is `;id,now,units` per record, oldest first; a write
--- keeps only the records younger than `life` (µs; the caller sends a few
--- of its timeouts, CALL_LIFE_US when it does not) and the newest
--- CALLS_MAX. A cancel that comes later than that, or for a seller charged
--- by more than CALLS_MAX calls within `life`, finds nothing and refunds
--- nothing (the seller stays charged, as before this existed).
+-- longer. The field is `;id,now,units` per record, in the order written
+-- (the order of time, on Redis' clock); a write drops the records at its
+-- front older than `life` (µs; the caller sends a few of its timeouts,
+-- CALL_LIFE_US when it does not), appends its own, and then drops whole
+-- records from the front until the field holds at most CALLS_BYTES (about
+-- 50 records of production ids). So a write costs a few string operations,
+-- never a parse of every record, however busy the seller. A cancel that
+-- comes later than `life`, or after its record was pushed out by a seller's
+-- many later calls, finds nothing and refunds nothing (the seller stays
+-- charged, as before this existed).
 --
 -- Not covered: v1 (a key per rule, no seller hash to hold the records; the
 -- legacy layout, see docs/limiter-state-v2.md) and requests whose block
@@ -28,7 +32,7 @@
 -- shadow rules). Their cancel answers 0 and writes nothing.
 -- `src/limiter/model/mod.rs` (`cancel`, `CallRecord`) is the twin.
 
-local CALLS_MAX = 64
+local CALLS_BYTES = 2048
 local CALL_LIFE_US = 5000000
 
 -- The seller's hash that holds a request's records, nil when not covered.
@@ -39,8 +43,9 @@ local function calls_hash(hashes, how, key)
   return nil
 end
 
--- The live record of call `id` in `list` (the field's value, or nil):
--- its time and units (0: a tombstone), or nil when there is none.
+-- The live record of call `id` in `list` (the field's value, or nil): its
+-- time, its units (0: a tombstone) and where it starts, or nil when there
+-- is none (the first record of `id` is the one that counts).
 local function calls_find(list, id, now, life)
   if list == nil then
     return nil
@@ -54,25 +59,30 @@ local function calls_find(list, id, now, life)
   if at == nil or at + life <= now then
     return nil
   end
-  return at, tonumber(units)
+  return at, tonumber(units), s
 end
 
--- Records `units` (0: a tombstone) for call `id` at `now` in the hash `H`
--- whose field `calls` was `list`: the live records of other calls are
--- kept, the newest CALLS_MAX in all. The hash lives at least `life` more.
+-- Appends the record of `units` (0: a tombstone) for call `id` at `now` to
+-- `list`, the field `calls` of the hash `H` (nil when absent), trimmed as
+-- the header says. The hash lives at least `life` more.
 local function calls_write(H, list, now, life, id, units)
   local entry = ';' .. id .. ',' .. I(now) .. ',' .. I(units)
   if list ~= nil then
-    local kept, n = {}, 0
-    for e, eid, at in string.gmatch(list, '(;([^,;]*),(%d+),%d+)') do
-      if eid ~= id and tonumber(at) + life > now then
-        n = n + 1
-        kept[n] = e
+    local pos = 1
+    while true do
+      local at = string.match(list, '^;[^,;]*,(%d+),', pos)
+      if at == nil or tonumber(at) + life > now then
+        break
+      end
+      pos = string.find(list, ';', pos + 1, true) or (#list + 1)
+    end
+    entry = string.sub(list, pos) .. entry
+    if #entry > CALLS_BYTES then
+      local cut = string.find(entry, ';', #entry - CALLS_BYTES + 1, true)
+      if cut ~= nil then
+        entry = string.sub(entry, cut)
       end
     end
-    n = n + 1
-    kept[n] = entry
-    entry = table.concat(kept, '', math.max(1, n - CALLS_MAX + 1), n)
   end
   hset(H, 'calls', entry)
   local ms = cdiv(life, 1000) + EXPIRY_SLACK_MS
@@ -103,9 +113,14 @@ local function cancel_request(hashes, how, key, id, rules, now, life)
     return 0
   end
   local list = hget(H, 'calls')
-  local at, units = calls_find(list, id, now, life)
+  local at, units, s = calls_find(list, id, now, life)
   if units == 0 then
     return 0
+  end
+  if s ~= nil then
+    -- The record goes; its tombstone is appended.
+    local e = string.find(list, ';', s + 1, true)
+    list = string.sub(list, 1, s - 1) .. (e and string.sub(list, e) or '')
   end
   calls_write(H, list, now, life, id, 0)
   if units == nil then

@@ -186,6 +186,48 @@ async fn a_cancel_before_the_call_makes_it_charge_nothing() {
     }
 }
 
+/// The records are bounded: a busy seller's field keeps its newest calls
+/// (2 KiB of them), and a record lives `life` (5 s by default). A cancel
+/// past either finds nothing: it leaves a tombstone and refunds nothing.
+/// Lua and model agree on every step, trimming included.
+#[tokio::test]
+async fn a_busy_sellers_records_keep_the_newest_calls_for_their_life() {
+    for layout in COVERED {
+        let rule = Rule::new(Algorithm::FixedWindow, 1_000, Duration::from_secs(10), None)
+            .expect("a valid rule");
+        let mut b = Bench::new(layout, vec![rule]).await;
+        for i in 0..120u64 {
+            let r = b
+                .jobs("s", &format!("call-{i:03}"), T0 + i, &[1], false)
+                .await;
+            assert_eq!(r.head.status, 1, "{}: {r:?}", b.what);
+        }
+        let at = T0 + 200;
+        assert_eq!(
+            b.cancel("s", "call-000", at).await,
+            -1,
+            "{}: pushed out",
+            b.what
+        );
+        assert_eq!(
+            b.cancel("s", "call-119", at).await,
+            1,
+            "{}: the newest",
+            b.what
+        );
+        assert_eq!(b.cancel("s", "call-060", at).await, 1, "{}: kept", b.what);
+        let r = b.jobs("s", "late", at, &[2], false).await;
+        assert_eq!(r.head.granted, 2, "{}", b.what);
+        let after_life = at + 5_000_000;
+        assert_eq!(
+            b.cancel("s", "late", after_life).await,
+            -1,
+            "{}: its life is over",
+            b.what
+        );
+    }
+}
+
 /// v1 keeps no seller hash to record calls in: a cancel does nothing and
 /// the call charges as before (the legacy layout is not covered; roll to
 /// v2 through v1+v2, README "Limiter state").

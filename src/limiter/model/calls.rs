@@ -7,8 +7,9 @@
 use super::ModelStore;
 use crate::limiter::script::{BlockRead, JobsRequest};
 
-/// Most records a seller's hash keeps (`CALLS_MAX` of calls.lua).
-pub const CALLS_MAX: usize = 64;
+/// Most bytes the field keeps, in whole records (`CALLS_BYTES` of
+/// calls.lua).
+pub const CALLS_BYTES: usize = 2048;
 
 /// How long a record lives (µs) when the call does not say
 /// (`CALL_LIFE_US` of calls.lua; `RedisStore` sends a few timeouts).
@@ -40,28 +41,46 @@ fn hash_of(q: &JobsRequest) -> Option<&str> {
     (q.block.read == BlockRead::Field).then_some(q.block.key.as_str())
 }
 
-/// The live record of `id` in `hash`: younger than the life.
-fn find<'a>(store: &'a ModelStore, hash: &str, id: &str, now: i128) -> Option<&'a CallRecord> {
-    store
-        .calls
-        .get(hash)?
-        .iter()
-        .find(|c| c.id == id)
-        .filter(|c| c.at + CALL_LIFE_US > now)
+impl CallRecord {
+    /// Its length in the field: `;id,at,units`.
+    fn bytes(&self) -> usize {
+        3 + self.id.len() + self.at.to_string().len() + self.units.to_string().len()
+    }
 }
 
-/// `calls_write`: the live records of other calls, then this one, the
-/// newest [`CALLS_MAX`] in all.
+/// The live record of `id` in `hash` (the first of `id`, if younger than
+/// the life), with its index.
+fn find(store: &ModelStore, hash: &str, id: &str, now: i128) -> Option<(usize, CallRecord)> {
+    let list = store.calls.get(hash)?;
+    let i = list.iter().position(|c| c.id == id)?;
+    let c = &list[i];
+    (c.at + CALL_LIFE_US > now).then(|| (i, c.clone()))
+}
+
+/// `calls_write`: the stale records at the front go, this one is
+/// appended, then whole records go from the front until the field holds
+/// at most [`CALLS_BYTES`] (all are kept when the last alone is longer).
 fn write(store: &mut ModelStore, hash: &str, now: i128, id: &str, units: i128) {
     let list = store.calls.entry(hash.to_owned()).or_default();
-    list.retain(|c| c.id != id && c.at + CALL_LIFE_US > now);
+    let stale = list
+        .iter()
+        .position(|c| c.at + CALL_LIFE_US > now)
+        .unwrap_or(list.len());
+    list.drain(..stale);
     list.push(CallRecord {
         id: id.to_owned(),
         at: now,
         units,
     });
-    if list.len() > CALLS_MAX {
-        list.drain(..list.len() - CALLS_MAX);
+    let mut total: usize = list.iter().map(CallRecord::bytes).sum();
+    let last = list.last().map_or(0, CallRecord::bytes);
+    if total > CALLS_BYTES && last <= CALLS_BYTES {
+        let mut cut = 0;
+        while total > CALLS_BYTES {
+            total -= list[cut].bytes();
+            cut += 1;
+        }
+        list.drain(..cut);
     }
 }
 
@@ -69,7 +88,7 @@ fn write(store: &mut ModelStore, hash: &str, now: i128, id: &str, units: i128) {
 pub(super) fn cancelled_before(store: &ModelStore, q: &JobsRequest, now: i128) -> bool {
     hash_of(q)
         .and_then(|hash| find(store, hash, &q.call_id, now))
-        .is_some_and(|c| c.units == 0)
+        .is_some_and(|(_, c)| c.units == 0)
 }
 
 /// Records that the request charged `units` now.
@@ -85,13 +104,20 @@ pub(super) fn cancel(store: &mut ModelStore, q: &JobsRequest, now: i128) -> Canc
     let Some(hash) = hash_of(q) else {
         return Cancelled::Nothing;
     };
-    let found = find(store, hash, &q.call_id, now).map(|c| (c.at, c.units));
-    if found.is_some_and(|(_, units)| units == 0) {
+    let found = find(store, hash, &q.call_id, now);
+    if found.as_ref().is_some_and(|(_, c)| c.units == 0) {
         return Cancelled::Nothing;
+    }
+    if let (Some((i, _)), Some(list)) = (&found, store.calls.get_mut(hash)) {
+        // The record goes; its tombstone is appended.
+        list.remove(*i);
     }
     write(store, hash, now, &q.call_id, 0);
     match found {
-        Some((at, units)) => Cancelled::Refund { at, units },
+        Some((_, c)) => Cancelled::Refund {
+            at: c.at,
+            units: c.units,
+        },
         None => Cancelled::Tombstone,
     }
 }
