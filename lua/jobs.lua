@@ -6,7 +6,9 @@
 -- with its list of job costs. Requests are decided in order, each seeing
 -- what the ones before it wrote, so one call can carry several sellers.
 --
--- ARGV[1]   'jobs' (decide and charge) or 'jobs_peek' (decide, write nothing)
+-- ARGV[1]   'jobs' (decide and charge), 'jobs_peek' (decide, write nothing)
+--           or 'cancel' (give back what the jobs call of the same requests
+--           charged, or make it charge nothing: calls.lua)
 -- ARGV[2]   now in µs, or '' for Redis' clock (TIME)
 -- ARGV[3]   number of requests (>= 1); then per request:
 --             call id (unique per call; names sliding-log members),
@@ -18,6 +20,8 @@
 --           then, optionally, a deadline in µs on Redis' clock (or ''):
 --             a call that runs after it charges nothing and fails with
 --             EXPIRED (its caller has timed out and will never read it)
+--           then, optionally, how long (µs) the call's record lives
+--             for a cancel (calls.lua; CALL_LIFE_US when absent or '')
 -- KEYS      per request: its block key, then one key per rule (v2: the
 --           seller's hash, repeated, and the global rules' hash); in v1+v2
 --           (block token 'F' or '=') the v1 block key after the first, and
@@ -40,6 +44,9 @@
 --   first granted unit may go (pacers; else now). tight: on a grant, the
 --   rule whose `remaining` it is (the first of equals), 0 with no rules or
 --   on a refusal.
+--   A request cancelled before it ran (calls.lua) charges nothing and
+--   answers status 0, by 0, next 1, every wait 0.
+-- Reply of 'cancel': one integer per request (see cancel_request).
 
 -- The index of the first rule whose capacity `cost` exceeds, else 0.
 local function never_rule(rules, cost)
@@ -247,6 +254,20 @@ local function run_jobs(KEYS, ARGV, op, now, real)
   -- A call that waited in a hung server's buffers until after its caller
   -- gave up must not charge units nobody was told of.
   local deadline = tonumber(ARGV[a] or '')
+  local life = tonumber(ARGV[a + 1] or '') or CALL_LIFE_US
+  if op == 'cancel' then
+    local out = {}
+    for q = 1, nreq do
+      local r = reqs[q]
+      out[q] = cancel_request(hashes, r.how, r.block_key, r.id, r.rules, now, life)
+      -- Its slots of max_in_flight too: the worker never held them.
+      if r.slots ~= nil then
+        slots_forget(r.slots, r.id, #r.costs)
+      end
+    end
+    flush(hashes, real)
+    return out
+  end
   if deadline ~= nil then
     local real = now
     if ARGV[2] ~= '' then
@@ -260,7 +281,20 @@ local function run_jobs(KEYS, ARGV, op, now, real)
   for q = 1, nreq do
     local r = reqs[q]
     local until_ = blocked_until(hashes, r.block_key, r.how, r.block_key1)
-    jobs_request(out, now, charge, r.id, until_, r.rules, r.costs, r.slots)
+    local cancelled, H, calls = false, nil, nil
+    if charge then
+      cancelled, H, calls = calls_before(hashes, r.how, r.block_key, r.id, now, life)
+    end
+    if cancelled then
+      jobs_reply(out, now, 0, 0, 0, 0, 0, now, 0, 0, 1)
+    else
+      jobs_request(out, now, charge, r.id, until_, r.rules, r.costs, r.slots)
+      -- This request's row: status, then units.
+      local units = out[#out - 11]
+      if H ~= nil and out[#out - 12] == 1 and units > 0 and #r.rules > 0 then
+        calls_write(H, calls, now, life, r.id, units)
+      end
+    end
   end
   -- A conversion (settle) is written even for a refused request: the next
   -- call would convert the same state again, later.

@@ -4,9 +4,9 @@
 --             key of its own (v1) or the seller's hash (v2)
 -- KEYS[1+i]   the state of rule i: its own key (v1) or a hash (v2)
 -- ARGV[1]     op: 'acquire', 'peek' (dry run: decide, write nothing) or
---             'refund'; 'jobs' and 'jobs_peek' are a list of job costs per
---             request, with their own layout (see jobs.lua); 'release'
---             gives slots of max_in_flight back (see slots.lua)
+--             'refund'; 'jobs', 'jobs_peek' and 'cancel' are a list of job
+--             costs per request, with their own layout (see jobs.lua);
+--             'release' gives slots of max_in_flight back (see slots.lua)
 -- ARGV[2]     now in µs since the epoch, or '' to read Redis' clock (TIME);
 --             explicit times exist only so tests can be deterministic.
 --             For a refund, the refund's own time: at or after every call
@@ -69,7 +69,7 @@ local function limiter_call(KEYS, ARGV)
   local now = clock_us(ARGV[2])
   -- `now` on Redis' clock, or nil when the caller passed a time (flush).
   local real = ARGV[2] == '' and now or nil
-  if op == 'jobs' or op == 'jobs_peek' then
+  if op == 'jobs' or op == 'jobs_peek' or op == 'cancel' then
     return run_jobs(KEYS, ARGV, op, now, real)
   end
   local cost = tonumber(ARGV[3])

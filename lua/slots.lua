@@ -50,6 +50,16 @@ local function slots_take(s, now, id, jobs, until_)
   end
 end
 
+-- Drops the leases call `id` may have taken for its `n` jobs (a cancel:
+-- its answer never reached the worker, which holds none of them).
+local function slots_forget(s, id, n)
+  local members = {}
+  for j = 1, n do
+    members[j] = id .. ':' .. j
+  end
+  redis.call('ZREM', s.key, unpack(members))
+end
+
 -- 'release': KEYS[1] the sorted set, ARGV[2..] the leases given back.
 -- Answers how many were still held.
 local function slots_release(KEYS, ARGV)

@@ -108,11 +108,14 @@ pub struct RedisSettings {
     /// the global rule refuses.
     pub topology: Topology,
     /// The layout of the limiter's state in Redis: `v1` (a key per rule,
-    /// named by its fingerprint: an edited rule starts fresh) or `v2` (one
+    /// named by its fingerprint: an edited rule starts fresh), `v2` (one
     /// hash per seller, rules by place: an edited rule converts what the
-    /// old one admitted). See README "Limiter state".
+    /// old one admitted) or `v1+v2` (a rolling deploy's step). Unset (no
+    /// default in config/default.toml, on purpose): the install's own
+    /// layout, `v2` for a new one (`limiter::layout`). See README "Limiter
+    /// state".
     #[serde(default)]
-    pub state: StateLayout,
+    pub state: Option<StateLayout>,
     /// Longest a limiter call may take before it counts as a Redis failure.
     #[serde(deserialize_with = "human_duration")]
     pub timeout: Duration,
@@ -148,10 +151,9 @@ pub struct RedisSettings {
 }
 
 /// Which layout the limiter's calls use (`redis.state`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StateLayout {
     /// A key per rule, named by its fingerprint; a block key per seller.
-    #[default]
     V1,
     /// One hash per seller, rules by place.
     V2,
@@ -1227,7 +1229,7 @@ mod tests {
         for (text, want) in [("v2", StateLayout::V2), ("v1+v2", StateLayout::V1V2)] {
             let f = file(&format!("[redis]\nstate = \"{text}\"\n"));
             let s = load_from(Some(f.path()), Vec::new()).unwrap().settings;
-            assert_eq!(s.redis.state, want);
+            assert_eq!(s.redis.state, Some(want));
         }
     }
 

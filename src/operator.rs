@@ -38,9 +38,12 @@ pub fn load(file: Option<&Path>) -> anyhow::Result<(Settings, Policy)> {
 pub async fn open_limiter(file: Option<&Path>) -> anyhow::Result<Limiter<RedisStore>> {
     let (settings, policy) = load(file)?;
     let store = RedisStore::open(&settings.redis).await?;
+    let prefix = &settings.redis.key_prefix;
+    let layout =
+        crate::limiter::layout::resolve(&store, prefix, settings.redis.state, false).await?;
     let limiter = Limiter::new(
         store,
-        KeySpace::with_layout(settings.redis.key_prefix.clone(), settings.redis.state),
+        KeySpace::with_layout(prefix.clone(), layout),
         policy,
         settings.redis.topology,
     );

@@ -178,6 +178,8 @@ fn every_environment_variable_in_the_reference_loads() {
             Some(toml::Value::String(s)) => s.clone(),
             Some(other) => other.to_string(),
             None if key == "limits.file" => pem.clone(),
+            // Unset by default: the install's layout (README "Limiter state").
+            None if key == "redis.state" => "v2".to_owned(),
             None if key.starts_with("redis.tls_") => {
                 env.push((
                     "THROTTLE__REDIS__URL".to_owned(),

@@ -324,6 +324,33 @@ async fn both_release(
     Ok(lua)
 }
 
+/// Cancels a jobs call on Redis and in the model; the per-request answers
+/// when both agree.
+async fn both_cancel(
+    redis: &RedisStore,
+    model: &mut ModelStore,
+    seller: &Seller,
+    step: &str,
+    call: &JobsCall,
+) -> Result<Vec<i64>, String> {
+    let now_us = call.now_us.expect("agreement calls carry an explicit time");
+    let inputs = format!(
+        "{step}: cancel at T0+{}µs ({now_us}), id {:?}; rules [{}]",
+        now_us - T0,
+        call.requests[0].call_id,
+        seller.describe_rules()
+    );
+    let lua = redis
+        .cancel_jobs(call)
+        .await
+        .map_err(|e| format!("{inputs}\n  lua failed: {e}"))?;
+    let want = model::cancel(model, now_us, &call.requests);
+    if lua != want {
+        return Err(format!("{inputs}\n  differ: lua {lua:?} ≠ model {want:?}"));
+    }
+    Ok(lua)
+}
+
 /// Blocks on Redis and in the model; the end of the block when both agree.
 async fn both_block(
     redis: &RedisStore,
@@ -380,11 +407,16 @@ enum Step {
     /// after the previous step; charged unless `dry_run`. With `then`, the
     /// same call carries a second request (a coalesced call): the seller's
     /// first rule alone with those costs, decided after the first request.
+    ///
+    /// With `cancel_first`, the call's cancel is sent first (a caller that
+    /// gave up before its call ran): in v2 and v1+v2 the first request
+    /// must then charge nothing.
     Jobs {
         gap: u64,
         costs: Vec<u64>,
         dry_run: bool,
         then: Option<Vec<u64>>,
+        cancel_first: bool,
     },
     /// The operator replaces the rule at `place` with `rule` (a limit
     /// edit, an override, a tier change): v2 converts the place's state.
@@ -392,6 +424,11 @@ enum Step {
     /// Answers arrive: `1 + count` slots of earlier grants, from `pick`
     /// on, go back (`max_in_flight`; a no-op without a cap or a grant).
     Release { pick: Index, count: Index },
+    /// The cancel of an earlier granted call not refunded yet (picked by
+    /// `pick`; `lua/calls.lua`), `gap` µs after the previous step: a jobs
+    /// call's units come back (v2, v1+v2), anything else leaves a
+    /// tombstone. No-op when there is none.
+    Cancel { gap: u64, pick: Index },
 }
 
 #[derive(Debug, Clone)]
@@ -497,12 +534,20 @@ fn any_step() -> impl Strategy<Value = Step> {
             job_costs(),
             prop::bool::weighted(0.2),
             prop::option::weighted(0.25, job_costs()),
+            prop::bool::weighted(0.1),
         )
-            .prop_map(|(gap, costs, dry_run, then)| Step::Jobs { gap, costs, dry_run, then }),
+            .prop_map(|(gap, costs, dry_run, then, cancel_first)| Step::Jobs {
+                gap,
+                costs,
+                dry_run,
+                then,
+                cancel_first,
+            }),
         1 => (any::<Index>(), any_rule())
             .prop_map(|(place, rule)| Step::Edit { place, rule }),
         2 => (any::<Index>(), any::<Index>())
             .prop_map(|(pick, count)| Step::Release { pick, count }),
+        1 => (gap(), any::<Index>()).prop_map(|(gap, pick)| Step::Cancel { gap, pick }),
     ]
 }
 
@@ -550,6 +595,8 @@ struct Seen {
     jobs_prefix_then_slot: u64,
     jobs_denied_for_a_slot: u64,
     slots_released: u64,
+    cancels_refunded: u64,
+    cancels_before: u64,
 }
 
 impl Seen {
@@ -672,9 +719,24 @@ async fn steps(
                 costs,
                 dry_run,
                 then,
+                cancel_first,
             } => {
                 now += gap;
                 let call_id = format!("c{i}");
+                if *cancel_first {
+                    let cancel = seller.jobs(now, costs, false, &call_id);
+                    let done = both_cancel(redis, &mut model, &*seller, &label, &cancel).await?;
+                    let want = if seller.layout == StateLayout::V1 {
+                        0
+                    } else {
+                        -1
+                    };
+                    if done != [want] {
+                        return Err(format!(
+                            "{label}: a cancel before its call answered {done:?}, not [{want}]"
+                        ));
+                    }
+                }
                 let mut call = seller.jobs(now, costs, *dry_run, &call_id);
                 if let Some(then) = then {
                     let mut second = seller.jobs(now, then, *dry_run, &format!("c{i}b"));
@@ -683,6 +745,14 @@ async fn steps(
                     seen.borrow_mut().coalesced += 1;
                 }
                 let r = both_jobs(redis, &mut model, &*seller, &label, &call).await?;
+                if *cancel_first && !*dry_run && seller.layout != StateLayout::V1 {
+                    if r.head.status != 0 || r.head.granted != 0 {
+                        return Err(format!(
+                            "{label}: a call cancelled before it ran answered {r:?}"
+                        ));
+                    }
+                    seen.borrow_mut().cancels_before += 1;
+                }
                 seen.borrow_mut().jobs(costs.len(), &r);
                 if !*dry_run && seller.slots.is_some() && r.head.status == 1 {
                     held.extend((0..r.jobs as usize).map(|j| SlotTerms::lease(&call_id, j)));
@@ -711,6 +781,18 @@ async fn steps(
                 let leases: Vec<String> = held.drain(from..from + n).collect();
                 both_release(redis, &mut model, &key, &label, &leases).await?;
                 seen.borrow_mut().slots_released += 1;
+            }
+            Step::Cancel { gap, pick } => {
+                now += gap;
+                if taken.is_empty() {
+                    continue;
+                }
+                let t = taken.remove(pick.index(taken.len()));
+                let cancel = seller.jobs(now, &[1], false, &t.call_id);
+                let done = both_cancel(redis, &mut model, &*seller, &label, &cancel).await?;
+                if done[0] > 0 {
+                    seen.borrow_mut().cancels_refunded += 1;
+                }
             }
         }
     }
@@ -819,6 +901,16 @@ fn agree_on_random_sequences(layout: StateLayout) {
             ],
             &seen,
         );
+        if layout != StateLayout::V1 {
+            common::assert_covered(
+                "lua == model",
+                &[
+                    ("cancels that gave units back", seen.cancels_refunded),
+                    ("calls cancelled before they ran", seen.cancels_before),
+                ],
+                &seen,
+            );
+        }
     }
 }
 

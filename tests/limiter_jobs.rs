@@ -261,7 +261,8 @@ async fn a_bad_request_refuses_the_whole_call_and_charges_nobody() {
         keys.push(format!("{prefix}:{{{seller}}}:block"));
         keys.push(format!("{prefix}:{{{seller}}}:gcra"));
         args.extend(
-            [seller, costs, "k", "1", "gcra", "5", "1000000", "5", ""]
+            // Rule place '' (v1), slot terms '' (no max_in_flight).
+            [seller, costs, "k", "1", "gcra", "5", "1000000", "5", "", ""]
                 .iter()
                 .map(|a| a.to_string()),
         );
@@ -350,7 +351,7 @@ async fn a_jobs_call_past_its_deadline_charges_nothing() {
     ];
     let call = |now: String, deadline: u64| {
         let args: Vec<String> = [
-            "jobs", &now, "1", "c1", "1,1", "k", "1", "gcra", "5", "1000000", "5", "",
+            "jobs", &now, "1", "c1", "1,1", "k", "1", "gcra", "5", "1000000", "5", "", "",
         ]
         .iter()
         .map(|a| a.to_string())

@@ -183,6 +183,8 @@ async fn the_worker_runs_on_a_cluster() {
     settings.redis.topology = Topology::Cluster;
     settings.redis.url = cluster.url(0);
     settings.redis.cluster_nodes = vec![cluster.url(2)];
+    // The layout these tests were written for (a new install's default is v2).
+    settings.redis.state = Some(StateLayout::V1);
     let limit = 20;
     let worker = Running::start(
         settings,
@@ -575,6 +577,9 @@ async fn the_worker_keeps_its_limits_while_slots_move() {
     settings.redis.topology = Topology::Cluster;
     settings.redis.url = cluster.url(0);
     settings.redis.cluster_nodes = vec![cluster.url(1)];
+    // The slots are filled with v1 state; the worker runs v1 beside it (a
+    // new install's default is v2).
+    settings.redis.state = Some(StateLayout::V1);
     let limit = 10;
     let per_seller = 150;
     let total = per_seller * sellers.len();

@@ -15,7 +15,7 @@ use common::worker::{
 };
 use common::{busiest_window, rule, unix_us};
 use throttle_worker::config::{LimitsConfig, SellerConfig};
-use throttle_worker::limiter::{KeySpace, Policy};
+use throttle_worker::limiter::{KeySpace, Policy, StateLayout};
 use throttle_worker::telemetry::metrics::metrics;
 
 /// These tests measure time; run side by side on two cores they would
@@ -427,8 +427,14 @@ async fn a_429_holds_the_seller_on_every_replica() {
     }))
     .await;
     let rules = || policy(vec![rule("gcra", 20, "1s", Some(5))]);
+    // State v1, where the block is a key of its own (a new install's
+    // default, v2, keeps it in the seller's hash).
     let workers: Vec<Running> = (0..2)
-        .map(|_| Running::start(bench.settings(&down.url), rules()))
+        .map(|_| {
+            let mut settings = bench.settings(&down.url);
+            settings.redis.state = Some(StateLayout::V1);
+            Running::start(settings, rules())
+        })
         .collect();
     wait_all_calling(&bench, &down, 2, Duration::from_secs(30)).await;
     // Every value the seller's block key takes (the block's end, µs on

@@ -5,6 +5,8 @@
 //! - [`policy`]: which rules apply to a seller (default, tiers, overrides,
 //!   unlimited, global), built once from config.
 //! - [`keys`]: Redis key names, one hash tag per seller.
+//! - [`layout`]: which state layout a replica runs when `redis.state` is
+//!   not set (the install's marker), v2 for a new install.
 //! - [`script`]: one call of the Lua script as data, and the [`Store`] trait.
 //! - [`reply`]: the script's raw reply and its reading as a [`Decision`].
 //! - [`permits`]: [`Limiter`], which resolves rules, calls the store and
@@ -33,6 +35,7 @@ pub mod coalesce;
 pub mod decision;
 pub mod inspect;
 pub mod keys;
+pub mod layout;
 pub mod local;
 pub mod model;
 pub mod overrides;

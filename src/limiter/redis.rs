@@ -23,7 +23,7 @@ use super::reply::{JobsReply, MalformedReply, Reply};
 use super::script::{
     BlockAt, FunctionLibrary, JobsCall, ScriptCall, Store, BLOCK_LUA, LIMITER_LUA,
 };
-use crate::telemetry::events::RedisCalled;
+use crate::telemetry::events::{JobsCallCancelled, RedisCalled};
 
 /// Why a Redis call failed.
 #[derive(Debug, thiserror::Error)]
@@ -100,9 +100,9 @@ pub struct RedisStore {
 /// arrives, which is later than the script ran: it comes out at most the
 /// true offset, so the deadline errs early, never late. The deadline is
 /// sent + offset + 3/4 of the timeout: a script that runs in time leaves
-/// its reply a quarter of the timeout to arrive. What is left: a reply
-/// slower than that on its way back after the script ran (see
-/// docs/limiter-state-v2.md).
+/// its reply a quarter of the timeout to arrive. A reply slower than that
+/// on its way back after the script ran is what the call's cancel is for
+/// (`lua/calls.lua`, [`RedisStore::cancel_in_background`]).
 struct RedisClock {
     /// Redis' µs less ours; `i64::MIN` until a first reply.
     offset_us: std::sync::atomic::AtomicI64,
@@ -442,6 +442,51 @@ impl RedisStore {
     }
 }
 
+impl RedisStore {
+    /// How long a jobs call's record stays for its cancel (µs): a few
+    /// timeouts, as the cancel goes out as soon as the call times out. At
+    /// least a second, for the cancel of a call on a connection being
+    /// replaced.
+    fn call_life_us(&self) -> u64 {
+        let life = (self.conn.timeout * 4).max(Duration::from_secs(1));
+        u64::try_from(life.as_micros()).unwrap_or(u64::MAX)
+    }
+
+    /// Sends the cancel of a jobs call whose answer was lost, without
+    /// holding up its caller; the outcome is logged (`JobsCallCancelled`).
+    fn cancel_in_background(&self, call: &JobsCall) {
+        let this = self.clone();
+        let call = call.clone();
+        tokio::spawn(async move {
+            let outcome = this.cancel_jobs(&call).await;
+            let error = outcome.as_ref().err().map(ToString::to_string);
+            let done = outcome.unwrap_or_default();
+            JobsCallCancelled {
+                requests: call.requests.len(),
+                refunded: done.iter().filter(|&&u| u > 0).map(|&u| u as u64).sum(),
+                tombstones: done.iter().filter(|&&u| u < 0).count(),
+                error: error.as_deref(),
+            }
+            .emit();
+        });
+    }
+}
+
+/// Whether a failed call may have run on the server, so that its charges
+/// are unknown to the caller: it timed out or its connection broke after
+/// it was sent. Not a refused connection (nothing was sent), not a
+/// script's error reply (the script charged nothing: `EXPIRED`, a bad
+/// request).
+fn may_have_run(e: &RedisError) -> bool {
+    match e {
+        RedisError::Script(e) => {
+            !e.is_connection_refusal()
+                && (e.is_timeout() || e.is_io_error() || e.is_connection_dropped())
+        }
+        _ => false,
+    }
+}
+
 /// The server has no such function: it lost the library (restart without
 /// persistence, FUNCTION FLUSH, a new cluster master).
 fn function_missing(e: &redis::RedisError) -> bool {
@@ -599,11 +644,19 @@ impl Store for RedisStore {
         // Only on Redis' clock: an explicit time (tests) says nothing of it.
         let on_redis_clock = call.now_us.is_none();
         if on_redis_clock {
-            if let Some(deadline) = self.clock.deadline(local_us(), self.conn.timeout) {
-                args.push(deadline.to_string());
-            }
+            let deadline = self.clock.deadline(local_us(), self.conn.timeout);
+            args.push(deadline.map(|d| d.to_string()).unwrap_or_default());
+            args.push(self.call_life_us().to_string());
         }
-        let raw = self.invoke(call.keys(), args).await?;
+        let raw = match self.invoke(call.keys(), args).await {
+            Ok(raw) => raw,
+            Err(e) => {
+                if !call.dry_run && may_have_run(&e) {
+                    self.cancel_in_background(call);
+                }
+                return Err(e);
+            }
+        };
         let replies = JobsReply::many_from_slice(&raw)?;
         if let (true, Some(first)) = (on_redis_clock, replies.first()) {
             self.clock.observe(first.head.now_us, local_us());
@@ -623,6 +676,16 @@ impl Store for RedisStore {
         )
         .await
         .map_err(|e| self.failed(e))
+    }
+
+    async fn cancel_jobs(&self, call: &JobsCall) -> Result<Vec<i64>, RedisError> {
+        let mut args = call.cancel_args();
+        if call.now_us.is_none() {
+            // No deadline: a cancel is welcome whenever it runs.
+            args.push(String::new());
+            args.push(self.call_life_us().to_string());
+        }
+        self.invoke(call.keys(), args).await
     }
 
     async fn block(
@@ -763,6 +826,71 @@ impl RedisStore {
         redis::cmd("DEL")
             .arg(keys)
             .query_async(&mut conn)
+            .await
+            .map_err(RedisError::Script)
+    }
+
+    /// What Redis says about the install under `prefix`, for
+    /// [`super::layout::choose`]: its layout marker, and whether v1 state is
+    /// there (a bounded `SCAN`: at most `SCAN_PAGES` pages of 1,000 keys;
+    /// one that fails counts as found, the safe side).
+    pub async fn layout_facts(&self, prefix: &str) -> Result<super::layout::Facts, RedisError> {
+        const SCAN_PAGES: usize = 20;
+        let mut conn = self.conn.get();
+        let marker: Option<String> = redis::cmd("GET")
+            .arg(super::layout::marker_key(prefix))
+            .query_async(&mut conn)
+            .await
+            .map_err(RedisError::Script)?;
+        if marker.is_some() {
+            return Ok(super::layout::Facts {
+                marker,
+                v1_state: false,
+            });
+        }
+        let mut cursor = 0u64;
+        let mut v1_state = false;
+        for _ in 0..SCAN_PAGES {
+            let page: redis::RedisResult<(u64, Vec<String>)> = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(format!("{prefix}:*"))
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await;
+            match page {
+                Ok((next, keys)) => {
+                    if keys.iter().any(|k| super::layout::is_v1_state(prefix, k)) {
+                        v1_state = true;
+                        break;
+                    }
+                    cursor = next;
+                    if cursor == 0 {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot SCAN for v1 state (grant +scan, or set redis.state); assuming an older install");
+                    v1_state = true;
+                    break;
+                }
+            }
+        }
+        Ok(super::layout::Facts { marker, v1_state })
+    }
+
+    /// Records the layout this replica runs in the install's marker.
+    pub async fn mark_layout(
+        &self,
+        prefix: &str,
+        layout: crate::config::StateLayout,
+    ) -> Result<(), RedisError> {
+        let mut conn = self.conn.get();
+        redis::cmd("SET")
+            .arg(super::layout::marker_key(prefix))
+            .arg(super::layout::marker_value(layout))
+            .query_async::<()>(&mut conn)
             .await
             .map_err(RedisError::Script)
     }

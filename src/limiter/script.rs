@@ -25,6 +25,7 @@ macro_rules! library_body {
             include_str!("../../lua/burst_fill.lua"),
             include_str!("../../lua/gcra.lua"),
             include_str!("../../lua/slots.lua"),
+            include_str!("../../lua/calls.lua"),
             include_str!("../../lua/jobs.lua"),
             include_str!("../../lua/limiter.lua"),
             include_str!("../../lua/block.lua"),
@@ -375,6 +376,17 @@ impl JobsCall {
     /// ARGV, as `lua/jobs.lua` documents it.
     pub fn args(&self) -> Vec<String> {
         let op = if self.dry_run { "jobs_peek" } else { "jobs" };
+        self.args_with(op)
+    }
+
+    /// ARGV of the `cancel` of this call (`lua/calls.lua`): the same
+    /// requests; each gets back what this call charged it, or, when this
+    /// call has not run yet, makes it charge nothing.
+    pub fn cancel_args(&self) -> Vec<String> {
+        self.args_with("cancel")
+    }
+
+    fn args_with(&self, op: &str) -> Vec<String> {
         let mut args = vec![
             op.to_owned(),
             self.now_us.map(|n| n.to_string()).unwrap_or_default(),
@@ -431,6 +443,17 @@ pub trait Store: Send + Sync {
         key: &str,
         leases: &[String],
     ) -> impl Future<Output = Result<u64, Self::Error>> + Send;
+    /// Cancels a jobs call whose answer never reached its caller (see
+    /// [`JobsCall::cancel_args`]): one integer per request, the units given
+    /// back, -1 for a tombstone left before the call ran, 0 for nothing
+    /// done. A store that records no calls cancels nothing (the default).
+    fn cancel_jobs(
+        &self,
+        call: &JobsCall,
+    ) -> impl Future<Output = Result<Vec<i64>, Self::Error>> + Send {
+        let n = call.requests.len();
+        async move { Ok(vec![0; n]) }
+    }
 
     /// Blocks the seller whose block is at `at` for `dur_us` from now
     /// (never shortening a longer block); returns when the block ends (µs).

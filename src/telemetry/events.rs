@@ -53,6 +53,44 @@ impl RedisCalled {
     }
 }
 
+/// A jobs call failed after it was sent (a timeout, a lost connection), so
+/// its cancel went out (`lua/calls.lua`): `refunded` units given back,
+/// `tombstones` requests made to charge nothing when the call runs, or the
+/// cancel's own `error` (its sellers may then stay charged for units they
+/// were not told of, until their rules drain).
+pub struct JobsCallCancelled<'a> {
+    pub requests: usize,
+    pub refunded: u64,
+    pub tombstones: usize,
+    pub error: Option<&'a str>,
+}
+
+impl JobsCallCancelled<'_> {
+    pub fn emit(&self) {
+        // A Redis that hangs fails every call, and each one's cancel with
+        // it: one line per interval.
+        static FAILED: Every = Every::new(Duration::from_secs(10));
+        match self.error {
+            None => tracing::info!(
+                requests = self.requests,
+                refunded = self.refunded,
+                tombstones = self.tombstones,
+                "cancelled a limiter call whose answer was lost"
+            ),
+            Some(error) => {
+                if let Some(more) = FAILED.tick() {
+                    tracing::warn!(
+                        requests = self.requests,
+                        error,
+                        more_since_last_line = more,
+                        "could not cancel a limiter call whose answer was lost; its sellers stay charged for it"
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// A coalesced limiter call went out carrying `asks` sellers' asks.
 pub struct LimiterCallCoalesced {
     pub asks: usize,

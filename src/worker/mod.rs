@@ -109,9 +109,13 @@ pub async fn run_watching(
     // Sellers the config names get series of their own; all others are
     // counted together, so /metrics stays small with any number of sellers.
     crate::telemetry::metrics::name_sellers(policy.named_sellers().map(str::to_owned));
+    let prefix = &settings.redis.key_prefix;
+    let layout = crate::limiter::layout::resolve(&store, prefix, settings.redis.state, true)
+        .await
+        .context("redis.state")?;
     let limiter = Limiter::new(
         store,
-        KeySpace::with_layout(settings.redis.key_prefix.clone(), settings.redis.state),
+        KeySpace::with_layout(prefix.clone(), layout),
         policy,
         settings.redis.topology,
     );

@@ -311,7 +311,7 @@ impl Scenario {
         s.downstream.timeout = self.faults.timeout;
         s.downstream.max_retry_after = self.faults.max_retry_after;
         s.redis.on_error = self.on_error;
-        s.redis.state = self.state;
+        s.redis.state = Some(self.state);
         s.worker.shutdown_timeout = Duration::from_secs(5);
         s.limits = self.limits();
         s

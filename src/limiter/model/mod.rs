@@ -27,6 +27,7 @@
 //! already have expired.
 
 pub mod burst_fill;
+pub mod calls;
 pub mod fixed_window;
 pub mod gcra;
 pub mod leaky_bucket;
@@ -143,6 +144,9 @@ pub struct ModelStore {
     /// `max_in_flight`: per sorted set, each lease with the µs instant it
     /// lapses (`lua/slots.lua`).
     slots: HashMap<String, std::collections::BTreeMap<String, i128>>,
+    /// State v2: per seller hash, its field `calls` (`lua/calls.lua`), the
+    /// records of charged jobs calls and cancels' tombstones, oldest first.
+    pub(crate) calls: HashMap<String, Vec<calls::CallRecord>>,
 }
 
 impl ModelStore {
@@ -559,22 +563,8 @@ pub fn run(
         Op::Refund { skip, taken_at_us } => {
             let taken = i128::from(taken_at_us);
             let at = now.max(taken);
-            for (key, rule) in rules {
-                if owns(store, key, rule) {
-                    let addr = key.address();
-                    if key.place.is_some() && rule.algorithm() == Algorithm::SlidingWindowLog {
-                        sliding_window_log::refund_v2(store, &addr, cost, taken);
-                    } else {
-                        let skip = i128::from(skip);
-                        refund_rule(store, &addr, rule, at, cost, call_id, skip, taken);
-                    }
-                }
-                // v1+v2: the v1 key was charged too.
-                if let Some(v1) = &key.also {
-                    let skip = i128::from(skip);
-                    refund_rule(store, v1, rule, at, cost, call_id, skip, taken);
-                }
-            }
+            let skip = i128::from(skip);
+            refund_request(store, rules, at, cost, call_id, skip, taken);
             return Out {
                 status: 1,
                 granted: cost,
@@ -686,6 +676,33 @@ pub fn run(
     .reply(now)
 }
 
+/// `refund_rule` of common.lua over every rule of a call: `n` units of
+/// call `call_id`, taken at `taken`, skipping its first `skip`, at `at`.
+fn refund_request(
+    store: &mut ModelStore,
+    rules: &[KeyedRule],
+    at: i128,
+    n: i128,
+    call_id: &str,
+    skip: i128,
+    taken: i128,
+) {
+    for (key, rule) in rules {
+        if owns(store, key, rule) {
+            let addr = key.address();
+            if key.place.is_some() && rule.algorithm() == Algorithm::SlidingWindowLog {
+                sliding_window_log::refund_v2(store, &addr, n, taken);
+            } else {
+                refund_rule(store, &addr, rule, at, n, call_id, skip, taken);
+            }
+        }
+        // v1+v2: the v1 key was charged too.
+        if let Some(v1) = &key.also {
+            refund_rule(store, v1, rule, at, n, call_id, skip, taken);
+        }
+    }
+}
+
 /// `lua/jobs.lua`: per request, the longest prefix of its jobs that fits,
 /// each job all or nothing across the request's rules; requests in order,
 /// each seeing what the ones before it wrote. One [`JobsReply`] per request.
@@ -710,9 +727,63 @@ pub fn run_jobs(
     let all: Vec<KeyedRule> = requests.iter().flat_map(|q| q.rules.clone()).collect();
     let mut scratch = scratch_for(store, dry_run, &all);
     let store = scratch.as_mut().unwrap_or(store);
+    let charge = !dry_run;
     requests
         .iter()
-        .map(|q| jobs_request(store, now, !dry_run, q))
+        .map(|q| {
+            // calls.lua: a request cancelled before it ran charges nothing;
+            // a charged one is recorded for a later cancel.
+            if charge && calls::cancelled_before(store, q, now) {
+                return JobsReply {
+                    head: Out {
+                        status: 0,
+                        granted: 0,
+                        remaining: 0,
+                        retry_us: 0,
+                        reset_us: 0,
+                        go_at: now,
+                        by: 0,
+                    }
+                    .reply(now),
+                    jobs: 0,
+                    next: 1,
+                    tight: 0,
+                };
+            }
+            let reply = jobs_request(store, now, charge, q);
+            if charge && reply.head.status == 1 && reply.head.granted > 0 && !q.rules.is_empty() {
+                calls::record(store, q, now, i128::from(reply.head.granted));
+            }
+            reply
+        })
+        .collect()
+}
+
+/// `cancel` of `lua/calls.lua`: per request, the units of its recorded
+/// jobs call given back (each rule's refund, taken at the recorded time),
+/// -1 when a tombstone was left (no record), 0 when nothing was done
+/// (cancelled already, or v1: not recorded).
+pub fn cancel(store: &mut ModelStore, now_us: u64, requests: &[JobsRequest]) -> Vec<i64> {
+    let now = i128::from(now_us);
+    for q in requests {
+        // Its slots of max_in_flight too: the worker never held them.
+        if let Some(s) = &q.slots {
+            let leases: Vec<String> = (0..q.costs.len())
+                .map(|j| SlotTerms::lease(&q.call_id, j))
+                .collect();
+            store.release(&s.key, &leases);
+        }
+    }
+    requests
+        .iter()
+        .map(|q| match calls::cancel(store, q, now) {
+            calls::Cancelled::Refund { at, units } => {
+                refund_request(store, &q.rules, now.max(at), units, &q.call_id, 0, at);
+                field(units)
+            }
+            calls::Cancelled::Tombstone => -1,
+            calls::Cancelled::Nothing => 0,
+        })
         .collect()
 }
 
