@@ -848,6 +848,16 @@ impl RedisStore {
                 v1_state: false,
             });
         }
+        if matches!(conn, Handle::Cluster(_)) {
+            // SCAN on a cluster connection walks one node: it cannot tell
+            // that no master holds v1 state, so a cluster without a marker
+            // counts as an older install (a new one sets redis.state).
+            tracing::info!("a Redis Cluster without a layout marker: its masters cannot all be searched for v1 state, so it is taken for an older install; set redis.state = \"v2\" on a new cluster");
+            return Ok(super::layout::Facts {
+                marker: None,
+                v1_state: true,
+            });
+        }
         let mut cursor = 0u64;
         let mut v1_state = false;
         for _ in 0..SCAN_PAGES {
