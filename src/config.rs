@@ -23,6 +23,11 @@ pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 /// Where the compiled-in defaults appear in error messages.
 pub const DEFAULT_NAME: &str = "config/default.toml";
 
+/// Upper bound of `redis.coalesce_window`: a longer window holds every ask
+/// for more than a Redis round trip, which costs more latency than it saves
+/// Redis. The coalescer (`limiter::coalesce`) reads it too.
+pub const MAX_COALESCE_WINDOW: Duration = Duration::from_millis(1);
+
 /// Upper bound of `worker.shutdown_timeout`.
 const MAX_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(3600);
 
@@ -1061,7 +1066,7 @@ impl Settings {
                 return Err(at.error_at(key, "must be longer than 0"));
             }
         }
-        if self.redis.coalesce_window > crate::limiter::coalesce::MAX_WINDOW {
+        if self.redis.coalesce_window > MAX_COALESCE_WINDOW {
             return Err(at.error_at(
                 "redis.coalesce_window",
                 "must be at most 1ms (longer holds every job for more than a Redis round trip)",
@@ -1096,7 +1101,7 @@ impl Settings {
                 "must be at most 1h (an orchestrator kills the process long before)",
             ));
         }
-        if let Err(e) = crate::downstream::RetryStatuses::parse(&self.downstream.retry_statuses) {
+        if let Err(e) = RetryStatuses::parse(&self.downstream.retry_statuses) {
             return Err(at.error_at("downstream.retry_statuses", e));
         }
         if self.downstream.outage_after == 0 {
@@ -1177,6 +1182,60 @@ pub fn redact_url(url: &str) -> String {
             }
         }
         _ => url.to_owned(),
+    }
+}
+
+/// Which statuses are worth another attempt: whole classes (`5xx`) and
+/// single codes (`408`). Any other status but 2xx and 429 is fatal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryStatuses {
+    classes: Vec<u16>,
+    codes: Vec<u16>,
+}
+
+impl RetryStatuses {
+    /// Parses `downstream.retry_statuses`: each entry a code from 300 to
+    /// 599 (not 429, which always throttles) or a class `3xx`, `4xx`,
+    /// `5xx`. The error says which entry is wrong.
+    pub fn parse<S: AsRef<str>>(entries: &[S]) -> Result<RetryStatuses, String> {
+        let mut out = RetryStatuses {
+            classes: Vec::new(),
+            codes: Vec::new(),
+        };
+        for e in entries {
+            let e = e.as_ref().trim();
+            match e.to_ascii_lowercase().as_str() {
+                "3xx" => out.classes.push(3),
+                "4xx" => out.classes.push(4),
+                "5xx" => out.classes.push(5),
+                code => match code.parse::<u16>() {
+                    Ok(429) => {
+                        return Err("429 always throttles the seller; leave it out".to_owned())
+                    }
+                    Ok(c) if (300..600).contains(&c) => out.codes.push(c),
+                    _ => {
+                        return Err(format!(
+                            "{e:?} is neither a status from 300 to 599 nor a class 3xx, 4xx, 5xx"
+                        ))
+                    }
+                },
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn contains(&self, status: u16) -> bool {
+        self.codes.contains(&status) || self.classes.contains(&(status / 100))
+    }
+}
+
+impl Default for RetryStatuses {
+    /// 5xx, 408 Request Timeout and 425 Too Early: each says "try again".
+    fn default() -> RetryStatuses {
+        RetryStatuses {
+            classes: vec![5],
+            codes: vec![408, 425],
+        }
     }
 }
 
@@ -1567,5 +1626,18 @@ mod tests {
         let e = load_from(None, env).err().unwrap();
         assert_eq!(e.key, "THROTTLE__REDIS__URL_FILE");
         assert!(e.problem.contains("/nonexistent/secret"), "{e}");
+    }
+
+    #[test]
+    fn retry_statuses_parse_codes_and_classes_and_refuse_the_rest() {
+        let r = RetryStatuses::parse(&["5xx", "408", "4XX"]).unwrap();
+        assert!(r.contains(503) && r.contains(408) && r.contains(451));
+        assert!(!r.contains(302));
+        let d = RetryStatuses::default();
+        assert!(d.contains(408) && d.contains(425) && d.contains(599));
+        assert!(!d.contains(400) && !d.contains(409));
+        for bad in ["429", "200", "6xx", "soon", ""] {
+            assert!(RetryStatuses::parse(&[bad]).is_err(), "{bad:?} accepted");
+        }
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! [`Downstream::send`] sends one job and classifies the answer into an
 //! [`Answer`]; the worker decides what each answer means for the record
-//! (commit, wait, retry topic, dead letter). [`backoff`] is the retry delay
+//! (commit, wait, retry topic, dead letter). [`crate::backoff`] is the retry delay
 //! for [`Answer::Retryable`] and for a 429 whose wait is
 //! [`RetryAfter::Unspecified`].
 //!
@@ -17,11 +17,11 @@
 use std::error::Error as _;
 use std::time::{Duration, SystemTime};
 
-use rand::Rng;
 use reqwest::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use reqwest::{StatusCode, Url};
 use tokio::sync::Semaphore;
 
+pub use crate::config::RetryStatuses;
 use crate::job::Job;
 use crate::telemetry::events::{DownstreamAnswered, RetryAfterClamped};
 use crate::telemetry::traceparent::{TRACEPARENT, TRACESTATE};
@@ -59,7 +59,7 @@ pub enum RetryAfter {
     /// the past or a negative number ("now").
     Wait(Duration),
     /// No `Retry-After`, or none that could be read (garbage, non-ASCII,
-    /// fractions): the worker chooses the wait, with its [`backoff`], rather
+    /// fractions): the worker chooses the wait, with its [`crate::backoff`], rather
     /// than a fixed delay that would make every replica retry in lockstep.
     Unspecified,
 }
@@ -73,7 +73,7 @@ pub enum Answer {
     Throttled(RetryAfter),
     /// 5xx (or another status of `downstream.retry_statuses`), timeout,
     /// connection or transport error: worth another attempt after
-    /// [`backoff`].
+    /// [`crate::backoff`].
     Retryable { reason: String },
     /// The downstream itself did not serve the call: a gateway status (502,
     /// 503, 504) or no HTTP answer at all (timeout, refused or reset
@@ -107,60 +107,6 @@ pub struct Downstream {
     worker_id: Option<HeaderValue>,
     /// Statuses worth another attempt (`downstream.retry_statuses`).
     retry: RetryStatuses,
-}
-
-/// Which statuses are worth another attempt: whole classes (`5xx`) and
-/// single codes (`408`). Any other status but 2xx and 429 is fatal.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RetryStatuses {
-    classes: Vec<u16>,
-    codes: Vec<u16>,
-}
-
-impl RetryStatuses {
-    /// Parses `downstream.retry_statuses`: each entry a code from 300 to
-    /// 599 (not 429, which always throttles) or a class `3xx`, `4xx`,
-    /// `5xx`. The error says which entry is wrong.
-    pub fn parse<S: AsRef<str>>(entries: &[S]) -> Result<RetryStatuses, String> {
-        let mut out = RetryStatuses {
-            classes: Vec::new(),
-            codes: Vec::new(),
-        };
-        for e in entries {
-            let e = e.as_ref().trim();
-            match e.to_ascii_lowercase().as_str() {
-                "3xx" => out.classes.push(3),
-                "4xx" => out.classes.push(4),
-                "5xx" => out.classes.push(5),
-                code => match code.parse::<u16>() {
-                    Ok(429) => {
-                        return Err("429 always throttles the seller; leave it out".to_owned())
-                    }
-                    Ok(c) if (300..600).contains(&c) => out.codes.push(c),
-                    _ => {
-                        return Err(format!(
-                            "{e:?} is neither a status from 300 to 599 nor a class 3xx, 4xx, 5xx"
-                        ))
-                    }
-                },
-            }
-        }
-        Ok(out)
-    }
-
-    pub fn contains(&self, status: u16) -> bool {
-        self.codes.contains(&status) || self.classes.contains(&(status / 100))
-    }
-}
-
-impl Default for RetryStatuses {
-    /// 5xx, 408 Request Timeout and 425 Too Early: each says "try again".
-    fn default() -> RetryStatuses {
-        RetryStatuses {
-            classes: vec![5],
-            codes: vec![408, 425],
-        }
-    }
 }
 
 impl Downstream {
@@ -497,49 +443,6 @@ pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
     Some(at.duration_since(now).unwrap_or(Duration::ZERO))
 }
 
-/// The delay before retry number `attempt` (1 = first retry), exponential
-/// with "equal jitter": the ceiling is `min(max, base * 2^(attempt-1))` and
-/// the delay is uniform in `[ceiling/2, ceiling]`.
-///
-/// Equal rather than full jitter: full jitter can pick a delay near zero,
-/// which against a failing downstream looks like a tight loop; equal jitter
-/// keeps at least half the ceiling while still spreading replicas apart.
-/// `attempt` 0 is treated as 1.
-///
-/// ```
-/// use std::time::Duration;
-/// use throttle_worker::downstream::backoff;
-///
-/// let d = backoff(3, Duration::from_millis(100), Duration::from_secs(10));
-/// assert!(d >= Duration::from_millis(200) && d <= Duration::from_millis(400));
-/// ```
-pub fn backoff(attempt: u32, base: Duration, max: Duration) -> Duration {
-    backoff_with(attempt, base, max, &mut rand::rng())
-}
-
-/// [`backoff`] with the random source passed in, for deterministic tests.
-pub fn backoff_with<R: Rng + ?Sized>(
-    attempt: u32,
-    base: Duration,
-    max: Duration,
-    rng: &mut R,
-) -> Duration {
-    let ceiling = backoff_ceiling(attempt, base, max);
-    // Work in nanoseconds; saturate above u64 (584 years), far beyond any
-    // sensible max.
-    let ceiling_ns = u64::try_from(ceiling.as_nanos()).unwrap_or(u64::MAX);
-    let half = ceiling_ns / 2;
-    let jitter = rng.random_range(0..=ceiling_ns - half);
-    Duration::from_nanos(half + jitter)
-}
-
-/// `min(max, base * 2^(attempt-1))` without overflow.
-pub fn backoff_ceiling(attempt: u32, base: Duration, max: Duration) -> Duration {
-    let exponent = attempt.max(1) - 1;
-    let factor = 1u32.checked_shl(exponent).unwrap_or(u32::MAX);
-    base.checked_mul(factor).unwrap_or(max).min(max)
-}
-
 /// An error and its sources on one line: reqwest's own message alone
 /// ("error sending request") hides the useful part.
 fn error_chain(e: &reqwest::Error) -> String {
@@ -603,8 +506,6 @@ mod tests {
     use axum::response::IntoResponse;
     use axum::routing::post;
     use axum::Router;
-    use rand::rngs::StdRng;
-    use rand::SeedableRng;
 
     /// Everything the test server saw: headers and body per request.
     type Seen = Arc<Mutex<Vec<(HeaderMap, Bytes)>>>;
@@ -1194,117 +1095,6 @@ mod tests {
                 want,
                 "row {row}: {values:?}"
             );
-        }
-    }
-
-    #[test]
-    fn backoff_ceiling_grows_then_caps() {
-        let base = Duration::from_millis(100);
-        let max = Duration::from_secs(5);
-        let cases: Vec<(u32, u32, Duration)> = vec![
-            (1, 0, Duration::from_millis(100)),
-            (2, 1, Duration::from_millis(100)),
-            (3, 2, Duration::from_millis(200)),
-            (4, 3, Duration::from_millis(400)),
-            (5, 6, Duration::from_millis(3200)),
-            (6, 7, max),
-            (7, 40, max),
-            (8, u32::MAX, max),
-        ];
-        for (row, attempt, want) in cases {
-            assert_eq!(
-                backoff_ceiling(attempt, base, max),
-                want,
-                "row {row}: attempt {attempt}"
-            );
-        }
-    }
-
-    #[test]
-    fn backoff_stays_in_equal_jitter_bounds_and_spreads() {
-        let base = Duration::from_millis(100);
-        let max = Duration::from_secs(5);
-        let mut rng = StdRng::seed_from_u64(7);
-        for attempt in 0..50 {
-            let ceiling = backoff_ceiling(attempt, base, max);
-            let mut distinct = std::collections::HashSet::new();
-            for _ in 0..200 {
-                let d = backoff_with(attempt, base, max, &mut rng);
-                assert!(
-                    d >= ceiling / 2 && d <= ceiling,
-                    "attempt {attempt}: {d:?} outside [{:?}, {ceiling:?}]",
-                    ceiling / 2
-                );
-                distinct.insert(d);
-            }
-            assert!(
-                distinct.len() > 100,
-                "attempt {attempt}: jitter spreads delays ({} distinct)",
-                distinct.len()
-            );
-        }
-        // The public function uses the thread RNG with the same bounds.
-        let d = backoff(3, base, max);
-        assert!(
-            d >= Duration::from_millis(200) && d <= Duration::from_millis(400),
-            "{d:?}"
-        );
-        assert_eq!(
-            backoff(5, Duration::ZERO, max),
-            Duration::ZERO,
-            "zero base never panics"
-        );
-    }
-
-    proptest::proptest! {
-        /// Any attempt count, base and max: no panic, never above max (nor
-        /// the ceiling), never below half the ceiling.
-        #[test]
-        fn backoff_never_overflows_and_stays_bounded(
-            attempt in proptest::prelude::any::<u32>(),
-            base_ns in proptest::prelude::any::<u64>(),
-            max_s in proptest::prelude::any::<u64>(),
-            max_ns in 0u32..1_000_000_000,
-            seed in proptest::prelude::any::<u64>(),
-        ) {
-            let base = Duration::from_nanos(base_ns);
-            let max = Duration::new(max_s, max_ns);
-            let mut rng = StdRng::seed_from_u64(seed);
-            let ceiling = backoff_ceiling(attempt, base, max);
-            let d = backoff_with(attempt, base, max, &mut rng);
-            proptest::prop_assert!(ceiling <= max);
-            proptest::prop_assert!(d <= ceiling, "{:?} > ceiling {:?}", d, ceiling);
-            let floor = ceiling.min(Duration::from_nanos(u64::MAX)) / 2;
-            proptest::prop_assert!(d >= floor, "{:?} < floor {:?}", d, floor);
-            let _ = backoff(attempt, base, max);
-        }
-
-        /// Jitter: replicas retrying the same attempt do not line up.
-        #[test]
-        fn backoff_has_jitter(
-            attempt in 1u32..64,
-            base_us in 1u64..1_000_000,
-            seed in proptest::prelude::any::<u64>(),
-        ) {
-            let base = Duration::from_micros(base_us);
-            let max = Duration::from_secs(30);
-            let mut rng = StdRng::seed_from_u64(seed);
-            let draws: std::collections::HashSet<Duration> =
-                (0..16).map(|_| backoff_with(attempt, base, max, &mut rng)).collect();
-            proptest::prop_assert!(draws.len() > 8, "{} distinct of 16", draws.len());
-        }
-    }
-
-    #[test]
-    fn retry_statuses_parse_codes_and_classes_and_refuse_the_rest() {
-        let r = RetryStatuses::parse(&["5xx", "408", "4XX"]).unwrap();
-        assert!(r.contains(503) && r.contains(408) && r.contains(451));
-        assert!(!r.contains(302));
-        let d = RetryStatuses::default();
-        assert!(d.contains(408) && d.contains(425) && d.contains(599));
-        assert!(!d.contains(400) && !d.contains(409));
-        for bad in ["429", "200", "6xx", "soon", ""] {
-            assert!(RetryStatuses::parse(&[bad]).is_err(), "{bad:?} accepted");
         }
     }
 }

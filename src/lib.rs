@@ -3,6 +3,7 @@
 //! Many replicas join one consumer group; before a job calls the downstream
 //! API it asks a shared, atomic Redis Lua limiter for a permit keyed by seller.
 //!
+//! - [`backoff`]: retry delays, exponential with equal jitter. Leaf module.
 //! - [`cli`]: the binary's command line as clap definitions (`main.rs`
 //!   dispatches), so tests can check a command line.
 //! - [`config`]: settings from `config/default.toml`, a file and the
@@ -32,6 +33,7 @@
 //! - [`stub`]: `throttle-worker stub`, a downstream that counts per seller
 //!   and can answer 429 (the demo's, and docker-compose's).
 
+pub mod backoff;
 pub mod cli;
 pub mod config;
 pub mod demo;

@@ -39,10 +39,6 @@ pub enum CoalesceError<E: std::error::Error + 'static> {
     Stopped,
 }
 
-/// The longest `window` allowed: longer holds every ask for more than a
-/// Redis round trip, which costs more latency than it saves Redis.
-pub const MAX_WINDOW: Duration = Duration::from_millis(1);
-
 /// tokio's timers fire on whole-millisecond ticks: a shorter wait through
 /// one lasts until the next tick, up to a millisecond too long.
 const TIMER_GRAIN: Duration = Duration::from_millis(1);

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use rand::Rng;
 
+use crate::backoff::backoff_with;
 use crate::config::OnError;
-use crate::downstream::backoff_with;
 use crate::limiter::{
     BatchDecision, Coalescer, Decision, Denied, DeniedBy, Limiter, Mode, Pause, Resolved, Rule,
     Store,

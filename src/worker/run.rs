@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::downstream::{backoff_with, Answer, RetryAfter};
+use crate::backoff::backoff_with;
+use crate::downstream::{Answer, RetryAfter};
 use crate::kafka::consumer::Partition;
 use crate::telemetry::events::{
     DownstreamFailed, DownstreamThrottled, JobDone, RevokedWorkDropped,
