@@ -3,7 +3,8 @@
 //! one hash under the key prefix, a field per seller holding the rule and
 //! its expiry. Each replica reads the hash every second; an override past
 //! its expiry is ignored at once and removed by the next CLI write. This
-//! module is the format and its validation; the Redis calls are in
+//! module is the format, its validation and a worker's refresh
+//! ([`super::Limiter::refresh_overrides`]); the CLI's writes are in
 //! [`super::redis`].
 
 use std::collections::HashMap;
@@ -98,6 +99,26 @@ pub fn in_force(fields: &HashMap<String, String>, now_ms: u64) -> HashMap<String
             Some((seller.clone(), RuleSet::from(vec![rule])))
         })
         .collect()
+}
+
+impl super::Limiter<super::RedisStore> {
+    /// Reads the temporary overrides from Redis and puts those in force now
+    /// in place; returns how many there are.
+    pub async fn refresh_overrides(&self) -> Result<usize, super::RedisError> {
+        let fields = self.store.read_hash(&self.keys.overrides()).await?;
+        let live = in_force(&fields, unix_ms());
+        let n = live.len();
+        self.set_overrides(live);
+        Ok(n)
+    }
+}
+
+/// Now on this host's clock, in Unix ms (an override's `until_ms` and a
+/// pause's end are wall-clock instants the CLI wrote).
+pub(super) fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 #[cfg(test)]

@@ -6,8 +6,9 @@
 //! whole fleet (`all`), each holding who is paused, why and until when.
 //! Each replica reads the hash every [`REFRESH`]; the engine holds a paused
 //! seller's jobs (in memory, then in the retry tiers) and calls nothing of
-//! it. This module is the format and what is in force; the Redis calls are
-//! in [`super::redis`], the engine's reading in `worker::sellers`.
+//! it. This module is the format, what is in force and a worker's refresh
+//! ([`super::Limiter::refresh_pauses`]); the CLI's writes are in
+//! [`super::redis`], the engine's reading in `worker::sellers`.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -106,6 +107,17 @@ impl Pauses {
 
     pub fn is_empty(&self) -> bool {
         self.all.is_none() && self.sellers.is_empty()
+    }
+}
+
+impl super::Limiter<super::RedisStore> {
+    /// Reads the operators' pauses from Redis and holds those in force
+    /// now; returns them. On an error the last ones read stay (a pause is
+    /// not lifted because Redis did not answer).
+    pub async fn refresh_pauses(&self) -> Result<std::sync::Arc<Pauses>, super::RedisError> {
+        let fields = self.store.read_hash(&self.keys.pauses()).await?;
+        self.set_pauses(Pauses::in_force(&fields, super::overrides::unix_ms()));
+        Ok(self.pauses())
     }
 }
 

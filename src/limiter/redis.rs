@@ -919,30 +919,3 @@ impl RedisStore {
             .map_err(RedisError::Script)
     }
 }
-
-impl super::Limiter<RedisStore> {
-    /// Reads the temporary overrides from Redis and puts those in force now
-    /// in place; returns how many there are.
-    pub async fn refresh_overrides(&self) -> Result<usize, RedisError> {
-        let fields = self.store.read_hash(&self.keys.overrides()).await?;
-        let live = super::overrides::in_force(&fields, unix_ms());
-        let n = live.len();
-        self.set_overrides(live);
-        Ok(n)
-    }
-
-    /// Reads the operators' pauses from Redis and holds those in force
-    /// now; returns them. On an error the last ones read stay (a pause is
-    /// not lifted because Redis did not answer).
-    pub async fn refresh_pauses(&self) -> Result<Arc<super::Pauses>, RedisError> {
-        let fields = self.store.read_hash(&self.keys.pauses()).await?;
-        self.set_pauses(super::Pauses::in_force(&fields, unix_ms()));
-        Ok(self.pauses())
-    }
-}
-
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
