@@ -295,6 +295,20 @@ pub struct DlqSelect {
     pub limit: Option<usize>,
 }
 
+impl DlqSelect {
+    /// The dead letters these flags select, ages taken before `now_ms`.
+    pub fn filter(&self, now_ms: i64) -> Result<crate::dlq::Filter, crate::dlq::DlqError> {
+        crate::dlq::Filter::from_args(
+            self.reasons.clone(),
+            self.seller.clone(),
+            self.since.as_deref(),
+            self.until.as_deref(),
+            self.limit,
+            now_ms,
+        )
+    }
+}
+
 fn parse_topic(spec: &str) -> Result<(String, i32), String> {
     crate::kafka::parse_topic_spec(spec).map_err(|e| e.to_string())
 }

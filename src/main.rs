@@ -99,13 +99,13 @@ async fn main() -> anyhow::Result<()> {
 /// `dlq stats|show` read the dead-letter topic on a blocking thread;
 /// `dlq replay` runs on the async threads (it reads on one of its own).
 async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
-    use throttle_worker::dlq::{self as dead, Filter, TerminalProgress};
+    use throttle_worker::dlq::{self as dead, TerminalProgress};
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64);
     let open = move |common: &Common, select: &DlqSelect| -> anyhow::Result<_> {
         let (settings, _) = load(common.config.clone())?;
-        let filter = Filter::from_select(select, now_ms)?;
+        let filter = select.filter(now_ms)?;
         Ok((
             settings.kafka,
             filter,
@@ -176,14 +176,14 @@ async fn dlq_replay(
     common: &Common,
     now_ms: i64,
 ) -> anyhow::Result<()> {
-    use throttle_worker::dlq::{self as dead, Filter, TerminalProgress};
+    use throttle_worker::dlq::{self as dead, TerminalProgress};
     anyhow::ensure!(
         rate.is_none_or(|r| r > 0.0),
         "--rate must be above 0, got {rate:?}"
     );
     anyhow::ensure!(in_flight > 0, "--in-flight must be at least 1");
     let (settings, _) = load(common.config.clone())?;
-    let filter = Filter::from_select(select, now_ms)?;
+    let filter = select.filter(now_ms)?;
     let opts = dead::ReplayOptions {
         dry_run,
         again,

@@ -428,25 +428,25 @@ pub fn parse_when(flag: &'static str, value: &str, now_ms: i64) -> Result<i64, D
 
 impl Filter {
     /// The filter of a command line's `--reason`, `--seller`, `--since`,
-    /// `--until` and `--limit`, ages taken before `now_ms`.
-    pub fn from_select(select: &crate::cli::DlqSelect, now_ms: i64) -> Result<Filter, DlqError> {
-        if select.limit == Some(0) {
+    /// `--until` and `--limit` (as [`crate::cli::DlqSelect`] holds them),
+    /// ages taken before `now_ms`.
+    pub fn from_args(
+        kinds: Vec<String>,
+        seller: Option<String>,
+        since: Option<&str>,
+        until: Option<&str>,
+        limit: Option<usize>,
+        now_ms: i64,
+    ) -> Result<Filter, DlqError> {
+        if limit == Some(0) {
             return Err(DlqError::ZeroLimit);
         }
         Ok(Filter {
-            kinds: select.reasons.clone(),
-            seller: select.seller.clone(),
-            since_ms: select
-                .since
-                .as_deref()
-                .map(|v| parse_when("since", v, now_ms))
-                .transpose()?,
-            until_ms: select
-                .until
-                .as_deref()
-                .map(|v| parse_when("until", v, now_ms))
-                .transpose()?,
-            limit: select.limit,
+            kinds,
+            seller,
+            since_ms: since.map(|v| parse_when("since", v, now_ms)).transpose()?,
+            until_ms: until.map(|v| parse_when("until", v, now_ms)).transpose()?,
+            limit,
         })
     }
 }
