@@ -1,0 +1,233 @@
+//! The crate's top-level modules import one another without a cycle, and
+//! those `lib.rs` calls leaves import no other module of the crate.
+//!
+//! Read from the source, not from the compiler: every `crate::<module>`
+//! path outside a comment (a `use`, or a path written inline) is an edge
+//! from the file's top-level module to `<module>`. A cycle makes modules
+//! impossible to read, test or move one at a time; the failure names it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+type Graph = BTreeMap<String, BTreeSet<String>>;
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("read src/") {
+        let path = entry.expect("dir entry").path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The modules a line of code names after `crate::`, including each of a
+/// group's (`crate::{a, b::c}`).
+fn named_modules(line: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = line;
+    while let Some(i) = rest.find("crate::") {
+        rest = &rest[i + "crate::".len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            let end = group.find('}').unwrap_or(group.len());
+            for item in group[..end].split(',') {
+                let name: String = item
+                    .trim()
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                if !name.is_empty() {
+                    out.push(name);
+                }
+            }
+        } else {
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            if !name.is_empty() {
+                out.push(name);
+            }
+        }
+    }
+    out
+}
+
+/// Top-level module → the top-level modules it imports.
+fn import_graph() -> Graph {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut modules = BTreeSet::new();
+    for f in &files {
+        let rel = f.strip_prefix(&src).unwrap();
+        let first = rel.components().next().unwrap().as_os_str();
+        let name = Path::new(first).file_stem().unwrap().to_string_lossy();
+        if name != "lib" && name != "main" {
+            modules.insert(name.into_owned());
+        }
+    }
+    let mut graph: Graph = modules
+        .iter()
+        .map(|m| (m.clone(), BTreeSet::new()))
+        .collect();
+    for f in &files {
+        let rel = f.strip_prefix(&src).unwrap();
+        let first = rel.components().next().unwrap().as_os_str();
+        let from = Path::new(first)
+            .file_stem()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        if !modules.contains(&from) {
+            continue;
+        }
+        let text = std::fs::read_to_string(f).unwrap();
+        for line in text.lines() {
+            let code = line.trim_start();
+            if code.starts_with("//") {
+                continue;
+            }
+            let code = code.split(" //").next().unwrap_or(code);
+            for to in named_modules(code) {
+                if to != from && modules.contains(&to) {
+                    graph.get_mut(&from).unwrap().insert(to);
+                }
+            }
+        }
+    }
+    graph
+}
+
+/// A cycle of `graph`, as the modules along it, if there is one.
+fn find_cycle(graph: &Graph) -> Option<Vec<String>> {
+    #[derive(Clone, Copy, PartialEq)]
+    enum Mark {
+        New,
+        OnPath,
+        Done,
+    }
+    fn visit(
+        node: &str,
+        graph: &Graph,
+        marks: &mut BTreeMap<String, Mark>,
+        path: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
+        marks.insert(node.to_owned(), Mark::OnPath);
+        path.push(node.to_owned());
+        for next in &graph[node] {
+            match marks[next] {
+                Mark::OnPath => {
+                    let start = path.iter().position(|m| m == next).unwrap();
+                    let mut cycle = path[start..].to_vec();
+                    cycle.push(next.clone());
+                    return Some(cycle);
+                }
+                Mark::New => {
+                    if let Some(c) = visit(next, graph, marks, path) {
+                        return Some(c);
+                    }
+                }
+                Mark::Done => {}
+            }
+        }
+        path.pop();
+        marks.insert(node.to_owned(), Mark::Done);
+        None
+    }
+    let mut marks: BTreeMap<String, Mark> = graph.keys().map(|k| (k.clone(), Mark::New)).collect();
+    for node in graph.keys() {
+        if marks[node] == Mark::New {
+            if let Some(c) = visit(node, graph, &mut marks, &mut Vec::new()) {
+                return Some(c);
+            }
+        }
+    }
+    None
+}
+
+fn picture(graph: &Graph) -> String {
+    graph
+        .iter()
+        .map(|(m, to)| {
+            format!(
+                "  {m} -> {}",
+                to.iter().cloned().collect::<Vec<_>>().join(", ")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn the_top_level_modules_import_one_another_without_a_cycle() {
+    let graph = import_graph();
+    assert!(
+        graph.len() >= 10,
+        "the walk of src/ found too few modules: {graph:?}"
+    );
+    if let Some(cycle) = find_cycle(&graph) {
+        panic!(
+            "import cycle: {}\nthe imports:\n{}",
+            cycle.join(" -> "),
+            picture(&graph)
+        );
+    }
+}
+
+#[test]
+fn the_modules_lib_rs_calls_leaves_import_no_other() {
+    let lib = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/lib.rs"))
+        .expect("src/lib.rs");
+    let graph = import_graph();
+    // lib.rs's map: "//! - [`name`]: ... Leaf module." (the entry may run
+    // over several lines).
+    let mut leaves = Vec::new();
+    for entry in lib.split("//! - [`").skip(1) {
+        let name = entry.split('`').next().unwrap().to_owned();
+        let text: String = entry
+            .lines()
+            .take_while(|l| !l.is_empty())
+            .collect::<Vec<_>>()
+            .join(" ");
+        let text = text.split("- [`").next().unwrap_or(&text);
+        if text.contains("Leaf module") {
+            leaves.push(name);
+        }
+    }
+    assert!(
+        leaves.contains(&"config".to_owned()),
+        "lib.rs calls config a leaf: {leaves:?}"
+    );
+    for leaf in &leaves {
+        let imports = graph
+            .get(leaf)
+            .unwrap_or_else(|| panic!("no module {leaf}"));
+        assert!(
+            imports.is_empty(),
+            "lib.rs calls {leaf} a leaf module, but it imports {imports:?}"
+        );
+    }
+}
+
+#[test]
+fn the_cycle_check_finds_a_cycle() {
+    let mut graph = Graph::new();
+    for (from, to) in [("a", "b"), ("b", "c"), ("c", "a"), ("d", "a")] {
+        graph
+            .entry(from.to_owned())
+            .or_default()
+            .insert(to.to_owned());
+        graph.entry(to.to_owned()).or_default();
+    }
+    let cycle = find_cycle(&graph).expect("a -> b -> c -> a");
+    assert_eq!(cycle.first(), cycle.last());
+    assert_eq!(cycle.len(), 4, "{cycle:?}");
+    graph.get_mut("c").unwrap().clear();
+    assert_eq!(find_cycle(&graph), None);
+    assert_eq!(
+        named_modules("use crate::{config, job::Job}; let x = crate::limiter::X;"),
+        vec!["config", "job", "limiter"]
+    );
+}
