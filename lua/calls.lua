@@ -3,126 +3,188 @@
 -- timeout) charged units nobody was told of. The caller then sends
 -- 'cancel' with the same requests (jobs.lua), which gives them back.
 --
--- Each charged request records `id, now, units` in the field `calls` of the
--- seller's hash (v2 and v1+v2: block token 'f' or 'F', whose first key is
--- that hash). A cancel finds the record and refunds its units with each
--- rule's own `refund`, taken at the recorded `now` (so exactly what a
--- `refund` op of the same call would give back); when there is no record
--- yet (the call has not run: it waits in a hung server's buffers, or went
--- out on a connection that was replaced), the cancel leaves a tombstone
--- (units 0), and the call, when it runs, charges nothing. A refunded
--- record becomes a tombstone too, so a second cancel gives nothing back.
+-- Each charged request records `id, now, units` in a key of its own per
+-- seller, `prefix:{seller}:calls` (v2 and v1+v2: block token 'f' or 'F';
+-- the request's last KEY, in the seller's hash slot): a sorted set scored
+-- by `now` (µs, Redis' clock unless the caller passed one), member
+-- `id,units`. A jobs call only writes it (one ZADD); it never reads it,
+-- so a busy seller's records cost nothing in the HGETALL of the seller's
+-- hash that every call makes (BENCHMARKS.md 2e: the records in a field of
+-- that hash cost a busy seller 65-75 % more Redis time per call). A
+-- cancel finds the record (a ZRANGEBYSCORE of the live records, a scan
+-- for its id) and refunds its units with each rule's own `refund`, taken
+-- at the recorded `now` (so exactly what a `refund` op of the same call
+-- would give back); when there is no record yet (the call has not run:
+-- it waits in a hung server's buffers, or went out on a connection that
+-- was replaced), the cancel leaves a tombstone, and the call, when it
+-- runs, charges nothing. A refunded record becomes a tombstone too (the
+-- record goes, ZREM), so a second cancel gives nothing back.
 --
--- One field, not a field per call: every call reads the whole hash
--- (HGETALL), so a field per call would make every read of a busy seller
--- longer. The field is `;id,now,units` per record, in the order written
--- (the order of time, on Redis' clock); a write drops the records at its
--- front older than `life` (µs; the caller sends a few of its timeouts,
--- CALL_LIFE_US when it does not), appends its own, and then drops whole
--- records from the front until the field holds at most CALLS_BYTES (about
--- 50 records of production ids). So a write costs a few string operations,
--- never a parse of every record, however busy the seller. A cancel that
--- comes later than `life`, or after its record was pushed out by a seller's
--- many later calls, finds nothing and refunds nothing (the seller stays
--- charged, as before this existed).
+-- Tombstones are rare (one per cancel): they stay in the field `tomb` of
+-- the seller's hash, `;id,now` each in the order written, which the jobs
+-- call reads anyway; a write drops those at the front older than `life`,
+-- then whole ones from the front until the field holds at most
+-- TOMB_BYTES. A record or tombstone lives `life` (µs; the caller sends a
+-- few of its timeouts, CALL_LIFE_US when it does not): older ones are
+-- ignored.
 --
--- Not covered: v1 (a key per rule, no seller hash to hold the records; the
+-- Bounds without a command more on most calls: the hash's field `cn`
+-- counts the records written since the last trim; every CALLS_TRIM-th
+-- write trims the set to its newest CALLS_KEEP live records (a
+-- ZREVRANGEBYSCORE for the cut, a ZREMRANGEBYSCORE: commands the README's
+-- ACL grants already), so it never holds more than CALLS_KEEP +
+-- CALLS_TRIM - 1 records. The set's expiry is handled as the hash's own
+-- (common.lua, `lengthen`): the field `cexp` of the hash is the instant
+-- (ms, Redis' clock) the set expires at, and a write sends PEXPIRE only
+-- when that falls short of its record's life, then one grain longer. So a
+-- busy seller pays about one ZADD per charged call, plus a short field in
+-- the HSET the call sends anyway. A cancel that comes later than `life`,
+-- or after its record was trimmed by a seller's many later calls, finds
+-- nothing and refunds nothing (the seller stays charged, as before this
+-- existed).
+--
+-- Not covered: v1 (no seller hash for the count and the tombstones; the
 -- legacy layout, see docs/limiter-state-v2.md) and requests whose block
 -- token is '-' or '=' (the global rules' own call in cluster topology,
 -- shadow rules). Their cancel answers 0 and writes nothing.
--- `src/limiter/model/mod.rs` (`cancel`, `CallRecord`) is the twin.
+-- `src/limiter/model/calls.rs` (`cancel`, `Records`) is the twin.
 
-local CALLS_BYTES = 2048
+local CALLS_KEEP = 64
+local CALLS_TRIM = 16
+local TOMB_BYTES = 512
 local CALL_LIFE_US = 5000000
 
--- The seller's hash that holds a request's records, nil when not covered.
-local function calls_hash(hashes, how, key)
-  if how == 'f' or how == 'F' then
-    return open_hash(hashes, key)
-  end
-  return nil
+-- Whether a request's calls are recorded (its block token), and so
+-- whether it carries the key of its records.
+local function calls_covered(how)
+  return how == 'f' or how == 'F'
 end
 
--- The live record of call `id` in `list` (the field's value, or nil): its
--- time, its units (0: a tombstone) and where it starts, or nil when there
--- is none (the first record of `id` is the one that counts).
-local function calls_find(list, id, now, life)
-  if list == nil then
-    return nil
-  end
-  local s = string.find(list, ';' .. id .. ',', 1, true)
-  if s == nil then
-    return nil
-  end
-  local at, units = string.match(list, '^;[^,;]*,(%d+),(%d+)', s)
-  at = tonumber(at)
-  if at == nil or at + life <= now then
-    return nil
-  end
-  return at, tonumber(units), s
-end
-
--- Appends the record of `units` (0: a tombstone) for call `id` at `now` to
--- `list`, the field `calls` of the hash `H` (nil when absent), trimmed as
--- the header says. The hash lives at least `life` more.
-local function calls_write(H, list, now, life, id, units)
-  local entry = ';' .. id .. ',' .. I(now) .. ',' .. I(units)
-  if list ~= nil then
-    local pos = 1
-    while true do
-      local at = string.match(list, '^;[^,;]*,(%d+),', pos)
-      if at == nil or tonumber(at) + life > now then
-        break
-      end
-      pos = string.find(list, ';', pos + 1, true) or (#list + 1)
-    end
-    entry = string.sub(list, pos) .. entry
-    if #entry > CALLS_BYTES then
-      local cut = string.find(entry, ';', #entry - CALLS_BYTES + 1, true)
-      if cut ~= nil then
-        entry = string.sub(entry, cut)
-      end
-    end
-  end
-  hset(H, 'calls', entry)
+-- The hash (and its held expiry) outlives what it holds for the records
+-- by the records' life.
+local function calls_hold(H, life)
   local ms = cdiv(life, 1000) + EXPIRY_SLACK_MS
   if ms > H.ttl then
     H.ttl = ms
   end
 end
 
--- A jobs request before it is decided: whether a cancel came first (its
--- tombstone is there), and the hash and field its charge is recorded in.
-local function calls_before(hashes, how, key, id, now, life)
-  local H = calls_hash(hashes, how, key)
-  if H == nil then
-    return false, nil, nil
+-- Whether `list` (the field `tomb`, or nil) holds a live tombstone of call
+-- `id` (the first of `id` is the one that counts).
+local function tomb_find(list, id, now, life)
+  if list == nil then
+    return false
   end
-  local list = hget(H, 'calls')
-  local _, units = calls_find(list, id, now, life)
-  return units == 0, H, list
+  local s = string.find(list, ';' .. id .. ',', 1, true)
+  if s == nil then
+    return false
+  end
+  local at = tonumber(string.match(list, '^;[^,;]*,(%d+)', s))
+  return at ~= nil and at + life > now
 end
 
--- One request of a 'cancel' call; its reply: the units given back, -1
--- when it left a tombstone (no record: the call has not run, or ran and
--- charged nothing), 0 when there is nothing to do (cancelled already, or
--- not covered).
-local function cancel_request(hashes, how, key, id, rules, now, life)
-  local H = calls_hash(hashes, how, key)
-  if H == nil then
+-- Appends call `id`'s tombstone at `now` to `list`, the field `tomb` of
+-- the hash `H` (nil when absent), trimmed as the header says.
+local function tomb_write(H, list, now, life, id)
+  local entry = ';' .. id .. ',' .. I(now)
+  if list ~= nil then
+    local pos = 1
+    while true do
+      local at = string.match(list, '^;[^,;]*,(%d+)', pos)
+      if at == nil or tonumber(at) + life > now then
+        break
+      end
+      pos = string.find(list, ';', pos + 1, true) or (#list + 1)
+    end
+    entry = string.sub(list, pos) .. entry
+    if #entry > TOMB_BYTES then
+      local cut = string.find(entry, ';', #entry - TOMB_BYTES + 1, true)
+      if cut ~= nil then
+        entry = string.sub(entry, cut)
+      end
+    end
+  end
+  hset(H, 'tomb', entry)
+  calls_hold(H, life)
+end
+
+-- The live record of call `id` in the sorted set `key`: its time, its
+-- units and its member, or nil when there is none (the first of `id` in
+-- the set's order is the one that counts).
+local function calls_find(key, id, now, life)
+  local live = redis.call('ZRANGEBYSCORE', key, '(' .. I(now - life), '+inf', 'WITHSCORES')
+  local p = id .. ','
+  for i = 1, #live, 2 do
+    local m = live[i]
+    if string.sub(m, 1, #p) == p then
+      return tonumber(live[i + 1]), tonumber(string.sub(m, #p + 1)), m
+    end
+  end
+  return nil
+end
+
+-- Records that call `id` charged `units` at `now` in the sorted set `key`
+-- of the seller whose hash is `H`, trimmed and expired as the header says.
+-- `real`: the call's `now` when it is Redis' clock (nil otherwise).
+local function calls_write(H, key, now, life, id, units, real)
+  redis.call('ZADD', key, I(now), id .. ',' .. I(units))
+  local n = num(hget(H, 'cn'), 0) + 1
+  if n >= CALLS_TRIM then
+    -- The cut: the newest dropped record's score, the (KEEP+1)-th live
+    -- one from the top, or the stale ones' when fewer are live. The record
+    -- just written is live, so the set never empties here.
+    local cut = I(now - life)
+    local kth = redis.call('ZREVRANGEBYSCORE', key, '+inf', '(' .. cut, 'WITHSCORES', 'LIMIT', CALLS_KEEP, 1)
+    if #kth > 0 then
+      cut = kth[2]
+    end
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', cut)
+    n = 0
+  end
+  hset(H, 'cn', I(n))
+  local ms = cdiv(life, 1000) + EXPIRY_SLACK_MS
+  local at = real_ms(real)
+  local exp = num(hget(H, 'cexp'), 0)
+  if exp < at + ms then
+    local ttl = ms + EXPIRY_GRAIN_MS
+    redis.call('PEXPIRE', key, ttl)
+    -- Less one ms, as `lengthen` does.
+    hset(H, 'cexp', I(at + ttl - 1))
+  end
+  calls_hold(H, life)
+end
+
+-- A jobs request before it is decided: whether a cancel came first (its
+-- tombstone is there), and the seller's hash when its charge is recorded.
+local function calls_before(hashes, how, key, id, now, life)
+  if not calls_covered(how) then
+    return false, nil
+  end
+  local H = open_hash(hashes, key)
+  return tomb_find(hget(H, 'tomb'), id, now, life), H
+end
+
+-- One request of a 'cancel' call (`key`: the seller's hash, `ckey` its
+-- records); its reply: the units given back, -1 when it left a tombstone
+-- (no record: the call has not run, or ran and charged nothing), 0 when
+-- there is nothing to do (cancelled already, or not covered).
+local function cancel_request(hashes, how, key, ckey, id, rules, now, life)
+  if not calls_covered(how) then
     return 0
   end
-  local list = hget(H, 'calls')
-  local at, units, s = calls_find(list, id, now, life)
-  if units == 0 then
+  local H = open_hash(hashes, key)
+  local tombs = hget(H, 'tomb')
+  if tomb_find(tombs, id, now, life) then
     return 0
   end
-  if s ~= nil then
-    -- The record goes; its tombstone is appended.
-    local e = string.find(list, ';', s + 1, true)
-    list = string.sub(list, 1, s - 1) .. (e and string.sub(list, e) or '')
+  local at, units, member = calls_find(ckey, id, now, life)
+  if member ~= nil then
+    redis.call('ZREM', ckey, member)
+    -- The set may be empty now, so gone with its expiry: the next write
+    -- sets one again.
+    hset(H, 'cexp', '0')
   end
-  calls_write(H, list, now, life, id, 0)
+  tomb_write(H, tombs, now, life, id)
   if units == nil then
     return -1
   end

@@ -83,8 +83,10 @@ end
 --       every rule, by place (`r<i>:` enforced, `s<i>:` shadow; global rules
 --       in a hash of their own). H is read once per call (HGETALL) and
 --       written once at its end (`flush`), so a dry run writes nothing and a
---       call touches one key per seller. `r<i>:fp` names the rule that wrote
---       the place; another rule there converts the state first (`settle`).
+--       call touches one key per seller (a charged jobs call also adds its
+--       record to the seller's `calls` key: calls.lua). `r<i>:fp` names
+--       the rule that wrote the place; another rule there converts the
+--       state first (`settle`).
 --
 --       H has two forms. The common one (every call that drops no place):
 --       `raw`, HGETALL's array as it came, and `w`, the writes as HSET's

@@ -26,7 +26,9 @@
 --           seller's hash, repeated, and the global rules' hash); in v1+v2
 --           (block token 'F' or '=') the v1 block key after the first, and
 --           two keys per rule: its place's hash, then its v1 key; then,
---           with slot terms, the seller's slots (slots.lua)
+--           with slot terms, the seller's slots (slots.lua); then, with
+--           block token 'f' or 'F' (v2, v1+v2), the seller's call
+--           records (calls.lua), in every op
 --
 -- Reply: 13 integers per request, in order:
 --   { status, units, remaining, retry_after_ms, reset_after_ms, go_at_us,
@@ -246,10 +248,18 @@ local function run_jobs(KEYS, ARGV, op, now, real)
     if serr ~= nil then
       return redis.error_reply(serr)
     end
+    local calls_key, next_k = nil, slots_key + (slots ~= nil and 1 or 0)
+    if calls_covered(how) then
+      calls_key = KEYS[next_k]
+      if calls_key == nil then
+        return redis.error_reply("a request with block token 'f' or 'F' needs the key of its call records")
+      end
+      next_k = next_k + 1
+    end
     reqs[q] = { id = id, rules = rules, costs = costs, block_key = KEYS[k], how = how,
-      block_key1 = KEYS[k + 1], slots = slots }
+      block_key1 = KEYS[k + 1], slots = slots, calls_key = calls_key }
     a = a + 5 + 5 * nrules
-    k = slots_key + (slots ~= nil and 1 or 0)
+    k = next_k
   end
   -- A call that waited in a hung server's buffers until after its caller
   -- gave up must not charge units nobody was told of.
@@ -259,7 +269,7 @@ local function run_jobs(KEYS, ARGV, op, now, real)
     local out = {}
     for q = 1, nreq do
       local r = reqs[q]
-      out[q] = cancel_request(hashes, r.how, r.block_key, r.id, r.rules, now, life)
+      out[q] = cancel_request(hashes, r.how, r.block_key, r.calls_key, r.id, r.rules, now, life)
       -- Its slots of max_in_flight too: the worker never held them.
       if r.slots ~= nil then
         slots_forget(r.slots, r.id, #r.costs)
@@ -281,9 +291,9 @@ local function run_jobs(KEYS, ARGV, op, now, real)
   for q = 1, nreq do
     local r = reqs[q]
     local until_ = blocked_until(hashes, r.block_key, r.how, r.block_key1)
-    local cancelled, H, calls = false, nil, nil
+    local cancelled, H = false, nil
     if charge then
-      cancelled, H, calls = calls_before(hashes, r.how, r.block_key, r.id, now, life)
+      cancelled, H = calls_before(hashes, r.how, r.block_key, r.id, now, life)
     end
     if cancelled then
       jobs_reply(out, now, 0, 0, 0, 0, 0, now, 0, 0, 1)
@@ -292,7 +302,7 @@ local function run_jobs(KEYS, ARGV, op, now, real)
       -- This request's row: status, then units.
       local units = out[#out - 11]
       if H ~= nil and out[#out - 12] == 1 and units > 0 and #r.rules > 0 then
-        calls_write(H, calls, now, life, r.id, units)
+        calls_write(H, r.calls_key, now, life, r.id, units, real)
       end
     end
   end

@@ -195,7 +195,8 @@ async fn a_new_algorithm_takes_over_the_units_in_use() {
 }
 
 /// A seller's block and every rule's state, shadow rules included, in one
-/// key with an expiry; `limits reset` deletes that key.
+/// key with an expiry (its charged jobs calls' records in a second one,
+/// `lua/calls.lua`); `limits reset` deletes both.
 #[tokio::test]
 async fn one_key_holds_a_seller() {
     let rules = vec![
@@ -229,13 +230,19 @@ async fn one_key_holds_a_seller() {
         "the block in the seller's hash refuses it"
     );
     let mut conn = raw().await;
-    let keys: Vec<String> = redis::cmd("KEYS")
+    let mut keys: Vec<String> = redis::cmd("KEYS")
         .arg(format!("{prefix}:*"))
         .query_async(&mut conn)
         .await
         .unwrap();
+    keys.sort();
     let hash = format!("{prefix}:{{s}}:v2");
-    assert_eq!(keys, vec![hash.clone()], "one key for the seller");
+    let calls = format!("{prefix}:{{s}}:calls");
+    assert_eq!(
+        keys,
+        vec![calls.clone(), hash.clone()],
+        "one key for the seller's state, one for its jobs calls' records"
+    );
     let fields: Vec<String> = redis::cmd("HKEYS")
         .arg(&hash)
         .query_async(&mut conn)
@@ -265,5 +272,5 @@ async fn one_key_holds_a_seller() {
         Some(Duration::from_millis(3_420)),
         "{state:?}"
     );
-    assert_eq!(lim.seller_keys("s"), vec![hash]);
+    assert_eq!(lim.seller_keys("s"), vec![hash, calls]);
 }

@@ -189,6 +189,7 @@ impl Keys {
                 rules: vec![self.rule.clone()],
                 costs: costs.to_vec(),
                 slots: None,
+                calls: None,
             }],
         }
     }

@@ -15,7 +15,9 @@ use super::policy::Resolved;
 use super::policy::SLOT_POLL;
 use super::reply::JobsReply;
 use super::rule::Rule;
-use super::script::{BlockAt, JobsCall, JobsRequest, KeyedRule, Op, ScriptCall, SlotTerms, Store};
+use super::script::{
+    BlockAt, BlockRead, JobsCall, JobsRequest, KeyedRule, Op, ScriptCall, SlotTerms, Store,
+};
 use crate::config::Topology;
 
 /// One list's answer from [`Limiter::check_jobs_many`]; an error is shared
@@ -271,6 +273,7 @@ impl<S: Store> Limiter<S> {
             rules,
             costs: costs.to_vec(),
             slots: None,
+            calls: None,
         }
     }
 
@@ -278,14 +281,17 @@ impl<S: Store> Limiter<S> {
     /// its calls in flight are capped.
     fn seller_request(&self, seller: &str, rules: Vec<KeyedRule>, costs: &[u64]) -> JobsRequest {
         let policy = self.policy();
+        let block = self.keys.block_at(seller);
         JobsRequest {
+            // v2 and v1+v2 record the seller's charged calls for a cancel.
+            calls: (block.read == BlockRead::Field).then(|| self.keys.calls(seller)),
             slots: policy.max_in_flight(seller).map(|max| SlotTerms {
                 key: self.keys.slots(seller),
                 max,
                 lease_us: u64::try_from(policy.slot_lease().as_micros()).unwrap_or(u64::MAX),
                 poll_us: u64::try_from(SLOT_POLL.as_micros()).unwrap_or(u64::MAX),
             }),
-            ..self.jobs_request(self.keys.block_at(seller), rules, costs)
+            ..self.jobs_request(block, rules, costs)
         }
     }
 

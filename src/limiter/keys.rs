@@ -12,7 +12,9 @@
 //!   (`r<i>` enforced, `s<i>` shadow); the global rules in
 //!   `prefix:{*global*}:v2`. An edited rule converts what it finds at its
 //!   place (`lua/common.lua`, `settle`), and a slot migration moves a
-//!   seller whole.
+//!   seller whole. Beside it, `prefix:{seller}:calls`, the records of its
+//!   charged jobs calls (`lua/calls.lua`), and with `max_in_flight`,
+//!   `prefix:{seller}:slots`.
 
 pub use crate::config::StateLayout;
 
@@ -57,6 +59,14 @@ impl KeySpace {
     /// layout; see `lua/slots.lua`).
     pub fn slots(&self, seller: &str) -> String {
         format!("{}:{{{}}}:slots", self.prefix, tag(seller))
+    }
+
+    /// v2 and v1+v2: the sorted set of `seller`'s recent charged jobs
+    /// calls, for their cancel (`lua/calls.lua`). A key of its own, so the
+    /// `HGETALL` of the seller's hash that every call makes never reads
+    /// the records.
+    pub fn calls(&self, seller: &str) -> String {
+        format!("{}:{{{}}}:calls", self.prefix, tag(seller))
     }
 
     /// v2: the hash of the global rules' state.

@@ -150,12 +150,14 @@ impl<S: Store> Limiter<S> {
     /// Every key that holds `seller`'s own state: its 429 block and one per
     /// rule it is held to now, shadow rules included (global rules' keys are
     /// shared, not its own); in state v2, its one hash, which also holds
-    /// what rules it was held to before. All in the seller's hash slot.
+    /// what rules it was held to before, and the records of its charged
+    /// calls (`lua/calls.lua`). All in the seller's hash slot.
     pub fn seller_keys(&self, seller: &str) -> Vec<String> {
         let layout = self.keys.layout();
         let mut keys = Vec::new();
         if layout != StateLayout::V1 {
             keys.push(self.keys.seller_state(seller));
+            keys.push(self.keys.calls(seller));
         }
         if layout == StateLayout::V2 {
             return keys;

@@ -144,9 +144,12 @@ pub struct ModelStore {
     /// `max_in_flight`: per sorted set, each lease with the µs instant it
     /// lapses (`lua/slots.lua`).
     slots: HashMap<String, std::collections::BTreeMap<String, i128>>,
-    /// State v2: per seller hash, its field `calls` (`lua/calls.lua`), the
-    /// records of charged jobs calls and cancels' tombstones, oldest first.
-    pub(crate) calls: HashMap<String, Vec<calls::CallRecord>>,
+    /// State v2: per seller hash, its fields of `lua/calls.lua` (records
+    /// written since the last trim, cancels' tombstones).
+    pub(crate) calls: HashMap<String, calls::CallsFields>,
+    /// State v2: per seller, the sorted set of its charged jobs calls'
+    /// records (`prefix:{seller}:calls`).
+    pub(crate) records: HashMap<String, calls::Records>,
 }
 
 impl ModelStore {
