@@ -24,7 +24,8 @@ async fn startup_error(settings: Settings) -> String {
         Ok(summary) => {
             panic!("the worker started and stopped ({summary:?}); expected a startup error")
         }
-        Err(e) => format!("{e:#}"),
+        // In full, as `main` prints it: the error and each of its sources.
+        Err(e) => format!("{:#}", anyhow::Error::from(e)),
     }
 }
 

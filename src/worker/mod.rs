@@ -41,7 +41,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use tokio::sync::mpsc;
 
 use crate::config::Settings;
@@ -55,6 +54,36 @@ use crate::telemetry::trace::Export;
 pub use engine::{Deps, Engine, Pending, Summary};
 pub use permit::{OnLimiterError, PermitError, Permits, SellerInfo};
 pub use ports::{Caller, Clock, CommitError, Live, Ports, Source, SystemClock, WriteError, Writer};
+
+/// Why a worker did not start: the settings to look at, with the cause as
+/// its source (`{:#}` prints both, as `main` does).
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("downstream.url / downstream settings")]
+    Downstream(#[source] crate::downstream::DownstreamError),
+    #[error("downstream.retry_statuses: {0}")]
+    RetryStatuses(String),
+    #[error("redis.url: Redis must answer PING and accept the limiter scripts")]
+    Redis(#[source] crate::limiter::RedisError),
+    #[error("redis.state")]
+    Layout(#[source] crate::limiter::layout::LayoutError),
+    #[error("kafka settings")]
+    Kafka(#[source] crate::kafka::consumer::ConsumerError),
+    #[error("kafka.brokers / topics")]
+    Topics(#[source] crate::kafka::consumer::ConsumerError),
+    #[error("kafka producer")]
+    Producer(#[source] crate::kafka::SinkError),
+    #[error("kafka subscribe")]
+    Subscribe(#[source] crate::kafka::consumer::ConsumerError),
+    #[error("kafka consumer")]
+    Consumer(#[source] crate::kafka::consumer::ConsumerError),
+    #[error("http.listen")]
+    Listen(#[source] std::io::Error),
+    #[error(transparent)]
+    Reload(#[from] reload::ReloadError),
+    #[error("tracing.otlp_endpoint")]
+    Traces(#[source] crate::telemetry::trace::TraceError),
+}
 
 /// How long startup waits for Kafka metadata.
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
@@ -72,7 +101,7 @@ pub async fn run(
     settings: Settings,
     policy: Policy,
     shutdown: impl Future<Output = ()>,
-) -> anyhow::Result<Summary> {
+) -> Result<Summary, StartError> {
     run_watching(settings, policy, None, shutdown).await
 }
 
@@ -83,7 +112,7 @@ pub async fn run_watching(
     policy: Policy,
     config_file: Option<PathBuf>,
     shutdown: impl Future<Output = ()>,
-) -> anyhow::Result<Summary> {
+) -> Result<Summary, StartError> {
     let settings = Arc::new(settings);
     crate::telemetry::events::WorkerConfigured {
         max_buffered_bytes: settings.worker.max_buffered_bytes,
@@ -95,24 +124,23 @@ pub async fn run_watching(
         settings.downstream.timeout,
         settings.downstream.concurrency,
     )
-    .context("downstream.url / downstream settings")?
+    .map_err(StartError::Downstream)?
     .with_max_retry_after(settings.downstream.max_retry_after)
     .with_retry_statuses(
         crate::downstream::RetryStatuses::parse(&settings.downstream.retry_statuses)
-            .map_err(anyhow::Error::msg)
-            .context("downstream.retry_statuses")?,
+            .map_err(StartError::RetryStatuses)?,
     )
     .with_worker_id(&worker_id);
     let store = RedisStore::open(&settings.redis)
         .await
-        .context("redis.url: Redis must answer PING and accept the limiter scripts")?;
+        .map_err(StartError::Redis)?;
     // Sellers the config names get series of their own; all others are
     // counted together, so /metrics stays small with any number of sellers.
     crate::telemetry::metrics::name_sellers(policy.named_sellers().map(str::to_owned));
     let prefix = &settings.redis.key_prefix;
     let layout = crate::limiter::layout::resolve(&store, prefix, settings.redis.state, true)
         .await
-        .context("redis.state")?;
+        .map_err(StartError::Layout)?;
     let limiter = Limiter::new(
         store,
         KeySpace::with_layout(prefix.clone(), layout),
@@ -120,29 +148,29 @@ pub async fn run_watching(
         settings.redis.topology,
     );
     let (part_tx, part_rx) = mpsc::unbounded_channel();
-    let consumer = Consumers::new(&settings.kafka, part_tx).context("kafka settings")?;
+    let consumer = Consumers::new(&settings.kafka, part_tx).map_err(StartError::Kafka)?;
     let k = &settings.kafka;
     let all = k.all_topics();
     let topics: Vec<&str> = all.iter().map(String::as_str).collect();
     let check = tokio::task::block_in_place(|| consumer.check_topics(&topics, METADATA_TIMEOUT));
-    let counts = check.context("kafka.brokers / topics")?;
+    let counts = check.map_err(StartError::Topics)?;
     debug_assert_eq!(
         topics[0], k.topic,
         "all_topics() starts with the jobs topic"
     );
     let sink =
-        RecordSink::new(&k.brokers, &settings.producer_config()).context("kafka producer")?;
+        RecordSink::new(&k.brokers, &settings.producer_config()).map_err(StartError::Producer)?;
     // The jobs topic to one consumer, every retry tier (all but the jobs
     // and the dead-letter topic) to the other.
     consumer
         .subscribe(&topics[1..topics.len() - 1])
-        .context("kafka subscribe")?;
-    let records = consumer.start().context("kafka consumer")?;
+        .map_err(StartError::Subscribe)?;
+    let records = consumer.start().map_err(StartError::Consumer)?;
     // The event loop turns at least every commit interval.
     let health = http::Health::new((settings.kafka.commit_interval * 5).max(STUCK_AFTER_MIN));
     let server = http::serve(settings.http.listen, health.clone())
         .await
-        .context("http.listen")?;
+        .map_err(StartError::Listen)?;
     tracing::info!(
         group = %k.group_id,
         worker_id = %worker_id,
@@ -164,7 +192,7 @@ pub async fn run_watching(
         // it must still be caught, or a `kill -HUP` meant as "reload" (the
         // README's advice) kills a worker that watches no file.
         #[cfg(unix)]
-        reload::ignore_hangup()?;
+        reload::ignore_hangup().map_err(reload::ReloadError::Signal)?;
         None
     };
     // Temporary overrides set with `limits override` live in Redis: read
@@ -240,7 +268,7 @@ pub async fn run_watching(
         &t.service_name,
         &worker_id,
     )
-    .context("tracing.otlp_endpoint")?;
+    .map_err(StartError::Traces)?;
     if traces.is_some() {
         tracing::info!(
             endpoint = %crate::config::redact_url(&t.otlp_endpoint),

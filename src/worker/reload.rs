@@ -11,7 +11,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 
@@ -24,6 +23,21 @@ use crate::telemetry::metrics::name_sellers;
 /// wait this long after the first for the rest before reading the file.
 const SETTLE: Duration = Duration::from_millis(200);
 
+/// Why the config file cannot be watched.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error(transparent)]
+    Watcher(#[from] notify::Error),
+    #[error("watching {dir} for limit edits")]
+    Watch {
+        dir: String,
+        #[source]
+        source: notify::Error,
+    },
+    #[error(transparent)]
+    Signal(std::io::Error),
+}
+
 /// Watches the config file (when there is one) and the limits file it
 /// names (`limits.file`, when set) until the task is aborted, applying each
 /// valid edit of `[limits]` to `limiter`. `running` is what the worker
@@ -32,7 +46,7 @@ pub fn spawn<S: Store + 'static>(
     config_file: Option<PathBuf>,
     limiter: Arc<Limiter<S>>,
     running: Settings,
-) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+) -> Result<tokio::task::JoinHandle<()>, ReloadError> {
     let (tx, mut rx) = mpsc::unbounded_channel::<()>();
     let watched: Vec<PathBuf> = config_file
         .iter()
@@ -70,7 +84,10 @@ pub fn spawn<S: Store + 'static>(
         if !dirs.contains(&dir) {
             watcher
                 .watch(&dir, RecursiveMode::NonRecursive)
-                .with_context(|| format!("watching {} for limit edits", dir.display()))?;
+                .map_err(|source| ReloadError::Watch {
+                    dir: dir.display().to_string(),
+                    source,
+                })?;
             dirs.push(dir);
         }
     }
@@ -82,7 +99,8 @@ pub fn spawn<S: Store + 'static>(
     #[cfg(unix)]
     {
         let hup = tx.clone();
-        let mut signal = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+        let mut signal = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            .map_err(ReloadError::Signal)?;
         tokio::spawn(async move {
             while signal.recv().await.is_some() {
                 if hup.send(()).is_err() {

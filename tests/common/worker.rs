@@ -520,7 +520,7 @@ pub fn policy(rules: Vec<RuleConfig>) -> Policy {
 
 /// A worker running in this process.
 pub struct Running {
-    pub handle: JoinHandle<anyhow::Result<Summary>>,
+    pub handle: JoinHandle<Result<Summary, throttle_worker::worker::StartError>>,
     stop: Option<oneshot::Sender<()>>,
 }
 
