@@ -292,7 +292,7 @@ async fn limits(command: LimitsCommand) -> anyhow::Result<()> {
 fn load(
     file: Option<PathBuf>,
 ) -> anyhow::Result<(config::Settings, throttle_worker::limiter::Policy)> {
-    operator::load(file.as_deref())
+    Ok(operator::load(file.as_deref())?)
 }
 
 /// Resolves on SIGTERM or Ctrl-C.

@@ -10,7 +10,6 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use anyhow::Context;
 use serde_json::{json, Value};
 
 use crate::config::{self, Settings};
@@ -18,6 +17,31 @@ use crate::limiter::inspect::SellerState;
 use crate::limiter::overrides::{self, Override};
 use crate::limiter::pauses::{self, Pause, Pauses};
 use crate::limiter::{Decision, KeySpace, Limiter, Mode, Policy, RedisStore, Request, Rule};
+
+/// Why an operator command failed; `main` prints it with its cause.
+#[derive(Debug, thiserror::Error)]
+pub enum OperatorError {
+    #[error("invalid configuration")]
+    Config(#[source] config::ConfigError),
+    #[error(transparent)]
+    Redis(#[from] crate::limiter::RedisError),
+    #[error(transparent)]
+    Layout(#[from] crate::limiter::layout::LayoutError),
+    #[error(transparent)]
+    Limiter(#[from] crate::limiter::LimiterError<crate::limiter::RedisError>),
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    #[error("--for")]
+    For(#[source] humantime::DurationError),
+    #[error("--until")]
+    Until(#[source] humantime::TimestampError),
+    #[error("give --for DURATION or --until TIME")]
+    NoEnd,
+    #[error("it would end before it starts")]
+    EndsBeforeStart,
+    #[error("--rule {0}")]
+    Rule(String),
+}
 
 /// How a command prints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,15 +51,15 @@ pub enum Output {
 }
 
 /// Loads and validates the config, as a worker would at start.
-pub fn load(file: Option<&Path>) -> anyhow::Result<(Settings, Policy)> {
-    let loaded = config::load(file).context("invalid configuration")?;
-    let policy = Policy::load(&loaded).context("invalid configuration")?;
+pub fn load(file: Option<&Path>) -> Result<(Settings, Policy), OperatorError> {
+    let loaded = config::load(file).map_err(OperatorError::Config)?;
+    let policy = Policy::load(&loaded).map_err(OperatorError::Config)?;
     Ok((loaded.settings, policy))
 }
 
 /// The limiter as the worker sees it: the config's policy with the
 /// overrides in force now.
-pub async fn open_limiter(file: Option<&Path>) -> anyhow::Result<Limiter<RedisStore>> {
+pub async fn open_limiter(file: Option<&Path>) -> Result<Limiter<RedisStore>, OperatorError> {
     let (settings, policy) = load(file)?;
     let store = RedisStore::open(&settings.redis).await?;
     let prefix = &settings.redis.key_prefix;
@@ -119,7 +143,7 @@ fn table(header: &[&str], rows: &[Vec<String>]) -> String {
 async fn override_of(
     limiter: &Limiter<RedisStore>,
     seller: &str,
-) -> anyhow::Result<Option<Override>> {
+) -> Result<Option<Override>, OperatorError> {
     let fields = limiter
         .store()
         .read_hash(&limiter.keys().overrides())
@@ -132,7 +156,7 @@ async fn override_of(
 
 /// `limits show SELLER`: the rules that apply, any override, and each
 /// rule's live state, charging nothing.
-pub async fn show(file: Option<&Path>, seller: &str, out: Output) -> anyhow::Result<String> {
+pub async fn show(file: Option<&Path>, seller: &str, out: Output) -> Result<String, OperatorError> {
     let limiter = open_limiter(file).await?;
     let state = limiter.inspect(seller, None).await?;
     let ov = override_of(&limiter, seller).await?;
@@ -215,7 +239,7 @@ pub async fn pause(
     until_ms: Option<u64>,
     reason: &str,
     out: Output,
-) -> anyhow::Result<String> {
+) -> Result<String, OperatorError> {
     let (settings, _) = load(file)?;
     let store = RedisStore::open(&settings.redis).await?;
     let key = KeySpace::new(settings.redis.key_prefix.clone()).pauses();
@@ -248,7 +272,7 @@ pub async fn resume(
     file: Option<&Path>,
     seller: Option<&str>,
     out: Output,
-) -> anyhow::Result<String> {
+) -> Result<String, OperatorError> {
     let (settings, _) = load(file)?;
     let store = RedisStore::open(&settings.redis).await?;
     let key = KeySpace::new(settings.redis.key_prefix.clone()).pauses();
@@ -321,7 +345,11 @@ fn show_table(seller: &str, state: &SellerState, ov: Option<&Override>) -> Strin
 
 /// `limits reset SELLER`: clears the seller's state under every rule it is
 /// held to (shadow rules too) and any 429 block, for every replica at once.
-pub async fn reset(file: Option<&Path>, seller: &str, out: Output) -> anyhow::Result<String> {
+pub async fn reset(
+    file: Option<&Path>,
+    seller: &str,
+    out: Output,
+) -> Result<String, OperatorError> {
     let limiter = open_limiter(file).await?;
     let keys = limiter.seller_keys(seller);
     let existed = limiter.store().delete(&keys).await?;
@@ -337,15 +365,20 @@ pub async fn reset(file: Option<&Path>, seller: &str, out: Output) -> anyhow::Re
 }
 
 /// When an override ends: `--for` a duration or `--until` an RFC 3339 time.
-pub fn until_ms(for_: Option<&str>, until: Option<&str>) -> anyhow::Result<u64> {
+pub fn until_ms(for_: Option<&str>, until: Option<&str>) -> Result<u64, OperatorError> {
     let now = SystemTime::now();
     let until = match (for_, until) {
-        (Some(d), None) => now + humantime::parse_duration(d).context("--for")?,
-        (None, Some(t)) => humantime::parse_rfc3339_weak(t).context("--until")?,
-        _ => anyhow::bail!("give --for DURATION or --until TIME"),
+        (Some(d), None) => now + humantime::parse_duration(d).map_err(OperatorError::For)?,
+        (None, Some(t)) => humantime::parse_rfc3339_weak(t).map_err(OperatorError::Until)?,
+        _ => return Err(OperatorError::NoEnd),
     };
-    anyhow::ensure!(until > now, "it would end before it starts");
-    Ok(until.duration_since(UNIX_EPOCH)?.as_millis() as u64)
+    if until <= now {
+        return Err(OperatorError::EndsBeforeStart);
+    }
+    Ok(until
+        .duration_since(UNIX_EPOCH)
+        .map_err(|_| OperatorError::EndsBeforeStart)?
+        .as_millis() as u64)
 }
 
 /// `limits override SELLER --rule SPEC --for|--until`: the seller gets
@@ -357,9 +390,9 @@ pub async fn set_override(
     rule: &str,
     until_ms: u64,
     out: Output,
-) -> anyhow::Result<String> {
-    let o = overrides::parse_rule(rule, until_ms).map_err(|e| anyhow::anyhow!("--rule {e}"))?;
-    let rule = o.rule().map_err(|e| anyhow::anyhow!("--rule {e}"))?;
+) -> Result<String, OperatorError> {
+    let o = overrides::parse_rule(rule, until_ms).map_err(OperatorError::Rule)?;
+    let rule = o.rule().map_err(OperatorError::Rule)?;
     let (settings, _) = load(file)?;
     let store = RedisStore::open(&settings.redis).await?;
     let key = KeySpace::new(settings.redis.key_prefix.clone()).overrides();
@@ -383,7 +416,7 @@ pub async fn clear_override(
     file: Option<&Path>,
     seller: &str,
     out: Output,
-) -> anyhow::Result<String> {
+) -> Result<String, OperatorError> {
     let (settings, _) = load(file)?;
     let store = RedisStore::open(&settings.redis).await?;
     let key = KeySpace::new(settings.redis.key_prefix.clone()).overrides();
@@ -405,7 +438,7 @@ pub async fn clear_override(
 
 /// `limits list`: the overrides in force. Expired fields are dropped here,
 /// by the operator's tool, not by every worker every second.
-pub async fn list(file: Option<&Path>, out: Output) -> anyhow::Result<String> {
+pub async fn list(file: Option<&Path>, out: Output) -> Result<String, OperatorError> {
     let (settings, _) = load(file)?;
     let store = RedisStore::open(&settings.redis).await?;
     let key = KeySpace::new(settings.redis.key_prefix.clone()).overrides();
@@ -454,7 +487,7 @@ async fn paused_in_force(
     store: &RedisStore,
     settings: &Settings,
     now: u64,
-) -> anyhow::Result<Vec<(Option<String>, Pause)>> {
+) -> Result<Vec<(Option<String>, Pause)>, OperatorError> {
     let key = KeySpace::new(settings.redis.key_prefix.clone()).pauses();
     let fields = store.read_hash(&key).await?;
     let live = Pauses::in_force(&fields, now);
@@ -526,7 +559,7 @@ pub async fn peek(
     cost: u64,
     mode: Mode,
     out: Output,
-) -> anyhow::Result<String> {
+) -> Result<String, OperatorError> {
     let limiter = open_limiter(file).await?;
     let decision = limiter
         .check(Request {
@@ -565,7 +598,7 @@ pub async fn peek(
 
 /// `check-config`: validates, then prints the resolved rules per tier and
 /// named seller.
-pub fn check_config(file: Option<&Path>, out: Output) -> anyhow::Result<String> {
+pub fn check_config(file: Option<&Path>, out: Output) -> Result<String, OperatorError> {
     let (settings, policy) = load(file)?;
     let rules = |rs: &[Rule]| rs.iter().map(ToString::to_string).collect::<Vec<_>>();
     let (default, default_shadow) = policy.default_rules();
