@@ -905,18 +905,7 @@ fn a_pacers_granted_jobs_wait_out_a_pause() {
 /// Most calls of `seller` under way at once at the downstream (answered
 /// calls).
 fn most_in_flight(out: &sim::run::Outcome, seller: &str) -> i64 {
-    let mut steps: Vec<(u64, i64)> = Vec::new();
-    for c in out.log.calls.iter().filter(|c| c.seller == seller) {
-        steps.push((c.at_ms, 1));
-        steps.push((c.end_ms, -1));
-    }
-    steps.sort_unstable();
-    let (mut now, mut most) = (0, 0);
-    for (_, d) in steps {
-        now += d;
-        most = most.max(now);
-    }
-    most
+    sim::check::most_in_flight(out, seller).0
 }
 
 /// Issue 22, part 3: a seller capped at 3 calls in flight, across a fleet

@@ -43,26 +43,35 @@ pub fn in_flight_within_cap(sc: &Scenario, out: &Outcome) -> Vec<String> {
         let Some(cap) = spec.max_in_flight else {
             continue;
         };
-        // (instant, +1 start / -1 end): ends first at one instant.
-        let mut steps: Vec<(u64, i64)> = Vec::new();
-        for c in out.log.calls.iter().filter(|c| c.seller == spec.name) {
-            steps.push((c.at_ms, 1));
-            steps.push((c.end_ms, -1));
-        }
-        steps.sort_unstable();
-        let mut now = 0i64;
-        for (at, d) in steps {
-            now += d;
-            if now > i64::from(cap) {
-                v.push(format!(
-                    "9. {}: {now} calls in flight at {at} ms, over its max_in_flight {cap}",
-                    spec.name
-                ));
-                break;
-            }
+        let (most, at) = most_in_flight(out, &spec.name);
+        if most > i64::from(cap) {
+            v.push(format!(
+                "9. {}: {most} calls in flight at {at} ms, over its max_in_flight {cap}",
+                spec.name
+            ));
         }
     }
     v
+}
+
+/// Most calls of `seller` under way at once at the downstream (answered
+/// calls), and the first instant (virtual ms) with that many.
+pub fn most_in_flight(out: &Outcome, seller: &str) -> (i64, u64) {
+    // (instant, +1 start / -1 end): ends first at one instant.
+    let mut steps: Vec<(u64, i64)> = Vec::new();
+    for c in out.log.calls.iter().filter(|c| c.seller == seller) {
+        steps.push((c.at_ms, 1));
+        steps.push((c.end_ms, -1));
+    }
+    steps.sort_unstable();
+    let (mut now, mut most, mut most_at) = (0i64, 0i64, 0u64);
+    for (at, d) in steps {
+        now += d;
+        if now > most {
+            (most, most_at) = (now, at);
+        }
+    }
+    (most, most_at)
 }
 
 /// Invariant 8: no call of a paused seller reaches the downstream while
