@@ -36,14 +36,15 @@
 pub mod backoff;
 pub mod cli;
 pub mod config;
-pub mod demo;
+pub mod dev;
 pub mod dlq;
 pub mod downstream;
 pub mod job;
 pub mod kafka;
 pub mod limiter;
-pub mod load;
 pub mod operator;
-pub mod stub;
 pub mod telemetry;
 pub mod worker;
+
+// Transitional: the tools' old paths, until their users name `dev::`.
+pub use dev::{demo, load, stub};
