@@ -1,6 +1,12 @@
 # syntax=docker/dockerfile:1
-# throttle-worker image: one binary for every role (run, stub, produce,
-# dev-broker, limiter tools). Build:  docker build -t throttle-worker .
+# throttle-worker images. The default target is the production image: the
+# binary built without the dev tools (`--no-default-features`: no demo, no
+# stub, no load generator, no mock broker), running `run` and the operator
+# commands (limits, dlq, check-config).
+#   docker build -t throttle-worker .
+# The `dev` target is the same runtime with the tools built in (the
+# `dev-tools` feature): docker-compose's stub and load generator run it.
+#   docker build --target dev -t throttle-worker:dev .
 # tests/deploy_files.rs checks this file against the repository (packages,
 # copied paths, user, port, healthcheck); there is no Docker engine in CI.
 
@@ -30,11 +36,20 @@ COPY benches ./benches
 # `--profile profiling` (release with line tables) outside the image.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
+    cargo build --release --locked --no-default-features \
+ && cp target/release/throttle-worker /usr/local/bin/throttle-worker
+
+# --- build-dev: the binary with the tools (the default features) -------------
+# Built only for the dev target; shares the cache mounts, so only the crate
+# itself is compiled again.
+FROM build AS build-dev
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
     cargo build --release --locked \
  && cp target/release/throttle-worker /usr/local/bin/throttle-worker
 
-# --- run -------------------------------------------------------------------
-FROM debian:bookworm-slim
+# --- runtime: what both images share -----------------------------------------
+FROM debian:bookworm-slim AS runtime
 # Runtime libraries only: what the binary links (ldd: libssl3 with
 # libcrypto, zlib1g; libc6 and libgcc-s1 are in the base) and CA
 # certificates for TLS to Kafka, Redis or the downstream. No libsasl2-2:
@@ -48,7 +63,6 @@ RUN apt-get update \
 RUN groupadd --system --gid 10001 throttle \
  && useradd --system --uid 10001 --gid 10001 --no-create-home \
       --home-dir /nonexistent --shell /usr/sbin/nologin throttle
-COPY --from=build /usr/local/bin/throttle-worker /usr/local/bin/throttle-worker
 COPY --chmod=0755 deploy/docker/healthcheck.sh /usr/local/bin/throttle-healthcheck
 USER 10001:10001
 # The default http.listen is 127.0.0.1:9898, which nothing outside the
@@ -63,3 +77,11 @@ HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 \
   CMD ["/usr/local/bin/throttle-healthcheck"]
 ENTRYPOINT ["throttle-worker"]
 CMD ["run"]
+
+# --- dev: the runtime with the tools (docker-compose's stub, produce) --------
+FROM runtime AS dev
+COPY --from=build-dev /usr/local/bin/throttle-worker /usr/local/bin/throttle-worker
+
+# --- run: the production image, the default target (last stage) --------------
+FROM runtime
+COPY --from=build /usr/local/bin/throttle-worker /usr/local/bin/throttle-worker

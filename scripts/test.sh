@@ -30,6 +30,11 @@ exec scripts/with-redis.sh bash -c '
   cargo fmt --all -- --check
   printf "\n=== cargo clippy\n"
   cargo clippy --all-targets -- -D warnings
+  # The production build, the one the image ships: without dev-tools,
+  # so no demo, stub, load generator or mock broker. Library and binary
+  # only: the integration tests run on the mock broker.
+  printf "\n=== cargo clippy --no-default-features\n"
+  cargo clippy --no-default-features -- -D warnings
   # Licenses, duplicate crates and sources against deny.toml; no network
   # (advisories need a database CI cannot fetch: see the README).
   printf "\n=== cargo deny check licenses bans sources\n"

@@ -29,6 +29,7 @@ pub enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    #[cfg(feature = "dev-tools")]
     /// Host librdkafka's mock cluster for local runs and multi-process tests.
     /// Prints `bootstrap.servers=<list>` first, then serves until SIGTERM.
     DevBroker {
@@ -56,6 +57,7 @@ pub enum Command {
         #[command(subcommand)]
         command: DlqCommand,
     },
+    #[cfg(feature = "dev-tools")]
     /// Load generator: jobs of many sellers with a Zipf skew, a share of
     /// malformed records and a paced rate, written to the jobs topic.
     Produce {
@@ -85,13 +87,15 @@ pub enum Command {
         #[arg(long, default_value_t = 256)]
         payload_bytes: usize,
     },
+    #[cfg(feature = "dev-tools")]
     /// The whole pipeline on one machine with only Redis: mock broker,
     /// worker replicas, a downstream stub, a skewed load, a live view, and
     /// a summary that checks every limit held and no job was lost.
-    Demo(crate::demo::DemoArgs),
+    Demo(crate::dev::demo::DemoArgs),
+    #[cfg(feature = "dev-tools")]
     /// A downstream stub: POST /registrations counts per seller (429 past
     /// --throttle), GET /stats and /jobs report.
-    Stub(crate::stub::StubArgs),
+    Stub(crate::dev::stub::StubArgs),
     /// Load and validate the configuration, then print the rules of every
     /// tier and named seller; exits non-zero with file, key and problem.
     CheckConfig {
@@ -215,6 +219,7 @@ pub enum LimitsCommand {
         #[command(flatten)]
         common: Common,
     },
+    #[cfg(feature = "dev-tools")]
     /// Live run of every algorithm against Redis: grants, refusals, retry-after.
     Demo {
         #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
@@ -309,6 +314,7 @@ impl DlqSelect {
     }
 }
 
+#[cfg(feature = "dev-tools")]
 fn parse_topic(spec: &str) -> Result<(String, i32), String> {
     crate::kafka::parse_topic_spec(spec).map_err(|e| e.to_string())
 }

@@ -14,36 +14,45 @@
 //!   (the only module that talks to Redis).
 //! - [`downstream`]: the HTTP client (the only module importing reqwest) and
 //!   the classification of its answers: done, retry-after, retryable, fatal.
-//! - [`kafka`]: consumer, offset tracker, retry/dead-letter producer and the
-//!   embedded mock broker (the only module importing rdkafka).
+//! - [`kafka`]: consumer, offset tracker, retry/dead-letter producer, the
+//!   topic reader `dlq` reads with, and, with `dev-tools`, the embedded mock
+//!   broker (the only module importing rdkafka).
 //! - [`worker`]: one job's path, decode → permit → call → outcome, for many
 //!   sellers at once without head-of-line blocking.
 //! - [`telemetry`]: logging, typed events, the Prometheus metrics, the HTTP
 //!   endpoints and traces (W3C trace context, job spans through OTLP).
 //!   Leaf module.
-//! - [`demo`]: `throttle-worker demo`, the whole pipeline on one machine
-//!   (mock broker, stub, replicas as child processes, load, live view, a
-//!   summary that checks the limits held), and `limiter demo`.
-//! - [`load`]: the load generator behind `throttle-worker produce`.
 //! - [`dlq`]: `throttle-worker dlq stats|show|replay`, the dead-letter topic
 //!   read outside the group, counted or listed by reason, seller and age,
 //!   and replayed to the jobs topic, each record exactly once.
 //! - [`operator`]: the operator commands (`limits show|reset|override|pause|resume|list|peek`,
 //!   `check-config`), as tables or JSON.
-//! - [`stub`]: `throttle-worker stub`, a downstream that counts per seller
-//!   and can answer 429 (the demo's, and docker-compose's).
+//!
+//! The tools, to demo and test the product, not to run it: built with the
+//! `dev-tools` cargo feature (on by default); `cargo build --release
+//! --no-default-features` is the production binary, without them.
+//!
+//! - `dev`: the tools. No product module imports it: only [`cli`]
+//!   names it, for the tools' subcommands, under the feature.
+//!   - `dev::demo`: `throttle-worker demo`, the whole pipeline on one
+//!     machine (mock broker, stub, replicas as child processes, load, live
+//!     view, a summary that checks the limits held), and `limits demo`.
+//!   - `dev::load`: the load generator behind `throttle-worker produce`.
+//!   - `dev::stub`: `throttle-worker stub`, a downstream that counts per
+//!     seller and can answer 429 (the demo's, and docker-compose's).
+//! - `kafka::mock`: the mock broker (`DevBroker`, `throttle-worker
+//!   dev-broker`), in [`kafka`] because it is rdkafka code.
 
 pub mod backoff;
 pub mod cli;
 pub mod config;
-pub mod demo;
+#[cfg(feature = "dev-tools")]
+pub mod dev;
 pub mod dlq;
 pub mod downstream;
 pub mod job;
 pub mod kafka;
 pub mod limiter;
-pub mod load;
 pub mod operator;
-pub mod stub;
 pub mod telemetry;
 pub mod worker;

@@ -7,9 +7,13 @@ use anyhow::Context;
 use clap::Parser;
 
 use throttle_worker::cli::{Cli, Command, Common, DlqCommand, DlqSelect, LimitsCommand};
+#[cfg(feature = "dev-tools")]
+use throttle_worker::dev::{demo, load, stub};
+#[cfg(feature = "dev-tools")]
+use throttle_worker::kafka;
 use throttle_worker::limiter::Mode;
 use throttle_worker::operator::{self, Output};
-use throttle_worker::{config, demo, kafka, load, stub, telemetry, worker};
+use throttle_worker::{config, telemetry, worker};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -32,6 +36,7 @@ async fn main() -> anyhow::Result<()> {
             // process alive an hour later.
             std::process::exit(0)
         }
+        #[cfg(feature = "dev-tools")]
         Command::DevBroker {
             mut topics,
             worker_topics,
@@ -46,6 +51,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Limits { command } => limits(command).await,
         Command::Dlq { command } => dlq(command).await,
+        #[cfg(feature = "dev-tools")]
         Command::Produce {
             config,
             brokers,
@@ -86,7 +92,9 @@ async fn main() -> anyhow::Result<()> {
             );
             Ok(())
         }
+        #[cfg(feature = "dev-tools")]
         Command::Demo(args) => demo::run(args, shutdown_signal()).await,
+        #[cfg(feature = "dev-tools")]
         Command::Stub(args) => stub::serve(args, shutdown_signal()).await,
         Command::CheckConfig { config, json } => {
             let out = if json { Output::Json } else { Output::Table };
@@ -283,6 +291,7 @@ async fn limits(command: LimitsCommand) -> anyhow::Result<()> {
             )
             .await?
         }
+        #[cfg(feature = "dev-tools")]
         LimitsCommand::Demo { redis_url } => return demo::limiter_demo(&redis_url).await,
     };
     print!("{text}");

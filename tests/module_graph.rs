@@ -231,3 +231,23 @@ fn the_cycle_check_finds_a_cycle() {
         vec!["config", "job", "limiter"]
     );
 }
+
+/// The tools (`dev`, built with the `dev-tools` feature only) sit on top:
+/// no product module imports them, only `cli`, whose tool subcommands are
+/// gated on the feature. Otherwise `--no-default-features`, the production
+/// build, would not compile.
+#[test]
+fn no_product_module_imports_the_tools() {
+    let graph = import_graph();
+    assert!(graph.contains_key("dev"), "no module dev under src/");
+    let importers: Vec<&String> = graph
+        .iter()
+        .filter(|(m, to)| *m != "cli" && to.contains("dev"))
+        .map(|(m, _)| m)
+        .collect();
+    assert!(
+        importers.is_empty(),
+        "product modules import the dev tools: {importers:?}\nthe imports:\n{}",
+        picture(&graph)
+    );
+}

@@ -577,6 +577,7 @@ mod tests {
     /// Regression: when `dlq replay` failed, its reading thread's sends
     /// failed unseen and it read the rest of the topic for nobody. A visit
     /// that breaks ends the scan there.
+    #[cfg(feature = "dev-tools")] // the mock broker
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_visit_that_breaks_ends_the_scan() {
         use crate::kafka::{DevBroker, RecordSink};

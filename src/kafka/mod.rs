@@ -11,20 +11,26 @@
 //! - [`producer`]: [`RecordSink`] writes retry-topic and dead-letter records
 //!   and waits for the broker's acknowledgement; [`RetryHeaders`] reads the
 //!   worker's headers back.
-//! - [`mock`]: [`DevBroker`], librdkafka's embedded mock cluster for tests,
-//!   the demo and `throttle-worker dev-broker`.
+//! - [`mock`]: `DevBroker`, librdkafka's embedded mock cluster for tests,
+//!   the demo and `throttle-worker dev-broker`. A tool, not the product:
+//!   built with the `dev-tools` feature only. It stays here, not in
+//!   `dev/`, because it is rdkafka code and this module is rdkafka's one
+//!   owner.
 //! - [`reader`]: [`TopicReader`] reads a topic from its beginning to its
-//!   end outside any group (the demo's dead-letter count).
+//!   end outside any group: `throttle-worker dlq` (product) and the demo's
+//!   dead-letter count.
 
 mod commits;
 pub mod consumer;
 pub mod group;
+#[cfg(feature = "dev-tools")]
 pub mod mock;
 pub mod offsets;
 pub mod producer;
 pub mod reader;
 
 pub use group::Consumers;
+#[cfg(feature = "dev-tools")]
 pub use mock::{parse_topic_spec, serve_dev_broker, DevBroker, MockError, TopicSpecError};
 pub use offsets::{Commit, Finish, Offsets, PartitionOffsets, TrackError};
 pub use producer::{

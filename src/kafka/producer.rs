@@ -430,11 +430,14 @@ fn truncate(s: &str, max: usize) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(feature = "dev-tools")]
     use crate::kafka::mock::DevBroker;
+    #[cfg(feature = "dev-tools")]
     use rdkafka::consumer::{Consumer, StreamConsumer};
 
     type Pairs<'a> = Vec<(&'a str, &'a [u8])>;
 
+    #[cfg(feature = "dev-tools")]
     fn unique(prefix: &str) -> String {
         format!("{prefix}-{}", rand::random::<u64>())
     }
@@ -533,6 +536,7 @@ mod tests {
         assert_eq!(truncate("\u{e9}\u{e9}", 3), "\u{e9}");
     }
 
+    #[cfg(feature = "dev-tools")]
     async fn read_one(bootstrap: &str, topic: &str) -> rdkafka::message::OwnedMessage {
         let consumer: StreamConsumer = ClientConfig::new()
             .set("bootstrap.servers", bootstrap)
@@ -548,6 +552,7 @@ mod tests {
         msg.detach()
     }
 
+    #[cfg(feature = "dev-tools")]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn dead_letter_and_retry_round_trip() {
         let (jobs, dlq, retry) = (unique("jobs"), unique("dlq"), unique("retry"));

@@ -318,7 +318,8 @@ pub fn count_by_header<'a>(
     out
 }
 
-#[cfg(test)]
+// Every test here reads from the mock broker, a dev tool.
+#[cfg(all(test, feature = "dev-tools"))]
 mod tests {
     use super::*;
     use crate::kafka::{DevBroker, OriginalRecord, Position, RecordSink, Verdict};

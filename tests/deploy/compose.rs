@@ -139,6 +139,38 @@ fn container_ports(svc: &Value) -> Vec<u16> {
     out
 }
 
+/// The subcommands built with the `dev-tools` feature only: absent from
+/// the production image (the Dockerfile's last stage), present in its
+/// `dev` stage.
+pub const DEV_TOOLS: &[&str] = &["demo", "stub", "produce", "dev-broker"];
+
+/// A service of our image builds the stage its subcommand is in: a dev
+/// tool the `dev` target, anything else (the worker, the operator
+/// commands) the production image, the default target. The two stages
+/// share their runtime stage (checked with the Dockerfile), so the
+/// environment, entrypoint and healthcheck read from the last stage hold
+/// for both.
+fn check_target(what: &str, svc: &Value, subcommand: &str, df: &Dockerfile) -> Vec<String> {
+    let target = at(at(svc, "build"), "target").as_str();
+    if let Some(t) = target {
+        if df.stage(t).is_none() {
+            return vec![format!(
+                "{what}.build.target: no stage {t} in the Dockerfile"
+            )];
+        }
+    }
+    let tool = DEV_TOOLS.contains(&subcommand);
+    match (tool, target) {
+        (true, Some("dev")) | (false, None) => Vec::new(),
+        (true, t) => vec![format!(
+            "{what}: `{subcommand}` is a dev tool, absent from the production image: build target dev (not {t:?})"
+        )],
+        (false, Some(t)) => vec![format!(
+            "{what}: `{subcommand}` runs the production image: no build target (not {t})"
+        )],
+    }
+}
+
 /// Every check of the compose file that needs only the repository and the
 /// binary's definitions.
 pub fn check(c: &Compose, df: &Dockerfile) -> (Vec<String>, Learnt) {
@@ -175,6 +207,8 @@ pub fn check(c: &Compose, df: &Dockerfile) -> (Vec<String>, Learnt) {
     }
     // The subcommand each service of our image runs.
     let mut runs: BTreeMap<&str, (Vec<String>, cli::Parsed)> = BTreeMap::new();
+    // The build target of each image tag of ours: one tag, one image.
+    let mut tags: BTreeMap<String, (Option<String>, &str)> = BTreeMap::new();
     for (name, svc) in c.services() {
         let what = format!("docker-compose.yml: services.{name}");
         // Build context and Dockerfile.
@@ -270,6 +304,19 @@ pub fn check(c: &Compose, df: &Dockerfile) -> (Vec<String>, Learnt) {
                         "{what}: `{}` inherits the image's healthcheck (a worker's /healthz), which it does not serve: disable it",
                         parsed.subcommand
                     ));
+                }
+                problems.extend(check_target(&what, svc, &parsed.subcommand, df));
+                if let Some(tag) = at(svc, "image").as_str() {
+                    let target = at(at(svc, "build"), "target").as_str().map(str::to_owned);
+                    match tags.get(tag) {
+                        Some((t, other)) if *t != target => problems.push(format!(
+                            "{what}: image {tag} is built with target {target:?} here, {t:?} by services.{other}: give each target its own tag"
+                        )),
+                        Some(_) => {}
+                        None => {
+                            tags.insert(tag.to_owned(), (target, name));
+                        }
+                    }
                 }
                 runs.insert(name, (argv, parsed));
             }

@@ -14,9 +14,17 @@ pub struct Instr {
 
 #[derive(Debug, Clone)]
 pub struct Stage {
+    /// The base image; for a stage built `FROM` an earlier stage, that
+    /// stage's base image.
     pub image: String,
     pub name: Option<String>,
+    /// The earlier stage this one is built `FROM`, if any.
+    pub parent: Option<String>,
+    /// Every instruction in force: the parent's first (a stage `FROM` an
+    /// earlier one inherits its ENV, USER, CMD, ...), then its own.
     pub instrs: Vec<Instr>,
+    /// How many of `instrs` come from the parent.
+    pub inherited: usize,
 }
 
 /// `COPY [--from=S] [--chmod=M] SRC... DEST`.
@@ -71,10 +79,25 @@ impl Dockerfile {
                     [_] => None,
                     _ => return Err(format!("FROM {}: expected IMAGE [AS NAME]", instr.args)),
                 };
-                stages.push(Stage {
-                    image: words[0].to_owned(),
-                    name,
-                    instrs: Vec::new(),
+                let parent = stages
+                    .iter()
+                    .find(|s| s.name.as_deref() == Some(words[0]))
+                    .cloned();
+                stages.push(match parent {
+                    Some(p) => Stage {
+                        image: p.image,
+                        name,
+                        parent: p.name,
+                        inherited: p.instrs.len(),
+                        instrs: p.instrs,
+                    },
+                    None => Stage {
+                        image: words[0].to_owned(),
+                        name,
+                        parent: None,
+                        instrs: Vec::new(),
+                        inherited: 0,
+                    },
                 });
             } else {
                 let stage = stages
@@ -102,6 +125,15 @@ impl Dockerfile {
 }
 
 impl Stage {
+    /// The stage's own instructions, without its parent's.
+    pub fn own(&self) -> Stage {
+        Stage {
+            instrs: self.instrs[self.inherited..].to_vec(),
+            inherited: 0,
+            ..self.clone()
+        }
+    }
+
     pub fn all(&self, keyword: &'static str) -> impl Iterator<Item = &str> + '_ {
         self.instrs
             .iter()
@@ -345,9 +377,19 @@ pub fn check(df: &Dockerfile, dockerignore: &str, ci_run: &str, repo: &Path) -> 
         problems
             .push("Dockerfile: build stage does not run `cargo build --release --locked`".into());
     }
+    // The production image ships no dev tools: its binary is built
+    // without the default features (dev-tools: demo, stub, load generator,
+    // mock broker). The tools get a stage of their own, `dev`.
+    if !build
+        .all("RUN")
+        .any(|r| r.contains("cargo build") && r.contains("--no-default-features"))
+    {
+        problems.push("Dockerfile: the build stage does not build with --no-default-features: the production image would ship the dev tools".into());
+    }
+    problems.extend(check_dev_stage(df));
     // Every COPY source exists and reaches the build context.
     for stage in &df.stages {
-        for c in stage.copies().iter().filter(|c| c.from.is_none()) {
+        for c in stage.own().copies().iter().filter(|c| c.from.is_none()) {
             for s in &c.sources {
                 if !repo.join(s).exists() {
                     problems.push(format!(
@@ -454,6 +496,49 @@ pub fn check(df: &Dockerfile, dockerignore: &str, ci_run: &str, repo: &Path) -> 
         }
         Some(Err(e)) => problems.push(format!("Dockerfile: {e}")),
         None => problems.push("Dockerfile: no HEALTHCHECK".into()),
+    }
+    problems
+}
+
+/// The `dev` stage: the production runtime (the final stage's parent) with
+/// a binary built with the default features, i.e. with the tools.
+fn check_dev_stage(df: &Dockerfile) -> Vec<String> {
+    let mut problems = Vec::new();
+    let Some(dev) = df.stage("dev") else {
+        return vec!["Dockerfile: no stage named `dev` (the image with the dev tools, for docker-compose's stub and load generator)".into()];
+    };
+    let run = df.final_stage();
+    if run.name.as_deref() == Some("dev") {
+        problems.push(
+            "Dockerfile: `dev` is the last stage, so the default image would ship the dev tools"
+                .into(),
+        );
+    }
+    if dev.parent.is_none() || dev.parent != run.parent {
+        problems.push(format!(
+            "Dockerfile: the dev stage is FROM {:?}, the run stage FROM {:?}: want the same runtime stage",
+            dev.parent, run.parent
+        ));
+    }
+    let from = dev
+        .own()
+        .copies()
+        .into_iter()
+        .find(|c| c.dest == "/usr/local/bin/throttle-worker")
+        .and_then(|c| c.from);
+    let Some(from) = from else {
+        return vec![
+            "Dockerfile: the dev stage copies no /usr/local/bin/throttle-worker from a build stage"
+                .into(),
+        ];
+    };
+    let builds_tools = df.stage(&from).is_some_and(|b| {
+        b.own().all("RUN").any(|r| {
+            r.contains("cargo build --release --locked") && !r.contains("--no-default-features")
+        })
+    });
+    if !builds_tools {
+        problems.push(format!("Dockerfile: the dev stage's binary (from {from}) is not built with the default features (dev-tools)"));
     }
     problems
 }

@@ -11,10 +11,10 @@ use anyhow::{bail, Context};
 use indicatif::ProgressBar;
 use tokio::sync::mpsc;
 
+use crate::dev::load::{self, LoadSpec};
+use crate::dev::stub::{Faults, Stub, StubConfig};
 use crate::kafka::{DevBroker, RecordSink};
 use crate::limiter::Policy;
-use crate::load::{self, LoadSpec};
-use crate::stub::{Faults, Stub, StubConfig};
 
 use super::dlq::{DeadLetters, DlqTail};
 use super::plan::{self, Plan, WorkerSite};

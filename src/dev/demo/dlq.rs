@@ -32,7 +32,7 @@ impl DeadLetters {
             let (seller, job) = r
                 .key
                 .as_deref()
-                .and_then(crate::load::parse_key)
+                .and_then(crate::dev::load::parse_key)
                 .unwrap_or(("?", ""));
             *self.by_seller.entry(seller.to_owned()).or_default() += 1;
             if !job.is_empty() {

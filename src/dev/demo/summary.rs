@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::load;
+use crate::dev::load;
 
 use super::check::{self, Accounting, SellerVerdict};
 use super::plan;

@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use crate::config::RuleConfig;
-use crate::stub::Throttle;
+use crate::dev::stub::Throttle;
 
 /// A throttled seller is allowed this share of what it sends: backlog
 /// grows at 25 % of its demand during the load and drains at 75 %, in a
@@ -175,7 +175,7 @@ impl Plan {
                     Role::Tight => (rule("gcra", d * HELD_SHARE, Some(2.0)), None, None),
                     Role::Downstream429 => {
                         let throttle = Throttle {
-                            seller: crate::load::seller_id(k),
+                            seller: crate::dev::load::seller_id(k),
                             // The stub lets 80 % of its demand through: the
                             // worker's own rule would let it all pass.
                             limit: ((d * 0.8 * stub_window.as_secs_f64()).round() as u64).max(1),
@@ -186,7 +186,7 @@ impl Plan {
                     Role::Standard => (standard.clone(), Some("standard"), None),
                 };
                 SellerPlan {
-                    id: crate::load::seller_id(k),
+                    id: crate::dev::load::seller_id(k),
                     role: role(k),
                     demand: d,
                     rule,

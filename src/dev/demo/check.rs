@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use crate::config::RuleConfig;
-use crate::stub::JobStats;
+use crate::dev::stub::JobStats;
 
 /// Allowed between a grant (Redis' clock) and its call's arrival at the
 /// stub (the stub's clock): scheduling on a busy two-core machine included.
