@@ -32,6 +32,7 @@
 
 pub mod batch;
 pub mod coalesce;
+pub mod core;
 pub mod decision;
 pub mod inspect;
 pub mod keys;
@@ -40,7 +41,6 @@ pub mod local;
 pub mod model;
 pub mod overrides;
 pub mod pauses;
-pub mod permits;
 pub mod policy;
 pub mod redis;
 pub mod reply;
@@ -48,6 +48,7 @@ pub mod rule;
 pub mod script;
 mod shadow;
 
+pub use self::core::{Limiter, LimiterError, Request};
 pub use batch::{JobsQuery, ListAnswer};
 pub use coalesce::{CoalesceError, CoalesceSettings, Coalescer};
 pub use decision::{
@@ -56,7 +57,6 @@ pub use decision::{
 };
 pub use keys::{KeySpace, StateLayout};
 pub use pauses::{Pause, Pauses};
-pub use permits::{Limiter, LimiterError, Request};
 pub use policy::{Policy, Resolved, SLOT_POLL};
 pub use redis::{RedisError, RedisStore, Scripts};
 pub use reply::{JobsReply, Reply};
