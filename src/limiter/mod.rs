@@ -30,11 +30,11 @@
 //!   Functions library (FCALL), or with EVALSHA where Functions are missing,
 //!   on one server or a Redis Cluster.
 
-pub mod batch;
 pub mod coalesce;
 pub mod core;
 pub mod decision;
 pub mod inspect;
+pub mod jobs;
 pub mod keys;
 pub mod layout;
 pub mod local;
@@ -49,12 +49,12 @@ pub mod script;
 mod shadow;
 
 pub use self::core::{Limiter, LimiterError, Request};
-pub use batch::{JobsQuery, ListAnswer};
 pub use coalesce::{CoalesceError, CoalesceSettings, Coalescer};
 pub use decision::{
     BatchDecision, BatchGranted, CannotPass, Decision, Denied, DeniedBy, Granted, Mode, NextJob,
     Pace,
 };
+pub use jobs::{JobsQuery, ListAnswer};
 pub use keys::{KeySpace, StateLayout};
 pub use pauses::{Pause, Pauses};
 pub use policy::{Policy, Resolved, SLOT_POLL};
