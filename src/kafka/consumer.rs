@@ -135,14 +135,14 @@ impl Tracker {
     }
 
     /// Whether `origin` belongs to the current assignment of its partition.
-    pub fn is_current(&self, origin: &Origin) -> bool {
+    pub fn owns(&self, origin: &Origin) -> bool {
         self.generation(&origin.topic, origin.partition) == origin.generation
     }
 
     /// Marks a record finished (done, dead-lettered, or acknowledged on the
     /// retry topic). Records of a revoked assignment are ignored.
     pub fn finish(&mut self, origin: &Origin) -> Finish {
-        if !self.is_current(origin) {
+        if !self.owns(origin) {
             return Finish::NotTracked;
         }
         self.offsets
@@ -193,13 +193,13 @@ const COMMITTED_TIMEOUT: Duration = Duration::from_secs(5);
 type SharedTracker = Arc<Mutex<Tracker>>;
 
 /// Whether a record still belongs to the current assignment of its
-/// partition; see [`Consumer::currency`].
+/// partition; see [`Consumer::ownership`].
 #[derive(Clone)]
-pub struct Currency(SharedTracker);
+pub struct Ownership(SharedTracker);
 
-impl Currency {
-    pub fn is_current(&self, origin: &Origin) -> bool {
-        lock(&self.0).is_current(origin)
+impl Ownership {
+    pub fn owns(&self, origin: &Origin) -> bool {
+        lock(&self.0).owns(origin)
     }
 }
 
@@ -628,15 +628,15 @@ impl Consumer {
         lock(&self.tracker).finish(origin)
     }
 
-    /// See [`Tracker::is_current`].
-    pub fn is_current(&self, origin: &Origin) -> bool {
-        lock(&self.tracker).is_current(origin)
+    /// See [`Tracker::owns`].
+    pub fn owns(&self, origin: &Origin) -> bool {
+        lock(&self.tracker).owns(origin)
     }
 
-    /// A handle that answers [`Consumer::is_current`] without holding the
+    /// A handle that answers [`Consumer::owns`] without holding the
     /// consumer, for tasks that may outlive it.
-    pub fn currency(&self) -> Currency {
-        Currency(self.tracker.clone())
+    pub fn ownership(&self) -> Ownership {
+        Ownership(self.tracker.clone())
     }
 
     /// Partitions whose first unfinished record holds finished ones back

@@ -94,8 +94,8 @@ impl Consumers {
         }
     }
 
-    pub fn is_current(&self, origin: &Origin) -> bool {
-        self.of(&origin.topic).is_current(origin)
+    pub fn owns(&self, origin: &Origin) -> bool {
+        self.of(&origin.topic).owns(origin)
     }
 
     pub fn finish(&self, origin: &Origin) {

@@ -322,7 +322,7 @@ impl<X: Ports> Engine<X> {
     /// not yet released), delayed, or queued behind its seller's jobs. An
     /// unreadable one is dead-lettered with its reason.
     fn on_record(&mut self, rec: Record) {
-        if !self.deps.source.is_current(&rec.origin) {
+        if !self.deps.source.owns(&rec.origin) {
             // Received before its partition was revoked, taken after: the
             // new owner has it.
             return;

@@ -71,21 +71,21 @@ impl<X: Ports> Engine<X> {
         let mut dropped: Vec<usize> = Vec::new();
         for seller in self.sellers.map.values_mut() {
             seller.queue.retain(|p| {
-                let keep = source.is_current(&p.origin);
+                let keep = source.owns(&p.origin);
                 if !keep {
                     dropped.push(p.bytes);
                 }
                 keep
             });
             seller.delayed.retain(|(_, p)| {
-                let keep = source.is_current(&p.origin);
+                let keep = source.owns(&p.origin);
                 if !keep {
                     dropped.push(p.bytes);
                 }
                 keep
             });
             seller.paced.retain(|q| {
-                let keep = source.is_current(&q.pending.origin);
+                let keep = source.owns(&q.pending.origin);
                 if !keep {
                     dropped.push(q.pending.bytes);
                 }

@@ -75,7 +75,7 @@ pub enum CommitError {
 pub trait Source: Send + Sync + 'static {
     /// Whether `origin` belongs to the current assignment of its partition:
     /// work on a record that is not current is dropped, never finished.
-    fn is_current(&self, origin: &Origin) -> bool;
+    fn owns(&self, origin: &Origin) -> bool;
     /// The record is done, dead-lettered or safely on a retry tier: its
     /// offset may be committed once every record before it is too.
     fn finish(&self, origin: &Origin);
@@ -158,8 +158,8 @@ impl Ports for Live {
 }
 
 impl Source for Consumers {
-    fn is_current(&self, origin: &Origin) -> bool {
-        Consumers::is_current(self, origin)
+    fn owns(&self, origin: &Origin) -> bool {
+        Consumers::owns(self, origin)
     }
 
     fn finish(&self, origin: &Origin) {

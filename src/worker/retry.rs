@@ -227,7 +227,7 @@ impl<X: Ports> Engine<X> {
         attempts: u32,
         target: Target,
     ) {
-        if !self.deps.source.is_current(&origin) {
+        if !self.deps.source.owns(&origin) {
             // Written by the partition's new owner, if at all.
             self.memory.remove(bytes);
             return RevokedWorkDropped {
@@ -341,7 +341,7 @@ impl<X: Ports> Engine<X> {
             offset = pending.origin.offset,
             "write to the retry or dead-letter topic failed; trying again in 1s"
         );
-        if self.deps.source.is_current(&pending.origin) {
+        if self.deps.source.owns(&pending.origin) {
             self.spawn_write(pending, Duration::from_secs(1));
         } else {
             self.memory.remove(pending.bytes);
@@ -407,7 +407,7 @@ impl<X: Ports> Engine<X> {
                 self.memory.remove(pending.bytes);
             }
             Err(WriteError::TooLarge { topic, reason })
-                if self.deps.source.is_current(&pending.origin) =>
+                if self.deps.source.owns(&pending.origin) =>
             {
                 self.on_too_large(pending, &topic, &reason)
             }

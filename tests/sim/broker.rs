@@ -228,14 +228,14 @@ impl SimSource {
 }
 
 impl Source for SimSource {
-    fn is_current(&self, origin: &Origin) -> bool {
+    fn owns(&self, origin: &Origin) -> bool {
         let st = lock(&self.state);
         let tp = (origin.topic.to_string(), origin.partition);
         st.owned.contains_key(&tp) && st.generations.get(&tp) == Some(&origin.generation)
     }
 
     fn finish(&self, origin: &Origin) {
-        if self.dead.load(Ordering::SeqCst) || !self.is_current(origin) {
+        if self.dead.load(Ordering::SeqCst) || !self.owns(origin) {
             return;
         }
         let mut st = lock(&self.state);
