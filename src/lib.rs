@@ -20,7 +20,8 @@
 //! - [`kafka`]: consumer, offset tracker, retry/dead-letter producer and the
 //!   embedded mock broker (the only module importing rdkafka). Whether this
 //!   replica still owns a record's partition assignment is
-//!   [`Ownership`](kafka::consumer::Ownership) (`owns`).
+//!   [`Ownership`](kafka::consumer::Ownership) (`owns`); a partition is a
+//!   [`TopicPartition`](kafka::consumer::TopicPartition).
 //! - [`worker`]: one job's path, decode → permit → call → outcome, for many
 //!   sellers at once without head-of-line blocking. The limiter as the
 //!   worker sees it is the [`Permits`](worker::Permits) trait.

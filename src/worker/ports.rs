@@ -22,7 +22,7 @@ use tokio::time::Instant;
 
 use crate::downstream::{Answer, Downstream};
 use crate::job::Job;
-use crate::kafka::consumer::{HeldBack, Origin, Partition};
+use crate::kafka::consumer::{HeldBack, Origin, TopicPartition};
 use crate::kafka::producer::SinkError;
 use crate::kafka::{Consumers, OriginalRecord, RecordSink, Verdict};
 
@@ -79,9 +79,9 @@ pub trait Source: Send + Sync + 'static {
     /// The record is done, dead-lettered or safely on a retry tier: its
     /// offset may be committed once every record before it is too.
     fn finish(&self, origin: &Origin);
-    fn pause(&self, parts: &[Partition]);
-    fn resume(&self, parts: &[Partition]);
-    fn assignment(&self) -> Vec<Partition>;
+    fn pause(&self, parts: &[TopicPartition]);
+    fn resume(&self, parts: &[TopicPartition]);
+    fn assignment(&self) -> Vec<TopicPartition>;
     /// Partitions whose first unfinished record holds finished ones back.
     fn held_back(&self) -> Vec<HeldBack>;
     /// Commit every finished prefix, in the background.
@@ -166,15 +166,15 @@ impl Source for Consumers {
         Consumers::finish(self, origin);
     }
 
-    fn pause(&self, parts: &[Partition]) {
+    fn pause(&self, parts: &[TopicPartition]) {
         Consumers::pause(self, parts);
     }
 
-    fn resume(&self, parts: &[Partition]) {
+    fn resume(&self, parts: &[TopicPartition]) {
         Consumers::resume(self, parts);
     }
 
-    fn assignment(&self) -> Vec<Partition> {
+    fn assignment(&self) -> Vec<TopicPartition> {
         Consumers::assignment(self)
     }
 

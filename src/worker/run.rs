@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use crate::backoff::backoff_with;
 use crate::downstream::{Answer, RetryAfter};
-use crate::kafka::consumer::Partition;
+use crate::kafka::consumer::TopicPartition;
 use crate::telemetry::events::{
     DownstreamFailed, DownstreamThrottled, JobDone, RevokedWorkDropped,
 };
@@ -53,9 +53,9 @@ impl<X: Ports> Engine<X> {
         );
         self.tasks += 1;
         // Each job with its place in the run, to put back what a 429 left.
-        let mut chains: Vec<(Partition, Vec<Granted>)> = Vec::new();
+        let mut chains: Vec<(TopicPartition, Vec<Granted>)> = Vec::new();
         for (i, (granted_at, p)) in batch.into_iter().enumerate() {
-            let part = (p.origin.topic.clone(), p.origin.partition);
+            let part = TopicPartition::new(p.origin.topic.clone(), p.origin.partition);
             match chains.iter_mut().find(|(k, _)| *k == part) {
                 Some((_, chain)) => chain.push((i, granted_at, p)),
                 None => chains.push((part, vec![(i, granted_at, p)])),
