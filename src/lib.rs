@@ -11,14 +11,21 @@
 //! - [`job`]: the job envelope and its parsing; a bad record gets a reason
 //!   fit for the dead-letter header.
 //! - [`limiter`]: rules, typed decisions, reference models and the Redis glue
-//!   (the only module that talks to Redis).
+//!   (the only module that talks to Redis). [`Limiter`](limiter::Limiter)
+//!   lives in `limiter/core.rs`, the worker's job lists in `limiter/jobs.rs`;
+//!   `limiter/mod.rs` says which file holds which part of it, and which
+//!   request pipeline serves which caller.
 //! - [`downstream`]: the HTTP client (the only module importing reqwest) and
 //!   the classification of its answers: done, retry-after, retryable, fatal.
 //! - [`kafka`]: consumer, offset tracker, retry/dead-letter producer, the
 //!   topic reader `dlq` reads with, and, with `dev-tools`, the embedded mock
-//!   broker (the only module importing rdkafka).
+//!   broker (the only module importing rdkafka). Whether this replica still
+//!   owns a record's partition assignment is
+//!   [`Ownership`](kafka::consumer::Ownership) (`owns`); a partition is a
+//!   [`TopicPartition`](kafka::consumer::TopicPartition).
 //! - [`worker`]: one job's path, decode → permit → call → outcome, for many
-//!   sellers at once without head-of-line blocking.
+//!   sellers at once without head-of-line blocking. The limiter as the
+//!   worker sees it is the [`Permits`](worker::Permits) trait.
 //! - [`telemetry`]: logging, typed events, the Prometheus metrics, the HTTP
 //!   endpoints and traces (W3C trace context, job spans through OTLP).
 //!   Leaf module.

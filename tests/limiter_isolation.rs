@@ -119,7 +119,7 @@ fn coalescer(store: Faulty, prefix: &str, policy: Policy, topology: Topology) ->
     )
 }
 
-/// Issue 21, part 5 (batch.rs `join_all(..).collect()`): in cluster
+/// Issue 21, part 5 (jobs.rs, then batch.rs: `join_all(..).collect()`): in cluster
 /// topology each seller of a coalesced batch is its own call; one failed
 /// call made every ask of the batch fail, though the other sellers' calls
 /// had charged them. Now each hears its own answer, and what a seller was
@@ -223,7 +223,7 @@ async fn check_jobs_many_answers_each_list_alone() {
     }
 }
 
-/// Issue 21, part 6 (batch.rs: shadow rules awaited seller by seller
+/// Issue 21, part 6 (jobs.rs, then batch.rs: shadow rules awaited seller by seller
 /// before a batch's answers go out): a shadow rule whose call takes 2 s
 /// must not hold back the grant, in either topology. The shadow rule is
 /// still asked, after the grant: its state shows up in Redis.

@@ -38,7 +38,20 @@ use super::offsets::{decode_done, Commit, Finish, Offsets};
 use super::producer::{header_pairs, HeaderError, OriginalRecord, RetryHeaders};
 
 /// A topic-partition.
-pub type Partition = (Arc<str>, i32);
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TopicPartition {
+    pub topic: Arc<str>,
+    pub partition: i32,
+}
+
+impl TopicPartition {
+    pub fn new(topic: impl Into<Arc<str>>, partition: i32) -> TopicPartition {
+        TopicPartition {
+            topic: topic.into(),
+            partition,
+        }
+    }
+}
 
 /// Where a record came from, and in which assignment of its partition: a
 /// record from an earlier assignment (revoked since) must not move offsets.
@@ -66,7 +79,7 @@ pub struct Record {
 /// behind it wait to be committed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeldBack {
-    pub partition: Partition,
+    pub partition: TopicPartition,
     pub offset: i64,
     pub finished_behind: usize,
 }
@@ -74,11 +87,11 @@ pub struct HeldBack {
 /// Partition changes the worker must act on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PartitionEvent {
-    Assigned(Vec<Partition>),
+    Assigned(Vec<TopicPartition>),
     /// Finished offsets were already committed; records of these partitions
     /// still waiting in memory are to be dropped, uncommitted, so that the
     /// new owner gets them.
-    Revoked(Vec<Partition>),
+    Revoked(Vec<TopicPartition>),
 }
 
 /// Why the consumer failed.
@@ -135,14 +148,14 @@ impl Tracker {
     }
 
     /// Whether `origin` belongs to the current assignment of its partition.
-    pub fn is_current(&self, origin: &Origin) -> bool {
+    pub fn owns(&self, origin: &Origin) -> bool {
         self.generation(&origin.topic, origin.partition) == origin.generation
     }
 
     /// Marks a record finished (done, dead-lettered, or acknowledged on the
     /// retry topic). Records of a revoked assignment are ignored.
     pub fn finish(&mut self, origin: &Origin) -> Finish {
-        if !self.is_current(origin) {
+        if !self.owns(origin) {
             return Finish::NotTracked;
         }
         self.offsets
@@ -193,13 +206,13 @@ const COMMITTED_TIMEOUT: Duration = Duration::from_secs(5);
 type SharedTracker = Arc<Mutex<Tracker>>;
 
 /// Whether a record still belongs to the current assignment of its
-/// partition; see [`Consumer::currency`].
+/// partition; see [`Consumer::ownership`].
 #[derive(Clone)]
-pub struct Currency(SharedTracker);
+pub struct Ownership(SharedTracker);
 
-impl Currency {
-    pub fn is_current(&self, origin: &Origin) -> bool {
-        lock(&self.0).is_current(origin)
+impl Ownership {
+    pub fn owns(&self, origin: &Origin) -> bool {
+        lock(&self.0).owns(origin)
     }
 }
 
@@ -296,7 +309,7 @@ impl ConsumerContext for WorkerContext {
             .filter(|c| {
                 revoked
                     .iter()
-                    .any(|(t, p)| **t == *c.topic && *p == c.partition)
+                    .any(|tp| *tp.topic == *c.topic && tp.partition == c.partition)
             })
             .collect();
         // The tracker is not held during the commit: the worker's tasks keep
@@ -321,7 +334,7 @@ impl ConsumerContext for WorkerContext {
             }
         }
         let mut tracker = lock(&self.tracker);
-        for (topic, partition) in &revoked {
+        for TopicPartition { topic, partition } in &revoked {
             tracker.offsets.remove_partition(topic, *partition);
             tracker.bump(topic, *partition);
         }
@@ -343,7 +356,7 @@ impl ConsumerContext for WorkerContext {
                 tracing::info!(partitions = %describe(&assigned), consumer = self.role.as_str(), "partitions assigned");
                 let done = already_done(consumer, tpl);
                 let mut tracker = lock(&self.tracker);
-                for (topic, partition) in &assigned {
+                for TopicPartition { topic, partition } in &assigned {
                     tracker.offsets.remove_partition(topic, *partition);
                     tracker.bump(topic, *partition);
                     tracker
@@ -628,15 +641,15 @@ impl Consumer {
         lock(&self.tracker).finish(origin)
     }
 
-    /// See [`Tracker::is_current`].
-    pub fn is_current(&self, origin: &Origin) -> bool {
-        lock(&self.tracker).is_current(origin)
+    /// See [`Tracker::owns`].
+    pub fn owns(&self, origin: &Origin) -> bool {
+        lock(&self.tracker).owns(origin)
     }
 
-    /// A handle that answers [`Consumer::is_current`] without holding the
+    /// A handle that answers [`Consumer::owns`] without holding the
     /// consumer, for tasks that may outlive it.
-    pub fn currency(&self) -> Currency {
-        Currency(self.tracker.clone())
+    pub fn ownership(&self) -> Ownership {
+        Ownership(self.tracker.clone())
     }
 
     /// Partitions whose first unfinished record holds finished ones back
@@ -647,7 +660,7 @@ impl Consumer {
             .held_back()
             .into_iter()
             .map(|(topic, partition, offset, finished_behind)| HeldBack {
-                partition: (Arc::from(topic.as_str()), partition),
+                partition: TopicPartition::new(topic.as_str(), partition),
                 offset,
                 finished_behind,
             })
@@ -661,20 +674,20 @@ impl Consumer {
 
     /// Stops fetching these partitions; already fetched records of them are
     /// discarded by librdkafka and fetched again on resume.
-    pub fn pause(&self, parts: &[Partition]) {
+    pub fn pause(&self, parts: &[TopicPartition]) {
         if let Err(e) = self.inner.pause(&partition_list(parts)) {
             tracing::warn!(error = %e, "pause failed");
         }
     }
 
-    pub fn resume(&self, parts: &[Partition]) {
+    pub fn resume(&self, parts: &[TopicPartition]) {
         if let Err(e) = self.inner.resume(&partition_list(parts)) {
             tracing::warn!(error = %e, "resume failed");
         }
     }
 
     /// The partitions assigned now.
-    pub fn assignment(&self) -> Vec<Partition> {
+    pub fn assignment(&self) -> Vec<TopicPartition> {
         self.inner
             .assignment()
             .map(|tpl| partitions_of(&tpl))
@@ -685,9 +698,9 @@ impl Consumer {
     /// operators; the commit callback does not fire for async commits).
     pub fn committed(
         &self,
-        parts: &[Partition],
+        parts: &[TopicPartition],
         timeout: Duration,
-    ) -> Result<Vec<(Partition, Option<i64>)>, ConsumerError> {
+    ) -> Result<Vec<(TopicPartition, Option<i64>)>, ConsumerError> {
         let tpl = self
             .inner
             .committed_offsets(partition_list(parts), timeout)
@@ -700,7 +713,7 @@ impl Consumer {
                     Offset::Offset(o) => Some(o),
                     _ => None,
                 };
-                ((Arc::from(e.topic()), e.partition()), off)
+                (TopicPartition::new(e.topic(), e.partition()), off)
             })
             .collect())
     }
@@ -907,26 +920,26 @@ fn lock_opt<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn partitions_of(tpl: &TopicPartitionList) -> Vec<Partition> {
+fn partitions_of(tpl: &TopicPartitionList) -> Vec<TopicPartition> {
     tpl.elements()
         .iter()
-        .map(|e| (Arc::from(e.topic()), e.partition()))
+        .map(|e| TopicPartition::new(e.topic(), e.partition()))
         .collect()
 }
 
 /// `topic[0],topic[3]`: one log field an operator (or a test) can read back.
-fn describe(parts: &[Partition]) -> String {
+fn describe(parts: &[TopicPartition]) -> String {
     parts
         .iter()
-        .map(|(t, p)| format!("{t}[{p}]"))
+        .map(|tp| format!("{}[{}]", tp.topic, tp.partition))
         .collect::<Vec<_>>()
         .join(",")
 }
 
-fn partition_list(parts: &[Partition]) -> TopicPartitionList {
+fn partition_list(parts: &[TopicPartition]) -> TopicPartitionList {
     let mut tpl = TopicPartitionList::with_capacity(parts.len());
-    for (topic, partition) in parts {
-        tpl.add_partition(topic, *partition);
+    for tp in parts {
+        tpl.add_partition(&tp.topic, tp.partition);
     }
     tpl
 }

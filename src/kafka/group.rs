@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 use crate::config::KafkaSettings;
 
 use super::consumer::{
-    Consumer, ConsumerError, HeldBack, Origin, Partition, PartitionEvent, Record, Role,
+    Consumer, ConsumerError, HeldBack, Origin, PartitionEvent, Record, Role, TopicPartition,
     RECORD_CHANNEL,
 };
 
@@ -82,11 +82,11 @@ impl Consumers {
     }
 
     /// Calls `f` with each consumer and its share of `parts`, if any.
-    fn split(&self, parts: &[Partition], f: impl Fn(&Consumer, &[Partition])) {
-        let (jobs, tiers): (Vec<Partition>, Vec<Partition>) = parts
+    fn split(&self, parts: &[TopicPartition], f: impl Fn(&Consumer, &[TopicPartition])) {
+        let (jobs, tiers): (Vec<TopicPartition>, Vec<TopicPartition>) = parts
             .iter()
             .cloned()
-            .partition(|(t, _)| *t == self.jobs_topic);
+            .partition(|tp| tp.topic == self.jobs_topic);
         for (c, share) in [(&self.jobs, jobs), (&self.retries, tiers)] {
             if !share.is_empty() {
                 f(c, &share);
@@ -94,23 +94,23 @@ impl Consumers {
         }
     }
 
-    pub fn is_current(&self, origin: &Origin) -> bool {
-        self.of(&origin.topic).is_current(origin)
+    pub fn owns(&self, origin: &Origin) -> bool {
+        self.of(&origin.topic).owns(origin)
     }
 
     pub fn finish(&self, origin: &Origin) {
         self.of(&origin.topic).finish(origin);
     }
 
-    pub fn pause(&self, parts: &[Partition]) {
+    pub fn pause(&self, parts: &[TopicPartition]) {
         self.split(parts, Consumer::pause);
     }
 
-    pub fn resume(&self, parts: &[Partition]) {
+    pub fn resume(&self, parts: &[TopicPartition]) {
         self.split(parts, Consumer::resume);
     }
 
-    pub fn assignment(&self) -> Vec<Partition> {
+    pub fn assignment(&self) -> Vec<TopicPartition> {
         let mut all = self.jobs.assignment();
         all.extend(self.retries.assignment());
         all

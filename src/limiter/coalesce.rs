@@ -22,9 +22,9 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
-use super::batch::{granted_units, JobsQuery};
+use super::core::{Limiter, LimiterError};
 use super::decision::BatchDecision;
-use super::permits::{Limiter, LimiterError};
+use super::jobs::{granted_units, JobsQuery};
 use super::script::Store;
 use crate::config::Topology;
 use crate::telemetry::events::LimiterCallCoalesced;

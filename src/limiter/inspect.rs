@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
+use super::core::Limiter;
 use super::decision::{Decision, Mode};
-use super::permits::Limiter;
 use super::policy::Resolved;
 use super::rule::Rule;
 use super::script::{BlockAt, KeyedRule, Op, ScriptCall, StateKey, Store};

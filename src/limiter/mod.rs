@@ -9,9 +9,9 @@
 //!   not set (the install's marker), v2 for a new install.
 //! - [`script`]: one call of the Lua script as data, and the [`Store`] trait.
 //! - [`reply`]: the script's raw reply and its reading as a [`Decision`].
-//! - [`permits`]: [`Limiter`], which resolves rules, calls the store and
-//!   answers with a [`Decision`].
-//! - [`batch`]: [`Limiter::acquire_jobs`], a list of job costs granted as
+//! - [`core`](self::core): [`Limiter`], which resolves rules, calls the store
+//!   and answers with a [`Decision`].
+//! - [`jobs`]: [`Limiter::acquire_jobs`], a list of job costs granted as
 //!   the longest prefix that fits, in one script call ([`BatchDecision`]);
 //!   for a seller with `max_in_flight`, each granted job also takes a slot
 //!   leased in Redis in the same call (`lua/slots.lua`, [`SlotTerms`]),
@@ -29,18 +29,51 @@
 //! - [`redis`]: the only module that talks to Redis; runs `lua/` as a Redis
 //!   Functions library (FCALL), or with EVALSHA where Functions are missing,
 //!   on one server or a Redis Cluster.
+//!
+//! # [`Limiter`], file by file
+//!
+//! One type; its `impl` blocks sit with the concern they serve:
+//!
+//! | file | what of [`Limiter`] it holds |
+//! |------|------------------------------|
+//! | `core.rs` | the struct, `new`, the policy, overrides and pauses in force (`set_*`), [`Request`] and the single decision (`acquire`, `check`, refunds), downstream blocks (`block`, `block_at`) |
+//! | `jobs.rs` | job lists: [`JobsQuery`], `acquire_jobs`, `check_jobs`, `check_jobs_many`; slot leases given back (`release`) |
+//! | `shadow.rs` | shadow rules asked after a grant |
+//! | `inspect.rs` | `inspect`: a seller's live state, charging nothing |
+//! | `overrides.rs` | `refresh_overrides` (on a [`RedisStore`]) |
+//! | `pauses.rs` | `refresh_pauses` (on a [`RedisStore`]) |
+//!
+//! # Two request pipelines, and who uses which
+//!
+//! - **One decision**, [`Request`] → [`ScriptCall`] → [`Reply`] →
+//!   [`Decision`] (`lua/limiter.lua`), through [`Limiter::acquire`] and
+//!   [`Limiter::check`]: the operator's `limits peek` (a dry run,
+//!   `operator.rs`), `limiter demo` (`demo/limiter.rs`), `benches/limiter.rs`
+//!   and `benches/memory.rs`, and the tests that pin one decision (e.g.
+//!   `limiter_tables`, `redis_acl`, `redis_faults`, `limiter_shadow`). The
+//!   worker's [`Permits`](crate::worker::Permits) trait has an `acquire`
+//!   for it too, but the engine does not call it: it asks by job lists.
+//!   `shadow.rs` and `inspect.rs` build [`ScriptCall`]s of their own (shadow
+//!   rules after a grant; `limits show`).
+//! - **A list of jobs**, [`JobsQuery`] → [`JobsCall`] → [`JobsReply`] →
+//!   [`BatchDecision`] (`lua/jobs.lua`), through [`Limiter::acquire_jobs`],
+//!   [`Limiter::check_jobs`] and [`Limiter::check_jobs_many`]: the worker.
+//!   Its engine asks `acquire_jobs` of the [`Coalescer`], which sends many
+//!   sellers' lists as one `check_jobs_many` call; also `benches/redis_cost.rs`
+//!   (direct and coalesced) and the `limiter_jobs`, `limiter_in_flight`,
+//!   `limiter_rolling` and `limiter_coalesce` tests.
 
-pub mod batch;
 pub mod coalesce;
+pub mod core;
 pub mod decision;
 pub mod inspect;
+pub mod jobs;
 pub mod keys;
 pub mod layout;
 pub mod local;
 pub mod model;
 pub mod overrides;
 pub mod pauses;
-pub mod permits;
 pub mod policy;
 pub mod redis;
 pub mod reply;
@@ -48,15 +81,15 @@ pub mod rule;
 pub mod script;
 mod shadow;
 
-pub use batch::{JobsQuery, ListAnswer};
+pub use self::core::{Limiter, LimiterError, Request};
 pub use coalesce::{CoalesceError, CoalesceSettings, Coalescer};
 pub use decision::{
     BatchDecision, BatchGranted, CannotPass, Decision, Denied, DeniedBy, Granted, Mode, NextJob,
     Pace,
 };
+pub use jobs::{JobsQuery, ListAnswer};
 pub use keys::{KeySpace, StateLayout};
 pub use pauses::{Pause, Pauses};
-pub use permits::{Limiter, LimiterError, Request};
 pub use policy::{Policy, Resolved, SLOT_POLL};
 pub use redis::{RedisError, RedisStore, Scripts};
 pub use reply::{JobsReply, Reply};

@@ -13,8 +13,8 @@
 use crate::config::Topology;
 use crate::telemetry::events::ShadowDecided;
 
+use super::core::{KeyedRule, Limiter};
 use super::decision::{Decision, DeniedBy, Mode};
-use super::permits::{KeyedRule, Limiter};
 use super::rule::Rule;
 use super::script::BlockAt;
 use super::script::{Op, ScriptCall, Store};

@@ -143,9 +143,8 @@ impl<X: Ports> Engine<X> {
                 // handled belong to their new owner. (The queue itself is
                 // purged by that event; checking the batch only keeps this
                 // O(batch), not O(backlog), per limiter answer.)
-                let (batch, gone): (Vec<Pending>, Vec<Pending>) = batch
-                    .into_iter()
-                    .partition(|p| source.is_current(&p.origin));
+                let (batch, gone): (Vec<Pending>, Vec<Pending>) =
+                    batch.into_iter().partition(|p| source.owns(&p.origin));
                 for p in &gone {
                     self.memory.remove(p.bytes);
                 }

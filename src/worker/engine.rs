@@ -31,7 +31,7 @@ use tokio::time::{sleep_until, Instant};
 use crate::config::Settings;
 use crate::downstream::Answer;
 use crate::job::Job;
-use crate::kafka::consumer::{Origin, PartitionEvent, Record};
+use crate::kafka::consumer::{Origin, PartitionEvent, Record, TopicPartition};
 use crate::kafka::OriginalRecord;
 use crate::limiter::BatchDecision;
 use crate::telemetry::events::RecordReceived;
@@ -312,7 +312,7 @@ impl<X: Ports> Engine<X> {
         for timer in self.timers.due(self.deps.clock.now()) {
             match timer {
                 Timer::Seller(key) => self.ask_if_ready(&key),
-                Timer::Parked(topic, partition) => self.unpark((topic, partition)),
+                Timer::Parked(topic, partition) => self.unpark(TopicPartition { topic, partition }),
                 Timer::Paced(key) => self.call_paced(&key),
             }
         }
@@ -322,7 +322,7 @@ impl<X: Ports> Engine<X> {
     /// not yet released), delayed, or queued behind its seller's jobs. An
     /// unreadable one is dead-lettered with its reason.
     fn on_record(&mut self, rec: Record) {
-        if !self.deps.source.is_current(&rec.origin) {
+        if !self.deps.source.owns(&rec.origin) {
             // Received before its partition was revoked, taken after: the
             // new owner has it.
             return;

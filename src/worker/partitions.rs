@@ -6,7 +6,7 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::kafka::consumer::{Partition, PartitionEvent};
+use crate::kafka::consumer::{PartitionEvent, TopicPartition};
 use crate::telemetry::events::{
     Backlog, Backpressure, HeadMoved, PartitionsAssigned, RevokedJobsDropped,
 };
@@ -31,14 +31,14 @@ impl<X: Ports> Engine<X> {
         }
     }
 
-    fn on_assigned(&mut self, parts: Vec<Partition>) {
+    fn on_assigned(&mut self, parts: Vec<TopicPartition>) {
         self.deps.health.set_joined();
         let jobs_topic = &self.settings.kafka.topic;
         self.partitions.jobs_assigned.extend(
             parts
                 .iter()
-                .filter(|(t, _)| **t == **jobs_topic)
-                .map(|(_, p)| *p),
+                .filter(|tp| *tp.topic == **jobs_topic)
+                .map(|tp| tp.partition),
         );
         PartitionsAssigned {
             partitions: parts.len(),
@@ -50,7 +50,7 @@ impl<X: Ports> Engine<X> {
         if self.memory.is_paused() {
             self.deps.source.pause(&parts);
         } else {
-            let parts: Vec<Partition> = parts
+            let parts: Vec<TopicPartition> = parts
                 .into_iter()
                 .filter(|p| !self.retry.parked.contains_key(p))
                 .collect();
@@ -60,32 +60,32 @@ impl<X: Ports> Engine<X> {
 
     /// Drops what waits of revoked partitions, uncommitted: the new owner
     /// has those records. (Work already under way is checked when it ends.)
-    fn on_revoked(&mut self, parts: Vec<Partition>) {
+    fn on_revoked(&mut self, parts: Vec<TopicPartition>) {
         let jobs_topic = &self.settings.kafka.topic;
-        for (t, p) in &parts {
-            if **t == **jobs_topic {
-                self.partitions.jobs_assigned.remove(p);
+        for tp in &parts {
+            if *tp.topic == **jobs_topic {
+                self.partitions.jobs_assigned.remove(&tp.partition);
             }
         }
         let source = self.deps.source.clone();
         let mut dropped: Vec<usize> = Vec::new();
         for seller in self.sellers.map.values_mut() {
             seller.queue.retain(|p| {
-                let keep = source.is_current(&p.origin);
+                let keep = source.owns(&p.origin);
                 if !keep {
                     dropped.push(p.bytes);
                 }
                 keep
             });
             seller.delayed.retain(|(_, p)| {
-                let keep = source.is_current(&p.origin);
+                let keep = source.owns(&p.origin);
                 if !keep {
                     dropped.push(p.bytes);
                 }
                 keep
             });
             seller.paced.retain(|q| {
-                let keep = source.is_current(&q.pending.origin);
+                let keep = source.owns(&q.pending.origin);
                 if !keep {
                     dropped.push(q.pending.bytes);
                 }
@@ -172,8 +172,8 @@ impl<X: Ports> Engine<X> {
         let stuck = |p: &Pending| {
             held.iter().any(|h| {
                 h.offset == p.origin.offset
-                    && h.partition.1 == p.origin.partition
-                    && *h.partition.0 == *p.origin.topic
+                    && h.partition.partition == p.origin.partition
+                    && *h.partition.topic == *p.origin.topic
                     && (h.finished_behind >= max_ahead
                         || now.saturating_duration_since(p.received_at) >= max_wait)
             })
@@ -224,7 +224,7 @@ impl<X: Ports> Engine<X> {
         if paused {
             self.deps.source.pause(&assigned);
         } else {
-            let parts: Vec<Partition> = assigned
+            let parts: Vec<TopicPartition> = assigned
                 .into_iter()
                 .filter(|p| !self.retry.parked.contains_key(p))
                 .collect();

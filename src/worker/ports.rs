@@ -22,7 +22,7 @@ use tokio::time::Instant;
 
 use crate::downstream::{Answer, Downstream};
 use crate::job::Job;
-use crate::kafka::consumer::{HeldBack, Origin, Partition};
+use crate::kafka::consumer::{HeldBack, Origin, TopicPartition};
 use crate::kafka::producer::SinkError;
 use crate::kafka::{Consumers, OriginalRecord, RecordSink, Verdict};
 
@@ -75,13 +75,13 @@ pub enum CommitError {
 pub trait Source: Send + Sync + 'static {
     /// Whether `origin` belongs to the current assignment of its partition:
     /// work on a record that is not current is dropped, never finished.
-    fn is_current(&self, origin: &Origin) -> bool;
+    fn owns(&self, origin: &Origin) -> bool;
     /// The record is done, dead-lettered or safely on a retry tier: its
     /// offset may be committed once every record before it is too.
     fn finish(&self, origin: &Origin);
-    fn pause(&self, parts: &[Partition]);
-    fn resume(&self, parts: &[Partition]);
-    fn assignment(&self) -> Vec<Partition>;
+    fn pause(&self, parts: &[TopicPartition]);
+    fn resume(&self, parts: &[TopicPartition]);
+    fn assignment(&self) -> Vec<TopicPartition>;
     /// Partitions whose first unfinished record holds finished ones back.
     fn held_back(&self) -> Vec<HeldBack>;
     /// Commit every finished prefix, in the background.
@@ -158,23 +158,23 @@ impl Ports for Live {
 }
 
 impl Source for Consumers {
-    fn is_current(&self, origin: &Origin) -> bool {
-        Consumers::is_current(self, origin)
+    fn owns(&self, origin: &Origin) -> bool {
+        Consumers::owns(self, origin)
     }
 
     fn finish(&self, origin: &Origin) {
         Consumers::finish(self, origin);
     }
 
-    fn pause(&self, parts: &[Partition]) {
+    fn pause(&self, parts: &[TopicPartition]) {
         Consumers::pause(self, parts);
     }
 
-    fn resume(&self, parts: &[Partition]) {
+    fn resume(&self, parts: &[TopicPartition]) {
         Consumers::resume(self, parts);
     }
 
-    fn assignment(&self) -> Vec<Partition> {
+    fn assignment(&self) -> Vec<TopicPartition> {
         Consumers::assignment(self)
     }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::config::{RetryTier, Settings};
 use crate::job::Job;
-use crate::kafka::consumer::{Origin, Partition};
+use crate::kafka::consumer::{Origin, TopicPartition};
 use crate::kafka::{OriginalRecord, Verdict};
 use crate::telemetry::events::{JobDeadLettered, JobDeferred, RecordTooLarge, RevokedWorkDropped};
 
@@ -70,7 +70,7 @@ pub(super) struct Retry {
     /// Retry-tier records not yet released, per partition, in offset order
     /// (which is release order within a tier); the partition is paused
     /// while it has any. Ordered for a replayable walk.
-    pub(super) parked: BTreeMap<Partition, VecDeque<Parked>>,
+    pub(super) parked: BTreeMap<TopicPartition, VecDeque<Parked>>,
     /// The retry tiers, shortest first.
     tiers: Vec<RetryTier>,
 }
@@ -120,7 +120,7 @@ impl<X: Ports> Engine<X> {
     /// (a tier's release times ascend), so none waits behind the head.
     pub(super) fn park(&mut self, parked: Parked) {
         let origin = &parked.pending.origin;
-        let part: Partition = (origin.topic.clone(), origin.partition);
+        let part = TopicPartition::new(origin.topic.clone(), origin.partition);
         let release = parked.release_at_unix_ms;
         let queue = self.retry.parked.entry(part.clone()).or_default();
         let first = queue.is_empty();
@@ -128,11 +128,12 @@ impl<X: Ports> Engine<X> {
         if first {
             self.deps.source.pause(std::slice::from_ref(&part));
             let at = instant_of(&*self.deps.clock, release);
-            self.timers.at(at, Timer::Parked(part.0, part.1));
+            self.timers
+                .at(at, Timer::Parked(part.topic, part.partition));
         }
     }
 
-    pub(super) fn unpark(&mut self, part: Partition) {
+    pub(super) fn unpark(&mut self, part: TopicPartition) {
         let now = self.deps.clock.unix_ms();
         let mut released = Vec::new();
         let mut next = None;
@@ -148,7 +149,8 @@ impl<X: Ports> Engine<X> {
         match next {
             Some(release) => {
                 let at = instant_of(&*self.deps.clock, release);
-                self.timers.at(at, Timer::Parked(part.0.clone(), part.1));
+                self.timers
+                    .at(at, Timer::Parked(part.topic.clone(), part.partition));
             }
             None => {
                 self.retry.parked.remove(&part);
@@ -227,7 +229,7 @@ impl<X: Ports> Engine<X> {
         attempts: u32,
         target: Target,
     ) {
-        if !self.deps.source.is_current(&origin) {
+        if !self.deps.source.owns(&origin) {
             // Written by the partition's new owner, if at all.
             self.memory.remove(bytes);
             return RevokedWorkDropped {
@@ -341,7 +343,7 @@ impl<X: Ports> Engine<X> {
             offset = pending.origin.offset,
             "write to the retry or dead-letter topic failed; trying again in 1s"
         );
-        if self.deps.source.is_current(&pending.origin) {
+        if self.deps.source.owns(&pending.origin) {
             self.spawn_write(pending, Duration::from_secs(1));
         } else {
             self.memory.remove(pending.bytes);
@@ -407,7 +409,7 @@ impl<X: Ports> Engine<X> {
                 self.memory.remove(pending.bytes);
             }
             Err(WriteError::TooLarge { topic, reason })
-                if self.deps.source.is_current(&pending.origin) =>
+                if self.deps.source.owns(&pending.origin) =>
             {
                 self.on_too_large(pending, &topic, &reason)
             }

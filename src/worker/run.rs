@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use crate::backoff::backoff_with;
 use crate::downstream::{Answer, RetryAfter};
-use crate::kafka::consumer::Partition;
+use crate::kafka::consumer::TopicPartition;
 use crate::telemetry::events::{
     DownstreamFailed, DownstreamThrottled, JobDone, RevokedWorkDropped,
 };
@@ -53,9 +53,9 @@ impl<X: Ports> Engine<X> {
         );
         self.tasks += 1;
         // Each job with its place in the run, to put back what a 429 left.
-        let mut chains: Vec<(Partition, Vec<Granted>)> = Vec::new();
+        let mut chains: Vec<(TopicPartition, Vec<Granted>)> = Vec::new();
         for (i, (granted_at, p)) in batch.into_iter().enumerate() {
-            let part = (p.origin.topic.clone(), p.origin.partition);
+            let part = TopicPartition::new(p.origin.topic.clone(), p.origin.partition);
             match chains.iter_mut().find(|(k, _)| *k == part) {
                 Some((_, chain)) => chain.push((i, granted_at, p)),
                 None => chains.push((part, vec![(i, granted_at, p)])),
@@ -74,7 +74,7 @@ impl<X: Ports> Engine<X> {
                     let mut jobs = chain.into_iter();
                     while let Some((i, granted_at, p)) = jobs.next() {
                         // A revoked job is not called: its new owner does.
-                        if stopped() || paused() || !source.is_current(&p.origin) {
+                        if stopped() || paused() || !source.owns(&p.origin) {
                             unused.push((i, p));
                             continue;
                         }
@@ -146,7 +146,7 @@ impl<X: Ports> Engine<X> {
                 self.timers.at(head.go_at, Timer::Paced(key.clone()));
                 break;
             }
-            if !source.is_current(&head.pending.origin) {
+            if !source.owns(&head.pending.origin) {
                 gone.extend(seller.paced.pop_front());
                 continue;
             }
@@ -210,7 +210,7 @@ impl<X: Ports> Engine<X> {
         for seller in woken {
             self.ask_if_ready(&seller);
         }
-        if !self.deps.source.is_current(&p.origin) {
+        if !self.deps.source.owns(&p.origin) {
             // The partition moved on while the call was out: its new owner
             // has the record and decides; no retry, no dead letter from here.
             self.memory.remove(p.bytes);
@@ -311,9 +311,8 @@ impl<X: Ports> Engine<X> {
     ) {
         let before = unused.len();
         let source = self.deps.source.clone();
-        let (unused, gone): (Vec<Pending>, Vec<Pending>) = unused
-            .into_iter()
-            .partition(|p| source.is_current(&p.origin));
+        let (unused, gone): (Vec<Pending>, Vec<Pending>) =
+            unused.into_iter().partition(|p| source.owns(&p.origin));
         for p in &gone {
             self.memory.remove(p.bytes);
         }
@@ -333,7 +332,7 @@ impl<X: Ports> Engine<X> {
             // The downstream refuses the seller now: its paced jobs wait
             // again with the rest (their units are lost, as a 429's are).
             for q in std::mem::take(&mut seller.paced) {
-                if source.is_current(&q.pending.origin) {
+                if source.owns(&q.pending.origin) {
                     back.push(q.pending);
                 } else {
                     self.memory.remove(q.pending.bytes);

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use throttle_worker::kafka::consumer::{HeldBack, Origin, Partition, PartitionEvent, Record};
+use throttle_worker::kafka::consumer::{HeldBack, Origin, PartitionEvent, Record, TopicPartition};
 use throttle_worker::kafka::{Offsets, OriginalRecord, Position, RetryHeaders};
 use throttle_worker::worker::{CommitError, Source};
 use tokio::sync::{mpsc, Notify};
@@ -106,7 +106,7 @@ impl SimSource {
         let _ = events.send(PartitionEvent::Assigned(
             parts
                 .iter()
-                .map(|(t, p)| (Arc::from(t.as_str()), *p))
+                .map(|(t, p)| TopicPartition::new(t.as_str(), *p))
                 .collect(),
         ));
         self.wake.notify_one();
@@ -136,7 +136,7 @@ impl SimSource {
         let _ = events.send(PartitionEvent::Revoked(
             parts
                 .iter()
-                .map(|(t, p)| (Arc::from(t.as_str()), *p))
+                .map(|(t, p)| TopicPartition::new(t.as_str(), *p))
                 .collect(),
         ));
     }
@@ -228,14 +228,14 @@ impl SimSource {
 }
 
 impl Source for SimSource {
-    fn is_current(&self, origin: &Origin) -> bool {
+    fn owns(&self, origin: &Origin) -> bool {
         let st = lock(&self.state);
         let tp = (origin.topic.to_string(), origin.partition);
         st.owned.contains_key(&tp) && st.generations.get(&tp) == Some(&origin.generation)
     }
 
     fn finish(&self, origin: &Origin) {
-        if self.dead.load(Ordering::SeqCst) || !self.is_current(origin) {
+        if self.dead.load(Ordering::SeqCst) || !self.owns(origin) {
             return;
         }
         let mut st = lock(&self.state);
@@ -243,30 +243,30 @@ impl Source for SimSource {
             .finish(&origin.topic, origin.partition, origin.offset);
     }
 
-    fn pause(&self, parts: &[Partition]) {
+    fn pause(&self, parts: &[TopicPartition]) {
         let mut st = lock(&self.state);
-        for (t, p) in parts {
-            let tp = (t.to_string(), *p);
+        for part in parts {
+            let tp = (part.topic.to_string(), part.partition);
             if st.owned.contains_key(&tp) {
                 st.paused.insert(tp);
             }
         }
     }
 
-    fn resume(&self, parts: &[Partition]) {
+    fn resume(&self, parts: &[TopicPartition]) {
         let mut st = lock(&self.state);
-        for (t, p) in parts {
-            st.paused.remove(&(t.to_string(), *p));
+        for part in parts {
+            st.paused.remove(&(part.topic.to_string(), part.partition));
         }
         drop(st);
         self.wake.notify_one();
     }
 
-    fn assignment(&self) -> Vec<Partition> {
+    fn assignment(&self) -> Vec<TopicPartition> {
         lock(&self.state)
             .owned
             .keys()
-            .map(|(t, p)| (Arc::from(t.as_str()), *p))
+            .map(|(t, p)| TopicPartition::new(t.as_str(), *p))
             .collect()
     }
 
@@ -276,7 +276,7 @@ impl Source for SimSource {
             .held_back()
             .into_iter()
             .map(|(topic, partition, offset, finished_behind)| HeldBack {
-                partition: (Arc::from(topic.as_str()), partition),
+                partition: TopicPartition::new(topic.as_str(), partition),
                 offset,
                 finished_behind,
             })

@@ -288,7 +288,7 @@ pub trait Algo {
 
 /// One rule's loaded state, with the algorithm erased so the driver can
 /// hold a rule set of mixed algorithms.
-trait Loaded {
+trait LoadedRule {
     fn avail(&self, now: i128) -> i128;
     fn wait(&self, now: i128, need: i128, taken: i128) -> i128;
     fn left(&self, now: i128, n: i128) -> i128;
@@ -302,7 +302,7 @@ struct Bound<A: Algo> {
     r: Params,
 }
 
-impl<A: Algo> Loaded for Bound<A> {
+impl<A: Algo> LoadedRule for Bound<A> {
     fn avail(&self, now: i128) -> i128 {
         A::avail(&self.view, &self.r, now)
     }
@@ -366,7 +366,7 @@ fn cap_of(rule: &Rule) -> i128 {
     with_algo!(rule.algorithm(), A => A::cap(&Params::from(rule)))
 }
 
-fn load_rule(store: &ModelStore, key: &str, rule: &Rule, now: i128) -> Box<dyn Loaded> {
+fn load_rule(store: &ModelStore, key: &str, rule: &Rule, now: i128) -> Box<dyn LoadedRule> {
     let r = Params::from(rule);
     with_algo!(rule.algorithm(), A => Box::new(Bound::<A> {
         view: A::load(store, key, &r, now),
@@ -393,7 +393,7 @@ fn refund_rule(
 /// address, and in v1+v2 also at its v1 key; the more used one decides
 /// (fewer units admissible now, v2's on a tie), every one is charged.
 struct Both {
-    all: Vec<(String, Box<dyn Loaded>)>,
+    all: Vec<(String, Box<dyn LoadedRule>)>,
     pick: usize,
 }
 
@@ -407,7 +407,7 @@ impl Both {
         Both { all, pick }
     }
 
-    fn st(&self) -> &dyn Loaded {
+    fn st(&self) -> &dyn LoadedRule {
         self.all[self.pick].1.as_ref()
     }
 

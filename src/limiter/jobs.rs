@@ -9,8 +9,8 @@
 
 use std::sync::Arc;
 
+use super::core::{Limiter, LimiterError};
 use super::decision::{BatchDecision, BatchGranted, CannotPass, Denied, DeniedBy, Mode, NextJob};
-use super::permits::{Limiter, LimiterError};
 use super::policy::Resolved;
 use super::policy::SLOT_POLL;
 use super::reply::JobsReply;
