@@ -71,7 +71,6 @@ pub mod jobs;
 pub mod keys;
 pub mod layout;
 pub mod local;
-pub mod model;
 pub mod overrides;
 pub mod pauses;
 pub mod policy;

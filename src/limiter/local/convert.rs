@@ -87,7 +87,7 @@ mod tests {
 
     use super::*;
     use crate::limiter::decision::Mode;
-    use crate::limiter::model::{cdiv, fdiv, run, Op};
+    use crate::limiter::local::{cdiv, fdiv, run, Op};
 
     const T0: u64 = 1_700_000_000_000_000;
     const KEY: &str = "m:{s}:rule:0";

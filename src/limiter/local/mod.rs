@@ -28,6 +28,7 @@
 
 pub mod burst_fill;
 pub mod calls;
+mod share;
 pub mod fixed_window;
 pub mod gcra;
 pub mod leaky_bucket;
@@ -46,6 +47,7 @@ use super::rule::{Algorithm, Rule};
 use super::script::{BlockAt, JobsRequest, KeyedRule, SlotTerms, StateKey};
 
 pub use burst_fill::BurstFill;
+pub use share::{granted, scaled, LocalShare, WallClock};
 pub use fixed_window::FixedWindow;
 pub use gcra::Gcra;
 pub use leaky_bucket::LeakyBucket;
@@ -1007,7 +1009,7 @@ impl Clock for ManualClock {
 ///
 /// ```
 /// use std::time::Duration;
-/// use throttle_worker::limiter::model::{ManualClock, ModelLimiter};
+/// use throttle_worker::limiter::local::{ManualClock, ModelLimiter};
 /// use throttle_worker::limiter::{Algorithm, Decision, Mode, Rule};
 ///
 /// let rules = [Rule::new(Algorithm::Gcra, 2, Duration::from_secs(1), None).unwrap()];
@@ -1097,7 +1099,7 @@ impl<C: Clock> ModelLimiter<C> {
 }
 
 #[cfg(test)]
-pub(crate) mod testkit;
+pub(crate) mod tables;
 
 #[cfg(test)]
 mod tests;

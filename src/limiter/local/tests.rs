@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 
-use super::testkit::{drive, rule, BLOCK, T0};
+use super::tables::{drive, rule, BLOCK, T0};
 use super::{block, run, ManualClock, ModelLimiter, ModelStore, Op, State};
 use crate::limiter::script::KeyedRule;
 use crate::limiter::{Algorithm, Decision, DeniedBy, Mode, Reply, Rule};
