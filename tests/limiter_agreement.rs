@@ -1,7 +1,7 @@
 //! The Lua scripts against their reference models, step by step, on a real
 //! Redis: for the same keys, time and arguments, `lua/limiter.lua` (through
 //! [`RedisStore`]) and [`local::run`] must give the same ten integers, and
-//! `lua/block.lua` and [`local::block`] the same end of block.
+//! `lua/block.lua` and [`testkit::block`] the same end of block.
 //!
 //! - `lua_and_model_agree_on_random_sequences`: random rule sets of 1–3 mixed
 //!   algorithms (50 µs periods, fractional intervals), random non-decreasing
@@ -28,6 +28,7 @@ use proptest::sample::Index;
 use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
 use redis::aio::MultiplexedConnection;
 use throttle_worker::limiter::local::{self, ModelStore};
+use throttle_worker::limiter::testkit;
 use throttle_worker::limiter::{
     Algorithm, BlockAt, BlockRead, JobsCall, JobsReply, JobsRequest, KeyedRule, Mode, Op,
     RedisStore, Reply, Rule, ScriptCall, SlotTerms, StateKey, StateLayout, Store,
@@ -285,7 +286,7 @@ async fn both_jobs(
         .run_jobs(call)
         .await
         .map_err(|e| format!("{inputs}\n  lua failed: {e}"))?;
-    let want = local::run_jobs(model, now_us, call.dry_run, &call.requests);
+    let want = testkit::run_jobs(model, now_us, call.dry_run, &call.requests);
     if lua != want {
         let mut diffs = String::new();
         if lua.len() != want.len() {
@@ -351,7 +352,7 @@ async fn both_cancel(
         .cancel_jobs(call)
         .await
         .map_err(|e| format!("{inputs}\n  lua failed: {e}"))?;
-    let want = local::cancel(model, now_us, &call.requests);
+    let want = testkit::cancel(model, now_us, &call.requests);
     if lua != want {
         return Err(format!("{inputs}\n  differ: lua {lua:?} ≠ model {want:?}"));
     }
@@ -376,7 +377,7 @@ async fn both_block(
         .block(&seller.block, Some(now_us), dur_us)
         .await
         .map_err(|e| format!("{inputs}\n  lua failed: {e}"))?;
-    let want = local::block(model, &seller.block, now_us, dur_us);
+    let want = testkit::block(model, &seller.block, now_us, dur_us);
     if lua != want {
         return Err(format!("{inputs}\n  block ends: lua {lua} ≠ model {want}"));
     }

@@ -12,8 +12,8 @@
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::limiter::decision::{BatchDecision, BatchGranted, Decision, Denied, DeniedBy};
 use super::{Clock, ModelLimiter};
+use crate::limiter::decision::{BatchDecision, BatchGranted, Decision, Denied, DeniedBy};
 use crate::limiter::{Mode, Rule};
 
 /// The host's wall clock: each replica's local state is its own, so no
