@@ -11,7 +11,12 @@
 //! - [`job`]: the job envelope and its parsing; a bad record gets a reason
 //!   fit for the dead-letter header.
 //! - [`limiter`]: rules, typed decisions, reference models and the Redis glue
-//!   (the only module that talks to Redis). [`Limiter`](limiter::Limiter)
+//!   (the only module that talks to Redis). The reference model is in two
+//!   halves: `limiter::local`, the algorithms the in-memory fallback
+//!   (`redis.on_error = "local"`) runs, in the product; and
+//!   `limiter::testkit`, what only tests run (the job-list driver, the
+//!   block, a manual clock), built with `cfg(test)` or the `testkit`
+//!   feature, never in the product. [`Limiter`](limiter::Limiter)
 //!   lives in `limiter/core.rs`, the worker's job lists in `limiter/jobs.rs`;
 //!   `limiter/mod.rs` says which file holds which part of it, and which
 //!   request pipeline serves which caller.

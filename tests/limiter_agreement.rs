@@ -1,7 +1,7 @@
 //! The Lua scripts against their reference models, step by step, on a real
 //! Redis: for the same keys, time and arguments, `lua/limiter.lua` (through
-//! [`RedisStore`]) and [`model::run`] must give the same ten integers, and
-//! `lua/block.lua` and [`model::block`] the same end of block.
+//! [`RedisStore`]) and [`local::run`] must give the same ten integers, and
+//! `lua/block.lua` and [`testkit::block`] the same end of block.
 //!
 //! - `lua_and_model_agree_on_random_sequences`: random rule sets of 1–3 mixed
 //!   algorithms (50 µs periods, fractional intervals), random non-decreasing
@@ -27,7 +27,8 @@ use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
 use redis::aio::MultiplexedConnection;
-use throttle_worker::limiter::model::{self, ModelStore};
+use throttle_worker::limiter::local::{self, ModelStore};
+use throttle_worker::limiter::testkit;
 use throttle_worker::limiter::{
     Algorithm, BlockAt, BlockRead, JobsCall, JobsReply, JobsRequest, KeyedRule, Mode, Op,
     RedisStore, Reply, Rule, ScriptCall, SlotTerms, StateKey, StateLayout, Store,
@@ -174,11 +175,11 @@ impl Seller {
     }
 }
 
-fn model_op(op: Op) -> model::Op {
+fn model_op(op: Op) -> local::Op {
     match op {
-        Op::Acquire => model::Op::Acquire,
-        Op::Peek => model::Op::Peek,
-        Op::Refund { skip, taken_at_us } => model::Op::Refund { skip, taken_at_us },
+        Op::Acquire => local::Op::Acquire,
+        Op::Peek => local::Op::Peek,
+        Op::Refund { skip, taken_at_us } => local::Op::Refund { skip, taken_at_us },
     }
 }
 
@@ -244,7 +245,7 @@ async fn both(
         .run(call)
         .await
         .map_err(|e| format!("{inputs}\n  lua failed: {e}"))?;
-    let want = model::run(
+    let want = local::run(
         model,
         model_op(call.op),
         now_us,
@@ -285,7 +286,7 @@ async fn both_jobs(
         .run_jobs(call)
         .await
         .map_err(|e| format!("{inputs}\n  lua failed: {e}"))?;
-    let want = model::run_jobs(model, now_us, call.dry_run, &call.requests);
+    let want = testkit::run_jobs(model, now_us, call.dry_run, &call.requests);
     if lua != want {
         let mut diffs = String::new();
         if lua.len() != want.len() {
@@ -351,7 +352,7 @@ async fn both_cancel(
         .cancel_jobs(call)
         .await
         .map_err(|e| format!("{inputs}\n  lua failed: {e}"))?;
-    let want = model::cancel(model, now_us, &call.requests);
+    let want = testkit::cancel(model, now_us, &call.requests);
     if lua != want {
         return Err(format!("{inputs}\n  differ: lua {lua:?} ≠ model {want:?}"));
     }
@@ -376,7 +377,7 @@ async fn both_block(
         .block(&seller.block, Some(now_us), dur_us)
         .await
         .map_err(|e| format!("{inputs}\n  lua failed: {e}"))?;
-    let want = model::block(model, &seller.block, now_us, dur_us);
+    let want = testkit::block(model, &seller.block, now_us, dur_us);
     if lua != want {
         return Err(format!("{inputs}\n  block ends: lua {lua} ≠ model {want}"));
     }
@@ -824,7 +825,7 @@ fn lua_and_model_agree_on_random_sequences() {
 
 /// The same in state v2 (one hash per seller, rules by place), where an
 /// edit converts the state at its place: the Lua's `settle` against
-/// `model::convert`.
+/// `local::convert`.
 #[test]
 fn lua_and_model_agree_on_random_sequences_in_state_v2() {
     agree_on_random_sequences(StateLayout::V2);
@@ -1067,7 +1068,7 @@ async fn token_bucket_refund_after_a_later_call_does_not_refill_twice() {
 
 /// Regression, limiter.lua: cost 0 used to be "granted" 0 units (and start
 /// a burst_fill period). Now the script refuses it with an error reply and
-/// writes nothing; the model panics (see `model::run`).
+/// writes nothing; the model panics (see `local::run`).
 #[tokio::test]
 async fn cost_zero_is_refused_by_both() {
     let redis = store().await;
@@ -1090,7 +1091,7 @@ async fn cost_zero_is_refused_by_both() {
         );
         let mut model = ModelStore::new();
         let refused = catch_unwind(AssertUnwindSafe(|| {
-            model::run(
+            local::run(
                 &mut model,
                 model_op(op),
                 T0,

@@ -14,7 +14,7 @@
 //!   caller gets a timeout, and the seller ends up charged nothing.
 //!
 //! Every step of the first three runs on Redis and on the model
-//! (`model::run_jobs`, `model::cancel`), which must agree.
+//! (`testkit::run_jobs`, `testkit::cancel`), which must agree.
 
 mod common;
 
@@ -25,7 +25,8 @@ use std::time::Duration;
 
 use common::{policy, raw, redis_url, rule, store, unique_prefix, T0};
 use throttle_worker::config::Topology;
-use throttle_worker::limiter::model::{self, ModelStore};
+use throttle_worker::limiter::local::ModelStore;
+use throttle_worker::limiter::testkit;
 use throttle_worker::limiter::{
     Algorithm, BatchDecision, CoalesceSettings, Coalescer, JobsCall, JobsQuery, JobsReply,
     JobsRequest, KeySpace, Limiter, RedisStore, Rule, StateLayout, Store,
@@ -86,7 +87,7 @@ impl Bench {
     ) -> JobsReply {
         let call = self.call(seller, id, now_us, costs, dry_run);
         let lua = self.redis.run_jobs(&call).await.expect("jobs call");
-        let want = model::run_jobs(&mut self.model, now_us, dry_run, &call.requests);
+        let want = testkit::run_jobs(&mut self.model, now_us, dry_run, &call.requests);
         assert_eq!(
             lua, want,
             "{}: jobs {id} at {now_us}: lua ≠ model",
@@ -99,7 +100,7 @@ impl Bench {
     async fn cancel(&mut self, seller: &str, id: &str, now_us: u64) -> i64 {
         let call = self.call(seller, id, now_us, &[1], false);
         let lua = self.redis.cancel_jobs(&call).await.expect("cancel call");
-        let want = model::cancel(&mut self.model, now_us, &call.requests);
+        let want = testkit::cancel(&mut self.model, now_us, &call.requests);
         assert_eq!(
             lua, want,
             "{}: cancel {id} at {now_us}: lua ≠ model",
@@ -265,7 +266,7 @@ async fn hash_bytes(key: &str) -> usize {
 /// agree on every step and on the number of records.
 #[tokio::test]
 async fn a_busy_sellers_records_stay_bounded_outside_its_hash() {
-    use throttle_worker::limiter::model::calls::{CALLS_KEEP, CALLS_TRIM};
+    use throttle_worker::limiter::testkit::calls::{CALLS_KEEP, CALLS_TRIM};
     let most = (CALLS_KEEP + CALLS_TRIM as usize - 1) as u64;
     for layout in COVERED {
         let rule = Rule::new(
@@ -285,7 +286,7 @@ async fn a_busy_sellers_records_stay_bounded_outside_its_hash() {
             assert_eq!(r.head.status, 1, "{}: {r:?}", b.what);
             let n = zcard(&calls).await;
             assert!(n <= most, "{}: {n} records after call {i}", b.what);
-            let model_n = model::calls::records(&b.model, &calls).map_or(0, |r| r.len());
+            let model_n = testkit::calls::records(&b.model, &calls).map_or(0, |r| r.len());
             assert_eq!(
                 n, model_n as u64,
                 "{}: records after call {i}, lua vs model",

@@ -21,7 +21,8 @@ use common::{
 };
 use proptest::prelude::*;
 use throttle_worker::config::{SellerConfig, Topology};
-use throttle_worker::limiter::model::{self, ModelStore};
+use throttle_worker::limiter::local::ModelStore;
+use throttle_worker::limiter::testkit;
 use throttle_worker::limiter::{
     Algorithm, BatchDecision, DeniedBy, JobsQuery, JobsRequest, Mode, NextJob, Request, Rule,
 };
@@ -439,9 +440,9 @@ proptest! {
         let mut now = T0;
         for (i, (gap, list)) in history.iter().enumerate() {
             now += gap;
-            model::run_jobs(&mut store, now, false, &[request(&rules, list, &format!("h{i}"))]);
+            testkit::run_jobs(&mut store, now, false, &[request(&rules, list, &format!("h{i}"))]);
         }
-        let r = model::run_jobs(&mut store, now, false, &[request(&rules, &costs, "x")])[0];
+        let r = testkit::run_jobs(&mut store, now, false, &[request(&rules, &costs, "x")])[0];
         let (stopper, retry) = match (r.head.status, r.next) {
             (1, 1) => (costs[r.jobs as usize], r.head.retry_after_us as u64),
             (0, _) => (costs[0], r.head.retry_after_us as u64),
@@ -450,7 +451,7 @@ proptest! {
         prop_assert!(retry > 0, "{r:?}");
         let probe = |t: u64| {
             let mut s = store.clone();
-            model::run_jobs(&mut s, t, true, &[request(&rules, &[stopper], "p")])[0]
+            testkit::run_jobs(&mut s, t, true, &[request(&rules, &[stopper], "p")])[0]
         };
         let early = probe(now + retry - 1);
         prop_assert_eq!(early.head.status, 0, "1 µs early must be refused: {:?} then {:?}", r, early);

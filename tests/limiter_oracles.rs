@@ -1,5 +1,5 @@
 //! Oracles written from each algorithm's definition, not from its code
-//! (issue 12). `src/limiter/model/` mirrors the Lua function by function,
+//! (issue 12). `src/limiter/local/` mirrors the Lua function by function,
 //! so `limiter_agreement` catches transcription slips but not a shared
 //! misunderstanding. Here random arrival sequences (explicit times; acquires
 //! all-or-nothing and up-to, job lists, refunds of the last units of a

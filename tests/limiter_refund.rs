@@ -35,7 +35,7 @@ use common::{raw, store, unique_prefix, T0};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
 use redis::aio::MultiplexedConnection;
-use throttle_worker::limiter::model::{self, burst_fill, ModelStore, Params, State};
+use throttle_worker::limiter::local::{self, burst_fill, ModelStore, Params, State};
 use throttle_worker::limiter::{
     Algorithm, KeyedRule, Mode, Op, RedisStore, Reply, Rule, ScriptCall, Store,
 };
@@ -358,9 +358,9 @@ fn replay(keys: &Keys, kept: &[Kept], a_opened: bool) -> Result<(), String> {
             }
             continue;
         }
-        let r = model::run(
+        let r = local::run(
             &mut store,
-            model::Op::Acquire,
+            local::Op::Acquire,
             k.at,
             k.units,
             Mode::AllOrNothing,

@@ -23,9 +23,13 @@
 //!   in Redis and read by every replica.
 //! - [`inspect`]: a seller's live state per rule, charging nothing
 //!   (`limits show`).
-//! - [`model`]: pure-Rust reference models of every script, with an injected clock.
-//! - [`local`]: a replica's share of every limit in memory, for
+//! - [`local`]: the scripts' algorithms in pure Rust (the reference model's
+//!   production half) and a replica's share of every limit in memory, for
 //!   `redis.on_error = "local"` while Redis does not answer.
+//! - `testkit`: the reference model's test half (the job-list driver, the
+//!   block, slots and call records, a manual clock), compiled only for
+//!   tests (`cfg(test)` or the `testkit` feature, which the crate's
+//!   dev-dependency on itself turns on); never in the product.
 //! - [`redis`]: the only module that talks to Redis; runs `lua/` as a Redis
 //!   Functions library (FCALL), or with EVALSHA where Functions are missing,
 //!   on one server or a Redis Cluster.
@@ -71,7 +75,6 @@ pub mod jobs;
 pub mod keys;
 pub mod layout;
 pub mod local;
-pub mod model;
 pub mod overrides;
 pub mod pauses;
 pub mod policy;
@@ -80,6 +83,8 @@ pub mod reply;
 pub mod rule;
 pub mod script;
 mod shadow;
+#[cfg(any(test, feature = "testkit"))]
+pub mod testkit;
 
 pub use self::core::{Limiter, LimiterError, Request};
 pub use coalesce::{CoalesceError, CoalesceSettings, Coalescer};

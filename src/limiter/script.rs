@@ -1,8 +1,11 @@
 //! One call of the limiter script, as data.
 //!
-//! The call is built here, in plain Rust, and run by a [`Store`]: Redis in
-//! production, the reference model in tests. Nothing in this file knows how
-//! Redis is reached.
+//! The call is built here, in plain Rust, and run by a [`Store`]: Redis
+//! ([`RedisStore`](super::RedisStore)) in the product. Tests run the same
+//! calls on the reference model (`limiter::testkit` and `limiter::local`,
+//! e.g. the simulation's store). The local fallback does not go through a
+//! [`Store`]: it decides job by job in memory (`limiter::local`). Nothing in
+//! this file knows how Redis is reached.
 
 use std::future::Future;
 

@@ -9,7 +9,6 @@ use tokio::time::Instant;
 use crate::config::Settings;
 use crate::kafka::consumer::Origin;
 use crate::limiter::local::{self, LocalShare};
-use crate::limiter::model;
 use crate::limiter::{BatchDecision, CannotPass, Denied, DeniedBy, NextJob, SLOT_POLL};
 use crate::telemetry::events::{
     JobsAdmitted, LimiterNever, LimiterUnavailable, SellerThrottled, SellerWaiting,
@@ -31,7 +30,7 @@ impl<K> Clone for ModelClock<K> {
     }
 }
 
-impl<K: Clock> model::Clock for ModelClock<K> {
+impl<K: Clock> local::Clock for ModelClock<K> {
     fn now_us(&self) -> u64 {
         self.0.unix_us()
     }

@@ -12,7 +12,8 @@ use rand::{Rng, SeedableRng};
 use throttle_worker::downstream::{retry_after, Answer};
 use throttle_worker::job::Job;
 use throttle_worker::kafka::{OriginalRecord, Position, RetryHeaders, Verdict};
-use throttle_worker::limiter::model::{self, ModelStore};
+use throttle_worker::limiter::local::{self, ModelStore};
+use throttle_worker::limiter::testkit;
 use throttle_worker::limiter::{
     BatchDecision, BlockAt, Decision, JobsCall, JobsReply, Limiter, Op, Pause, Reply, Rule,
     ScriptCall, Store,
@@ -381,11 +382,11 @@ impl Store for SimStore {
         let now = self.reach().await?;
         let now = call.now_us.unwrap_or(now);
         let op = match call.op {
-            Op::Acquire => model::Op::Acquire,
-            Op::Peek => model::Op::Peek,
-            Op::Refund { skip, taken_at_us } => model::Op::Refund { skip, taken_at_us },
+            Op::Acquire => local::Op::Acquire,
+            Op::Peek => local::Op::Peek,
+            Op::Refund { skip, taken_at_us } => local::Op::Refund { skip, taken_at_us },
         };
-        Ok(model::run(
+        Ok(local::run(
             &mut self.store(),
             op,
             now,
@@ -400,7 +401,7 @@ impl Store for SimStore {
     async fn run_jobs(&self, call: &JobsCall) -> Result<Vec<JobsReply>, SimRedisError> {
         let now = self.reach().await?;
         let now = call.now_us.unwrap_or(now);
-        Ok(model::run_jobs(
+        Ok(testkit::run_jobs(
             &mut self.store(),
             now,
             call.dry_run,
@@ -420,7 +421,7 @@ impl Store for SimStore {
         dur_us: u64,
     ) -> Result<u64, SimRedisError> {
         let now = self.reach().await?;
-        Ok(model::block(
+        Ok(testkit::block(
             &mut self.store(),
             key,
             now_us.unwrap_or(now),

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use throttle_worker::config::Topology;
 use throttle_worker::kafka::RetryHeaders;
-use throttle_worker::limiter::model::ModelStore;
+use throttle_worker::limiter::local::ModelStore;
 use throttle_worker::limiter::{KeySpace, Limiter, Policy};
 use throttle_worker::telemetry::http::Health;
 use throttle_worker::worker::{Deps, Engine, Ports, Summary};

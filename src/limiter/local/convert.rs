@@ -49,7 +49,7 @@ pub fn convert(store: &mut ModelStore, key: &str, old: &Rule, new: &Rule, now_us
     let used = units_in_use(store, key, old, now);
     store.remove(key);
     let r = Params::from(new);
-    let charge = used.min(super::cap_of(new));
+    let charge = used.min(super::decide::cap_of(new));
     if charge > 0 {
         with_algo!(new.algorithm(), A => {
             let view = A::load(store, key, &r, now);
@@ -87,7 +87,7 @@ mod tests {
 
     use super::*;
     use crate::limiter::decision::Mode;
-    use crate::limiter::model::{cdiv, fdiv, run, Op};
+    use crate::limiter::local::{cdiv, fdiv, run, Op};
 
     const T0: u64 = 1_700_000_000_000_000;
     const KEY: &str = "m:{s}:rule:0";
@@ -203,7 +203,7 @@ mod tests {
             }
             return Ok(());
         }
-        let cap = super::super::cap_of(old).max(super::super::cap_of(new));
+        let cap = super::super::decide::cap_of(old).max(super::super::decide::cap_of(new));
         let starts: Vec<i128> = grants
             .iter()
             .map(|(t, _)| *t)

@@ -198,7 +198,7 @@ mod tests {
 
     use proptest::prelude::*;
 
-    use super::super::testkit::{all, check, drive, rule, upto, Step};
+    use super::super::tables::{all, check, drive, rule, upto, Step};
     use crate::limiter::{Algorithm, Mode};
 
     const S: i64 = 1_000_000;

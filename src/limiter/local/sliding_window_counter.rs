@@ -155,7 +155,7 @@ impl Algo for SlidingWindowCounter {
 mod tests {
     use std::time::Duration;
 
-    use super::super::testkit::{all, check, rule, upto, Step};
+    use super::super::tables::{all, check, rule, upto, Step};
     use crate::limiter::{Algorithm, Mode};
 
     const S: i64 = 1_000_000;

@@ -12,9 +12,9 @@
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::decision::{BatchDecision, BatchGranted, Decision, Denied, DeniedBy};
-use super::model::{Clock, ModelLimiter};
-use super::{Mode, Rule};
+use super::{Clock, ModelLimiter};
+use crate::limiter::decision::{BatchDecision, BatchGranted, Decision, Denied, DeniedBy};
+use crate::limiter::{Mode, Rule};
 
 /// The host's wall clock: each replica's local state is its own, so no
 /// shared clock is needed.

@@ -4,9 +4,10 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 
-use super::testkit::{drive, rule, BLOCK, T0};
-use super::{block, run, ManualClock, ModelLimiter, ModelStore, Op, State};
+use super::tables::{drive, rule, BLOCK, T0};
+use super::{run, ModelLimiter, ModelStore, Op, State};
 use crate::limiter::script::KeyedRule;
+use crate::limiter::testkit::{block, ManualClock};
 use crate::limiter::{Algorithm, Decision, DeniedBy, Mode, Reply, Rule};
 
 const S: u64 = 1_000_000;

@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use super::ModelStore;
+use crate::limiter::local::ModelStore;
 use crate::limiter::script::{BlockRead, JobsRequest};
 
 /// Records a trim keeps, the newest live ones (`CALLS_KEEP` of calls.lua).

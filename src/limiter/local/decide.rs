@@ -1,0 +1,518 @@
+//! `lua/limiter.lua` and the algorithm contract of `lua/common.lua`, in
+//! Rust: one decision for one seller over all of its rules ([`run`]), each
+//! algorithm behind [`Algo`]. The local fallback decides with it
+//! ([`ModelLimiter`](super::ModelLimiter)); the tests hold the scripts to it.
+//!
+//! All arithmetic is exact `i128`; the scripts use integer-valued doubles,
+//! which agree as long as every product stays below 2^53.
+
+use super::convert;
+use super::store::ModelStore;
+use super::{
+    sliding_window_log, BurstFill, FixedWindow, Gcra, LeakyBucket, SlidingWindowCounter,
+    SlidingWindowLog, TokenBucket,
+};
+use crate::limiter::decision::Mode;
+use crate::limiter::reply::Reply;
+use crate::limiter::rule::{Algorithm, Rule};
+use crate::limiter::script::{BlockAt, KeyedRule, StateKey};
+
+/// `floor(a / b)` for `b > 0`: the script's `fdiv`.
+pub fn fdiv(a: i128, b: i128) -> i128 {
+    a.div_euclid(b)
+}
+
+/// `ceil(a / b)` for `b > 0`: the script's `cdiv`.
+pub fn cdiv(a: i128, b: i128) -> i128 {
+    -fdiv(-a, b)
+}
+
+/// A rule as the scripts see it: `r = { limit, period, burst }`, period in µs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Params {
+    pub limit: i128,
+    pub period: i128,
+    pub burst: i128,
+}
+
+impl From<&Rule> for Params {
+    fn from(rule: &Rule) -> Params {
+        Params {
+            limit: i128::from(rule.limit().get()),
+            period: i128::from(rule.period_us()),
+            burst: i128::from(rule.burst().get()),
+        }
+    }
+}
+
+/// One algorithm, function for function as in the contract of
+/// `lua/common.lua`. `View` is what `load` reads; only `take` and `refund`
+/// write. Times are µs since the epoch, `r.period` is in µs.
+pub trait Algo {
+    type View;
+    /// The largest cost one call can ever be granted.
+    fn cap(r: &Params) -> i128;
+    /// The state as of `now` (no writes).
+    fn load(store: &ModelStore, key: &str, r: &Params, now: i128) -> Self::View;
+    /// Units admissible now.
+    fn avail(st: &Self::View, r: &Params, now: i128) -> i128;
+    /// µs until `need` more units are admissible after `taken` are taken
+    /// now; only called when `avail - taken < need <= cap`, and then
+    /// always > 0.
+    fn wait(st: &Self::View, r: &Params, now: i128, need: i128, taken: i128) -> i128;
+    /// Units still admissible after taking `n`.
+    fn left(st: &Self::View, r: &Params, now: i128, n: i128) -> i128;
+    /// µs until the state is back to fresh after taking `n`.
+    fn reset(st: &Self::View, r: &Params, now: i128, n: i128) -> i128;
+    /// Pacers only: the µs instant the next unit may leave.
+    fn go(_st: &Self::View, _r: &Params, _now: i128) -> Option<i128> {
+        None
+    }
+    /// Write the state for `n` units taken by call `id`.
+    fn take(
+        store: &mut ModelStore,
+        key: &str,
+        st: &Self::View,
+        r: &Params,
+        now: i128,
+        n: i128,
+        id: &str,
+    );
+    /// Give back `n` units of call `id`, skipping its first `skip`; `taken`
+    /// is the time of the acquire that took them, `at` (>= taken) the
+    /// refund's own time, at or after every take since. Only what is
+    /// provably unused comes back (`drained_refund`, the leaky bucket's
+    /// end-of-queue rule).
+    #[allow(clippy::too_many_arguments)]
+    fn refund(
+        store: &mut ModelStore,
+        key: &str,
+        r: &Params,
+        at: i128,
+        n: i128,
+        id: &str,
+        skip: i128,
+        taken: i128,
+    );
+}
+
+/// One rule's loaded state, with the algorithm erased so the driver can
+/// hold a rule set of mixed algorithms.
+trait LoadedRule {
+    fn avail(&self, now: i128) -> i128;
+    fn wait(&self, now: i128, need: i128, taken: i128) -> i128;
+    fn left(&self, now: i128, n: i128) -> i128;
+    fn reset(&self, now: i128, n: i128) -> i128;
+    fn go(&self, now: i128) -> Option<i128>;
+    fn take(&self, store: &mut ModelStore, key: &str, now: i128, n: i128, id: &str);
+}
+
+struct Bound<A: Algo> {
+    view: A::View,
+    r: Params,
+}
+
+impl<A: Algo> LoadedRule for Bound<A> {
+    fn avail(&self, now: i128) -> i128 {
+        A::avail(&self.view, &self.r, now)
+    }
+    fn wait(&self, now: i128, need: i128, taken: i128) -> i128 {
+        A::wait(&self.view, &self.r, now, need, taken)
+    }
+    fn left(&self, now: i128, n: i128) -> i128 {
+        A::left(&self.view, &self.r, now, n)
+    }
+    fn reset(&self, now: i128, n: i128) -> i128 {
+        A::reset(&self.view, &self.r, now, n)
+    }
+    fn go(&self, now: i128) -> Option<i128> {
+        A::go(&self.view, &self.r, now)
+    }
+    fn take(&self, store: &mut ModelStore, key: &str, now: i128, n: i128, id: &str) {
+        A::take(store, key, &self.view, &self.r, now, n, id)
+    }
+}
+
+/// Runs `$body` with `$A` bound to the model type of `$alg`.
+macro_rules! with_algo {
+    ($alg:expr, $A:ident => $body:expr) => {
+        match $alg {
+            Algorithm::FixedWindow => {
+                type $A = FixedWindow;
+                $body
+            }
+            Algorithm::SlidingWindowLog => {
+                type $A = SlidingWindowLog;
+                $body
+            }
+            Algorithm::SlidingWindowCounter => {
+                type $A = SlidingWindowCounter;
+                $body
+            }
+            Algorithm::TokenBucket => {
+                type $A = TokenBucket;
+                $body
+            }
+            Algorithm::LeakyBucket => {
+                type $A = LeakyBucket;
+                $body
+            }
+            Algorithm::BurstFill => {
+                type $A = BurstFill;
+                $body
+            }
+            Algorithm::Gcra => {
+                type $A = Gcra;
+                $body
+            }
+        }
+    };
+}
+
+pub(crate) fn cap_of(rule: &Rule) -> i128 {
+    with_algo!(rule.algorithm(), A => A::cap(&Params::from(rule)))
+}
+
+fn load_rule(store: &ModelStore, key: &str, rule: &Rule, now: i128) -> Box<dyn LoadedRule> {
+    let r = Params::from(rule);
+    with_algo!(rule.algorithm(), A => Box::new(Bound::<A> {
+        view: A::load(store, key, &r, now),
+        r,
+    }))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn refund_rule(
+    store: &mut ModelStore,
+    key: &str,
+    rule: &Rule,
+    at: i128,
+    n: i128,
+    id: &str,
+    skip: i128,
+    taken: i128,
+) {
+    let r = Params::from(rule);
+    with_algo!(rule.algorithm(), A => A::refund(store, key, &r, at, n, id, skip, taken))
+}
+
+/// `load_rule` and `take_rule` of common.lua: a rule's state at its
+/// address, and in v1+v2 also at its v1 key; the more used one decides
+/// (fewer units admissible now, v2's on a tie), every one is charged.
+pub(crate) struct Both {
+    all: Vec<(String, Box<dyn LoadedRule>)>,
+    pick: usize,
+}
+
+impl Both {
+    pub(crate) fn load(store: &ModelStore, at: &StateKey, rule: &Rule, now: i128) -> Both {
+        let mut all = vec![(at.address(), load_rule(store, &at.address(), rule, now))];
+        if let Some(v1) = &at.also {
+            all.push((v1.clone(), load_rule(store, v1, rule, now)));
+        }
+        let pick = usize::from(all.len() == 2 && all[1].1.avail(now) < all[0].1.avail(now));
+        Both { all, pick }
+    }
+
+    fn st(&self) -> &dyn LoadedRule {
+        self.all[self.pick].1.as_ref()
+    }
+
+    pub(crate) fn avail(&self, now: i128) -> i128 {
+        self.st().avail(now)
+    }
+    pub(crate) fn wait(&self, now: i128, need: i128, taken: i128) -> i128 {
+        self.st().wait(now, need, taken)
+    }
+    pub(crate) fn left(&self, now: i128, n: i128) -> i128 {
+        self.st().left(now, n)
+    }
+    pub(crate) fn reset(&self, now: i128, n: i128) -> i128 {
+        self.st().reset(now, n)
+    }
+    pub(crate) fn go(&self, now: i128) -> Option<i128> {
+        self.st().go(now)
+    }
+    pub(crate) fn take(&self, store: &mut ModelStore, now: i128, n: i128, id: &str) {
+        for (addr, st) in &self.all {
+            st.take(store, addr, now, n, id);
+        }
+    }
+}
+
+/// `settle` of common.lua (state v2): makes the state at a rule's place the
+/// rule's own, converting what another rule left there ([`convert`]).
+pub(crate) fn settle(store: &mut ModelStore, at: &StateKey, rule: &Rule, now: i128) {
+    if at.place.is_none() {
+        return;
+    }
+    let addr = at.address();
+    let fp = rule.fingerprint();
+    let Some(old) = store.mark(&addr).map(str::to_owned) else {
+        return;
+    };
+    if old == fp {
+        return;
+    }
+    match Rule::from_fingerprint(&old) {
+        Some(old) => convert::convert(store, &addr, &old, rule, now as u64),
+        None => store.remove(&addr),
+    }
+    if store.get(&addr).is_some() {
+        store.set_mark(&addr, fp);
+    }
+}
+
+/// `stamp` of common.lua: a take names its rule at the place.
+pub(crate) fn stamp(store: &mut ModelStore, at: &StateKey, rule: &Rule) {
+    if at.place.is_some() {
+        store.set_mark(&at.address(), rule.fingerprint());
+    }
+}
+
+/// `owns` of common.lua: a v2 refund touches a place only while the rule
+/// that took the units is still there.
+pub(crate) fn owns(store: &ModelStore, at: &StateKey, rule: &Rule) -> bool {
+    at.place.is_none() || store.mark(&at.address()) == Some(rule.fingerprint().as_str())
+}
+
+/// A dry run works on a copy when a v2 place may be converted (the script
+/// converts in its buffered hash and writes nothing).
+pub(crate) fn scratch_for(
+    store: &ModelStore,
+    dry: bool,
+    rules: &[KeyedRule],
+) -> Option<ModelStore> {
+    (dry && rules.iter().any(|(at, _)| at.place.is_some())).then(|| store.clone())
+}
+
+/// `drained_refund` of common.lua: the debt (µs * limit) a refund of `n`
+/// units taken at `taken` may give back at `at`, when other calls may have
+/// taken since: `n * period` less what has drained in between.
+pub fn drained_refund(r: &Params, n: i128, at: i128, taken: i128) -> i128 {
+    (n * r.period - (at - taken) * r.limit).max(0)
+}
+
+/// What the limiter is asked to do (`ARGV[1]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// Decide and charge.
+    Acquire,
+    /// Dry run: decide, write nothing.
+    Peek,
+    /// Give back `cost` units of call `call_id`, skipping its first `skip`
+    /// (only the sliding log names units). `taken_at_us` must be the `now_us`
+    /// of the acquire whose units are given back (the window algorithms and
+    /// burst_fill find the window or period it charged); the call's `now_us`
+    /// is the refund's own time.
+    Refund { skip: u64, taken_at_us: u64 },
+}
+
+/// The fields of a reply before the script's rounding to milliseconds.
+pub(crate) struct Out {
+    pub(crate) status: i128,
+    pub(crate) granted: i128,
+    pub(crate) remaining: i128,
+    pub(crate) retry_us: i128,
+    pub(crate) reset_us: i128,
+    pub(crate) go_at: i128,
+    pub(crate) by: i128,
+}
+
+/// A reply field; the script's integers stay far inside `i64`.
+pub(crate) fn field(x: i128) -> i64 {
+    i64::try_from(x).unwrap_or(if x < 0 { i64::MIN } else { i64::MAX })
+}
+
+impl Out {
+    pub(crate) fn reply(self, now: i128) -> Reply {
+        Reply {
+            status: field(self.status),
+            granted: field(self.granted),
+            remaining: field(self.remaining),
+            retry_after_ms: field(cdiv(self.retry_us, 1000)),
+            reset_after_ms: field(cdiv(self.reset_us, 1000)),
+            go_at_us: field(self.go_at),
+            retry_after_us: field(self.retry_us),
+            reset_after_us: field(self.reset_us),
+            now_us: field(now),
+            by: field(self.by),
+        }
+    }
+}
+
+/// `lua/limiter.lua`: one decision for one seller over all of its rules,
+/// all or nothing. `rules` pairs each rule's key (`KEYS[1+i]`) with the rule.
+///
+/// # Panics
+///
+/// If `cost` is 0, for every op. The script answers 0 with an error reply
+/// (`cost must be at least 1`) and writes nothing, and the production
+/// [`Limiter`](crate::limiter::Limiter) refuses it with
+/// `LimiterError::ZeroCost` before calling the script, so a 0 reaching the
+/// model is a bug in the test that sent it. A panic says so at the call,
+/// where a `Result` would make every caller unwrap a case no valid call
+/// reaches; like the script, the model has written nothing when it panics.
+///
+/// The arguments are the script's KEYS and ARGV one for one, which is why
+/// there are more than clippy likes.
+#[allow(clippy::too_many_arguments)]
+pub fn run(
+    store: &mut ModelStore,
+    op: Op,
+    now_us: u64,
+    cost: u64,
+    mode: Mode,
+    call_id: &str,
+    block: &BlockAt,
+    rules: &[KeyedRule],
+) -> Reply {
+    assert!(
+        cost >= 1,
+        "cost must be at least 1 (limiter.lua refuses 0 with an error reply)"
+    );
+    let now = i128::from(now_us);
+    let cost = i128::from(cost);
+    let op = match op {
+        Op::Refund { skip, taken_at_us } => {
+            let taken = i128::from(taken_at_us);
+            let at = now.max(taken);
+            let skip = i128::from(skip);
+            refund_request(store, rules, at, cost, call_id, skip, taken);
+            return Out {
+                status: 1,
+                granted: cost,
+                remaining: 0,
+                retry_us: 0,
+                reset_us: 0,
+                go_at: now,
+                by: 0,
+            }
+            .reply(now);
+        }
+        op => op,
+    };
+    let deny = |retry_us: i128, remaining: i128, reset_us: i128, by: i128| Out {
+        status: 0,
+        granted: 0,
+        remaining,
+        retry_us,
+        reset_us,
+        go_at: now,
+        by,
+    };
+
+    let all = mode == Mode::AllOrNothing;
+    if all {
+        if let Some(i) = rules.iter().position(|(_, rule)| cost > cap_of(rule)) {
+            return Out {
+                status: -1,
+                granted: 0,
+                remaining: 0,
+                retry_us: 0,
+                reset_us: 0,
+                go_at: now,
+                by: i as i128 + 1,
+            }
+            .reply(now);
+        }
+    }
+
+    let mut scratch = scratch_for(store, op == Op::Peek, rules);
+    let store = scratch.as_mut().unwrap_or(store);
+    for (key, rule) in rules {
+        settle(store, key, rule, now);
+    }
+    let blocked_until = store.block_until(block).unwrap_or(0);
+    let need = if all { cost } else { 1 };
+    let mut n = cost;
+    let (mut wait, mut by) = (0, 0);
+    let states: Vec<Both> = rules
+        .iter()
+        .map(|(key, rule)| Both::load(store, key, rule, now))
+        .collect();
+    for (i, st) in states.iter().enumerate() {
+        let av = st.avail(now);
+        if av < need {
+            let w = st.wait(now, need, 0);
+            if w > wait {
+                (wait, by) = (w, i as i128 + 1);
+            }
+        }
+        n = n.min(av);
+    }
+    // (remaining, reset, tight) after taking `taken` under every rule.
+    let summary = |taken: i128| {
+        let (mut remaining, mut reset, mut tight) = (None, 0, 1);
+        for (i, st) in states.iter().enumerate() {
+            let left = st.left(now, taken);
+            if remaining.is_none_or(|r| left < r) {
+                (remaining, tight) = (Some(left), i as i128 + 1);
+            }
+            reset = reset.max(st.reset(now, taken));
+        }
+        (remaining.unwrap_or(0), reset, tight)
+    };
+
+    if blocked_until > now {
+        // Not the block alone: a rule that needs longer would then refuse
+        // the caller that retried at the block's end.
+        let block = blocked_until - now;
+        let (_, reset, _) = summary(0);
+        let (retry, by) = if wait > block { (wait, by) } else { (block, 0) };
+        return deny(retry, 0, block.max(reset), by).reply(now);
+    }
+    if wait > 0 {
+        let (remaining, reset, _) = summary(0);
+        return deny(wait, remaining, reset, by).reply(now);
+    }
+
+    let go_at = states
+        .iter()
+        .filter_map(|st| st.go(now))
+        .fold(now, i128::max);
+    let (remaining, reset, tight) = summary(n);
+    if op == Op::Acquire {
+        for ((key, rule), st) in rules.iter().zip(&states) {
+            st.take(store, now, n, call_id);
+            stamp(store, key, rule);
+        }
+    }
+    Out {
+        status: 1,
+        granted: n,
+        remaining,
+        retry_us: 0,
+        reset_us: reset,
+        go_at,
+        by: tight,
+    }
+    .reply(now)
+}
+
+/// `refund_rule` of common.lua over every rule of a call: `n` units of
+/// call `call_id`, taken at `taken`, skipping its first `skip`, at `at`.
+pub(crate) fn refund_request(
+    store: &mut ModelStore,
+    rules: &[KeyedRule],
+    at: i128,
+    n: i128,
+    call_id: &str,
+    skip: i128,
+    taken: i128,
+) {
+    for (key, rule) in rules {
+        if owns(store, key, rule) {
+            let addr = key.address();
+            if key.place.is_some() && rule.algorithm() == Algorithm::SlidingWindowLog {
+                sliding_window_log::refund_v2(store, &addr, n, taken);
+            } else {
+                refund_rule(store, &addr, rule, at, n, call_id, skip, taken);
+            }
+        }
+        // v1+v2: the v1 key was charged too.
+        if let Some(v1) = &key.also {
+            refund_rule(store, v1, rule, at, n, call_id, skip, taken);
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! [`ModelLimiter`]: the reference model as a limiter for one seller, over
+//! an injected [`Clock`]. The local fallback keeps one per seller
+//! ([`LocalShare`](super::LocalShare)).
+
+use super::decide::{run, Op};
+use super::store::ModelStore;
+use crate::limiter::decision::{Decision, Mode};
+use crate::limiter::rule::Rule;
+use crate::limiter::script::{BlockAt, KeyedRule, StateKey};
+
+/// Where the model limiter reads the time.
+pub trait Clock {
+    /// µs since the Unix epoch.
+    fn now_us(&self) -> u64;
+}
+
+/// The model as a limiter for one seller: the same typed decisions the
+/// Redis limiter gives, with no Redis.
+///
+/// ```
+/// use std::time::Duration;
+/// use throttle_worker::limiter::local::ModelLimiter;
+/// use throttle_worker::limiter::testkit::ManualClock;
+/// use throttle_worker::limiter::{Algorithm, Decision, Mode, Rule};
+///
+/// let rules = [Rule::new(Algorithm::Gcra, 2, Duration::from_secs(1), None).unwrap()];
+/// let clock = ManualClock::new(1_700_000_000_000_000);
+/// let mut limiter = ModelLimiter::new(clock.clone());
+/// assert_eq!(limiter.acquire(&rules, 2, Mode::AllOrNothing).granted(), 2);
+/// let Decision::Denied(denied) = limiter.acquire(&rules, 1, Mode::AllOrNothing) else {
+///     panic!("the bucket is empty");
+/// };
+/// assert_eq!(denied.retry_after, Duration::from_millis(500));
+/// clock.advance(denied.retry_after);
+/// assert_eq!(limiter.acquire(&rules, 1, Mode::AllOrNothing).granted(), 1);
+/// ```
+#[derive(Debug, Clone)]
+pub struct ModelLimiter<C: Clock> {
+    clock: C,
+    pub(crate) store: ModelStore,
+    /// Calls made so far; names each call's id uniquely.
+    calls: u64,
+}
+
+impl<C: Clock> ModelLimiter<C> {
+    /// The key of the seller's downstream block.
+    pub const BLOCK_KEY: &'static str = "model:{seller}:block";
+
+    pub fn new(clock: C) -> ModelLimiter<C> {
+        ModelLimiter {
+            clock,
+            store: ModelStore::new(),
+            calls: 0,
+        }
+    }
+
+    /// The key a rule's state lives under.
+    pub fn rule_key(rule: &Rule) -> String {
+        format!("model:{{seller}}:{}", rule.fingerprint())
+    }
+
+    /// Decides and charges. Panics if `cost` is 0, as [`run`] does.
+    pub fn acquire(&mut self, seller_rules: &[Rule], cost: u64, mode: Mode) -> Decision {
+        self.decide(Op::Acquire, seller_rules, cost, mode)
+    }
+
+    /// Dry run: the decision `acquire` would give, charging nothing.
+    pub fn peek(&mut self, seller_rules: &[Rule], cost: u64, mode: Mode) -> Decision {
+        self.decide(Op::Peek, seller_rules, cost, mode)
+    }
+
+    pub fn store(&self) -> &ModelStore {
+        &self.store
+    }
+
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    fn decide(&mut self, op: Op, rules: &[Rule], cost: u64, mode: Mode) -> Decision {
+        self.calls += 1;
+        let keyed: Vec<KeyedRule> = rules
+            .iter()
+            .map(|r| (StateKey::own(Self::rule_key(r)), *r))
+            .collect();
+        let reply = run(
+            &mut self.store,
+            op,
+            self.clock.now_us(),
+            cost,
+            mode,
+            &format!("call{}", self.calls),
+            &BlockAt::key(Self::BLOCK_KEY),
+            &keyed,
+        );
+        reply.decision(rules, cost)
+    }
+}

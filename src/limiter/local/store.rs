@@ -1,0 +1,130 @@
+//! The Redis keyspace of the scripts, in memory: what each key holds
+//! ([`State`]) and the store ([`ModelStore`]) the local fallback and the
+//! tests' reference model both run on.
+
+use std::collections::HashMap;
+
+use super::{burst_fill, fdiv, fixed_window, sliding_window_counter, token_bucket, Log};
+use crate::limiter::script::BlockAt;
+
+/// What one Redis key holds. Each algorithm reads only its own variant and
+/// treats any other as a missing key (rule keys carry the rule's
+/// fingerprint, so one key never serves two algorithms).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum State {
+    FixedWindow(fixed_window::Stored),
+    SlidingWindowLog(Log),
+    SlidingWindowCounter(sliding_window_counter::Stored),
+    TokenBucket(token_bucket::Stored),
+    /// gcra: a theoretical arrival time `tat + f/limit`.
+    Tat(Tat),
+    /// leaky_bucket: the TAT at which the queue drains, and the call that
+    /// queued last (hash `{ tat, f, id }`).
+    Queue(Tat, String),
+    BurstFill(burst_fill::Stored),
+    /// The downstream block: the µs instant it ends.
+    Block(i128),
+}
+
+/// A TAT stored exactly as whole µs and a remainder in 1/limit µs
+/// (hash `{ tat, f }`); invariant `0 <= f < limit`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tat {
+    pub tat: i128,
+    pub f: i128,
+}
+
+/// `tat_debt` of common.lua: how far `tat + f/limit` lies beyond `now`, in
+/// µs * limit; 0 once it has passed (or for a missing key).
+pub fn tat_debt(stored: Option<Tat>, limit: i128, now: i128) -> i128 {
+    let Tat { tat, f } = stored.unwrap_or(Tat { tat: 0, f: 0 });
+    if tat < now {
+        0
+    } else {
+        (tat - now) * limit + f
+    }
+}
+
+/// `tat_store` of common.lua: the TAT `now + debt/limit`.
+pub fn tat_store(store: &mut ModelStore, key: &str, debt: i128, limit: i128, now: i128) {
+    let whole = fdiv(debt, limit);
+    store.put(
+        key,
+        State::Tat(Tat {
+            tat: now + whole,
+            f: debt - whole * limit,
+        }),
+    );
+}
+
+/// The Redis keyspace of the scripts, in memory.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ModelStore {
+    /// State address ([`StateKey::address`]) → value; a state is absent
+    /// exactly when Redis would not have it (modulo expiry, which is not
+    /// modelled). A v2 place is `hash#place`, a v2 block `hash#block`.
+    pub(crate) entries: HashMap<String, State>,
+    /// State v2: the fingerprint of the rule that wrote each place (the
+    /// place's `fp` field).
+    marks: HashMap<String, String>,
+    /// `max_in_flight`: per sorted set, each lease with the µs instant it
+    /// lapses (`lua/slots.lua`). Only the jobs driver of the test kit
+    /// takes and gives back slots, so the fallback's store has no field.
+    #[cfg(any(test, feature = "testkit"))]
+    pub(crate) slots: HashMap<String, std::collections::BTreeMap<String, i128>>,
+    /// State v2: per seller hash, its fields of `lua/calls.lua` (records
+    /// written since the last trim, cancels' tombstones).
+    #[cfg(any(test, feature = "testkit"))]
+    pub(crate) calls: HashMap<String, crate::limiter::testkit::calls::CallsFields>,
+    /// State v2: per seller, the sorted set of its charged jobs calls'
+    /// records (`prefix:{seller}:calls`).
+    #[cfg(any(test, feature = "testkit"))]
+    pub(crate) records: HashMap<String, crate::limiter::testkit::calls::Records>,
+}
+
+impl ModelStore {
+    pub fn new() -> ModelStore {
+        ModelStore::default()
+    }
+
+    pub fn get(&self, key: &str) -> Option<&State> {
+        self.entries.get(key)
+    }
+
+    pub fn get_mut(&mut self, key: &str) -> Option<&mut State> {
+        self.entries.get_mut(key)
+    }
+
+    pub fn put(&mut self, key: &str, state: State) {
+        self.entries.insert(key.to_owned(), state);
+    }
+
+    /// Forgets a state (v2: every field of its place, its `fp` too).
+    pub fn remove(&mut self, key: &str) {
+        self.entries.remove(key);
+        self.marks.remove(key);
+    }
+
+    /// State v2: the fingerprint of the rule that wrote the place at `key`.
+    pub fn mark(&self, key: &str) -> Option<&str> {
+        self.marks.get(key).map(String::as_str)
+    }
+
+    pub fn set_mark(&mut self, key: &str, fingerprint: String) {
+        self.marks.insert(key.to_owned(), fingerprint);
+    }
+
+    /// The block as the limiter reads it (`None`: not read, or none); in
+    /// v1+v2 the later of the hash's and the v1 key's.
+    pub(crate) fn block_until(&self, at: &BlockAt) -> Option<i128> {
+        let read = |addr: &str| match self.get(addr) {
+            Some(State::Block(until)) => Some(*until),
+            _ => None,
+        };
+        let v2 = read(&at.address()?);
+        match &at.also {
+            Some(v1) => v2.max(read(v1)),
+            None => v2,
+        }
+    }
+}

@@ -1,0 +1,247 @@
+//! `lua/jobs.lua` and the cancel of `lua/calls.lua` in Rust: the driver the
+//! tests hold the worker's job-list calls to ([`run_jobs`], [`cancel`]),
+//! and the in-memory Redis of the simulation. Not compiled into the
+//! product: the local fallback decides job by job with
+//! [`ModelLimiter`](crate::limiter::local::ModelLimiter).
+
+use super::calls;
+use crate::limiter::local::decide::{
+    cap_of, cdiv, field, refund_request, scratch_for, settle, stamp, Both, Out, Params,
+};
+use crate::limiter::local::ModelStore;
+use crate::limiter::reply::JobsReply;
+use crate::limiter::rule::Algorithm;
+use crate::limiter::script::{JobsRequest, KeyedRule, SlotTerms};
+
+/// `lua/jobs.lua`: per request, the longest prefix of its jobs that fits,
+/// each job all or nothing across the request's rules; requests in order,
+/// each seeing what the ones before it wrote. One [`JobsReply`] per request.
+///
+/// # Panics
+///
+/// If a request has no jobs or a job costs 0 (the script answers with an
+/// error reply; [`Limiter`](crate::limiter::Limiter) never sends either).
+pub fn run_jobs(
+    store: &mut ModelStore,
+    now_us: u64,
+    dry_run: bool,
+    requests: &[JobsRequest],
+) -> Vec<JobsReply> {
+    assert!(
+        requests
+            .iter()
+            .all(|q| !q.costs.is_empty() && q.costs.iter().all(|&c| c >= 1)),
+        "every request needs at least one job, each of cost >= 1"
+    );
+    let now = i128::from(now_us);
+    let all: Vec<KeyedRule> = requests.iter().flat_map(|q| q.rules.clone()).collect();
+    let mut scratch = scratch_for(store, dry_run, &all);
+    let store = scratch.as_mut().unwrap_or(store);
+    let charge = !dry_run;
+    requests
+        .iter()
+        .map(|q| {
+            // calls.lua: a request cancelled before it ran charges nothing;
+            // a charged one is recorded for a later cancel.
+            if charge && calls::cancelled_before(store, q, now) {
+                return JobsReply {
+                    head: Out {
+                        status: 0,
+                        granted: 0,
+                        remaining: 0,
+                        retry_us: 0,
+                        reset_us: 0,
+                        go_at: now,
+                        by: 0,
+                    }
+                    .reply(now),
+                    jobs: 0,
+                    next: 1,
+                    tight: 0,
+                };
+            }
+            let reply = jobs_request(store, now, charge, q);
+            if charge && reply.head.status == 1 && reply.head.granted > 0 && !q.rules.is_empty() {
+                calls::record(store, q, now, i128::from(reply.head.granted));
+            }
+            reply
+        })
+        .collect()
+}
+
+/// `cancel` of `lua/calls.lua`: per request, the units of its recorded
+/// jobs call given back (each rule's refund, taken at the recorded time),
+/// -1 when a tombstone was left (no record), 0 when nothing was done
+/// (cancelled already, or v1: not recorded).
+pub fn cancel(store: &mut ModelStore, now_us: u64, requests: &[JobsRequest]) -> Vec<i64> {
+    let now = i128::from(now_us);
+    for q in requests {
+        // Its slots of max_in_flight too: the worker never held them.
+        if let Some(s) = &q.slots {
+            let leases: Vec<String> = (0..q.costs.len())
+                .map(|j| SlotTerms::lease(&q.call_id, j))
+                .collect();
+            store.release(&s.key, &leases);
+        }
+    }
+    requests
+        .iter()
+        .map(|q| match calls::cancel(store, q, now) {
+            calls::Cancelled::Refund { at, units } => {
+                refund_request(store, &q.rules, now.max(at), units, &q.call_id, 0, at);
+                field(units)
+            }
+            calls::Cancelled::Tombstone => -1,
+            calls::Cancelled::Nothing => 0,
+        })
+        .collect()
+}
+
+fn jobs_request(store: &mut ModelStore, now: i128, charge: bool, q: &JobsRequest) -> JobsReply {
+    let costs: Vec<i128> = q.costs.iter().map(|&c| i128::from(c)).collect();
+    let reply = |out: Out, jobs: i64, next: i64| JobsReply {
+        head: out.reply(now),
+        jobs,
+        next,
+        tight: 0,
+    };
+    let out = |status, granted, remaining, retry_us, reset_us, go_at, by| Out {
+        status,
+        granted,
+        remaining,
+        retry_us,
+        reset_us,
+        go_at,
+        by,
+    };
+    // 1-based index of the first rule whose capacity `cost` exceeds, else 0.
+    let never = |cost: i128| {
+        q.rules
+            .iter()
+            .position(|(_, rule)| cost > cap_of(rule))
+            .map_or(0, |i| i as i128 + 1)
+    };
+    let first_never = never(costs[0]);
+    if first_never > 0 {
+        return reply(out(-1, 0, 0, 0, 0, now, first_never), 0, 2);
+    }
+
+    for (key, rule) in &q.rules {
+        settle(store, key, rule, now);
+    }
+    let states: Vec<Both> = q
+        .rules
+        .iter()
+        .map(|(key, rule)| Both::load(store, key, rule, now))
+        .collect();
+    let avail: Vec<i128> = states.iter().map(|st| st.avail(now)).collect();
+    let n = avail.iter().copied().min();
+    let wait_for = |cost: i128, taken: i128| {
+        let (mut wait, mut by) = (0, 0);
+        for (i, st) in states.iter().enumerate() {
+            if avail[i] - taken < cost {
+                let w = st.wait(now, cost, taken);
+                if w > wait {
+                    (wait, by) = (w, i as i128 + 1);
+                }
+            }
+        }
+        (wait, by)
+    };
+    let summary = |taken: i128| {
+        let (mut remaining, mut reset, mut tight) = (None, 0, 0);
+        for (i, st) in states.iter().enumerate() {
+            let left = st.left(now, taken);
+            if remaining.is_none_or(|r| left < r) {
+                (remaining, tight) = (Some(left), i as i64 + 1);
+            }
+            reset = reset.max(st.reset(now, taken));
+        }
+        (remaining.unwrap_or(0), reset, tight)
+    };
+
+    let blocked_until = store.block_until(&q.block).unwrap_or(0);
+    if blocked_until > now {
+        let block = blocked_until - now;
+        let (wait, by) = wait_for(costs[0], 0);
+        let (_, reset, _) = summary(0);
+        let (retry, by) = if block >= wait {
+            (block, 0)
+        } else {
+            (wait, by)
+        };
+        return reply(out(0, 0, 0, retry, block.max(reset), now, by), 0, 1);
+    }
+
+    let free = q
+        .slots
+        .as_ref()
+        .map(|s| i128::from(s.max) - store.slots_live(&s.key, now) as i128);
+    let (mut jobs, mut units, mut stop, mut capped) = (0usize, 0i128, 0i128, false);
+    for (j, &c) in costs.iter().enumerate() {
+        stop = never(c);
+        if stop > 0 || n.is_some_and(|n| units + c > n) {
+            break;
+        }
+        if free.is_some_and(|free| j as i128 + 1 > free) {
+            capped = true;
+            break;
+        }
+        (jobs, units) = (jobs + 1, units + c);
+    }
+    let poll = q.slots.as_ref().map_or(0, |s| i128::from(s.poll_us));
+    if jobs == 0 {
+        let (remaining, reset, _) = summary(0);
+        if capped {
+            return reply(out(0, 0, remaining, poll, reset, now, 0), 0, 3);
+        }
+        let (wait, by) = wait_for(costs[0], 0);
+        return reply(out(0, 0, remaining, wait, reset, now, by), 0, 1);
+    }
+
+    let go_at = states
+        .iter()
+        .filter_map(|st| st.go(now))
+        .fold(now, i128::max);
+    let (remaining, reset, tight) = summary(units);
+    let (retry, by, next) = if jobs == costs.len() {
+        (0, 0, 0)
+    } else if stop > 0 {
+        (0, stop, 2)
+    } else if capped {
+        (poll, 0, 3)
+    } else {
+        let (wait, by) = wait_for(costs[jobs], units);
+        (wait, by, 1)
+    };
+    if charge {
+        for ((key, rule), st) in q.rules.iter().zip(&states) {
+            st.take(store, now, units, &q.call_id);
+            stamp(store, key, rule);
+        }
+        if let Some(s) = &q.slots {
+            // A pacer's later units go later: leases run from the grant's
+            // last unit's go-at.
+            let span = q
+                .rules
+                .iter()
+                .filter(|(_, r)| r.algorithm() == Algorithm::LeakyBucket)
+                .map(|(_, r)| {
+                    let p = Params::from(r);
+                    cdiv(p.period, p.limit) * units
+                })
+                .max()
+                .unwrap_or(0);
+            let until = go_at + span + i128::from(s.lease_us);
+            store.slots_take(&s.key, now, &q.call_id, jobs, until);
+        }
+    }
+    JobsReply {
+        tight,
+        ..reply(
+            out(1, units, remaining, retry, reset, go_at, by),
+            jobs as i64,
+            next,
+        )
+    }
+}
