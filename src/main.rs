@@ -95,7 +95,7 @@ async fn main() -> anyhow::Result<()> {
         #[cfg(feature = "dev-tools")]
         Command::Demo(args) => demo::run(args, shutdown_signal()).await,
         #[cfg(feature = "dev-tools")]
-        Command::Stub(args) => stub::serve(args, shutdown_signal()).await,
+        Command::Stub(args) => Ok(stub::serve(args, shutdown_signal()).await?),
         Command::CheckConfig { config, json } => {
             let out = if json { Output::Json } else { Output::Table };
             print!("{}", operator::check_config(config.as_deref(), out)?);
