@@ -292,7 +292,7 @@ async fn limits(command: LimitsCommand) -> anyhow::Result<()> {
             .await?
         }
         #[cfg(feature = "dev-tools")]
-        LimitsCommand::Demo { redis_url } => return demo::limiter_demo(&redis_url).await,
+        LimitsCommand::Demo { redis_url } => return Ok(demo::limiter_demo(&redis_url).await?),
     };
     print!("{text}");
     Ok(())
