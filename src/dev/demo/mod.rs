@@ -28,15 +28,93 @@ pub mod view;
 pub use limiter::limiter_demo;
 
 use std::future::Future;
+use std::path::PathBuf;
+use std::process::ExitStatus;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail};
 use tokio::sync::mpsc;
 
+use crate::config::ConfigError;
+use crate::dev::stub::StubError;
+use crate::kafka::{MockError, ReaderError, SinkError};
 use crate::limiter::RedisStore;
 
+use self::dlq::FinishError;
 use self::run::{Run, STOP_GRACE};
 use self::view::View;
+
+/// Why the demo failed or stopped before its summary; `main` prints it
+/// with its causes. A variant's text says what the demo was doing, its
+/// cause is the source; the transparent ones pass on a cause that says
+/// enough itself (they were bare `?` before these types, and keep their
+/// text).
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    #[error("a scratch directory for the replicas' configs and logs")]
+    Scratch(#[source] std::io::Error),
+    #[error("the demo's log file")]
+    LogFile(#[source] std::io::Error),
+    /// The built-in defaults refused: a bug in the crate, not the user's.
+    #[error(transparent)]
+    Defaults(ConfigError),
+    #[error("the in-process Kafka broker")]
+    Broker(#[source] MockError),
+    #[error(transparent)]
+    Stub(#[from] StubError),
+    #[error("a free loopback port")]
+    FreePort(#[source] std::io::Error),
+    /// The address of a socket just bound: not seen to fail.
+    #[error(transparent)]
+    PortAddr(std::io::Error),
+    #[error("writing {}", .path.display())]
+    WriteConfig {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Loading it, or its `[limits]`.
+    #[error("the demo's worker config")]
+    WorkerConfig(#[source] ConfigError),
+    #[error("the demo's worker config names other topics than the broker has: {0:?}")]
+    OtherTopics(Vec<(String, i32)>),
+    #[error("reading the dead-letter topic")]
+    DlqStart(#[source] ReaderError),
+    #[error("the load's Kafka producer")]
+    Producer(#[source] SinkError),
+    #[error("the path of this binary")]
+    CurrentExe(#[source] std::io::Error),
+    #[error("starting {} run --config ...", .exe.display())]
+    Spawn {
+        exe: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("replica {n} exited at startup ({status}); the end of {}:\n{tail}", .log.display())]
+    ReplicaExited {
+        n: usize,
+        status: ExitStatus,
+        log: PathBuf,
+        /// The last lines of its log.
+        tail: String,
+    },
+    #[error("only {ready} of {replicas} replicas were ready (in the group, Redis answering) after {after:?}; see replica-*.log")]
+    NotReady {
+        ready: usize,
+        replicas: usize,
+        after: Duration,
+    },
+    /// The user quit the live view, or SIGTERM / Ctrl-C.
+    #[error("interrupted: the replicas were stopped; no summary")]
+    Interrupted,
+    /// The load's task panicked.
+    #[error(transparent)]
+    LoadTask(#[from] tokio::task::JoinError),
+    #[error(transparent)]
+    Load(SinkError),
+    #[error("reading the dead-letter topic to its end")]
+    DlqFinish(#[source] FinishError),
+}
 
 /// `throttle-worker demo`.
 #[derive(Debug, Clone, clap::Args)]
@@ -148,7 +226,7 @@ async fn run_logged(args: DemoArgs, shutdown: impl Future<Output = ()>) -> anyho
                 stopped.len(),
                 run.keep_logs()
             );
-            return Err(e);
+            return Err(e.into());
         }
     };
     let (text, failures) = run.summary(&outcome);
