@@ -93,7 +93,7 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         #[cfg(feature = "dev-tools")]
-        Command::Demo(args) => demo::run(args, shutdown_signal()).await,
+        Command::Demo(args) => Ok(demo::run(args, shutdown_signal()).await?),
         #[cfg(feature = "dev-tools")]
         Command::Stub(args) => Ok(stub::serve(args, shutdown_signal()).await?),
         Command::CheckConfig { config, json } => {

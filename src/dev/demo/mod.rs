@@ -32,13 +32,12 @@ use std::path::PathBuf;
 use std::process::ExitStatus;
 use std::time::Duration;
 
-use anyhow::{anyhow, bail};
 use tokio::sync::mpsc;
 
 use crate::config::ConfigError;
 use crate::dev::stub::StubError;
 use crate::kafka::{MockError, ReaderError, SinkError};
-use crate::limiter::RedisStore;
+use crate::limiter::{RedisError, RedisStore};
 
 use self::dlq::FinishError;
 use self::run::{Run, STOP_GRACE};
@@ -46,11 +45,25 @@ use self::view::View;
 
 /// Why the demo failed or stopped before its summary; `main` prints it
 /// with its causes. A variant's text says what the demo was doing, its
-/// cause is the source; the transparent ones pass on a cause that says
-/// enough itself (they were bare `?` before these types, and keep their
-/// text).
+/// cause is the source; the transparent ones pass on a cause whose own
+/// text says enough.
 #[derive(Debug, thiserror::Error)]
 pub enum DemoError {
+    #[error(
+        "--duration must be between 10s and 1h (the group takes seconds to form), got {}",
+        humantime::format_duration(*.0)
+    )]
+    Duration(Duration),
+    #[error("--replicas must be between 1 and 16, got {0}")]
+    Replicas(usize),
+    #[error("--sellers must be between 1 and 1000, got {0}")]
+    Sellers(usize),
+    #[error("--rate must be between 1 and 5000 jobs/s, got {0}")]
+    Rate(f64),
+    /// The text names the cause already: not its source too, or `main`
+    /// would print it twice.
+    #[error("the demo needs Redis: {0}; start one (e.g. `scripts/with-redis.sh throttle-worker demo`) or point REDIS_URL at one")]
+    NoRedis(RedisError),
     #[error("a scratch directory for the replicas' configs and logs")]
     Scratch(#[source] std::io::Error),
     #[error("the demo's log file")]
@@ -114,6 +127,9 @@ pub enum DemoError {
     Load(SinkError),
     #[error("reading the dead-letter topic to its end")]
     DlqFinish(#[source] FinishError),
+    /// The summary's failed checks, one a line.
+    #[error("the demo's checks failed:\n  - {}", .0.join("\n  - "))]
+    ChecksFailed(Vec<String>),
 }
 
 /// `throttle-worker demo`.
@@ -160,25 +176,19 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 impl DemoArgs {
-    fn validate(&self) -> anyhow::Result<()> {
+    fn validate(&self) -> Result<(), DemoError> {
         let d = self.duration;
         if d < Duration::from_secs(10) || d > Duration::from_secs(3600) {
-            bail!(
-                "--duration must be between 10s and 1h (the group takes seconds to form), got {}",
-                humantime::format_duration(d)
-            );
+            return Err(DemoError::Duration(d));
         }
         if !(1..=16).contains(&self.replicas) {
-            bail!("--replicas must be between 1 and 16, got {}", self.replicas);
+            return Err(DemoError::Replicas(self.replicas));
         }
         if !(1..=1000).contains(&self.sellers) {
-            bail!("--sellers must be between 1 and 1000, got {}", self.sellers);
+            return Err(DemoError::Sellers(self.sellers));
         }
         if !(self.rate.is_finite() && self.rate >= 1.0 && self.rate <= 5000.0) {
-            bail!(
-                "--rate must be between 1 and 5000 jobs/s, got {}",
-                self.rate
-            );
+            return Err(DemoError::Rate(self.rate));
         }
         Ok(())
     }
@@ -187,16 +197,12 @@ impl DemoArgs {
 /// Runs the demo; `Ok` when every check holds, an error naming each check
 /// that failed otherwise. Stops early, with an error, when `shutdown`
 /// resolves (SIGTERM, Ctrl-C) or the user quits the live view.
-pub async fn run(args: DemoArgs, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+pub async fn run(args: DemoArgs, shutdown: impl Future<Output = ()>) -> Result<(), DemoError> {
     args.validate()?;
     // Redis first: the one thing the demo needs from outside.
     RedisStore::connect(&args.redis_url, Duration::from_secs(3))
         .await
-        .map_err(|e| {
-            anyhow!(
-                "the demo needs Redis: {e}; start one (e.g. `scripts/with-redis.sh throttle-worker demo`) or point REDIS_URL at one"
-            )
-        })?;
+        .map_err(DemoError::NoRedis)?;
     let result = run_logged(args, shutdown).await;
     // Only now: the broker, the stub and the readers are gone, and their
     // last log lines went to the file too.
@@ -205,7 +211,7 @@ pub async fn run(args: DemoArgs, shutdown: impl Future<Output = ()>) -> anyhow::
 }
 
 /// [`run`] once Redis answered; this process's logs go to `demo.log`.
-async fn run_logged(args: DemoArgs, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+async fn run_logged(args: DemoArgs, shutdown: impl Future<Output = ()>) -> Result<(), DemoError> {
     let mut run = Run::start(args).await?;
     let (stop_tx, mut stop_rx) = mpsc::unbounded_channel();
     let mut shutdown = std::pin::pin!(shutdown);
@@ -226,7 +232,7 @@ async fn run_logged(args: DemoArgs, shutdown: impl Future<Output = ()>) -> anyho
                 stopped.len(),
                 run.keep_logs()
             );
-            return Err(e.into());
+            return Err(e);
         }
     };
     let (text, failures) = run.summary(&outcome);
@@ -237,8 +243,5 @@ async fn run_logged(args: DemoArgs, shutdown: impl Future<Output = ()>) -> anyho
     if failures.is_empty() {
         return Ok(());
     }
-    Err(anyhow!(
-        "the demo's checks failed:\n  - {}",
-        failures.join("\n  - ")
-    ))
+    Err(DemoError::ChecksFailed(failures))
 }
