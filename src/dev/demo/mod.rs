@@ -245,3 +245,56 @@ async fn run_logged(args: DemoArgs, shutdown: impl Future<Output = ()>) -> Resul
     }
     Err(DemoError::ChecksFailed(failures))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error;
+
+    use super::*;
+
+    /// `main` prints an error's text, then each of its sources: a
+    /// context's text names what was done, and its cause comes once, as
+    /// the source.
+    #[test]
+    fn a_context_is_the_text_and_its_cause_the_source() {
+        let denied = || std::io::Error::new(std::io::ErrorKind::PermissionDenied, "denied");
+        let e = DemoError::WriteConfig {
+            path: PathBuf::from("/tmp/replica-1.toml"),
+            source: denied(),
+        };
+        assert_eq!(e.to_string(), "writing /tmp/replica-1.toml");
+        assert_eq!(
+            e.source().map(ToString::to_string).as_deref(),
+            Some("denied")
+        );
+        let e = DemoError::CurrentExe(denied());
+        assert_eq!(e.to_string(), "the path of this binary");
+        assert_eq!(
+            e.source().map(ToString::to_string).as_deref(),
+            Some("denied")
+        );
+    }
+
+    #[test]
+    fn messages_read_as_the_user_saw_them() {
+        assert_eq!(
+            DemoError::Duration(Duration::from_secs(1)).to_string(),
+            "--duration must be between 10s and 1h (the group takes seconds to form), got 1s"
+        );
+        assert_eq!(
+            DemoError::ChecksFailed(vec!["one".into(), "two".into()]).to_string(),
+            "the demo's checks failed:\n  - one\n  - two"
+        );
+        // The Redis error is in the text; as a source too, it would be
+        // printed twice.
+        let e = DemoError::NoRedis(RedisError::Tls {
+            file: "ca.pem".into(),
+            problem: "missing".into(),
+        });
+        assert_eq!(
+            e.to_string(),
+            "the demo needs Redis: Redis TLS file ca.pem: missing; start one (e.g. `scripts/with-redis.sh throttle-worker demo`) or point REDIS_URL at one"
+        );
+        assert!(e.source().is_none());
+    }
+}
