@@ -93,9 +93,9 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         #[cfg(feature = "dev-tools")]
-        Command::Demo(args) => demo::run(args, shutdown_signal()).await,
+        Command::Demo(args) => Ok(demo::run(args, shutdown_signal()).await?),
         #[cfg(feature = "dev-tools")]
-        Command::Stub(args) => stub::serve(args, shutdown_signal()).await,
+        Command::Stub(args) => Ok(stub::serve(args, shutdown_signal()).await?),
         Command::CheckConfig { config, json } => {
             let out = if json { Output::Json } else { Output::Table };
             print!("{}", operator::check_config(config.as_deref(), out)?);
@@ -292,7 +292,7 @@ async fn limits(command: LimitsCommand) -> anyhow::Result<()> {
             .await?
         }
         #[cfg(feature = "dev-tools")]
-        LimitsCommand::Demo { redis_url } => return demo::limiter_demo(&redis_url).await,
+        LimitsCommand::Demo { redis_url } => return Ok(demo::limiter_demo(&redis_url).await?),
     };
     print!("{text}");
     Ok(())

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::kafka::RecordSink;
+use crate::kafka::{RecordSink, SinkError};
 
 /// What to generate.
 #[derive(Debug, Clone)]
@@ -101,8 +101,9 @@ pub fn record(
 }
 
 /// Writes the run to `topic`, paced to `spec.rate`, showing progress.
-/// Returns how many records were written.
-pub async fn run(sink: &RecordSink, topic: &str, spec: &LoadSpec) -> anyhow::Result<u64> {
+/// Returns how many records were written; fails with the first write the
+/// broker refused (the load's one failure, so no error type of its own).
+pub async fn run(sink: &RecordSink, topic: &str, spec: &LoadSpec) -> Result<u64, SinkError> {
     let bar = ProgressBar::new(spec.jobs);
     bar.set_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} jobs {per_sec} eta {eta}")
@@ -118,7 +119,7 @@ pub async fn run_with_progress(
     topic: &str,
     spec: &LoadSpec,
     bar: ProgressBar,
-) -> anyhow::Result<u64> {
+) -> Result<u64, SinkError> {
     let zipf = Zipf::new(spec.sellers, spec.skew);
     bar.set_length(spec.jobs);
     let started = Instant::now();

@@ -451,7 +451,8 @@ async fn jobs(State(s): State<Arc<Shared>>) -> Json<BTreeMap<String, JobStats>> 
 
 /// `throttle-worker stub`: serves until `shutdown` resolves. The first
 /// stdout line names the URL to give the worker as `downstream.url`.
-pub async fn serve(args: StubArgs, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+/// Fails only if it cannot listen.
+pub async fn serve(args: StubArgs, shutdown: impl Future<Output = ()>) -> Result<(), StubError> {
     let throttles: Vec<String> = args.throttle.iter().map(ToString::to_string).collect();
     let stub = Stub::start(
         args.listen,

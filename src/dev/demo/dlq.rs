@@ -59,6 +59,20 @@ impl DeadLetters {
     }
 }
 
+/// Why [`DlqTail::finish`] could not read the topic to its end. The
+/// transparent variants say only what their cause says: the caller adds
+/// what it was doing.
+#[derive(Debug, thiserror::Error)]
+pub enum FinishError {
+    /// The blocking task that joins the thread did not run to its end.
+    #[error(transparent)]
+    Join(#[from] tokio::task::JoinError),
+    #[error("the dead-letter reader panicked")]
+    Panicked,
+    #[error(transparent)]
+    Read(#[from] ReaderError),
+}
+
 /// The following thread.
 pub struct DlqTail {
     seen: Arc<Mutex<DeadLetters>>,
@@ -109,14 +123,14 @@ impl DlqTail {
 
     /// Reads the topic to its end as of now (within `timeout`) and returns
     /// everything it held.
-    pub async fn finish(self, timeout: Duration) -> anyhow::Result<DeadLetters> {
+    pub async fn finish(self, timeout: Duration) -> Result<DeadLetters, FinishError> {
         // A send fails only if the thread already ended, with an error
         // that join reports.
         let _ = self.finish.send(timeout);
         let thread = self.thread;
         tokio::task::spawn_blocking(move || thread.join())
             .await?
-            .map_err(|_| anyhow::anyhow!("the dead-letter reader panicked"))??;
+            .map_err(|_| FinishError::Panicked)??;
         Ok(std::mem::take(&mut *lock(&self.seen)))
     }
 }

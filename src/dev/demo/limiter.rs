@@ -5,10 +5,27 @@
 use std::time::{Duration, Instant};
 
 use crate::config::{LimitsConfig, RuleConfig, Topology};
-use crate::limiter::{Algorithm, Decision, KeySpace, Limiter, Mode, Policy, RedisStore};
+use crate::limiter::policy::InvalidLimits;
+use crate::limiter::{
+    Algorithm, Decision, KeySpace, Limiter, LimiterError, Mode, Policy, RedisError, RedisStore,
+};
+
+/// Why the limiter demo stopped. Each cause says enough on its own (the
+/// demo's one Redis, its fixed rules), so the variants add no words.
+#[derive(Debug, thiserror::Error)]
+pub enum LimiterDemoError {
+    /// Connecting, or reading a seller's state.
+    #[error(transparent)]
+    Redis(#[from] RedisError),
+    /// The demo's own rule refused: a bug in the demo.
+    #[error(transparent)]
+    Rule(#[from] InvalidLimits),
+    #[error(transparent)]
+    Limiter(#[from] LimiterError<RedisError>),
+}
 
 /// Runs the demo, writing to stdout.
-pub async fn limiter_demo(redis_url: &str) -> anyhow::Result<()> {
+pub async fn limiter_demo(redis_url: &str) -> Result<(), LimiterDemoError> {
     let store = RedisStore::connect(redis_url, Duration::from_secs(2)).await?;
     let prefix = format!("tw-demo-{:06x}", rand::random::<u32>() & 0xff_ffff);
     println!(

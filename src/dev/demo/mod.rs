@@ -28,15 +28,109 @@ pub mod view;
 pub use limiter::limiter_demo;
 
 use std::future::Future;
+use std::path::PathBuf;
+use std::process::ExitStatus;
 use std::time::Duration;
 
-use anyhow::{anyhow, bail};
 use tokio::sync::mpsc;
 
-use crate::limiter::RedisStore;
+use crate::config::ConfigError;
+use crate::dev::stub::StubError;
+use crate::kafka::{MockError, ReaderError, SinkError};
+use crate::limiter::{RedisError, RedisStore};
 
+use self::dlq::FinishError;
 use self::run::{Run, STOP_GRACE};
 use self::view::View;
+
+/// Why the demo failed or stopped before its summary; `main` prints it
+/// with its causes. A variant's text says what the demo was doing, its
+/// cause is the source; the transparent ones pass on a cause whose own
+/// text says enough.
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    #[error(
+        "--duration must be between 10s and 1h (the group takes seconds to form), got {}",
+        humantime::format_duration(*.0)
+    )]
+    Duration(Duration),
+    #[error("--replicas must be between 1 and 16, got {0}")]
+    Replicas(usize),
+    #[error("--sellers must be between 1 and 1000, got {0}")]
+    Sellers(usize),
+    #[error("--rate must be between 1 and 5000 jobs/s, got {0}")]
+    Rate(f64),
+    /// The text names the cause already: not its source too, or `main`
+    /// would print it twice.
+    #[error("the demo needs Redis: {0}; start one (e.g. `scripts/with-redis.sh throttle-worker demo`) or point REDIS_URL at one")]
+    NoRedis(RedisError),
+    #[error("a scratch directory for the replicas' configs and logs")]
+    Scratch(#[source] std::io::Error),
+    #[error("the demo's log file")]
+    LogFile(#[source] std::io::Error),
+    /// The built-in defaults refused: a bug in the crate, not the user's.
+    #[error(transparent)]
+    Defaults(ConfigError),
+    #[error("the in-process Kafka broker")]
+    Broker(#[source] MockError),
+    #[error(transparent)]
+    Stub(#[from] StubError),
+    #[error("a free loopback port")]
+    FreePort(#[source] std::io::Error),
+    /// The address of a socket just bound: not seen to fail.
+    #[error(transparent)]
+    PortAddr(std::io::Error),
+    #[error("writing {}", .path.display())]
+    WriteConfig {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Loading it, or its `[limits]`.
+    #[error("the demo's worker config")]
+    WorkerConfig(#[source] ConfigError),
+    #[error("the demo's worker config names other topics than the broker has: {0:?}")]
+    OtherTopics(Vec<(String, i32)>),
+    #[error("reading the dead-letter topic")]
+    DlqStart(#[source] ReaderError),
+    #[error("the load's Kafka producer")]
+    Producer(#[source] SinkError),
+    #[error("the path of this binary")]
+    CurrentExe(#[source] std::io::Error),
+    #[error("starting {} run --config ...", .exe.display())]
+    Spawn {
+        exe: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("replica {n} exited at startup ({status}); the end of {}:\n{tail}", .log.display())]
+    ReplicaExited {
+        n: usize,
+        status: ExitStatus,
+        log: PathBuf,
+        /// The last lines of its log.
+        tail: String,
+    },
+    #[error("only {ready} of {replicas} replicas were ready (in the group, Redis answering) after {after:?}; see replica-*.log")]
+    NotReady {
+        ready: usize,
+        replicas: usize,
+        after: Duration,
+    },
+    /// The user quit the live view, or SIGTERM / Ctrl-C.
+    #[error("interrupted: the replicas were stopped; no summary")]
+    Interrupted,
+    /// The load's task panicked.
+    #[error(transparent)]
+    LoadTask(#[from] tokio::task::JoinError),
+    #[error(transparent)]
+    Load(SinkError),
+    #[error("reading the dead-letter topic to its end")]
+    DlqFinish(#[source] FinishError),
+    /// The summary's failed checks, one a line.
+    #[error("the demo's checks failed:\n  - {}", .0.join("\n  - "))]
+    ChecksFailed(Vec<String>),
+}
 
 /// `throttle-worker demo`.
 #[derive(Debug, Clone, clap::Args)]
@@ -82,25 +176,19 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 impl DemoArgs {
-    fn validate(&self) -> anyhow::Result<()> {
+    fn validate(&self) -> Result<(), DemoError> {
         let d = self.duration;
         if d < Duration::from_secs(10) || d > Duration::from_secs(3600) {
-            bail!(
-                "--duration must be between 10s and 1h (the group takes seconds to form), got {}",
-                humantime::format_duration(d)
-            );
+            return Err(DemoError::Duration(d));
         }
         if !(1..=16).contains(&self.replicas) {
-            bail!("--replicas must be between 1 and 16, got {}", self.replicas);
+            return Err(DemoError::Replicas(self.replicas));
         }
         if !(1..=1000).contains(&self.sellers) {
-            bail!("--sellers must be between 1 and 1000, got {}", self.sellers);
+            return Err(DemoError::Sellers(self.sellers));
         }
         if !(self.rate.is_finite() && self.rate >= 1.0 && self.rate <= 5000.0) {
-            bail!(
-                "--rate must be between 1 and 5000 jobs/s, got {}",
-                self.rate
-            );
+            return Err(DemoError::Rate(self.rate));
         }
         Ok(())
     }
@@ -109,16 +197,12 @@ impl DemoArgs {
 /// Runs the demo; `Ok` when every check holds, an error naming each check
 /// that failed otherwise. Stops early, with an error, when `shutdown`
 /// resolves (SIGTERM, Ctrl-C) or the user quits the live view.
-pub async fn run(args: DemoArgs, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+pub async fn run(args: DemoArgs, shutdown: impl Future<Output = ()>) -> Result<(), DemoError> {
     args.validate()?;
     // Redis first: the one thing the demo needs from outside.
     RedisStore::connect(&args.redis_url, Duration::from_secs(3))
         .await
-        .map_err(|e| {
-            anyhow!(
-                "the demo needs Redis: {e}; start one (e.g. `scripts/with-redis.sh throttle-worker demo`) or point REDIS_URL at one"
-            )
-        })?;
+        .map_err(DemoError::NoRedis)?;
     let result = run_logged(args, shutdown).await;
     // Only now: the broker, the stub and the readers are gone, and their
     // last log lines went to the file too.
@@ -127,7 +211,7 @@ pub async fn run(args: DemoArgs, shutdown: impl Future<Output = ()>) -> anyhow::
 }
 
 /// [`run`] once Redis answered; this process's logs go to `demo.log`.
-async fn run_logged(args: DemoArgs, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+async fn run_logged(args: DemoArgs, shutdown: impl Future<Output = ()>) -> Result<(), DemoError> {
     let mut run = Run::start(args).await?;
     let (stop_tx, mut stop_rx) = mpsc::unbounded_channel();
     let mut shutdown = std::pin::pin!(shutdown);
@@ -159,8 +243,58 @@ async fn run_logged(args: DemoArgs, shutdown: impl Future<Output = ()>) -> anyho
     if failures.is_empty() {
         return Ok(());
     }
-    Err(anyhow!(
-        "the demo's checks failed:\n  - {}",
-        failures.join("\n  - ")
-    ))
+    Err(DemoError::ChecksFailed(failures))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error;
+
+    use super::*;
+
+    /// `main` prints an error's text, then each of its sources: a
+    /// context's text names what was done, and its cause comes once, as
+    /// the source.
+    #[test]
+    fn a_context_is_the_text_and_its_cause_the_source() {
+        let denied = || std::io::Error::new(std::io::ErrorKind::PermissionDenied, "denied");
+        let e = DemoError::WriteConfig {
+            path: PathBuf::from("/tmp/replica-1.toml"),
+            source: denied(),
+        };
+        assert_eq!(e.to_string(), "writing /tmp/replica-1.toml");
+        assert_eq!(
+            e.source().map(ToString::to_string).as_deref(),
+            Some("denied")
+        );
+        let e = DemoError::CurrentExe(denied());
+        assert_eq!(e.to_string(), "the path of this binary");
+        assert_eq!(
+            e.source().map(ToString::to_string).as_deref(),
+            Some("denied")
+        );
+    }
+
+    #[test]
+    fn messages_read_as_the_user_saw_them() {
+        assert_eq!(
+            DemoError::Duration(Duration::from_secs(1)).to_string(),
+            "--duration must be between 10s and 1h (the group takes seconds to form), got 1s"
+        );
+        assert_eq!(
+            DemoError::ChecksFailed(vec!["one".into(), "two".into()]).to_string(),
+            "the demo's checks failed:\n  - one\n  - two"
+        );
+        // The Redis error is in the text; as a source too, it would be
+        // printed twice.
+        let e = DemoError::NoRedis(RedisError::Tls {
+            file: "ca.pem".into(),
+            problem: "missing".into(),
+        });
+        assert_eq!(
+            e.to_string(),
+            "the demo needs Redis: Redis TLS file ca.pem: missing; start one (e.g. `scripts/with-redis.sh throttle-worker demo`) or point REDIS_URL at one"
+        );
+        assert!(e.source().is_none());
+    }
 }

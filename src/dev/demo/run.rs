@@ -7,7 +7,6 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
 use indicatif::ProgressBar;
 use tokio::sync::mpsc;
 
@@ -21,7 +20,7 @@ use super::plan::{self, Plan, WorkerSite};
 use super::replicas::{Launch, Replicas};
 use super::scrape::{self, Fleet};
 use super::view::{SellerRow, Snapshot, View};
-use super::DemoArgs;
+use super::{DemoArgs, DemoError};
 
 /// How long the replicas may take to join the group and be ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -34,11 +33,6 @@ pub(super) const DRAIN_TIMEOUT: Duration =
 /// SIGTERM to exit: a worker's `shutdown_timeout` (5 s in the demo) and
 /// closing its Kafka clients.
 pub(super) const STOP_GRACE: Duration = Duration::from_secs(12);
-
-/// Why the demo stopped before its summary.
-#[derive(Debug, thiserror::Error)]
-#[error("interrupted: the replicas were stopped; no summary")]
-pub(super) struct Interrupted;
 
 /// Everything one demo run holds. Dropping it stops the replicas (see
 /// [`Replicas`]), the stub and the broker.
@@ -70,24 +64,25 @@ pub(super) struct Outcome {
     pub(super) dead: DeadLetters,
 }
 
-/// Waits `d`, or fails with [`Interrupted`] if the user stops the demo.
+/// Waits `d`, or fails with [`DemoError::Interrupted`] if the user stops
+/// the demo.
 async fn pause(
     d: Duration,
     stop: &mut mpsc::UnboundedReceiver<()>,
     shutdown: &mut Pin<&mut impl Future<Output = ()>>,
-) -> anyhow::Result<()> {
+) -> Result<(), DemoError> {
     tokio::select! {
         _ = tokio::time::sleep(d) => Ok(()),
         // A closed channel (the plain view has no keys) never stops.
-        Some(()) = stop.recv() => Err(Interrupted.into()),
-        _ = shutdown.as_mut() => Err(Interrupted.into()),
+        Some(()) = stop.recv() => Err(DemoError::Interrupted),
+        _ = shutdown.as_mut() => Err(DemoError::Interrupted),
     }
 }
 
 impl Run {
     /// The broker, the stub, the config files, the dead-letter reader and
     /// the replicas, in that order.
-    pub(super) async fn start(args: DemoArgs) -> anyhow::Result<Run> {
+    pub(super) async fn start(args: DemoArgs) -> Result<Run, DemoError> {
         let started = Instant::now();
         let plan = Plan::new(
             args.rate,
@@ -99,18 +94,21 @@ impl Run {
         let scratch = tempfile::Builder::new()
             .prefix(&format!("throttle-demo-{id}-"))
             .tempdir()
-            .context("a scratch directory for the replicas' configs and logs")?;
+            .map_err(DemoError::Scratch)?;
         // The view owns the terminal: this process's own log lines (and
         // librdkafka's) go to a file beside the replicas' logs.
-        let log = std::fs::File::create(scratch.path().join("demo.log"))
-            .context("the demo's log file")?;
+        let log =
+            std::fs::File::create(scratch.path().join("demo.log")).map_err(DemoError::LogFile)?;
         crate::telemetry::redirect_logs(Some(log));
 
         // The demo's config keeps the default topic names: the broker is
         // its own, so they collide with nothing.
-        let defaults = crate::config::load_from(None, Vec::new())?.settings.kafka;
+        let defaults = crate::config::load_from(None, Vec::new())
+            .map_err(DemoError::Defaults)?
+            .settings
+            .kafka;
         let topics = defaults.topic_specs(plan.partitions);
-        let broker = DevBroker::start(&topics).context("the in-process Kafka broker")?;
+        let broker = DevBroker::start(&topics).map_err(DemoError::Broker)?;
         let stub = Stub::start(
             "127.0.0.1:0".parse().expect("a literal address"),
             StubConfig {
@@ -138,28 +136,32 @@ impl Run {
                 listen,
             };
             let path = scratch.path().join(format!("replica-{number}.toml"));
-            std::fs::write(&path, plan.worker_toml(&site))
-                .with_context(|| format!("writing {}", path.display()))?;
+            std::fs::write(&path, plan.worker_toml(&site)).map_err(|source| {
+                DemoError::WriteConfig {
+                    path: path.clone(),
+                    source,
+                }
+            })?;
             configs.push((path, listen));
         }
         // The replicas would refuse a bad config one by one; say it once.
         let loaded = crate::config::load_from(Some(&configs[0].0), Vec::new())
-            .context("the demo's worker config")?;
-        Policy::load(&loaded).context("the demo's worker config")?;
+            .map_err(DemoError::WorkerConfig)?;
+        Policy::load(&loaded).map_err(DemoError::WorkerConfig)?;
         let kafka = &loaded.settings.kafka;
         if kafka.topic_specs(plan.partitions) != topics {
-            bail!("the demo's worker config names other topics than the broker has: {topics:?}");
+            return Err(DemoError::OtherTopics(topics));
         }
         let dlq = DlqTail::start(
             broker.bootstrap_servers(),
             &kafka.properties,
             &kafka.dlq_topic,
         )
-        .context("reading the dead-letter topic")?;
+        .map_err(DemoError::DlqStart)?;
         let sink = RecordSink::new(broker.bootstrap_servers(), &kafka.producer_config())
-            .context("the load's Kafka producer")?;
+            .map_err(DemoError::Producer)?;
 
-        let exe = std::env::current_exe().context("the path of this binary")?;
+        let exe = std::env::current_exe().map_err(DemoError::CurrentExe)?;
         let launches: Vec<Launch> = configs
             .iter()
             .map(|(config, listen)| Launch {
@@ -168,7 +170,7 @@ impl Run {
             })
             .collect();
         let replicas = Replicas::spawn(&exe, &launches, scratch.path())
-            .with_context(|| format!("starting {} run --config ...", exe.display()))?;
+            .map_err(|source| DemoError::Spawn { exe, source })?;
         let metrics = replicas
             .list
             .iter()
@@ -210,7 +212,7 @@ impl Run {
         view: &mut View,
         stop: &mut mpsc::UnboundedReceiver<()>,
         shutdown: &mut Pin<&mut impl Future<Output = ()>>,
-    ) -> anyhow::Result<Outcome> {
+    ) -> Result<Outcome, DemoError> {
         self.wait_ready(view, stop, shutdown).await?;
 
         let load_started = Instant::now();
@@ -244,7 +246,7 @@ impl Run {
                 }
             }
             if written.is_none() && load.is_finished() {
-                written = Some((&mut load).await??);
+                written = Some((&mut load).await?.map_err(DemoError::Load)?);
             }
             pause(Duration::from_secs(1), stop, shutdown).await?;
         }
@@ -254,7 +256,7 @@ impl Run {
                 // The load runs for two thirds of the duration; a broker
                 // slower than the pace is the only way to be here.
                 view.show(&self.snapshot("load (behind its pace)").await.0);
-                load.await??
+                load.await?.map_err(DemoError::Load)?
             }
         };
         let load_time = self.plan.load_time;
@@ -268,7 +270,7 @@ impl Run {
             .expect("the dead-letter reader runs until here")
             .finish(Duration::from_secs(20))
             .await
-            .context("reading the dead-letter topic to its end")?;
+            .map_err(DemoError::DlqFinish)?;
         Ok(Outcome {
             drained,
             stopped,
@@ -285,17 +287,18 @@ impl Run {
         view: &mut View,
         stop: &mut mpsc::UnboundedReceiver<()>,
         shutdown: &mut Pin<&mut impl Future<Output = ()>>,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), DemoError> {
         let deadline = Instant::now() + READY_TIMEOUT;
         let mut last = usize::MAX;
         loop {
             if let Some((n, status)) = self.replicas.exited().first().copied() {
                 let r = &self.replicas.list[n - 1];
-                bail!(
-                    "replica {n} exited at startup ({status}); the end of {}:\n{}",
-                    r.log.display(),
-                    r.log_tail(15)
-                );
+                return Err(DemoError::ReplicaExited {
+                    n,
+                    status,
+                    log: r.log.clone(),
+                    tail: r.log_tail(15),
+                });
             }
             let ready = futures::future::join_all(self.replicas.list.iter().map(|r| async move {
                 let url = format!("{}/readyz", r.base_url);
@@ -327,10 +330,11 @@ impl Run {
                 last = ready;
             }
             if Instant::now() > deadline {
-                bail!(
-                    "only {ready} of {} replicas were ready (in the group, Redis answering) after {READY_TIMEOUT:?}; see replica-*.log",
-                    self.replicas.list.len()
-                );
+                return Err(DemoError::NotReady {
+                    ready,
+                    replicas: self.replicas.list.len(),
+                    after: READY_TIMEOUT,
+                });
             }
             pause(Duration::from_millis(250), stop, shutdown).await?;
         }
@@ -344,7 +348,7 @@ impl Run {
         view: &mut View,
         stop: &mut mpsc::UnboundedReceiver<()>,
         shutdown: &mut Pin<&mut impl Future<Output = ()>>,
-    ) -> anyhow::Result<Result<Duration, String>> {
+    ) -> Result<Result<Duration, String>, DemoError> {
         let began = Instant::now();
         let mut idle_once = false;
         loop {
@@ -453,7 +457,7 @@ fn snap_line(s: &Snapshot) -> String {
 }
 
 /// A loopback port free now, for a replica's `http.listen`.
-fn free_port() -> anyhow::Result<SocketAddr> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").context("a free loopback port")?;
-    Ok(l.local_addr()?)
+fn free_port() -> Result<SocketAddr, DemoError> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(DemoError::FreePort)?;
+    l.local_addr().map_err(DemoError::PortAddr)
 }
