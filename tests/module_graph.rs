@@ -1,5 +1,8 @@
 //! The crate's top-level modules import one another without a cycle, and
-//! those `lib.rs` calls leaves import no other module of the crate.
+//! those `lib.rs` calls leaves import no other module of the crate. Also
+//! two boundaries of the layout: `anyhow` only at the binary's edge
+//! (`main.rs`), and the reference model's test half (`limiter::testkit`)
+//! only behind its gate.
 //!
 //! Read from the source, not from the compiler: every `crate::<module>`
 //! path outside a comment (a `use`, or a path written inline) is an edge
@@ -250,4 +253,91 @@ fn no_product_module_imports_the_tools() {
         "product modules import the dev tools: {importers:?}\nthe imports:\n{}",
         picture(&graph)
     );
+}
+
+/// Every non-comment line of `src/` that mentions `needle`, as
+/// `path:line: text`, outside the files `allowed` says may.
+fn mentions(needle: &str, allowed: impl Fn(&Path) -> bool) -> Vec<String> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    files.sort();
+    let mut out = Vec::new();
+    for f in files {
+        let rel = f.strip_prefix(&src).unwrap();
+        if allowed(rel) {
+            continue;
+        }
+        let text = std::fs::read_to_string(&f).unwrap();
+        for (i, line) in text.lines().enumerate() {
+            let code = line.trim_start();
+            if !code.starts_with("//") && code.contains(needle) {
+                out.push(format!("src/{}:{}: {}", rel.display(), i + 1, code));
+            }
+        }
+    }
+    out
+}
+
+/// Library modules return typed errors (thiserror); `anyhow` is the
+/// binary's, at its edge, where an error is printed with its causes.
+#[test]
+fn anyhow_is_used_by_main_rs_alone() {
+    let found = mentions("anyhow", |f| f == Path::new("main.rs"));
+    assert!(
+        found.is_empty(),
+        "anyhow outside main.rs (return a typed error instead):\n{}",
+        found.join("\n")
+    );
+    assert!(
+        !mentions("anyhow", |_| false).is_empty(),
+        "the walk of src/ did not see main.rs's anyhow"
+    );
+}
+
+/// The reference model's test half (`limiter::testkit`) is never part of
+/// the product: outside the kit itself, unit tests (`tests.rs`) and the
+/// gate in `limiter/mod.rs`, a line of `src/` names it only behind
+/// `#[cfg(any(test, feature = "testkit"))]` (the gate, or the item right
+/// under it). A product file that used it ungated would also fail `cargo
+/// clippy --no-default-features`, which `scripts/test.sh` runs; this names
+/// the line.
+#[test]
+fn only_tests_name_the_test_kit() {
+    const GATE: &str = "cfg(any(test, feature = \"testkit\"))";
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let (mut found, mut gated) = (Vec::new(), 0);
+    for f in files {
+        let rel = f.strip_prefix(&src).unwrap();
+        if rel.starts_with("limiter/testkit")
+            || rel == Path::new("limiter/mod.rs")
+            || rel.file_name().is_some_and(|n| n == "tests.rs")
+        {
+            continue;
+        }
+        let text = std::fs::read_to_string(&f).unwrap();
+        let mut previous = "";
+        for (i, line) in text.lines().enumerate() {
+            let code = line.trim_start();
+            if code.starts_with("//") || code.is_empty() {
+                continue;
+            }
+            if code.contains("testkit") {
+                if code.contains(GATE) || previous.contains(GATE) {
+                    gated += 1;
+                } else {
+                    found.push(format!("src/{}:{}: {code}", rel.display(), i + 1));
+                }
+            }
+            previous = code;
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "product files name the test kit ungated (limiter::testkit is cfg(test) or the testkit feature only):\n{}",
+        found.join("\n")
+    );
+    assert!(gated > 0, "the walk of src/ saw no gated field of the kit");
 }
