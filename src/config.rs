@@ -115,10 +115,9 @@ pub struct RedisSettings {
     /// The layout of the limiter's state in Redis: `v1` (a key per rule,
     /// named by its fingerprint: an edited rule starts fresh), `v2` (one
     /// hash per seller, rules by place: an edited rule converts what the
-    /// old one admitted) or `v1+v2` (a rolling deploy's step). Unset (no
-    /// default in config/default.toml, on purpose): the install's own
-    /// layout, `v2` for a new one (`limiter::layout`). See README "Limiter
-    /// state".
+    /// old one admitted) or `v1+v2` (a rolling deploy's step). Unset:
+    /// `v2`, unless the install's marker says a replica runs `v1`, which
+    /// refuses to start (`limiter::layout`). See README "Limiter state".
     #[serde(default)]
     pub state: Option<StateLayout>,
     /// Longest a limiter call may take before it counts as a Redis failure.

@@ -55,11 +55,13 @@ async fn an_override_applies_until_it_expires_or_is_cleared() {
     )
     .await;
     let dir = tempfile::tempdir().unwrap();
+    // The limiter above keeps state v1 (`KeySpace::new`): the commands run
+    // the layout the config names.
     let config = dir.path().join("limits.toml");
     std::fs::write(
         &config,
         format!(
-            "[redis]\nurl = \"{}\"\nkey_prefix = \"{prefix}\"\n\n[limits]\ndefault = [{{ algorithm = \"fixed_window\", limit = 2, period = \"1m\" }}]\n",
+            "[redis]\nurl = \"{}\"\nkey_prefix = \"{prefix}\"\nstate = \"v1\"\n\n[limits]\ndefault = [{{ algorithm = \"fixed_window\", limit = 2, period = \"1m\" }}]\n",
             common::redis_url()
         ),
     )

@@ -44,11 +44,13 @@ async fn reset_clears_a_sellers_state_and_block_and_nothing_else() {
         .unwrap();
 
     let dir = tempfile::tempdir().unwrap();
+    // The limiter above keeps state v1 (`KeySpace::new`): the command runs
+    // the layout the config names.
     let config = dir.path().join("limits.toml");
     std::fs::write(
         &config,
         format!(
-            "[redis]\nurl = \"{}\"\nkey_prefix = \"{prefix}\"\n\n[limits]\ndefault = [{{ algorithm = \"fixed_window\", limit = 3, period = \"1m\" }}]\n",
+            "[redis]\nurl = \"{}\"\nkey_prefix = \"{prefix}\"\nstate = \"v1\"\n\n[limits]\ndefault = [{{ algorithm = \"fixed_window\", limit = 3, period = \"1m\" }}]\n",
             common::redis_url()
         ),
     )

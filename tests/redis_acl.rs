@@ -93,21 +93,12 @@ async fn the_readme_acl_user_runs_the_worker_and_nothing_more() {
         limiter_commands(&limiter).await;
     }
 
-    // A worker's start: the layout marker read and written, and the SCAN
-    // for an older install's state (refused, it would answer v1).
+    // A worker's start: the layout marker read and written.
     let fresh = format!("{prefix}:new");
     let layout = throttle_worker::limiter::layout::resolve(&store, &fresh, None, true)
         .await
         .expect("the README's user may read and write the layout marker");
-    assert_eq!(layout, StateLayout::V2, "a new install, found by SCAN");
-    let older = throttle_worker::limiter::layout::resolve(&store, prefix, None, false)
-        .await
-        .expect("the README's user may SCAN");
-    assert_eq!(
-        layout_of(older),
-        "v1",
-        "the v1 keys above are an older install's state"
-    );
+    assert_eq!(layout_of(layout), "v2", "redis.state unset");
 
     // Nothing more: keys outside the prefix are refused...
     let outside = Limiter::new(

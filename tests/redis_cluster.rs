@@ -671,12 +671,14 @@ async fn limits_show_and_reset_work_on_a_cluster() {
     let cluster = RedisCluster::start(3);
     let prefix = unique_prefix("cluster-operator");
     let dir = tempfile::tempdir().unwrap();
+    // The limiter below writes state v1 (`KeySpace::new`); the operator
+    // commands read the layout the config names.
     let config = dir.path().join("cluster.toml");
     std::fs::write(
         &config,
         format!(
             "[redis]\ntopology = \"cluster\"\nurl = \"{}\"\ncluster_nodes = [\"{}\"]\n\
-             key_prefix = \"{prefix}\"\n\n[limits]\n\
+             key_prefix = \"{prefix}\"\nstate = \"v1\"\n\n[limits]\n\
              default = [{{ algorithm = \"fixed_window\", limit = 5, period = \"1h\" }}]\n",
             cluster.url(0),
             cluster.url(1)

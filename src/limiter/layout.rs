@@ -1,26 +1,25 @@
 //! Which state layout a replica runs (`redis.state`), and the install's
 //! layout marker.
 //!
-//! New installs run `v2`. An install that ran an older release is on `v1`,
-//! and a `v2` replica starting beside its state would start every seller
-//! fresh: one window over-admitted, and more while `v1` replicas run beside
-//! it. So when `redis.state` is not set, the layout is the install's own:
+//! The layout is the configuration's, never a guess from what Redis holds:
+//! `redis.state` when set, `v2` when not. Two replicas with the same config
+//! run the same layout whatever Redis forgets (a restart without
+//! persistence, a failover to a replica that missed writes, an eviction):
+//! a layout read from Redis can vanish between two replicas' starts, and
+//! two layouts side by side are two limiters, each admitting up to the
+//! limit. Moving from `v1` is explicit: `redis.state = "v1+v2"`, then `v2`
+//! (README "Limiter state").
 //!
-//! 1. `redis.state` set: it, always.
-//! 2. else the marker `{key_prefix}:layout` (written by every worker at
-//!    start with the layout it runs): what the install last ran.
-//! 3. else v1 state under the prefix (a key `{prefix}:{tag}:…` that is not a
-//!    seller's v2 hash, found by a bounded `SCAN`): an install of a release
-//!    before the marker existed, `v1`.
-//! 4. else nothing found: a new install, `v2`.
+//! Every worker writes the layout it runs to the marker `{key_prefix}:layout`
+//! at start. The marker never chooses a layout. It only stops an unset
+//! replica from starting as `v2` beside replicas that run `v1` (an install
+//! upgraded without setting `redis.state = "v1"` first, or a fleet whose
+//! config differs between replicas): one that finds `v1`, or a value this
+//! release does not know (a newer release's layout), refuses to start and
+//! names the setting. A lost marker loses that guard only: the layout
+//! stays the config's.
 //!
-//! A `SCAN` that fails (an ACL without `+scan`) counts as v1 state found:
-//! the safe side. A `SCAN` that runs out of its budget before it finds any
-//! counts as none found: a Redis shared with millions of other keys may
-//! hide an older install's state, which is why the README tells operators
-//! of older installs to set `redis.state = "v1"` before upgrading.
-//!
-//! The decision is [`choose`], apart from Redis; `RedisStore::layout_facts`
+//! The decision is [`choose`], apart from Redis; `RedisStore::layout_marker`
 //! and `RedisStore::mark_layout` read and write.
 
 use super::keys::StateLayout;
@@ -30,13 +29,8 @@ use super::keys::StateLayout;
 pub enum Why {
     /// `redis.state` says so.
     Configured,
-    /// Not configured; the install's marker says so.
-    Marker,
-    /// Not configured, no marker, and v1 state found (or Redis could not
-    /// tell): an install of an older release.
-    OlderInstall,
-    /// Not configured, no marker, no state: a new install.
-    NewInstall,
+    /// Not configured: the default, `v2`.
+    Default,
 }
 
 impl Why {
@@ -44,30 +38,20 @@ impl Why {
     pub fn describe(self) -> &'static str {
         match self {
             Why::Configured => "redis.state is set",
-            Why::Marker => "redis.state is not set; the install's layout marker says so",
-            Why::OlderInstall => {
-                "redis.state is not set and this install has v1 state (an older release): staying on v1; to move to v2, roll through redis.state = \"v1+v2\" (README \"Limiter state\")"
-            }
-            Why::NewInstall => "redis.state is not set and this install has no state yet: v2",
+            Why::Default => "redis.state is not set: v2, the default",
         }
     }
 }
 
-/// What Redis says about the install, for [`choose`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Facts {
-    /// The marker's value, `None` when there is none.
-    pub marker: Option<String>,
-    /// v1 state found under the prefix (or Redis could not tell).
-    pub v1_state: bool,
-}
-
-/// A marker this release cannot read (written by a newer one).
+/// Why an unset `redis.state` cannot run the default here.
 #[derive(Debug, thiserror::Error)]
-#[error("redis.state is not set, and the layout marker {key} says {value:?}, which this release does not know: set redis.state")]
-pub struct UnknownMarker {
-    pub key: String,
-    pub value: String,
+pub enum MarkerConflict {
+    /// A replica of this install ran `v1`.
+    #[error("redis.state is not set (v2 by default), but the layout marker {key} says \"v1\": a replica of this install runs the v1 layout, and a v2 replica beside it would be a second limiter (both admitting up to each limit). Set redis.state = \"v1\" to run with it, or move through \"v1+v2\" (README \"Limiter state\"); once no replica runs v1, set redis.state = \"v2\"")]
+    V1 { key: String },
+    /// A marker this release cannot read (written by a newer one).
+    #[error("redis.state is not set, and the layout marker {key} says {value:?}, which this release does not know (a newer release's layout?): set redis.state")]
+    Unknown { key: String, value: String },
 }
 
 /// Why the layout could not be chosen.
@@ -76,33 +60,29 @@ pub enum LayoutError {
     #[error("reading or writing the layout marker: {0}")]
     Redis(#[from] super::redis::RedisError),
     #[error(transparent)]
-    Unknown(#[from] UnknownMarker),
+    Conflict(#[from] MarkerConflict),
 }
 
 /// The layout a replica runs under `prefix`, logged with why. A worker
-/// (`mark`) then records it in the marker, so that the install keeps it
-/// when `redis.state` is left unset later; the operator commands only read.
+/// (`mark`) then records it in the marker; the operator commands only read.
 pub async fn resolve(
     store: &super::redis::RedisStore,
     prefix: &str,
     configured: Option<StateLayout>,
     mark: bool,
 ) -> Result<StateLayout, LayoutError> {
-    let facts = match configured {
-        // No need to ask Redis anything.
-        Some(_) => Facts {
-            marker: None,
-            v1_state: false,
-        },
-        None => store.layout_facts(prefix).await?,
+    let marker = match configured {
+        // The setting decides alone: no need to ask Redis anything.
+        Some(_) => None,
+        None => store.layout_marker(prefix).await?,
     };
-    let (layout, why) = choose(prefix, configured, &facts)?;
+    let (layout, why) = choose(prefix, configured, marker.as_deref())?;
     tracing::info!(
         layout = marker_value(layout),
         why = why.describe(),
         "limiter state layout"
     );
-    if mark && facts.marker.as_deref() != Some(marker_value(layout)) {
+    if mark && marker.as_deref() != Some(marker_value(layout)) {
         store.mark_layout(prefix, layout).await?;
     }
     Ok(layout)
@@ -122,103 +102,68 @@ pub fn marker_value(layout: StateLayout) -> &'static str {
     }
 }
 
-fn parse(value: &str) -> Option<StateLayout> {
-    [StateLayout::V1, StateLayout::V2, StateLayout::V1V2]
-        .into_iter()
-        .find(|&l| marker_value(l) == value)
-}
-
-/// Whether `key` (under `prefix`) is v1 state: a seller's or the global
-/// rules' key (`{prefix}:{tag}:…`) other than a v2 hash (`…}:v2`). The
-/// overrides and pauses hashes (`{prefix}:{overrides}`) and the marker are
-/// in every layout.
-pub fn is_v1_state(prefix: &str, key: &str) -> bool {
-    let Some(rest) = key.strip_prefix(prefix).and_then(|r| r.strip_prefix(":{")) else {
-        return false;
-    };
-    match rest.find("}:") {
-        Some(i) => &rest[i + 2..] != "v2",
-        None => false,
-    }
-}
-
-/// The layout to run (see the module's doc for the order).
+/// The layout to run: `configured`, else `v2`; `marker` (the install's
+/// marker, when not configured) may only refuse the default.
 pub fn choose(
     prefix: &str,
     configured: Option<StateLayout>,
-    facts: &Facts,
-) -> Result<(StateLayout, Why), UnknownMarker> {
+    marker: Option<&str>,
+) -> Result<(StateLayout, Why), MarkerConflict> {
     if let Some(layout) = configured {
         return Ok((layout, Why::Configured));
     }
-    if let Some(value) = &facts.marker {
-        return match parse(value) {
-            Some(layout) => Ok((layout, Why::Marker)),
-            None => Err(UnknownMarker {
-                key: marker_key(prefix),
-                value: value.clone(),
-            }),
-        };
+    match marker {
+        // `v1+v2` replicas write the v2 state too: a v2 replica beside
+        // them is the last step of the rolling deploy, and safe.
+        None | Some("v2") | Some("v1+v2") => Ok((StateLayout::V2, Why::Default)),
+        Some("v1") => Err(MarkerConflict::V1 {
+            key: marker_key(prefix),
+        }),
+        Some(value) => Err(MarkerConflict::Unknown {
+            key: marker_key(prefix),
+            value: value.to_owned(),
+        }),
     }
-    if facts.v1_state {
-        return Ok((StateLayout::V1, Why::OlderInstall));
-    }
-    Ok((StateLayout::V2, Why::NewInstall))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn facts(marker: Option<&str>, v1_state: bool) -> Facts {
-        Facts {
-            marker: marker.map(str::to_owned),
-            v1_state,
-        }
-    }
-
-    /// Numbered rows: configured, marker, v1 state seen → layout, why.
+    /// Numbered rows: configured, marker → layout, why.
     #[test]
-    fn the_layout_is_the_setting_then_the_marker_then_what_redis_holds() {
+    fn the_layout_is_the_setting_else_v2_whatever_the_marker_says() {
         use StateLayout::*;
         let rows = [
-            (1, Some(V1), Some("v2"), false, V1, Why::Configured),
-            (2, Some(V2), None, true, V2, Why::Configured),
-            (3, Some(V1V2), Some("v1"), true, V1V2, Why::Configured),
-            (4, None, Some("v1"), false, V1, Why::Marker),
-            (5, None, Some("v1+v2"), true, V1V2, Why::Marker),
-            (6, None, Some("v2"), true, V2, Why::Marker),
-            (7, None, None, true, V1, Why::OlderInstall),
-            (8, None, None, false, V2, Why::NewInstall),
+            (1, Some(V1), Some("v2"), V1, Why::Configured),
+            (2, Some(V2), None, V2, Why::Configured),
+            (3, Some(V1V2), Some("v1"), V1V2, Why::Configured),
+            (4, Some(V2), Some("v1"), V2, Why::Configured),
+            (5, Some(V1), Some("v3"), V1, Why::Configured),
+            // A marker lost with the rest of Redis' data changes nothing.
+            (6, None, None, V2, Why::Default),
+            (7, None, Some("v2"), V2, Why::Default),
+            (8, None, Some("v1+v2"), V2, Why::Default),
         ];
-        for (row, configured, marker, v1, want, why) in rows {
-            let got = choose("tw", configured, &facts(marker, v1)).expect("a known marker");
+        for (row, configured, marker, want, why) in rows {
+            let got = choose("tw", configured, marker).expect("no conflict");
             assert_eq!(got, (want, why), "row {row}");
         }
     }
 
     #[test]
-    fn an_unknown_marker_asks_for_the_setting() {
-        let err = choose("tw", None, &facts(Some("v3"), false)).unwrap_err();
-        assert!(err.to_string().contains("tw:layout"), "{err}");
-        // A setting needs no marker at all.
-        assert!(choose("tw", Some(StateLayout::V2), &facts(Some("v3"), false)).is_ok());
+    fn an_unset_replica_beside_v1_replicas_refuses_to_start_and_names_the_setting() {
+        let err = choose("tw", None, Some("v1")).unwrap_err();
+        let text = err.to_string();
+        assert!(matches!(err, MarkerConflict::V1 { .. }), "{err:?}");
+        assert!(text.contains("tw:layout"), "{text}");
+        assert!(text.contains("redis.state = \"v1\""), "{text}");
     }
 
     #[test]
-    fn v1_state_is_any_tagged_key_but_a_v2_hash() {
-        for (key, v1) in [
-            ("tw:{s1}:block", true),
-            ("tw:{s1}:fixed_window:30:10000000:30", true),
-            ("tw:{*global*}:gcra:5:1000000:5", true),
-            ("tw:{s1}:v2", false),
-            ("tw:{*global*}:v2", false),
-            ("tw:{overrides}", false),
-            ("tw:{pauses}", false),
-            ("tw:layout", false),
-            ("twx:{s1}:block", false),
-        ] {
-            assert_eq!(is_v1_state("tw", key), v1, "{key}");
-        }
+    fn an_unknown_marker_asks_for_the_setting() {
+        let err = choose("tw", None, Some("v3")).unwrap_err();
+        assert!(err.to_string().contains("tw:layout"), "{err}");
+        assert!(err.to_string().contains("\"v3\""), "{err}");
     }
 }

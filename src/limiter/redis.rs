@@ -830,64 +830,15 @@ impl RedisStore {
             .map_err(RedisError::Script)
     }
 
-    /// What Redis says about the install under `prefix`, for
-    /// [`super::layout::choose`]: its layout marker, and whether v1 state is
-    /// there (a bounded `SCAN`: at most `SCAN_PAGES` pages of 1,000 keys;
-    /// one that fails counts as found, the safe side).
-    pub async fn layout_facts(&self, prefix: &str) -> Result<super::layout::Facts, RedisError> {
-        const SCAN_PAGES: usize = 20;
+    /// The install's layout marker under `prefix` (`None` when there is
+    /// none), for [`super::layout::choose`].
+    pub async fn layout_marker(&self, prefix: &str) -> Result<Option<String>, RedisError> {
         let mut conn = self.conn.get();
-        let marker: Option<String> = redis::cmd("GET")
+        redis::cmd("GET")
             .arg(super::layout::marker_key(prefix))
             .query_async(&mut conn)
             .await
-            .map_err(RedisError::Script)?;
-        if marker.is_some() {
-            return Ok(super::layout::Facts {
-                marker,
-                v1_state: false,
-            });
-        }
-        if matches!(conn, Handle::Cluster(_)) {
-            // SCAN on a cluster connection walks one node: it cannot tell
-            // that no master holds v1 state, so a cluster without a marker
-            // counts as an older install (a new one sets redis.state).
-            tracing::info!("a Redis Cluster without a layout marker: its masters cannot all be searched for v1 state, so it is taken for an older install; set redis.state = \"v2\" on a new cluster");
-            return Ok(super::layout::Facts {
-                marker: None,
-                v1_state: true,
-            });
-        }
-        let mut cursor = 0u64;
-        let mut v1_state = false;
-        for _ in 0..SCAN_PAGES {
-            let page: redis::RedisResult<(u64, Vec<String>)> = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(format!("{prefix}:*"))
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut conn)
-                .await;
-            match page {
-                Ok((next, keys)) => {
-                    if keys.iter().any(|k| super::layout::is_v1_state(prefix, k)) {
-                        v1_state = true;
-                        break;
-                    }
-                    cursor = next;
-                    if cursor == 0 {
-                        break;
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot SCAN for v1 state (grant +scan, or set redis.state); assuming an older install");
-                    v1_state = true;
-                    break;
-                }
-            }
-        }
-        Ok(super::layout::Facts { marker, v1_state })
+            .map_err(RedisError::Script)
     }
 
     /// Records the layout this replica runs in the install's marker.

@@ -407,13 +407,26 @@ default = {rules}
 /// `throttle-worker run --config FILE` with JSON logs at info level and
 /// its own downstream URL.
 pub fn start_worker(dir: &Path, name: &str, config: &Path, downstream_url: &str) -> Proc {
+    start_worker_env(dir, name, config, downstream_url, &[])
+}
+
+/// [`start_worker`] with more environment (`THROTTLE__…` settings over the
+/// config file's, e.g. the test's own Redis).
+pub fn start_worker_env(
+    dir: &Path,
+    name: &str,
+    config: &Path,
+    downstream_url: &str,
+    env: &[(&str, &str)],
+) -> Proc {
     let mut cmd = Command::new(BIN);
     cmd.arg("run")
         .arg("--config")
         .arg(config)
         .env("THROTTLE_LOG_FORMAT", "json")
         .env("RUST_LOG", "info")
-        .env("THROTTLE__DOWNSTREAM__URL", downstream_url);
+        .env("THROTTLE__DOWNSTREAM__URL", downstream_url)
+        .envs(env.iter().copied());
     Proc::spawn(name, cmd, dir, false)
 }
 
