@@ -121,8 +121,8 @@ async fn an_unset_replica_refuses_to_start_beside_v1_replicas() {
 /// by side are two limiters, each admitting up to the limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_runs_one_layout_whatever_redis_forgets() {
-    use common::procs::{start_worker_env, wait_settled, BrokerProc, Proc, Scratch};
-    use common::procs::{TaggedDownstream, WorkerConfig};
+    use common::procs::TaggedDownstream;
+    use common::procs::{start_worker_env, wait_settled, BrokerProc, Names, Proc, Scratch};
     use common::redis_server::RedisServer;
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
@@ -132,30 +132,16 @@ async fn a_fleet_runs_one_layout_whatever_redis_forgets() {
     let mut redis = RedisServer::start();
     let redis_url = redis.url();
     let dir = Scratch::new("layout-fleet");
-    let id = format!("{:08x}", rand::random::<u32>());
-    let topics = common::worker::Topics {
-        jobs: format!("jobs-layout-{id}"),
-        retry: format!("retry-layout-{id}"),
-        dlq: format!("dlq-layout-{id}"),
-    };
-    let group = format!("group-layout-{id}");
-    let prefix = format!("layout-{id}");
-    let broker = BrokerProc::start(
-        dir.path(),
-        &common::worker::topic_specs(&topics, PARTITIONS),
-    );
+    let n = Names::new("layout");
+    let broker = BrokerProc::start(dir.path(), &n.topics(PARTITIONS));
     let down = TaggedDownstream::start(Duration::ZERO).await;
-    let config = WorkerConfig {
-        bootstrap: &broker.bootstrap,
-        group: &group,
-        jobs_topic: &topics.jobs,
-        retry_topic: &topics.retry,
-        dlq_topic: &topics.dlq,
-        key_prefix: &prefix,
-        rules: r#"[{ algorithm = "gcra", limit = 20, period = "1s", burst = 5 }]"#,
-        shutdown_timeout: "5s",
-    }
-    .write(dir.path(), "worker");
+    let config = n
+        .config(
+            &broker.bootstrap,
+            r#"[{ algorithm = "gcra", limit = 20, period = "1s", burst = 5 }]"#,
+            "5s",
+        )
+        .write(dir.path(), "worker");
     let start = |name: &str| {
         start_worker_env(
             dir.path(),
@@ -168,7 +154,7 @@ async fn a_fleet_runs_one_layout_whatever_redis_forgets() {
     let mut fleet: Vec<Proc> = ["w0", "w1", "w2"].iter().map(|w| start(w)).collect();
     wait_settled(
         &fleet.iter().collect::<Vec<_>>(),
-        &topics.jobs,
+        &n.jobs,
         PARTITIONS,
         Duration::from_secs(30),
     )
@@ -180,7 +166,7 @@ async fn a_fleet_runs_one_layout_whatever_redis_forgets() {
     let load = tokio::spawn({
         let stop = stop.clone();
         let bootstrap = broker.bootstrap.clone();
-        let topic = topics.jobs.clone();
+        let topic = n.jobs.clone();
         async move {
             use rdkafka::producer::{FutureProducer, FutureRecord};
             let producer: FutureProducer = rdkafka::ClientConfig::new()
@@ -276,7 +262,7 @@ async fn a_fleet_runs_one_layout_whatever_redis_forgets() {
     // that missed it); a replica killed and started again.
     cli(&[
         "DEL",
-        &throttle_worker::limiter::layout::marker_key(&prefix),
+        &throttle_worker::limiter::layout::marker_key(&n.prefix),
     ]);
     calls_more(20).await;
     fleet[2].kill9();

@@ -10,9 +10,9 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::procs::{BrokerProc, Proc, Scratch, TaggedDownstream, WorkerConfig, BIN};
+use common::procs::{BrokerProc, Names, Proc, Scratch, TaggedDownstream, BIN};
 use common::redis_server::RedisServer;
-use common::worker::{produce, topic_specs, Topics};
+use common::worker::produce;
 
 const REDIS_PASSWORD: &str = "Redis-Pw-7fq2x";
 const SASL_PASSWORD: &str = "Sasl-Pw-k39dz";
@@ -59,26 +59,16 @@ async fn no_secret_and_no_payload_reaches_the_logs_or_the_metrics() {
     )
     .unwrap();
 
-    let id = format!("{:08x}", rand::random::<u32>());
-    let topics = Topics {
-        jobs: format!("jobs-noleak-{id}"),
-        retry: format!("retry-noleak-{id}"),
-        dlq: format!("dlq-noleak-{id}"),
-    };
-    let broker = BrokerProc::start(dir.path(), &topic_specs(&topics, 2));
+    let n = Names::new("noleak");
+    let broker = BrokerProc::start(dir.path(), &n.topics(2));
     let down = TaggedDownstream::start(Duration::ZERO).await;
-    let group = format!("group-noleak-{id}");
-    let config = WorkerConfig {
-        bootstrap: &broker.bootstrap,
-        group: &group,
-        jobs_topic: &topics.jobs,
-        retry_topic: &topics.retry,
-        dlq_topic: &topics.dlq,
-        key_prefix: &format!("noleak-{id}"),
-        rules: r#"[{ algorithm = "gcra", limit = 100, period = "1s" }]"#,
-        shutdown_timeout: "5s",
-    }
-    .write(dir.path(), "worker");
+    let config = n
+        .config(
+            &broker.bootstrap,
+            r#"[{ algorithm = "gcra", limit = 100, period = "1s" }]"#,
+            "5s",
+        )
+        .write(dir.path(), "worker");
     let sasl = [
         (
             "THROTTLE__KAFKA__PROPERTIES__SASL_USERNAME",
@@ -128,7 +118,7 @@ async fn no_secret_and_no_payload_reaches_the_logs_or_the_metrics() {
         None,
         format!("{{\"job_id\": \"bad\", \"payload\": \"{MARKER}").into_bytes(),
     ));
-    produce(&broker.bootstrap, &topics.jobs, &records).await;
+    produce(&broker.bootstrap, &n.jobs, &records).await;
     down.wait_distinct("the 5 jobs", 5, Duration::from_secs(30))
         .await;
 

@@ -14,9 +14,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::procs::{
-    start_worker, wait_settled, BrokerProc, Proc, Scratch, TaggedDownstream, WorkerConfig,
+    start_worker, wait_settled, BrokerProc, Names, Proc, Scratch, TaggedDownstream,
 };
-use common::worker::{job, produce, topic_specs, Topics};
+use common::worker::{job, produce};
 
 const PARTITIONS: i32 = 8;
 const CAP: i64 = 3;
@@ -25,27 +25,17 @@ const LEASE: Duration = Duration::from_secs(6);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_replicas_never_exceed_a_sellers_max_in_flight_and_a_killed_replicas_slots_lapse() {
-    let id = format!("inflight-{:08x}", rand::random::<u32>());
-    let topics = Topics {
-        jobs: format!("jobs-{id}"),
-        retry: format!("retry-{id}"),
-        dlq: format!("dlq-{id}"),
-    };
-    let (group, prefix) = (format!("group-{id}"), format!("ptest-{id}"));
+    let n = Names::new("inflight");
     let dir = Scratch::new("inflight");
-    let broker = BrokerProc::start(dir.path(), &topic_specs(&topics, PARTITIONS));
+    let broker = BrokerProc::start(dir.path(), &n.topics(PARTITIONS));
     let down = TaggedDownstream::start(Duration::from_millis(200)).await;
-    let config = WorkerConfig {
-        bootstrap: &broker.bootstrap,
-        group: &group,
-        jobs_topic: &topics.jobs,
-        retry_topic: &topics.retry,
-        dlq_topic: &topics.dlq,
-        key_prefix: &prefix,
-        rules: r#"[{ algorithm = "gcra", limit = 1000, period = "1s", burst = 100 }]"#,
-        shutdown_timeout: "5s",
-    }
-    .write(dir.path(), "worker");
+    let config = n
+        .config(
+            &broker.bootstrap,
+            r#"[{ algorithm = "gcra", limit = 1000, period = "1s", burst = 100 }]"#,
+            "5s",
+        )
+        .write(dir.path(), "worker");
     // [limits] is the file's last table: the cap goes after it.
     let mut text = std::fs::read_to_string(&config).expect("read the config");
     text.push_str(&format!(
@@ -61,7 +51,7 @@ async fn four_replicas_never_exceed_a_sellers_max_in_flight_and_a_killed_replica
         .collect();
     wait_settled(
         &workers.iter().collect::<Vec<_>>(),
-        &topics.jobs,
+        &n.jobs,
         PARTITIONS,
         Duration::from_secs(30),
     )
@@ -74,7 +64,7 @@ async fn four_replicas_never_exceed_a_sellers_max_in_flight_and_a_killed_replica
         records.push(job(&format!("c-{i}"), "capped"));
         records.push(job(&format!("f-{i}"), "free"));
     }
-    produce(&broker.bootstrap, &topics.jobs, &records).await;
+    produce(&broker.bootstrap, &n.jobs, &records).await;
     let started = Instant::now();
 
     // Until a third of the capped seller's jobs arrived: sample how many

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use common::procs::{
     by_job, committed_offsets, end_offsets, start_worker, wait_committed_to_end, wait_settled,
-    BrokerProc, LogEvent, Proc, Scratch, TaggedDownstream, WorkerConfig,
+    BrokerProc, LogEvent, Names, Proc, Scratch, TaggedDownstream,
 };
 use common::rule;
 use common::worker::{always_ok, job, policy, produce, Bench, Downstream, Running};
@@ -32,50 +32,6 @@ const RULES_TOML: &str = r#"[{ algorithm = "gcra", limit = 10, period = "1s", bu
 
 /// The default `downstream.concurrency` (config/default.toml).
 const DOWNSTREAM_CONCURRENCY: usize = 64;
-
-/// Names no other test or run uses.
-struct Names {
-    jobs: String,
-    retry: String,
-    dlq: String,
-    group: String,
-    prefix: String,
-}
-
-impl Names {
-    fn new(test: &str) -> Names {
-        let id = format!("{test}-{:08x}", rand::random::<u32>());
-        Names {
-            jobs: format!("jobs-{id}"),
-            retry: format!("retry-{id}"),
-            dlq: format!("dlq-{id}"),
-            group: format!("group-{id}"),
-            prefix: format!("ptest-{id}"),
-        }
-    }
-
-    fn topics(&self, partitions: i32) -> Vec<(String, i32)> {
-        let topics = common::worker::Topics {
-            jobs: self.jobs.clone(),
-            retry: self.retry.clone(),
-            dlq: self.dlq.clone(),
-        };
-        common::worker::topic_specs(&topics, partitions)
-    }
-
-    fn config<'a>(&'a self, bootstrap: &'a str, shutdown_timeout: &'a str) -> WorkerConfig<'a> {
-        WorkerConfig {
-            bootstrap,
-            group: &self.group,
-            jobs_topic: &self.jobs,
-            retry_topic: &self.retry,
-            dlq_topic: &self.dlq,
-            key_prefix: &self.prefix,
-            rules: RULES_TOML,
-            shutdown_timeout,
-        }
-    }
-}
 
 /// Kafka records as `produce` takes them: (key, value).
 type Records = Vec<(Option<String>, Vec<u8>)>;
@@ -115,7 +71,7 @@ async fn kill_9_of_one_of_three_worker_processes_loses_no_job() {
     let broker = BrokerProc::start(dir.path(), &n.topics(PARTITIONS));
     let down = TaggedDownstream::start(Duration::ZERO).await;
     let config = n
-        .config(&broker.bootstrap, "5s")
+        .config(&broker.bootstrap, RULES_TOML, "5s")
         .write(dir.path(), "worker");
     let names = ["w0", "w1", "w2"];
     let mut workers: Vec<Proc> = names
@@ -380,7 +336,7 @@ async fn stop_under_load(name: &str, send: fn(&Proc)) {
     // Every call takes 100 ms, so calls are in flight when the signal comes.
     let down = TaggedDownstream::start(Duration::from_millis(100)).await;
     let config = n
-        .config(&broker.bootstrap, "5s")
+        .config(&broker.bootstrap, RULES_TOML, "5s")
         .write(dir.path(), "worker");
     let mut worker = start_worker(dir.path(), "w0", &config, &down.url("w0"));
     wait_settled(&[&worker], &n.jobs, PARTITIONS, Duration::from_secs(30)).await;
@@ -743,7 +699,7 @@ async fn crash_loop_kill_9_a_random_replica_repeatedly_loses_and_over_admits_not
     let n = Names::new("crash-loop");
     let broker = BrokerProc::start(dir.path(), &n.topics(PARTITIONS));
     let down = TaggedDownstream::start(Duration::ZERO).await;
-    let mut cfg = n.config(&broker.bootstrap, "5s");
+    let mut cfg = n.config(&broker.bootstrap, RULES_TOML, "5s");
     cfg.rules = CRASH_LOOP_RULES;
     let config = cfg.write(dir.path(), "worker");
     let membership = std::env::var("CRASH_LOOP_MEMBERSHIP").unwrap_or_default();
@@ -943,7 +899,7 @@ async fn sigterm_after_the_broker_is_gone_still_exits() {
     let broker = BrokerProc::start(dir.path(), &n.topics(4));
     let down = TaggedDownstream::start(Duration::from_millis(1)).await;
     let config = n
-        .config(&broker.bootstrap, "2s")
+        .config(&broker.bootstrap, RULES_TOML, "2s")
         .write(dir.path(), "worker");
     let mut workers: Vec<Proc> = (0..2)
         .map(|i| {

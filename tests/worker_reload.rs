@@ -9,8 +9,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::procs::{start_worker, BrokerProc, Scratch, TaggedDownstream, WorkerConfig};
-use common::worker::{job, produce, topic_specs, Topics};
+use common::procs::{start_worker, BrokerProc, Names, Scratch, TaggedDownstream};
+use common::worker::{job, produce};
 
 const SLOW: &str = r#"[{ algorithm = "fixed_window", limit = 2, period = "1s" }]"#;
 const FAST: &str = r#"[{ algorithm = "fixed_window", limit = 40, period = "1s" }]"#;
@@ -69,26 +69,10 @@ fn configmap_write(mount: &std::path::Path, version: u32, rules: &str) {
 
 async fn reload_through(source: Source) {
     let dir = Scratch::new("reload");
-    let id = format!("{:08x}", rand::random::<u32>());
-    let topics = Topics {
-        jobs: format!("jobs-reload-{id}"),
-        retry: format!("retry-reload-{id}"),
-        dlq: format!("dlq-reload-{id}"),
-    };
-    let broker = BrokerProc::start(dir.path(), &topic_specs(&topics, 2));
+    let n = Names::new("reload");
+    let broker = BrokerProc::start(dir.path(), &n.topics(2));
     let down = TaggedDownstream::start(Duration::ZERO).await;
-    let group = format!("group-reload-{id}");
-    let prefix = format!("reload-{id}");
-    let config = |rules| WorkerConfig {
-        bootstrap: &broker.bootstrap,
-        group: &group,
-        jobs_topic: &topics.jobs,
-        retry_topic: &topics.retry,
-        dlq_topic: &topics.dlq,
-        key_prefix: &prefix,
-        rules,
-        shutdown_timeout: "5s",
-    };
+    let config = |rules| n.config(&broker.bootstrap, rules, "5s");
     let path = config(SLOW).write(dir.path(), "worker");
     let mount = dir.path().join("limits");
     if source == Source::ConfigMap {
@@ -105,7 +89,7 @@ async fn reload_through(source: Source) {
     }
     let worker = start_worker(dir.path(), "worker", &path, &down.url("w"));
     let records: Vec<_> = (0..600).map(|i| job(&format!("r{i}"), "seller")).collect();
-    produce(&broker.bootstrap, &topics.jobs, &records).await;
+    produce(&broker.bootstrap, &n.jobs, &records).await;
     down.wait_distinct("the first calls", 4, Duration::from_secs(30))
         .await;
 

@@ -338,6 +338,59 @@ impl BrokerProc {
     }
 }
 
+/// Names no other test or run uses: topics, group and key prefix of one
+/// test's fleet.
+pub struct Names {
+    pub jobs: String,
+    pub retry: String,
+    pub dlq: String,
+    pub group: String,
+    pub prefix: String,
+}
+
+impl Names {
+    pub fn new(test: &str) -> Names {
+        let id = format!("{test}-{:08x}", rand::random::<u32>());
+        Names {
+            jobs: format!("jobs-{id}"),
+            retry: format!("retry-{id}"),
+            dlq: format!("dlq-{id}"),
+            group: format!("group-{id}"),
+            prefix: format!("ptest-{id}"),
+        }
+    }
+
+    /// The topics to create: the jobs topic with `partitions`, the retry
+    /// tiers and the dead-letter topic.
+    pub fn topics(&self, partitions: i32) -> Vec<(String, i32)> {
+        let topics = super::worker::Topics {
+            jobs: self.jobs.clone(),
+            retry: self.retry.clone(),
+            dlq: self.dlq.clone(),
+        };
+        super::worker::topic_specs(&topics, partitions)
+    }
+
+    /// A worker config on these names; `rules` as [`WorkerConfig::rules`].
+    pub fn config<'a>(
+        &'a self,
+        bootstrap: &'a str,
+        rules: &'a str,
+        shutdown_timeout: &'a str,
+    ) -> WorkerConfig<'a> {
+        WorkerConfig {
+            bootstrap,
+            group: &self.group,
+            jobs_topic: &self.jobs,
+            retry_topic: &self.retry,
+            dlq_topic: &self.dlq,
+            key_prefix: &self.prefix,
+            rules,
+            shutdown_timeout,
+        }
+    }
+}
+
 /// What a worker process's config file says.
 pub struct WorkerConfig<'a> {
     pub bootstrap: &'a str,
