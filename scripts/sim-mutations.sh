@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Breaks the engine on purpose, once per invariant, and checks that the
-# simulation (tests/engine_sim.rs) catches each break and names the
+# simulation (tests/sim/engine.rs) catches each break and names the
 # invariant. Not part of the test command: every mutation rebuilds the
 # library (about 2 minutes each on 2 cores). Each file is restored after
 # its run, also when the script is interrupted.
@@ -46,7 +46,7 @@ for m in "${MUTATIONS[@]}"; do
   fi
   printf '=== invariant %s: %s (%s, %s seeds)\n' "$inv" "$what" "$file" "$SIM_SEEDS"
   started=$(date +%s)
-  out=$(cargo test --test engine_sim 2>&1 || true)
+  out=$(cargo test --test sim sim::engine:: 2>&1 || true)
   cleanup
   found=$(grep -E "^ *${inv}\. " <<<"$out" | head -1 || true)
   seeds=$(grep -cE '^seed [0-9]+: replay' <<<"$out" || true)

@@ -5,10 +5,10 @@
 # scheduling luck.
 #
 #   scripts/stress-suite.sh            # 20 rounds under stress --cpu 2
-#   ROUNDS=3 STRESS_CPU=4 scripts/stress-suite.sh -- --test worker_flow
+#   ROUNDS=3 STRESS_CPU=4 scripts/stress-suite.sh -- -E 'test(worker::flow::)'
 #
 # STRESS_CPU=0 starts no load of its own: a second loop beside one that
-# does. Arguments after `--` go to `cargo test` (pick binaries or tests). The
+# does. Arguments after `--` go to `cargo nextest run` (pick tests with -E). The
 # tests are built once before the load starts; one throwaway Redis serves
 # every round (scripts/with-redis.sh). Each round's output is kept in
 # target/stress-suite/round-N.log (STRESS_OUT names another directory, for
@@ -28,7 +28,7 @@ out=${STRESS_OUT:-target/stress-suite}
 rm -rf "$out"
 mkdir -p "$out"
 printf '=== building the tests (no load yet)\n'
-cargo test --no-run "$@" 2>&1 | tail -n 3
+cargo nextest run --no-run 2>&1 | tail -n 3
 
 exec scripts/with-redis.sh bash -c '
   set -uo pipefail
@@ -39,15 +39,17 @@ exec scripts/with-redis.sh bash -c '
     load=$!
     trap "kill $load 2>/dev/null; wait $load 2>/dev/null" EXIT
   fi
-  printf "=== %s rounds of cargo test under stress --cpu %s (pid %s)\n" "$rounds" "$cpus" "$load"
+  printf "=== %s rounds of cargo nextest run under stress --cpu %s (pid %s)\n" "$rounds" "$cpus" "$load"
   failed_rounds=0
   for i in $(seq 1 "$rounds"); do
     start=$(date +%s)
-    cargo test --no-fail-fast "$@" >"$out/round-$i.log" 2>&1
+    cargo nextest run --no-fail-fast "$@" >"$out/round-$i.log" 2>&1
     rc=$?
     secs=$(( $(date +%s) - start ))
-    passed=$(grep -Eo "[0-9]+ passed" "$out/round-$i.log" | awk "{s+=\$1} END {print s+0}")
-    fails=$(grep -E "^test .* \.\.\. FAILED$" "$out/round-$i.log" | sed -E "s/^test (.*) \.\.\. FAILED$/\1/" || true)
+    passed=$(grep -Eo "[0-9]+ passed" "$out/round-$i.log" | tail -n 1 | awk "{print \$1+0}")
+    # nextest: "        FAIL [   1.234s] throttle-worker::worker worker::flow::x" (once
+    # where it happens, again in the summary).
+    fails=$(grep -E "^ +(FAIL|TIMEOUT|SIGSEGV|SIGABRT) \[" "$out/round-$i.log" | awk "{print \$NF}" | sort -u || true)
     if [ "$rc" -ne 0 ]; then
       failed_rounds=$((failed_rounds + 1))
       # A binary that failed to run at all names no test: keep its line.

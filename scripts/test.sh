@@ -2,9 +2,11 @@
 # The test command: installs what the build needs, checks the alerting
 # rules and the Kubernetes overlays (scripts/check-deploy.sh), starts a
 # throwaway Redis on a spare loopback port (unless REDIS_URL answers), then
-# runs the format check, clippy, the supply-chain check and every test. The Kafka tests
-# embed librdkafka's mock cluster, so nothing else has to run. Extra
-# arguments go to `cargo test`.
+# runs the format check, clippy, the supply-chain check and every test
+# (cargo-nextest, profile `ci` of .config/nextest.toml; then the doc tests,
+# which nextest does not run). The Kafka tests embed librdkafka's mock
+# cluster, so nothing else has to run. Extra arguments go to
+# `cargo nextest run`, e.g. `scripts/test.sh -E 'test(worker::reload::)'`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -14,6 +16,11 @@ scripts/install-deps.sh
 if ! command -v cargo-deny >/dev/null; then
   printf "\n=== cargo install cargo-deny\n"
   cargo install --locked cargo-deny --version 0.20.2
+fi
+# cargo-nextest, only when missing, likewise (about 5 minutes to build).
+if ! command -v cargo-nextest >/dev/null; then
+  printf "\n=== cargo install cargo-nextest\n"
+  cargo install --locked cargo-nextest --version 0.9.143
 fi
 # The property tests draw random cases. Here they draw a fixed sequence,
 # so that a red or green run repeats on the next try; set PROPTEST_RNG_SEED
@@ -39,6 +46,8 @@ exec scripts/with-redis.sh bash -c '
   # (advisories need a database CI cannot fetch: see the README).
   printf "\n=== cargo deny check licenses bans sources\n"
   cargo deny check licenses bans sources
-  printf "\n=== cargo test (REDIS_URL=%s, PROPTEST_RNG_SEED=%s)\n" "$REDIS_URL" "$PROPTEST_RNG_SEED"
-  cargo test "$@"
+  printf "\n=== cargo nextest run --profile ci (REDIS_URL=%s, PROPTEST_RNG_SEED=%s)\n" "$REDIS_URL" "$PROPTEST_RNG_SEED"
+  cargo nextest run --profile ci "$@"
+  printf "\n=== cargo test --doc\n"
+  cargo test --doc
 ' test.sh "$@"

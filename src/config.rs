@@ -578,7 +578,7 @@ pub fn load_from(
 
 /// Keys whose names end in `_file` because their value is a path: their
 /// variables are taken as they are, not as secrets to read
-/// (`tests/config_reference.rs` checks every such field is listed).
+/// (`tests/config/reference.rs` checks every such field is listed).
 pub const PATH_KEYS: &[&str] = &[
     "REDIS__TLS_CA_FILE",
     "REDIS__TLS_CERT_FILE",

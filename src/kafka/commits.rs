@@ -6,7 +6,7 @@
 //! moves to another broker. Made on the poll thread, such a commit stopped
 //! record intake for the whole wait, though the cooperative protocol keeps
 //! the worker's partitions through a rebalance (seen as a 1.6 s gap without
-//! a grant in `worker_flow`'s precision test). The periodic commit is
+//! a grant in `worker::flow`'s precision test). The periodic commit is
 //! therefore sent without waiting: its answer comes back on a queue of its
 //! own, which the poll thread reads between polls, and only then do its
 //! offsets count as committed.

@@ -54,7 +54,7 @@
 //!   [`Limiter::check`]: the operator's `limits peek` (a dry run,
 //!   `operator.rs`), `limiter demo` (`demo/limiter.rs`), `benches/limiter.rs`
 //!   and `benches/memory.rs`, and the tests that pin one decision (e.g.
-//!   `limiter_tables`, `redis_acl`, `redis_faults`, `limiter_shadow`). The
+//!   `limiter::tables`, `redis::acl`, `redis::faults`, `limiter::shadow`). The
 //!   worker's [`Permits`](crate::worker::Permits) trait has an `acquire`
 //!   for it too, but the engine does not call it: it asks by job lists.
 //!   `shadow.rs` and `inspect.rs` build [`ScriptCall`]s of their own (shadow
@@ -64,8 +64,8 @@
 //!   [`Limiter::check_jobs`] and [`Limiter::check_jobs_many`]: the worker.
 //!   Its engine asks `acquire_jobs` of the [`Coalescer`], which sends many
 //!   sellers' lists as one `check_jobs_many` call; also `benches/redis_cost.rs`
-//!   (direct and coalesced) and the `limiter_jobs`, `limiter_in_flight`,
-//!   `limiter_rolling` and `limiter_coalesce` tests.
+//!   (direct and coalesced) and the `limiter::jobs`, `limiter::in_flight`,
+//!   `limiter::rolling` and `limiter::coalesce` tests.
 
 pub mod coalesce;
 pub mod core;

@@ -17,7 +17,7 @@
 //!
 //! The engine reaches its world only through [`super::ports`]: no wall
 //! clock read and no client type here, so the simulation
-//! (`tests/engine_sim.rs`) runs this code as it is.
+//! (`tests/sim/engine.rs`) runs this code as it is.
 
 use std::future::Future;
 use std::sync::Arc;

@@ -1,6 +1,6 @@
 //! The engine's ports: the only ways it reaches its world. Production
 //! implements them with rdkafka, redis-rs and reqwest (through the modules
-//! that own those crates); the deterministic simulation (`tests/engine_sim.rs`)
+//! that own those crates); the deterministic simulation (`tests/sim/engine.rs`)
 //! implements them in memory on a paused clock with a seeded random world.
 //!
 //! - [`Clock`]: every instant and every wall-clock reading the engine makes.

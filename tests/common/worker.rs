@@ -536,6 +536,30 @@ impl Running {
         }
     }
 
+    /// A worker whose engine logs to `subscriber` alone, not to the
+    /// process' subscriber: a test reads its own worker's events, whatever
+    /// else runs in the process. (Tasks the worker spawns log to the
+    /// process' subscriber; the engine's loop, where the decisions are
+    /// logged, runs in this future.)
+    pub fn start_with_subscriber(
+        settings: Settings,
+        policy: Policy,
+        subscriber: tracing::Dispatch,
+    ) -> Running {
+        use tracing::instrument::WithSubscriber;
+        let (tx, rx) = oneshot::channel::<()>();
+        let handle = tokio::spawn(
+            worker::run(settings, policy, async move {
+                let _ = rx.await;
+            })
+            .with_subscriber(subscriber),
+        );
+        Running {
+            handle,
+            stop: Some(tx),
+        }
+    }
+
     /// Graceful shutdown; returns the worker's summary.
     pub async fn stop(mut self) -> Summary {
         if let Some(tx) = self.stop.take() {

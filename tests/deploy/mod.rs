@@ -1,4 +1,4 @@
-//! Checkers for the deployment files, used by `tests/deploy_files.rs`.
+//! Checkers for the deployment files, and their tests (`files`).
 //! There is no Docker engine or Kubernetes cluster in CI, so each file is
 //! parsed and held against what the binary really accepts: its config
 //! structs, its command line, its metrics.
@@ -26,6 +26,7 @@ pub mod cli;
 pub mod compose;
 pub mod dockerfile;
 pub mod env;
+mod files;
 pub mod kube;
 pub mod prometheus;
 pub mod promql;

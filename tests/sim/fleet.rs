@@ -89,7 +89,7 @@ impl Fleet {
         }
     }
 
-    /// The crash loop of `tests/worker_processes.rs` on the mock broker's
+    /// The crash loop of `tests/worker/processes.rs` on the mock broker's
     /// timings there (`session.timeout.ms` 3 s, heartbeat 300 ms).
     pub fn crash_loop(membership: Membership) -> Fleet {
         Fleet {

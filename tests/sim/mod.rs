@@ -18,6 +18,7 @@
 pub mod broker;
 pub mod check;
 pub mod clock;
+mod engine;
 pub mod fleet;
 pub mod journal;
 pub mod ports;

@@ -5,7 +5,7 @@
 //! They are also the specification the Lua is tested against step by step:
 //! for the same store, time and arguments, [`run`] returns the same ten
 //! integers as `lua/limiter.lua` and leaves the same state
-//! (`tests/limiter_agreement.rs`, on random rule sets and arrival sequences
+//! (`tests/limiter/agreement.rs`, on random rule sets and arrival sequences
 //! against a real Redis). What only tests run, the job-list driver, the
 //! block, the manual clock, key listing, is the other half,
 //! [`testkit`](super::testkit), outside the product.

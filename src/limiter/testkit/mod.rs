@@ -8,7 +8,7 @@
 //!
 //! - [`jobs`]: `lua/jobs.lua` and the cancel of `lua/calls.lua`
 //!   ([`run_jobs`], [`cancel`]): the worker's job-list calls, the oracle of
-//!   `limiter_jobs`, `limiter_cancel` and the agreement tests, and the
+//!   `limiter::jobs`, `limiter::cancel` and the agreement tests, and the
 //!   simulation's Redis.
 //! - [`calls`]: the records of `lua/calls.lua` (refund by call id).
 //! - `slots`: the leases of `lua/slots.lua` (`max_in_flight`).

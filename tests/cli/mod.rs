@@ -1,0 +1,6 @@
+//! The binary's command line: the demo, `dlq`, `limits` and `produce`.
+
+mod demo;
+mod dlq;
+mod operator;
+mod produce;

@@ -1,0 +1,290 @@
+//! The operator commands' output, as the README promises it (issues 8 and
+//! 12): `check-config` prints the resolved rules per tier and named seller
+//! (table and JSON) and exits non-zero naming file, key and problem;
+//! `limits peek` answers without charging.
+
+
+use std::path::Path;
+use std::process::Command;
+
+use crate::common::cli::{run, stdout_of};
+
+fn config(dir: &Path, prefix: &str, limits: &str) -> std::path::PathBuf {
+    let path = dir.join("operator.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[redis]\nurl = \"{}\"\nkey_prefix = \"{prefix}\"\n\n{limits}",
+            crate::common::redis_url()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+const LIMITS: &str = r#"[limits]
+default = [{ algorithm = "fixed_window", limit = 3, period = "1m" },
+           { algorithm = "gcra", limit = 1, period = "1m", shadow = true }]
+global = [{ algorithm = "gcra", limit = 1000, period = "1s" }]
+[limits.tiers]
+bulk = [{ algorithm = "token_bucket", limit = 600, period = "1m", burst = 50 }]
+[limits.sellers]
+"big" = { tier = "bulk" }
+"own" = { rules = [{ algorithm = "sliding_window_log", limit = 10, period = "1s" }] }
+"free" = { unlimited = true }
+"#;
+
+#[test]
+fn check_config_prints_every_tier_and_named_seller() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = config(dir.path(), "opcli", LIMITS);
+
+    let table = stdout_of(&run(&["check-config"], &path));
+    assert!(table.starts_with("configuration is valid\n"), "{table}");
+    // The table's cells, columns split where two or more spaces part them.
+    let rows: Vec<Vec<String>> = table
+        .lines()
+        .map(|l| {
+            l.split("  ")
+                .map(str::trim)
+                .filter(|c| !c.is_empty())
+                .map(str::to_owned)
+                .collect()
+        })
+        .collect();
+    for row in [
+        &[
+            "(default)",
+            "default",
+            "fixed_window 3 per 1m",
+            "gcra 1 per 1m",
+        ][..],
+        &["(tier bulk)", "bulk", "token_bucket 600 per 1m (burst 50)"],
+        &["big", "bulk", "token_bucket 600 per 1m (burst 50)"],
+        &["free", "unlimited", "unlimited"],
+        &["own", "seller", "sliding_window_log 10 per 1s"],
+    ] {
+        assert!(
+            rows.iter().any(|r| r == row),
+            "missing row {row:?} in:\n{table}"
+        );
+    }
+
+    let json: serde_json::Value =
+        serde_json::from_str(&stdout_of(&run(&["check-config", "--json"], &path))).unwrap();
+    assert_eq!(json["valid"], true);
+    assert_eq!(json["default"]["rules"][0], "fixed_window 3 per 1m");
+    assert_eq!(json["default"]["shadow"][0], "gcra 1 per 1m");
+    assert_eq!(json["global"]["rules"][0], "gcra 1000 per 1s");
+    assert_eq!(
+        json["tiers"]["bulk"]["rules"][0],
+        "token_bucket 600 per 1m (burst 50)"
+    );
+    let sellers = json["sellers"].as_array().unwrap();
+    let tier_of = |s: &str| {
+        sellers
+            .iter()
+            .find(|x| x["seller"] == s)
+            .map(|x| x["tier"].as_str().unwrap().to_owned())
+    };
+    assert_eq!(tier_of("big").as_deref(), Some("bulk"));
+    assert_eq!(tier_of("own").as_deref(), Some("seller"));
+    assert_eq!(tier_of("free").as_deref(), Some("unlimited"));
+}
+
+#[test]
+fn check_config_names_file_key_and_problem_and_exits_non_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = config(
+        dir.path(),
+        "opcli",
+        "[limits.sellers]\n\"s\" = { tier = \"missing\" }\n",
+    );
+    let out = run(&["check-config"], &path);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("operator.toml")
+            && err.contains("limits.sellers.s.tier")
+            && err.contains("unknown tier \"missing\""),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn peek_answers_without_charging() {
+    let prefix = crate::common::unique_prefix("opcli-peek");
+    let dir = tempfile::tempdir().unwrap();
+    let path = config(dir.path(), &prefix, LIMITS);
+    let peek = |cost: &str| {
+        let out = run(&["limits", "peek", "s", "--cost", cost, "--json"], &path);
+        serde_json::from_str::<serde_json::Value>(&stdout_of(&out)).unwrap()
+    };
+    // Three peeks of 3 under a limit of 3 a minute: each granted, as nothing
+    // was charged by the one before.
+    for _ in 0..3 {
+        let p = peek("3");
+        assert_eq!(p["result"], "granted", "{p}");
+        assert_eq!(p["granted"], 3);
+    }
+    let p = peek("4");
+    assert_eq!(p["result"], "never", "{p}");
+    assert!(p["reason"].as_str().unwrap().contains("capacity 3"), "{p}");
+    // And the seller's state is untouched: all 3 remain.
+    let shown: serde_json::Value =
+        serde_json::from_str(&stdout_of(&run(&["limits", "show", "s", "--json"], &path))).unwrap();
+    assert_eq!(shown["rules"][0]["remaining"], 3, "{shown}");
+}
+
+/// Regression: `limits show` listed the global shadow rules for an
+/// `unlimited` seller, although shadow rules skip such sellers (nothing
+/// is counted for it). A limited seller still shows them.
+#[tokio::test]
+async fn show_lists_no_shadow_rule_for_an_unlimited_seller() {
+    let prefix = crate::common::unique_prefix("opcli-unlimited");
+    let dir = tempfile::tempdir().unwrap();
+    let limits = r#"[limits]
+default = [{ algorithm = "fixed_window", limit = 3, period = "1m" }]
+global = [{ algorithm = "gcra", limit = 1000, period = "1s" },
+          { algorithm = "fixed_window", limit = 50, period = "1m", shadow = true }]
+[limits.sellers]
+"free" = { unlimited = true }
+"#;
+    let path = config(dir.path(), &prefix, limits);
+    let show = |seller: &str| {
+        let out = run(&["limits", "show", seller, "--json"], &path);
+        serde_json::from_str::<serde_json::Value>(&stdout_of(&out)).unwrap()
+    };
+    let kinds = |shown: &serde_json::Value| -> Vec<String> {
+        shown["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["kind"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let free = show("free");
+    assert_eq!(free["unlimited"], true, "{free}");
+    assert!(kinds(&free).is_empty(), "{free}");
+    let table = stdout_of(&run(&["limits", "show", "free"], &path));
+    assert!(table.contains("no rules"), "{table}");
+    assert!(!table.contains("global_shadow"), "{table}");
+
+    let limited = show("s");
+    assert_eq!(
+        kinds(&limited),
+        ["seller", "global", "global_shadow"],
+        "{limited}"
+    );
+}
+
+/// `limits demo`: for every algorithm, 8 requests at once under "5 per
+/// second, burst 5": the first five granted, then refusals with a
+/// retry-after of at most two periods, then one more request at that retry-after,
+/// granted; and the bytes the seller's state takes in Redis.
+#[test]
+fn limits_demo_shows_every_algorithm_grant_refuse_and_retry() {
+    let out = Command::new(env!("CARGO_BIN_EXE_throttle-worker"))
+        .args(["limits", "demo", "--redis-url", &crate::common::redis_url()])
+        .output()
+        .expect("run throttle-worker");
+    let text = stdout_of(&out);
+    let lines: Vec<&str> = text.lines().collect();
+    for algorithm in throttle_worker::limiter::Algorithm::ALL {
+        let name = algorithm.name();
+        let at = lines
+            .iter()
+            .position(|l| *l == name)
+            .unwrap_or_else(|| panic!("no section for {name}:\n{text}"));
+        let section: Vec<&str> = lines[at + 1..]
+            .iter()
+            .take_while(|l| l.starts_with("  "))
+            .copied()
+            .collect();
+        for i in 1..=5 {
+            let line = section
+                .iter()
+                .find(|l| l.starts_with(&format!("  #{i} ")))
+                .unwrap_or_else(|| panic!("{name}: no request #{i}: {section:?}"));
+            assert!(
+                line.contains("granted"),
+                "{name}: #{i} within the burst: {line}"
+            );
+        }
+        let denied: Vec<u64> = section
+            .iter()
+            .filter(|l| l.starts_with("  #") && l.contains("denied, retry after "))
+            .map(|l| {
+                l.split("retry after ")
+                    .nth(1)
+                    .unwrap()
+                    .split(' ')
+                    .next()
+                    .unwrap()
+                    .parse()
+                    .unwrap()
+            })
+            .collect();
+        assert!(
+            !denied.is_empty(),
+            "{name}: nothing refused past the burst: {section:?}"
+        );
+        // Within two periods: sliding_window_counter weighs the previous
+        // window in, so its wait may reach into the window after next.
+        assert!(
+            denied.iter().all(|ms| (1..=2000).contains(ms)),
+            "{name}: retry-afters {denied:?} ms, want within two periods"
+        );
+        let retry = section
+            .iter()
+            .find(|l| l.starts_with("  after "))
+            .unwrap_or_else(|| panic!("{name}: no retry at the retry-after: {section:?}"));
+        assert!(
+            retry.contains(": granted"),
+            "{name}: a retry at the retry-after passes: {retry}"
+        );
+        let bytes: u64 = section
+            .iter()
+            .find_map(|l| l.strip_prefix("  state: "))
+            .and_then(|l| l.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{name}: no state size: {section:?}"));
+        assert!(
+            (64..=1024).contains(&bytes),
+            "{name}: {bytes} bytes of state for one seller"
+        );
+    }
+}
+
+/// `limits show` tells a capped seller's slots of `max_in_flight` held
+/// across the fleet (issue 22, part 3); an uncapped seller has none.
+#[tokio::test]
+async fn show_tells_the_slots_a_capped_seller_holds() {
+    let prefix = crate::common::unique_prefix("opcli-inflight");
+    let dir = tempfile::tempdir().unwrap();
+    let limits = r#"[limits]
+default = [{ algorithm = "fixed_window", limit = 100, period = "1m" }]
+[limits.sellers]
+"capped" = { max_in_flight = 2 }
+"#;
+    let path = config(dir.path(), &prefix, limits);
+    // A replica's grant: one job, one slot (on Redis' clock, a 30 s lease).
+    let loaded = throttle_worker::config::load_from(Some(&path), Vec::new()).unwrap();
+    let policy = throttle_worker::limiter::Policy::load(&loaded).unwrap();
+    let lim = crate::common::limiter(&prefix, policy).await;
+    let g = lim.acquire_jobs("capped", &[1]).await.unwrap();
+    assert_eq!(g.jobs(), 1, "{g:?}");
+    let show = |seller: &str| {
+        let out = run(&["limits", "show", seller, "--json"], &path);
+        serde_json::from_str::<serde_json::Value>(&stdout_of(&out)).unwrap()
+    };
+    let shown = show("capped");
+    assert_eq!(shown["in_flight"]["held"], 1, "{shown}");
+    assert_eq!(shown["in_flight"]["max_in_flight"], 2, "{shown}");
+    assert!(show("other")["in_flight"].is_null());
+    let table = stdout_of(&run(&["limits", "show", "capped"], &path));
+    assert!(
+        table.contains("calls in flight: 1 of max_in_flight 2"),
+        "{table}"
+    );
+}

@@ -1,0 +1,3 @@
+//! The source's shape: which module may import what.
+
+mod module_graph;

@@ -1,0 +1,3 @@
+//! Dead letters replayed to the jobs topic.
+
+mod replay;

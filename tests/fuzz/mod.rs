@@ -1,0 +1,3 @@
+//! The parsers under random input.
+
+mod parsers;

@@ -1,0 +1,19 @@
+//! The limiter against a real Redis: the Lua scripts, their agreement with the Rust models, edits, cancels, layouts.
+
+mod agreement;
+mod cancel;
+mod coalesce;
+mod edits;
+mod in_flight;
+mod isolation;
+mod jobs;
+mod layout;
+mod noscript;
+mod oracles;
+mod overrides;
+mod redis;
+mod refund;
+mod reset;
+mod rolling;
+mod shadow;
+mod tables;
