@@ -193,6 +193,16 @@ async fn the_worker_runs_on_a_cluster() {
         .map(|i| job(&format!("j{i}"), &format!("seller-{}", i % 10)))
         .collect();
     bench.produce(&records).await;
+    // Where the sellers' keys live, read while the run is under way: each
+    // seller's window keys expire a second after its last call, so a look
+    // after the stop (which takes longer on a busy machine) can find them
+    // gone.
+    downstream
+        .wait_for("150 jobs on the cluster", Duration::from_secs(60), |a| {
+            a.len() >= 150
+        })
+        .await;
+    let keys_per_node = cluster.keys_per_node();
     downstream
         .wait_for("300 jobs on the cluster", Duration::from_secs(60), |a| {
             a.len() >= 300
@@ -208,14 +218,16 @@ async fn the_worker_runs_on_a_cluster() {
     // can bunch two windows' calls at the downstream.
     let busiest = busiest_per_seller(&arrivals, Duration::from_millis(900));
     println!(
-        "busiest 900 ms window of a seller: {busiest} (limit {limit} per 1 s); keys per master {:?}",
-        cluster.keys_per_node()
+        "busiest 900 ms window of a seller: {busiest} (limit {limit} per 1 s); keys per master mid-run {keys_per_node:?}"
     );
     assert!(
         busiest <= limit as usize,
         "a seller's window went over its limit: {busiest}"
     );
-    assert!(cluster.keys_per_node().iter().all(|&n| n > 0));
+    assert!(
+        keys_per_node.iter().all(|&n| n > 0),
+        "the sellers' keys sit on every master: {keys_per_node:?}"
+    );
 }
 
 /// The first `n` of `sellers` whose keys sit in distinct slots, with
