@@ -17,7 +17,7 @@ if ! command -v cargo-deny >/dev/null; then
   printf "\n=== cargo install cargo-deny\n"
   cargo install --locked cargo-deny --version 0.20.2
 fi
-# cargo-nextest, only when missing, likewise (about 5 minutes to build).
+# cargo-nextest, only when missing, likewise (a build from source too).
 if ! command -v cargo-nextest >/dev/null; then
   printf "\n=== cargo install cargo-nextest\n"
   cargo install --locked cargo-nextest --version 0.9.143
