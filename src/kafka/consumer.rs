@@ -31,10 +31,13 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::config::KafkaSettings;
-use crate::telemetry::events::{CommitFailed, KafkaPollFailed, OffsetsCommitted};
+use crate::telemetry::events::{
+    CommitFailed, HandoffLedgerFailed, KafkaPollFailed, OffsetsCommitted,
+};
 
 use super::commits::CommitQueue;
-use super::offsets::{decode_done, Commit, Finish, Offsets};
+use super::ledger::{self, Ledger};
+use super::offsets::{Commit, Finish, Offsets};
 use super::producer::{header_pairs, HeaderError, OriginalRecord, RetryHeaders};
 
 /// A topic-partition.
@@ -123,14 +126,7 @@ pub struct Tracker {
     offsets: Offsets,
     /// Bumped at every assignment and revocation of a partition.
     generations: HashMap<(String, i32), u64>,
-    /// Offset ranges (inclusive) a previous owner finished above its
-    /// committed offset, read from the commit's metadata at assignment:
-    /// their records are finished on receipt, not processed again.
-    already_done: HashMap<(String, i32), DoneRanges>,
 }
-
-/// Inclusive offset ranges already finished.
-type DoneRanges = Vec<(i64, i64)>;
 
 impl Tracker {
     fn generation(&self, topic: &str, partition: i32) -> u64 {
@@ -166,36 +162,62 @@ impl Tracker {
     pub fn unfinished(&self) -> usize {
         self.offsets.unfinished()
     }
-
-    fn was_done(&self, topic: &str, partition: i32, offset: i64) -> bool {
-        self.already_done
-            .get(&(topic.to_owned(), partition))
-            .is_some_and(|r| r.iter().any(|(lo, hi)| (*lo..=*hi).contains(&offset)))
-    }
 }
 
-/// The finished ranges the partitions' previous owners committed in their
-/// metadata. A failed look-up only means those records are redone.
-fn already_done(
-    consumer: &BaseConsumer<WorkerContext>,
-    tpl: &TopicPartitionList,
-) -> Vec<((String, i32), DoneRanges)> {
-    let committed = match consumer.committed_offsets(tpl.clone(), COMMITTED_TIMEOUT) {
-        Ok(c) => c,
+/// A partition, the offset ranges finished beyond its committed offset,
+/// and that offset.
+type Inherited = (TopicPartition, super::done_ranges::Ranges, Option<i64>);
+
+/// What the new owner of each partition of `tpl` may skip: the records
+/// finished beyond the broker's committed offset, as its metadata and the
+/// handoff ledger name them ([`ledger::inherited`]), with that offset. A
+/// failed look-up only means those records are redone.
+fn inherited(consumer: &BaseConsumer<WorkerContext>, tpl: &TopicPartitionList) -> Vec<Inherited> {
+    let parts = partitions_of(tpl);
+    let committed: HashMap<(String, i32), (i64, String)> = match consumer
+        .committed_offsets(tpl.clone(), COMMITTED_TIMEOUT)
+    {
+        Ok(c) => c
+            .elements()
+            .iter()
+            .filter_map(|e| match e.offset() {
+                Offset::Offset(base) => Some((
+                    (e.topic().to_owned(), e.partition()),
+                    (base, e.metadata().to_owned()),
+                )),
+                _ => None,
+            })
+            .collect(),
         Err(e) => {
             tracing::warn!(error = %e, "cannot read committed metadata; records finished past the committed offsets will be redone");
-            return Vec::new();
+            HashMap::new()
         }
     };
-    committed
-        .elements()
+    let keys: Vec<(String, i32)> = parts
         .iter()
-        .filter_map(|e| match e.offset() {
-            Offset::Offset(base) => {
-                let ranges = decode_done(base, e.metadata());
-                (!ranges.is_empty()).then(|| ((e.topic().to_owned(), e.partition()), ranges))
+        .map(|tp| (tp.topic.to_string(), tp.partition))
+        .collect();
+    let entries = match consumer.context().ledger.as_ref().map(|l| l.read(&keys)) {
+        Some(Ok(entries)) => entries,
+        Some(Err(e)) => {
+            HandoffLedgerFailed {
+                op: "read",
+                error: &e.to_string(),
             }
-            _ => None,
+            .emit();
+            Vec::new()
+        }
+        None => Vec::new(),
+    };
+    parts
+        .into_iter()
+        .zip(keys)
+        .enumerate()
+        .map(|(i, (tp, key))| {
+            let commit = committed.get(&key);
+            let entry = entries.get(i).and_then(Option::as_ref);
+            let done = ledger::inherited(commit.map(|(o, m)| (*o, m.as_str())), entry);
+            (tp, done, commit.map(|(o, _)| *o))
         })
         .collect()
 }
@@ -239,6 +261,28 @@ pub struct WorkerContext {
     /// The partitions of the last lag report (so that the next drops the
     /// revoked ones' series, and only those).
     reported: Mutex<Vec<(String, i32)>>,
+    /// Where every commit is also written, read at assignment (see
+    /// [`super::ledger`]); none in tools and tests that run no Redis.
+    ledger: Option<Arc<dyn Ledger>>,
+}
+
+impl WorkerContext {
+    /// Writes `commits` to the ledger, before they go to the broker.
+    fn record(&self, commits: &[Commit]) {
+        let Some(ledger) = &self.ledger else {
+            return;
+        };
+        if commits.is_empty() {
+            return;
+        }
+        if let Err(e) = ledger.write(commits) {
+            HandoffLedgerFailed {
+                op: "write",
+                error: &e.to_string(),
+            }
+            .emit();
+        }
+    }
 }
 
 impl ClientContext for WorkerContext {
@@ -316,6 +360,9 @@ impl ConsumerContext for WorkerContext {
         // finishing records meanwhile (those of revoked partitions are
         // forgotten just below, so nothing is lost by letting them in).
         if !commits.is_empty() && !closing {
+            // The ledger first: the broker refuses commits while the group
+            // rebalances, and this is one.
+            self.record(&commits);
             match consumer.commit(&commit_list(&commits), CommitMode::Sync) {
                 Ok(()) => {
                     lock(&self.tracker).offsets.mark_committed(&commits);
@@ -354,17 +401,16 @@ impl ConsumerContext for WorkerContext {
             Rebalance::Assign(tpl) => {
                 let assigned = partitions_of(tpl);
                 tracing::info!(partitions = %describe(&assigned), consumer = self.role.as_str(), "partitions assigned");
-                let done = already_done(consumer, tpl);
+                let done = inherited(consumer, tpl);
                 let mut tracker = lock(&self.tracker);
                 for TopicPartition { topic, partition } in &assigned {
                     tracker.offsets.remove_partition(topic, *partition);
                     tracker.bump(topic, *partition);
-                    tracker
-                        .already_done
-                        .remove(&(topic.to_string(), *partition));
                 }
-                for (key, ranges) in done {
-                    tracker.already_done.insert(key, ranges);
+                for (TopicPartition { topic, partition }, ranges, committed) in done {
+                    tracker
+                        .offsets
+                        .inherit(&topic, partition, ranges, committed);
                 }
                 drop(tracker);
                 let _ = self.events.send(PartitionEvent::Assigned(assigned));
@@ -459,11 +505,12 @@ impl Consumer {
     /// Creates the consumer of `role` (not yet subscribed). Partition events
     /// go to `events`. `kafka.properties` and `kafka.consumer_properties` are
     /// applied first; the settings the worker's guarantees depend on are
-    /// forced after them.
+    /// forced after them. Commits are also written to `ledger`, if any.
     pub fn new(
         settings: &KafkaSettings,
         role: Role,
         events: mpsc::UnboundedSender<PartitionEvent>,
+        ledger: Option<Arc<dyn Ledger>>,
     ) -> Result<Consumer, ConsumerError> {
         let mut config = ClientConfig::new();
         config
@@ -501,6 +548,7 @@ impl Consumer {
             group: settings.group_id.clone(),
             role,
             reported: Mutex::default(),
+            ledger,
         };
         let inner: WorkerConsumer =
             config
@@ -780,7 +828,7 @@ impl Poller {
                     tracing::warn!(error = %e, topic = &*topic, partition, offset, "offset not tracked")
                 }
             }
-            if tracker.was_done(&topic, partition, offset) {
+            if tracker.offsets.inherited_done(&topic, partition, offset) {
                 // Finished by the partition's previous owner after its
                 // committed offset: done, not done again.
                 tracker.offsets.finish(&topic, partition, offset);
@@ -849,6 +897,7 @@ impl Poller {
         if commits.is_empty() {
             return Ok(0);
         }
+        self.inner.context().record(&commits);
         let result = if all {
             self.inner.commit(&commit_list(&commits), CommitMode::Sync)
         } else {

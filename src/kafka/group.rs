@@ -36,15 +36,16 @@ pub struct Consumers {
 
 impl Consumers {
     /// Creates both consumers (not yet subscribed); partition events of both
-    /// go to `events`.
+    /// go to `events`, and both write their commits to `ledger`, if any.
     pub fn new(
         settings: &KafkaSettings,
         events: mpsc::UnboundedSender<PartitionEvent>,
+        ledger: Option<Arc<dyn super::ledger::Ledger>>,
     ) -> Result<Consumers, ConsumerError> {
         Ok(Consumers {
             jobs_topic: Arc::from(settings.topic.as_str()),
-            jobs: Consumer::new(settings, Role::Jobs, events.clone())?,
-            retries: Consumer::new(settings, Role::Retries, events)?,
+            jobs: Consumer::new(settings, Role::Jobs, events.clone(), ledger.clone())?,
+            retries: Consumer::new(settings, Role::Retries, events, ledger)?,
         })
     }
 

@@ -6,6 +6,10 @@
 //!   without waiting for them.
 //! - [`group`]: [`Consumers`], the worker's two consumers (the jobs topic,
 //!   the retry tiers), each balanced over the replicas on its own.
+//! - [`done_ranges`]: the finished records above a committed offset, as
+//!   the commit's metadata carries them to the next owner (pure).
+//! - [`ledger`]: the handoff ledger, what each commit says is finished,
+//!   kept where a rebalance cannot refuse it (a port; Redis in the worker).
 //! - [`offsets`]: per-partition tracker of finished records; says which
 //!   offset may be committed (pure, no rdkafka).
 //! - [`producer`]: [`RecordSink`] writes retry-topic and dead-letter records
@@ -22,7 +26,9 @@
 
 mod commits;
 pub mod consumer;
+pub mod done_ranges;
 pub mod group;
+pub mod ledger;
 #[cfg(feature = "dev-tools")]
 pub mod mock;
 pub mod offsets;

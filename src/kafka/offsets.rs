@@ -12,6 +12,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use super::done_ranges::{self, Ranges};
+
 /// What [`PartitionOffsets::track`] refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum TrackError {
@@ -51,6 +53,12 @@ pub struct PartitionOffsets {
     committed_metadata: String,
     /// How many entries of `open` are finished (all behind its first).
     finished_ahead: usize,
+    /// Offset ranges the partition's previous owner finished above the
+    /// offset it committed (its commit's metadata), ascending and disjoint:
+    /// their records are finished on receipt, not called again, and the
+    /// part not received yet travels on in this owner's metadata, so that a
+    /// third owner skips them too.
+    inherited: Ranges,
     /// (offset, Kafka timestamp in ms) of tracked records in offset order,
     /// from about the first unfinished one on: the partition's lag in
     /// seconds is the age of that record. Trimmed as the prefix finishes.
@@ -60,6 +68,28 @@ pub struct PartitionOffsets {
 impl PartitionOffsets {
     pub fn new() -> PartitionOffsets {
         PartitionOffsets::default()
+    }
+
+    /// Notes what the partition's previous owners finished beyond the
+    /// offset it is read from (`done`: ascending, disjoint ranges, from the
+    /// commit's metadata and the handoff ledger, see [`super::ledger`]),
+    /// and the offset the broker has committed for it, if any; returns how
+    /// many offsets `done` names.
+    pub fn inherit(&mut self, done: Ranges, committed: Option<i64>) -> u64 {
+        self.inherited = done;
+        if committed > self.committed {
+            self.committed = committed;
+        }
+        self.inherited
+            .iter()
+            .map(|(lo, hi)| (hi - lo + 1) as u64)
+            .sum()
+    }
+
+    /// Whether the previous owner finished the record at `offset`.
+    pub fn inherited_done(&self, offset: i64) -> bool {
+        let i = self.inherited.partition_point(|(_, hi)| *hi < offset);
+        self.inherited.get(i).is_some_and(|(lo, _)| *lo <= offset)
     }
 
     /// Records that the worker took the record at `offset`.
@@ -107,13 +137,31 @@ impl PartitionOffsets {
     ///
     /// [`metadata`]: Self::metadata
     pub fn committable(&self) -> Option<i64> {
-        self.done_through.map(|o| o + 1).or_else(|| {
-            self.open
+        match self.done_through {
+            // Everything received is finished: the commit also passes what
+            // the previous owner finished next, received or not (the
+            // offset committed is the one a third owner reads first, and
+            // the metadata cannot name it).
+            Some(done) if self.open.is_empty() => Some(self.past_inherited(done + 1)),
+            Some(done) => Some(done + 1),
+            None => self
+                .open
                 .values()
                 .any(|done| *done)
                 .then(|| self.open.keys().next().copied())
-                .flatten()
-        })
+                .flatten(),
+        }
+    }
+
+    /// The first offset from `at` on that no inherited range holds.
+    fn past_inherited(&self, mut at: i64) -> i64 {
+        loop {
+            let i = self.inherited.partition_point(|(_, hi)| *hi < at);
+            match self.inherited.get(i) {
+                Some((lo, hi)) if *lo <= at => at = hi + 1,
+                _ => return at,
+            }
+        }
     }
 
     /// [`committable`](Self::committable), but only if it or the
@@ -135,14 +183,26 @@ impl PartitionOffsets {
 
     /// The finished records above the committable offset, for the commit's
     /// metadata: a new owner of the partition skips them instead of calling
-    /// the downstream again. Only what fits in [`MAX_METADATA`] is named;
+    /// the downstream again. They are the finished records taken here, and
+    /// what the previous owner finished above what this one has received
+    /// (an owner that commits before it has read that far must not forget
+    /// them). Only what fits in [`done_ranges::MAX_METADATA`] is named;
     /// the rest is redone (at-least-once either way).
     pub fn metadata(&self) -> String {
         let Some(base) = self.committable() else {
             return String::new();
         };
-        let done = self.open.iter().filter(|(_, d)| **d).map(|(o, _)| *o);
-        encode_done(base, done)
+        let mut done = Ranges::new();
+        for (&o, _) in self.open.iter().filter(|(_, d)| **d) {
+            done_ranges::push(&mut done, o, o);
+        }
+        let unread = self.last_tracked.map_or(base, |l| l.max(base)) + 1;
+        for &(lo, hi) in &self.inherited {
+            if hi >= unread {
+                done_ranges::push(&mut done, lo.max(unread), hi);
+            }
+        }
+        done_ranges::encode(base, &done)
     }
 
     /// Tracked records not finished yet.
@@ -194,64 +254,10 @@ pub struct Commit {
     pub offset: i64,
     /// Finished offsets above `offset` (see [`PartitionOffsets::metadata`]).
     pub metadata: String,
-}
-
-/// Longest commit metadata written; Kafka's default limit
-/// (`offset.metadata.max.bytes`) is 4096.
-pub const MAX_METADATA: usize = 3000;
-
-const METADATA_PREFIX: &str = "tw1:";
-
-/// `tw1:` then comma-separated ranges of offsets relative to `base`
-/// (`3-5,9`), ascending, cut at [`MAX_METADATA`].
-fn encode_done(base: i64, done: impl Iterator<Item = i64>) -> String {
-    let mut ranges: Vec<(i64, i64)> = Vec::new();
-    for o in done {
-        match ranges.last_mut() {
-            Some((_, hi)) if *hi + 1 == o => *hi = o,
-            _ => ranges.push((o, o)),
-        }
-    }
-    if ranges.is_empty() {
-        return String::new();
-    }
-    let mut out = String::from(METADATA_PREFIX);
-    for (i, (lo, hi)) in ranges.iter().enumerate() {
-        let part = if lo == hi {
-            format!("{}", lo - base)
-        } else {
-            format!("{}-{}", lo - base, hi - base)
-        };
-        if out.len() + part.len() + 1 > MAX_METADATA {
-            break;
-        }
-        if i > 0 {
-            out.push(',');
-        }
-        out.push_str(&part);
-    }
-    out
-}
-
-/// The finished offset ranges (absolute, inclusive) named by a commit's
-/// metadata; empty for metadata this worker did not write.
-pub fn decode_done(base: i64, metadata: &str) -> Vec<(i64, i64)> {
-    let Some(body) = metadata.strip_prefix(METADATA_PREFIX) else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    for part in body.split(',').filter(|p| !p.is_empty()) {
-        let (lo, hi) = match part.split_once('-') {
-            Some((a, b)) => (a.parse::<i64>(), b.parse::<i64>()),
-            None => (part.parse::<i64>(), part.parse::<i64>()),
-        };
-        match (lo, hi) {
-            (Ok(lo), Ok(hi)) if lo > 0 && hi >= lo => out.push((base + lo, base + hi)),
-            // Unreadable: skip nothing rather than skip the wrong records.
-            _ => return Vec::new(),
-        }
-    }
-    out
+    /// The last offset the broker accepted for the partition (this owner's
+    /// commit, or the one it found at assignment), if any: the handoff
+    /// ledger keeps it beside `offset` (see [`super::ledger`]).
+    pub acked: Option<i64>,
 }
 
 /// Trackers for every assigned partition, keyed by topic then partition
@@ -275,6 +281,28 @@ impl Offsets {
         // would allocate a String key on every record.)
         let partitions = self.topics.get_mut(topic).expect("topic inserted above");
         partitions.entry(partition).or_default().track(offset)
+    }
+
+    /// See [`PartitionOffsets::inherit`].
+    pub fn inherit(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        done: Ranges,
+        committed: Option<i64>,
+    ) -> u64 {
+        self.topics
+            .entry(topic.to_owned())
+            .or_default()
+            .entry(partition)
+            .or_default()
+            .inherit(done, committed)
+    }
+
+    /// Whether the partition's previous owner finished `offset`.
+    pub fn inherited_done(&self, topic: &str, partition: i32, offset: i64) -> bool {
+        self.partition(topic, partition)
+            .is_some_and(|p| p.inherited_done(offset))
     }
 
     pub fn finish(&mut self, topic: &str, partition: i32, offset: i64) -> Finish {
@@ -370,6 +398,7 @@ impl Offsets {
                         partition,
                         offset,
                         metadata: p.metadata(),
+                        acked: p.committed,
                     })
                 })
             })
@@ -382,6 +411,7 @@ impl Offsets {
 
 #[cfg(test)]
 mod tests {
+    use super::done_ranges::{decode, MAX_METADATA};
     use super::*;
     use proptest::prelude::*;
 
@@ -518,26 +548,23 @@ mod tests {
         }
         // 10 is still waiting: commit at 10, and name 12-14 and 17.
         assert_eq!(p.committable(), Some(10));
-        assert_eq!(p.metadata(), "tw1:2-4,7");
-        assert_eq!(decode_done(10, &p.metadata()), vec![(12, 14), (17, 17)]);
+        assert_eq!(decode(10, &p.metadata()), vec![(12, 14), (17, 17)]);
         p.finish(10);
         p.finish(11);
         assert_eq!(p.committable(), Some(15));
-        assert_eq!(p.metadata(), "tw1:2");
+        assert_eq!(decode(15, &p.metadata()), vec![(17, 17)]);
         p.mark_committed(15, &p.metadata());
         assert_eq!(p.uncommitted(), None);
         p.finish(19);
         assert_eq!(p.uncommitted(), Some(15), "new metadata is worth a commit");
-        assert!(decode_done(5, "garbage").is_empty());
-        assert!(decode_done(5, "tw1:3-x").is_empty());
-        assert!(
-            decode_done(5, "tw1:0").is_empty(),
-            "offset 0 is the commit itself"
-        );
     }
 
     #[test]
-    fn metadata_is_cut_to_its_maximum() {
+    fn a_backlog_between_finished_records_fits_in_the_metadata() {
+        // 20,000 records, every other one waiting (a backlogged seller's
+        // jobs between light sellers' finished ones): the bitset names the
+        // first 17,968 offsets' 8,984 finished records; text ranges (tw1)
+        // named about 700.
         let mut p = PartitionOffsets::new();
         for o in 0..20_000 {
             p.track(o).unwrap();
@@ -547,8 +574,69 @@ mod tests {
         }
         let m = p.metadata();
         assert!(m.len() <= MAX_METADATA, "{}", m.len());
-        let ranges = decode_done(0, &m);
-        assert!(ranges.len() > 100 && ranges.iter().all(|(lo, _)| lo % 2 == 1));
+        let ranges = decode(0, &m);
+        assert!(ranges.len() >= 8_900, "{} ranges", ranges.len());
+        assert!(ranges.iter().all(|(lo, hi)| lo % 2 == 1 && lo == hi));
+    }
+
+    /// Issue 33 (item 3): a partition's new owner that commits before it
+    /// has read as far as what its previous owner finished must pass that
+    /// on, or the owner after it calls those jobs again.
+    #[test]
+    fn what_the_previous_owner_finished_travels_on_until_it_is_read() {
+        // The first owner took 100..=130, finished 101..=130 and committed
+        // 100 with them in the metadata: 100 waits.
+        let mut first = PartitionOffsets::new();
+        for o in 100..=130 {
+            first.track(o).unwrap();
+        }
+        for o in 101..=130 {
+            first.finish(o);
+        }
+        assert_eq!(first.committable(), Some(100));
+        let handed = first.metadata();
+
+        // The second owner has received 100..=104 when it commits.
+        let mut second = PartitionOffsets::new();
+        assert_eq!(second.inherit(decode(100, &handed), Some(100)), 30);
+        for o in 100..=104 {
+            second.track(o).unwrap();
+            if second.inherited_done(o) {
+                second.finish(o);
+            }
+        }
+        assert!(!second.inherited_done(100) && second.inherited_done(101));
+        assert_eq!(second.committable(), Some(100));
+        assert_eq!(
+            decode(100, &second.metadata()),
+            vec![(101, 130)],
+            "101..=104 finished here, 105..=130 inherited and not read yet"
+        );
+
+        // 100 finishes: every record received is finished, and 105..=130
+        // were finished by the first owner, so the commit passes them all.
+        // (A commit at 105 would make the next owner call 105 again: the
+        // metadata names only offsets above the commit.)
+        second.finish(100);
+        assert_eq!(second.committable(), Some(131));
+        assert_eq!(second.metadata(), "");
+        // Receiving them later moves nothing back.
+        for o in 105..=130 {
+            second.track(o).unwrap();
+            assert!(second.inherited_done(o));
+            second.finish(o);
+            assert_eq!(second.committable(), Some(131));
+        }
+    }
+
+    #[test]
+    fn inherited_ranges_are_looked_up_exactly() {
+        let mut p = PartitionOffsets::new();
+        assert_eq!(p.inherit(vec![(12, 14), (20, 20)], Some(10)), 4);
+        let done: Vec<i64> = (10..25).filter(|&o| p.inherited_done(o)).collect();
+        assert_eq!(done, vec![12, 13, 14, 20]);
+        assert_eq!(p.inherit(Vec::new(), Some(10)), 0);
+        assert!(!p.inherited_done(12));
     }
 
     #[test]
@@ -567,6 +655,7 @@ mod tests {
             partition: p,
             offset: off,
             metadata: String::new(),
+            acked: None,
         };
         assert_eq!(
             o.uncommitted(),

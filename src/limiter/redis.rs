@@ -722,6 +722,17 @@ impl RedisStore {
             .map_err(RedisError::Script)
     }
 
+    /// Redis' clock in Unix ms (`TIME`): every replica and operator
+    /// command reads the same one, whatever their own clocks say.
+    pub async fn time_ms(&self) -> Result<u64, RedisError> {
+        let mut conn = self.conn.get();
+        let (s, us): (u64, u64) = redis::cmd("TIME")
+            .query_async(&mut conn)
+            .await
+            .map_err(RedisError::Script)?;
+        Ok(s * 1000 + us / 1000)
+    }
+
     /// Every field of a hash (`HGETALL`): the overrides, the pauses.
     pub async fn read_hash(
         &self,
@@ -802,13 +813,44 @@ impl RedisStore {
         value: &str,
         ttl: Duration,
     ) -> Result<(), RedisError> {
+        let fields = [(field.to_owned(), value.to_owned())];
+        self.hset_expire(key, &fields, ttl, true).await
+    }
+
+    /// Sets fields of a hash, then keeps the hash `ttl` from now (`HSET`
+    /// and `PEXPIRE` in one round trip, not a transaction: the worker's
+    /// ACL has no `MULTI`, and a hash left without its new expiry keeps
+    /// the old one).
+    pub async fn set_hash_fields(
+        &self,
+        key: &str,
+        fields: &[(String, String)],
+        ttl: Duration,
+    ) -> Result<(), RedisError> {
+        if fields.is_empty() {
+            return Ok(());
+        }
+        self.hset_expire(key, fields, ttl, false).await
+    }
+
+    async fn hset_expire(
+        &self,
+        key: &str,
+        fields: &[(String, String)],
+        ttl: Duration,
+        atomic: bool,
+    ) -> Result<(), RedisError> {
         let mut conn = self.conn.get();
-        redis::pipe()
-            .atomic()
-            .cmd("HSET")
-            .arg(key)
-            .arg(field)
-            .arg(value)
+        let mut hset = redis::cmd("HSET");
+        hset.arg(key);
+        for (field, value) in fields {
+            hset.arg(field).arg(value);
+        }
+        let mut pipe = redis::pipe();
+        if atomic {
+            pipe.atomic();
+        }
+        pipe.add_command(hset)
             .ignore()
             .cmd("PEXPIRE")
             .arg(key)

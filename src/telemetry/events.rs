@@ -483,6 +483,29 @@ impl CommitFailed<'_> {
     }
 }
 
+/// The handoff ledger could not be read or written: a partition handed over
+/// meanwhile relies on the broker's commit alone (at-least-once).
+pub struct HandoffLedgerFailed<'a> {
+    pub op: &'static str,
+    pub error: &'a str,
+}
+
+impl HandoffLedgerFailed<'_> {
+    pub fn emit(&self) {
+        // While Redis is down every commit interval fails: one line per 10 s.
+        static LOG: Every = Every::new(Duration::from_secs(10));
+        metrics().handoff_ledger_errors.inc();
+        if let Some(more) = LOG.tick() {
+            tracing::warn!(
+                op = self.op,
+                error = self.error,
+                more_since_last_line = more,
+                "handoff ledger failed; a partition handed over meanwhile relies on the broker's commit alone"
+            );
+        }
+    }
+}
+
 /// Polling Kafka failed (a broker down, a transport error); librdkafka keeps
 /// reconnecting on its own.
 pub struct KafkaPollFailed<'a> {

@@ -123,6 +123,7 @@ pub struct Metrics {
     pub limiter_asks_per_call: Histogram,
     pub offset_commits: Counter,
     pub offset_commit_errors: Counter,
+    pub handoff_ledger_errors: Counter,
     pub kafka_errors: Counter,
     pub rebalances: Counter,
     pub backpressure_pauses: Counter,
@@ -306,6 +307,11 @@ impl Metrics {
             offset_commit_errors: reg!(
                 "offset_commit_errors",
                 "Offset commits that failed",
+                Counter::default()
+            ),
+            handoff_ledger_errors: reg!(
+                "handoff_ledger_errors",
+                "Reads and writes of the handoff ledger (finished offsets kept in Redis beside each commit) that failed",
                 Counter::default()
             ),
             kafka_errors: reg!(

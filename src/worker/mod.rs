@@ -17,12 +17,15 @@
 //! - [`permit`]: the limiter as the worker sees it, and the one place where
 //!   a limiter failure becomes a decision.
 //! - [`reload`]: the config file watched, its `[limits]` applied live.
+//! - [`ledger`]: the consumers' handoff ledger in Redis (what each commit
+//!   says is finished, where a rebalance cannot refuse it).
 //!
 //! [`run`] checks every dependency at startup, then runs the engine until
 //! the shutdown future resolves.
 
 mod admit;
 pub mod engine;
+pub mod ledger;
 pub mod memory;
 mod outage;
 mod partitions;
@@ -141,6 +144,7 @@ pub async fn run_watching(
     let layout = crate::limiter::layout::resolve(&store, prefix, settings.redis.state, true)
         .await
         .map_err(StartError::Layout)?;
+    let ledger = ledger::RedisLedger::new(store.clone(), prefix, &settings.kafka.group_id);
     let limiter = Limiter::new(
         store,
         KeySpace::with_layout(prefix.clone(), layout),
@@ -148,7 +152,8 @@ pub async fn run_watching(
         settings.redis.topology,
     );
     let (part_tx, part_rx) = mpsc::unbounded_channel();
-    let consumer = Consumers::new(&settings.kafka, part_tx).map_err(StartError::Kafka)?;
+    let consumer = Consumers::new(&settings.kafka, part_tx, Some(Arc::new(ledger)))
+        .map_err(StartError::Kafka)?;
     let k = &settings.kafka;
     let all = k.all_topics();
     let topics: Vec<&str> = all.iter().map(String::as_str).collect();

@@ -117,6 +117,19 @@ impl Downstream {
         self.arrivals.lock().unwrap().len()
     }
 
+    /// Waits until `n` distinct jobs have arrived, or panics after
+    /// `timeout` with `what`.
+    pub async fn wait_distinct(&self, what: &str, n: usize, timeout: Duration) {
+        self.wait_for(what, timeout, |a| {
+            a.iter()
+                .map(|x| x.job_id.as_str())
+                .collect::<std::collections::HashSet<_>>()
+                .len()
+                >= n
+        })
+        .await;
+    }
+
     /// Waits until `pred` holds over the arrivals, or panics after `timeout`
     /// with `what` and the count so far.
     pub async fn wait_for(&self, what: &str, timeout: Duration, pred: impl Fn(&[Arrival]) -> bool) {

@@ -7,6 +7,7 @@ mod capacity;
 mod cheap_while_blocked;
 mod costs;
 mod flow;
+mod handoff;
 mod hostile_downstream;
 mod in_flight;
 mod memory;

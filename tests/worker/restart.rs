@@ -149,14 +149,8 @@ async fn restart_one_replica(membership: Membership) {
         membership.settings(&bench, &down.url, victim),
         rules(),
     ));
-    down.wait_for("every job", Duration::from_secs(90), |a| {
-        a.iter()
-            .map(|x| x.job_id.as_str())
-            .collect::<HashSet<_>>()
-            .len()
-            >= ids.len()
-    })
-    .await;
+    down.wait_distinct("every job", ids.len(), Duration::from_secs(90))
+        .await;
     bench
         .wait_committed(&produced, Duration::from_secs(30))
         .await;

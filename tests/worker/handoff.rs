@@ -1,0 +1,156 @@
+//! A finished job is not called again when its partition changes hands
+//! gracefully (issue 33, item 3): replicas join one by one and then leave
+//! with a graceful stop, while one seller's backlog holds every partition's
+//! head back and lighter sellers' jobs finish above it. The finished ones
+//! above a head travel in the commit's metadata; each new owner skips them,
+//! and passes on what it inherited but has not read yet. The mock broker
+//! refuses commits while the group rebalances, which here is most of the
+//! run, so the handoff ledger in Redis carries what the refused commits
+//! said (`kafka::ledger`). Before both, 6 of 12 runs called 57 to 157
+//! finished jobs a second time.
+//!
+//! ```sh
+//! cargo nextest run -E 'test(worker::handoff::)' --no-capture
+//! ```
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use crate::common::rule;
+use crate::common::worker::{always_ok, job, policy, Bench, Downstream, Running};
+
+/// Kafka records as `produce` takes them: (key, value).
+type Records = Vec<(Option<String>, Vec<u8>)>;
+
+/// One backlogged seller (`heavy`, 20 per second for 12 s of jobs) and 20
+/// light ones, interleaved so every partition holds both; each record is
+/// keyed by a random product, so one seller spreads over every partition.
+fn records() -> (Vec<String>, Records) {
+    let (mut ids, mut records) = (Vec::new(), Vec::new());
+    for i in 0..240 {
+        let id = format!("heavy-{i}");
+        records.push(job(&id, "heavy"));
+        ids.push(id);
+        let id = format!("light-{}-{}", i % 20, i / 20);
+        records.push(job(&id, &format!("light-{}", i % 20)));
+        ids.push(id);
+    }
+    (ids, records)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_finished_job_is_called_again_when_replicas_join_and_leave_gracefully() {
+    let bench = Bench::new("handoff", 6);
+    let down = Downstream::start(always_ok()).await;
+    let url = |name: &str| format!("{}?w={name}", down.url);
+    // Every seller: 20 per second on a sliding log. The light sellers' 12
+    // jobs each pass at once; `heavy`'s 240 take 12 s, so its waiting jobs
+    // are every partition's head, and the light jobs finished above them
+    // are named in the commit metadata.
+    let rules = || policy(vec![rule("sliding_window_log", 20, "1s", None)]);
+    let (ids, records) = records();
+    let produced = bench.produce(&records).await;
+    let started = Instant::now();
+    // The commits the fleet made and the broker refused, as they change:
+    // on the mock, every join and leave holds the group in a rebalance for
+    // 2 s, and it refuses commits meanwhile.
+    let commits = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let watch = {
+        let commits = commits.clone();
+        tokio::spawn(async move {
+            let m = throttle_worker::telemetry::metrics::metrics();
+            let mut last = (0, 0);
+            loop {
+                let now = (m.offset_commits.get(), m.offset_commit_errors.get());
+                if now != last {
+                    commits.lock().unwrap().push(format!(
+                        "{:.1}s {}/{}",
+                        started.elapsed().as_secs_f64(),
+                        now.0,
+                        now.1
+                    ));
+                    last = now;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    let mut fleet: Vec<(String, Running)> = vec![(
+        "r0".to_owned(),
+        Running::start(bench.settings(&url("r0")), rules()),
+    )];
+    // Out to four replicas, one every 2 s, then back in to one.
+    let mut steps = Vec::new();
+    for i in 1..4 {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let name = format!("r{i}");
+        fleet.push((
+            name.clone(),
+            Running::start(bench.settings(&url(&name)), rules()),
+        ));
+        steps.push(format!("{name} joined at {:?}", started.elapsed()));
+    }
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let (name, worker) = fleet.remove(0);
+        worker.stop().await;
+        steps.push(format!("{name} left at {:?}", started.elapsed()));
+    }
+    down.wait_distinct("every job called", ids.len(), Duration::from_secs(60))
+        .await;
+    bench
+        .wait_committed(&produced, Duration::from_secs(30))
+        .await;
+    // A second call of a job would come from its partition's next owner,
+    // which reads the partition at once: a moment more shows it.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for (_, worker) in fleet {
+        worker.stop().await;
+    }
+
+    watch.abort();
+    eprintln!(
+        "handoff: commits made/refused: {}",
+        commits.lock().unwrap().join(", ")
+    );
+    let mut calls: HashMap<&str, Vec<(Duration, String)>> = HashMap::new();
+    let arrivals = down.arrivals();
+    for a in &arrivals {
+        calls
+            .entry(a.job_id.as_str())
+            .or_default()
+            .push((a.at.duration_since(started), a.via.clone()));
+    }
+    let missing = ids
+        .iter()
+        .filter(|id| !calls.contains_key(id.as_str()))
+        .count();
+    let mut twice: Vec<(&str, &Vec<(Duration, String)>)> = calls
+        .iter()
+        .filter(|(_, c)| c.len() > 1)
+        .map(|(id, c)| (*id, c))
+        .collect();
+    twice.sort();
+    let at: HashMap<&str, (i32, i64)> = ids
+        .iter()
+        .map(String::as_str)
+        .zip(produced.iter().copied())
+        .collect();
+    let mut where_: Vec<(i32, i64)> = twice.iter().map(|(id, _)| at[id]).collect();
+    where_.sort();
+    eprintln!("handoff: called twice at (partition, offset): {where_:?}");
+    eprintln!(
+        "handoff: {} jobs, {} called, {} called more than once; {}",
+        ids.len(),
+        calls.len(),
+        twice.len(),
+        steps.join(", ")
+    );
+    assert_eq!(missing, 0, "jobs never called");
+    assert!(
+        twice.is_empty(),
+        "{} finished jobs were called again after a graceful handoff (first ten: {:?})",
+        twice.len(),
+        &twice[..twice.len().min(10)]
+    );
+}
