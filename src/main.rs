@@ -231,13 +231,13 @@ async fn limits(command: LimitsCommand) -> anyhow::Result<()> {
             common,
             ..
         } => {
-            let until_ms = operator::until_ms(for_.as_deref(), until.as_deref())?;
+            let end = operator::end(for_.as_deref(), until.as_deref())?;
             let rule = rule.context("--rule")?;
             operator::set_override(
                 common.config.as_deref(),
                 &seller,
                 &rule,
-                until_ms,
+                end,
                 common.output(),
             )
             .await?
@@ -250,14 +250,14 @@ async fn limits(command: LimitsCommand) -> anyhow::Result<()> {
             reason,
             common,
         } => {
-            let until_ms = match (&for_, &until) {
+            let end = match (&for_, &until) {
                 (None, None) => None,
-                _ => Some(operator::until_ms(for_.as_deref(), until.as_deref())?),
+                _ => Some(operator::end(for_.as_deref(), until.as_deref())?),
             };
             operator::pause(
                 common.config.as_deref(),
                 seller.as_deref(),
-                until_ms,
+                end,
                 &reason,
                 common.output(),
             )

@@ -236,17 +236,20 @@ fn who(seller: Option<&str>) -> String {
 pub async fn pause(
     file: Option<&Path>,
     seller: Option<&str>,
-    until_ms: Option<u64>,
+    end: Option<End>,
     reason: &str,
     out: Output,
 ) -> Result<String, OperatorError> {
     let (settings, _) = load(file)?;
     let store = RedisStore::open(&settings.redis).await?;
     let key = KeySpace::new(settings.redis.key_prefix.clone()).pauses();
+    // On Redis' clock, which every replica judges the end by
+    // (`limiter::pauses`), not this host's.
+    let now = store.time_ms().await?;
     let p = Pause {
         reason: reason.to_owned(),
-        since_ms: now_ms(),
-        until_ms,
+        since_ms: now,
+        until_ms: end.map(|e| e.at(now)).transpose()?,
     };
     store
         .set_field(&key, &pause_field(seller), &p.to_json())
@@ -364,21 +367,45 @@ pub async fn reset(
     })
 }
 
-/// When an override ends: `--for` a duration or `--until` an RFC 3339 time.
-pub fn until_ms(for_: Option<&str>, until: Option<&str>) -> Result<u64, OperatorError> {
-    let now = SystemTime::now();
-    let until = match (for_, until) {
-        (Some(d), None) => now + humantime::parse_duration(d).map_err(OperatorError::For)?,
-        (None, Some(t)) => humantime::parse_rfc3339_weak(t).map_err(OperatorError::Until)?,
-        _ => return Err(OperatorError::NoEnd),
-    };
-    if until <= now {
-        return Err(OperatorError::EndsBeforeStart);
+/// When a pause or an override ends, as the operator gave it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// `--for D`: D after it is set.
+    After(Duration),
+    /// `--until T`: at T (Unix ms).
+    At(u64),
+}
+
+/// Reads `--for` (a duration) or `--until` (an RFC 3339 time), exactly one.
+pub fn end(for_: Option<&str>, until: Option<&str>) -> Result<End, OperatorError> {
+    match (for_, until) {
+        (Some(d), None) => Ok(End::After(
+            humantime::parse_duration(d).map_err(OperatorError::For)?,
+        )),
+        (None, Some(t)) => {
+            let t = humantime::parse_rfc3339_weak(t).map_err(OperatorError::Until)?;
+            let ms = t
+                .duration_since(UNIX_EPOCH)
+                .map_err(|_| OperatorError::EndsBeforeStart)?
+                .as_millis() as u64;
+            Ok(End::At(ms))
+        }
+        _ => Err(OperatorError::NoEnd),
     }
-    Ok(until
-        .duration_since(UNIX_EPOCH)
-        .map_err(|_| OperatorError::EndsBeforeStart)?
-        .as_millis() as u64)
+}
+
+impl End {
+    /// The end in Unix ms on a clock that reads `now_ms` now.
+    pub fn at(self, now_ms: u64) -> Result<u64, OperatorError> {
+        let end = match self {
+            End::After(d) => now_ms + d.as_millis() as u64,
+            End::At(ms) => ms,
+        };
+        if end <= now_ms {
+            return Err(OperatorError::EndsBeforeStart);
+        }
+        Ok(end)
+    }
 }
 
 /// `limits override SELLER --rule SPEC --for|--until`: the seller gets
@@ -388,13 +415,19 @@ pub async fn set_override(
     file: Option<&Path>,
     seller: &str,
     rule: &str,
-    until_ms: u64,
+    end: End,
     out: Output,
 ) -> Result<String, OperatorError> {
-    let o = overrides::parse_rule(rule, until_ms).map_err(OperatorError::Rule)?;
-    let rule = o.rule().map_err(OperatorError::Rule)?;
+    // A bad rule is refused before anything is asked of Redis.
+    overrides::parse_rule(rule, u64::MAX)
+        .and_then(|o| o.rule())
+        .map_err(OperatorError::Rule)?;
     let (settings, _) = load(file)?;
     let store = RedisStore::open(&settings.redis).await?;
+    // On Redis' clock, which every replica judges the end by.
+    let until_ms = end.at(store.time_ms().await?)?;
+    let o = overrides::parse_rule(rule, until_ms).map_err(OperatorError::Rule)?;
+    let rule = o.rule().map_err(OperatorError::Rule)?;
     let key = KeySpace::new(settings.redis.key_prefix.clone()).overrides();
     store.set_field(&key, seller, &o.to_json()).await?;
     Ok(match out {

@@ -106,15 +106,17 @@ impl super::Limiter<super::RedisStore> {
     /// in place; returns how many there are.
     pub async fn refresh_overrides(&self) -> Result<usize, super::RedisError> {
         let fields = self.store.read_hash(&self.keys.overrides()).await?;
-        let live = in_force(&fields, unix_ms());
+        // Ends are on Redis' clock (the CLI counts `--for` from its
+        // `TIME`): every replica drops an override at the same moment.
+        let live = in_force(&fields, self.store.time_ms().await?);
         let n = live.len();
         self.set_overrides(live);
         Ok(n)
     }
 }
 
-/// Now on this host's clock, in Unix ms (an override's `until_ms` and a
-/// pause's end are wall-clock instants the CLI wrote).
+/// Now on this host's clock, in Unix ms (a pause's end moved onto it is
+/// judged with it; see `pauses`).
 pub(super) fn unix_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

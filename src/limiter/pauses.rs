@@ -9,6 +9,12 @@
 //! it. This module is the format, what is in force and a worker's refresh
 //! ([`super::Limiter::refresh_pauses`]); the CLI's writes are in
 //! [`super::redis`], the engine's reading in `worker::sellers`.
+//!
+//! A pause's times are on Redis' clock: the CLI ends `--for D` at Redis'
+//! `TIME` + D, and a replica keeps what is in force by Redis' clock, with
+//! each end moved onto its own clock (it judges the end with that one, in
+//! the engine). So a replica whose clock is off by a minute still ends the
+//! pause with the others, not a minute early or late.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -77,14 +83,22 @@ impl Pauses {
     /// and fields that do not parse (written by something else) are
     /// skipped.
     pub fn in_force(fields: &HashMap<String, String>, now_ms: u64) -> Pauses {
+        Pauses::in_force_at(fields, now_ms, now_ms)
+    }
+
+    /// The pauses in force at `redis_ms` (Redis' clock, which the pauses'
+    /// ends are on), each end moved onto a clock that reads `local_ms` at
+    /// the same instant: the replica's, which the engine judges them by.
+    pub fn in_force_at(fields: &HashMap<String, String>, redis_ms: u64, local_ms: u64) -> Pauses {
         let mut out = Pauses::default();
         for (name, json) in fields {
-            let Ok(p) = serde_json::from_str::<Pause>(json) else {
+            let Ok(mut p) = serde_json::from_str::<Pause>(json) else {
                 continue;
             };
-            if !p.in_force(now_ms) {
+            if !p.in_force(redis_ms) {
                 continue;
             }
+            p.until_ms = p.until_ms.map(|u| (u + local_ms).saturating_sub(redis_ms));
             if name == ALL {
                 out.all = Some(p);
             } else if let Some(seller) = name.strip_prefix("s:") {
@@ -116,7 +130,12 @@ impl super::Limiter<super::RedisStore> {
     /// not lifted because Redis did not answer).
     pub async fn refresh_pauses(&self) -> Result<std::sync::Arc<Pauses>, super::RedisError> {
         let fields = self.store.read_hash(&self.keys.pauses()).await?;
-        self.set_pauses(Pauses::in_force(&fields, super::overrides::unix_ms()));
+        let redis_ms = self.store.time_ms().await?;
+        self.set_pauses(Pauses::in_force_at(
+            &fields,
+            redis_ms,
+            super::overrides::unix_ms(),
+        ));
         Ok(self.pauses())
     }
 }
@@ -124,6 +143,44 @@ impl super::Limiter<super::RedisStore> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 33 (item 6): a replica whose clock is a minute behind Redis'
+    /// held a pause a minute past its end, and one ahead ended it a minute
+    /// early. The end is judged on Redis' clock, then moved onto the
+    /// replica's.
+    #[test]
+    fn a_pause_ends_on_redis_clock_whatever_the_replica_s_clock() {
+        let redis_end = 1_000_000;
+        let fields = HashMap::from([(
+            field("a"),
+            Pause {
+                reason: String::new(),
+                since_ms: 900_000,
+                until_ms: Some(redis_end),
+            }
+            .to_json(),
+        )]);
+        for skew in [-60_000i64, 0, 60_000] {
+            // Redis says 1 s before the end; the replica's clock is `skew` off.
+            let redis_now = redis_end - 1_000;
+            let local_now = (redis_now as i64 + skew) as u64;
+            let p = Pauses::in_force_at(&fields, redis_now, local_now);
+            let held = p.of("a", local_now).expect("in force 1 s before its end");
+            assert_eq!(
+                held.until_ms,
+                Some((redis_end as i64 + skew) as u64),
+                "the end on the replica's clock"
+            );
+            // Half a second later, on every clock, it still holds; at the
+            // end, on every clock, it is over.
+            assert!(p.of("a", local_now + 500).is_some(), "skew {skew}");
+            assert!(p.of("a", local_now + 1_000).is_none(), "skew {skew}");
+            // Read again after Redis' end: gone, whatever the replica's clock.
+            let late =
+                Pauses::in_force_at(&fields, redis_end + 1, (redis_end as i64 + 1 + skew) as u64);
+            assert!(late.is_empty(), "skew {skew}");
+        }
+    }
 
     fn pause(until_ms: Option<u64>) -> Pause {
         Pause {
