@@ -106,6 +106,9 @@ pub struct RedisStore {
 struct RedisClock {
     /// Redis' µs less ours; `i64::MIN` until a first reply.
     offset_us: std::sync::atomic::AtomicI64,
+    /// Redis' µs at an instant of our monotonic clock, from the last
+    /// reply or `TIME`: the fleet's wall clock ([`Store::unix_us_at`]).
+    anchor: std::sync::Mutex<Option<(tokio::time::Instant, i64)>>,
 }
 
 impl RedisClock {
@@ -114,6 +117,7 @@ impl RedisClock {
     fn new() -> RedisClock {
         RedisClock {
             offset_us: std::sync::atomic::AtomicI64::new(RedisClock::UNKNOWN),
+            anchor: std::sync::Mutex::new(None),
         }
     }
 
@@ -131,6 +135,15 @@ impl RedisClock {
     fn observe(&self, redis_us: i64, ours_us: i64) {
         self.offset_us
             .store(redis_us.saturating_sub(ours_us), Ordering::Relaxed);
+        *self.anchor.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some((tokio::time::Instant::now(), redis_us));
+    }
+
+    /// Redis' µs at `now`, from the last observation.
+    fn at(&self, now: tokio::time::Instant) -> Option<u64> {
+        let (then, redis_us) = (*self.anchor.lock().unwrap_or_else(|p| p.into_inner()))?;
+        let since = i64::try_from(now.saturating_duration_since(then).as_micros()).ok()?;
+        u64::try_from(redis_us.saturating_add(since)).ok()
     }
 }
 
@@ -632,6 +645,10 @@ fn tcp_settings(timeout: Duration) -> TcpSettings {
 }
 
 impl Store for RedisStore {
+    fn unix_us_at(&self, now: tokio::time::Instant) -> Option<u64> {
+        self.clock.at(now)
+    }
+
     type Error = RedisError;
 
     async fn run(&self, call: &ScriptCall) -> Result<Reply, RedisError> {
@@ -730,7 +747,10 @@ impl RedisStore {
             .query_async(&mut conn)
             .await
             .map_err(RedisError::Script)?;
-        Ok(s * 1000 + us / 1000)
+        let redis_us = s * 1_000_000 + us;
+        self.clock
+            .observe(i64::try_from(redis_us).unwrap_or(i64::MAX), local_us());
+        Ok(redis_us / 1000)
     }
 
     /// Every field of a hash (`HGETALL`): the overrides, the pauses.

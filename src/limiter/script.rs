@@ -463,6 +463,14 @@ pub trait Store: Send + Sync {
         async move { Ok(vec![0; n]) }
     }
 
+    /// The store's clock at `now` (this host's monotonic instant), as last
+    /// learnt: Redis' `TIME` run forward on the monotonic clock, which no
+    /// step of the host's wall clock moves. `None` until learnt, and for a
+    /// store with no clock of its own (the default).
+    fn unix_us_at(&self, _now: tokio::time::Instant) -> Option<u64> {
+        None
+    }
+
     /// Blocks the seller whose block is at `at` for `dur_us` from now
     /// (never shortening a longer block); returns when the block ends (µs).
     fn block(

@@ -360,7 +360,7 @@ impl<X: Ports> Engine<X> {
             too_large_to_copy: false,
             lease: None,
         };
-        let now = self.deps.clock.unix_ms();
+        let now = self.fleet_ms();
         match headers.release_at_unix_ms {
             // Held for its tier's delay. A release further off than the
             // tier's delay (a clock jump, a hand-written header) is not
@@ -391,6 +391,11 @@ impl<X: Ports> Engine<X> {
     /// `ILLEGAL_GENERATION`, and the same offsets go through once the
     /// rebalance is over (the consumer keeps polling meanwhile, which is
     /// what lets it end).
+    /// The fleet's wall clock in Unix ms ([`super::timers::fleet_ms`]).
+    pub(super) fn fleet_ms(&self) -> u64 {
+        super::timers::fleet_ms(&*self.deps.permits, &*self.deps.clock)
+    }
+
     async fn commit_all(&mut self) -> usize {
         let deadline = after(self.deps.clock.now(), FINAL_COMMIT_TIMEOUT);
         loop {

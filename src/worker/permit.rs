@@ -89,6 +89,13 @@ pub trait Permits: Send + Sync + 'static {
         None
     }
 
+    /// The fleet's wall clock at `now` (this host's monotonic instant), in
+    /// Unix ms: the store's (Redis' `TIME`) as the limiter last learnt it.
+    /// `None` until learnt, and by default.
+    fn store_unix_ms(&self, _now: tokio::time::Instant) -> Option<u64> {
+        None
+    }
+
     /// The seller's `max_in_flight`, for the local fallback (which takes
     /// no slot in Redis); `None` by default.
     fn max_in_flight(&self, _seller: &str) -> Option<u32> {
@@ -137,6 +144,10 @@ impl SellerInfo {
 }
 
 impl<S: Store + 'static> Permits for Limiter<S> {
+    fn store_unix_ms(&self, now: tokio::time::Instant) -> Option<u64> {
+        self.store().unix_us_at(now).map(|us| us / 1000)
+    }
+
     async fn acquire(&self, seller: &str, n: u64) -> Result<Decision, PermitError> {
         Limiter::acquire(self, seller, n, Mode::UpTo)
             .await
@@ -219,6 +230,10 @@ impl<S: Store + 'static> Permits for Coalescer<S> {
 
     fn paused(&self, seller: &str, now_ms: u64) -> Option<Pause> {
         Permits::paused(&**self.limiter(), seller, now_ms)
+    }
+
+    fn store_unix_ms(&self, now: tokio::time::Instant) -> Option<u64> {
+        Permits::store_unix_ms(&**self.limiter(), now)
     }
 
     async fn release(&self, seller: &str, leases: &[String]) -> Result<(), PermitError> {

@@ -14,7 +14,7 @@ use crate::telemetry::events::{JobDeadLettered, JobDeferred, RecordTooLarge, Rev
 
 use super::engine::{Engine, Event, Pending};
 use super::ports::{Clock, Ports, Source, WriteError, Writer};
-use super::timers::{after, ceil_ms, instant_of, until_unix_ms, Timer};
+use super::timers::{after, ceil_ms, until_ms, Timer};
 
 /// Where a record goes.
 #[derive(Debug, Clone)]
@@ -86,10 +86,16 @@ impl Retry {
     /// Whether holding a record of `topic` for `wait_ms` stays within its
     /// tier's delay (plus a second for clocks and transit).
     pub(super) fn holds_at_most(&self, topic: &str, wait_ms: u64) -> bool {
+        self.hold_bound_ms(topic).is_some_and(|b| wait_ms <= b)
+    }
+
+    /// The longest a record of `topic` may be held: its tier's delay plus
+    /// a second for clocks and transit; `None` for a topic of no tier.
+    fn hold_bound_ms(&self, topic: &str) -> Option<u64> {
         self.tiers
             .iter()
             .find(|t| t.topic == topic)
-            .is_some_and(|t| wait_ms <= ceil_ms(t.delay).saturating_add(1000))
+            .map(|t| ceil_ms(t.delay).saturating_add(1000))
     }
 }
 
@@ -99,7 +105,7 @@ impl<X: Ports> Engine<X> {
     /// partition; a longer one hops to the tier that fits it.
     pub(super) fn take_up(&mut self, pending: Pending, not_before: Option<u64>) {
         let remaining = match not_before {
-            Some(nb) => until_unix_ms(&*self.deps.clock, nb),
+            Some(nb) => until_ms(self.fleet_ms(), nb),
             None => Duration::ZERO,
         };
         if remaining.is_zero() {
@@ -127,20 +133,26 @@ impl<X: Ports> Engine<X> {
         queue.push_back(parked);
         if first {
             self.deps.source.pause(std::slice::from_ref(&part));
-            let at = instant_of(&*self.deps.clock, release);
+            let at = after(self.deps.clock.now(), until_ms(self.fleet_ms(), release));
             self.timers
                 .at(at, Timer::Parked(part.topic, part.partition));
         }
     }
 
     pub(super) fn unpark(&mut self, part: TopicPartition) {
-        let now = self.deps.clock.unix_ms();
+        let now = self.fleet_ms();
+        // A release further off than the tier's delay (the host's clock
+        // stepped back since the record was parked) is not trusted to hold
+        // the partition, as on arrival: the record is taken up now and
+        // hops tiers by its due time.
+        let bound = self.retry.hold_bound_ms(&part.topic);
         let mut released = Vec::new();
         let mut next = None;
         if let Some(queue) = self.retry.parked.get_mut(&part) {
             while let Some(head) = queue.front() {
-                if head.release_at_unix_ms > now {
-                    next = Some(head.release_at_unix_ms);
+                let release = head.release_at_unix_ms;
+                if release > now && bound.is_some_and(|b| release - now <= b) {
+                    next = Some(release);
                     break;
                 }
                 released.extend(queue.pop_front());
@@ -148,7 +160,7 @@ impl<X: Ports> Engine<X> {
         }
         match next {
             Some(release) => {
-                let at = instant_of(&*self.deps.clock, release);
+                let at = after(self.deps.clock.now(), until_ms(now, release));
                 self.timers
                     .at(at, Timer::Parked(part.topic.clone(), part.partition));
             }
@@ -187,7 +199,7 @@ impl<X: Ports> Engine<X> {
         let Some(tier) = tier else {
             unreachable!("config validation keeps at least one retry tier")
         };
-        let now = self.deps.clock.unix_ms();
+        let now = self.fleet_ms();
         let due = now.saturating_add(ceil_ms(wait));
         // A wait shorter than every tier is released when due: it may sit
         // behind the tier's head for at most that tier's delay.
@@ -297,7 +309,7 @@ impl<X: Ports> Engine<X> {
             Target::Retry {
                 not_before_unix_ms, ..
             } => {
-                let wait = until_unix_ms(&*self.deps.clock, *not_before_unix_ms);
+                let wait = until_ms(self.fleet_ms(), *not_before_unix_ms);
                 let PendingWrite {
                     bytes,
                     origin,

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::permit::Permits;
 use super::ports::Clock;
 
 /// What a timer wakes.
@@ -70,9 +71,20 @@ pub(super) fn until_unix_ms(clock: &impl Clock, unix_ms_at: u64) -> Duration {
     Duration::from_millis(unix_ms_at.saturating_sub(clock.unix_ms()))
 }
 
-/// The monotonic instant of a wall-clock time in ms (now, if it has passed).
-pub(super) fn instant_of(clock: &impl Clock, unix_ms_at: u64) -> Instant {
-    after(clock.now(), until_unix_ms(clock, unix_ms_at))
+/// The fleet's wall clock in Unix ms: the store's (Redis' `TIME`) as the
+/// limiter last learnt it, run forward on the monotonic clock; this host's
+/// until the limiter has learnt it. The times that cross the process (the
+/// retry headers' release and due times) are on it, so every replica reads
+/// them alike, and a step of this host's clock moves none of them.
+pub(super) fn fleet_ms(permits: &impl Permits, clock: &impl Clock) -> u64 {
+    permits
+        .store_unix_ms(clock.now())
+        .unwrap_or_else(|| clock.unix_ms())
+}
+
+/// How long from the fleet's `now_ms` until `unix_ms_at` (zero if passed).
+pub(super) fn until_ms(now_ms: u64, unix_ms_at: u64) -> Duration {
+    Duration::from_millis(unix_ms_at.saturating_sub(now_ms))
 }
 
 #[cfg(test)]

@@ -35,6 +35,11 @@ impl SimClock {
         EPOCH_US + self.start.elapsed().as_micros() as u64
     }
 
+    /// The store's clock at `at` (a paused-runtime instant).
+    pub fn true_unix_us_at(&self, at: Instant) -> u64 {
+        EPOCH_US + at.saturating_duration_since(self.start).as_micros() as u64
+    }
+
     /// Steps the worker host's wall clock by `by_us` (negative: backwards).
     pub fn jump(&self, by_us: i64) {
         self.skew_us.fetch_add(by_us, Ordering::SeqCst);

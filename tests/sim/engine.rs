@@ -992,3 +992,35 @@ fn without_redis_a_replica_holds_a_capped_seller_to_its_share_of_the_cap() {
         }
     }
 }
+
+/// Issue 33 (item 6): a backwards step of the worker host's wall clock
+/// held a parked retry-tier record, and its partition, for the whole step
+/// (16 jobs of a 5-per-2-minutes seller finished at 3,960 s after a one-hour
+/// step back, instead of about 6 minutes): release and due times were
+/// read on the host's clock. They are now on the fleet's clock, Redis'
+/// `TIME` run forward on the monotonic clock, which no host step moves;
+/// and `unpark`, like a record's arrival, holds a partition no longer than
+/// the tier's delay whatever the release says.
+#[test]
+fn a_backwards_clock_step_does_not_hold_a_parked_retry_record_for_the_step() {
+    let mut sc = Scenario::quiet(5);
+    sc.partitions = 8;
+    sc.concurrency = 8;
+    // 5 per 2 minutes: 16 jobs need four windows, about 6 minutes; the
+    // waiting ones go round the retry tiers and come back parked.
+    sc.sellers.push(seller(
+        "quota",
+        Some(rule("fixed_window", 5, Duration::from_secs(120), None)),
+    ));
+    sc.jobs = (0..16).map(|i| job(0, 1, 0, i % 8)).collect();
+    // An hour back, 40 s in: records are parked on the tiers by then.
+    sc.clock_jumps = vec![(40_000, -3_600_000_000)];
+    let out = run(&sc);
+    let settled = out.settled_ms.expect("every job finished within the run");
+    assert!(
+        settled <= 15 * 60 * 1000,
+        "the last job finished at {} s: the step held the retry tier",
+        settled / 1000
+    );
+    assert_kept(&sc, &out);
+}

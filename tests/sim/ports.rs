@@ -378,6 +378,12 @@ impl SimStore {
 impl Store for SimStore {
     type Error = SimRedisError;
 
+    /// Redis' clock, which does not jump: the replica learns it from every
+    /// answer and from reading the pauses, so it is always known here.
+    fn unix_us_at(&self, now: tokio::time::Instant) -> Option<u64> {
+        Some(self.world.clock.true_unix_us_at(now))
+    }
+
     async fn run(&self, call: &ScriptCall) -> Result<Reply, SimRedisError> {
         let now = self.reach().await?;
         let now = call.now_us.unwrap_or(now);
@@ -495,6 +501,10 @@ impl Permits for SimPermits {
 
     fn max_in_flight(&self, seller: &str) -> Option<u32> {
         Permits::max_in_flight(&self.inner, seller)
+    }
+
+    fn store_unix_ms(&self, now: tokio::time::Instant) -> Option<u64> {
+        Permits::store_unix_ms(&self.inner, now)
     }
 
     /// The scenario's pauses, on the world's time (as if every replica
