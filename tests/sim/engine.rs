@@ -303,6 +303,20 @@ fn seller(name: &str, rule: Option<throttle_worker::config::RuleConfig>) -> Sell
     }
 }
 
+/// 16 jobs of one seller on 8 partitions, 5 per 2 minutes (fixed window):
+/// a backlog whose waits are longer than `worker.max_inline_delay`.
+fn quota_backlog(seed: u64) -> Scenario {
+    let mut sc = Scenario::quiet(seed);
+    sc.partitions = 8;
+    sc.concurrency = 8;
+    sc.sellers.push(seller(
+        "quota",
+        Some(rule("fixed_window", 5, Duration::from_secs(120), None)),
+    ));
+    sc.jobs = (0..16).map(|i| job(0, 1, 0, i % 8)).collect();
+    sc
+}
+
 fn assert_kept(sc: &Scenario, out: &super::run::Outcome) {
     let broken = check::all(sc, out);
     assert!(
@@ -393,16 +407,9 @@ fn retry_after_zero_or_past_backs_off_instead_of_looping() {
 /// the retry tiers at once, as after any long refusal.
 #[test]
 fn a_partial_grant_with_a_long_wait_parks_the_backlog_on_the_retry_tiers() {
-    let mut sc = Scenario::quiet(3);
-    sc.partitions = 8;
-    sc.concurrency = 8;
-    // 5 per 2 minutes: the first call asks for 8 heads, gets 5, and the
-    // sixth must wait about 2 minutes, past worker.max_inline_delay (30 s).
-    sc.sellers.push(seller(
-        "quota",
-        Some(rule("fixed_window", 5, Duration::from_secs(120), None)),
-    ));
-    sc.jobs = (0..16).map(|i| job(0, 1, 0, i % 8)).collect();
+    // The first call asks for 8 heads, gets 5, and the sixth must wait
+    // about 2 minutes, past worker.max_inline_delay (30 s).
+    let sc = quota_backlog(3);
     let out = run(&sc);
     let first_call = out.log.calls.iter().map(|c| c.at_ms).min().expect("a call");
     let parked_soon = out
@@ -1003,16 +1010,9 @@ fn without_redis_a_replica_holds_a_capped_seller_to_its_share_of_the_cap() {
 /// the tier's delay whatever the release says.
 #[test]
 fn a_backwards_clock_step_does_not_hold_a_parked_retry_record_for_the_step() {
-    let mut sc = Scenario::quiet(5);
-    sc.partitions = 8;
-    sc.concurrency = 8;
-    // 5 per 2 minutes: 16 jobs need four windows, about 6 minutes; the
-    // waiting ones go round the retry tiers and come back parked.
-    sc.sellers.push(seller(
-        "quota",
-        Some(rule("fixed_window", 5, Duration::from_secs(120), None)),
-    ));
-    sc.jobs = (0..16).map(|i| job(0, 1, 0, i % 8)).collect();
+    // 16 jobs need four windows, about 6 minutes; the waiting ones go
+    // round the retry tiers and come back parked.
+    let mut sc = quota_backlog(5);
     // An hour back, 40 s in: records are parked on the tiers by then.
     sc.clock_jumps = vec![(40_000, -3_600_000_000)];
     let out = run(&sc);
