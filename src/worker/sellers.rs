@@ -220,24 +220,20 @@ impl<X: Ports> Engine<X> {
             if seller.is_empty() {
                 self.sellers.map.remove(key);
             }
+            // Its jobs are gone (revoked, finished): a probe it held goes
+            // to the next seller.
+            self.outage.probe_dropped(key);
             return;
         }
         // An operator's pause: no ask, no call, until it ends.
         if let Some(pause) = self.pause_of(key) {
+            self.outage.probe_dropped(key);
             return self.hold_paused(key, pause);
         }
         let Some(seller) = self.sellers.map.get_mut(key) else {
             return;
         };
         seller.paused_since = None;
-        // During a downstream outage only one probe call goes out at a time.
-        let probe = match self.outage.admit(key, now) {
-            Ok(probe) => probe,
-            Err(until) => {
-                self.timers.at(until, Timer::Seller(key.clone()));
-                return;
-            }
-        };
         if self.sellers.slots_free == 0 {
             // Capacity-bound: wait for a slot without asking Redis.
             if !seller.wants_capacity {
@@ -247,6 +243,17 @@ impl<X: Ports> Engine<X> {
             }
             return;
         }
+        // During a downstream outage only one probe call goes out at a
+        // time. The probe is claimed here, where the limiter is asked at
+        // once, and not before the wait for a slot: a seller that waits,
+        // is paused or loses its jobs never sits on it.
+        let probe = match self.outage.admit(key, now) {
+            Ok(probe) => probe,
+            Err(until) => {
+                self.timers.at(until, Timer::Seller(key.clone()));
+                return;
+            }
+        };
         // The heads in queue order, with their costs: the limiter grants the
         // longest prefix that fits, so a heavy job that does not fit yet
         // stops lighter later ones from taking the units it waits for.

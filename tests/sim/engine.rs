@@ -1024,3 +1024,97 @@ fn a_backwards_clock_step_does_not_hold_a_parked_retry_record_for_the_step() {
     );
     assert_kept(&sc, &out);
 }
+
+/// Issue 33 (item 6), suspected from reading: during a downstream outage
+/// one seller at a time is let through as the probe, and a prober whose
+/// jobs were revoked or who was paused might keep the probe with no call
+/// to make, so that no other seller's call went out and the breaker never
+/// saw the downstream recover. These worlds (a revoke during the outage,
+/// with slow limiter calls so that it often lands while the prober asks;
+/// 30 seeds) did not show it before the fix: a seller asking the limiter
+/// is never dropped from the engine, and its answer gives the probe back.
+/// The one path left was a prober that waited for a downstream slot (only
+/// calls under way can hold every slot while the breaker is open); the
+/// probe is now claimed only where the limiter is asked at once, and given
+/// back by a seller whose jobs are gone or who is paused.
+#[test]
+fn a_revoked_prober_does_not_keep_the_probe_from_the_other_sellers() {
+    let mut late = Vec::new();
+    for seed in 0..30 {
+        let mut sc = Scenario::quiet(100 + seed);
+        sc.partitions = 2;
+        for name in ["revoked", "other"] {
+            sc.sellers.push(seller(name, None));
+        }
+        // `revoked` on partition 0, `other` on partition 1.
+        sc.jobs = (0..400u64)
+            .map(|i| job((i % 2) as usize, 1, i * 25, (i % 2) as i32))
+            .collect();
+        // Slow limiter calls: a revoke often comes while one is under way.
+        sc.faults.redis_latency_us = (200_000, 400_000);
+        sc.faults.outages.push((
+            Window {
+                from_ms: 1_000,
+                to_ms: 6_000,
+            },
+            OutageKind::Status503,
+        ));
+        // Partition 0 away from 3 s (during the outage) to 200 s.
+        sc.rebalances.push((3_000 + seed * 37, vec![0], 197_000));
+        let out = run(&sc);
+        let first = first_call_from(&out, 6_000, Some("other")).unwrap_or(u64::MAX);
+        if first > 20_000 {
+            late.push((100 + seed, first));
+        }
+    }
+    assert!(
+        late.is_empty(),
+        "(seed, first call of the other seller after the outage, ms): {late:?}"
+    );
+}
+
+/// The same for a pause (20 seeds, the pause landing at a different
+/// moment of the outage in each): the other seller's calls resume within
+/// seconds of the downstream's recovery.
+#[test]
+fn a_paused_prober_does_not_keep_the_probe_from_the_other_sellers() {
+    let mut late = Vec::new();
+    for seed in 0..20 {
+        let mut sc = Scenario::quiet(200 + seed);
+        sc.partitions = 4;
+        sc.concurrency = 2;
+        for name in ["held", "other"] {
+            sc.sellers.push(seller(name, None));
+        }
+        sc.jobs = (0..200u64)
+            .map(|i| job((i % 2) as usize, 1, i * 50, (i % 4) as i32))
+            .collect();
+        // Calls hang until their 2 s timeout from 1 s to 8 s.
+        sc.faults.timeout = Duration::from_secs(2);
+        sc.faults.outages.push((
+            Window {
+                from_ms: 1_000,
+                to_ms: 8_000,
+            },
+            OutageKind::Timeout,
+        ));
+        // `held` is paused from 3 s (plus a little per seed) to 300 s.
+        sc.faults.pauses.push((
+            Window {
+                from_ms: 3_000 + seed * 53,
+                to_ms: 300_000,
+            },
+            Some("held".to_owned()),
+            true,
+        ));
+        let out = run(&sc);
+        let first = first_call_from(&out, 8_000, Some("other")).unwrap_or(u64::MAX);
+        if first > 20_000 {
+            late.push((200 + seed, first));
+        }
+    }
+    assert!(
+        late.is_empty(),
+        "(seed, first call of the other seller after the outage, ms): {late:?}"
+    );
+}
