@@ -4,7 +4,9 @@
 //!
 //! The consumer calls it on its poll thread, inside rebalance callbacks,
 //! so each call waits at most [`LEDGER_TIMEOUT`]: a slow Redis delays a
-//! commit by that much, never a rebalance for longer.
+//! commit by that much, never a rebalance for longer. After a failure the
+//! ledger is left alone for [`LEDGER_QUIET`], so a Redis that hangs costs
+//! the poll thread one wait per quiet period, not one per commit.
 
 use std::time::Duration;
 
@@ -15,6 +17,9 @@ use crate::limiter::RedisStore;
 /// The longest one read or write waits.
 pub const LEDGER_TIMEOUT: Duration = Duration::from_millis(500);
 
+/// How long the ledger is not asked after a failure.
+pub const LEDGER_QUIET: Duration = Duration::from_secs(5);
+
 /// How long a group's ledger lives after its last write: far longer than
 /// any rebalance, short enough that a deleted group's ledger goes.
 pub const LEDGER_LIFE: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -23,6 +28,8 @@ pub struct RedisLedger {
     store: RedisStore,
     key: String,
     runtime: tokio::runtime::Handle,
+    /// Not asked before then: Redis failed the last call.
+    quiet_until: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl RedisLedger {
@@ -33,6 +40,7 @@ impl RedisLedger {
             store,
             key: key(prefix, group),
             runtime: tokio::runtime::Handle::current(),
+            quiet_until: std::sync::Mutex::new(None),
         }
     }
 
@@ -47,7 +55,14 @@ impl RedisLedger {
                 "called on the async runtime; the ledger is the poll thread's".to_owned(),
             ));
         }
-        match self
+        let now = std::time::Instant::now();
+        let mut quiet = self.quiet_until.lock().unwrap_or_else(|p| p.into_inner());
+        if quiet.is_some_and(|until| now < until) {
+            return Err(LedgerError(format!(
+                "not asked: Redis failed less than {LEDGER_QUIET:?} ago"
+            )));
+        }
+        let result = match self
             .runtime
             .block_on(async { tokio::time::timeout(LEDGER_TIMEOUT, f).await })
         {
@@ -56,7 +71,9 @@ impl RedisLedger {
             Err(_) => Err(LedgerError(format!(
                 "Redis did not answer within {LEDGER_TIMEOUT:?}"
             ))),
-        }
+        };
+        *quiet = result.is_err().then(|| now + LEDGER_QUIET);
+        result
     }
 }
 
