@@ -382,6 +382,11 @@ impl<X: Ports> Engine<X> {
         }
     }
 
+    /// The fleet's wall clock in Unix ms ([`super::timers::fleet_ms`]).
+    pub(super) fn fleet_ms(&self) -> u64 {
+        super::timers::fleet_ms(&*self.deps.permits, &*self.deps.clock)
+    }
+
     /// The final commit: every finished prefix, acknowledged by the broker
     /// (failures are counted and logged by the consumer). Returns how many
     /// partitions were committed. A commit the broker refuses is tried
@@ -391,11 +396,6 @@ impl<X: Ports> Engine<X> {
     /// `ILLEGAL_GENERATION`, and the same offsets go through once the
     /// rebalance is over (the consumer keeps polling meanwhile, which is
     /// what lets it end).
-    /// The fleet's wall clock in Unix ms ([`super::timers::fleet_ms`]).
-    pub(super) fn fleet_ms(&self) -> u64 {
-        super::timers::fleet_ms(&*self.deps.permits, &*self.deps.clock)
-    }
-
     async fn commit_all(&mut self) -> usize {
         let deadline = after(self.deps.clock.now(), FINAL_COMMIT_TIMEOUT);
         loop {

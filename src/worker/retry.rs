@@ -141,10 +141,10 @@ impl<X: Ports> Engine<X> {
 
     pub(super) fn unpark(&mut self, part: TopicPartition) {
         let now = self.fleet_ms();
-        // A release further off than the tier's delay (the host's clock
-        // stepped back since the record was parked) is not trusted to hold
-        // the partition, as on arrival: the record is taken up now and
-        // hops tiers by its due time.
+        // A release further off than the tier's delay (written on a clock
+        // that was off, or by hand) is not trusted to hold the partition,
+        // as on arrival: the record is taken up now and hops tiers by its
+        // due time.
         let bound = self.retry.hold_bound_ms(&part.topic);
         let mut released = Vec::new();
         let mut next = None;
