@@ -1039,34 +1039,17 @@ fn a_backwards_clock_step_does_not_hold_a_parked_retry_record_for_the_step() {
 /// back by a seller whose jobs are gone or who is paused.
 #[test]
 fn a_revoked_prober_does_not_keep_the_probe_from_the_other_sellers() {
-    let mut late = Vec::new();
-    for seed in 0..30 {
-        let mut sc = Scenario::quiet(100 + seed);
-        sc.partitions = 2;
-        for name in ["revoked", "other"] {
-            sc.sellers.push(seller(name, None));
-        }
+    let worlds = (100..130).map(|seed| {
         // `revoked` on partition 0, `other` on partition 1.
-        sc.jobs = (0..400u64)
-            .map(|i| job((i % 2) as usize, 1, i * 25, (i % 2) as i32))
-            .collect();
+        let mut sc = outage_world(seed, "revoked", 2, 400, 25, OutageKind::Status503, 6_000);
         // Slow limiter calls: a revoke often comes while one is under way.
         sc.faults.redis_latency_us = (200_000, 400_000);
-        sc.faults.outages.push((
-            Window {
-                from_ms: 1_000,
-                to_ms: 6_000,
-            },
-            OutageKind::Status503,
-        ));
         // Partition 0 away from 3 s (during the outage) to 200 s.
-        sc.rebalances.push((3_000 + seed * 37, vec![0], 197_000));
-        let out = run(&sc);
-        let first = first_call_from(&out, 6_000, Some("other")).unwrap_or(u64::MAX);
-        if first > 20_000 {
-            late.push((100 + seed, first));
-        }
-    }
+        sc.rebalances
+            .push((3_000 + (seed - 100) * 37, vec![0], 197_000));
+        sc
+    });
+    let late = late_resumes(worlds, 6_000);
     assert!(
         late.is_empty(),
         "(seed, first call of the other seller after the outage, ms): {late:?}"
@@ -1078,43 +1061,74 @@ fn a_revoked_prober_does_not_keep_the_probe_from_the_other_sellers() {
 /// seconds of the downstream's recovery.
 #[test]
 fn a_paused_prober_does_not_keep_the_probe_from_the_other_sellers() {
-    let mut late = Vec::new();
-    for seed in 0..20 {
-        let mut sc = Scenario::quiet(200 + seed);
-        sc.partitions = 4;
-        sc.concurrency = 2;
-        for name in ["held", "other"] {
-            sc.sellers.push(seller(name, None));
-        }
-        sc.jobs = (0..200u64)
-            .map(|i| job((i % 2) as usize, 1, i * 50, (i % 4) as i32))
-            .collect();
+    let worlds = (200..220).map(|seed| {
         // Calls hang until their 2 s timeout from 1 s to 8 s.
+        let mut sc = outage_world(seed, "held", 4, 200, 50, OutageKind::Timeout, 8_000);
+        sc.concurrency = 2;
         sc.faults.timeout = Duration::from_secs(2);
-        sc.faults.outages.push((
-            Window {
-                from_ms: 1_000,
-                to_ms: 8_000,
-            },
-            OutageKind::Timeout,
-        ));
         // `held` is paused from 3 s (plus a little per seed) to 300 s.
         sc.faults.pauses.push((
             Window {
-                from_ms: 3_000 + seed * 53,
+                from_ms: 3_000 + (seed - 200) * 53,
                 to_ms: 300_000,
             },
             Some("held".to_owned()),
             true,
         ));
-        let out = run(&sc);
-        let first = first_call_from(&out, 8_000, Some("other")).unwrap_or(u64::MAX);
-        if first > 20_000 {
-            late.push((200 + seed, first));
-        }
-    }
+        sc
+    });
+    let late = late_resumes(worlds, 8_000);
     assert!(
         late.is_empty(),
         "(seed, first call of the other seller after the outage, ms): {late:?}"
     );
+}
+
+/// Two unlimited sellers, `first` and `other`, taking turns: `jobs` jobs,
+/// one every `every_ms`, job i on partition i mod `partitions`; the
+/// downstream out of service (`kind`) from 1 s to `outage_end` ms.
+fn outage_world(
+    seed: u64,
+    first: &str,
+    partitions: i32,
+    jobs: u64,
+    every_ms: u64,
+    kind: OutageKind,
+    outage_end: u64,
+) -> Scenario {
+    let mut sc = Scenario::quiet(seed);
+    sc.partitions = partitions;
+    for name in [first, "other"] {
+        sc.sellers.push(seller(name, None));
+    }
+    sc.jobs = (0..jobs)
+        .map(|i| {
+            job(
+                (i % 2) as usize,
+                1,
+                i * every_ms,
+                (i % partitions as u64) as i32,
+            )
+        })
+        .collect();
+    sc.faults.outages.push((
+        Window {
+            from_ms: 1_000,
+            to_ms: outage_end,
+        },
+        kind,
+    ));
+    sc
+}
+
+/// Runs each world: (seed, first call of `other` from `from` ms) for the
+/// worlds where it came more than 20 s in (or never).
+fn late_resumes(worlds: impl Iterator<Item = Scenario>, from: u64) -> Vec<(u64, u64)> {
+    worlds
+        .filter_map(|sc| {
+            let out = run(&sc);
+            let first = first_call_from(&out, from, Some("other")).unwrap_or(u64::MAX);
+            (first > 20_000).then_some((sc.seed, first))
+        })
+        .collect()
 }
