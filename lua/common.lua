@@ -456,12 +456,45 @@ local function owns(r)
   return r.h.hash == nil or hget(r.h.hash, r.h.p .. 'fp') == r.fp
 end
 
+-- State lost (the epoch of jobs.lua is gone: Redis restarted empty, or
+-- failed over to a replica that missed writes): a v2 place that no rule has
+-- written (no `fp`), read while a whole use at the loss instant `lost`
+-- would still count, is charged that whole use at `lost`. That is the most
+-- the lost state can have held: every unit it counted was taken at or
+-- before the loss. So no seller passes its limit across a loss; a seller
+-- first seen after it waits up to one period (a bucket: until a full one
+-- would have drained). Past that reach the charge would be spent anyway,
+-- so nothing is written. `src/limiter/local/decide.rs` (`lost_fill`) is
+-- the specification.
+local function lost_fill(r, lost, now)
+  local h = r.h
+  if h.hash == nil or hget(h.hash, h.p .. 'fp') ~= nil then
+    return
+  end
+  -- An epoch ahead of this call's clock (a failover to a node whose
+  -- clock is behind) counts as now: no algorithm reads a take it has not
+  -- reached yet.
+  lost = math.min(lost, now)
+  local cap = r.algo.cap(r)
+  local st = r.algo.load(h, r, lost)
+  if now >= lost + r.algo.reset(st, r, lost, cap) then
+    return
+  end
+  r.algo.take(h, st, r, lost, cap, 'lost')
+  put(h, 'fp', r.fp)
+end
+
 -- A rule's state as the decision reads it. In v1+v2 both states are read
 -- (`r.st`, `r.st1`) and the more used one decides (fewer units admissible
 -- now; v2's on a tie): replicas still on v1 charge only the v1 key, these
--- charge both, so neither layout alone need hold every admission.
-local function load_rule(r, now)
+-- charge both, so neither layout alone need hold every admission. `lost`:
+-- the instant the limiter's state was lost, when a call guards against it
+-- (see lost_fill).
+local function load_rule(r, now, lost)
   settle(r, now)
+  if lost ~= nil then
+    lost_fill(r, lost, now)
+  end
   local st = r.algo.load(r.h, r, now)
   if r.h1 == nil then
     return st

@@ -22,13 +22,21 @@
 --             EXPIRED (its caller has timed out and will never read it)
 --           then, optionally, how long (µs) the call's record lives
 --             for a cancel (calls.lua; CALL_LIFE_US when absent or '')
+--           then, optionally, the loss guard ('' or absent: none):
+--             'wait' or 'admit', with the epoch key last in KEYS. The
+--             epoch is the instant this install's state was last found
+--             lost (see state_epoch); 'wait' charges every unwritten
+--             place within reach of it a whole use at it (lost_fill,
+--             common.lua), 'admit' only records and reports the loss
 -- KEYS      per request: its block key, then one key per rule (v2: the
 --           seller's hash, repeated, and the global rules' hash); in v1+v2
 --           (block token 'F' or '=') the v1 block key after the first, and
 --           two keys per rule: its place's hash, then its v1 key; then,
 --           with slot terms, the seller's slots (slots.lua); then, with
 --           block token 'f' or 'F' (v2, v1+v2), the seller's call
---           records (calls.lua), in every op
+--           records (calls.lua), in every op; then, with a loss guard,
+--           the epoch key (one per Redis Cluster slot: in the slot of
+--           every other key of the call)
 --
 -- Reply: 13 integers per request, in order:
 --   { status, units, remaining, retry_after_ms, reset_after_ms, go_at_us,
@@ -48,7 +56,27 @@
 --   on a refusal.
 --   A request cancelled before it ran (calls.lua) charges nothing and
 --   answers status 0, by 0, next 1, every wait 0.
+-- With a loss guard, one more integer ends the reply: 1 when this call
+-- found the epoch gone and wrote it (the state was lost, or this is a new
+-- install), else 0. Exactly one charging call per loss answers 1.
 -- Reply of 'cancel': one integer per request (see cancel_request).
+
+-- The instant (µs) the limiter's state was last lost, and whether this
+-- call is the one that found it lost. The epoch key never expires, so
+-- only a loss of Redis' data removes it; a charging call then writes it
+-- with its own time, which is at or after the loss. A dry run reads it
+-- as lost now and writes nothing.
+local function state_epoch(key, now, charge)
+  local v = redis.call('GET', key)
+  if v then
+    return tonumber(v), 0
+  end
+  if not charge then
+    return now, 0
+  end
+  redis.call('SET', key, I(now))
+  return now, 1
+end
 
 -- The index of the first rule whose capacity `cost` exceeds, else 0.
 local function never_rule(rules, cost)
@@ -104,7 +132,7 @@ end
 
 -- Helpers are file-level functions rather than closures: with Functions
 -- the file runs once per load, and a call then allocates no closures.
-local function jobs_request(out, now, charge, id, until_, rules, costs, slots)
+local function jobs_request(out, now, charge, id, until_, rules, costs, slots, lost)
   local first_never = never_rule(rules, costs[1])
   if first_never > 0 then
     return jobs_reply(out, now, -1, 0, 0, 0, 0, now, first_never, 0, 2)
@@ -114,7 +142,7 @@ local function jobs_request(out, now, charge, id, until_, rules, costs, slots)
   local n = nil
   for i = 1, #rules do
     local r = rules[i]
-    states[i] = load_rule(r, now)
+    states[i] = load_rule(r, now, lost)
     avail[i] = r.algo.avail(states[i], r, now)
     if n == nil or avail[i] < n then
       n = avail[i]
@@ -265,6 +293,13 @@ local function run_jobs(KEYS, ARGV, op, now, real)
   -- gave up must not charge units nobody was told of.
   local deadline = tonumber(ARGV[a] or '')
   local life = tonumber(ARGV[a + 1] or '') or CALL_LIFE_US
+  local guard = ARGV[a + 2] or ''
+  if guard ~= '' and guard ~= 'wait' and guard ~= 'admit' then
+    return redis.error_reply('unknown loss guard ' .. guard)
+  end
+  if guard ~= '' and KEYS[k] == nil then
+    return redis.error_reply('a call with a loss guard needs the epoch key last')
+  end
   if op == 'cancel' then
     local out = {}
     for q = 1, nreq do
@@ -287,6 +322,13 @@ local function run_jobs(KEYS, ARGV, op, now, real)
       return redis.error_reply('EXPIRED the caller gave up on this call at ' .. I(deadline))
     end
   end
+  local lost, found = nil, 0
+  if guard ~= '' then
+    lost, found = state_epoch(KEYS[k], now, charge)
+    if guard == 'admit' then
+      lost = nil
+    end
+  end
   local out = {}
   for q = 1, nreq do
     local r = reqs[q]
@@ -298,7 +340,7 @@ local function run_jobs(KEYS, ARGV, op, now, real)
     if cancelled then
       jobs_reply(out, now, 0, 0, 0, 0, 0, now, 0, 0, 1)
     else
-      jobs_request(out, now, charge, r.id, until_, r.rules, r.costs, r.slots)
+      jobs_request(out, now, charge, r.id, until_, r.rules, r.costs, r.slots, lost)
       -- This request's row: status, then units.
       local units = out[#out - 11]
       if H ~= nil and out[#out - 12] == 1 and units > 0 and #r.rules > 0 then
@@ -310,6 +352,9 @@ local function run_jobs(KEYS, ARGV, op, now, real)
   -- call would convert the same state again, later.
   if charge then
     flush(hashes, real)
+  end
+  if guard ~= '' then
+    out[#out + 1] = found
   end
   return out
 end

@@ -131,6 +131,16 @@ pub struct RedisSettings {
     /// unchecked, counted and logged) or `local` (each replica enforces its
     /// share of every limit in memory).
     pub on_error: OnError,
+    /// What a replica does when Redis has lost the limiter's state (a
+    /// restart without persistence, a failover to a replica that missed
+    /// writes, an eviction; a new install looks the same): `wait` (no
+    /// seller passes its limit across the loss: a seller whose state is
+    /// gone waits up to one period per rule) or `admit` (the lost state
+    /// counts as fresh: each seller may get one extra window). Either way
+    /// the loss is logged once and counted
+    /// (`throttle_limiter_state_lost_total`).
+    #[serde(default)]
+    pub on_state_loss: OnStateLoss,
     /// Most sellers' asks carried by one limiter call (coalescing); 1
     /// sends each ask on its own.
     pub coalesce_max: usize,
@@ -262,6 +272,27 @@ pub enum OnError {
     FailClosed,
     FailOpen,
     Local,
+}
+
+/// `redis.on_state_loss`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnStateLoss {
+    /// Charge each seller's lost state as a whole use at the loss.
+    #[default]
+    Wait,
+    /// Read the lost state as fresh.
+    Admit,
+}
+
+impl OnStateLoss {
+    /// The guard's token in a jobs call (`lua/jobs.lua`).
+    pub fn wire(self) -> &'static str {
+        match self {
+            OnStateLoss::Wait => "wait",
+            OnStateLoss::Admit => "admit",
+        }
+    }
 }
 
 /// How the Redis behind the limiter is deployed.

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use crate::config::Topology;
+use crate::config::{OnStateLoss, Topology};
 
 use super::decision::{CannotPass, Decision, Denied, DeniedBy, Granted, Mode};
 use super::keys::{KeySpace, StateLayout};
@@ -74,6 +74,9 @@ pub struct Limiter<S> {
     pauses: RwLock<Arc<Pauses>>,
     pub(super) topology: Topology,
     pub(super) ids: CallIds,
+    /// `redis.on_state_loss`; `None` (tests of the algorithms) sends no
+    /// loss guard.
+    pub(super) on_state_loss: Option<OnStateLoss>,
 }
 
 impl<S: Store> Limiter<S> {
@@ -86,7 +89,15 @@ impl<S: Store> Limiter<S> {
             pauses: RwLock::new(Arc::new(Pauses::default())),
             topology,
             ids: CallIds::new(),
+            on_state_loss: None,
         }
+    }
+
+    /// Guards every jobs call against Redis having lost the limiter's
+    /// state (`redis.on_state_loss`; see `lua/jobs.lua`, the epoch).
+    pub fn with_state_loss(mut self, on_loss: OnStateLoss) -> Limiter<S> {
+        self.on_state_loss = Some(on_loss);
+        self
     }
 
     /// The policy in force.

@@ -16,7 +16,8 @@ use super::policy::SLOT_POLL;
 use super::reply::JobsReply;
 use super::rule::Rule;
 use super::script::{
-    BlockAt, BlockRead, JobsCall, JobsRequest, KeyedRule, Op, ScriptCall, SlotTerms, Store,
+    BlockAt, BlockRead, JobsCall, JobsRequest, KeyedRule, LossGuard, Op, ScriptCall, SlotTerms,
+    Store,
 };
 use crate::config::Topology;
 
@@ -229,6 +230,7 @@ impl<S: Store> Limiter<S> {
         let call = JobsCall {
             now_us: at_us,
             dry_run,
+            guard: self.guard(&requests),
             requests,
         };
         let replies = self
@@ -331,6 +333,7 @@ impl<S: Store> Limiter<S> {
         let call = JobsCall {
             now_us: q.at_us,
             dry_run: q.dry_run,
+            guard: self.guard(std::slice::from_ref(&req)),
             requests: vec![req],
         };
         let replies = self
@@ -347,6 +350,17 @@ impl<S: Store> Limiter<S> {
             .expect("one request was sent");
         let reply = replies.into_iter().next().expect("a reply per request");
         Ok((reply, req))
+    }
+
+    /// The loss guard of a call of `requests` (`redis.on_state_loss`): the
+    /// epoch in the slot of their keys.
+    fn guard(&self, requests: &[JobsRequest]) -> Option<LossGuard> {
+        let on_loss = self.on_state_loss?;
+        let key = &requests.first()?.block.key;
+        Some(LossGuard {
+            epoch: self.keys.epoch(self.topology, key),
+            on_loss,
+        })
     }
 
     /// An unlimited seller: every job, unless a downstream 429 holds it.

@@ -18,6 +18,10 @@
 
 pub use crate::config::StateLayout;
 
+use std::sync::OnceLock;
+
+use crate::config::Topology;
+
 use super::rule::Rule;
 use super::script::{BlockAt, BlockRead, KeyedRule, StateKey};
 
@@ -220,6 +224,20 @@ impl KeySpace {
         format!("{}:{{pauses}}", self.prefix)
     }
 
+    /// The epoch of the limiter's state (`lua/jobs.lua`): a key without a
+    /// TTL that every guarded jobs call reads, so that only a loss of
+    /// Redis' data removes it. One for a single server; in a cluster one
+    /// per hash slot, in the slot of `key` (any key of the call), since a
+    /// script touches one slot and each master loses its own data.
+    pub fn epoch(&self, topology: Topology, key: &str) -> String {
+        match topology {
+            Topology::Single => format!("{}:{{epoch}}", self.prefix),
+            Topology::Cluster => {
+                format!("{}:{{{}}}:epoch", self.prefix, slot_tag(slot_of(key)))
+            }
+        }
+    }
+
     /// What `dlq replay` has replayed from dead-letter topic `topic`: a
     /// hash of `partition:offset` → marker (one key: a replay is one
     /// client's sequential work, never hot).
@@ -247,6 +265,36 @@ fn tag(seller: &str) -> std::borrow::Cow<'_, str> {
         }
     }
     out.into()
+}
+
+/// Redis Cluster's hash slot of `key`: CRC16 (XMODEM) of its hash tag,
+/// modulo 16384.
+pub fn slot_of(key: &str) -> u16 {
+    crc16::State::<crc16::XMODEM>::calculate(hash_tag(key).as_bytes()) % SLOTS
+}
+
+const SLOTS: u16 = 16384;
+
+/// A short hash tag in `slot`: the first of `e0`, `e1`, … that hashes
+/// there, found once for all slots (about 160,000 hashes, a few ms).
+fn slot_tag(slot: u16) -> &'static str {
+    static TAGS: OnceLock<Vec<String>> = OnceLock::new();
+    let tags = TAGS.get_or_init(|| {
+        let mut tags = vec![String::new(); usize::from(SLOTS)];
+        let mut left = tags.len();
+        let mut n = 0u64;
+        while left > 0 {
+            let tag = format!("e{n}");
+            let at = &mut tags[usize::from(slot_of(&tag))];
+            if at.is_empty() {
+                *at = tag;
+                left -= 1;
+            }
+            n += 1;
+        }
+        tags
+    });
+    &tags[usize::from(slot)]
 }
 
 /// The hash tag Redis Cluster would use for `key`: the part between the
@@ -281,6 +329,22 @@ mod tests {
             );
         }
         assert_ne!(hash_tag(&ks.block("{")), hash_tag(&ks.block("%7B")));
+    }
+
+    #[test]
+    fn a_cluster_epoch_lies_in_the_slot_of_the_call_and_a_single_one_is_shared() {
+        let ks = KeySpace::with_layout("tw", StateLayout::V2);
+        for seller in ["s1", "a{b}c", "seller-42", "", "*"] {
+            let key = ks.seller_state(seller);
+            let epoch = ks.epoch(Topology::Cluster, &key);
+            assert_eq!(slot_of(&epoch), slot_of(&key), "seller {seller:?}: {epoch}");
+            assert!(epoch.starts_with("tw:{e") && epoch.ends_with("}:epoch"));
+            assert_eq!(ks.epoch(Topology::Single, &key), "tw:{epoch}");
+        }
+        // The slots Redis documents (CLUSTER KEYSLOT).
+        assert_eq!(slot_of("123456789"), 12739);
+        assert_eq!(slot_of("foo"), 12182);
+        assert_eq!(slot_of("{user1000}.following"), slot_of("user1000"));
     }
 
     #[test]

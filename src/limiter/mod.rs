@@ -100,6 +100,6 @@ pub use redis::{RedisError, RedisStore, Scripts};
 pub use reply::{JobsReply, Reply};
 pub use rule::{Algorithm, Rule, RuleError};
 pub use script::{
-    BlockAt, BlockRead, FunctionLibrary, JobsCall, JobsRequest, KeyedRule, Op, ScriptCall,
-    SlotTerms, StateKey, Store,
+    BlockAt, BlockRead, FunctionLibrary, JobsCall, JobsRequest, KeyedRule, LossGuard, Op,
+    ScriptCall, SlotTerms, StateKey, Store,
 };

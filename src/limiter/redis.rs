@@ -23,7 +23,7 @@ use super::reply::{JobsReply, MalformedReply, Reply};
 use super::script::{
     BlockAt, FunctionLibrary, JobsCall, ScriptCall, Store, BLOCK_LUA, LIMITER_LUA,
 };
-use crate::telemetry::events::{JobsCallCancelled, RedisCalled};
+use crate::telemetry::events::{JobsCallCancelled, LimiterStateLost, RedisCalled};
 
 /// Why a Redis call failed.
 #[derive(Debug, thiserror::Error)]
@@ -660,11 +660,15 @@ impl Store for RedisStore {
         let mut args = call.args();
         // Only on Redis' clock: an explicit time (tests) says nothing of it.
         let on_redis_clock = call.now_us.is_none();
-        if on_redis_clock {
-            let deadline = self.clock.deadline(local_us(), self.conn.timeout);
-            args.push(deadline.map(|d| d.to_string()).unwrap_or_default());
-            args.push(self.call_life_us().to_string());
-        }
+        let (deadline, life) = if on_redis_clock {
+            (
+                self.clock.deadline(local_us(), self.conn.timeout),
+                Some(self.call_life_us()),
+            )
+        } else {
+            (None, None)
+        };
+        args.extend(call.tail(deadline, life));
         let raw = match self.invoke(call.keys(), args).await {
             Ok(raw) => raw,
             Err(e) => {
@@ -674,7 +678,25 @@ impl Store for RedisStore {
                 return Err(e);
             }
         };
-        let replies = JobsReply::many_from_slice(&raw)?;
+        let rows = match &call.guard {
+            None => &raw[..],
+            Some(guard) => {
+                // The guard's flag ends the reply: 1 when this call found
+                // the epoch gone.
+                let (rows, found) = raw.split_at(raw.len().saturating_sub(1));
+                match found {
+                    [0] => {}
+                    [1] => LimiterStateLost {
+                        epoch: &guard.epoch,
+                        on_loss: guard.on_loss.wire(),
+                    }
+                    .emit(),
+                    _ => return Err(MalformedReply(raw.clone()).into()),
+                }
+                rows
+            }
+        };
+        let replies = JobsReply::many_from_slice(rows)?;
         if let (true, Some(first)) = (on_redis_clock, replies.first()) {
             self.clock.observe(first.head.now_us, local_us());
         }
@@ -698,7 +720,8 @@ impl Store for RedisStore {
     async fn cancel_jobs(&self, call: &JobsCall) -> Result<Vec<i64>, RedisError> {
         let mut args = call.cancel_args();
         if call.now_us.is_none() {
-            // No deadline: a cancel is welcome whenever it runs.
+            // No deadline: a cancel is welcome whenever it runs. No guard:
+            // a cancel gives back, it decides nothing.
             args.push(String::new());
             args.push(self.call_life_us().to_string());
         }

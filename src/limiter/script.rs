@@ -12,6 +12,7 @@ use std::future::Future;
 use super::decision::Mode;
 use super::reply::{JobsReply, Reply};
 use super::rule::Rule;
+use crate::config::OnStateLoss;
 
 /// The limiter's Lua, as one library: helpers, one file per algorithm, the
 /// job-list driver, the single-call driver, then the block. It only defines
@@ -366,19 +367,53 @@ pub struct JobsCall {
     /// Decide without charging.
     pub dry_run: bool,
     pub requests: Vec<JobsRequest>,
+    /// Whether and how the call guards against Redis having lost the
+    /// limiter's state (`redis.on_state_loss`); `None` reads lost state as
+    /// fresh and reports nothing (tests of the algorithms).
+    pub guard: Option<LossGuard>,
+}
+
+/// The loss guard of a jobs call (`lua/jobs.lua`): the epoch key, which
+/// only a loss of Redis' data removes, and what a loss means.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LossGuard {
+    /// In the hash slot of every other key of the call
+    /// ([`KeySpace::epoch`](super::keys::KeySpace::epoch)).
+    pub epoch: String,
+    pub on_loss: OnStateLoss,
 }
 
 impl JobsCall {
     /// KEYS: per request its block key, then one per rule, then its
-    /// slots' when capped, then its call records' in v2 and v1+v2.
+    /// slots' when capped, then its call records' in v2 and v1+v2; last,
+    /// with a loss guard, the epoch key.
     pub fn keys(&self) -> impl Iterator<Item = &str> {
-        self.requests.iter().flat_map(|q| {
-            q.block
-                .keys()
-                .chain(rule_keys(&q.rules))
-                .chain(q.slots.as_ref().map(|s| s.key.as_str()))
-                .chain(q.calls.as_deref())
-        })
+        self.requests
+            .iter()
+            .flat_map(|q| {
+                q.block
+                    .keys()
+                    .chain(rule_keys(&q.rules))
+                    .chain(q.slots.as_ref().map(|s| s.key.as_str()))
+                    .chain(q.calls.as_deref())
+            })
+            .chain(self.guard.as_ref().map(|g| g.epoch.as_str()))
+    }
+
+    /// The ARGV that follow [`JobsCall::args`]: the deadline (µs on
+    /// Redis' clock), the life of the call's record (µs), and the loss
+    /// guard, each `''` when absent; nothing when all three are.
+    pub fn tail(&self, deadline_us: Option<i64>, life_us: Option<u64>) -> Vec<String> {
+        let guard = self.guard.as_ref().map(|g| g.on_loss.wire());
+        if deadline_us.is_none() && life_us.is_none() && guard.is_none() {
+            return Vec::new();
+        }
+        let mut tail = vec![
+            deadline_us.map(|d| d.to_string()).unwrap_or_default(),
+            life_us.map(|l| l.to_string()).unwrap_or_default(),
+        ];
+        tail.extend(guard.map(str::to_owned));
+        tail
     }
 
     /// ARGV, as `lua/jobs.lua` documents it.

@@ -506,6 +506,37 @@ impl HandoffLedgerFailed<'_> {
     }
 }
 
+/// A limiter call found the state's epoch gone: Redis lost the limiter's
+/// state (or this is a new install). One call per loss fleet-wide finds
+/// it (per hash slot in a cluster).
+pub struct LimiterStateLost<'a> {
+    /// The epoch key, which names the hash slot in a cluster.
+    pub epoch: &'a str,
+    /// `redis.on_state_loss`.
+    pub on_loss: &'static str,
+}
+
+impl LimiterStateLost<'_> {
+    pub fn emit(&self) {
+        // A cluster's master that lost its data is found once per slot.
+        static LOG: Every = Every::new(Duration::from_secs(10));
+        metrics().limiter_state_lost.inc();
+        if let Some(more) = LOG.tick() {
+            let what = if self.on_loss == "wait" {
+                "sellers whose state is gone wait up to one period per rule (redis.on_state_loss = wait)"
+            } else {
+                "sellers whose state is gone start fresh and may get one extra window (redis.on_state_loss = admit)"
+            };
+            tracing::warn!(
+                epoch = self.epoch,
+                on_state_loss = self.on_loss,
+                more_since_last_line = more,
+                "Redis has lost the limiter's state (a restart without persistence, a failover, an eviction, or a new install): {what}"
+            );
+        }
+    }
+}
+
 /// Polling Kafka failed (a broker down, a transport error); librdkafka keeps
 /// reconnecting on its own.
 pub struct KafkaPollFailed<'a> {

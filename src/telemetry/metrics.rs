@@ -124,6 +124,7 @@ pub struct Metrics {
     pub offset_commits: Counter,
     pub offset_commit_errors: Counter,
     pub handoff_ledger_errors: Counter,
+    pub limiter_state_lost: Counter,
     pub kafka_errors: Counter,
     pub rebalances: Counter,
     pub backpressure_pauses: Counter,
@@ -312,6 +313,11 @@ impl Metrics {
             handoff_ledger_errors: reg!(
                 "handoff_ledger_errors",
                 "Reads and writes of the handoff ledger (finished offsets kept in Redis beside each commit) that failed",
+                Counter::default()
+            ),
+            limiter_state_lost: reg!(
+                "limiter_state_lost",
+                "Losses of the limiter's state in Redis found by this replica (a restart without persistence, a failover, an eviction, a new install): one per loss fleet-wide, per hash slot in a cluster",
                 Counter::default()
             ),
             kafka_errors: reg!(

@@ -150,7 +150,8 @@ pub async fn run_watching(
         KeySpace::with_layout(prefix.clone(), layout),
         policy,
         settings.redis.topology,
-    );
+    )
+    .with_state_loss(settings.redis.on_state_loss);
     let (part_tx, part_rx) = mpsc::unbounded_channel();
     let consumer = Consumers::new(&settings.kafka, part_tx, Some(Arc::new(ledger)))
         .map_err(StartError::Kafka)?;

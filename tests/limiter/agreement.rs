@@ -25,11 +25,12 @@ use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
 use redis::aio::MultiplexedConnection;
+use throttle_worker::config::OnStateLoss;
 use throttle_worker::limiter::local::{self, ModelStore};
 use throttle_worker::limiter::testkit;
 use throttle_worker::limiter::{
-    Algorithm, BlockAt, BlockRead, JobsCall, JobsReply, JobsRequest, KeyedRule, Mode, Op,
-    RedisStore, Reply, Rule, ScriptCall, SlotTerms, StateKey, StateLayout, Store,
+    Algorithm, BlockAt, BlockRead, JobsCall, JobsReply, JobsRequest, KeyedRule, LossGuard, Mode,
+    Op, RedisStore, Reply, Rule, ScriptCall, SlotTerms, StateKey, StateLayout, Store,
 };
 
 /// Cases the property test runs unless `PROPTEST_CASES` says otherwise:
@@ -54,6 +55,8 @@ struct Seller {
     /// v2 and v1+v2: the sorted set of its jobs calls' records
     /// (`lua/calls.lua`).
     calls: Option<String>,
+    /// The loss guard its jobs calls carry (`redis.on_state_loss`).
+    guard: Option<LossGuard>,
 }
 
 impl Seller {
@@ -86,6 +89,7 @@ impl Seller {
             rules: Vec::new(),
             slots: None,
             calls,
+            guard: None,
         };
         seller.rules = (0..rules.len()).map(|i| seller.at(i, &rules[i])).collect();
         seller
@@ -128,6 +132,7 @@ impl Seller {
         del.arg(self.slots.as_ref().map(|s| s.key.as_str()));
         del.arg(self.calls.as_deref());
         del.arg(self.block.also.as_deref());
+        del.arg(self.guard.as_ref().map(|g| g.epoch.as_str()));
         for (at, _) in &self.rules {
             del.arg(&at.key);
             del.arg(at.also.as_deref());
@@ -142,6 +147,7 @@ impl Seller {
         JobsCall {
             now_us: Some(now_us),
             dry_run,
+            guard: self.guard.clone(),
             requests: vec![JobsRequest {
                 call_id: call_id.to_owned(),
                 block: self.block.clone(),
@@ -284,7 +290,27 @@ async fn both_jobs(
         .run_jobs(call)
         .await
         .map_err(|e| format!("{inputs}\n  lua failed: {e}"))?;
-    let want = testkit::run_jobs(model, now_us, call.dry_run, &call.requests);
+    let (want, _) = testkit::run_guarded(
+        model,
+        now_us,
+        call.dry_run,
+        &call.requests,
+        call.guard.as_ref(),
+    );
+    if let Some(g) = &call.guard {
+        let mut conn = raw().await;
+        let epoch: Option<i64> = redis::cmd("GET")
+            .arg(&g.epoch)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| format!("{inputs}\n  GET {}: {e}", g.epoch))?;
+        let model_epoch = model.epoch(&g.epoch);
+        if epoch.map(i128::from) != model_epoch {
+            return Err(format!(
+                "{inputs}\n  the epoch after the call: lua {epoch:?} ≠ model {model_epoch:?}"
+            ));
+        }
+    }
     if lua != want {
         let mut diffs = String::new();
         if lua.len() != want.len() {
@@ -430,6 +456,10 @@ enum Step {
     /// Answers arrive: `1 + count` slots of earlier grants, from `pick`
     /// on, go back (`max_in_flight`; a no-op without a cap or a grant).
     Release { pick: Index, count: Index },
+    /// Redis loses its data (a restart without persistence, a failover),
+    /// `gap` µs after the previous step: every key of the case is gone,
+    /// the guard's epoch too.
+    Lose { gap: u64 },
     /// The cancel of an earlier granted call not refunded yet (picked by
     /// `pick`; `lua/calls.lua`), `gap` µs after the previous step: a jobs
     /// call's units come back (v2, v1+v2), anything else leaves a
@@ -445,6 +475,9 @@ struct Case {
     slots: Option<(u32, u64)>,
     /// µs after T0 of the first step, so windows do not all start aligned.
     start: u64,
+    /// The jobs calls' loss guard, and the epoch an earlier run left
+    /// (µs before the first step; `None`: a new install).
+    guard: Option<(OnStateLoss, Option<u64>)>,
     steps: Vec<Step>,
 }
 
@@ -554,6 +587,7 @@ fn any_step() -> impl Strategy<Value = Step> {
         2 => (any::<Index>(), any::<Index>())
             .prop_map(|(pick, count)| Step::Release { pick, count }),
         1 => (gap(), any::<Index>()).prop_map(|(gap, pick)| Step::Cancel { gap, pick }),
+        1 => gap().prop_map(|gap| Step::Lose { gap }),
     ]
 }
 
@@ -570,12 +604,20 @@ fn any_case() -> impl Strategy<Value = Case> {
         prop::option::weighted(0.5, (1u32..=4, 200u64..6_000)),
         0u64..1_000_000,
         prop::collection::vec(any_step(), 1..=MAX_STEPS),
+        prop::option::weighted(
+            0.5,
+            (
+                prop_oneof![Just(OnStateLoss::Wait), Just(OnStateLoss::Admit)],
+                prop::option::weighted(0.5, 0u64..2_000_000),
+            ),
+        ),
     )
-        .prop_map(|(rules, slots, start, steps)| Case {
+        .prop_map(|(rules, slots, start, steps, guard)| Case {
             rules,
             slots,
             start,
             steps,
+            guard,
         })
 }
 
@@ -603,6 +645,8 @@ struct Seen {
     slots_released: u64,
     cancels_refunded: u64,
     cancels_before: u64,
+    losses: u64,
+    guarded_losses: u64,
 }
 
 impl Seen {
@@ -652,19 +696,34 @@ async fn agree(
         lease_us,
         poll_us: 777,
     });
-    let agreed = steps(redis, &mut seller, case, seen).await;
+    let agreed = steps(redis, conn, &mut seller, case, seen).await;
     seller.forget(&mut conn.clone()).await;
     agreed
 }
 
 async fn steps(
     redis: &RedisStore,
+    conn: &MultiplexedConnection,
     seller: &mut Seller,
     case: &Case,
     seen: &RefCell<Seen>,
 ) -> Result<(), String> {
     let mut model = ModelStore::new();
     let mut now = T0 + case.start;
+    if let Some((on_loss, before)) = case.guard {
+        let epoch = format!("{}:{{epoch}}", seller.prefix);
+        if let Some(before) = before {
+            let at = now - before;
+            let _: () = redis::cmd("SET")
+                .arg(&epoch)
+                .arg(at)
+                .query_async(&mut conn.clone())
+                .await
+                .map_err(|e| format!("SET {epoch}: {e}"))?;
+            model.set_epoch(&epoch, i128::from(at));
+        }
+        seller.guard = Some(LossGuard { epoch, on_loss });
+    }
     let mut taken: Vec<Taken> = Vec::new();
     // Slots granted and not given back yet (they may have lapsed).
     let mut held: Vec<String> = Vec::new();
@@ -788,6 +847,21 @@ async fn steps(
                 both_release(redis, &mut model, &key, &label, &leases).await?;
                 seen.borrow_mut().slots_released += 1;
             }
+            Step::Lose { gap } => {
+                now += gap;
+                let mut c = conn.clone();
+                for key in keys_under(&seller.prefix).await {
+                    let _: i64 = redis::cmd("DEL")
+                        .arg(&key)
+                        .query_async(&mut c)
+                        .await
+                        .map_err(|e| format!("{label}: DEL {key}: {e}"))?;
+                }
+                model = ModelStore::new();
+                let mut seen = seen.borrow_mut();
+                seen.losses += 1;
+                seen.guarded_losses += u64::from(seller.guard.is_some());
+            }
             Step::Cancel { gap, pick } => {
                 now += gap;
                 if taken.is_empty() {
@@ -904,6 +978,10 @@ fn agree_on_random_sequences(layout: StateLayout) {
                 ),
                 ("job lists refused for a slot", seen.jobs_denied_for_a_slot),
                 ("slots given back", seen.slots_released),
+                (
+                    "losses of Redis' data under a loss guard",
+                    seen.guarded_losses,
+                ),
             ],
             &seen,
         );

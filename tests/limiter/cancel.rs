@@ -63,6 +63,7 @@ impl Bench {
         JobsCall {
             now_us: Some(now_us),
             dry_run,
+            guard: None,
             requests: vec![JobsRequest {
                 call_id: id.to_owned(),
                 block: self.keys.block_at(seller),

@@ -181,6 +181,7 @@ impl Keys {
         JobsCall {
             now_us: Some(now_us),
             dry_run,
+            guard: None,
             requests: vec![JobsRequest {
                 call_id: id.to_owned(),
                 block: self.block.clone().into(),

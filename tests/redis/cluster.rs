@@ -169,6 +169,76 @@ async fn global_rules_hold_across_slots() {
     );
 }
 
+/// A master that loses its data holds its own sellers and no other (issue
+/// 33, item 2). The loss guard's epoch lives in each slot, beside the
+/// sellers it guards: a FLUSHALL of one master (as a restart without
+/// persistence, or a failover to a replica that missed writes, leaves it)
+/// removes the epochs of that master's slots only. Its seller, 3 of 4
+/// taken, is then charged a whole window at the loss and refused for the
+/// rest of it; a seller on another master keeps its state and its last
+/// unit. The epoch is written again in the lost slot, at the call's time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_that_loses_its_data_holds_its_own_sellers_alone() {
+    use throttle_worker::config::OnStateLoss;
+    use throttle_worker::limiter::{BatchDecision, JobsQuery};
+
+    let cluster = RedisCluster::start(3);
+    let keys = KeySpace::with_layout(unique_prefix("cluster-loss"), StateLayout::V2);
+    let limits = || policy(vec![rule("fixed_window", 4, "1h", None)], vec![]);
+    let limiter = |store, on_loss| {
+        Limiter::new(store, keys.clone(), limits(), Topology::Cluster).with_state_loss(on_loss)
+    };
+    let sellers: Vec<String> = (0..50).map(|i| format!("loss-{i}")).collect();
+    let (lost, kept) = {
+        let owner = |s: &String| cluster.owner(cluster.keyslot(&keys.block(s)));
+        let lost = sellers[0].clone();
+        let kept = sellers
+            .iter()
+            .find(|s| owner(s) != owner(&lost))
+            .expect("a seller on another master")
+            .clone();
+        let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
+        (leak(lost), leak(kept))
+    };
+    let ask = |seller: &'static str, costs: &'static [u64], t: u64| JobsQuery {
+        seller,
+        costs,
+        dry_run: false,
+        at_us: Some(T0 + t),
+    };
+    // The install has run before: its first calls wrote the epochs.
+    let admit = limiter(cluster_store(&cluster).await, OnStateLoss::Admit);
+    let wait = limiter(cluster_store(&cluster).await, OnStateLoss::Wait);
+    for s in [lost, kept] {
+        let d = admit.check_jobs(ask(s, &[1], 0)).await.expect("first call");
+        assert!(matches!(d, BatchDecision::Granted(ref g) if g.jobs == 1), "{d:?}");
+        let d = wait.check_jobs(ask(s, &[1, 1], 1)).await.expect("second call");
+        assert!(matches!(d, BatchDecision::Granted(ref g) if g.jobs == 2), "{d:?}");
+    }
+    let master = cluster.owner(cluster.keyslot(&keys.block(lost)));
+    assert_eq!(cluster.cli(master, &["FLUSHALL"]).trim(), "OK");
+
+    let d = wait.check_jobs(ask(lost, &[1], 2)).await.expect("after the loss");
+    match d {
+        BatchDecision::Denied(d) => assert!(
+            d.retry_after > Duration::from_secs(3_000),
+            "refused for the rest of the window: {d:?}"
+        ),
+        other => panic!("the seller whose state was lost passed: {other:?}"),
+    }
+    let d = wait.check_jobs(ask(kept, &[1, 1], 2)).await.expect("other master");
+    assert!(
+        matches!(d, BatchDecision::Granted(ref g) if g.jobs == 1),
+        "the seller on another master keeps its state (one unit left): {d:?}"
+    );
+    let epoch = keys.epoch(Topology::Cluster, &keys.seller_state(lost));
+    assert_eq!(
+        cluster.cli(master, &["GET", &epoch]).trim(),
+        (T0 + 2).to_string(),
+        "the epoch is written again in the lost slot, at the call's time"
+    );
+}
+
 /// The worker end to end on the cluster: `redis.topology = "cluster"`,
 /// `redis.url` one node, `redis.cluster_nodes` another. Every job is done
 /// once, and no seller's window is over its limit at the downstream.

@@ -407,12 +407,14 @@ impl Store for SimStore {
     async fn run_jobs(&self, call: &JobsCall) -> Result<Vec<JobsReply>, SimRedisError> {
         let now = self.reach().await?;
         let now = call.now_us.unwrap_or(now);
-        Ok(testkit::run_jobs(
+        let (replies, _found) = testkit::run_guarded(
             &mut self.store(),
             now,
             call.dry_run,
             &call.requests,
-        ))
+            call.guard.as_ref(),
+        );
+        Ok(replies)
     }
 
     async fn release(&self, key: &str, leases: &[String]) -> Result<u64, SimRedisError> {

@@ -21,5 +21,6 @@ mod restart;
 mod retry_tiers;
 mod revoked_writes;
 mod startup;
+mod state_loss;
 mod stuck_head;
 mod traces;

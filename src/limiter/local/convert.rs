@@ -80,7 +80,7 @@ pub fn units_in_use(store: &ModelStore, key: &str, rule: &Rule, now: i128) -> i1
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::time::Duration;
 
     use proptest::prelude::*;
@@ -169,7 +169,7 @@ mod tests {
     ///   ceil((b - edit) * rate_new)`: one burst, not two.
     ///
     /// Err: the interval and what it admitted against the bound.
-    fn windows_within_the_larger_rule(
+    pub(crate) fn windows_within_the_larger_rule(
         old: &Rule,
         new: &Rule,
         t_edit: i128,
@@ -237,7 +237,7 @@ mod tests {
     }
 
     /// Two rules of one family (window algorithms share a period).
-    fn rule_pair() -> impl Strategy<Value = (Rule, Rule)> {
+    pub(crate) fn rule_pair() -> impl Strategy<Value = (Rule, Rule)> {
         let windows = (
             prop::sample::select(vec![Algorithm::FixedWindow, Algorithm::SlidingWindowLog]),
             prop::sample::select(vec![Algorithm::FixedWindow, Algorithm::SlidingWindowLog]),
@@ -259,7 +259,7 @@ mod tests {
     }
 
     /// Arrivals: gaps up to a quarter second, costs up to 12.
-    fn arrivals() -> impl Strategy<Value = Vec<(u64, u64)>> {
+    pub(crate) fn arrivals() -> impl Strategy<Value = Vec<(u64, u64)>> {
         prop::collection::vec((0u64..250_000, 1u64..12), 0..40)
     }
 

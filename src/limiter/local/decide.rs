@@ -258,10 +258,47 @@ pub(crate) fn settle(store: &mut ModelStore, at: &StateKey, rule: &Rule, now: i1
         Some(old) => convert::convert(store, &addr, &old, rule, now as u64),
         None => store.remove(&addr),
     }
-    if store.get(&addr).is_some() {
+    // The script names the new rule wherever the place still has a field:
+    // a state kept as it is (even an emptied log), or a converted charge.
+    if store.get(&addr).is_some() || store.mark(&addr).is_some() {
         store.set_mark(&addr, fp);
     }
 }
+
+/// `lost_fill` of common.lua: after Redis lost the limiter's state (at
+/// `lost`, the epoch), a v2 place that no rule has written is charged a
+/// whole use at `lost` (the most the lost state can have held), as long as
+/// that use would still count at `now`.
+#[cfg(any(test, feature = "testkit"))]
+pub(crate) fn lost_fill(store: &mut ModelStore, at: &StateKey, rule: &Rule, lost: i128, now: i128) {
+    if at.place.is_none() {
+        return;
+    }
+    let addr = at.address();
+    if store.mark(&addr).is_some() {
+        return;
+    }
+    let lost = lost.min(now);
+    let r = Params::from(rule);
+    let filled = with_algo!(rule.algorithm(), A => {
+        let view = A::load(store, &addr, &r, lost);
+        let cap = A::cap(&r);
+        if now >= lost + A::reset(&view, &r, lost, cap) {
+            false
+        } else {
+            A::take(store, &addr, &view, &r, lost, cap, LOST_CALL_ID);
+            true
+        }
+    });
+    if filled {
+        store.set_mark(&addr, rule.fingerprint());
+    }
+}
+
+/// The call id a loss's charge is written under (`sliding_window_log` v1
+/// names its members by call id; v2 places do not).
+#[cfg(any(test, feature = "testkit"))]
+const LOST_CALL_ID: &str = "lost";
 
 /// `stamp` of common.lua: a take names its rule at the place.
 pub(crate) fn stamp(store: &mut ModelStore, at: &StateKey, rule: &Rule) {

@@ -188,7 +188,8 @@ pub fn refund_v2(store: &mut ModelStore, key: &str, n: i128, taken: i128) {
     };
     log.remove_at(taken, n);
     if log.is_empty() {
-        store.remove(key);
+        // The script writes the log back empty: its `fp` stays.
+        store.empty(key);
     }
 }
 

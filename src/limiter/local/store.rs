@@ -80,6 +80,10 @@ pub struct ModelStore {
     /// records (`prefix:{seller}:calls`).
     #[cfg(any(test, feature = "testkit"))]
     pub(crate) records: HashMap<String, crate::limiter::testkit::calls::Records>,
+    /// The epoch keys of `lua/jobs.lua`'s loss guard: µs the state was
+    /// last found lost. Cleared with everything else by a loss.
+    #[cfg(any(test, feature = "testkit"))]
+    pub(crate) epochs: HashMap<String, i128>,
 }
 
 impl ModelStore {
@@ -105,6 +109,12 @@ impl ModelStore {
         self.marks.remove(key);
     }
 
+    /// Empties a state but keeps its rule's mark: a v2 place whose fields
+    /// say "nothing" (an emptied log) still names its rule.
+    pub fn empty(&mut self, key: &str) {
+        self.entries.remove(key);
+    }
+
     /// State v2: the fingerprint of the rule that wrote the place at `key`.
     pub fn mark(&self, key: &str) -> Option<&str> {
         self.marks.get(key).map(String::as_str)
@@ -112,6 +122,18 @@ impl ModelStore {
 
     pub fn set_mark(&mut self, key: &str, fingerprint: String) {
         self.marks.insert(key.to_owned(), fingerprint);
+    }
+
+    /// The loss guard's epoch at `key` (µs; `lua/jobs.lua`).
+    #[cfg(any(test, feature = "testkit"))]
+    pub fn epoch(&self, key: &str) -> Option<i128> {
+        self.epochs.get(key).copied()
+    }
+
+    /// Writes the loss guard's epoch, as an install that has run before.
+    #[cfg(any(test, feature = "testkit"))]
+    pub fn set_epoch(&mut self, key: &str, at_us: i128) {
+        self.epochs.insert(key.to_owned(), at_us);
     }
 
     /// The block as the limiter reads it (`None`: not read, or none); in

@@ -5,13 +5,14 @@
 //! [`ModelLimiter`](crate::limiter::local::ModelLimiter).
 
 use super::calls;
+use crate::config::OnStateLoss;
 use crate::limiter::local::decide::{
-    cap_of, cdiv, field, refund_request, scratch_for, settle, stamp, Both, Out, Params,
+    cap_of, cdiv, field, lost_fill, refund_request, scratch_for, settle, stamp, Both, Out, Params,
 };
 use crate::limiter::local::ModelStore;
 use crate::limiter::reply::JobsReply;
 use crate::limiter::rule::Algorithm;
-use crate::limiter::script::{JobsRequest, KeyedRule, SlotTerms};
+use crate::limiter::script::{JobsRequest, KeyedRule, LossGuard, SlotTerms};
 
 /// `lua/jobs.lua`: per request, the longest prefix of its jobs that fits,
 /// each job all or nothing across the request's rules; requests in order,
@@ -27,6 +28,18 @@ pub fn run_jobs(
     dry_run: bool,
     requests: &[JobsRequest],
 ) -> Vec<JobsReply> {
+    run_guarded(store, now_us, dry_run, requests, None).0
+}
+
+/// [`run_jobs`] with the loss guard of `lua/jobs.lua`: also whether this
+/// call found the epoch gone (and, charging, wrote it).
+pub fn run_guarded(
+    store: &mut ModelStore,
+    now_us: u64,
+    dry_run: bool,
+    requests: &[JobsRequest],
+    guard: Option<&LossGuard>,
+) -> (Vec<JobsReply>, bool) {
     assert!(
         requests
             .iter()
@@ -38,7 +51,21 @@ pub fn run_jobs(
     let mut scratch = scratch_for(store, dry_run, &all);
     let store = scratch.as_mut().unwrap_or(store);
     let charge = !dry_run;
-    requests
+    let (mut lost, mut found) = (None, false);
+    if let Some(g) = guard {
+        let at = match store.epochs.get(&g.epoch) {
+            Some(&at) => at,
+            None => {
+                found = charge;
+                if charge {
+                    store.epochs.insert(g.epoch.clone(), now);
+                }
+                now
+            }
+        };
+        lost = (g.on_loss == OnStateLoss::Wait).then_some(at);
+    }
+    let replies = requests
         .iter()
         .map(|q| {
             // calls.lua: a request cancelled before it ran charges nothing;
@@ -60,13 +87,14 @@ pub fn run_jobs(
                     tight: 0,
                 };
             }
-            let reply = jobs_request(store, now, charge, q);
+            let reply = jobs_request(store, now, charge, q, lost);
             if charge && reply.head.status == 1 && reply.head.granted > 0 && !q.rules.is_empty() {
                 calls::record(store, q, now, i128::from(reply.head.granted));
             }
             reply
         })
-        .collect()
+        .collect();
+    (replies, found)
 }
 
 /// `cancel` of `lua/calls.lua`: per request, the units of its recorded
@@ -97,7 +125,13 @@ pub fn cancel(store: &mut ModelStore, now_us: u64, requests: &[JobsRequest]) -> 
         .collect()
 }
 
-fn jobs_request(store: &mut ModelStore, now: i128, charge: bool, q: &JobsRequest) -> JobsReply {
+fn jobs_request(
+    store: &mut ModelStore,
+    now: i128,
+    charge: bool,
+    q: &JobsRequest,
+    lost: Option<i128>,
+) -> JobsReply {
     let costs: Vec<i128> = q.costs.iter().map(|&c| i128::from(c)).collect();
     let reply = |out: Out, jobs: i64, next: i64| JobsReply {
         head: out.reply(now),
@@ -128,6 +162,9 @@ fn jobs_request(store: &mut ModelStore, now: i128, charge: bool, q: &JobsRequest
 
     for (key, rule) in &q.rules {
         settle(store, key, rule, now);
+        if let Some(lost) = lost {
+            lost_fill(store, key, rule, lost, now);
+        }
     }
     let states: Vec<Both> = q
         .rules
@@ -243,5 +280,120 @@ fn jobs_request(store: &mut ModelStore, now: i128, charge: bool, q: &JobsRequest
             jobs as i64,
             next,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::limiter::local::convert::tests::{
+        arrivals, rule_pair, windows_within_the_larger_rule,
+    };
+    use crate::limiter::rule::Rule;
+    use crate::limiter::script::{BlockAt, BlockRead, StateKey};
+
+    const T0: i128 = 1_700_000_000_000_000;
+    const EPOCH: &str = "m:{epoch}";
+
+    fn request(rule: &Rule, id: &str, cost: u64) -> JobsRequest {
+        JobsRequest {
+            call_id: id.to_owned(),
+            block: BlockAt {
+                key: "m:{s}:v2".to_owned(),
+                read: BlockRead::Field,
+                also: None,
+            },
+            rules: vec![(StateKey::place("m:{s}:v2", "r0"), *rule)],
+            costs: vec![cost],
+            slots: None,
+            calls: Some("m:{s}:calls".to_owned()),
+        }
+    }
+
+    /// Arrivals `(gap µs, cost)` of one seller under `rule`, each a jobs
+    /// call of one job with the loss guard; Redis loses everything (the
+    /// epoch too) before arrival `lose_at`. The install ran before: its
+    /// epoch is an hour old. Returns the loss's instant and every grant.
+    fn lose_midway(
+        rule: &Rule,
+        on_loss: OnStateLoss,
+        arrivals: &[(u64, u64)],
+        lose_at: usize,
+    ) -> (i128, Vec<(i128, i128)>) {
+        let guard = LossGuard {
+            epoch: EPOCH.to_owned(),
+            on_loss,
+        };
+        let mut store = ModelStore::new();
+        store.set_epoch(EPOCH, T0 - 3_600_000_000);
+        let (mut now, mut lost, mut grants) = (T0, T0, Vec::new());
+        for (i, &(gap, cost)) in arrivals.iter().enumerate() {
+            now += i128::from(gap);
+            if i == lose_at {
+                store = ModelStore::new();
+                lost = now;
+            }
+            let q = request(rule, &format!("c{i}"), cost);
+            let (replies, _) = run_guarded(&mut store, now as u64, false, &[q], Some(&guard));
+            if replies[0].head.status == 1 {
+                grants.push((now, i128::from(replies[0].head.granted)));
+            }
+        }
+        if lose_at >= arrivals.len() {
+            lost = now + 1;
+        }
+        (lost, grants)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(400))]
+
+        /// Issue 33, item 2: with `on_state_loss = "wait"` a loss of Redis'
+        /// data admits no more across it than the rule does: every
+        /// interval spanning the loss within the rule's bound (the oracle
+        /// of rule edits, with the rule "edited" to itself at the loss).
+        #[test]
+        fn a_loss_never_admits_more_than_the_rule(
+            (rule, _) in rule_pair(),
+            before in arrivals(),
+            after in arrivals(),
+        ) {
+            let lose_at = before.len();
+            let all: Vec<(u64, u64)> = before.into_iter().chain(after).collect();
+            let (lost, grants) = lose_midway(&rule, OnStateLoss::Wait, &all, lose_at);
+            let verdict = windows_within_the_larger_rule(&rule, &rule, lost, &grants);
+            prop_assert!(verdict.is_ok(), "{rule:?}: {verdict:?}\ngrants {grants:?}");
+        }
+    }
+
+    /// The same oracle catches what `admit` allows (and what every
+    /// release before the guard did): the lost state read as fresh
+    /// admits a second window's worth.
+    #[test]
+    fn admit_gives_a_second_window_and_wait_does_not() {
+        let rule = Rule::new(
+            crate::limiter::Algorithm::FixedWindow,
+            5,
+            std::time::Duration::from_secs(10),
+            None,
+        )
+        .expect("a valid rule");
+        // Five jobs at T0, Redis loses its data 2 s later, five more.
+        let arrivals: Vec<(u64, u64)> = [(0, 1); 5]
+            .into_iter()
+            .chain([(2_000_000, 1)])
+            .chain([(0, 1); 4])
+            .collect();
+        let (lost, grants) = lose_midway(&rule, OnStateLoss::Admit, &arrivals, 5);
+        let admitted: i128 = grants.iter().map(|(_, n)| n).sum();
+        assert_eq!(admitted, 10, "admit: the window counts anew after the loss");
+        assert!(windows_within_the_larger_rule(&rule, &rule, lost, &grants).is_err());
+
+        let (lost, grants) = lose_midway(&rule, OnStateLoss::Wait, &arrivals, 5);
+        let admitted: i128 = grants.iter().map(|(_, n)| n).sum();
+        assert_eq!(admitted, 5, "wait: nothing more until the window ends");
+        windows_within_the_larger_rule(&rule, &rule, lost, &grants).expect("within the rule");
     }
 }

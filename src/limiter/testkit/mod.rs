@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use jobs::{cancel, run_jobs};
+pub use jobs::{cancel, run_guarded, run_jobs};
 
 use crate::limiter::local::{Clock, ModelLimiter, ModelStore, State};
 use crate::limiter::script::{BlockAt, BlockRead};
