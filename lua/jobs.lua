@@ -165,7 +165,7 @@ local function jobs_request(out, now, charge, id, until_, rules, costs, slots, l
   -- more after `taken`, so the prefix is the longest whose sum fits the
   -- tightest rule. No rules (an unlimited seller): everything fits. With
   -- max_in_flight, a job that fits the rules also needs a free slot.
-  local free = slots ~= nil and slots_free(slots, now) or nil
+  local free = slots ~= nil and slots_free(slots, now, lost, charge) or nil
   local jobs, units, stop, capped = 0, 0, 0, false
   for j = 1, #costs do
     local c = costs[j]

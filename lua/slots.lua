@@ -26,9 +26,30 @@ local function slots_terms(spec, key)
   return { key = key, max = max, lease = lease, poll = poll }
 end
 
--- Slots free now: the cap less the leases that have not lapsed.
-local function slots_free(s, now)
+-- Slots free now: the cap less the leases that have not lapsed. `lost`
+-- (jobs.lua's loss guard, 'wait'): the instant Redis lost its data. A set
+-- that is gone within one lease of it may have held every slot, so they
+-- count as taken until then: a charging call writes `max` leases
+-- `lost:<j>` lapsing one lease after the loss (calls granted later count
+-- beside them), a dry run only answers 0. The model is
+-- `src/limiter/testkit/slots.rs`.
+local function slots_free(s, now, lost, charge)
   local live = redis.call('ZCOUNT', s.key, '(' .. I(now), '+inf')
+  if live == 0 and lost ~= nil then
+    local until_ = math.min(lost, now) + s.lease
+    if now < until_ and redis.call('ZCOUNT', s.key, '-inf', '+inf') == 0 then
+      if charge then
+        local args = {}
+        for j = 1, s.max do
+          args[#args + 1] = I(until_)
+          args[#args + 1] = 'lost:' .. j
+        end
+        redis.call('ZADD', s.key, unpack(args))
+        redis.call('PEXPIRE', s.key, math.floor((until_ - now) / 1000) + 1000)
+      end
+      return 0
+    end
+  end
   return s.max - live
 end
 

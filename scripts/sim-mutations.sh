@@ -16,13 +16,15 @@ export SIM_SEEDS=${SIM_SEEDS:-2000}
 
 # invariant, file, perl substitution (-0 mode), what it breaks: tab-separated
 MUTATIONS=(
-  $'1\tsrc/worker/sellers.rs\ts/for origin in asked\\.iter\\(\\)\\.take\\(g\\.jobs\\)/for origin in asked.iter()/; s/if units \\+ cost > g\\.units \\{\\s*break;\\s*\\}//\ta grant of k jobs calls every job asked about'
+  $'1\tsrc/worker/sellers.rs\ts/for \\(k, origin\\) in asked\\.iter\\(\\)\\.take\\(g\\.jobs\\)\\.enumerate\\(\\)/for (k, origin) in asked.iter().enumerate()/; s/if units \\+ cost > g\\.units \\{\\s*break;\\s*\\}//\ta grant of k jobs calls every job asked about'
   $'2\tsrc/worker/run.rs\ts/for p in back\\.into_iter\\(\\)\\.rev\\(\\) \\{/for p in back.into_iter().rev().filter(|_| false) {/\tjobs a run did not call (after a 429) are dropped'
   $'3\tsrc/worker/run.rs\ts/Answer::Unreachable \\{ \\.\\. \\} if self\\.outage\\.is_open\\(\\)/Answer::Unreachable { .. } if false/; s/if reached_nothing\\s*&& previous/if false \&\& previous/\ta downstream outage spends the jobs\' attempts'
   $'4\tsrc/worker/run.rs\ts/if !seller\\.wants_paced_slot \\{\\s*seller\\.wants_paced_slot = true;\\s*self\\.sellers\\.paced_waiters\\.push_back\\(key\\.clone\\(\\)\\);\\s*\\}/self.timers.at(after(now, Duration::from_millis(50)), Timer::Paced(key.clone()));/\ta due paced job that finds every slot taken looks again 50 ms later instead of taking the next freed slot'
   $'5\tsrc/worker/run.rs\ts/RetryAfter::Wait\\(wait\\) if !wait\\.is_zero\\(\\) => wait,/RetryAfter::Wait(wait) => wait,\\n                _ if true => Duration::ZERO,/\ta 429 with no useful wait holds the seller for nothing'
   $'6\tsrc/worker/run.rs\ts/(                let at = after\\(self\\.deps\\.clock\\.now\\(\\), wait\\);)/                self.deps.source.finish(&p.origin);\\n$1/\ta failed job is marked finished before it is'
   $'8\tsrc/worker/run.rs\ts/if stopped\(\) \|\| paused\(\) \|\|/if stopped() ||/; s/if self\.pause_of\(key\)\.is_some\(\) \{/if false {/\tgranted work (a run under way, a pacer\'s due jobs) is called after a pause began'
+  $'1\tsrc/limiter/local/decide.rs\ts/(pub\\(crate\\) fn lost_fill\\([^{]*\\{\\n)/$1    if lost > 0 { return; }\\n/\tRedis losing its data: the lost state read as fresh (what redis.on_state_loss = admit does)'
+  $'10\tsrc/worker/run.rs\ts/if head\.go_at > now \{/if false \&\& head.go_at > now {/\ta paced job goes the moment it is granted, not at its go-at (issue 33: it passed every seed while invariant 1 trusted X-Granted-At)'
   $'7\tsrc/worker/timers.rs\ts/Duration::from_millis\\(unix_ms_at\\.saturating_sub\\(clock\\.unix_ms\\(\\)\\)\\)/Duration::from_millis(unix_ms_at - clock.unix_ms())/\ta wall-clock wait read as an unsigned difference (a clock step backwards wraps)'
 )
 

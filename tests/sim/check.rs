@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use throttle_worker::limiter::{Algorithm, Rule};
 
-use super::journal::{Call, JobId};
+use super::journal::{Call, JobId, Reach};
 use super::ports::Poison;
 use super::run::Outcome;
 use super::scenario::Scenario;
@@ -24,6 +24,7 @@ pub fn fleet(sc: &Scenario, out: &Outcome) -> Vec<String> {
     let mut v = Vec::new();
     v.extend(out.panics.iter().map(|p| format!("7. panic: {p}")));
     v.extend(limits(sc, out));
+    v.extend(called_after_release(sc, out));
     v.extend(nothing_lost(sc, out));
     v.extend(no_innocent_dead_letters(sc, out));
     v.extend(no_tight_loop(sc, out));
@@ -31,6 +32,29 @@ pub fn fleet(sc: &Scenario, out: &Outcome) -> Vec<String> {
     v.extend(no_call_while_paused(sc, out));
     v.extend(in_flight_within_cap(sc, out));
     v
+}
+
+/// How often a run reached the states that matter: what the ports
+/// counted as they happened, and what the journal shows afterwards.
+pub fn reach(sc: &Scenario, out: &Outcome) -> Reach {
+    let log = &out.log;
+    let mut r = log.reach;
+    r.held_past_inline = log.retried_at.len() as u64;
+    r.revoked_during_ask = sc
+        .rebalances
+        .iter()
+        .map(|&(at, _, _)| {
+            log.asks
+                .iter()
+                .filter(|a| a.from_ms <= at && a.to_ms.is_none_or(|to| to > at))
+                .count() as u64
+        })
+        .sum();
+    let paced =
+        |seller: &str| rule_of(sc, seller).is_some_and(|r| r.algorithm() == Algorithm::LeakyBucket);
+    r.paced_calls = log.arrivals.iter().filter(|a| paced(&a.seller)).count() as u64;
+    r.calls_cut_by_kill = log.unanswered.len() as u64;
+    r
 }
 
 /// Invariant 9: a seller whose calls in flight are capped
@@ -126,6 +150,71 @@ pub fn limits(sc: &Scenario, out: &Outcome) -> Vec<String> {
         grants.sort();
         if let Some(e) = over_rule(&rule, &grants) {
             v.push(format!("1. {seller} ({rule:?}): {e}"));
+        }
+    }
+    v
+}
+
+/// Invariant 10, judged at the downstream: every call spends units the
+/// limiter released, each once, and reaches the downstream no earlier than
+/// they were free to go. The store records each charged grant (its units,
+/// the first free to go at its go-at, a pacer's one interval apart); the
+/// downstream records each call as it arrives, answered or cut short by a
+/// kill. A call names its grant by `X-Granted-At`, the instant of its first
+/// unit, and takes `cost` units from there (a pacer's one interval apart)
+/// out of what the store released: a call the store never granted, a unit
+/// spent twice, or a paced job sent before its go-at all show here, where
+/// invariant 1 trusted the engine's header.
+///
+/// Not judged under `redis.on_error = "local"` or `"fail_open"`, which
+/// admit without the store by design, nor for calls without the header
+/// (invariant 1 reports those).
+pub fn called_after_release(sc: &Scenario, out: &Outcome) -> Vec<String> {
+    if sc.on_error != throttle_worker::config::OnError::FailClosed {
+        return Vec::new();
+    }
+    let mut units: BTreeMap<&str, BTreeMap<u64, u64>> = BTreeMap::new();
+    for r in &out.log.released {
+        let at = units.entry(&r.seller).or_default();
+        for i in 0..r.units {
+            *at.entry(r.first_us + i * r.interval_us).or_default() += 1;
+        }
+    }
+    let interval = |seller: &str| {
+        rule_of(sc, seller)
+            .filter(|r| r.algorithm() == Algorithm::LeakyBucket)
+            .map_or(0, |r| {
+                (r.period().as_micros() as u64).div_ceil(r.limit().get())
+            })
+    };
+    let mut v = Vec::new();
+    for a in &out.log.arrivals {
+        let Some(g) = a.granted_at_us else {
+            continue;
+        };
+        if a.at_us < g {
+            v.push(format!(
+                "10. {}: job {} reached the downstream at {} µs, {} µs before the limiter let it go",
+                a.seller,
+                a.job,
+                a.at_us,
+                g - a.at_us
+            ));
+        }
+        let iv = interval(&a.seller);
+        let left = units.entry(&a.seller).or_default();
+        for i in 0..a.cost {
+            let at = g + i * iv;
+            match left.get_mut(&at) {
+                Some(n) if *n > 0 => *n -= 1,
+                _ => {
+                    v.push(format!(
+                        "10. {}: job {} spends a unit at {at} µs that the limiter never released, or another call spent",
+                        a.seller, a.job
+                    ));
+                    break;
+                }
+            }
         }
     }
     v

@@ -10,6 +10,7 @@
 use std::time::{Duration, Instant};
 
 use super::check;
+use super::journal::Reach;
 use super::run::run;
 use super::scenario::Scenario;
 
@@ -24,11 +25,11 @@ fn replay_command(seed: u64) -> String {
     format!("SIM_SEED={seed} cargo test --test sim sim::engine::replay -- --nocapture")
 }
 
-/// Runs seed `seed` and returns what it broke.
-fn judge(seed: u64) -> Vec<String> {
+/// Runs seed `seed` and returns what it broke, and what it reached.
+fn judge(seed: u64) -> (Vec<String>, Reach) {
     let sc = Scenario::random(seed);
     let out = run(&sc);
-    check::all(&sc, &out)
+    (check::all(&sc, &out), check::reach(&sc, &out))
 }
 
 /// Judges seeds `first..first + n` with `judge` on every core; prints the
@@ -38,26 +39,37 @@ fn explore(
     what: &str,
     first: u64,
     n: u64,
-    judge: fn(u64) -> Vec<String>,
+    judge: fn(u64) -> (Vec<String>, Reach),
     replay: fn(u64) -> String,
-) {
+) -> Reach {
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get()) as u64;
     let started = Instant::now();
+    let mut reached = Reach::default();
     let failures: Vec<(u64, Vec<String>)> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
                 s.spawn(move || {
-                    (first + t..first + n)
+                    let mut reached = Reach::default();
+                    let failed = (first + t..first + n)
                         .step_by(threads as usize)
-                        .map(|seed| (seed, judge(seed)))
+                        .map(|seed| {
+                            let (broken, r) = judge(seed);
+                            reached.add(&r);
+                            (seed, broken)
+                        })
                         .filter(|(_, broken)| !broken.is_empty())
-                        .collect::<Vec<_>>()
+                        .collect::<Vec<_>>();
+                    (failed, reached)
                 })
             })
             .collect();
         handles
             .into_iter()
-            .flat_map(|h| h.join().expect("a simulation thread"))
+            .flat_map(|h| {
+                let (failed, r) = h.join().expect("a simulation thread");
+                reached.add(&r);
+                failed
+            })
             .collect()
     });
     let took = started.elapsed();
@@ -74,10 +86,31 @@ fn explore(
             report.push_str(&format!("  {b}\n"));
         }
     }
+    println!("{what}: reached {:?}", reached.named());
     assert!(
         failures.is_empty(),
         "{} seeds broke an invariant ({what}):{report}",
         failures.len()
+    );
+    reached
+}
+
+/// A run of as many seeds as CI's (2,000) must reach every state that
+/// matters at least once: an invariant judged on worlds that never reach
+/// a state says nothing of it.
+fn assert_reached(what: &str, n: u64, reached: &Reach, names: &[&str]) {
+    if n < 2_000 {
+        return;
+    }
+    let never: Vec<&str> = reached
+        .named()
+        .into_iter()
+        .filter(|(name, count)| *count == 0 && names.contains(name))
+        .map(|(name, _)| name)
+        .collect();
+    assert!(
+        never.is_empty(),
+        "{what}: {n} seeds never reached {never:?}: a generator stopped making them"
     );
 }
 
@@ -85,7 +118,9 @@ fn explore(
 fn random_seeds() {
     let first = env_u64("SIM_FIRST", 0);
     let n = env_u64("SIM_SEEDS", 2_000);
-    explore("simulation", first, n, judge, replay_command);
+    let reached = explore("simulation", first, n, judge, replay_command);
+    let every: Vec<&str> = reached.named().iter().map(|(name, _)| *name).collect();
+    assert_reached("simulation", n, &reached, &every);
 }
 
 #[test]
@@ -169,26 +204,28 @@ fn print_timeline(out: &super::run::Outcome) {
 }
 
 /// The random worlds again, on a fleet: `SIM_FLEET_SEEDS` seeds (default
-/// 200) from `SIM_FLEET_FIRST`, each world's jobs and faults on 2 to 4
+/// 2,000) from `SIM_FLEET_FIRST`, each world's jobs and faults on 2 to 4
 /// replicas of one group, killed and restarted under either protocol while
 /// the faults last (`Fleet::random`), checked against every invariant but
 /// 4. A failing seed prints the command that replays it.
 #[test]
 fn random_fleets() {
     let first = env_u64("SIM_FLEET_FIRST", 0);
-    let n = env_u64("SIM_FLEET_SEEDS", 200);
-    explore("fleet simulation", first, n, judge_fleet, |seed| {
+    let n = env_u64("SIM_FLEET_SEEDS", 2_000);
+    let reached = explore("fleet simulation", first, n, judge_fleet, |seed| {
         format!(
             "SIM_FLEET_SEED={seed} cargo test --test sim sim::engine::replay_fleet -- --nocapture"
         )
     });
+    let every: Vec<&str> = reached.named().iter().map(|(name, _)| *name).collect();
+    assert_reached("fleet simulation", n, &reached, &every);
 }
 
-fn judge_fleet(seed: u64) -> Vec<String> {
+fn judge_fleet(seed: u64) -> (Vec<String>, Reach) {
     let sc = Scenario::random(seed);
     let fleet = super::fleet::Fleet::random(seed, &sc);
     let out = super::fleet::run_fleet(&sc, &fleet);
-    check::fleet(&sc, &out)
+    (check::fleet(&sc, &out), check::reach(&sc, &out))
 }
 
 /// `random_fleets`' seed in `SIM_FLEET_SEED`, verbose.

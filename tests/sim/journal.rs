@@ -64,6 +64,15 @@ pub struct Log {
     pub retried_at: Vec<(u64, JobId)>,
     /// Last delivery of each position: its sequence number.
     pub delivered: BTreeMap<(Tp, i64), u64>,
+    /// Every call that reached the downstream, answered or not (a kill
+    /// cuts some short), as the downstream saw it.
+    pub arrivals: Vec<Arrival>,
+    /// What the limiter (the store, not the engine) released: per charged
+    /// grant, its units' instants.
+    pub released: Vec<Release>,
+    /// How often the run reached the states that matter (see
+    /// `check::reach`): what the ports count as it happens.
+    pub reach: Reach,
     /// Violations found while running (commits past unfinished records).
     pub violations: Vec<String>,
     /// A digest of the run's events, to check that a seed replays exactly.
@@ -71,6 +80,70 @@ pub struct Log {
     seq: u64,
     /// Numbers `unanswered`'s calls.
     started: u64,
+}
+
+/// Counts of states a run reached, summed over many seeds: a CI run that
+/// reaches one zero times tests nothing of it (`check::reach`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reach {
+    /// The limiter refused a charged request (a wait).
+    pub denials: u64,
+    /// A loss of Redis' data found by the loss guard (its epoch gone).
+    pub losses_found: u64,
+    /// A job held past `worker.max_inline_delay`: sent round a retry tier.
+    pub held_past_inline: u64,
+    /// A limiter call under way when its partition was revoked.
+    pub revoked_during_ask: u64,
+    /// A paced job (a leaky bucket's) that reached the downstream.
+    pub paced_calls: u64,
+    /// A call under way at the downstream when its process was killed.
+    pub calls_cut_by_kill: u64,
+}
+
+impl Reach {
+    pub fn add(&mut self, o: &Reach) {
+        self.denials += o.denials;
+        self.losses_found += o.losses_found;
+        self.held_past_inline += o.held_past_inline;
+        self.revoked_during_ask += o.revoked_during_ask;
+        self.paced_calls += o.paced_calls;
+        self.calls_cut_by_kill += o.calls_cut_by_kill;
+    }
+
+    /// Each count by name.
+    pub fn named(&self) -> [(&'static str, u64); 6] {
+        [
+            ("a limiter refusal", self.denials),
+            ("a loss of Redis' data found", self.losses_found),
+            ("a hold past max_inline_delay", self.held_past_inline),
+            ("a revoke during a limiter call", self.revoked_during_ask),
+            ("a paced call", self.paced_calls),
+            ("a call cut short by a kill", self.calls_cut_by_kill),
+        ]
+    }
+}
+
+/// A call as it reached the downstream.
+#[derive(Debug, Clone)]
+pub struct Arrival {
+    pub job: JobId,
+    pub seller: String,
+    pub cost: u64,
+    /// The store's clock (µs), which every replica's limiter shares.
+    pub at_us: u64,
+    /// `X-Granted-At` (µs): which of the store's grants the call spends.
+    pub granted_at_us: Option<u64>,
+}
+
+/// A grant as the store charged it: `units` units, the first free to go
+/// at `first_us` (the store's clock), each next one `interval_us` later (a
+/// pacer's; 0 for every other rule).
+#[derive(Debug, Clone)]
+pub struct Release {
+    pub seller: String,
+    pub first_us: u64,
+    pub units: u64,
+    pub interval_us: u64,
 }
 
 #[derive(Debug, Default)]
@@ -99,8 +172,9 @@ impl Journal {
 
     /// A call reached the downstream: unanswered until `call` (given the
     /// number returned here) records its answer.
-    pub fn call_started(&self, job: JobId, at_ms: u64) -> u64 {
+    pub fn call_started(&self, job: JobId, at_ms: u64, arrival: Arrival) -> u64 {
         self.with(|log| {
+            log.arrivals.push(arrival);
             log.started += 1;
             log.unanswered.insert(log.started, (job, at_ms));
             log.started

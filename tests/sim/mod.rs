@@ -2,8 +2,10 @@
 //! (`throttle_worker::worker::Engine`) against in-memory ports on tokio's
 //! paused clock, with one seed choosing the whole world: partitions,
 //! sellers and rules, jobs, and the faults (downstream outages and 429s,
-//! Redis errors and hangs, rebalances, crashes, clock jumps, failed writes,
-//! malformed records). One seed replays one run exactly.
+//! Redis errors, hangs and data losses, rebalances, crashes, clock jumps,
+//! failed writes, malformed records). One seed replays one run exactly.
+//! Invariants are judged where a user would see them where they can be:
+//! calls as the downstream received them, grants as the store made them.
 //!
 //! - [`scenario`]: the world a seed draws, and hand-made ones for defects.
 //! - [`broker`]: topic logs, commits and the consumer ([`broker::SimSource`]).

@@ -15,8 +15,8 @@ use throttle_worker::kafka::{OriginalRecord, Position, RetryHeaders, Verdict};
 use throttle_worker::limiter::local::{self, ModelStore};
 use throttle_worker::limiter::testkit;
 use throttle_worker::limiter::{
-    BatchDecision, BlockAt, Decision, JobsCall, JobsReply, Limiter, Op, Pause, Reply, Rule,
-    ScriptCall, Store,
+    Algorithm, BatchDecision, BlockAt, Decision, JobsCall, JobsReply, JobsRequest, Limiter, Op,
+    Pause, Reply, Rule, ScriptCall, Store,
 };
 use throttle_worker::worker::{
     Caller, Clock, PermitError, Permits, SellerInfo, WriteError, Writer,
@@ -24,7 +24,7 @@ use throttle_worker::worker::{
 
 use super::broker::{SharedBroker, SimRecord};
 use super::clock::SimClock;
-use super::journal::{Ask, Call, Journal};
+use super::journal::{Arrival, Ask, Call, Journal, Release};
 
 /// A window of virtual time, in ms since the start.
 #[derive(Debug, Clone, Copy)]
@@ -79,6 +79,10 @@ pub struct Faults {
     /// Operators' pauses: the window, the seller (None: every seller), and
     /// whether the pause names its end (`--for`) or waits for a resume.
     pub pauses: Vec<(Window, Option<String>, bool)>,
+    /// Virtual ms at which Redis loses its data (a restart without
+    /// persistence): every key of the limiter, the epoch of its loss guard
+    /// too.
+    pub state_losses: Vec<u64>,
 }
 
 /// Per-job behaviour of the downstream, beyond the faults.
@@ -98,6 +102,8 @@ pub struct World {
     pub faults: Faults,
     pub poison: Vec<Poison>,
     pub redis: Mutex<ModelStore>,
+    /// How many of `faults.state_losses` Redis has suffered so far.
+    pub losses: std::sync::atomic::AtomicUsize,
     /// The world's own randomness (latencies, write failures), apart from
     /// the engine's.
     pub rng: Mutex<StdRng>,
@@ -215,7 +221,17 @@ impl Caller for SimDownstream {
             }
         };
         // It holds a slot from now, answered or not (a kill cuts it short).
-        let started = w.journal.call_started(id, at_ms);
+        let started = w.journal.call_started(
+            id,
+            at_ms,
+            Arrival {
+                job: id,
+                seller: job.seller_id.as_str().to_owned(),
+                cost: job.cost,
+                at_us: w.clock.true_unix_us(),
+                granted_at_us,
+            },
+        );
         tokio::time::sleep(Duration::from_millis(took)).await;
         if self.dead.load(Ordering::SeqCst) {
             never().await;
@@ -340,6 +356,29 @@ pub enum SimRedisError {
     Hung,
 }
 
+/// What a charged request released, as the store decided it: its units
+/// from the grant's go-at, a pacer's one interval apart (the interval
+/// `Pace::interval_us` gives the engine).
+fn released(q: &JobsRequest, r: &JobsReply) -> Release {
+    let key = &q.block.key;
+    let seller = key
+        .split_once('{')
+        .and_then(|(_, rest)| rest.split_once('}'))
+        .map_or(key.as_str(), |(tag, _)| tag);
+    Release {
+        seller: seller.to_owned(),
+        first_us: r.head.go_at_us as u64,
+        units: r.head.granted as u64,
+        interval_us: q
+            .rules
+            .iter()
+            .filter(|(_, rule)| rule.algorithm() == Algorithm::LeakyBucket)
+            .map(|(_, rule)| rule.period_us().div_ceil(rule.limit().get()))
+            .max()
+            .unwrap_or(0),
+    }
+}
+
 /// Redis, running the reference models (the scripts' algorithms and
 /// costs) on the store's clock, which does not jump.
 pub struct SimStore {
@@ -366,6 +405,12 @@ impl SimStore {
         }
         if self.dead.load(Ordering::SeqCst) {
             never().await;
+        }
+        // A loss is applied when Redis is next reached: nobody can tell
+        // the difference before.
+        let due = w.faults.state_losses.iter().filter(|&&t| t <= at).count();
+        if w.losses.swap(due, Ordering::SeqCst) < due {
+            *self.store() = ModelStore::new();
         }
         Ok(w.clock.true_unix_us())
     }
@@ -407,13 +452,25 @@ impl Store for SimStore {
     async fn run_jobs(&self, call: &JobsCall) -> Result<Vec<JobsReply>, SimRedisError> {
         let now = self.reach().await?;
         let now = call.now_us.unwrap_or(now);
-        let (replies, _found) = testkit::run_guarded(
+        let (replies, found) = testkit::run_guarded(
             &mut self.store(),
             now,
             call.dry_run,
             &call.requests,
             call.guard.as_ref(),
         );
+        if !call.dry_run {
+            self.world.journal.with(|log| {
+                for (q, r) in call.requests.iter().zip(&replies) {
+                    if r.head.status == 1 && r.head.granted > 0 {
+                        log.released.push(released(q, r));
+                    } else if r.head.status == 0 {
+                        log.reach.denials += 1;
+                    }
+                }
+                log.reach.losses_found += u64::from(found);
+            });
+        }
         Ok(replies)
     }
 

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Once};
 use std::time::Duration;
 
-use throttle_worker::config::Topology;
+use throttle_worker::config::{OnStateLoss, Topology};
 use throttle_worker::kafka::RetryHeaders;
 use throttle_worker::limiter::local::ModelStore;
 use throttle_worker::limiter::{KeySpace, Limiter, Policy};
@@ -142,7 +142,8 @@ pub fn start(
         KeySpace::with_layout("sim", sc.state),
         policy.clone(),
         Topology::Single,
-    );
+    )
+    .with_state_loss(OnStateLoss::Wait);
     let (rec_tx, rec_rx) = mpsc::channel(64);
     let (part_tx, part_rx) = mpsc::unbounded_channel();
     let deps: Deps<SimPorts> = Deps {
@@ -254,10 +255,25 @@ pub fn world_of(sc: &Scenario) -> (Arc<World>, Vec<bytes::Bytes>) {
         broker,
         faults: sc.faults.clone(),
         poison: sc.jobs.iter().map(|j| j.poison).collect(),
-        redis: Mutex::new(ModelStore::new()),
+        redis: Mutex::new(installed()),
+        losses: Default::default(),
         rng: World::seeded(sc.seed),
     });
     (world, values)
+}
+
+/// Redis as an install that has run before finds it: the loss guard's
+/// epoch written a day ago (a new install would hold each seller's first
+/// period).
+fn installed() -> ModelStore {
+    let mut redis = ModelStore::new();
+    let day_us = 86_400_000_000u64;
+    redis.set_epoch(
+        &KeySpace::with_layout("sim", throttle_worker::limiter::StateLayout::V2)
+            .epoch(Topology::Single, ""),
+        i128::from(super::clock::EPOCH_US - day_us),
+    );
+    redis
 }
 
 /// Appends job `j`'s record to its partition of the jobs topic.

@@ -16,6 +16,8 @@ const PAUSE_SALT: u64 = 0x9a05_e5ee_d5a1_7000;
 
 /// Salts the generator of a seed's `max_in_flight` caps.
 const IN_FLIGHT_SALT: u64 = 0x1f11_9470_ca95_0000;
+/// Redis' data losses draw from a generator of their own too.
+const LOSS_SALT: u64 = 0x1055_0fda_7a00_0000;
 
 #[derive(Debug, Clone)]
 pub struct SellerSpec {
@@ -266,6 +268,14 @@ impl Scenario {
                 if f.random_bool(0.5) {
                     s.max_in_flight = Some(f.random_range(1..=3));
                 }
+            }
+        }
+        // Redis loses its data: not in v1, which the loss guard does not
+        // cover (README "Redis data loss").
+        let mut l = StdRng::seed_from_u64(seed ^ LOSS_SALT);
+        if sc.state != StateLayout::V1 && l.random_bool(0.3) {
+            for _ in 0..l.random_range(1..=2) {
+                sc.faults.state_losses.push(l.random_range(0..horizon));
             }
         }
         sc

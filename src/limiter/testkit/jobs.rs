@@ -210,10 +210,15 @@ fn jobs_request(
         return reply(out(0, 0, 0, retry, block.max(reset), now, by), 0, 1);
     }
 
-    let free = q
-        .slots
-        .as_ref()
-        .map(|s| i128::from(s.max) - store.slots_live(&s.key, now) as i128);
+    let free = q.slots.as_ref().map(|s| {
+        let live = store.slots_live(&s.key, now) as i128;
+        let lost = lost.is_some_and(|lost| live == 0 && store.slots_lost(s, lost, now, charge));
+        if lost {
+            0
+        } else {
+            i128::from(s.max) - live
+        }
+    });
     let (mut jobs, mut units, mut stop, mut capped) = (0usize, 0i128, 0i128, false);
     for (j, &c) in costs.iter().enumerate() {
         stop = never(c);

@@ -12,6 +12,31 @@ impl ModelStore {
             .map_or(0, |set| set.values().filter(|&&until| until > now).count())
     }
 
+    /// `slots_free` after a loss (`lost`, the loss guard's epoch): a set
+    /// gone within one lease of the loss counts as full until then; a
+    /// charging call writes the `max` leases that say so. Answers whether
+    /// it counts as full.
+    pub(super) fn slots_lost(
+        &mut self,
+        s: &SlotTerms,
+        lost: i128,
+        now: i128,
+        charge: bool,
+    ) -> bool {
+        let until = lost.min(now) + i128::from(s.lease_us);
+        let gone = self.slots.get(&s.key).is_none_or(|set| set.is_empty());
+        if now >= until || !gone {
+            return false;
+        }
+        if charge {
+            let set = self.slots.entry(s.key.clone()).or_default();
+            for j in 1..=s.max {
+                set.insert(format!("lost:{j}"), until);
+            }
+        }
+        true
+    }
+
     /// `slots_take`: a lease per granted job of call `id`, lapsed ones
     /// dropped.
     pub(super) fn slots_take(&mut self, key: &str, now: i128, id: &str, jobs: usize, until: i128) {
