@@ -25,6 +25,7 @@ MUTATIONS=(
   $'8\tsrc/worker/run.rs\ts/if stopped\(\) \|\| paused\(\) \|\|/if stopped() ||/; s/if self\.pause_of\(key\)\.is_some\(\) \{/if false {/\tgranted work (a run under way, a pacer\'s due jobs) is called after a pause began'
   $'1\tsrc/limiter/local/decide.rs\ts/(pub\\(crate\\) fn lost_fill\\([^{]*\\{\\n)/$1    if lost > 0 { return; }\\n/\tRedis losing its data: the lost state read as fresh (what redis.on_state_loss = admit does)'
   $'10\tsrc/worker/run.rs\ts/if head\.go_at > now \{/if false \&\& head.go_at > now {/\ta paced job goes the moment it is granted, not at its go-at (issue 33: it passed every seed while invariant 1 trusted X-Granted-At)'
+  $'11\tsrc/kafka/offsets.rs\ts/Some\(done\) if self\.open\.is_empty\(\) => Some\(self\.past_inherited\(done \+ 1\)\)/Some(done) if self.open.is_empty() => Some(self.past_inherited(done))/\ta partition whose every record is finished commits one short of its end (a lag of 1 that never drains)'
   $'7\tsrc/worker/timers.rs\ts/Duration::from_millis\\(unix_ms_at\\.saturating_sub\\(clock\\.unix_ms\\(\\)\\)\\)/Duration::from_millis(unix_ms_at - clock.unix_ms())/\ta wall-clock wait read as an unsigned difference (a clock step backwards wraps)'
 )
 

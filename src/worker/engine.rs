@@ -19,6 +19,7 @@
 //! clock read and no client type here, so the simulation
 //! (`tests/sim/engine.rs`) runs this code as it is.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -140,6 +141,12 @@ pub struct Summary {
     pub abandoned: usize,
     /// Partitions committed on shutdown.
     pub committed_partitions: usize,
+    /// Jobs waiting (queued, delayed, paced) and records parked on a retry
+    /// tier when the shutdown began: left uncommitted for the next owner.
+    /// Work under way is not counted (the drain awaits it). Once a fleet
+    /// has finished every job and read every record, both are 0.
+    pub waiting_at_stop: usize,
+    pub parked_at_stop: usize,
 }
 
 pub struct Engine<X: Ports> {
@@ -226,6 +233,13 @@ impl<X: Ports> Engine<X> {
             in_flight = self.tasks,
             "shutting down: no new records; waiting for in-flight work"
         );
+        let waiting_at_stop = self
+            .sellers
+            .map
+            .values()
+            .map(|s| s.queue.len() + s.delayed.len() + s.paced.len())
+            .sum();
+        let parked_at_stop = self.retry.parked.values().map(VecDeque::len).sum();
         // Waiting jobs stay uncommitted: whoever owns their partitions next
         // gets them. Only work already under way is awaited.
         for seller in self.sellers.map.values_mut() {
@@ -255,6 +269,8 @@ impl<X: Ports> Engine<X> {
         Summary {
             abandoned,
             committed_partitions,
+            waiting_at_stop,
+            parked_at_stop,
         }
     }
 

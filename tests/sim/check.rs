@@ -31,6 +31,38 @@ pub fn fleet(sc: &Scenario, out: &Outcome) -> Vec<String> {
     v.extend(out.log.violations.iter().map(|c| format!("6. {c}")));
     v.extend(no_call_while_paused(sc, out));
     v.extend(in_flight_within_cap(sc, out));
+    v.extend(nothing_left(out));
+    v
+}
+
+/// Invariant 11: a run whose jobs all finished leaves nothing behind once
+/// every process stops gracefully: no job in any process's memory, no
+/// record parked, every partition committed to its log's end (a lag of 0),
+/// every process stopped within its timeout.
+pub fn nothing_left(out: &Outcome) -> Vec<String> {
+    if out.settled_ms.is_none() {
+        // Invariant 2 reports what never finished.
+        return Vec::new();
+    }
+    let e = &out.end;
+    let mut v = Vec::new();
+    if e.waiting > 0 || e.parked > 0 {
+        v.push(format!(
+            "11. every job finished, yet the graceful stop found {} jobs waiting and {} records parked",
+            e.waiting, e.parked
+        ));
+    }
+    if e.unstopped > 0 {
+        v.push(format!(
+            "11. {} processes did not stop gracefully within 60 s",
+            e.unstopped
+        ));
+    }
+    for ((topic, p), committed, end) in &e.behind {
+        v.push(format!(
+            "11. every job finished, yet {topic}/{p} is committed to {committed}, short of its end {end}"
+        ));
+    }
     v
 }
 

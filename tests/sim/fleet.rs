@@ -271,11 +271,16 @@ async fn run_async(sc: &Scenario, fleet: &Fleet) -> Outcome {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     }
-    // Stop every replica gracefully.
-    let mut summary = None;
+    // Every job is finished: what is left (a copy of a finished job
+    // delivered again after a kill) has a while to go, then every replica
+    // stops gracefully.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let mut summaries = Vec::new();
     for m in members {
-        summary = m.inc.stop().await.or(summary);
+        summaries.push(m.inc.stop().await);
     }
+    let end = super::run::End::of(&summaries, &world.broker);
+    let summary = summaries.into_iter().flatten().last();
     let end_ms = world.now_ms();
     let log = world.journal.with(std::mem::take);
     Outcome {
@@ -284,6 +289,7 @@ async fn run_async(sc: &Scenario, fleet: &Fleet) -> Outcome {
         settled_ms,
         summary,
         end_ms,
+        end,
     }
 }
 

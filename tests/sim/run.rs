@@ -16,7 +16,7 @@ use throttle_worker::worker::{Deps, Engine, Ports, Summary};
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::task::JoinHandle;
 
-use super::broker::{deliver, Broker, SimRecord, SimSource, Tp};
+use super::broker::{deliver, Broker, SharedBroker, SimRecord, SimSource, Tp};
 use super::clock::SimClock;
 use super::journal::{Journal, Log};
 use super::ports::{job_value, SimDownstream, SimPermits, SimStore, SimWriter, World};
@@ -42,6 +42,43 @@ pub struct Outcome {
     pub settled_ms: Option<u64>,
     pub summary: Option<Summary>,
     pub end_ms: u64,
+    /// What was left once every process stopped gracefully.
+    pub end: End,
+}
+
+/// What a run left behind (invariant 11).
+#[derive(Debug, Default)]
+pub struct End {
+    /// Jobs waiting and records parked when each process's graceful stop
+    /// began, summed over the processes.
+    pub waiting: usize,
+    pub parked: usize,
+    /// Processes whose graceful stop did not return a summary.
+    pub unstopped: usize,
+    /// Partitions whose committed offset is short of their log's end:
+    /// (partition, committed, end).
+    pub behind: Vec<(Tp, i64, i64)>,
+}
+
+impl End {
+    /// From the processes' summaries (`None`: no summary) and the broker.
+    pub fn of(summaries: &[Option<Summary>], broker: &SharedBroker) -> End {
+        let b = broker.lock().unwrap_or_else(|p| p.into_inner());
+        End {
+            waiting: summaries.iter().flatten().map(|s| s.waiting_at_stop).sum(),
+            parked: summaries.iter().flatten().map(|s| s.parked_at_stop).sum(),
+            unstopped: summaries.iter().filter(|s| s.is_none()).count(),
+            behind: b
+                .logs
+                .iter()
+                .filter_map(|(tp, log)| {
+                    let end = log.len() as i64;
+                    let committed = b.committed.get(tp).copied().unwrap_or(0);
+                    (committed < end).then(|| (tp.clone(), committed, end))
+                })
+                .collect(),
+        }
+    }
 }
 
 thread_local! {
@@ -414,10 +451,14 @@ async fn run_async(sc: &Scenario) -> Outcome {
             Step::Jump(by) => clock.jump(by),
         }
     }
+    // Every job is finished: what is left (a copy of a finished job
+    // delivered again after a crash) has a while to go before the stop.
+    tokio::time::sleep(Duration::from_secs(30)).await;
     let mut summary = None;
     if let Some(inc) = current.take() {
         summary = inc.stop().await;
     }
+    let end = End::of(std::slice::from_ref(&summary), &broker);
     let end_ms = clock.elapsed_ms();
     let log = journal.with(std::mem::take);
     Outcome {
@@ -426,5 +467,6 @@ async fn run_async(sc: &Scenario) -> Outcome {
         settled_ms,
         summary,
         end_ms,
+        end,
     }
 }

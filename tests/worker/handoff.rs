@@ -12,6 +12,16 @@
 //! ```sh
 //! cargo nextest run -E 'test(worker::handoff::)' --no-capture
 //! ```
+//!
+//! It also prints the backlogged seller's quota use: its calls over what
+//! its rule allows from its first call to its last (1.0: not one window
+//! lost to the churn). The issue's own run (issue 33, items 3 and 4), a
+//! backlog of 1,600, 1,500 light jobs and a replica every 10 s:
+//!
+//! ```sh
+//! HANDOFF_HEAVY=1600 HANDOFF_LIGHT=1500 HANDOFF_EVERY_S=10 \
+//!   cargo nextest run -E 'test(worker::handoff::)' --no-capture
+//! ```
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -22,20 +32,32 @@ use crate::common::worker::{always_ok, job, policy, Bench, Downstream, Running};
 /// Kafka records as `produce` takes them: (key, value).
 type Records = Vec<(Option<String>, Vec<u8>)>;
 
-/// One backlogged seller (`heavy`, 20 per second for 12 s of jobs) and 20
-/// light ones, interleaved so every partition holds both; each record is
-/// keyed by a random product, so one seller spreads over every partition.
-fn records() -> (Vec<String>, Records) {
+/// One backlogged seller (`heavy`, 20 per second: 240 jobs are 12 s) and
+/// 20 light ones, interleaved so every partition holds both; each record
+/// is keyed by a random product, so one seller spreads over every
+/// partition.
+fn records(heavy: usize, light: usize) -> (Vec<String>, Records) {
     let (mut ids, mut records) = (Vec::new(), Vec::new());
-    for i in 0..240 {
-        let id = format!("heavy-{i}");
-        records.push(job(&id, "heavy"));
-        ids.push(id);
-        let id = format!("light-{}-{}", i % 20, i / 20);
-        records.push(job(&id, &format!("light-{}", i % 20)));
-        ids.push(id);
+    for i in 0..heavy.max(light) {
+        if i < heavy {
+            let id = format!("heavy-{i}");
+            records.push(job(&id, "heavy"));
+            ids.push(id);
+        }
+        if i < light {
+            let id = format!("light-{}-{}", i % 20, i / 20);
+            records.push(job(&id, &format!("light-{}", i % 20)));
+            ids.push(id);
+        }
     }
     (ids, records)
+}
+
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -48,7 +70,9 @@ async fn no_finished_job_is_called_again_when_replicas_join_and_leave_gracefully
     // are every partition's head, and the light jobs finished above them
     // are named in the commit metadata.
     let rules = || policy(vec![rule("sliding_window_log", 20, "1s", None)]);
-    let (ids, records) = records();
+    let heavy = env_or("HANDOFF_HEAVY", 240) as usize;
+    let every = Duration::from_secs(env_or("HANDOFF_EVERY_S", 2));
+    let (ids, records) = records(heavy, env_or("HANDOFF_LIGHT", 240) as usize);
     let produced = bench.produce(&records).await;
     let started = Instant::now();
     // The commits the fleet made and the broker refused, as they change:
@@ -82,7 +106,7 @@ async fn no_finished_job_is_called_again_when_replicas_join_and_leave_gracefully
     // Out to four replicas, one every 2 s, then back in to one.
     let mut steps = Vec::new();
     for i in 1..4 {
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        tokio::time::sleep(every).await;
         let name = format!("r{i}");
         fleet.push((
             name.clone(),
@@ -91,12 +115,13 @@ async fn no_finished_job_is_called_again_when_replicas_join_and_leave_gracefully
         steps.push(format!("{name} joined at {:?}", started.elapsed()));
     }
     for _ in 0..3 {
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        tokio::time::sleep(every).await;
         let (name, worker) = fleet.remove(0);
         worker.stop().await;
         steps.push(format!("{name} left at {:?}", started.elapsed()));
     }
-    down.wait_distinct("every job called", ids.len(), Duration::from_secs(60))
+    let drain = Duration::from_secs(60 + heavy as u64 / 20);
+    down.wait_distinct("every job called", ids.len(), drain)
         .await;
     bench
         .wait_committed(&produced, Duration::from_secs(30))
@@ -146,6 +171,26 @@ async fn no_finished_job_is_called_again_when_replicas_join_and_leave_gracefully
         twice.len(),
         steps.join(", ")
     );
+    // Quota use: the first call of each heavy job, against 20 per second
+    // from the first to the last (a sliding log of 20/s admits 20 at once,
+    // then 20 a second: n jobs need (n / 20 - 1) s at the least).
+    let mut firsts: Vec<Duration> = calls
+        .iter()
+        .filter(|(id, _)| id.starts_with("heavy-"))
+        .filter_map(|(_, c)| c.iter().map(|(at, _)| *at).min())
+        .collect();
+    firsts.sort();
+    if let (Some(first), Some(last)) = (firsts.first(), firsts.last()) {
+        let span = (*last - *first).as_secs_f64() + 1.0;
+        eprintln!(
+            "handoff: heavy quota use {:.3}: {} calls from {:.1} s to {:.1} s, 20/s allows {:.0}",
+            firsts.len() as f64 / (20.0 * span),
+            firsts.len(),
+            first.as_secs_f64(),
+            last.as_secs_f64(),
+            20.0 * span
+        );
+    }
     assert_eq!(missing, 0, "jobs never called");
     assert!(
         twice.is_empty(),
