@@ -15,7 +15,7 @@ use throttle_worker::kafka::{OriginalRecord, Position, RetryHeaders, Verdict};
 use throttle_worker::limiter::local::{self, ModelStore};
 use throttle_worker::limiter::testkit;
 use throttle_worker::limiter::{
-    Algorithm, BatchDecision, BlockAt, Decision, JobsCall, JobsReply, JobsRequest, Limiter, Op,
+    Algorithm, BatchDecision, BlockAt, Coalescer, Decision, JobsCall, JobsReply, JobsRequest, Op,
     Pause, Reply, Rule, ScriptCall, Store,
 };
 use throttle_worker::worker::{
@@ -497,8 +497,11 @@ impl Store for SimStore {
 
 /// The limiter as the engine sees it, recording each of its calls (the
 /// downstream slots an ask holds, for invariant 4).
+/// The limiter port as production wires it: job lists go through a
+/// [`Coalescer`] (several sellers' asks in one script call, `redis.coalesce_*`),
+/// everything else straight to the limiter; each ask is journalled.
 pub struct SimPermits {
-    pub inner: Limiter<SimStore>,
+    pub inner: Coalescer<SimStore>,
     pub world: Arc<World>,
 }
 

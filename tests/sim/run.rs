@@ -10,7 +10,7 @@ use std::time::Duration;
 use throttle_worker::config::{OnStateLoss, Topology};
 use throttle_worker::kafka::RetryHeaders;
 use throttle_worker::limiter::local::ModelStore;
-use throttle_worker::limiter::{KeySpace, Limiter, Policy};
+use throttle_worker::limiter::{CoalesceSettings, Coalescer, KeySpace, Limiter, Policy};
 use throttle_worker::telemetry::http::Health;
 use throttle_worker::worker::{Deps, Engine, Ports, Summary};
 use tokio::sync::{mpsc, oneshot, Notify};
@@ -185,7 +185,14 @@ pub fn start(
     let (part_tx, part_rx) = mpsc::unbounded_channel();
     let deps: Deps<SimPorts> = Deps {
         permits: Arc::new(SimPermits {
-            inner: limiter,
+            inner: Coalescer::start(
+                Arc::new(limiter),
+                CoalesceSettings {
+                    max: settings.redis.coalesce_max,
+                    window: settings.redis.coalesce_window,
+                    ..CoalesceSettings::default()
+                },
+            ),
             world: world.clone(),
         }),
         caller: Arc::new(SimDownstream {
