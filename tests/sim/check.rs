@@ -36,9 +36,11 @@ pub fn fleet(sc: &Scenario, out: &Outcome) -> Vec<String> {
 }
 
 /// Invariant 11: a run whose jobs all finished leaves nothing behind once
-/// every process stops gracefully: no job in any process's memory, no
-/// record parked, every partition committed to its log's end (a lag of 0),
-/// every process stopped within its timeout.
+/// its leftovers came due (`run::drain_before_stop`: at most the longest
+/// retry tier's delay and a minute) and every process stopped gracefully:
+/// no job in any process's memory, no record parked, every partition
+/// committed to its log's end (a lag of 0), every process stopped within
+/// its timeout.
 pub fn nothing_left(out: &Outcome) -> Vec<String> {
     if out.settled_ms.is_none() {
         // Invariant 2 reports what never finished.

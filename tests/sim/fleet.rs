@@ -271,10 +271,9 @@ async fn run_async(sc: &Scenario, fleet: &Fleet) -> Outcome {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     }
-    // Every job is finished: what is left (a copy of a finished job
-    // delivered again after a kill) has a while to go, then every replica
-    // stops gracefully.
-    tokio::time::sleep(Duration::from_secs(30)).await;
+    // Every job is finished: what is left comes due and is read, then
+    // every replica stops gracefully.
+    super::run::drain_before_stop(sc, &world.broker).await;
     let mut summaries = Vec::new();
     for m in members {
         summaries.push(m.inc.stop().await);

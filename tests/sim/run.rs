@@ -46,6 +46,27 @@ pub struct Outcome {
     pub end: End,
 }
 
+/// Every job is finished; what is left (a copy of a finished job
+/// delivered again after a crash, or parked on a retry tier) still has to
+/// come due and be read. Waits until every partition is committed to its
+/// log's end, or the longest retry tier's delay and a minute more have
+/// passed, whichever is first: then the processes stop, and invariant 11
+/// judges what they left.
+pub async fn drain_before_stop(sc: &Scenario, broker: &SharedBroker) {
+    let longest = sc
+        .settings()
+        .kafka
+        .retry_tiers()
+        .iter()
+        .map(|t| t.delay)
+        .max()
+        .unwrap_or_default();
+    let deadline = tokio::time::Instant::now() + longest + Duration::from_secs(60);
+    while tokio::time::Instant::now() < deadline && !End::of(&[], broker).behind.is_empty() {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
 /// What a run left behind (invariant 11).
 #[derive(Debug, Default)]
 pub struct End {
@@ -458,9 +479,7 @@ async fn run_async(sc: &Scenario) -> Outcome {
             Step::Jump(by) => clock.jump(by),
         }
     }
-    // Every job is finished: what is left (a copy of a finished job
-    // delivered again after a crash) has a while to go before the stop.
-    tokio::time::sleep(Duration::from_secs(30)).await;
+    drain_before_stop(sc, &broker).await;
     let mut summary = None;
     if let Some(inc) = current.take() {
         summary = inc.stop().await;
