@@ -9,7 +9,7 @@ use std::time::Duration;
 use super::decision::{
     BatchDecision, BatchGranted, CannotPass, Decision, Denied, DeniedBy, Granted, NextJob, Pace,
 };
-use super::rule::{Algorithm, Rule};
+use super::rule::Rule;
 
 /// The ten integers `lua/limiter.lua` returns, in order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -87,8 +87,7 @@ impl Reply {
         let pace =
             rules
                 .iter()
-                .filter(|r| r.algorithm() == Algorithm::LeakyBucket)
-                .map(|r| r.period_us().div_ceil(r.limit().get()))
+                .filter_map(Rule::pace_interval_us)
                 .max()
                 .map(|interval_us| Pace {
                     first_at_us: self.go_at_us as u64,

@@ -204,6 +204,14 @@ impl Rule {
         self.period_us.get()
     }
 
+    /// A pacer's (`leaky_bucket`) interval between two units, in µs,
+    /// rounded up so that no unit goes early; `None` for every other
+    /// algorithm.
+    pub fn pace_interval_us(&self) -> Option<u64> {
+        (self.algorithm == Algorithm::LeakyBucket)
+            .then(|| self.period_us().div_ceil(self.limit().get()))
+    }
+
     pub fn burst(&self) -> NonZeroU64 {
         self.burst
     }

@@ -216,10 +216,8 @@ pub fn called_after_release(sc: &Scenario, out: &Outcome) -> Vec<String> {
     }
     let interval = |seller: &str| {
         rule_of(sc, seller)
-            .filter(|r| r.algorithm() == Algorithm::LeakyBucket)
-            .map_or(0, |r| {
-                (r.period().as_micros() as u64).div_ceil(r.limit().get())
-            })
+            .and_then(|r| r.pace_interval_us())
+            .unwrap_or(0)
     };
     let mut v = Vec::new();
     for a in &out.log.arrivals {

@@ -15,8 +15,8 @@ use throttle_worker::kafka::{OriginalRecord, Position, RetryHeaders, Verdict};
 use throttle_worker::limiter::local::{self, ModelStore};
 use throttle_worker::limiter::testkit;
 use throttle_worker::limiter::{
-    Algorithm, BatchDecision, BlockAt, Coalescer, Decision, JobsCall, JobsReply, JobsRequest, Op,
-    Pause, Reply, Rule, ScriptCall, Store,
+    BatchDecision, BlockAt, Coalescer, Decision, JobsCall, JobsReply, JobsRequest, Op, Pause,
+    Reply, Rule, ScriptCall, Store,
 };
 use throttle_worker::worker::{
     Caller, Clock, PermitError, Permits, SellerInfo, WriteError, Writer,
@@ -372,8 +372,7 @@ fn released(q: &JobsRequest, r: &JobsReply) -> Release {
         interval_us: q
             .rules
             .iter()
-            .filter(|(_, rule)| rule.algorithm() == Algorithm::LeakyBucket)
-            .map(|(_, rule)| rule.period_us().div_ceil(rule.limit().get()))
+            .filter_map(|(_, rule)| rule.pace_interval_us())
             .max()
             .unwrap_or(0),
     }
