@@ -97,9 +97,9 @@ pub use keys::{KeySpace, StateLayout};
 pub use pauses::{Pause, Pauses};
 pub use policy::{Policy, Resolved, SLOT_POLL};
 pub use redis::{RedisError, RedisStore, Scripts};
-pub use reply::{JobsReply, Reply};
+pub use reply::{JobsAnswer, JobsReply, MalformedReply, Reply};
 pub use rule::{Algorithm, Rule, RuleError};
 pub use script::{
-    BlockAt, BlockRead, FunctionLibrary, JobsCall, JobsRequest, KeyedRule, LossGuard, Op,
-    ScriptCall, SlotTerms, StateKey, Store,
+    call_life_us, release_args, BlockAt, BlockRead, FunctionLibrary, JobsCall, JobsRequest,
+    KeyedRule, LossGuard, Op, ScriptCall, SlotTerms, StateKey, Store,
 };

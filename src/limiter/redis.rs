@@ -19,9 +19,10 @@ use redis::{Cmd, IntoConnectionInfo, Pipeline, RedisFuture, Script, Value};
 
 use crate::config::{RedisSettings, Topology};
 
-use super::reply::{JobsReply, MalformedReply, Reply};
+use super::reply::{JobsAnswer, JobsReply, MalformedReply, Reply};
 use super::script::{
-    BlockAt, FunctionLibrary, JobsCall, ScriptCall, Store, BLOCK_LUA, LIMITER_LUA,
+    call_life_us, release_args, BlockAt, FunctionLibrary, JobsCall, ScriptCall, Store, BLOCK_LUA,
+    LIMITER_LUA,
 };
 use crate::telemetry::events::{JobsCallCancelled, LimiterStateLost, RedisCalled};
 
@@ -456,13 +457,10 @@ impl RedisStore {
 }
 
 impl RedisStore {
-    /// How long a jobs call's record stays for its cancel (µs): a few
-    /// timeouts, as the cancel goes out as soon as the call times out. At
-    /// least a second, for the cancel of a call on a connection being
-    /// replaced.
+    /// How long a jobs call's record stays for its cancel (µs), from this
+    /// store's timeout ([`call_life_us`]).
     fn call_life_us(&self) -> u64 {
-        let life = (self.conn.timeout * 4).max(Duration::from_secs(1));
-        u64::try_from(life.as_micros()).unwrap_or(u64::MAX)
+        call_life_us(self.conn.timeout)
     }
 
     /// Sends the cancel of a jobs call whose answer was lost, without
@@ -657,7 +655,6 @@ impl Store for RedisStore {
     }
 
     async fn run_jobs(&self, call: &JobsCall) -> Result<Vec<JobsReply>, RedisError> {
-        let mut args = call.args();
         // Only on Redis' clock: an explicit time (tests) says nothing of it.
         let on_redis_clock = call.now_us.is_none();
         let (deadline, life) = if on_redis_clock {
@@ -668,8 +665,10 @@ impl Store for RedisStore {
         } else {
             (None, None)
         };
-        args.extend(call.tail(deadline, life));
-        let raw = match self.invoke(call.keys(), args).await {
+        let raw = match self
+            .invoke(call.keys(), call.wire_args(deadline, life))
+            .await
+        {
             Ok(raw) => raw,
             Err(e) => {
                 if !call.dry_run && may_have_run(&e) {
@@ -678,54 +677,34 @@ impl Store for RedisStore {
                 return Err(e);
             }
         };
-        let rows = match &call.guard {
-            None => &raw[..],
-            Some(guard) => {
-                // The guard's flag ends the reply: 1 when this call found
-                // the epoch gone.
-                let (rows, found) = raw.split_at(raw.len().saturating_sub(1));
-                match found {
-                    [0] => {}
-                    [1] => LimiterStateLost {
-                        epoch: &guard.epoch,
-                        on_loss: guard.on_loss.wire(),
-                    }
-                    .emit(),
-                    _ => return Err(MalformedReply(raw.clone()).into()),
-                }
-                rows
+        let answer = JobsAnswer::from_slice(&raw, call.guard.is_some())?;
+        if let (true, Some(guard)) = (answer.found_loss, &call.guard) {
+            LimiterStateLost {
+                epoch: &guard.epoch,
+                on_loss: guard.on_loss.wire(),
             }
-        };
-        let replies = JobsReply::many_from_slice(rows)?;
-        if let (true, Some(first)) = (on_redis_clock, replies.first()) {
+            .emit();
+        }
+        if let (true, Some(first)) = (on_redis_clock, answer.replies.first()) {
             self.clock.observe(first.head.now_us, local_us());
         }
-        Ok(replies)
+        Ok(answer.replies)
     }
 
     async fn release(&self, key: &str, leases: &[String]) -> Result<u64, RedisError> {
-        let mut args = Vec::with_capacity(leases.len() + 1);
-        args.push("release".to_owned());
-        args.extend(leases.iter().cloned());
         self.call(
             &self.functions.library.limiter,
             &self.limiter,
             &[key],
-            &args,
+            &release_args(leases),
         )
         .await
         .map_err(|e| self.failed(e))
     }
 
     async fn cancel_jobs(&self, call: &JobsCall) -> Result<Vec<i64>, RedisError> {
-        let mut args = call.cancel_args();
-        if call.now_us.is_none() {
-            // No deadline: a cancel is welcome whenever it runs. No guard:
-            // a cancel gives back, it decides nothing.
-            args.push(String::new());
-            args.push(self.call_life_us().to_string());
-        }
-        self.invoke(call.keys(), args).await
+        self.invoke(call.keys(), call.cancel_wire_args(self.call_life_us()))
+            .await
     }
 
     async fn block(
@@ -734,14 +713,8 @@ impl Store for RedisStore {
         now_us: Option<u64>,
         dur_us: u64,
     ) -> Result<u64, RedisError> {
-        // The same token and keys as a limiter call names the block with
-        // (`lua/block.lua` writes both layouts in v1+v2).
         let keys: Vec<&str> = at.keys().collect();
-        let args = [
-            now_us.map(|n| n.to_string()).unwrap_or_default(),
-            dur_us.max(1).to_string(),
-            at.wire().to_owned(),
-        ];
+        let args = at.block_args(now_us, dur_us);
         self.call(&self.functions.library.block, &self.block, &keys, &args)
             .await
             .map_err(|e| self.failed(e))

@@ -211,3 +211,76 @@ impl JobsReply {
         }
     }
 }
+
+/// A jobs call's raw reply, read as the product reads it: the loss guard's
+/// flag split off its end (when the call carried a guard), then one
+/// [`JobsReply`] per request. Redis' glue and the simulation's embedded
+/// Redis both read their replies here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobsAnswer {
+    /// One per request of the call, in order.
+    pub replies: Vec<JobsReply>,
+    /// The call found the limiter's state lost (the guard's epoch gone) and
+    /// wrote the epoch: exactly one charging call per loss says so. Always
+    /// false without a guard.
+    pub found_loss: bool,
+}
+
+impl JobsAnswer {
+    /// Reads the reply of a call that carried a loss guard (`guarded`) or
+    /// not; a flag other than 0 or 1, or rows of the wrong shape, are
+    /// malformed.
+    pub fn from_slice(raw: &[i64], guarded: bool) -> Result<JobsAnswer, MalformedReply> {
+        let (rows, found_loss) = if guarded {
+            let (rows, flag) = raw.split_at(raw.len().saturating_sub(1));
+            match flag {
+                [0] => (rows, false),
+                [1] => (rows, true),
+                _ => return Err(MalformedReply(raw.to_vec())),
+            }
+        } else {
+            (raw, false)
+        };
+        Ok(JobsAnswer {
+            replies: JobsReply::many_from_slice(rows)?,
+            found_loss,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One jobs row: granted 2 jobs, 3 units, at 100 µs.
+    fn row() -> Vec<i64> {
+        vec![1, 3, 0, 0, 0, 100, 0, 0, 100, 1, 2, 0, 1]
+    }
+
+    /// Case 1: unguarded, every integer is a row. Cases 2 and 3: guarded,
+    /// the last integer is the flag, 0 or 1. Case 4: a flag of 2 is
+    /// malformed. Case 5: a guarded reply without its flag leaves a short
+    /// row, malformed.
+    #[test]
+    fn the_loss_guard_trailer_is_split_off_only_when_the_call_carried_one() {
+        let one = JobsAnswer::from_slice(&row(), false).expect("1: a row");
+        assert_eq!((one.replies.len(), one.found_loss), (1, false), "1");
+        for (n, flag, found) in [(2, 0, false), (3, 1, true)] {
+            let mut raw = row();
+            raw.push(flag);
+            let got = JobsAnswer::from_slice(&raw, true).unwrap_or_else(|e| panic!("{n}: {e}"));
+            assert_eq!(
+                (got.replies, got.found_loss),
+                (one.replies.clone(), found),
+                "{n}"
+            );
+        }
+        let mut raw = row();
+        raw.push(2);
+        assert!(JobsAnswer::from_slice(&raw, true).is_err(), "4: flag 2");
+        assert!(
+            JobsAnswer::from_slice(&row(), true).is_err(),
+            "5: no trailer"
+        );
+    }
+}

@@ -8,6 +8,7 @@
 //! this file knows how Redis is reached.
 
 use std::future::Future;
+use std::time::Duration;
 
 use super::decision::Mode;
 use super::reply::{JobsReply, Reply};
@@ -214,9 +215,22 @@ impl BlockAt {
         }
     }
 
-    /// The first key, then the v1 block key in v1+v2.
-    pub(crate) fn keys(&self) -> impl Iterator<Item = &str> {
+    /// The first key, then the v1 block key in v1+v2: a limiter call's
+    /// first KEYS, and the KEYS of [`BLOCK_LUA`].
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
         std::iter::once(self.key.as_str()).chain(self.also.as_deref())
+    }
+
+    /// ARGV of [`BLOCK_LUA`] (`lua/block.lua`): `now_us` (`''`: Redis'
+    /// clock), the duration (at least 1 µs), the block token. It names the
+    /// block with the same token and keys as a limiter call does, so it
+    /// writes both layouts in v1+v2.
+    pub fn block_args(&self, now_us: Option<u64>, dur_us: u64) -> Vec<String> {
+        vec![
+            now_us.map(|n| n.to_string()).unwrap_or_default(),
+            dur_us.max(1).to_string(),
+            self.wire().to_owned(),
+        ]
     }
 }
 
@@ -416,6 +430,28 @@ impl JobsCall {
         tail
     }
 
+    /// ARGV as the call is sent: [`JobsCall::args`] then
+    /// [`JobsCall::tail`]. The product and the simulation's embedded Redis
+    /// both send this, so the script runs the same arguments in both.
+    pub fn wire_args(&self, deadline_us: Option<i64>, life_us: Option<u64>) -> Vec<String> {
+        let mut args = self.args();
+        args.extend(self.tail(deadline_us, life_us));
+        args
+    }
+
+    /// ARGV of this call's cancel as it is sent: [`JobsCall::cancel_args`],
+    /// then, on Redis' clock, no deadline (a cancel is welcome whenever it
+    /// runs) and the record's life `life_us`. No guard: a cancel gives
+    /// back, it decides nothing.
+    pub fn cancel_wire_args(&self, life_us: u64) -> Vec<String> {
+        let mut args = self.cancel_args();
+        if self.now_us.is_none() {
+            args.push(String::new());
+            args.push(life_us.to_string());
+        }
+        args
+    }
+
     /// ARGV, as `lua/jobs.lua` documents it.
     pub fn args(&self) -> Vec<String> {
         let op = if self.dry_run { "jobs_peek" } else { "jobs" };
@@ -446,6 +482,23 @@ impl JobsCall {
         }
         args
     }
+}
+
+/// How long a jobs call's record stays for its cancel (µs), for a store
+/// whose calls time out after `timeout`: a few timeouts, as the cancel goes
+/// out as soon as the call times out. At least a second, for the cancel of
+/// a call on a connection being replaced.
+pub fn call_life_us(timeout: Duration) -> u64 {
+    let life = (timeout * 4).max(Duration::from_secs(1));
+    u64::try_from(life.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// ARGV of the limiter's `release` (`lua/slots.lua`): the leases given back.
+pub fn release_args(leases: &[String]) -> Vec<String> {
+    let mut args = Vec::with_capacity(leases.len() + 1);
+    args.push("release".to_owned());
+    args.extend(leases.iter().cloned());
+    args
 }
 
 /// Per rule its key, and its v1 key in v1+v2.
