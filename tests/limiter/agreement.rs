@@ -1,7 +1,9 @@
 //! The Lua scripts against their reference models, step by step, on a real
 //! Redis: for the same keys, time and arguments, `lua/limiter.lua` (through
 //! [`RedisStore`]) and [`local::run`] must give the same ten integers, and
-//! `lua/block.lua` and [`testkit::block`] the same end of block.
+//! `lua/block.lua` and [`testkit::block`] the same end of block. The other
+//! side is a [`Twin`]: the models here, the embedded Redis of the
+//! simulation in `embedded.rs`, on the same random cases.
 //!
 //! - `lua_and_model_agree_on_random_sequences`: random rule sets of 1–3 mixed
 //!   algorithms (50 µs periods, fractional intervals), random non-decreasing
@@ -215,22 +217,94 @@ fn fields(r: &Reply) -> [i64; Reply::LEN] {
     ]
 }
 
-/// `name lua≠model` for every field that differs.
-fn differing(lua: &Reply, model: &Reply) -> String {
+/// `name lua≠model` for every field that differs (`twin`: the other
+/// side's name).
+fn differing(lua: &Reply, model: &Reply, twin: &str) -> String {
     let diffs: Vec<String> = FIELDS
         .iter()
         .zip(fields(lua).iter().zip(fields(model).iter()))
         .filter(|(_, (l, m))| l != m)
-        .map(|(name, (l, m))| format!("{name} lua {l} ≠ model {m}"))
+        .map(|(name, (l, m))| format!("{name} lua {l} ≠ {twin} {m}"))
         .collect();
     diffs.join(", ")
 }
 
+/// What Redis' replies are held to: the reference models
+/// ([`ModelStore`]), or the same Lua on the simulation's embedded Redis
+/// (`embedded.rs`). Each runs a call as the product would on Redis.
+pub(super) trait Twin {
+    /// Its name in a disagreement.
+    const NAME: &'static str;
+    /// A twin with no data, for a new case (or after Redis lost its data).
+    fn fresh() -> Self;
+    fn run(&mut self, call: &ScriptCall) -> Result<Reply, String>;
+    /// The replies, and the loss guard's epoch after the call (`None`
+    /// without a guard, or when the epoch is gone).
+    fn run_jobs(&mut self, call: &JobsCall) -> Result<(Vec<JobsReply>, Option<i128>), String>;
+    fn release(&mut self, key: &str, leases: &[String]) -> Result<u64, String>;
+    fn cancel(&mut self, call: &JobsCall) -> Result<Vec<i64>, String>;
+    fn block(&mut self, at: &BlockAt, now_us: u64, dur_us: u64) -> Result<u64, String>;
+    /// The loss guard's epoch an earlier run left.
+    fn set_epoch(&mut self, key: &str, at_us: u64);
+}
+
+impl Twin for ModelStore {
+    const NAME: &'static str = "model";
+
+    fn fresh() -> Self {
+        ModelStore::new()
+    }
+
+    fn run(&mut self, call: &ScriptCall) -> Result<Reply, String> {
+        let now_us = call.now_us.expect("agreement calls carry an explicit time");
+        Ok(local::run(
+            self,
+            model_op(call.op),
+            now_us,
+            call.cost,
+            call.mode,
+            &call.call_id,
+            &call.block,
+            &call.rules,
+        ))
+    }
+
+    fn run_jobs(&mut self, call: &JobsCall) -> Result<(Vec<JobsReply>, Option<i128>), String> {
+        let now_us = call.now_us.expect("agreement calls carry an explicit time");
+        let (replies, _) = testkit::run_guarded(
+            self,
+            now_us,
+            call.dry_run,
+            &call.requests,
+            call.guard.as_ref(),
+        );
+        let epoch = call.guard.as_ref().and_then(|g| self.epoch(&g.epoch));
+        Ok((replies, epoch))
+    }
+
+    fn release(&mut self, key: &str, leases: &[String]) -> Result<u64, String> {
+        Ok(ModelStore::release(self, key, leases))
+    }
+
+    fn cancel(&mut self, call: &JobsCall) -> Result<Vec<i64>, String> {
+        let now_us = call.now_us.expect("agreement calls carry an explicit time");
+        Ok(testkit::cancel(self, now_us, &call.requests))
+    }
+
+    fn block(&mut self, at: &BlockAt, now_us: u64, dur_us: u64) -> Result<u64, String> {
+        Ok(testkit::block(self, at, now_us, dur_us))
+    }
+
+    fn set_epoch(&mut self, key: &str, at_us: u64) {
+        ModelStore::set_epoch(self, key, i128::from(at_us));
+    }
+}
+
 /// Runs `call` on Redis and on the model; the reply when both agree, else
 /// a message with the step, the inputs and both replies.
-async fn both(
+async fn both<T: Twin>(
     redis: &RedisStore,
-    model: &mut ModelStore,
+    model: &mut T,
     seller: &Seller,
     step: &str,
     call: &ScriptCall,
@@ -249,20 +323,14 @@ async fn both(
         .run(call)
         .await
         .map_err(|e| format!("{inputs}\n  lua failed: {e}"))?;
-    let want = local::run(
-        model,
-        model_op(call.op),
-        now_us,
-        call.cost,
-        call.mode,
-        &call.call_id,
-        &call.block,
-        &call.rules,
-    );
+    let want = model
+        .run(call)
+        .map_err(|e| format!("{inputs}\n  {} failed: {e}", T::NAME))?;
     if lua != want {
         return Err(format!(
-            "{inputs}\n  differ: {}\n  lua:   {lua:?}\n  model: {want:?}",
-            differing(&lua, &want)
+            "{inputs}\n  differ: {}\n  lua:   {lua:?}\n  {}: {want:?}",
+            differing(&lua, &want, T::NAME),
+            T::NAME
         ));
     }
     Ok(lua)
@@ -270,9 +338,9 @@ async fn both(
 
 /// Runs a jobs call on Redis and on the model; the reply when both agree
 /// on all twelve fields.
-async fn both_jobs(
+async fn both_jobs<T: Twin>(
     redis: &RedisStore,
-    model: &mut ModelStore,
+    model: &mut T,
     seller: &Seller,
     step: &str,
     call: &JobsCall,
@@ -290,13 +358,10 @@ async fn both_jobs(
         .run_jobs(call)
         .await
         .map_err(|e| format!("{inputs}\n  lua failed: {e}"))?;
-    let (want, _) = testkit::run_guarded(
-        model,
-        now_us,
-        call.dry_run,
-        &call.requests,
-        call.guard.as_ref(),
-    );
+    let (want, model_epoch) = model
+        .run_jobs(call)
+        .map_err(|e| format!("{inputs}\n  {} failed: {e}", T::NAME))?;
+    let twin = T::NAME;
     if let Some(g) = &call.guard {
         let mut conn = raw().await;
         let epoch: Option<i64> = redis::cmd("GET")
@@ -304,23 +369,22 @@ async fn both_jobs(
             .query_async(&mut conn)
             .await
             .map_err(|e| format!("{inputs}\n  GET {}: {e}", g.epoch))?;
-        let model_epoch = model.epoch(&g.epoch);
         if epoch.map(i128::from) != model_epoch {
             return Err(format!(
-                "{inputs}\n  the epoch after the call: lua {epoch:?} ≠ model {model_epoch:?}"
+                "{inputs}\n  the epoch after the call: lua {epoch:?} ≠ {twin} {model_epoch:?}"
             ));
         }
     }
     if lua != want {
         let mut diffs = String::new();
         if lua.len() != want.len() {
-            diffs = format!("replies: lua {} ≠ model {}", lua.len(), want.len());
+            diffs = format!("replies: lua {} ≠ {twin} {}", lua.len(), want.len());
         }
         for (q, (l, m)) in lua.iter().zip(&want).enumerate() {
-            let mut d = differing(&l.head, &m.head);
+            let mut d = differing(&l.head, &m.head, twin);
             for (name, a, b) in [("jobs", l.jobs, m.jobs), ("next", l.next, m.next)] {
                 if a != b {
-                    d.push_str(&format!(", {name} lua {a} ≠ model {b}"));
+                    d.push_str(&format!(", {name} lua {a} ≠ {twin} {b}"));
                 }
             }
             if !d.is_empty() {
@@ -328,7 +392,7 @@ async fn both_jobs(
             }
         }
         return Err(format!(
-            "{inputs}\n  differ: {diffs}\n  lua:   {lua:?}\n  model: {want:?}"
+            "{inputs}\n  differ: {diffs}\n  lua:   {lua:?}\n  {twin}: {want:?}"
         ));
     }
     Ok(lua[0])
@@ -336,9 +400,9 @@ async fn both_jobs(
 
 /// Gives slots back on Redis and in the model; how many were still held
 /// when both agree.
-async fn both_release(
+async fn both_release<T: Twin>(
     redis: &RedisStore,
-    model: &mut ModelStore,
+    model: &mut T,
     key: &str,
     step: &str,
     leases: &[String],
@@ -347,10 +411,13 @@ async fn both_release(
         .release(key, leases)
         .await
         .map_err(|e| format!("{step}: release {leases:?}\n  lua failed: {e}"))?;
-    let want = model.release(key, leases);
+    let want = model
+        .release(key, leases)
+        .map_err(|e| format!("{step}: release {leases:?}\n  {} failed: {e}", T::NAME))?;
     if lua != want {
         return Err(format!(
-            "{step}: release {leases:?}: still held lua {lua} ≠ model {want}"
+            "{step}: release {leases:?}: still held lua {lua} ≠ {} {want}",
+            T::NAME
         ));
     }
     Ok(lua)
@@ -358,9 +425,9 @@ async fn both_release(
 
 /// Cancels a jobs call on Redis and in the model; the per-request answers
 /// when both agree.
-async fn both_cancel(
+async fn both_cancel<T: Twin>(
     redis: &RedisStore,
-    model: &mut ModelStore,
+    model: &mut T,
     seller: &Seller,
     step: &str,
     call: &JobsCall,
@@ -376,17 +443,22 @@ async fn both_cancel(
         .cancel_jobs(call)
         .await
         .map_err(|e| format!("{inputs}\n  lua failed: {e}"))?;
-    let want = testkit::cancel(model, now_us, &call.requests);
+    let want = model
+        .cancel(call)
+        .map_err(|e| format!("{inputs}\n  {} failed: {e}", T::NAME))?;
     if lua != want {
-        return Err(format!("{inputs}\n  differ: lua {lua:?} ≠ model {want:?}"));
+        return Err(format!(
+            "{inputs}\n  differ: lua {lua:?} ≠ {} {want:?}",
+            T::NAME
+        ));
     }
     Ok(lua)
 }
 
 /// Blocks on Redis and in the model; the end of the block when both agree.
-async fn both_block(
+async fn both_block<T: Twin>(
     redis: &RedisStore,
-    model: &mut ModelStore,
+    model: &mut T,
     seller: &Seller,
     step: &str,
     now_us: u64,
@@ -401,9 +473,14 @@ async fn both_block(
         .block(&seller.block, Some(now_us), dur_us)
         .await
         .map_err(|e| format!("{inputs}\n  lua failed: {e}"))?;
-    let want = testkit::block(model, &seller.block, now_us, dur_us);
+    let want = model
+        .block(&seller.block, now_us, dur_us)
+        .map_err(|e| format!("{inputs}\n  {} failed: {e}", T::NAME))?;
     if lua != want {
-        return Err(format!("{inputs}\n  block ends: lua {lua} ≠ model {want}"));
+        return Err(format!(
+            "{inputs}\n  block ends: lua {lua} ≠ {} {want}",
+            T::NAME
+        ));
     }
     Ok(lua)
 }
@@ -682,7 +759,7 @@ struct Taken {
 }
 
 /// Runs one case on fresh keys; the first disagreement as the error.
-async fn agree(
+async fn agree<T: Twin>(
     redis: &RedisStore,
     conn: &MultiplexedConnection,
     case: &Case,
@@ -696,19 +773,19 @@ async fn agree(
         lease_us,
         poll_us: 777,
     });
-    let agreed = steps(redis, conn, &mut seller, case, seen).await;
+    let agreed = steps::<T>(redis, conn, &mut seller, case, seen).await;
     seller.forget(&mut conn.clone()).await;
     agreed
 }
 
-async fn steps(
+async fn steps<T: Twin>(
     redis: &RedisStore,
     conn: &MultiplexedConnection,
     seller: &mut Seller,
     case: &Case,
     seen: &RefCell<Seen>,
 ) -> Result<(), String> {
-    let mut model = ModelStore::new();
+    let mut model = T::fresh();
     let mut now = T0 + case.start;
     if let Some((on_loss, before)) = case.guard {
         let epoch = format!("{}:{{epoch}}", seller.prefix);
@@ -720,7 +797,7 @@ async fn steps(
                 .query_async(&mut conn.clone())
                 .await
                 .map_err(|e| format!("SET {epoch}: {e}"))?;
-            model.set_epoch(&epoch, i128::from(at));
+            model.set_epoch(&epoch, at);
         }
         seller.guard = Some(LossGuard { epoch, on_loss });
     }
@@ -857,7 +934,7 @@ async fn steps(
                         .await
                         .map_err(|e| format!("{label}: DEL {key}: {e}"))?;
                 }
-                model = ModelStore::new();
+                model = T::fresh();
                 let mut seen = seen.borrow_mut();
                 seen.losses += 1;
                 seen.guarded_losses += u64::from(seller.guard.is_some());
@@ -911,6 +988,11 @@ fn lua_and_model_agree_on_random_sequences_in_state_v1_v2() {
 }
 
 fn agree_on_random_sequences(layout: StateLayout) {
+    agree_on_random_sequences_with::<ModelStore>(layout);
+}
+
+/// The property test with Redis' replies held to `T`.
+pub(super) fn agree_on_random_sequences_with<T: Twin>(layout: StateLayout) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -932,19 +1014,23 @@ fn agree_on_random_sequences(layout: StateLayout) {
     let started = Instant::now();
     let mut runner = TestRunner::new(config.clone());
     let result = runner.run(&any_case(), |case| {
-        rt.block_on(agree(&redis, &conn, &case, &seen, layout))
+        rt.block_on(agree::<T>(&redis, &conn, &case, &seen, layout))
             .map_err(TestCaseError::fail)
     });
     match result {
         Ok(()) => {}
         Err(TestError::Fail(why, case)) => {
-            panic!("Lua and model disagree:\n{why}\nminimal case: {case:#?}")
+            panic!(
+                "Lua on Redis and {} disagree:\n{why}\nminimal case: {case:#?}",
+                T::NAME
+            )
         }
         Err(TestError::Abort(why)) => panic!("property test aborted: {why}"),
     }
     let seen = seen.into_inner();
     eprintln!(
-        "lua == model ({layout:?}) on {} cases of up to {MAX_STEPS} steps in {:?}: {seen:?}",
+        "lua == {} ({layout:?}) on {} cases of up to {MAX_STEPS} steps in {:?}: {seen:?}",
+        T::NAME,
         config.cases,
         started.elapsed(),
     );

@@ -1,9 +1,10 @@
-//! The limiter against a real Redis: the Lua scripts, their agreement with the Rust models, edits, cancels, layouts.
+//! The limiter against a real Redis: the Lua scripts, their agreement with the Rust models and with the simulation's embedded Redis, edits, cancels, layouts.
 
 mod agreement;
 mod cancel;
 mod coalesce;
 mod edits;
+mod embedded;
 mod in_flight;
 mod isolation;
 mod jobs;

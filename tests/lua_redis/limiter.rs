@@ -1,0 +1,91 @@
+//! The limiter's calls on the embedded Redis, as the product makes them
+//! on a real one (`RedisStore` in src/limiter/redis.rs): the same KEYS, the
+//! same ARGV (`JobsCall::wire_args`, `BlockAt::block_args`, ...) and the
+//! same reading of the raw reply (`Reply::from_slice`,
+//! `JobsAnswer::from_slice`). Only the transport differs.
+
+use throttle_worker::limiter::{
+    release_args, BlockAt, JobsAnswer, JobsCall, Reply as LimiterReply, ScriptCall,
+};
+
+use super::{EmbeddedError, EmbeddedRedis, Reply, Script};
+
+impl EmbeddedRedis {
+    /// One acquire, peek or refund (`RedisStore::run`).
+    pub fn run(&self, call: &ScriptCall, at_us: u64) -> Result<LimiterReply, EmbeddedError> {
+        let keys: Vec<&str> = call.keys().collect();
+        let raw = integers(self.eval(Script::Limiter, &keys, &call.args(), at_us)?)?;
+        Ok(LimiterReply::from_slice(&raw)?)
+    }
+
+    /// One jobs call (`RedisStore::run_jobs`), with the life of its
+    /// record (`None`: the script's default, as with an explicit time).
+    /// No deadline: a call here runs the instant it is sent, never after
+    /// its caller gave up.
+    pub fn run_jobs(
+        &self,
+        call: &JobsCall,
+        life_us: Option<u64>,
+        at_us: u64,
+    ) -> Result<JobsAnswer, EmbeddedError> {
+        let keys: Vec<&str> = call.keys().collect();
+        let args = call.wire_args(None, life_us);
+        let raw = integers(self.eval(Script::Limiter, &keys, &args, at_us)?)?;
+        Ok(JobsAnswer::from_slice(&raw, call.guard.is_some())?)
+    }
+
+    /// The cancel of a jobs call (`RedisStore::cancel_jobs`).
+    pub fn cancel_jobs(
+        &self,
+        call: &JobsCall,
+        life_us: u64,
+        at_us: u64,
+    ) -> Result<Vec<i64>, EmbeddedError> {
+        let keys: Vec<&str> = call.keys().collect();
+        let args = call.cancel_wire_args(life_us);
+        integers(self.eval(Script::Limiter, &keys, &args, at_us)?)
+    }
+
+    /// Slots given back (`RedisStore::release`): how many were held.
+    pub fn release(&self, key: &str, leases: &[String], at_us: u64) -> Result<u64, EmbeddedError> {
+        count(self.eval(Script::Limiter, &[key], &release_args(leases), at_us)?)
+    }
+
+    /// A seller's downstream block (`RedisStore::block`): when it ends.
+    pub fn block(
+        &self,
+        at: &BlockAt,
+        now_us: Option<u64>,
+        dur_us: u64,
+        at_us: u64,
+    ) -> Result<u64, EmbeddedError> {
+        let keys: Vec<&str> = at.keys().collect();
+        count(self.eval(Script::Block, &keys, &at.block_args(now_us, dur_us), at_us)?)
+    }
+}
+
+/// A flat array of integers, as redis-rs reads one into `Vec<i64>`
+/// (integers, or strings that hold one).
+fn integers(reply: Reply) -> Result<Vec<i64>, EmbeddedError> {
+    let Reply::Array(items) = reply else {
+        return Err(EmbeddedError::Shape(reply));
+    };
+    items
+        .iter()
+        .map(|item| match item {
+            Reply::Int(i) => Ok(*i),
+            Reply::Bulk(b) => {
+                super::commands::integer(b).map_err(|_| EmbeddedError::Shape(item.clone()))
+            }
+            _ => Err(EmbeddedError::Shape(item.clone())),
+        })
+        .collect()
+}
+
+/// One integer at or above zero, as redis-rs reads a `u64`.
+fn count(reply: Reply) -> Result<u64, EmbeddedError> {
+    match reply {
+        Reply::Int(i) if i >= 0 => Ok(i as u64),
+        other => Err(EmbeddedError::Shape(other)),
+    }
+}

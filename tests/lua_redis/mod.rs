@@ -1,0 +1,177 @@
+//! An embedded Redis for the limiter's scripts: the production Lua
+//! (`LIMITER_LUA`, `BLOCK_LUA`, exactly the text the product sends) run as
+//! Redis' EVAL runs it, in a Lua 5.1 (mlua's vendored `lua51`, Redis' own
+//! Lua version), against an in-memory keyspace whose keys expire on a clock
+//! the caller hands in. The simulation's Redis is this, on its virtual
+//! clock; `tests/limiter/embedded.rs` holds it to a real Redis.
+//!
+//! - [`keyspace`]: strings, hashes and sorted sets with their expiry.
+//! - [`commands`]: the commands `lua/` sends, with Redis' replies and
+//!   errors; nothing else.
+//! - `lua`: the Lua state as Redis sets it up (`redis.call`, `struct`,
+//!   protected globals) and Redis' conversions of values and replies.
+//! - `limiter`: the limiter's calls with the arguments the product builds
+//!   and the replies read as the product reads them
+//!   ([`EmbeddedRedis::run_jobs`] and its siblings).
+//!
+//! Not emulated: anything `lua/` does not use (other commands, RESP3,
+//! script timeouts, `redis.log`); an attempt fails loudly.
+
+pub mod commands;
+pub mod keyspace;
+mod limiter;
+mod lua;
+
+use mlua::{Function, Lua};
+use throttle_worker::limiter::script::{BLOCK_LUA, LIMITER_LUA};
+use throttle_worker::limiter::MalformedReply;
+
+pub use commands::{CommandError, Reply};
+
+/// Why an embedded call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum EmbeddedError {
+    #[error("the embedded Lua could not load the scripts: {0}")]
+    Load(mlua::Error),
+    /// The script raised an error or replied with one (`redis.error_reply`).
+    #[error("script error: {0}")]
+    Script(String),
+    /// A reply of a shape the caller does not read (a string, a nested
+    /// array, a negative count).
+    #[error("script replied {0:?}, which the caller cannot read")]
+    Shape(Reply),
+    #[error(transparent)]
+    Malformed(#[from] MalformedReply),
+}
+
+/// Which production script to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Script {
+    /// [`LIMITER_LUA`]: acquire, peek, refund, jobs, cancel, release.
+    Limiter,
+    /// [`BLOCK_LUA`]: a seller's downstream block.
+    Block,
+}
+
+/// One Redis server with the two scripts loaded (as EVALSHA: each is
+/// compiled once, and every call runs its whole text with new KEYS and
+/// ARGV, definitions included, as Redis runs an EVAL script).
+pub struct EmbeddedRedis {
+    lua: Lua,
+    limiter: Function,
+    block: Function,
+}
+
+impl std::fmt::Debug for EmbeddedRedis {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmbeddedRedis").finish_non_exhaustive()
+    }
+}
+
+impl EmbeddedRedis {
+    /// An empty server with the scripts compiled.
+    pub fn new() -> Result<EmbeddedRedis, EmbeddedError> {
+        let lua = lua::new_state().map_err(EmbeddedError::Load)?;
+        let compile = |name: &str, text: &str| {
+            lua.load(text)
+                .set_name(format!("@{name}"))
+                .into_function()
+                .map_err(EmbeddedError::Load)
+        };
+        let limiter = compile("LIMITER_LUA", LIMITER_LUA)?;
+        let block = compile("BLOCK_LUA", BLOCK_LUA)?;
+        Ok(EmbeddedRedis {
+            lua,
+            limiter,
+            block,
+        })
+    }
+
+    /// Runs `script` as `EVAL script keys args` at `at_us` on the server's
+    /// clock (its `TIME`, and the instant its keys expire against); an
+    /// error reply or a raised error is [`EmbeddedError::Script`].
+    pub fn eval(
+        &self,
+        script: Script,
+        keys: &[&str],
+        args: &[String],
+        at_us: u64,
+    ) -> Result<Reply, EmbeddedError> {
+        let f = match script {
+            Script::Limiter => &self.limiter,
+            Script::Block => &self.block,
+        };
+        self.eval_function(f, keys, args, at_us)
+    }
+
+    fn eval_function(
+        &self,
+        f: &Function,
+        keys: &[&str],
+        args: &[String],
+        at_us: u64,
+    ) -> Result<Reply, EmbeddedError> {
+        self.server().now_us = at_us;
+        let run = || -> mlua::Result<Reply> {
+            let globals = self.lua.globals();
+            globals.raw_set("KEYS", self.lua.create_sequence_from(keys.iter().copied())?)?;
+            globals.raw_set(
+                "ARGV",
+                self.lua
+                    .create_sequence_from(args.iter().map(String::as_str))?,
+            )?;
+            lua::from_lua(&f.call::<mlua::Value>(())?)
+        };
+        match run() {
+            Ok(Reply::Error(e)) => Err(EmbeddedError::Script(e)),
+            Ok(reply) => Ok(reply),
+            Err(e) => Err(EmbeddedError::Script(e.to_string())),
+        }
+    }
+
+    /// Runs Lua `source` as `EVAL source keys args` (tests of the
+    /// emulation itself; the limiter's calls run the compiled scripts).
+    pub fn eval_source(
+        &self,
+        source: &str,
+        keys: &[&str],
+        args: &[String],
+        at_us: u64,
+    ) -> Result<Reply, EmbeddedError> {
+        let f = self
+            .lua
+            .load(source)
+            .into_function()
+            .map_err(EmbeddedError::Load)?;
+        self.eval_function(&f, keys, args, at_us)
+    }
+
+    /// One command from outside a script (a test's setup, the epoch of an
+    /// install that ran before), at `at_us`.
+    pub fn command(&self, argv: &[&str], at_us: u64) -> Result<Reply, CommandError> {
+        let argv: Vec<Vec<u8>> = argv.iter().map(|a| a.as_bytes().to_vec()).collect();
+        commands::run(&mut self.server().keys, at_us, &argv)
+    }
+
+    /// `FLUSHALL`: every key gone, as after a restart without persistence.
+    pub fn flushall(&self) {
+        self.server().keys.flush();
+    }
+
+    /// Every key alive at `at_us`, sorted.
+    pub fn keys(&self, at_us: u64) -> Vec<String> {
+        let now_ms = i64::try_from(at_us / 1000).expect("a clock within i64 ms");
+        self.server()
+            .keys
+            .keys(now_ms)
+            .into_iter()
+            .map(|k| String::from_utf8_lossy(&k).into_owned())
+            .collect()
+    }
+
+    fn server(&self) -> mlua::AppDataRefMut<'_, lua::Server> {
+        self.lua
+            .app_data_mut::<lua::Server>()
+            .expect("the state is made with its server")
+    }
+}
