@@ -3,3 +3,9 @@
 
 #[path = "sim/mod.rs"]
 mod sim;
+// The simulation's Redis: the production Lua, embedded. Shared with the
+// `limiter` target, which holds it to a real Redis; each target uses only
+// part of it.
+#[allow(dead_code)]
+#[path = "lua_redis/mod.rs"]
+mod lua_redis;

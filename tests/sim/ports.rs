@@ -12,15 +12,15 @@ use rand::{Rng, SeedableRng};
 use throttle_worker::downstream::{retry_after, Answer};
 use throttle_worker::job::Job;
 use throttle_worker::kafka::{OriginalRecord, Position, RetryHeaders, Verdict};
-use throttle_worker::limiter::local::{self, ModelStore};
-use throttle_worker::limiter::testkit;
 use throttle_worker::limiter::{
-    BatchDecision, BlockAt, Coalescer, Decision, JobsCall, JobsReply, JobsRequest, Op, Pause,
-    Reply, Rule, ScriptCall, Store,
+    call_life_us, BatchDecision, BlockAt, Coalescer, Decision, JobsCall, JobsReply, JobsRequest,
+    Pause, Reply, Rule, ScriptCall, Store,
 };
 use throttle_worker::worker::{
     Caller, Clock, PermitError, Permits, SellerInfo, WriteError, Writer,
 };
+
+use crate::lua_redis::{EmbeddedError, EmbeddedRedis};
 
 use super::broker::{SharedBroker, SimRecord};
 use super::clock::SimClock;
@@ -101,7 +101,8 @@ pub struct World {
     pub broker: SharedBroker,
     pub faults: Faults,
     pub poison: Vec<Poison>,
-    pub redis: Mutex<ModelStore>,
+    /// Redis: the production Lua on an embedded server.
+    pub redis: Mutex<EmbeddedRedis>,
     /// How many of `faults.state_losses` Redis has suffered so far.
     pub losses: std::sync::atomic::AtomicUsize,
     /// The world's own randomness (latencies, write failures), apart from
@@ -378,14 +379,23 @@ fn released(q: &JobsRequest, r: &JobsReply) -> Release {
     }
 }
 
-/// Redis, running the reference models (the scripts' algorithms and
-/// costs) on the store's clock, which does not jump.
+/// The Redis timeout the simulation models: a hung Redis fails a call
+/// after this long (`SimStore::reach`).
+pub const REDIS_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Redis running the production Lua ([`EmbeddedRedis`]) on the store's
+/// clock, which does not jump; the calls' arguments are built and their
+/// replies read by the product's own code. A script error is a defect the
+/// simulation reports (a panic of the run), not a Redis fault: the
+/// engine never sends a call the scripts refuse.
 pub struct SimStore {
     pub world: Arc<World>,
     pub dead: Arc<AtomicBool>,
 }
 
 impl SimStore {
+    /// Reaches Redis through the seed's faults; the instant it answers
+    /// at, on its clock.
     async fn reach(&self) -> Result<u64, SimRedisError> {
         if self.dead.load(Ordering::SeqCst) {
             never().await;
@@ -395,8 +405,7 @@ impl SimStore {
         tokio::time::sleep(Duration::from_micros(w.random(lo, hi))).await;
         let at = w.now_ms();
         if w.faults.redis_hangs.iter().any(|win| win.contains(at)) {
-            // redis.timeout
-            tokio::time::sleep(Duration::from_secs(1)).await;
+            tokio::time::sleep(REDIS_TIMEOUT).await;
             return Err(SimRedisError::Hung);
         }
         if w.faults.redis_errors.iter().any(|win| win.contains(at)) {
@@ -409,14 +418,20 @@ impl SimStore {
         // the difference before.
         let due = w.faults.state_losses.iter().filter(|&&t| t <= at).count();
         if w.losses.swap(due, Ordering::SeqCst) < due {
-            *self.store() = ModelStore::new();
+            self.redis().flushall();
         }
         Ok(w.clock.true_unix_us())
     }
 
-    fn store(&self) -> std::sync::MutexGuard<'_, ModelStore> {
+    fn redis(&self) -> std::sync::MutexGuard<'_, EmbeddedRedis> {
         self.world.redis.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// A script that failed in the simulation: a defect of the scripts, of
+/// the calls the product builds, or of the embedded Redis.
+fn script_failed(what: &str, e: EmbeddedError) -> ! {
+    panic!("the limiter's Lua failed on the simulation's Redis ({what}): {e}")
 }
 
 impl Store for SimStore {
@@ -429,53 +444,50 @@ impl Store for SimStore {
     }
 
     async fn run(&self, call: &ScriptCall) -> Result<Reply, SimRedisError> {
-        let now = self.reach().await?;
-        let now = call.now_us.unwrap_or(now);
-        let op = match call.op {
-            Op::Acquire => local::Op::Acquire,
-            Op::Peek => local::Op::Peek,
-            Op::Refund { skip, taken_at_us } => local::Op::Refund { skip, taken_at_us },
-        };
-        Ok(local::run(
-            &mut self.store(),
-            op,
-            now,
-            call.cost,
-            call.mode,
-            &call.call_id,
-            &call.block,
-            &call.rules,
-        ))
+        let at = self.reach().await?;
+        Ok(self
+            .redis()
+            .run(call, at)
+            .unwrap_or_else(|e| script_failed(&format!("{call:?}"), e)))
     }
 
     async fn run_jobs(&self, call: &JobsCall) -> Result<Vec<JobsReply>, SimRedisError> {
-        let now = self.reach().await?;
-        let now = call.now_us.unwrap_or(now);
-        let (replies, found) = testkit::run_guarded(
-            &mut self.store(),
-            now,
-            call.dry_run,
-            &call.requests,
-            call.guard.as_ref(),
-        );
+        let at = self.reach().await?;
+        // The record's life as the product sends it on Redis' clock.
+        let life = call.now_us.is_none().then(|| call_life_us(REDIS_TIMEOUT));
+        let answer = self
+            .redis()
+            .run_jobs(call, life, at)
+            .unwrap_or_else(|e| script_failed(&format!("{call:?}"), e));
         if !call.dry_run {
             self.world.journal.with(|log| {
-                for (q, r) in call.requests.iter().zip(&replies) {
+                for (q, r) in call.requests.iter().zip(&answer.replies) {
                     if r.head.status == 1 && r.head.granted > 0 {
                         log.released.push(released(q, r));
                     } else if r.head.status == 0 {
                         log.reach.denials += 1;
                     }
                 }
-                log.reach.losses_found += u64::from(found);
+                log.reach.losses_found += u64::from(answer.found_loss);
             });
         }
-        Ok(replies)
+        Ok(answer.replies)
     }
 
     async fn release(&self, key: &str, leases: &[String]) -> Result<u64, SimRedisError> {
-        self.reach().await?;
-        Ok(self.store().release(key, leases))
+        let at = self.reach().await?;
+        Ok(self
+            .redis()
+            .release(key, leases, at)
+            .unwrap_or_else(|e| script_failed(&format!("release {key} {leases:?}"), e)))
+    }
+
+    async fn cancel_jobs(&self, call: &JobsCall) -> Result<Vec<i64>, SimRedisError> {
+        let at = self.reach().await?;
+        Ok(self
+            .redis()
+            .cancel_jobs(call, call_life_us(REDIS_TIMEOUT), at)
+            .unwrap_or_else(|e| script_failed(&format!("cancel {call:?}"), e)))
     }
 
     async fn block(
@@ -484,13 +496,11 @@ impl Store for SimStore {
         now_us: Option<u64>,
         dur_us: u64,
     ) -> Result<u64, SimRedisError> {
-        let now = self.reach().await?;
-        Ok(testkit::block(
-            &mut self.store(),
-            key,
-            now_us.unwrap_or(now),
-            dur_us,
-        ))
+        let at = self.reach().await?;
+        Ok(self
+            .redis()
+            .block(key, now_us, dur_us, at)
+            .unwrap_or_else(|e| script_failed(&format!("block {key:?}"), e)))
     }
 }
 

@@ -9,12 +9,13 @@ use std::time::Duration;
 
 use throttle_worker::config::{OnStateLoss, Topology};
 use throttle_worker::kafka::RetryHeaders;
-use throttle_worker::limiter::local::ModelStore;
 use throttle_worker::limiter::{CoalesceSettings, Coalescer, KeySpace, Limiter, Policy};
 use throttle_worker::telemetry::http::Health;
 use throttle_worker::worker::{Deps, Engine, Ports, Summary};
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::task::JoinHandle;
+
+use crate::lua_redis::EmbeddedRedis;
 
 use super::broker::{deliver, Broker, SharedBroker, SimRecord, SimSource, Tp};
 use super::clock::SimClock;
@@ -330,14 +331,15 @@ pub fn world_of(sc: &Scenario) -> (Arc<World>, Vec<bytes::Bytes>) {
 /// Redis as an install that has run before finds it: the loss guard's
 /// epoch written a day ago (a new install would hold each seller's first
 /// period).
-fn installed() -> ModelStore {
-    let mut redis = ModelStore::new();
+fn installed() -> EmbeddedRedis {
+    let redis = EmbeddedRedis::new().unwrap_or_else(|e| panic!("the embedded Redis: {e}"));
     let day_us = 86_400_000_000u64;
-    redis.set_epoch(
-        &KeySpace::with_layout("sim", throttle_worker::limiter::StateLayout::V2)
-            .epoch(Topology::Single, ""),
-        i128::from(super::clock::EPOCH_US - day_us),
-    );
+    let epoch = KeySpace::with_layout("sim", throttle_worker::limiter::StateLayout::V2)
+        .epoch(Topology::Single, "");
+    let at = (super::clock::EPOCH_US - day_us).to_string();
+    redis
+        .command(&["SET", &epoch, &at], super::clock::EPOCH_US)
+        .unwrap_or_else(|e| panic!("SET {epoch}: {e}"));
     redis
 }
 
