@@ -2,9 +2,11 @@
 //! one: the same random cases as `agreement.rs` (rules of every algorithm,
 //! costs, times, edits, refunds, blocks, cancels, slots, losses under a
 //! loss guard, in each state layout) run on Redis and on the embedded
-//! Redis, which must reply the very same integers at every step. Both run
-//! the same Lua, so a difference is the emulation's: a command's reply, an
-//! expiry, a conversion. Then a few cases of the emulated commands alone.
+//! Redis, which must reply the very same integers at every step, with the
+//! scripts run as a Functions library (FCALL, the simulation's) and as
+//! EVAL scripts. Both sides run the same Lua, so a difference is the
+//! emulation's: a command's reply, an expiry, a conversion. Then a few
+//! cases of the emulated commands alone.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -13,12 +15,14 @@ use throttle_worker::limiter::{
 };
 
 use super::agreement::{agree_on_random_sequences_with, Twin};
-use crate::lua_redis::{EmbeddedRedis, Reply};
+use crate::lua_redis::{EmbeddedRedis, Mode, Reply};
 
 /// The embedded Redis on the wall clock, as the real one's: the cases'
 /// explicit times decide, the wall clock only expires keys and answers
 /// `TIME` (neither of which a reply shows within a case's milliseconds).
-struct Embedded(EmbeddedRedis);
+/// `FCALL`: the scripts run as a Functions library (what the product
+/// runs on the real Redis here, 7+), else as EVAL scripts.
+struct Embedded<const FCALL: bool>(EmbeddedRedis);
 
 fn wall_us() -> u64 {
     let since = SystemTime::now()
@@ -27,11 +31,16 @@ fn wall_us() -> u64 {
     u64::try_from(since.as_micros()).expect("µs fit in u64")
 }
 
-impl Twin for Embedded {
-    const NAME: &'static str = "embedded";
+impl<const FCALL: bool> Twin for Embedded<FCALL> {
+    const NAME: &'static str = if FCALL {
+        "embedded (FCALL)"
+    } else {
+        "embedded (EVAL)"
+    };
 
     fn fresh() -> Self {
-        Embedded(EmbeddedRedis::new().unwrap_or_else(|e| panic!("embedded Redis: {e}")))
+        let mode = if FCALL { Mode::Functions } else { Mode::Eval };
+        Embedded(EmbeddedRedis::new(mode).unwrap_or_else(|e| panic!("embedded Redis: {e}")))
     }
 
     fn run(&mut self, call: &ScriptCall) -> Result<LimiterReply, String> {
@@ -87,18 +96,33 @@ impl Twin for Embedded {
 }
 
 #[test]
-fn redis_and_embedded_agree_on_random_sequences() {
-    agree_on_random_sequences_with::<Embedded>(StateLayout::V1);
+fn redis_and_embedded_functions_agree_on_random_sequences() {
+    agree_on_random_sequences_with::<Embedded<true>>(StateLayout::V1);
 }
 
 #[test]
-fn redis_and_embedded_agree_on_random_sequences_in_state_v2() {
-    agree_on_random_sequences_with::<Embedded>(StateLayout::V2);
+fn redis_and_embedded_functions_agree_on_random_sequences_in_state_v2() {
+    agree_on_random_sequences_with::<Embedded<true>>(StateLayout::V2);
 }
 
 #[test]
-fn redis_and_embedded_agree_on_random_sequences_in_state_v1_v2() {
-    agree_on_random_sequences_with::<Embedded>(StateLayout::V1V2);
+fn redis_and_embedded_functions_agree_on_random_sequences_in_state_v1_v2() {
+    agree_on_random_sequences_with::<Embedded<true>>(StateLayout::V1V2);
+}
+
+#[test]
+fn redis_and_embedded_eval_agree_on_random_sequences() {
+    agree_on_random_sequences_with::<Embedded<false>>(StateLayout::V1);
+}
+
+#[test]
+fn redis_and_embedded_eval_agree_on_random_sequences_in_state_v2() {
+    agree_on_random_sequences_with::<Embedded<false>>(StateLayout::V2);
+}
+
+#[test]
+fn redis_and_embedded_eval_agree_on_random_sequences_in_state_v1_v2() {
+    agree_on_random_sequences_with::<Embedded<false>>(StateLayout::V1V2);
 }
 
 // ---------------------------------------------------------------------------
@@ -109,7 +133,7 @@ const MS: u64 = 1_000;
 const T: u64 = 1_793_491_200_000_000;
 
 fn server() -> EmbeddedRedis {
-    EmbeddedRedis::new().unwrap_or_else(|e| panic!("embedded Redis: {e}"))
+    EmbeddedRedis::new(Mode::Eval).unwrap_or_else(|e| panic!("embedded Redis: {e}"))
 }
 
 fn cmd(r: &EmbeddedRedis, at_us: u64, argv: &[&str]) -> Reply {

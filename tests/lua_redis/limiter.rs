@@ -14,7 +14,7 @@ impl EmbeddedRedis {
     /// One acquire, peek or refund (`RedisStore::run`).
     pub fn run(&self, call: &ScriptCall, at_us: u64) -> Result<LimiterReply, EmbeddedError> {
         let keys: Vec<&str> = call.keys().collect();
-        let raw = integers(self.eval(Script::Limiter, &keys, &call.args(), at_us)?)?;
+        let raw = integers(self.invoke(Script::Limiter, &keys, &call.args(), at_us)?)?;
         Ok(LimiterReply::from_slice(&raw)?)
     }
 
@@ -30,7 +30,7 @@ impl EmbeddedRedis {
     ) -> Result<JobsAnswer, EmbeddedError> {
         let keys: Vec<&str> = call.keys().collect();
         let args = call.wire_args(None, life_us);
-        let raw = integers(self.eval(Script::Limiter, &keys, &args, at_us)?)?;
+        let raw = integers(self.invoke(Script::Limiter, &keys, &args, at_us)?)?;
         Ok(JobsAnswer::from_slice(&raw, call.guard.is_some())?)
     }
 
@@ -43,12 +43,12 @@ impl EmbeddedRedis {
     ) -> Result<Vec<i64>, EmbeddedError> {
         let keys: Vec<&str> = call.keys().collect();
         let args = call.cancel_wire_args(life_us);
-        integers(self.eval(Script::Limiter, &keys, &args, at_us)?)
+        integers(self.invoke(Script::Limiter, &keys, &args, at_us)?)
     }
 
     /// Slots given back (`RedisStore::release`): how many were held.
     pub fn release(&self, key: &str, leases: &[String], at_us: u64) -> Result<u64, EmbeddedError> {
-        count(self.eval(Script::Limiter, &[key], &release_args(leases), at_us)?)
+        count(self.invoke(Script::Limiter, &[key], &release_args(leases), at_us)?)
     }
 
     /// A seller's downstream block (`RedisStore::block`): when it ends.
@@ -60,7 +60,7 @@ impl EmbeddedRedis {
         at_us: u64,
     ) -> Result<u64, EmbeddedError> {
         let keys: Vec<&str> = at.keys().collect();
-        count(self.eval(Script::Block, &keys, &at.block_args(now_us, dur_us), at_us)?)
+        count(self.invoke(Script::Block, &keys, &at.block_args(now_us, dur_us), at_us)?)
     }
 }
 

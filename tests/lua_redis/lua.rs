@@ -4,7 +4,9 @@
 //! protected), and the conversions between Lua values and Redis replies
 //! that Redis makes at `redis.call` and at a script's return.
 
-use mlua::{Lua, LuaOptions, MultiValue, StdLib, Table, Value, Variadic};
+use std::collections::HashMap;
+
+use mlua::{Function, Lua, LuaOptions, MultiValue, StdLib, Table, Value, Variadic};
 
 use super::commands::{self, format_double, Reply};
 use super::keyspace::Keyspace;
@@ -32,6 +34,38 @@ pub fn new_state() -> mlua::Result<Lua> {
     globals.set("struct", struct_table(&lua)?)?;
     protect_globals(&lua)?;
     Ok(lua)
+}
+
+/// Loads a Functions library as `FUNCTION LOAD` does: the `#!lua` line
+/// off, the body run once with `redis.register_function` (and without
+/// `redis.call`, which Redis refuses at a load); the functions it
+/// registered, by name.
+pub fn load_library(lua: &Lua, code: &str) -> mlua::Result<HashMap<String, Function>> {
+    let body = match code.strip_prefix("#!") {
+        Some(rest) => rest.split_once('\n').map_or("", |(_, body)| body),
+        None => code,
+    };
+    let redis: Table = lua.globals().raw_get("redis")?;
+    let registered = lua.create_table()?;
+    let into = registered.clone();
+    redis.raw_set(
+        "register_function",
+        lua.create_function(move |_, (name, f): (String, Function)| into.raw_set(name, f))?,
+    )?;
+    let call: Value = redis.raw_get("call")?;
+    redis.raw_set(
+        "call",
+        lua.create_function(|_, _: MultiValue| -> mlua::Result<()> {
+            Err(mlua::Error::runtime(
+                "redis.call is not allowed while a library loads",
+            ))
+        })?,
+    )?;
+    let loaded = lua.load(body).set_name("@library").exec();
+    redis.raw_set("call", call)?;
+    redis.raw_set("register_function", Value::Nil)?;
+    loaded?;
+    registered.pairs::<String, Function>().collect()
 }
 
 /// `redis.call`, `redis.pcall`, `redis.error_reply`, `redis.status_reply`:

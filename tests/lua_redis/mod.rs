@@ -1,15 +1,16 @@
 //! An embedded Redis for the limiter's scripts: the production Lua
-//! (`LIMITER_LUA`, `BLOCK_LUA`, exactly the text the product sends) run as
-//! Redis' EVAL runs it, in a Lua 5.1 (mlua's vendored `lua51`, Redis' own
-//! Lua version), against an in-memory keyspace whose keys expire on a clock
-//! the caller hands in. The simulation's Redis is this, on its virtual
+//! (`LIMITER_LUA` and `BLOCK_LUA`, or the Functions library, exactly the
+//! text the product sends) run as Redis' EVAL or FCALL runs it ([`Mode`]),
+//! in a Lua 5.1 (mlua's vendored `lua51`, Redis' own Lua version), against
+//! an in-memory keyspace whose keys expire on a clock the caller hands in. The simulation's Redis is this, on its virtual
 //! clock; `tests/limiter/embedded.rs` holds it to a real Redis.
 //!
 //! - [`keyspace`]: strings, hashes and sorted sets with their expiry.
 //! - [`commands`]: the commands `lua/` sends, with Redis' replies and
 //!   errors; nothing else.
 //! - `lua`: the Lua state as Redis sets it up (`redis.call`, `struct`,
-//!   protected globals) and Redis' conversions of values and replies.
+//!   protected globals, a library's `redis.register_function`) and Redis'
+//!   conversions of values and replies.
 //! - `limiter`: the limiter's calls with the arguments the product builds
 //!   and the replies read as the product reads them
 //!   ([`EmbeddedRedis::run_jobs`] and its siblings).
@@ -23,7 +24,7 @@ mod limiter;
 mod lua;
 
 use mlua::{Function, Lua};
-use throttle_worker::limiter::script::{BLOCK_LUA, LIMITER_LUA};
+use throttle_worker::limiter::script::{FunctionLibrary, BLOCK_LUA, LIMITER_LUA};
 use throttle_worker::limiter::MalformedReply;
 
 pub use commands::{CommandError, Reply};
@@ -47,50 +48,88 @@ pub enum EmbeddedError {
 /// Which production script to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Script {
-    /// [`LIMITER_LUA`]: acquire, peek, refund, jobs, cancel, release.
+    /// The limiter: acquire, peek, refund, jobs, cancel, release.
     Limiter,
-    /// [`BLOCK_LUA`]: a seller's downstream block.
+    /// A seller's downstream block.
     Block,
 }
 
-/// One Redis server with the two scripts loaded (as EVALSHA: each is
-/// compiled once, and every call runs its whole text with new KEYS and
-/// ARGV, definitions included, as Redis runs an EVAL script).
+/// How the scripts run, as `RedisStore` runs them on a real server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// `EVALSHA` of [`LIMITER_LUA`] and [`BLOCK_LUA`]: every call runs the
+    /// whole script with new `KEYS` and `ARGV` globals, definitions
+    /// included (a server without Functions).
+    Eval,
+    /// `FCALL` of the Functions library ([`FunctionLibrary::code`]),
+    /// loaded once: its definitions run at the load, a call runs one
+    /// registered function with keys and arguments as its parameters
+    /// (Redis 7 and later; what the product prefers).
+    Functions,
+}
+
+/// One Redis server with the limiter loaded.
 pub struct EmbeddedRedis {
     lua: Lua,
+    mode: Mode,
+    /// The compiled script ([`Mode::Eval`]) or the registered function
+    /// ([`Mode::Functions`]).
     limiter: Function,
     block: Function,
 }
 
 impl std::fmt::Debug for EmbeddedRedis {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EmbeddedRedis").finish_non_exhaustive()
+        f.debug_struct("EmbeddedRedis")
+            .field("mode", &self.mode)
+            .finish_non_exhaustive()
     }
 }
 
 impl EmbeddedRedis {
-    /// An empty server with the scripts compiled.
-    pub fn new() -> Result<EmbeddedRedis, EmbeddedError> {
+    /// An empty server with the limiter loaded to run as `mode` says.
+    pub fn new(mode: Mode) -> Result<EmbeddedRedis, EmbeddedError> {
         let lua = lua::new_state().map_err(EmbeddedError::Load)?;
-        let compile = |name: &str, text: &str| {
-            lua.load(text)
-                .set_name(format!("@{name}"))
-                .into_function()
-                .map_err(EmbeddedError::Load)
+        let (limiter, block) = match mode {
+            Mode::Eval => {
+                let compile = |name: &str, text: &str| {
+                    lua.load(text)
+                        .set_name(format!("@{name}"))
+                        .into_function()
+                        .map_err(EmbeddedError::Load)
+                };
+                (
+                    compile("LIMITER_LUA", LIMITER_LUA)?,
+                    compile("BLOCK_LUA", BLOCK_LUA)?,
+                )
+            }
+            Mode::Functions => {
+                let library = FunctionLibrary::new();
+                let mut registered =
+                    lua::load_library(&lua, &library.code).map_err(EmbeddedError::Load)?;
+                let mut take = |name: &str| {
+                    registered.remove(name).ok_or_else(|| {
+                        EmbeddedError::Load(mlua::Error::runtime(format!(
+                            "the library registers no function {name}"
+                        )))
+                    })
+                };
+                (take(&library.limiter)?, take(&library.block)?)
+            }
         };
-        let limiter = compile("LIMITER_LUA", LIMITER_LUA)?;
-        let block = compile("BLOCK_LUA", BLOCK_LUA)?;
         Ok(EmbeddedRedis {
             lua,
+            mode,
             limiter,
             block,
         })
     }
 
-    /// Runs `script` as `EVAL script keys args` at `at_us` on the server's
-    /// clock (its `TIME`, and the instant its keys expire against); an
-    /// error reply or a raised error is [`EmbeddedError::Script`].
-    pub fn eval(
+    /// Runs `script` at `at_us` on the server's clock (its `TIME`, and the
+    /// instant its keys expire against), as `EVALSHA script keys args` or
+    /// `FCALL function keys args` by the server's [`Mode`]; an error reply
+    /// or a raised error is [`EmbeddedError::Script`].
+    pub fn invoke(
         &self,
         script: Script,
         keys: &[&str],
@@ -101,26 +140,35 @@ impl EmbeddedRedis {
             Script::Limiter => &self.limiter,
             Script::Block => &self.block,
         };
-        self.eval_function(f, keys, args, at_us)
+        self.call_function(f, self.mode, keys, args, at_us)
     }
 
-    fn eval_function(
+    /// Runs `f` with `keys` and `args` as globals (EVAL) or parameters
+    /// (FCALL).
+    fn call_function(
         &self,
         f: &Function,
+        mode: Mode,
         keys: &[&str],
         args: &[String],
         at_us: u64,
     ) -> Result<Reply, EmbeddedError> {
         self.server().now_us = at_us;
         let run = || -> mlua::Result<Reply> {
-            let globals = self.lua.globals();
-            globals.raw_set("KEYS", self.lua.create_sequence_from(keys.iter().copied())?)?;
-            globals.raw_set(
-                "ARGV",
-                self.lua
-                    .create_sequence_from(args.iter().map(String::as_str))?,
-            )?;
-            lua::from_lua(&f.call::<mlua::Value>(())?)
+            let keys = self.lua.create_sequence_from(keys.iter().copied())?;
+            let args = self
+                .lua
+                .create_sequence_from(args.iter().map(String::as_str))?;
+            let out = match mode {
+                Mode::Eval => {
+                    let globals = self.lua.globals();
+                    globals.raw_set("KEYS", keys)?;
+                    globals.raw_set("ARGV", args)?;
+                    f.call::<mlua::Value>(())?
+                }
+                Mode::Functions => f.call::<mlua::Value>((keys, args))?,
+            };
+            lua::from_lua(&out)
         };
         match run() {
             Ok(Reply::Error(e)) => Err(EmbeddedError::Script(e)),
@@ -143,7 +191,7 @@ impl EmbeddedRedis {
             .load(source)
             .into_function()
             .map_err(EmbeddedError::Load)?;
-        self.eval_function(&f, keys, args, at_us)
+        self.call_function(&f, Mode::Eval, keys, args, at_us)
     }
 
     /// One command from outside a script (a test's setup, the epoch of an

@@ -10,7 +10,7 @@
 //! - [`scenario`]: the world a seed draws, and hand-made ones for defects.
 //! - [`broker`]: topic logs, commits and the consumer ([`broker::SimSource`]).
 //! - [`ports`]: the downstream, the record writer and Redis: the
-//!   production Lua (`lua/`, as `LIMITER_LUA` and `BLOCK_LUA` send it) on
+//!   production Lua (`lua/`, the Functions library the product loads) on
 //!   an embedded Redis (`tests/lua_redis/`) on the store's clock, its
 //!   calls built and its replies read by the product's own code.
 //! - [`journal`]: what the world saw.

@@ -20,7 +20,7 @@ use throttle_worker::worker::{
     Caller, Clock, PermitError, Permits, SellerInfo, WriteError, Writer,
 };
 
-use crate::lua_redis::{EmbeddedError, EmbeddedRedis};
+use crate::lua_redis::{EmbeddedError, EmbeddedRedis, Mode};
 
 use super::broker::{SharedBroker, SimRecord};
 use super::clock::SimClock;
@@ -382,6 +382,13 @@ fn released(q: &JobsRequest, r: &JobsReply) -> Release {
 /// The Redis timeout the simulation models: a hung Redis fails a call
 /// after this long (`SimStore::reach`).
 pub const REDIS_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// An empty Redis for a world: the limiter as the product runs it on
+/// Redis 7, a Functions library called with FCALL (`RedisStore` falls back
+/// to EVAL only on older servers).
+pub fn sim_redis() -> EmbeddedRedis {
+    EmbeddedRedis::new(Mode::Functions).unwrap_or_else(|e| panic!("the embedded Redis: {e}"))
+}
 
 /// Redis running the production Lua ([`EmbeddedRedis`]) on the store's
 /// clock, which does not jump; the calls' arguments are built and their

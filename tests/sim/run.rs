@@ -20,7 +20,7 @@ use crate::lua_redis::EmbeddedRedis;
 use super::broker::{deliver, Broker, SharedBroker, SimRecord, SimSource, Tp};
 use super::clock::SimClock;
 use super::journal::{Journal, Log};
-use super::ports::{job_value, SimDownstream, SimPermits, SimStore, SimWriter, World};
+use super::ports::{job_value, sim_redis, SimDownstream, SimPermits, SimStore, SimWriter, World};
 use super::scenario::Scenario;
 
 /// The simulation's ports.
@@ -332,7 +332,7 @@ pub fn world_of(sc: &Scenario) -> (Arc<World>, Vec<bytes::Bytes>) {
 /// epoch written a day ago (a new install would hold each seller's first
 /// period).
 fn installed() -> EmbeddedRedis {
-    let redis = EmbeddedRedis::new().unwrap_or_else(|e| panic!("the embedded Redis: {e}"));
+    let redis = sim_redis();
     let day_us = 86_400_000_000u64;
     let epoch = KeySpace::with_layout("sim", throttle_worker::limiter::StateLayout::V2)
         .epoch(Topology::Single, "");
