@@ -17,7 +17,7 @@ export SIM_SEEDS=${SIM_SEEDS:-2000}
 # invariant, file, perl substitution (-0 mode), what it breaks: tab-separated
 MUTATIONS=(
   $'1\tsrc/worker/sellers.rs\ts/for \\(k, origin\\) in asked\\.iter\\(\\)\\.take\\(g\\.jobs\\)\\.enumerate\\(\\)/for (k, origin) in asked.iter().enumerate()/; s/if units \\+ cost > g\\.units \\{\\s*break;\\s*\\}//\ta grant of k jobs calls every job asked about'
-  $'2\tsrc/worker/run.rs\ts/for p in back\\.into_iter\\(\\)\\.rev\\(\\) \\{/for p in back.into_iter().rev().filter(|_| false) {/\tjobs a run did not call (after a 429) are dropped'
+  $'2\tsrc/worker/run.rs\ts/for mut p in back\\.into_iter\\(\\)\\.rev\\(\\) \\{/for mut p in back.into_iter().rev().filter(|_| false) {/\tjobs a run did not call (after a 429) are dropped'
   $'3\tsrc/worker/run.rs\ts/Answer::Unreachable \\{ \\.\\. \\} if self\\.outage\\.is_open\\(\\)/Answer::Unreachable { .. } if false/; s/if reached_nothing\\s*&& previous/if false \&\& previous/\ta downstream outage spends the jobs\' attempts'
   $'4\tsrc/worker/run.rs\ts/if !seller\\.wants_paced_slot \\{\\s*seller\\.wants_paced_slot = true;\\s*self\\.sellers\\.paced_waiters\\.push_back\\(key\\.clone\\(\\)\\);\\s*\\}/self.timers.at(after(now, Duration::from_millis(50)), Timer::Paced(key.clone()));/\ta due paced job that finds every slot taken looks again 50 ms later instead of taking the next freed slot'
   $'5\tsrc/worker/run.rs\ts/RetryAfter::Wait\\(wait\\) if !wait\\.is_zero\\(\\) => wait,/RetryAfter::Wait(wait) => wait,\\n                _ if true => Duration::ZERO,/\ta 429 with no useful wait holds the seller for nothing'
