@@ -175,7 +175,10 @@ impl Db<'_> {
         }
     }
 
-    /// Fields in no particular order, as Redis answers (the scripts scan).
+    /// Every field and value. Redis answers a small hash in the order its
+    /// fields were written and a large one in its table's order; no script
+    /// reads an order (a hash's fields are unique, `lua/common.lua` scans
+    /// for one), so here they are sorted, the same on every run.
     fn hgetall(&mut self, key: &[u8]) -> Result<Reply, CommandError> {
         let Some(h) = self.hash(key)? else {
             return Ok(Reply::Array(Vec::new()));

@@ -16,7 +16,9 @@
 //!   ([`EmbeddedRedis::run_jobs`] and its siblings).
 //!
 //! Not emulated: anything `lua/` does not use (other commands, RESP3,
-//! script timeouts, `redis.log`); an attempt fails loudly.
+//! script timeouts, `redis.log`); an attempt fails loudly. An error that
+//! `redis.call` raises is a string here, a table in Redis 7: only a
+//! script's own `pcall` could tell, and `lua/` has none.
 
 pub mod commands;
 pub mod keyspace;
