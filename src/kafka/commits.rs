@@ -29,6 +29,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::TopicPartitionList;
 
 use super::consumer::WorkerConsumer;
+use super::session::Answer;
 
 /// A queue that receives the answers of this consumer's asynchronous
 /// commits.
@@ -41,26 +42,6 @@ pub(super) struct CommitQueue {
 // SAFETY: librdkafka's queues are thread-safe, and this one is used by the
 // poll thread alone.
 unsafe impl Send for CommitQueue {}
-
-/// The broker's answer to one asynchronous commit.
-#[derive(Debug)]
-pub(super) struct Answer {
-    /// The commit failed as a whole.
-    pub error: Option<KafkaError>,
-    /// Partitions the broker refused, with why: `(topic, partition, error)`.
-    pub refused: Vec<(String, i32, String)>,
-}
-
-impl Answer {
-    /// Whether `topic`/`partition` was committed.
-    pub fn committed(&self, topic: &str, partition: i32) -> bool {
-        self.error.is_none()
-            && !self
-                .refused
-                .iter()
-                .any(|(t, p, _)| t == topic && *p == partition)
-    }
-}
 
 impl CommitQueue {
     pub fn new(consumer: Arc<WorkerConsumer>) -> CommitQueue {
@@ -118,7 +99,7 @@ impl CommitQueue {
 unsafe fn answer_of(event: *mut rd::rd_kafka_event_t) -> Answer {
     let code = unsafe { rd::rd_kafka_event_error(event) };
     let error = (code != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR)
-        .then(|| KafkaError::ConsumerCommit(RDKafkaErrorCode::from(code)));
+        .then(|| KafkaError::ConsumerCommit(RDKafkaErrorCode::from(code)).to_string());
     let mut refused = Vec::new();
     let list = unsafe { rd::rd_kafka_event_topic_partition_list(event) };
     if let Some(list) = unsafe { list.as_ref() } {

@@ -31,71 +31,14 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::config::KafkaSettings;
-use crate::telemetry::events::{
-    CommitFailed, HandoffLedgerFailed, KafkaPollFailed, OffsetsCommitted,
-};
+use crate::telemetry::events::KafkaPollFailed;
 
 use super::commits::CommitQueue;
-use super::ledger::{self, Ledger};
-use super::offsets::{Commit, Finish, Offsets};
-use super::producer::{header_pairs, HeaderError, OriginalRecord, RetryHeaders};
-
-/// A topic-partition.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TopicPartition {
-    pub topic: Arc<str>,
-    pub partition: i32,
-}
-
-impl TopicPartition {
-    pub fn new(topic: impl Into<Arc<str>>, partition: i32) -> TopicPartition {
-        TopicPartition {
-            topic: topic.into(),
-            partition,
-        }
-    }
-}
-
-/// Where a record came from, and in which assignment of its partition: a
-/// record from an earlier assignment (revoked since) must not move offsets.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Origin {
-    pub topic: Arc<str>,
-    pub partition: i32,
-    pub offset: i64,
-    pub generation: u64,
-}
-
-/// One consumed record, owned.
-#[derive(Debug)]
-pub struct Record {
-    pub origin: Origin,
-    /// The value (byte for byte), key and source position, for dead letters
-    /// and retry-topic copies.
-    pub original: OriginalRecord,
-    /// The worker's own headers (`x-not-before`, `x-attempts`, …), or why
-    /// they are unreadable.
-    pub headers: Result<RetryHeaders, HeaderError>,
-}
-
-/// A partition's first unfinished record and how many finished records
-/// behind it wait to be committed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HeldBack {
-    pub partition: TopicPartition,
-    pub offset: i64,
-    pub finished_behind: usize,
-}
-
-/// Partition changes the worker must act on.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PartitionEvent {
-    Assigned(Vec<TopicPartition>),
-    /// Finished offsets were already committed; records of these partitions
-    /// still waiting in memory are to be dropped, uncommitted, so that the
-    /// new owner gets them.
-    Revoked(Vec<TopicPartition>),
-}
+use super::ledger::Ledger;
+use super::offsets::{Commit, Finish};
+use super::producer::{header_pairs, OriginalRecord, RetryHeaders};
+pub use super::record::{HeldBack, Origin, PartitionEvent, Record, TopicPartition};
+use super::session::{AsyncCommits, Coordinator, Received, Session};
 
 /// Why the consumer failed.
 #[derive(Debug, thiserror::Error)]
@@ -119,65 +62,46 @@ pub enum ConsumerError {
     Spawn(std::io::Error),
 }
 
-/// The offsets of every assigned partition, shared by the worker and the
-/// rebalance callback.
-#[derive(Debug, Default)]
-pub struct Tracker {
-    offsets: Offsets,
-    /// Bumped at every assignment and revocation of a partition.
-    generations: HashMap<(String, i32), u64>,
-}
+type SharedSession = Arc<Session>;
 
-impl Tracker {
-    fn generation(&self, topic: &str, partition: i32) -> u64 {
-        self.generations
-            .get(&(topic.to_owned(), partition))
-            .copied()
-            .unwrap_or(0)
-    }
+/// Whether a record still belongs to the current assignment of its
+/// partition; see [`Consumer::ownership`].
+#[derive(Clone)]
+pub struct Ownership(SharedSession);
 
-    fn bump(&mut self, topic: &str, partition: i32) {
-        *self
-            .generations
-            .entry((topic.to_owned(), partition))
-            .or_default() += 1;
-    }
-
-    /// Whether `origin` belongs to the current assignment of its partition.
+impl Ownership {
     pub fn owns(&self, origin: &Origin) -> bool {
-        self.generation(&origin.topic, origin.partition) == origin.generation
-    }
-
-    /// Marks a record finished (done, dead-lettered, or acknowledged on the
-    /// retry topic). Records of a revoked assignment are ignored.
-    pub fn finish(&mut self, origin: &Origin) -> Finish {
-        if !self.owns(origin) {
-            return Finish::NotTracked;
-        }
-        self.offsets
-            .finish(&origin.topic, origin.partition, origin.offset)
-    }
-
-    /// Records received and not yet finished.
-    pub fn unfinished(&self) -> usize {
-        self.offsets.unfinished()
+        self.0.owns(origin)
     }
 }
 
-/// A partition, the offset ranges finished beyond its committed offset,
-/// and that offset.
-type Inherited = (TopicPartition, super::done_ranges::Ranges, Option<i64>);
+/// How long an assignment waits to read the committed metadata.
+const COMMITTED_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// What the new owner of each partition of `tpl` may skip: the records
-/// finished beyond the broker's committed offset, as its metadata and the
-/// handoff ledger name them ([`ledger::inherited`]), with that offset. A
-/// failed look-up only means those records are redone.
-fn inherited(consumer: &BaseConsumer<WorkerContext>, tpl: &TopicPartitionList) -> Vec<Inherited> {
-    let parts = partitions_of(tpl);
-    let committed: HashMap<(String, i32), (i64, String)> = match consumer
-        .committed_offsets(tpl.clone(), COMMITTED_TIMEOUT)
-    {
-        Ok(c) => c
+/// librdkafka as the session's [`Coordinator`], inside a rebalance
+/// callback and on the poll thread; with the commit queue, also its
+/// [`AsyncCommits`].
+struct Broker<'a> {
+    consumer: &'a WorkerConsumer,
+    answers: Option<&'a CommitQueue>,
+}
+
+impl Coordinator for Broker<'_> {
+    type Error = KafkaError;
+
+    fn commit_sync(&self, commits: &[Commit]) -> Result<(), KafkaError> {
+        self.consumer
+            .commit(&commit_list(commits), CommitMode::Sync)
+    }
+
+    fn committed(
+        &self,
+        parts: &[TopicPartition],
+    ) -> Result<Vec<Option<(i64, String)>>, KafkaError> {
+        let tpl = self
+            .consumer
+            .committed_offsets(partition_list(parts), COMMITTED_TIMEOUT)?;
+        let found: HashMap<(String, i32), (i64, String)> = tpl
             .elements()
             .iter()
             .filter_map(|e| match e.offset() {
@@ -187,102 +111,36 @@ fn inherited(consumer: &BaseConsumer<WorkerContext>, tpl: &TopicPartitionList) -
                 )),
                 _ => None,
             })
-            .collect(),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot read committed metadata; records finished past the committed offsets will be redone");
-            HashMap::new()
-        }
-    };
-    let keys: Vec<(String, i32)> = parts
-        .iter()
-        .map(|tp| (tp.topic.to_string(), tp.partition))
-        .collect();
-    let entries = match consumer.context().ledger.as_ref().map(|l| l.read(&keys)) {
-        Some(Ok(entries)) => entries,
-        Some(Err(e)) => {
-            HandoffLedgerFailed {
-                op: "read",
-                error: &e.to_string(),
-            }
-            .emit();
-            Vec::new()
-        }
-        None => Vec::new(),
-    };
-    parts
-        .into_iter()
-        .zip(keys)
-        .enumerate()
-        .map(|(i, (tp, key))| {
-            let commit = committed.get(&key);
-            let entry = entries.get(i).and_then(Option::as_ref);
-            let done = ledger::inherited(commit.map(|(o, m)| (*o, m.as_str())), entry);
-            (tp, done, commit.map(|(o, _)| *o))
-        })
-        .collect()
-}
-
-/// How long an assignment waits to read the committed metadata.
-const COMMITTED_TIMEOUT: Duration = Duration::from_secs(5);
-
-type SharedTracker = Arc<Mutex<Tracker>>;
-
-/// Whether a record still belongs to the current assignment of its
-/// partition; see [`Consumer::ownership`].
-#[derive(Clone)]
-pub struct Ownership(SharedTracker);
-
-impl Ownership {
-    pub fn owns(&self, origin: &Origin) -> bool {
-        lock(&self.0).owns(origin)
+            .collect();
+        Ok(parts
+            .iter()
+            .map(|tp| found.get(&(tp.topic.to_string(), tp.partition)).cloned())
+            .collect())
     }
 }
 
-fn lock(t: &SharedTracker) -> MutexGuard<'_, Tracker> {
-    // The tracker holds plain data; a panic while it was held cannot have
-    // left it in a state worse than "some offsets not finished", which only
-    // means a later redelivery.
-    t.lock().unwrap_or_else(|p| p.into_inner())
+impl AsyncCommits for Broker<'_> {
+    fn send(&self, commits: &[Commit]) -> Result<(), KafkaError> {
+        match self.answers {
+            Some(queue) => queue.send(&commit_list(commits)),
+            // Only the poll thread sends periodic commits, and it has the
+            // queue; a callback that asked would wait instead.
+            None => self.commit_sync(commits),
+        }
+    }
 }
 
 /// Runs on the consumer's poll: commits and forgets revoked partitions,
 /// and tells the worker.
 pub struct WorkerContext {
-    tracker: SharedTracker,
+    session: SharedSession,
     events: mpsc::UnboundedSender<PartitionEvent>,
-    /// Set once the worker has made its final synchronous commit. Closing
-    /// the consumer revokes every partition from inside librdkafka's close,
-    /// where a synchronous commit would wait forever for a reply the closing
-    /// consumer no longer serves.
-    closing: std::sync::atomic::AtomicBool,
     /// The consumer group, for the lag metrics' `group` label.
     group: String,
     role: Role,
     /// The partitions of the last lag report (so that the next drops the
     /// revoked ones' series, and only those).
     reported: Mutex<Vec<(String, i32)>>,
-    /// Where every commit is also written, read at assignment (see
-    /// [`super::ledger`]); none in tools and tests that run no Redis.
-    ledger: Option<Arc<dyn Ledger>>,
-}
-
-impl WorkerContext {
-    /// Writes `commits` to the ledger, before they go to the broker.
-    fn record(&self, commits: &[Commit]) {
-        let Some(ledger) = &self.ledger else {
-            return;
-        };
-        if commits.is_empty() {
-            return;
-        }
-        if let Err(e) = ledger.write(commits) {
-            HandoffLedgerFailed {
-                op: "write",
-                error: &e.to_string(),
-            }
-            .emit();
-        }
-    }
 }
 
 impl ClientContext for WorkerContext {
@@ -295,15 +153,7 @@ impl ClientContext for WorkerContext {
         let now_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as i64);
-        let ages: HashMap<(String, i32), f64> = lock(&self.tracker)
-            .offsets
-            .oldest_unfinished_ms()
-            .into_iter()
-            .map(|(t, p, ts)| {
-                let age = ts.map_or(0.0, |ts| (now_ms - ts).max(0) as f64 / 1000.0);
-                ((t.to_owned(), p), age)
-            })
-            .collect();
+        let ages = self.session.unfinished_ages(now_ms);
         let mut partitions = Vec::new();
         for (topic, t) in &stats.topics {
             for (p, part) in &t.partitions {
@@ -345,47 +195,11 @@ impl ConsumerContext for WorkerContext {
         };
         let revoked = partitions_of(tpl);
         tracing::info!(partitions = %describe(&revoked), consumer = self.role.as_str(), "partitions revoked");
-        let closing = self.closing.load(Ordering::Acquire);
-        let commits: Vec<Commit> = lock(&self.tracker)
-            .offsets
-            .committable()
-            .into_iter()
-            .filter(|c| {
-                revoked
-                    .iter()
-                    .any(|tp| *tp.topic == *c.topic && tp.partition == c.partition)
-            })
-            .collect();
-        // The tracker is not held during the commit: the worker's tasks keep
-        // finishing records meanwhile (those of revoked partitions are
-        // forgotten just below, so nothing is lost by letting them in).
-        if !commits.is_empty() && !closing {
-            // The ledger first: the broker refuses commits while the group
-            // rebalances, and this is one.
-            self.record(&commits);
-            match consumer.commit(&commit_list(&commits), CommitMode::Sync) {
-                Ok(()) => {
-                    lock(&self.tracker).offsets.mark_committed(&commits);
-                    OffsetsCommitted {
-                        partitions: commits.len(),
-                        sync: true,
-                    }
-                    .emit();
-                }
-                Err(e) => CommitFailed {
-                    error: &format!(
-                        "{e} (on revoke: the new owner redoes the uncommitted records)"
-                    ),
-                }
-                .emit(),
-            }
-        }
-        let mut tracker = lock(&self.tracker);
-        for TopicPartition { topic, partition } in &revoked {
-            tracker.offsets.remove_partition(topic, *partition);
-            tracker.bump(topic, *partition);
-        }
-        drop(tracker);
+        let broker = Broker {
+            consumer,
+            answers: None,
+        };
+        self.session.revoke(&broker, &revoked);
         // librdkafka clears only its own pause flag on unassign: a pause the
         // worker made (backpressure, a parked retry record) would survive
         // into the next assignment of the partition and stop it for good.
@@ -401,18 +215,11 @@ impl ConsumerContext for WorkerContext {
             Rebalance::Assign(tpl) => {
                 let assigned = partitions_of(tpl);
                 tracing::info!(partitions = %describe(&assigned), consumer = self.role.as_str(), "partitions assigned");
-                let done = inherited(consumer, tpl);
-                let mut tracker = lock(&self.tracker);
-                for TopicPartition { topic, partition } in &assigned {
-                    tracker.offsets.remove_partition(topic, *partition);
-                    tracker.bump(topic, *partition);
-                }
-                for (TopicPartition { topic, partition }, ranges, committed) in done {
-                    tracker
-                        .offsets
-                        .inherit(&topic, partition, ranges, committed);
-                }
-                drop(tracker);
+                let broker = Broker {
+                    consumer,
+                    answers: None,
+                };
+                self.session.assign(&broker, &assigned);
                 let _ = self.events.send(PartitionEvent::Assigned(assigned));
             }
             Rebalance::Error(e) => tracing::warn!(error = %e, "rebalance error"),
@@ -490,7 +297,7 @@ enum Command {
 /// commits.
 pub struct Consumer {
     inner: Arc<WorkerConsumer>,
-    tracker: SharedTracker,
+    session: SharedSession,
     brokers: String,
     commands: std_mpsc::Sender<Command>,
     /// Taken by [`Consumer::start`].
@@ -540,15 +347,13 @@ impl Consumer {
                 config.set("group.instance.id", format!("{instance}-retries"));
             }
         }
-        let tracker: SharedTracker = Arc::default();
+        let session = Arc::new(Session::new(ledger));
         let context = WorkerContext {
-            tracker: tracker.clone(),
+            session: session.clone(),
             events,
-            closing: AtomicBool::new(false),
             group: settings.group_id.clone(),
             role,
             reported: Mutex::default(),
-            ledger,
         };
         let inner: WorkerConsumer =
             config
@@ -560,7 +365,7 @@ impl Consumer {
         let (commands, commands_rx) = std_mpsc::channel();
         Ok(Consumer {
             inner: Arc::new(inner),
-            tracker,
+            session,
             brokers: settings.brokers.clone(),
             commands,
             commands_rx: Mutex::new(Some(commands_rx)),
@@ -622,13 +427,12 @@ impl Consumer {
         let role = self.inner.context().role;
         let poller = Poller {
             inner: self.inner.clone(),
-            tracker: self.tracker.clone(),
+            session: self.session.clone(),
             records: tx,
             commands,
             commit_queued: self.commit_queued.clone(),
             stop: self.stop.clone(),
             answers: CommitQueue::new(self.inner.clone()),
-            in_flight: None,
         };
         let handle = std::thread::Builder::new()
             .name(format!("kafka-poll-{}", role.as_str()))
@@ -675,7 +479,7 @@ impl Consumer {
     /// threads. Afterwards the consumer does not commit again, not even
     /// from inside librdkafka's close (which revokes every partition).
     pub fn shutdown(&self) {
-        self.inner.context().closing.store(true, Ordering::Release);
+        self.session.close();
         self.stop.store(true, Ordering::Release);
         if let Some(handle) = lock_opt(&self.thread).take() {
             if handle.join().is_err() {
@@ -686,38 +490,29 @@ impl Consumer {
 
     /// See [`Tracker::finish`].
     pub fn finish(&self, origin: &Origin) -> Finish {
-        lock(&self.tracker).finish(origin)
+        self.session.finish(origin)
     }
 
     /// See [`Tracker::owns`].
     pub fn owns(&self, origin: &Origin) -> bool {
-        lock(&self.tracker).owns(origin)
+        self.session.owns(origin)
     }
 
     /// A handle that answers [`Consumer::owns`] without holding the
     /// consumer, for tasks that may outlive it.
     pub fn ownership(&self) -> Ownership {
-        Ownership(self.tracker.clone())
+        Ownership(self.session.clone())
     }
 
     /// Partitions whose first unfinished record holds finished ones back
     /// from the commit: see [`Offsets::held_back`].
     pub fn held_back(&self) -> Vec<HeldBack> {
-        lock(&self.tracker)
-            .offsets
-            .held_back()
-            .into_iter()
-            .map(|(topic, partition, offset, finished_behind)| HeldBack {
-                partition: TopicPartition::new(topic.as_str(), partition),
-                offset,
-                finished_behind,
-            })
-            .collect()
+        self.session.held_back()
     }
 
     /// Records received and not finished, over all assigned partitions.
     pub fn unfinished(&self) -> usize {
-        lock(&self.tracker).unfinished()
+        self.session.unfinished()
     }
 
     /// Stops fetching these partitions; already fetched records of them are
@@ -771,15 +566,13 @@ impl Consumer {
 /// rebalance callbacks (inside the poll) and the commits asked of it.
 struct Poller {
     inner: Arc<WorkerConsumer>,
-    tracker: SharedTracker,
+    session: SharedSession,
     records: mpsc::Sender<Record>,
     commands: std_mpsc::Receiver<Command>,
     commit_queued: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
     /// Where the periodic commits' answers arrive.
     answers: CommitQueue,
-    /// The periodic commit sent and not yet answered: one at a time.
-    in_flight: Option<Vec<Commit>>,
 }
 
 impl Poller {
@@ -811,31 +604,10 @@ impl Poller {
     fn track(&self, msg: &impl Message) -> Option<Record> {
         let topic: Arc<str> = Arc::from(msg.topic());
         let (partition, offset) = (msg.partition(), msg.offset());
-        let generation = {
-            let mut tracker = lock(&self.tracker);
-            match tracker.offsets.track(&topic, partition, offset) {
-                Ok(()) => {
-                    if let (Some(ts), Some(p)) = (
-                        msg.timestamp().to_millis(),
-                        tracker.offsets.partition_mut(&topic, partition),
-                    ) {
-                        p.note_time(offset, ts);
-                    }
-                }
-                // Offsets only go backwards after a seek we never make; the
-                // record is still processed, its offset simply not tracked.
-                Err(e) => {
-                    tracing::warn!(error = %e, topic = &*topic, partition, offset, "offset not tracked")
-                }
-            }
-            if tracker.offsets.inherited_done(&topic, partition, offset) {
-                // Finished by the partition's previous owner after its
-                // committed offset: done, not done again.
-                tracker.offsets.finish(&topic, partition, offset);
-                crate::telemetry::events::AlreadyDone { offset }.emit();
-                return None;
-            }
-            tracker.generation(&topic, partition)
+        let timestamp = msg.timestamp().to_millis();
+        let generation = match self.session.receive(&topic, partition, offset, timestamp) {
+            Received::Take { generation } => generation,
+            Received::AlreadyDone => return None,
         };
         let headers = match msg.headers() {
             Some(h) => RetryHeaders::from_headers(header_pairs(h)),
@@ -873,92 +645,24 @@ impl Poller {
         }
     }
 
-    /// Commits the finished prefix. `all` (the final commit) is synchronous:
-    /// an offset counts as committed only once the broker acknowledged it.
-    /// The periodic one is sent without waiting; its offsets count once its
-    /// answer arrives ([`read_answers`](Self::read_answers)), and none is
-    /// sent while the last is unanswered. Failures are counted and logged
-    /// here; the next commit tries again.
+    /// Commits the finished prefix (see [`Session::commit`]).
     fn commit(&mut self, all: bool) -> Result<usize, ConsumerError> {
         if !all {
             self.commit_queued.store(false, Ordering::Release);
-            if self.in_flight.is_some() {
-                return Ok(0);
-            }
         }
-        let commits = {
-            let tracker = lock(&self.tracker);
-            if all {
-                tracker.offsets.committable()
-            } else {
-                tracker.offsets.uncommitted()
-            }
+        let broker = Broker {
+            consumer: &self.inner,
+            answers: Some(&self.answers),
         };
-        if commits.is_empty() {
-            return Ok(0);
-        }
-        self.inner.context().record(&commits);
-        let result = if all {
-            self.inner.commit(&commit_list(&commits), CommitMode::Sync)
-        } else {
-            self.answers.send(&commit_list(&commits))
-        };
-        match result {
-            Ok(()) if all => {
-                lock(&self.tracker).offsets.mark_committed(&commits);
-                OffsetsCommitted {
-                    partitions: commits.len(),
-                    sync: true,
-                }
-                .emit();
-                Ok(commits.len())
-            }
-            Ok(()) => {
-                let n = commits.len();
-                self.in_flight = Some(commits);
-                Ok(n)
-            }
-            Err(e) => {
-                CommitFailed {
-                    error: &e.to_string(),
-                }
-                .emit();
-                Err(ConsumerError::Commit(e))
-            }
-        }
+        self.session
+            .commit(&broker, all)
+            .map_err(ConsumerError::Commit)
     }
 
-    /// Takes the answer of the periodic commit, if it came: its partitions
-    /// the broker accepted count as committed.
+    /// Takes the answer of the periodic commit, if it came.
     fn read_answers(&mut self) {
         for answer in self.answers.answers() {
-            let Some(sent) = self.in_flight.take() else {
-                continue;
-            };
-            let done: Vec<Commit> = sent
-                .into_iter()
-                .filter(|c| answer.committed(&c.topic, c.partition))
-                .collect();
-            if !done.is_empty() {
-                lock(&self.tracker).offsets.mark_committed(&done);
-                OffsetsCommitted {
-                    partitions: done.len(),
-                    sync: false,
-                }
-                .emit();
-            }
-            if let Some(e) = &answer.error {
-                CommitFailed {
-                    error: &e.to_string(),
-                }
-                .emit();
-            }
-            for (topic, partition, why) in &answer.refused {
-                CommitFailed {
-                    error: &format!("{topic}[{partition}]: {why}"),
-                }
-                .emit();
-            }
+            self.session.answered(&answer);
         }
     }
 }

@@ -2,6 +2,10 @@
 //!
 //! - [`consumer`]: the group consumer with manual commits; tracks each
 //!   record's offset and commits revoked partitions inside the rebalance.
+//! - [`session`]: one consumer's bookkeeping through rebalances, records
+//!   and commits, over a broker port (pure; librdkafka in [`consumer`], a
+//!   deterministic broker in the simulation).
+//! - [`record`]: what a consumer hands the worker (plain data).
 //! - [`commits`]: periodic commits whose answers the poll thread reads
 //!   without waiting for them.
 //! - [`group`]: [`Consumers`], the worker's two consumers (the jobs topic,
@@ -34,6 +38,8 @@ pub mod mock;
 pub mod offsets;
 pub mod producer;
 pub mod reader;
+pub mod record;
+pub mod session;
 
 pub use group::Consumers;
 #[cfg(feature = "dev-tools")]

@@ -1,20 +1,25 @@
 //! The simulated broker and consumer: topic logs, the group's committed
-//! offsets, and one consumer incarnation ([`SimSource`]) at a time, which
-//! delivers records, tracks offsets with the worker's own tracker
-//! (`kafka::Offsets`, pure), and goes through revokes and assignments.
+//! offsets and their metadata, and one consumer incarnation
+//! ([`SimSource`]) per process, which runs the worker's own consumer logic
+//! (`kafka::session::Session`: revokes, assignments and the skip of what
+//! the last owner finished, asynchronous commits and their answers) over a
+//! deterministic broker, and delivers records as the poll thread does.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use throttle_worker::kafka::consumer::{HeldBack, Origin, PartitionEvent, Record, TopicPartition};
-use throttle_worker::kafka::{Offsets, OriginalRecord, Position, RetryHeaders};
+use throttle_worker::kafka::ledger::{Entry, Ledger, LedgerError};
+use throttle_worker::kafka::session::{Answer, AsyncCommits, Coordinator, Received, Session};
+use throttle_worker::kafka::{Commit, Finish, OriginalRecord, Position, RetryHeaders};
 use throttle_worker::worker::{CommitError, Source};
 use tokio::sync::{mpsc, Notify};
 
 use super::journal::Journal;
+use super::ports::World;
 
 /// One record in a topic's log.
 #[derive(Debug, Clone)]
@@ -26,13 +31,18 @@ pub struct SimRecord {
 
 pub type Tp = (String, i32);
 
-/// Topic logs and the group's committed offsets.
+/// Topic logs, the group's committed offsets, and the handoff ledger.
 #[derive(Debug, Default)]
 pub struct Broker {
     pub logs: BTreeMap<Tp, Vec<SimRecord>>,
-    pub committed: BTreeMap<Tp, i64>,
+    /// Each partition's committed offset and its metadata.
+    pub committed: BTreeMap<Tp, (i64, String)>,
     /// A rebalance is under way: commits are refused (as the mock does).
     pub rebalancing: bool,
+    /// The handoff ledger's entries ([`SimLedger`]), and how many of the
+    /// world's Redis data losses it has suffered.
+    pub ledger: BTreeMap<Tp, Entry>,
+    pub ledger_losses: usize,
 }
 
 impl Broker {
@@ -40,6 +50,11 @@ impl Broker {
         let log = self.logs.entry(tp.clone()).or_default();
         log.push(rec);
         log.len() as i64 - 1
+    }
+
+    /// The committed offset of `tp` (0: none).
+    pub fn committed_offset(&self, tp: &Tp) -> i64 {
+        self.committed.get(tp).map_or(0, |(o, _)| *o)
     }
 }
 
@@ -49,134 +64,280 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The consumer's own state.
+/// The handoff ledger where the worker keeps it, in Redis: it fails while
+/// Redis errs or hangs (the worker's waits are bounded, so a hang is a
+/// failure too), and a loss of Redis' data empties it.
+pub struct SimLedger {
+    pub world: Arc<World>,
+}
+
+impl SimLedger {
+    /// How many of the world's Redis data losses have happened by now: an
+    /// entry written in one count is gone in the next.
+    pub fn losses(&self) -> usize {
+        let at = self.world.now_ms();
+        self.world
+            .faults
+            .state_losses
+            .iter()
+            .filter(|&&t| t <= at)
+            .count()
+    }
+
+    /// Whether a call now would reach it.
+    pub fn reachable(&self) -> bool {
+        let w = &self.world;
+        let at = w.now_ms();
+        !w.faults
+            .redis_errors
+            .iter()
+            .chain(&w.faults.redis_hangs)
+            .any(|win| win.contains(at))
+    }
+
+    fn reach(&self) -> Result<std::sync::MutexGuard<'_, Broker>, LedgerError> {
+        let w = &self.world;
+        let at = w.now_ms();
+        if w.faults
+            .redis_errors
+            .iter()
+            .chain(&w.faults.redis_hangs)
+            .any(|win| win.contains(at))
+        {
+            return Err(LedgerError("Redis is unreachable".to_owned()));
+        }
+        let mut broker = lock(&w.broker);
+        let due = w.faults.state_losses.iter().filter(|&&t| t <= at).count();
+        if broker.ledger_losses < due {
+            broker.ledger_losses = due;
+            broker.ledger.clear();
+        }
+        Ok(broker)
+    }
+}
+
+impl Ledger for SimLedger {
+    fn write(&self, commits: &[Commit]) -> Result<(), LedgerError> {
+        let mut broker = self.reach()?;
+        for c in commits {
+            broker
+                .ledger
+                .insert((c.topic.clone(), c.partition), Entry::of(c));
+        }
+        Ok(())
+    }
+
+    fn read(&self, partitions: &[(String, i32)]) -> Result<Vec<Option<Entry>>, LedgerError> {
+        let broker = self.reach()?;
+        Ok(partitions
+            .iter()
+            .map(|tp| broker.ledger.get(tp).cloned())
+            .collect())
+    }
+}
+
+/// What the consumer fetches: the broker-side position of each owned
+/// partition, and the paused ones (librdkafka's part; the bookkeeping is
+/// the worker's own [`Session`]).
 #[derive(Debug, Default)]
-struct State {
-    offsets: Offsets,
-    generations: BTreeMap<Tp, u64>,
+struct Fetch {
     /// Owned partitions and the next offset to deliver.
     owned: BTreeMap<Tp, i64>,
     paused: BTreeSet<Tp>,
 }
 
-/// One consumer incarnation (a process's lifetime).
+/// One consumer incarnation (a process's lifetime): the worker's own
+/// session logic ([`Session`]: revokes, assignments with the metadata
+/// skip, periodic asynchronous commits and their answers, the final
+/// commit) over a deterministic broker.
 pub struct SimSource {
     broker: SharedBroker,
     journal: Arc<Journal>,
-    state: Mutex<State>,
+    session: Session,
+    ledger: Arc<SimLedger>,
+    fetch: Mutex<Fetch>,
+    /// Answers of asynchronous commits, handed to the session at the next
+    /// poll (as librdkafka's commit queue is read between polls).
+    answers: Mutex<VecDeque<Answer>>,
     pub wake: Arc<Notify>,
     pub dead: Arc<AtomicBool>,
-    /// The tracker's generation counter continues across incarnations, so
-    /// an origin from a dead incarnation is never current.
-    base_generation: u64,
+}
+
+/// The simulated broker as the session's coordinator: a commit is refused
+/// while the group rebalances (the synchronous one as a whole, the
+/// asynchronous one partition by partition, both of which librdkafka
+/// reports); the answer of an asynchronous one waits for the next poll.
+struct Coord<'a> {
+    source: &'a SimSource,
+}
+
+impl Coordinator for Coord<'_> {
+    type Error = String;
+
+    fn commit_sync(&self, commits: &[Commit]) -> Result<(), String> {
+        let mut broker = lock(&self.source.broker);
+        if broker.rebalancing {
+            return Err("rebalance in progress".to_owned());
+        }
+        self.source.apply(&mut broker, commits);
+        Ok(())
+    }
+
+    fn committed(&self, parts: &[TopicPartition]) -> Result<Vec<Option<(i64, String)>>, String> {
+        let broker = lock(&self.source.broker);
+        Ok(parts
+            .iter()
+            .map(|tp| {
+                broker
+                    .committed
+                    .get(&(tp.topic.to_string(), tp.partition))
+                    .cloned()
+            })
+            .collect())
+    }
+}
+
+impl AsyncCommits for Coord<'_> {
+    fn send(&self, commits: &[Commit]) -> Result<(), String> {
+        let mut broker = lock(&self.source.broker);
+        let answer = if broker.rebalancing {
+            Answer {
+                error: None,
+                refused: commits
+                    .iter()
+                    .map(|c| {
+                        (
+                            c.topic.clone(),
+                            c.partition,
+                            "rebalance in progress".to_owned(),
+                        )
+                    })
+                    .collect(),
+            }
+        } else {
+            self.source.apply(&mut broker, commits);
+            Answer::default()
+        };
+        lock(&self.source.answers).push_back(answer);
+        self.source.wake.notify_one();
+        Ok(())
+    }
 }
 
 impl SimSource {
     pub fn new(
         broker: SharedBroker,
         journal: Arc<Journal>,
+        ledger: Arc<SimLedger>,
         wake: Arc<Notify>,
         dead: Arc<AtomicBool>,
-        base_generation: u64,
     ) -> SimSource {
         SimSource {
             broker,
             journal,
-            state: Mutex::new(State::default()),
+            session: Session::new(Some(ledger.clone())),
+            ledger,
+            fetch: Mutex::default(),
+            answers: Mutex::default(),
             wake,
             dead,
-            base_generation,
         }
     }
 
-    /// Takes `parts`, from their committed offsets.
-    pub fn assign(&self, parts: &[Tp], events: &mpsc::UnboundedSender<PartitionEvent>) {
-        let broker = lock(&self.broker);
-        let mut st = lock(&self.state);
-        for tp in parts {
-            let from = broker.committed.get(tp).copied().unwrap_or(0);
-            st.owned.insert(tp.clone(), from);
-            st.paused.remove(tp);
-            *st.generations
-                .entry(tp.clone())
-                .or_insert(self.base_generation) += 1;
+    fn coord(&self) -> Coord<'_> {
+        Coord { source: self }
+    }
+
+    /// Writes accepted commits, each checked against what is finished.
+    fn apply(&self, broker: &mut Broker, commits: &[Commit]) {
+        for c in commits {
+            let tp = (c.topic.clone(), c.partition);
+            if let Some(log) = broker.logs.get(&tp) {
+                self.journal.check_commit(&tp, c.offset, log);
+            }
+            broker.committed.insert(tp, (c.offset, c.metadata.clone()));
         }
-        drop(st);
+    }
+
+    /// Takes `parts`, from their committed offsets, as the rebalance's
+    /// assignment callback does (reading what the last owner finished).
+    pub fn assign(&self, parts: &[Tp], events: &mpsc::UnboundedSender<PartitionEvent>) {
+        let tps = topic_partitions(parts);
+        self.journal
+            .assigned(parts, self.ledger.reachable().then(|| self.ledger.losses()));
+        self.session.assign(&self.coord(), &tps);
+        let broker = lock(&self.broker);
+        let mut fetch = lock(&self.fetch);
+        for tp in parts {
+            fetch.owned.insert(tp.clone(), broker.committed_offset(tp));
+            fetch.paused.remove(tp);
+        }
+        drop(fetch);
         drop(broker);
-        let _ = events.send(PartitionEvent::Assigned(
-            parts
-                .iter()
-                .map(|(t, p)| TopicPartition::new(t.as_str(), *p))
-                .collect(),
-        ));
+        let _ = events.send(PartitionEvent::Assigned(tps));
         self.wake.notify_one();
     }
 
-    /// Gives `parts` up: commits their finished prefix (unless the broker
-    /// refuses), then forgets them, as the rebalance callback does.
-    pub fn revoke(
-        &self,
-        parts: &[Tp],
-        refuse_commit: bool,
-        events: &mpsc::UnboundedSender<PartitionEvent>,
-    ) {
-        let mut st = lock(&self.state);
-        if !refuse_commit {
-            self.commit_locked(&mut st, Some(parts));
+    /// Gives `parts` up, as the rebalance's revoke callback does: commits
+    /// their finished prefix (unless the broker refuses), then forgets
+    /// them.
+    pub fn revoke(&self, parts: &[Tp], events: &mpsc::UnboundedSender<PartitionEvent>) {
+        let tps = topic_partitions(parts);
+        if !self.dead.load(Ordering::SeqCst) {
+            // The ledger is written first, then the commit is asked for:
+            // what is finished reaches the next owner if either takes it.
+            let written = self.ledger.reachable().then(|| self.ledger.losses());
+            let refused = lock(&self.broker).rebalancing;
+            self.session.revoke(&self.coord(), &tps);
+            self.journal.handed_over(parts, !refused, written);
         }
+        let mut fetch = lock(&self.fetch);
         for tp in parts {
-            st.owned.remove(tp);
-            st.paused.remove(tp);
-            st.offsets.remove_partition(&tp.0, tp.1);
-            *st.generations
-                .entry(tp.clone())
-                .or_insert(self.base_generation) += 1;
+            fetch.owned.remove(tp);
+            fetch.paused.remove(tp);
         }
-        drop(st);
-        let _ = events.send(PartitionEvent::Revoked(
-            parts
-                .iter()
-                .map(|(t, p)| TopicPartition::new(t.as_str(), *p))
-                .collect(),
-        ));
+        drop(fetch);
+        let _ = events.send(PartitionEvent::Revoked(tps));
     }
 
     pub fn owned(&self) -> Vec<Tp> {
-        lock(&self.state).owned.keys().cloned().collect()
+        lock(&self.fetch).owned.keys().cloned().collect()
     }
 
-    pub fn max_generation(&self) -> u64 {
-        lock(&self.state)
-            .generations
-            .values()
-            .copied()
-            .max()
-            .unwrap_or(self.base_generation)
-    }
-
-    /// Up to `max` records of owned, unpaused partitions, in partition order.
-    pub fn take_records(&self, max: usize) -> Vec<Record> {
+    /// One poll: the commit answers that came, then up to `max` records of
+    /// owned, unpaused partitions, in partition order. A record the
+    /// partition's previous owner finished is skipped here, by the
+    /// session, as the worker's poll thread skips it.
+    pub fn poll(&self, max: usize) -> Vec<Record> {
+        let answers: Vec<Answer> = lock(&self.answers).drain(..).collect();
+        for answer in &answers {
+            self.session.answered(answer);
+        }
         let broker = lock(&self.broker);
-        let mut st = lock(&self.state);
+        let mut fetch = lock(&self.fetch);
         let mut out = Vec::new();
-        let parts: Vec<Tp> = st.owned.keys().cloned().collect();
+        let parts: Vec<Tp> = fetch.owned.keys().cloned().collect();
         for tp in parts {
-            if st.paused.contains(&tp) {
+            if fetch.paused.contains(&tp) {
                 continue;
             }
             let Some(log) = broker.logs.get(&tp) else {
                 continue;
             };
             while out.len() < max {
-                let next = st.owned[&tp];
+                let next = fetch.owned[&tp];
                 let Some(rec) = log.get(next as usize) else {
                     break;
                 };
-                if st.offsets.track(&tp.0, tp.1, next).is_err() {
-                    break;
-                }
-                st.owned.insert(tp.clone(), next + 1);
-                let generation = st.generations[&tp];
+                fetch.owned.insert(tp.clone(), next + 1);
+                let generation = match self.session.receive(&tp.0, tp.1, next, None) {
+                    Received::Take { generation } => generation,
+                    Received::AlreadyDone => {
+                        self.journal.skipped(&tp, next, &rec.value);
+                        self.journal.finished(&tp, next);
+                        continue;
+                    }
+                };
                 self.journal.delivered(&tp, next, &rec.value);
                 let here = Position {
                     topic: tp.0.clone(),
@@ -202,104 +363,77 @@ impl SimSource {
         }
         out
     }
+}
 
-    /// Commits the finished prefix of `only` (or of every partition).
-    fn commit_locked(&self, st: &mut State, only: Option<&[Tp]>) -> usize {
-        let mut broker = lock(&self.broker);
-        if broker.rebalancing {
-            return 0;
-        }
-        let commits = st.offsets.committable();
-        let mut n = 0;
-        for c in &commits {
-            let tp = (c.topic.clone(), c.partition);
-            if only.is_some_and(|o| !o.contains(&tp)) {
-                continue;
-            }
-            if let Some(log) = broker.logs.get(&tp) {
-                self.journal.check_commit(&tp, c.offset, log);
-            }
-            broker.committed.insert(tp, c.offset);
-            n += 1;
-        }
-        st.offsets.mark_committed(&commits);
-        n
-    }
+fn topic_partitions(parts: &[Tp]) -> Vec<TopicPartition> {
+    parts
+        .iter()
+        .map(|(t, p)| TopicPartition::new(t.as_str(), *p))
+        .collect()
 }
 
 impl Source for SimSource {
     fn owns(&self, origin: &Origin) -> bool {
-        let st = lock(&self.state);
-        let tp = (origin.topic.to_string(), origin.partition);
-        st.owned.contains_key(&tp) && st.generations.get(&tp) == Some(&origin.generation)
+        self.session.owns(origin)
     }
 
     fn finish(&self, origin: &Origin) {
-        if self.dead.load(Ordering::SeqCst) || !self.owns(origin) {
+        if self.dead.load(Ordering::SeqCst) {
             return;
         }
-        let mut st = lock(&self.state);
-        st.offsets
-            .finish(&origin.topic, origin.partition, origin.offset);
+        if self.session.finish(origin) == Finish::Finished {
+            let tp = (origin.topic.to_string(), origin.partition);
+            self.journal.finished(&tp, origin.offset);
+        }
     }
 
     fn pause(&self, parts: &[TopicPartition]) {
-        let mut st = lock(&self.state);
+        let mut fetch = lock(&self.fetch);
         for part in parts {
             let tp = (part.topic.to_string(), part.partition);
-            if st.owned.contains_key(&tp) {
-                st.paused.insert(tp);
+            if fetch.owned.contains_key(&tp) {
+                fetch.paused.insert(tp);
             }
         }
     }
 
     fn resume(&self, parts: &[TopicPartition]) {
-        let mut st = lock(&self.state);
+        let mut fetch = lock(&self.fetch);
         for part in parts {
-            st.paused.remove(&(part.topic.to_string(), part.partition));
+            fetch
+                .paused
+                .remove(&(part.topic.to_string(), part.partition));
         }
-        drop(st);
+        drop(fetch);
         self.wake.notify_one();
     }
 
     fn assignment(&self) -> Vec<TopicPartition> {
-        lock(&self.state)
-            .owned
-            .keys()
-            .map(|(t, p)| TopicPartition::new(t.as_str(), *p))
-            .collect()
+        topic_partitions(&self.owned())
     }
 
     fn held_back(&self) -> Vec<HeldBack> {
-        lock(&self.state)
-            .offsets
-            .held_back()
-            .into_iter()
-            .map(|(topic, partition, offset, finished_behind)| HeldBack {
-                partition: TopicPartition::new(topic.as_str(), partition),
-                offset,
-                finished_behind,
-            })
-            .collect()
+        self.session.held_back()
     }
 
     fn request_commit(&self) {
         if self.dead.load(Ordering::SeqCst) {
             return;
         }
-        let mut st = lock(&self.state);
-        self.commit_locked(&mut st, None);
+        let _ = self.session.commit(&self.coord(), false);
     }
 
     async fn commit_all(&self) -> Result<usize, CommitError> {
         if self.dead.load(Ordering::SeqCst) {
             return Err(CommitError::Stopped);
         }
-        let mut st = lock(&self.state);
-        if lock(&self.broker).rebalancing {
-            return Err(CommitError::Refused("rebalance in progress".to_owned()));
-        }
-        Ok(self.commit_locked(&mut st, None))
+        let n = self
+            .session
+            .commit(&self.coord(), true)
+            .map_err(CommitError::Refused)?;
+        // The final commit is made: closing revokes commit nothing.
+        self.session.close();
+        Ok(n)
     }
 }
 
@@ -310,7 +444,7 @@ pub async fn deliver(source: Arc<SimSource>, tx: mpsc::Sender<Record>) {
         if source.dead.load(Ordering::SeqCst) {
             return;
         }
-        let batch = source.take_records(8);
+        let batch = source.poll(8);
         if batch.is_empty() {
             // A wake-up may come for nothing; the timeout covers a wake
             // that raced the check.

@@ -28,11 +28,57 @@ pub fn fleet(sc: &Scenario, out: &Outcome) -> Vec<String> {
     v.extend(nothing_lost(sc, out));
     v.extend(no_innocent_dead_letters(sc, out));
     v.extend(no_tight_loop(sc, out));
-    v.extend(out.log.violations.iter().map(|c| format!("6. {c}")));
+    // The journal's own checks: invariant 6 (commits) and 12 (handoffs),
+    // the latter already numbered.
+    v.extend(out.log.violations.iter().map(|c| {
+        if c.starts_with("12.") {
+            c.clone()
+        } else {
+            format!("6. {c}")
+        }
+    }));
     v.extend(no_call_while_paused(sc, out));
     v.extend(in_flight_within_cap(sc, out));
     v.extend(nothing_left(out));
     v
+}
+
+/// A job's success called again (invariant 12 is judged where a record
+/// is delivered again, `Journal::delivered`; this is what the downstream
+/// saw of the same thing).
+pub struct Again {
+    /// A process was killed before the second call.
+    pub after_kill: bool,
+}
+
+pub fn second_successes(out: &Outcome) -> Vec<Again> {
+    let first_kill = out.log.kills.iter().copied().min().unwrap_or(u64::MAX);
+    let mut first: BTreeMap<JobId, &Call> = BTreeMap::new();
+    let mut v = Vec::new();
+    let mut calls: Vec<&Call> = out.log.calls.iter().filter(|c| c.class == "2xx").collect();
+    calls.sort_by_key(|c| (c.at_ms, c.end_ms));
+    for c in calls {
+        let Some(f) = first.get(&c.job) else {
+            first.insert(c.job, c);
+            continue;
+        };
+        let _ = f;
+        v.push(Again {
+            after_kill: first_kill <= c.at_ms,
+        });
+    }
+    v
+}
+
+/// Jobs the downstream answered with a success twice, with no process
+/// killed before the second call: work under way at a revoke (a call, or
+/// a retry copy's write) finishes after the revoke's commit, so the next
+/// owner gets its record again (invariant 12 judges what was finished).
+pub fn second_successes_without_a_kill(out: &Outcome) -> usize {
+    second_successes(out)
+        .iter()
+        .filter(|d| !d.after_kill)
+        .count()
 }
 
 /// Invariant 11: a run whose jobs all finished leaves nothing behind once
@@ -88,6 +134,7 @@ pub fn reach(sc: &Scenario, out: &Outcome) -> Reach {
         |seller: &str| rule_of(sc, seller).is_some_and(|r| r.algorithm() == Algorithm::LeakyBucket);
     r.paced_calls = log.arrivals.iter().filter(|a| paced(&a.seller)).count() as u64;
     r.calls_cut_by_kill = log.unanswered.len() as u64;
+    r.again_without_kill = second_successes_without_a_kill(out) as u64;
     r
 }
 

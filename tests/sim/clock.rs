@@ -3,6 +3,7 @@
 //! the worker host's, which the world makes jump, backwards too.
 
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
 
 use throttle_worker::worker::Clock;
 use tokio::time::Instant;
@@ -13,8 +14,11 @@ pub const EPOCH_US: u64 = 1_793_491_200_000_000;
 #[derive(Debug)]
 pub struct SimClock {
     start: Instant,
-    /// The worker host's clock minus the store's, in µs.
+    /// The worker host's clock minus the store's (or `host`'s), in µs.
     skew_us: AtomicI64,
+    /// A process's own clock reads the world's host clock (with its jumps)
+    /// plus its skew.
+    host: Option<Arc<SimClock>>,
 }
 
 impl SimClock {
@@ -23,6 +27,17 @@ impl SimClock {
         SimClock {
             start: Instant::now(),
             skew_us: AtomicI64::new(0),
+            host: None,
+        }
+    }
+
+    /// One process's host clock: `world`'s, off by `skew_us` (replicas'
+    /// clocks disagree; only the store's is shared).
+    pub fn skewed(world: &Arc<SimClock>, skew_us: i64) -> SimClock {
+        SimClock {
+            start: world.start,
+            skew_us: AtomicI64::new(skew_us),
+            host: Some(world.clone()),
         }
     }
 
@@ -53,6 +68,10 @@ impl Clock for SimClock {
 
     fn unix_us(&self) -> u64 {
         let skew = self.skew_us.load(Ordering::SeqCst);
-        self.true_unix_us().saturating_add_signed(skew)
+        let base = self
+            .host
+            .as_ref()
+            .map_or_else(|| self.true_unix_us(), |h| h.unix_us());
+        base.saturating_add_signed(skew)
     }
 }

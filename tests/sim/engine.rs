@@ -4,7 +4,9 @@
 //!   (default 0), on every core, each checked against every invariant. A
 //!   failing seed prints the command that replays it.
 //! - `replay`: the seed in `SIM_SEED`, verbose; with `SIM_TRACE=1` also
-//!   its downstream and limiter calls in virtual time.
+//!   its downstream and limiter calls in virtual time; with `SIM_JOB=N`
+//!   the journal's trace of job `N` (deliveries, skips, calls, copies) and
+//!   the commits of its partitions. `replay_fleet` takes the same.
 //! - One test per defect: a hand-made world that failed before its fix.
 
 use std::time::{Duration, Instant};
@@ -87,6 +89,10 @@ fn explore(
         }
     }
     println!("{what}: reached {:?}", reached.named());
+    println!(
+        "{what}: {} jobs reached a success twice with no kill (work under way at a revoke)",
+        reached.again_without_kill
+    );
     assert!(
         failures.is_empty(),
         "{} seeds broke an invariant ({what}):{report}",
@@ -156,6 +162,7 @@ fn replay() {
     if std::env::var_os("SIM_TRACE").is_some() {
         print_timeline(&out);
     }
+    print_job_trace(&out);
     let broken = check::all(&sc, &out);
     assert!(broken.is_empty(), "seed {seed}:\n{}", broken.join("\n"));
 }
@@ -228,6 +235,36 @@ fn judge_fleet(seed: u64) -> (Vec<String>, Reach) {
     (check::fleet(&sc, &out), check::reach(&sc, &out))
 }
 
+/// With `SIM_JOB=N`: the journal's trace of job `N` in order (deliveries
+/// `d`, skips `s`, calls `c`, retry copies `r`, dead letters `x`) and every
+/// commit `k` of a partition it was delivered from.
+fn print_job_trace(out: &super::run::Outcome) {
+    let Some(job) = std::env::var("SIM_JOB").ok() else {
+        return;
+    };
+    let mine = |t: &str| {
+        t.strip_prefix('c')
+            .is_some_and(|r| r.split(':').next() == Some(job.as_str()))
+            || t == format!("r{job}")
+            || t == format!("x{job}")
+            || ((t.starts_with('d') || t.starts_with('s')) && t.ends_with(&format!(":{job}")))
+    };
+    let parts: std::collections::BTreeSet<String> = out
+        .log
+        .trace
+        .iter()
+        .filter(|t| mine(t) && (t.starts_with('d') || t.starts_with('s')))
+        .map(|t| t[1..].rsplitn(3, ':').nth(2).unwrap_or_default().to_owned())
+        .collect();
+    for t in &out.log.trace {
+        let commit_of_mine =
+            t.starts_with('k') && parts.contains(t[1..].rsplit_once(':').map_or("", |(tp, _)| tp));
+        if mine(t) || commit_of_mine {
+            println!("trace {t}");
+        }
+    }
+}
+
 /// `random_fleets`' seed in `SIM_FLEET_SEED`, verbose.
 #[test]
 fn replay_fleet() {
@@ -246,6 +283,7 @@ fn replay_fleet() {
     if std::env::var_os("SIM_TRACE").is_some() {
         print_timeline(&out);
     }
+    print_job_trace(&out);
     println!(
         "calls {}, done {}, dead letters {:?}, processes {}",
         out.log.calls.len(),

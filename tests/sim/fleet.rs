@@ -48,13 +48,46 @@ pub enum Membership {
     Cooperative,
 }
 
+/// What happens to the fleet at each lifecycle step: weights of each
+/// event (0: never).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lifecycle {
+    /// kill -9 of a random replica, started again at once.
+    pub kill: u32,
+    /// A replica added (scale out), with a graceful join.
+    pub join: u32,
+    /// A replica stopped gracefully (scale in); never the last.
+    pub leave: u32,
+    /// A replica stopped gracefully and started again (a rolling restart's
+    /// step).
+    pub restart: u32,
+}
+
+impl Lifecycle {
+    pub const KILLS: Lifecycle = Lifecycle {
+        kill: 1,
+        join: 0,
+        leave: 0,
+        restart: 0,
+    };
+}
+
 #[derive(Debug, Clone)]
 pub struct Fleet {
     pub replicas: usize,
+    /// Joins stop at this many replicas.
+    pub max_replicas: usize,
     pub membership: Membership,
-    /// A random replica is killed (and started again at once) this often,
-    /// until every job is finished.
+    /// A lifecycle step (see `lifecycle`) this often, until every job is
+    /// finished.
     pub kill_every_ms: u64,
+    pub lifecycle: Lifecycle,
+    /// Each process's wall clock is off the store's by up to this, either
+    /// way (drawn per process).
+    pub skew_ms: u64,
+    /// A rebalance that a graceful join or leave starts completes this long
+    /// after it (a kill's waits for the session timeout).
+    pub rebalance_ms: u64,
     pub session_ms: u64,
     pub heartbeat_ms: u64,
     pub second_round_ms: u64,
@@ -69,12 +102,37 @@ pub struct Fleet {
 
 impl Fleet {
     /// What seed `seed` draws for the world `sc`: 2 to 4 replicas, a
-    /// protocol, kills every 2 to 15 s while `sc`'s faults last, commits
-    /// refused in a rebalance or not.
+    /// protocol, a lifecycle step every 2 to 15 s while `sc`'s faults last
+    /// (kills only, graceful joins, leaves and restarts only, or both),
+    /// wall clocks skewed or not, commits refused in a rebalance or not.
     pub fn random(seed: u64, sc: &Scenario) -> Fleet {
         let mut r = StdRng::seed_from_u64(seed ^ FLEET_SALT);
+        let replicas = r.random_range(2..=4);
+        let graceful = |r: &mut StdRng| Lifecycle {
+            kill: 0,
+            join: r.random_range(1..=3),
+            leave: r.random_range(1..=3),
+            restart: r.random_range(0..=2),
+        };
+        let lifecycle = match r.random_range(0..4) {
+            0 | 1 => Lifecycle::KILLS,
+            2 => graceful(&mut r),
+            _ => Lifecycle {
+                kill: 1,
+                ..graceful(&mut r)
+            },
+        };
+        let skew_ms = if r.random_bool(0.5) {
+            0
+        } else {
+            r.random_range(1..=5_000)
+        };
         Fleet {
-            replicas: r.random_range(2..=4),
+            replicas,
+            max_replicas: replicas + 2,
+            lifecycle,
+            skew_ms,
+            rebalance_ms: r.random_range(300..=3_000),
             membership: if r.random_bool(0.5) {
                 Membership::Eager
             } else {
@@ -94,6 +152,10 @@ impl Fleet {
     pub fn crash_loop(membership: Membership) -> Fleet {
         Fleet {
             replicas: 4,
+            max_replicas: 4,
+            lifecycle: Lifecycle::KILLS,
+            skew_ms: 0,
+            rebalance_ms: 2_000,
             membership,
             kill_every_ms: 8_000,
             session_ms: 3_000,
@@ -115,8 +177,8 @@ struct Member {
 enum Step {
     /// Job `j` is produced.
     Produce(usize),
-    /// Kill a random member and start it again.
-    Kill,
+    /// A lifecycle step: kill, join, leave or restart (see [`Lifecycle`]).
+    Life,
     /// Eager: every member gives up its partitions.
     StopAll,
     /// The dead member's session ended: the group's new assignment.
@@ -138,11 +200,12 @@ async fn run_async(sc: &Scenario, fleet: &Fleet) -> Outcome {
     let mut rng = StdRng::seed_from_u64(sc.seed ^ FLEET_SALT);
     let roles = roles(sc);
     let mut next_id = 0u64;
-    let mut spawn = |parts: &[Tp]| {
+    let mut spawn = |parts: &[Tp], rng: &mut StdRng| {
         next_id += 1;
         let wake = Arc::new(Mutex::new(Arc::new(Notify::new())));
-        // Generations far apart: no two processes share one.
-        let inc = start(sc, &world, &policy, next_id << 32, &wake, parts);
+        let skew_ms = fleet.skew_ms as i64;
+        let skew_us = rng.random_range(-skew_ms..=skew_ms) * 1_000;
+        let inc = start(sc, &world, &policy, next_id << 32, &wake, parts, skew_us);
         Member {
             id: next_id,
             inc,
@@ -153,9 +216,14 @@ async fn run_async(sc: &Scenario, fleet: &Fleet) -> Outcome {
     let ids: Vec<u64> = (1..=fleet.replicas as u64).collect();
     let first = assign(&roles, &BTreeMap::new(), &ids, fleet.membership);
     let mut owner: BTreeMap<Tp, u64> = first.clone();
-    let mut members: Vec<Member> = ids.iter().map(|id| spawn(&owned_by(&first, *id))).collect();
+    // A graceful leaver's summary is not the end state: what it left is
+    // its partitions' next owner's.
+    let mut members: Vec<Member> = ids
+        .iter()
+        .map(|id| spawn(&owned_by(&first, *id), &mut rng))
+        .collect();
     let start_at = tokio::time::Instant::now();
-    let mut steps: Vec<(u64, Step)> = vec![(fleet.kill_every_ms, Step::Kill)];
+    let mut steps: Vec<(u64, Step)> = vec![(fleet.kill_every_ms, Step::Life)];
     for (j, spec) in sc.jobs.iter().enumerate() {
         steps.push((spec.at_ms, Step::Produce(j)));
     }
@@ -175,7 +243,7 @@ async fn run_async(sc: &Scenario, fleet: &Fleet) -> Outcome {
                         .notify_one();
                 }
             }
-            Step::Kill => {
+            Step::Life => {
                 if all_finished(sc, &world) {
                     settled_ms = Some(now);
                     continue;
@@ -183,22 +251,48 @@ async fn run_async(sc: &Scenario, fleet: &Fleet) -> Outcome {
                 if now >= sc.limit_ms || fleet.kills_until_ms.is_some_and(|end| now >= end) {
                     continue;
                 }
-                let slot = rng.random_range(0..members.len());
-                members[slot].inc.kill();
-                members[slot] = spawn(&[]);
-                // The restarted member's join starts a rebalance.
+                steps.push((now + fleet.kill_every_ms, Step::Life));
+                let settle_in = match pick(&mut rng, fleet, members.len()) {
+                    Event::Kill => {
+                        let slot = rng.random_range(0..members.len());
+                        members[slot].inc.kill();
+                        world.journal.with(|log| log.kills.push(now));
+                        members[slot] = spawn(&[], &mut rng);
+                        // The dead member is noticed when its session ends.
+                        fleet.session_ms
+                    }
+                    Event::Join => {
+                        members.push(spawn(&[], &mut rng));
+                        fleet.rebalance_ms
+                    }
+                    Event::Leave => {
+                        let slot = rng.random_range(0..members.len());
+                        let m = members.remove(slot);
+                        // SIGTERM: the engine drains and makes its final
+                        // commit, then the consumer leaves the group.
+                        m.inc.stop().await;
+                        fleet.rebalance_ms
+                    }
+                    Event::Restart => {
+                        let slot = rng.random_range(0..members.len());
+                        let m = std::mem::replace(&mut members[slot], spawn(&[], &mut rng));
+                        m.inc.stop().await;
+                        fleet.rebalance_ms
+                    }
+                };
+                let now = world.now_ms();
+                // A join or a leave starts a rebalance.
                 set_rebalancing(&world, fleet.refuse_commits_in_rebalance);
-                steps.push((now + fleet.kill_every_ms, Step::Kill));
-                steps.push((now + fleet.session_ms, Step::Settle));
+                steps.push((now + settle_in, Step::Settle));
                 if fleet.membership == Membership::Eager {
-                    steps.push((now + fleet.heartbeat_ms, Step::StopAll));
+                    steps.push((now + fleet.heartbeat_ms.min(settle_in), Step::StopAll));
                 }
             }
             Step::StopAll => {
                 for m in &members {
                     let held = m.inc.source.owned();
                     if !held.is_empty() {
-                        m.inc.source.revoke(&held, false, &m.inc.parts);
+                        m.inc.source.revoke(&held, &m.inc.parts);
                     }
                 }
                 owner.clear();
@@ -223,7 +317,7 @@ async fn run_async(sc: &Scenario, fleet: &Fleet) -> Outcome {
                         }
                     }
                     if !give_up.is_empty() {
-                        m.inc.source.revoke(&give_up, false, &m.inc.parts);
+                        m.inc.source.revoke(&give_up, &m.inc.parts);
                     }
                     if !take.is_empty() {
                         m.inc.source.assign(&take, &m.inc.parts);
@@ -290,6 +384,38 @@ async fn run_async(sc: &Scenario, fleet: &Fleet) -> Outcome {
         end_ms,
         end,
     }
+}
+
+/// A lifecycle event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Event {
+    Kill,
+    Join,
+    Leave,
+    Restart,
+}
+
+/// The next lifecycle event, by the fleet's weights, among those possible
+/// with `members` replicas.
+fn pick(rng: &mut StdRng, fleet: &Fleet, members: usize) -> Event {
+    let l = &fleet.lifecycle;
+    let mut options = vec![(Event::Kill, l.kill), (Event::Restart, l.restart)];
+    if members < fleet.max_replicas {
+        options.push((Event::Join, l.join));
+    }
+    if members > 1 {
+        options.push((Event::Leave, l.leave));
+    }
+    let total: u32 = options.iter().map(|(_, w)| w).sum();
+    assert!(total > 0, "no lifecycle event possible: {l:?}");
+    let mut at = rng.random_range(0..total);
+    for (event, w) in options {
+        if at < w {
+            return event;
+        }
+        at -= w;
+    }
+    unreachable!("the draw is below the total weight")
 }
 
 fn set_rebalancing(world: &super::ports::World, on: bool) {

@@ -54,6 +54,18 @@ pub struct Log {
     pub asks: Vec<Ask>,
     /// Virtual ms of each process start (a restart has slots of its own).
     pub starts: Vec<u64>,
+    /// When a process was killed (kill -9), in virtual ms.
+    pub kills: Vec<u64>,
+    /// When each record was finished by the process it was last delivered
+    /// to (a journal sequence number); cleared at each delivery.
+    pub finished: BTreeMap<(Tp, i64), u64>,
+    /// Each graceful handoff of a partition: when (a sequence number),
+    /// whether the broker took the revoke's commit, and whether the handoff
+    /// ledger was written (with how many Redis data losses had happened).
+    pub handoffs: BTreeMap<Tp, Vec<(u64, bool, Option<usize>)>>,
+    /// Each assignment of a partition: when, and whether the new owner
+    /// could read the handoff ledger (with the losses by then).
+    pub assignments: BTreeMap<Tp, Vec<(u64, Option<usize>)>>,
     /// Jobs answered 2xx, with the sequence number of the first.
     pub done: BTreeMap<JobId, u64>,
     /// Dead letters: job and reason.
@@ -98,6 +110,22 @@ pub struct Reach {
     pub paced_calls: u64,
     /// A call under way at the downstream when its process was killed.
     pub calls_cut_by_kill: u64,
+    /// A record its partition's previous owner had finished, skipped on
+    /// receipt (the commit's metadata or the handoff ledger named it).
+    pub inherited_skips: u64,
+    /// Not a state to reach, a cost to watch: jobs the downstream answered
+    /// with a success twice, with no kill (see
+    /// `check::second_successes_without_a_kill`).
+    pub again_without_kill: u64,
+}
+
+impl Log {
+    /// Records a broken invariant once.
+    fn violate(&mut self, v: String) {
+        if !self.violations.contains(&v) {
+            self.violations.push(v);
+        }
+    }
 }
 
 impl Reach {
@@ -108,10 +136,12 @@ impl Reach {
         self.revoked_during_ask += o.revoked_during_ask;
         self.paced_calls += o.paced_calls;
         self.calls_cut_by_kill += o.calls_cut_by_kill;
+        self.inherited_skips += o.inherited_skips;
+        self.again_without_kill += o.again_without_kill;
     }
 
     /// Each count by name.
-    pub fn named(&self) -> [(&'static str, u64); 6] {
+    pub fn named(&self) -> [(&'static str, u64); 7] {
         [
             ("a limiter refusal", self.denials),
             ("a loss of Redis' data found", self.losses_found),
@@ -119,6 +149,10 @@ impl Reach {
             ("a revoke during a limiter call", self.revoked_during_ask),
             ("a paced call", self.paced_calls),
             ("a call cut short by a kill", self.calls_cut_by_kill),
+            (
+                "a record skipped as finished by its last owner",
+                self.inherited_skips,
+            ),
         ]
     }
 }
@@ -160,8 +194,104 @@ impl Journal {
         log.seq
     }
 
+    /// A record skipped on receipt because its partition's previous owner
+    /// finished it: its job must be finished (done, dead-lettered, or
+    /// copied to a retry tier), or the skip lost it.
+    pub fn skipped(&self, tp: &Tp, offset: i64, value: &Bytes) {
+        self.with(|log| {
+            log.reach.inherited_skips += 1;
+            let Some(&job) = log.by_value.get(value) else {
+                return;
+            };
+            log.trace.push(format!("s{}:{}:{offset}:{job}", tp.0, tp.1));
+            let finished = log.done.contains_key(&job)
+                || log.dead.iter().any(|(j, _)| *j == job)
+                || log.retried.contains_key(&job);
+            if !finished {
+                let v = format!(
+                    "{}:{} offset {offset} (job {job}) skipped as finished by the last owner, but it is not",
+                    tp.0, tp.1
+                );
+                log.violate(v);
+            }
+        });
+    }
+
+    /// The owner of `tp` finished the record at `offset`.
+    pub fn finished(&self, tp: &Tp, offset: i64) {
+        self.with(|log| {
+            let seq = Journal::next(log);
+            log.finished.entry((tp.clone(), offset)).or_insert(seq);
+        });
+    }
+
+    /// `tps` were given up gracefully: the broker took the commit or not,
+    /// the ledger was written or not.
+    pub fn handed_over(&self, tps: &[Tp], committed: bool, ledger: Option<usize>) {
+        self.with(|log| {
+            let seq = Journal::next(log);
+            for tp in tps {
+                log.handoffs
+                    .entry(tp.clone())
+                    .or_default()
+                    .push((seq, committed, ledger));
+            }
+        });
+    }
+
+    /// `tps` were assigned; the new owner read the ledger or not.
+    pub fn assigned(&self, tps: &[Tp], ledger: Option<usize>) {
+        self.with(|log| {
+            let seq = Journal::next(log);
+            for tp in tps {
+                log.assignments
+                    .entry(tp.clone())
+                    .or_default()
+                    .push((seq, ledger));
+            }
+        });
+    }
+
+    /// Invariant 12: a record finished before a graceful handoff of its
+    /// partition is not delivered to the next owner as work, when the
+    /// handoff could carry it: the broker took the revoke's commit (with
+    /// its metadata), or the ledger was written at the revoke and read at
+    /// the next assignment. Only a kill, or a handoff that neither could
+    /// carry, may make a finished job be done again.
+    fn check_redelivery(log: &mut Log, tp: &Tp, offset: i64) {
+        let Some(&finished) = log.finished.get(&(tp.clone(), offset)) else {
+            return;
+        };
+        let Some(&(at, committed, written)) = log
+            .handoffs
+            .get(tp)
+            .and_then(|h| h.iter().rev().find(|(at, _, _)| *at > finished))
+        else {
+            return;
+        };
+        // The ledger carries it when read, after the handoff, with no loss
+        // of Redis' data between the write and the read.
+        let read = log
+            .assignments
+            .get(tp)
+            .and_then(|a| a.last())
+            .filter(|(seq, _)| *seq > at)
+            .and_then(|(_, read)| *read);
+        let through_ledger = written.is_some() && written == read;
+        if committed || through_ledger {
+            let v = format!(
+                "12. {}:{} offset {offset} was finished (journal {finished}) before a graceful handoff (journal {at}; commit taken: {committed}, ledger written and read: {through_ledger}) and delivered again",
+                tp.0, tp.1
+            );
+            log.violate(v);
+        }
+    }
+
     pub fn delivered(&self, tp: &Tp, offset: i64, value: &Bytes) {
         self.with(|log| {
+            Journal::check_redelivery(log, tp, offset);
+            // Work again for whoever holds it now.
+            log.finished.remove(&(tp.clone(), offset));
             let seq = Journal::next(log);
             log.delivered.insert((tp.clone(), offset), seq);
             if let Some(&job) = log.by_value.get(value) {
@@ -243,9 +373,7 @@ impl Journal {
                         "commit of {}:{} at {offset} passes offset {o} (job {job}), which is not finished",
                         tp.0, tp.1
                     );
-                    if !log.violations.contains(&v) {
-                        log.violations.push(v);
-                    }
+                    log.violate(v);
                 }
             }
         });

@@ -8,7 +8,9 @@
 //! calls as the downstream received them, grants as the store made them.
 //!
 //! - [`scenario`]: the world a seed draws, and hand-made ones for defects.
-//! - [`broker`]: topic logs, commits and the consumer ([`broker::SimSource`]).
+//! - [`broker`]: topic logs, commits with their metadata, the handoff
+//!   ledger, and the consumer ([`broker::SimSource`]): the worker's own
+//!   consumer logic (`kafka::session`) over a deterministic broker.
 //! - [`ports`]: the downstream, the record writer and Redis: the
 //!   production Lua (`lua/`, the Functions library the product loads) on
 //!   an embedded Redis (`tests/lua_redis/`) on the store's clock, its
@@ -16,7 +18,8 @@
 //! - [`journal`]: what the world saw.
 //! - [`check`]: the invariants, judged after every run.
 //! - [`run`]: one run of a scenario.
-//! - [`fleet`]: several replicas in one group through kills, under a
+//! - [`fleet`]: several replicas in one group through kills, graceful
+//!   joins, leaves and restarts, with skewed wall clocks, under a
 //!   membership protocol.
 
 pub mod broker;

@@ -17,7 +17,7 @@ use tokio::task::JoinHandle;
 
 use crate::lua_redis::EmbeddedRedis;
 
-use super::broker::{deliver, Broker, SharedBroker, SimRecord, SimSource, Tp};
+use super::broker::{deliver, Broker, SharedBroker, SimLedger, SimRecord, SimSource, Tp};
 use super::clock::SimClock;
 use super::journal::{Journal, Log};
 use super::ports::{job_value, sim_redis, SimDownstream, SimPermits, SimStore, SimWriter, World};
@@ -95,7 +95,7 @@ impl End {
                 .iter()
                 .filter_map(|(tp, log)| {
                     let end = log.len() as i64;
-                    let committed = b.committed.get(tp).copied().unwrap_or(0);
+                    let committed = b.committed_offset(tp);
                     (committed < end).then(|| (tp.clone(), committed, end))
                 })
                 .collect(),
@@ -178,6 +178,7 @@ pub fn start(
     generation: u64,
     wake: &Arc<Mutex<Arc<Notify>>>,
     initial: &[Tp],
+    skew_us: i64,
 ) -> Incarnation {
     let settings = Arc::new(sc.settings());
     let dead = Arc::new(AtomicBool::new(false));
@@ -188,9 +189,11 @@ pub fn start(
     let source = Arc::new(SimSource::new(
         world.broker.clone(),
         world.journal.clone(),
+        Arc::new(SimLedger {
+            world: world.clone(),
+        }),
         notify,
         dead.clone(),
-        generation,
     ));
     let store = SimStore {
         world: world.clone(),
@@ -227,7 +230,13 @@ pub fn start(
             tier_partitions: sc.tier_partitions,
         }),
         source: source.clone(),
-        clock: world.clock.clone(),
+        // The host's wall clock: the world's (which may jump), off by the
+        // process's own skew.
+        clock: if skew_us == 0 {
+            world.clock.clone()
+        } else {
+            Arc::new(SimClock::skewed(&world.clock, skew_us))
+        },
         records: rec_rx,
         partitions: part_rx,
         health: Health::new(Duration::from_secs(10)),
@@ -400,6 +409,7 @@ async fn run_async(sc: &Scenario) -> Outcome {
         generation,
         &wake,
         &topic_partitions(sc),
+        0,
     ));
     let jobs_topic = settings.kafka.topic.clone();
     let mut i = 0;
@@ -434,7 +444,8 @@ async fn run_async(sc: &Scenario) -> Outcome {
             Step::Crash(down) => {
                 if let Some(inc) = current.take() {
                     inc.kill();
-                    generation = inc.source.max_generation();
+                    journal.with(|log| log.kills.push(clock.elapsed_ms()));
+                    generation += 1;
                     let at = clock.elapsed_ms() + down;
                     steps.push((at, Step::Restart));
                 }
@@ -448,6 +459,7 @@ async fn run_async(sc: &Scenario) -> Outcome {
                         generation,
                         &wake,
                         &topic_partitions(sc),
+                        0,
                     ));
                 }
             }
@@ -459,7 +471,7 @@ async fn run_async(sc: &Scenario) -> Outcome {
                         .filter(|tp| inc.source.owned().contains(tp))
                         .collect();
                     if !tps.is_empty() {
-                        inc.source.revoke(&tps, false, &inc.parts);
+                        inc.source.revoke(&tps, &inc.parts);
                         broker.lock().unwrap_or_else(|p| p.into_inner()).rebalancing = true;
                         let at = clock.elapsed_ms() + dur;
                         steps.push((at, Step::Assign(tps.iter().map(|(_, p)| *p).collect())));

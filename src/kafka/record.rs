@@ -1,0 +1,65 @@
+//! What a consumer hands the worker: records with their origin, partition
+//! events, and the partitions whose commit a waiting record holds back.
+//! Plain data, no rdkafka: the engine, the session's bookkeeping
+//! ([`super::session`]) and the simulation share them.
+
+use std::sync::Arc;
+
+use super::producer::{HeaderError, OriginalRecord, RetryHeaders};
+
+/// A topic-partition.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TopicPartition {
+    pub topic: Arc<str>,
+    pub partition: i32,
+}
+
+impl TopicPartition {
+    pub fn new(topic: impl Into<Arc<str>>, partition: i32) -> TopicPartition {
+        TopicPartition {
+            topic: topic.into(),
+            partition,
+        }
+    }
+}
+
+/// Where a record came from, and in which assignment of its partition: a
+/// record from an earlier assignment (revoked since) must not move offsets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Origin {
+    pub topic: Arc<str>,
+    pub partition: i32,
+    pub offset: i64,
+    pub generation: u64,
+}
+
+/// One consumed record, owned.
+#[derive(Debug)]
+pub struct Record {
+    pub origin: Origin,
+    /// The value (byte for byte), key and source position, for dead letters
+    /// and retry-topic copies.
+    pub original: OriginalRecord,
+    /// The worker's own headers (`x-not-before`, `x-attempts`, …), or why
+    /// they are unreadable.
+    pub headers: Result<RetryHeaders, HeaderError>,
+}
+
+/// A partition's first unfinished record and how many finished records
+/// behind it wait to be committed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldBack {
+    pub partition: TopicPartition,
+    pub offset: i64,
+    pub finished_behind: usize,
+}
+
+/// Partition changes the worker must act on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PartitionEvent {
+    Assigned(Vec<TopicPartition>),
+    /// Finished offsets were already committed; records of these partitions
+    /// still waiting in memory are to be dropped, uncommitted, so that the
+    /// new owner gets them.
+    Revoked(Vec<TopicPartition>),
+}

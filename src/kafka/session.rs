@@ -1,0 +1,620 @@
+//! One consumer's life in the group, apart from librdkafka: what a
+//! rebalance, a received record, a commit and a commit's answer do to the
+//! offsets it tracks. Pure logic over two small ports, [`Coordinator`] (the
+//! broker's side of commits) and [`Ledger`]: librdkafka in the worker
+//! ([`super::consumer`] adapts its callbacks and poll thread to these
+//! calls), a deterministic broker in the simulation, so that the code that
+//! decides what is committed, handed over and skipped is the code a
+//! simulated fleet runs.
+//!
+//! The rules it keeps:
+//! - **Revoke:** the finished prefix of the partitions going is written to
+//!   the ledger, then committed and waited for, then the partitions are
+//!   forgotten and their generation bumped, so that a record of the old
+//!   assignment cannot move an offset of the next one.
+//! - **Assign:** what the previous owner finished beyond its committed
+//!   offset (the commit's metadata and the ledger, [`ledger::inherited`])
+//!   is read before the first record, and such records are finished on
+//!   receipt instead of being done again.
+//! - **Periodic commit:** asynchronous, one in flight at a time; its
+//!   offsets count as committed only for the partitions the broker's answer
+//!   accepted.
+//! - **Final commit:** synchronous, every committable partition.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::telemetry::events::{AlreadyDone, CommitFailed, HandoffLedgerFailed, OffsetsCommitted};
+
+use super::done_ranges::Ranges;
+use super::ledger::{self, Ledger};
+use super::offsets::{Commit, Finish, Offsets};
+use super::record::{HeldBack, Origin, TopicPartition};
+
+/// The broker's side of commits, as a consumer sees it.
+pub trait Coordinator {
+    type Error: std::fmt::Display;
+    /// Commits `commits` and waits for the broker's answer.
+    fn commit_sync(&self, commits: &[Commit]) -> Result<(), Self::Error>;
+    /// The committed offset and metadata of each of `parts`, in order
+    /// (`None`: the group never committed the partition).
+    #[allow(clippy::type_complexity)]
+    fn committed(
+        &self,
+        parts: &[TopicPartition],
+    ) -> Result<Vec<Option<(i64, String)>>, Self::Error>;
+}
+
+/// A coordinator that also takes commits without waiting; each answer is
+/// handed back through [`Session::answered`].
+pub trait AsyncCommits: Coordinator {
+    fn send(&self, commits: &[Commit]) -> Result<(), Self::Error>;
+}
+
+/// The broker's answer to an asynchronous commit.
+#[derive(Debug, Default)]
+pub struct Answer {
+    /// The commit failed as a whole.
+    pub error: Option<String>,
+    /// Partitions the broker refused, with why.
+    pub refused: Vec<(String, i32, String)>,
+}
+
+impl Answer {
+    /// Whether `topic`/`partition` was committed.
+    pub fn committed(&self, topic: &str, partition: i32) -> bool {
+        self.error.is_none()
+            && !self
+                .refused
+                .iter()
+                .any(|(t, p, _)| t == topic && *p == partition)
+    }
+}
+
+/// What happened to a received record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Received {
+    /// Tracked as unfinished, in this assignment of its partition.
+    Take { generation: u64 },
+    /// The partition's previous owner finished it after its committed
+    /// offset: finished here at once, not done again.
+    AlreadyDone,
+}
+
+/// The offsets of every assigned partition, and each partition's
+/// assignment count.
+#[derive(Debug, Default)]
+struct Tracker {
+    offsets: Offsets,
+    /// Bumped at every assignment and revocation of a partition.
+    generations: HashMap<(String, i32), u64>,
+    /// The periodic commit sent and not yet answered: one at a time.
+    in_flight: Option<Vec<Commit>>,
+}
+
+impl Tracker {
+    fn generation(&self, topic: &str, partition: i32) -> u64 {
+        self.generations
+            .get(&(topic.to_owned(), partition))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    fn bump(&mut self, topic: &str, partition: i32) {
+        *self
+            .generations
+            .entry((topic.to_owned(), partition))
+            .or_default() += 1;
+    }
+
+    fn owns(&self, origin: &Origin) -> bool {
+        self.generation(&origin.topic, origin.partition) == origin.generation
+    }
+}
+
+/// One consumer's state, shared by the thread that polls (and runs the
+/// rebalance callbacks) and the worker's tasks that finish records.
+pub struct Session {
+    tracker: Mutex<Tracker>,
+    /// Where every commit is also written, read at assignment; none in
+    /// tools and tests that run no Redis.
+    ledger: Option<Arc<dyn Ledger>>,
+    /// Set once the final commit is made: the revokes that closing the
+    /// consumer runs afterwards commit nothing (a synchronous commit there
+    /// would wait for a reply the closing consumer no longer serves).
+    closing: AtomicBool,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("tracker", &self.tracker)
+            .field("ledger", &self.ledger.is_some())
+            .finish()
+    }
+}
+
+impl Session {
+    pub fn new(ledger: Option<Arc<dyn Ledger>>) -> Session {
+        Session {
+            tracker: Mutex::default(),
+            ledger,
+            closing: AtomicBool::new(false),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Tracker> {
+        // Plain data: a panic while it was held cannot have left it worse
+        // than "some offsets not finished", which only means a redelivery.
+        self.tracker.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether `origin` belongs to the current assignment of its partition.
+    pub fn owns(&self, origin: &Origin) -> bool {
+        self.lock().owns(origin)
+    }
+
+    /// Marks a record finished (done, dead-lettered, or acknowledged on the
+    /// retry topic). Records of a revoked assignment are ignored.
+    pub fn finish(&self, origin: &Origin) -> Finish {
+        let mut t = self.lock();
+        if !t.owns(origin) {
+            return Finish::NotTracked;
+        }
+        t.offsets
+            .finish(&origin.topic, origin.partition, origin.offset)
+    }
+
+    /// Records received and not yet finished.
+    pub fn unfinished(&self) -> usize {
+        self.lock().offsets.unfinished()
+    }
+
+    /// Partitions whose first unfinished record holds finished ones back.
+    pub fn held_back(&self) -> Vec<HeldBack> {
+        self.lock()
+            .offsets
+            .held_back()
+            .into_iter()
+            .map(|(topic, partition, offset, finished_behind)| HeldBack {
+                partition: TopicPartition::new(topic.as_str(), partition),
+                offset,
+                finished_behind,
+            })
+            .collect()
+    }
+
+    /// Each tracked partition's age of its oldest unfinished record (s) at
+    /// `now_ms`, 0 when everything taken is finished.
+    pub fn unfinished_ages(&self, now_ms: i64) -> HashMap<(String, i32), f64> {
+        self.lock()
+            .offsets
+            .oldest_unfinished_ms()
+            .into_iter()
+            .map(|(t, p, ts)| {
+                let age = ts.map_or(0.0, |ts| (now_ms - ts).max(0) as f64 / 1000.0);
+                ((t.to_owned(), p), age)
+            })
+            .collect()
+    }
+
+    /// The final commit is made: later revokes commit nothing.
+    pub fn close(&self) {
+        self.closing.store(true, Ordering::Release);
+    }
+
+    /// A record arrived: tracks it, or finishes it at once when the
+    /// partition's previous owner already did it. `timestamp_ms` feeds the
+    /// lag in seconds.
+    pub fn receive(
+        &self,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+        timestamp_ms: Option<i64>,
+    ) -> Received {
+        let mut t = self.lock();
+        match t.offsets.track(topic, partition, offset) {
+            Ok(()) => {
+                if let (Some(ts), Some(p)) =
+                    (timestamp_ms, t.offsets.partition_mut(topic, partition))
+                {
+                    p.note_time(offset, ts);
+                }
+            }
+            // Offsets only go backwards after a seek we never make; the
+            // record is still processed, its offset simply not tracked.
+            Err(e) => tracing::warn!(error = %e, topic, partition, offset, "offset not tracked"),
+        }
+        if t.offsets.inherited_done(topic, partition, offset) {
+            t.offsets.finish(topic, partition, offset);
+            AlreadyDone { offset }.emit();
+            return Received::AlreadyDone;
+        }
+        Received::Take {
+            generation: t.generation(topic, partition),
+        }
+    }
+
+    /// Partitions are going (inside the rebalance): their finished prefix
+    /// is written to the ledger and committed, waiting for the answer, then
+    /// they are forgotten. Returns how many partitions were committed.
+    pub fn revoke<C: Coordinator>(&self, broker: &C, revoked: &[TopicPartition]) -> usize {
+        let commits: Vec<Commit> = self
+            .lock()
+            .offsets
+            .committable()
+            .into_iter()
+            .filter(|c| {
+                revoked
+                    .iter()
+                    .any(|tp| *tp.topic == *c.topic && tp.partition == c.partition)
+            })
+            .collect();
+        let mut committed = 0;
+        // The tracker is not held during the commit: the worker's tasks keep
+        // finishing records meanwhile (those of revoked partitions are
+        // forgotten just below, so nothing is lost by letting them in).
+        if !commits.is_empty() && !self.closing.load(Ordering::Acquire) {
+            // The ledger first: the broker refuses commits while the group
+            // rebalances, and this is one.
+            self.record(&commits);
+            match broker.commit_sync(&commits) {
+                Ok(()) => {
+                    self.lock().offsets.mark_committed(&commits);
+                    committed = commits.len();
+                    OffsetsCommitted {
+                        partitions: commits.len(),
+                        sync: true,
+                    }
+                    .emit();
+                }
+                Err(e) => CommitFailed {
+                    error: &format!(
+                        "{e} (on revoke: the new owner redoes the uncommitted records)"
+                    ),
+                }
+                .emit(),
+            }
+        }
+        let mut t = self.lock();
+        for TopicPartition { topic, partition } in revoked {
+            t.offsets.remove_partition(topic, *partition);
+            t.bump(topic, *partition);
+        }
+        committed
+    }
+
+    /// Partitions arrived (after the rebalance): they start afresh, with
+    /// what their previous owner finished beyond its commit to be skipped.
+    pub fn assign<C: Coordinator>(&self, broker: &C, assigned: &[TopicPartition]) {
+        let done = self.inherited(broker, assigned);
+        let mut t = self.lock();
+        for TopicPartition { topic, partition } in assigned {
+            t.offsets.remove_partition(topic, *partition);
+            t.bump(topic, *partition);
+        }
+        for (TopicPartition { topic, partition }, ranges, committed) in done {
+            t.offsets.inherit(&topic, partition, ranges, committed);
+        }
+    }
+
+    /// What the new owner of each of `parts` may skip: the records finished
+    /// beyond the broker's committed offset, as its metadata and the
+    /// handoff ledger name them, with that offset. A failed look-up only
+    /// means those records are redone.
+    fn inherited<C: Coordinator>(
+        &self,
+        broker: &C,
+        parts: &[TopicPartition],
+    ) -> Vec<(TopicPartition, Ranges, Option<i64>)> {
+        let committed = broker.committed(parts).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "cannot read committed metadata; records finished past the committed offsets will be redone");
+            vec![None; parts.len()]
+        });
+        let keys: Vec<(String, i32)> = parts
+            .iter()
+            .map(|tp| (tp.topic.to_string(), tp.partition))
+            .collect();
+        let entries = match self.ledger.as_ref().map(|l| l.read(&keys)) {
+            Some(Ok(entries)) => entries,
+            Some(Err(e)) => {
+                HandoffLedgerFailed {
+                    op: "read",
+                    error: &e.to_string(),
+                }
+                .emit();
+                Vec::new()
+            }
+            None => Vec::new(),
+        };
+        parts
+            .iter()
+            .enumerate()
+            .map(|(i, tp)| {
+                let commit = committed.get(i).and_then(Option::as_ref);
+                let entry = entries.get(i).and_then(Option::as_ref);
+                let done = ledger::inherited(commit.map(|(o, m)| (*o, m.as_str())), entry);
+                (tp.clone(), done, commit.map(|(o, _)| *o))
+            })
+            .collect()
+    }
+
+    /// Commits the finished prefix: the final commit (`all`), synchronous,
+    /// of every partition with a committable offset; or the periodic one,
+    /// sent without waiting, of every partition that moved since the last,
+    /// unless one is still unanswered. Returns how many partitions were
+    /// committed (sent, for the periodic one). Failures are counted and
+    /// logged here; the next commit tries again.
+    pub fn commit<C: AsyncCommits>(&self, broker: &C, all: bool) -> Result<usize, C::Error> {
+        let commits = {
+            let t = self.lock();
+            if all {
+                t.offsets.committable()
+            } else if t.in_flight.is_some() {
+                return Ok(0);
+            } else {
+                t.offsets.uncommitted()
+            }
+        };
+        if commits.is_empty() {
+            return Ok(0);
+        }
+        self.record(&commits);
+        let n = commits.len();
+        let result = if all {
+            broker.commit_sync(&commits)
+        } else {
+            // In flight before it is sent: its answer may come back on
+            // another thread before `send` returns.
+            self.lock().in_flight = Some(commits.clone());
+            broker.send(&commits)
+        };
+        match result {
+            Ok(()) if all => {
+                self.lock().offsets.mark_committed(&commits);
+                OffsetsCommitted {
+                    partitions: n,
+                    sync: true,
+                }
+                .emit();
+                Ok(n)
+            }
+            Ok(()) => Ok(n),
+            Err(e) => {
+                if !all {
+                    self.lock().in_flight = None;
+                }
+                CommitFailed {
+                    error: &e.to_string(),
+                }
+                .emit();
+                Err(e)
+            }
+        }
+    }
+
+    /// The answer of the periodic commit: its partitions the broker
+    /// accepted count as committed.
+    pub fn answered(&self, answer: &Answer) {
+        let Some(sent) = self.lock().in_flight.take() else {
+            return;
+        };
+        let done: Vec<Commit> = sent
+            .into_iter()
+            .filter(|c| answer.committed(&c.topic, c.partition))
+            .collect();
+        if !done.is_empty() {
+            self.lock().offsets.mark_committed(&done);
+            OffsetsCommitted {
+                partitions: done.len(),
+                sync: false,
+            }
+            .emit();
+        }
+        if let Some(e) = &answer.error {
+            CommitFailed { error: e }.emit();
+        }
+        for (topic, partition, why) in &answer.refused {
+            CommitFailed {
+                error: &format!("{topic}[{partition}]: {why}"),
+            }
+            .emit();
+        }
+    }
+
+    /// Writes `commits` to the ledger, before they go to the broker.
+    fn record(&self, commits: &[Commit]) {
+        let Some(ledger) = &self.ledger else {
+            return;
+        };
+        if let Err(e) = ledger.write(commits) {
+            HandoffLedgerFailed {
+                op: "write",
+                error: &e.to_string(),
+            }
+            .emit();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::kafka::ledger::{Entry, LedgerError};
+
+    /// A broker that keeps commits with their metadata; `refuse` makes it
+    /// refuse every commit (a rebalance under way).
+    #[derive(Default)]
+    struct FakeBroker {
+        committed: RefCell<BTreeMap<(String, i32), (i64, String)>>,
+        refuse: bool,
+        sent: RefCell<Vec<Vec<Commit>>>,
+    }
+
+    impl Coordinator for FakeBroker {
+        type Error = String;
+
+        fn commit_sync(&self, commits: &[Commit]) -> Result<(), String> {
+            if self.refuse {
+                return Err("rebalance in progress".to_owned());
+            }
+            for c in commits {
+                self.committed.borrow_mut().insert(
+                    (c.topic.clone(), c.partition),
+                    (c.offset, c.metadata.clone()),
+                );
+            }
+            Ok(())
+        }
+
+        fn committed(
+            &self,
+            parts: &[TopicPartition],
+        ) -> Result<Vec<Option<(i64, String)>>, String> {
+            Ok(parts
+                .iter()
+                .map(|tp| {
+                    self.committed
+                        .borrow()
+                        .get(&(tp.topic.to_string(), tp.partition))
+                        .cloned()
+                })
+                .collect())
+        }
+    }
+
+    impl AsyncCommits for FakeBroker {
+        fn send(&self, commits: &[Commit]) -> Result<(), String> {
+            self.sent.borrow_mut().push(commits.to_vec());
+            self.commit_sync(commits)
+        }
+    }
+
+    #[derive(Default)]
+    struct FakeLedger(Mutex<BTreeMap<(String, i32), Entry>>);
+
+    impl Ledger for FakeLedger {
+        fn write(&self, commits: &[Commit]) -> Result<(), LedgerError> {
+            let mut m = self.0.lock().unwrap();
+            for c in commits {
+                m.insert((c.topic.clone(), c.partition), Entry::of(c));
+            }
+            Ok(())
+        }
+
+        fn read(&self, parts: &[(String, i32)]) -> Result<Vec<Option<Entry>>, LedgerError> {
+            let m = self.0.lock().unwrap();
+            Ok(parts.iter().map(|k| m.get(k).cloned()).collect())
+        }
+    }
+
+    fn tp(p: i32) -> TopicPartition {
+        TopicPartition::new("jobs", p)
+    }
+
+    /// Takes offsets `0..n` of partition 0 and returns their origins.
+    fn take(s: &Session, n: i64) -> Vec<Origin> {
+        (0..n)
+            .map(|offset| match s.receive("jobs", 0, offset, None) {
+                Received::Take { generation } => Origin {
+                    topic: "jobs".into(),
+                    partition: 0,
+                    offset,
+                    generation,
+                },
+                Received::AlreadyDone => panic!("offset {offset} skipped"),
+            })
+            .collect()
+    }
+
+    /// What a graceful handoff carries, and what it costs when the broker
+    /// refuses the revoke's commit: the next owner skips exactly the
+    /// records its last owner finished, through the commit's metadata, or
+    /// through the ledger alone.
+    #[test]
+    fn the_next_owner_skips_what_the_last_one_finished_through_a_refused_commit_too() {
+        for (refuse, ledger) in [(false, false), (true, true), (false, true)] {
+            let broker = FakeBroker {
+                refuse,
+                ..FakeBroker::default()
+            };
+            let book: Arc<FakeLedger> = Arc::default();
+            let led = || ledger.then(|| book.clone() as Arc<dyn Ledger>);
+            let first = Session::new(led());
+            first.assign(&broker, &[tp(0)]);
+            let origins = take(&first, 6);
+            // 0, 1, 3 and 5 finished; 2 and 4 still waiting at the revoke.
+            for o in [0, 1, 3, 5] {
+                first.finish(&origins[o]);
+            }
+            first.revoke(&broker, &[tp(0)]);
+            assert!(
+                !first.owns(&origins[2]),
+                "a revoked record is no longer owned"
+            );
+            let next = Session::new(led());
+            next.assign(&broker, &[tp(0)]);
+            let from = broker
+                .committed
+                .borrow()
+                .get(&("jobs".to_owned(), 0))
+                .map_or(0, |(o, _)| *o);
+            let redone: Vec<i64> = (from..6)
+                .filter(|&o| next.receive("jobs", 0, o, None) != Received::AlreadyDone)
+                .collect();
+            assert_eq!(
+                redone,
+                vec![2, 4],
+                "refused {refuse}, ledger {ledger}: only the unfinished are redone"
+            );
+        }
+    }
+
+    /// One periodic commit in flight at a time; its answer counts only for
+    /// the partitions the broker accepted, and the next commit sends the
+    /// refused ones again.
+    #[test]
+    fn a_periodic_commit_counts_only_what_its_answer_accepted() {
+        let broker = FakeBroker::default();
+        let s = Session::new(None);
+        s.assign(&broker, &[tp(0), tp(1)]);
+        for p in [0, 1] {
+            if let Received::Take { generation } = s.receive("jobs", p, 0, None) {
+                s.finish(&Origin {
+                    topic: "jobs".into(),
+                    partition: p,
+                    offset: 0,
+                    generation,
+                });
+            }
+        }
+        assert_eq!(s.commit(&broker, false), Ok(2));
+        assert_eq!(s.commit(&broker, false), Ok(0), "one in flight at a time");
+        s.answered(&Answer {
+            error: None,
+            refused: vec![("jobs".to_owned(), 1, "rebalance in progress".to_owned())],
+        });
+        assert_eq!(s.commit(&broker, false), Ok(1), "partition 1 again");
+        let last = broker.sent.borrow().last().cloned().unwrap();
+        assert_eq!((last[0].partition, last[0].offset), (1, 1));
+    }
+
+    /// After the final commit, closing revokes commit nothing: the
+    /// consumer no longer serves the answer a commit would wait for.
+    #[test]
+    fn a_closed_session_commits_nothing_on_revoke() {
+        let broker = FakeBroker::default();
+        let s = Session::new(None);
+        s.assign(&broker, &[tp(0)]);
+        let origins = take(&s, 1);
+        s.finish(&origins[0]);
+        s.close();
+        assert_eq!(s.revoke(&broker, &[tp(0)]), 0);
+        assert!(broker.committed.borrow().is_empty());
+    }
+}
