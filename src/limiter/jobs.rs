@@ -20,6 +20,7 @@ use super::script::{
     Store,
 };
 use crate::config::Topology;
+use crate::telemetry::events::JobsCallCancelled;
 
 /// One list's answer from [`Limiter::check_jobs_many`]; an error is shared
 /// by every list of the call that failed.
@@ -51,6 +52,24 @@ impl<'a> JobsQuery<'a> {
 }
 
 impl<S: Store> Limiter<S> {
+    /// Runs `call`. A failure after which the script may have run all the
+    /// same (its reply lost) has what it charged given back in the
+    /// background, so that a reply no one read costs no one quota.
+    async fn run_jobs_call(
+        &self,
+        call: &JobsCall,
+    ) -> Result<Vec<JobsReply>, LimiterError<S::Error>> {
+        match self.store.run_jobs(call).await {
+            Ok(replies) => Ok(replies),
+            Err(e) => {
+                if !call.dry_run && S::may_have_run(&e) {
+                    cancel_in_background(self.store.clone(), call.clone());
+                }
+                Err(LimiterError::Store(e))
+            }
+        }
+    }
+
     /// Grants `seller` the longest prefix of `costs` (its waiting jobs'
     /// costs, in order) that fits, on Redis' clock, charging exactly the
     /// granted jobs' units.
@@ -233,11 +252,7 @@ impl<S: Store> Limiter<S> {
             guard: self.guard(&requests),
             requests,
         };
-        let replies = self
-            .store
-            .run_jobs(&call)
-            .await
-            .map_err(LimiterError::Store)?;
+        let replies = self.run_jobs_call(&call).await?;
         let decisions: Vec<BatchDecision> = call
             .requests
             .iter()
@@ -336,11 +351,7 @@ impl<S: Store> Limiter<S> {
             guard: self.guard(std::slice::from_ref(&req)),
             requests: vec![req],
         };
-        let replies = self
-            .store
-            .run_jobs(&call)
-            .await
-            .map_err(LimiterError::Store)?;
+        let replies = self.run_jobs_call(&call).await?;
         // One request went in, and the script answers one reply per
         // request (`JobsReply::many_from_slice` refuses an empty answer).
         let req = call
@@ -515,4 +526,21 @@ pub(super) fn granted_units<'a, E: std::error::Error + 'static>(
             _ => None,
         })
         .collect()
+}
+
+/// Cancels `call` on `store` in a task of its own: the caller has already
+/// moved on (its jobs wait for the next ask).
+fn cancel_in_background<S: Store>(store: S, call: JobsCall) {
+    tokio::spawn(async move {
+        let outcome = store.cancel_jobs(&call).await;
+        let error = outcome.as_ref().err().map(ToString::to_string);
+        let done = outcome.unwrap_or_default();
+        JobsCallCancelled {
+            requests: call.requests.len(),
+            refunded: done.iter().filter(|&&u| u > 0).map(|&u| u as u64).sum(),
+            tombstones: done.iter().filter(|&&u| u < 0).count(),
+            error: error.as_deref(),
+        }
+        .emit();
+    });
 }

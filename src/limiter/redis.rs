@@ -24,7 +24,7 @@ use super::script::{
     call_life_us, release_args, BlockAt, FunctionLibrary, JobsCall, ScriptCall, Store, BLOCK_LUA,
     LIMITER_LUA,
 };
-use crate::telemetry::events::{JobsCallCancelled, LimiterStateLost, RedisCalled};
+use crate::telemetry::events::{LimiterStateLost, RedisCalled};
 
 /// Why a Redis call failed.
 #[derive(Debug, thiserror::Error)]
@@ -103,7 +103,8 @@ pub struct RedisStore {
 /// sent + offset + 3/4 of the timeout: a script that runs in time leaves
 /// its reply a quarter of the timeout to arrive. A reply slower than that
 /// on its way back after the script ran is what the call's cancel is for
-/// (`lua/calls.lua`, [`RedisStore::cancel_in_background`]).
+/// (`lua/calls.lua`, and the limiter's cancel of a call whose reply may be
+/// lost, [`Store::may_have_run`]).
 struct RedisClock {
     /// Redis' µs less ours; `i64::MIN` until a first reply.
     offset_us: std::sync::atomic::AtomicI64,
@@ -462,25 +463,6 @@ impl RedisStore {
     fn call_life_us(&self) -> u64 {
         call_life_us(self.conn.timeout)
     }
-
-    /// Sends the cancel of a jobs call whose answer was lost, without
-    /// holding up its caller; the outcome is logged (`JobsCallCancelled`).
-    fn cancel_in_background(&self, call: &JobsCall) {
-        let this = self.clone();
-        let call = call.clone();
-        tokio::spawn(async move {
-            let outcome = this.cancel_jobs(&call).await;
-            let error = outcome.as_ref().err().map(ToString::to_string);
-            let done = outcome.unwrap_or_default();
-            JobsCallCancelled {
-                requests: call.requests.len(),
-                refunded: done.iter().filter(|&&u| u > 0).map(|&u| u as u64).sum(),
-                tombstones: done.iter().filter(|&&u| u < 0).count(),
-                error: error.as_deref(),
-            }
-            .emit();
-        });
-    }
 }
 
 /// Whether a failed call may have run on the server, so that its charges
@@ -488,7 +470,7 @@ impl RedisStore {
 /// it was sent. Not a refused connection (nothing was sent), not a
 /// script's error reply (the script charged nothing: `EXPIRED`, a bad
 /// request).
-fn may_have_run(e: &RedisError) -> bool {
+fn reply_may_be_lost(e: &RedisError) -> bool {
     match e {
         RedisError::Script(e) => {
             !e.is_connection_refusal()
@@ -643,6 +625,10 @@ fn tcp_settings(timeout: Duration) -> TcpSettings {
 }
 
 impl Store for RedisStore {
+    fn may_have_run(e: &RedisError) -> bool {
+        reply_may_be_lost(e)
+    }
+
     fn unix_us_at(&self, now: tokio::time::Instant) -> Option<u64> {
         self.clock.at(now)
     }
@@ -670,12 +656,9 @@ impl Store for RedisStore {
             .await
         {
             Ok(raw) => raw,
-            Err(e) => {
-                if !call.dry_run && may_have_run(&e) {
-                    self.cancel_in_background(call);
-                }
-                return Err(e);
-            }
+            // The limiter cancels a call whose reply may be lost
+            // (`Store::may_have_run`).
+            Err(e) => return Err(e),
         };
         let answer = JobsAnswer::from_slice(&raw, call.guard.is_some())?;
         if let (true, Some(guard)) = (answer.found_loss, &call.guard) {

@@ -520,8 +520,17 @@ fn push_rules(args: &mut Vec<String>, rules: &[KeyedRule]) {
 }
 
 /// Where the limiter's state lives.
-pub trait Store: Send + Sync {
+pub trait Store: Clone + Send + Sync + 'static {
     type Error: std::error::Error + Send + Sync + 'static;
+
+    /// Whether a failed call may have run on the server all the same, its
+    /// reply lost on the way back (a timeout, a dropped connection): the
+    /// limiter then gives back what a jobs call charged
+    /// ([`cancel_jobs`](Self::cancel_jobs)). A store whose failures always
+    /// come before the script runs says no (the default).
+    fn may_have_run(_e: &Self::Error) -> bool {
+        false
+    }
 
     /// Runs one limiter call.
     fn run(&self, call: &ScriptCall) -> impl Future<Output = Result<Reply, Self::Error>> + Send;

@@ -36,6 +36,7 @@ impl std::error::Error for FaultyError {}
 /// Redis, except that a call with a key containing `fail` fails without
 /// reaching Redis (its master is down), and single calls (`Store::run`,
 /// what shadow rules use) first sleep `slow_run`.
+#[derive(Clone)]
 struct Faulty {
     inner: RedisStore,
     fail: Option<String>,

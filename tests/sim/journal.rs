@@ -113,6 +113,9 @@ pub struct Reach {
     /// A record its partition's previous owner had finished, skipped on
     /// receipt (the commit's metadata or the handoff ledger named it).
     pub inherited_skips: u64,
+    /// A jobs call whose script ran and whose reply was lost (a hang after
+    /// it ran): the limiter cancels it.
+    pub lost_replies: u64,
     /// Not a state to reach, a cost to watch: jobs the downstream answered
     /// with a success twice, with no kill (see
     /// `check::second_successes_without_a_kill`).
@@ -137,11 +140,12 @@ impl Reach {
         self.paced_calls += o.paced_calls;
         self.calls_cut_by_kill += o.calls_cut_by_kill;
         self.inherited_skips += o.inherited_skips;
+        self.lost_replies += o.lost_replies;
         self.again_without_kill += o.again_without_kill;
     }
 
     /// Each count by name.
-    pub fn named(&self) -> [(&'static str, u64); 7] {
+    pub fn named(&self) -> [(&'static str, u64); 8] {
         [
             ("a limiter refusal", self.denials),
             ("a loss of Redis' data found", self.losses_found),
@@ -153,6 +157,7 @@ impl Reach {
                 "a record skipped as finished by its last owner",
                 self.inherited_skips,
             ),
+            ("a reply lost after its script ran", self.lost_replies),
         ]
     }
 }

@@ -395,6 +395,7 @@ pub fn sim_redis() -> EmbeddedRedis {
 /// replies read by the product's own code. A script error is a defect the
 /// simulation reports (a panic of the run), not a Redis fault: the
 /// engine never sends a call the scripts refuse.
+#[derive(Clone)]
 pub struct SimStore {
     pub world: Arc<World>,
     pub dead: Arc<AtomicBool>,
@@ -404,6 +405,20 @@ impl SimStore {
     /// Reaches Redis through the seed's faults; the instant it answers
     /// at, on its clock.
     async fn reach(&self) -> Result<u64, SimRedisError> {
+        match self.reach_or_lose().await? {
+            (at, false) => Ok(at),
+            // Not a jobs call: the hang came before the script.
+            (_, true) => {
+                tokio::time::sleep(REDIS_TIMEOUT).await;
+                Err(SimRedisError::Hung)
+            }
+        }
+    }
+
+    /// As [`reach`](Self::reach), except that in a hang, half the time,
+    /// the script runs before the hang and only its reply is lost: `true`
+    /// then, and the caller runs it, waits out the timeout and fails.
+    async fn reach_or_lose(&self) -> Result<(u64, bool), SimRedisError> {
         if self.dead.load(Ordering::SeqCst) {
             never().await;
         }
@@ -411,7 +426,8 @@ impl SimStore {
         let (lo, hi) = w.faults.redis_latency_us;
         tokio::time::sleep(Duration::from_micros(w.random(lo, hi))).await;
         let at = w.now_ms();
-        if w.faults.redis_hangs.iter().any(|win| win.contains(at)) {
+        let hung = w.faults.redis_hangs.iter().any(|win| win.contains(at));
+        if hung && w.random(0, 1) == 0 {
             tokio::time::sleep(REDIS_TIMEOUT).await;
             return Err(SimRedisError::Hung);
         }
@@ -427,7 +443,7 @@ impl SimStore {
         if w.losses.swap(due, Ordering::SeqCst) < due {
             self.redis().flushall();
         }
-        Ok(w.clock.true_unix_us())
+        Ok((w.clock.true_unix_us(), hung))
     }
 
     fn redis(&self) -> std::sync::MutexGuard<'_, EmbeddedRedis> {
@@ -458,8 +474,13 @@ impl Store for SimStore {
             .unwrap_or_else(|e| script_failed(&format!("{call:?}"), e)))
     }
 
+    /// A hang is a timeout: the script may have run.
+    fn may_have_run(e: &SimRedisError) -> bool {
+        matches!(e, SimRedisError::Hung)
+    }
+
     async fn run_jobs(&self, call: &JobsCall) -> Result<Vec<JobsReply>, SimRedisError> {
-        let at = self.reach().await?;
+        let (at, lost) = self.reach_or_lose().await?;
         // The record's life as the product sends it on Redis' clock.
         let life = call.now_us.is_none().then(|| call_life_us(REDIS_TIMEOUT));
         let answer = self
@@ -476,7 +497,13 @@ impl Store for SimStore {
                     }
                 }
                 log.reach.losses_found += u64::from(answer.found_loss);
+                log.reach.lost_replies += u64::from(lost);
             });
+        }
+        if lost {
+            // The script ran; its reply never arrives.
+            tokio::time::sleep(REDIS_TIMEOUT).await;
+            return Err(SimRedisError::Hung);
         }
         Ok(answer.replies)
     }
