@@ -86,7 +86,7 @@ pub fn second_successes_without_a_kill(out: &Outcome) -> usize {
 /// retry tier's delay and a minute) and every process stopped gracefully:
 /// no job in any process's memory, no record parked, every partition
 /// committed to its log's end (a lag of 0), every process stopped within
-/// its timeout.
+/// its timeout, no slot of `max_in_flight` held in Redis.
 pub fn nothing_left(out: &Outcome) -> Vec<String> {
     if out.settled_ms.is_none() {
         // Invariant 2 reports what never finished.
@@ -104,6 +104,11 @@ pub fn nothing_left(out: &Outcome) -> Vec<String> {
         v.push(format!(
             "11. {} processes did not stop gracefully within 60 s",
             e.unstopped
+        ));
+    }
+    for (seller, held) in &e.held_slots {
+        v.push(format!(
+            "11. every process stopped, yet {seller} still holds {held} slots of its max_in_flight in Redis"
         ));
     }
     for ((topic, p), committed, end) in &e.behind {

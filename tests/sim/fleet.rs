@@ -372,7 +372,8 @@ async fn run_async(sc: &Scenario, fleet: &Fleet) -> Outcome {
     for m in members {
         summaries.push(m.inc.stop().await);
     }
-    let end = super::run::End::of(&summaries, &world.broker);
+    let mut end = super::run::End::of(&summaries, &world.broker);
+    end.held_slots = super::run::held_slots(sc, &world, &policy);
     let summary = summaries.into_iter().flatten().last();
     let end_ms = world.now_ms();
     let log = world.journal.with(std::mem::take);

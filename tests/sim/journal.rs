@@ -56,6 +56,8 @@ pub struct Log {
     pub starts: Vec<u64>,
     /// When a process was killed (kill -9), in virtual ms.
     pub kills: Vec<u64>,
+    /// When a graceful stop abandoned work under way at its timeout.
+    pub abandoned: Vec<u64>,
     /// When each record was finished by the process it was last delivered
     /// to (a journal sequence number); cleared at each delivery.
     pub finished: BTreeMap<(Tp, i64), u64>,

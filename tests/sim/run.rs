@@ -80,6 +80,9 @@ pub struct End {
     /// Partitions whose committed offset is short of their log's end:
     /// (partition, committed, end).
     pub behind: Vec<(Tp, i64, i64)>,
+    /// Sellers with slots of `max_in_flight` still held in Redis at the
+    /// end that no kill or data loss explains (see [`held_slots`]).
+    pub held_slots: Vec<(String, i64)>,
 }
 
 impl End {
@@ -99,8 +102,67 @@ impl End {
                     (committed < end).then(|| (tp.clone(), committed, end))
                 })
                 .collect(),
+            held_slots: Vec::new(),
         }
     }
+}
+
+/// Each capped seller's slots still held in Redis once every process has
+/// stopped gracefully, beyond what a kill, a loss of Redis' data or a
+/// failed return leaves: a lease lapses one `limits.slot_lease` after its
+/// grant, so a lease of a killed process (or of work a graceful stop
+/// abandoned at its timeout), a loss's placeholder, or a lease whose return
+/// failed while Redis was down, lapses by one lease after the last kill,
+/// abandonment, loss or Redis fault. Any lease that outlives that and the end was not
+/// given back by a process that stopped gracefully.
+pub fn held_slots(sc: &Scenario, world: &World, policy: &Policy) -> Vec<(String, i64)> {
+    let keys = KeySpace::with_layout("sim", sc.state);
+    let lease_us = policy.slot_lease().as_micros() as u64;
+    let last_us = |ms: Option<u64>| ms.map_or(0, |ms| super::clock::EPOCH_US + ms * 1_000);
+    let kill = last_us(
+        world
+            .journal
+            .with(|log| log.kills.iter().chain(&log.abandoned).copied().max()),
+    );
+    let loss = last_us(world.faults.state_losses.iter().copied().max());
+    // A return that fails (Redis down or hung) leaves its slots to lapse.
+    let fault = last_us(
+        world
+            .faults
+            .redis_errors
+            .iter()
+            .chain(&world.faults.redis_hangs)
+            .map(|w| w.to_ms)
+            .max(),
+    );
+    let now = world.clock.true_unix_us();
+    let after = now.max(kill.max(loss).max(fault) + lease_us);
+    let redis = world.redis.lock().unwrap_or_else(|p| p.into_inner());
+    sc.sellers
+        .iter()
+        .filter(|s| s.max_in_flight.is_some())
+        .filter_map(|s| {
+            let key = keys.slots(&s.name);
+            let held = match redis.command(&["ZCOUNT", &key, &format!("({after}"), "+inf"], now) {
+                Ok(crate::lua_redis::Reply::Int(n)) => n,
+                other => panic!("ZCOUNT {key}: {other:?}"),
+            };
+            if held > 0 && std::env::var_os("SIM_TRACE").is_some() {
+                let leases = redis.command(
+                    &[
+                        "ZRANGEBYSCORE",
+                        &key,
+                        &format!("({after}"),
+                        "+inf",
+                        "WITHSCORES",
+                    ],
+                    now,
+                );
+                println!("held at the end ({now} µs): {key}: {leases:?}");
+            }
+            (held > 0).then(|| (s.name.clone(), held))
+        })
+        .collect()
 }
 
 thread_local! {
@@ -133,6 +195,7 @@ pub struct Incarnation {
     pub parts: mpsc::UnboundedSender<throttle_worker::kafka::consumer::PartitionEvent>,
     pub engine: JoinHandle<Summary>,
     pub shutdown: Option<oneshot::Sender<()>>,
+    world: Arc<World>,
 }
 
 impl Incarnation {
@@ -152,6 +215,12 @@ impl Incarnation {
             _ => None,
         };
         self.dead.store(true, Ordering::SeqCst);
+        // Work still under way at `worker.shutdown_timeout` is abandoned
+        // like a kill's: its records stay uncommitted, its slots lapse.
+        if summary.as_ref().is_none_or(|s| s.abandoned > 0) {
+            let at = self.world.now_ms();
+            self.world.journal.with(|log| log.abandoned.push(at));
+        }
         summary
     }
 }
@@ -251,6 +320,7 @@ pub fn start(
     source.assign(initial, &part_tx);
     tokio::spawn(deliver(source.clone(), rec_tx));
     Incarnation {
+        world: world.clone(),
         dead,
         source,
         parts: part_tx,
@@ -498,7 +568,8 @@ async fn run_async(sc: &Scenario) -> Outcome {
     if let Some(inc) = current.take() {
         summary = inc.stop().await;
     }
-    let end = End::of(std::slice::from_ref(&summary), &broker);
+    let mut end = End::of(std::slice::from_ref(&summary), &broker);
+    end.held_slots = held_slots(sc, &world, &policy);
     let end_ms = clock.elapsed_ms();
     let log = journal.with(std::mem::take);
     Outcome {
