@@ -26,6 +26,8 @@ MUTATIONS=(
   $'1\tlua/common.lua\ts/(local function lost_fill\\(r, lost, now\\)\\n)/$1  do return end\\n/\tRedis losing its data: the lost state read as fresh (what redis.on_state_loss = admit does; the simulation runs the Lua, so the Lua is broken, not its Rust model)'
   $'10\tsrc/worker/run.rs\ts/if head\.go_at > now \{/if false \&\& head.go_at > now {/\ta paced job goes the moment it is granted, not at its go-at (issue 33: it passed every seed while invariant 1 trusted X-Granted-At)'
   $'11\tsrc/kafka/offsets.rs\ts/Some\(done\) if self\.open\.is_empty\(\) => Some\(self\.past_inherited\(done \+ 1\)\)/Some(done) if self.open.is_empty() => Some(self.past_inherited(done))/\ta partition whose every record is finished commits one short of its end (a lag of 1 that never drains)'
+  $'11\tsrc/worker/slots.rs\ts/(    while let Some\\(first\\) = queued\\.recv\\(\\)\\.await \\{\\n)/$1        if first.1.len() < usize::MAX { continue; }\\n/\tslots of max_in_flight are never given back (each lapses with its lease)'
+  $'12\tsrc/kafka/session.rs\ts/if t\\.offsets\\.inherited_done\\(topic, partition, offset\\) \\{/if false \\&\\& t.offsets.inherited_done(topic, partition, offset) {/\ta new owner does again what its partition\'s last owner finished (the commit\'s metadata and the handoff ledger ignored)'
   $'7\tsrc/worker/timers.rs\ts/Duration::from_millis\\(unix_ms_at\\.saturating_sub\\(clock\\.unix_ms\\(\\)\\)\\)/Duration::from_millis(unix_ms_at - clock.unix_ms())/\ta wall-clock wait read as an unsigned difference (a clock step backwards wraps)'
 )
 
