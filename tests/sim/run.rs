@@ -109,12 +109,13 @@ impl End {
 
 /// Each capped seller's slots still held in Redis once every process has
 /// stopped gracefully, beyond what a kill, a loss of Redis' data or a
-/// failed return leaves: a lease lapses one `limits.slot_lease` after its
-/// grant, so a lease of a killed process (or of work a graceful stop
-/// abandoned at its timeout), a loss's placeholder, or a lease whose return
-/// failed while Redis was down, lapses by one lease after the last kill,
-/// abandonment, loss or Redis fault. Any lease that outlives that and the end was not
-/// given back by a process that stopped gracefully.
+/// failed return leaves. A lease lapses one `limits.slot_lease` after its
+/// job's go-at, which is at most `worker.max_inline_delay` after its grant.
+/// So a lease of a killed process (or of work a graceful stop abandoned at
+/// its timeout), a loss's placeholder, or a lease whose return failed
+/// while Redis was down, lapses by that long after the last kill,
+/// abandonment, loss or Redis fault. A lease that outlives that and the
+/// end was not given back by a process that stopped gracefully.
 pub fn held_slots(sc: &Scenario, world: &World, policy: &Policy) -> Vec<(String, i64)> {
     let keys = KeySpace::with_layout("sim", sc.state);
     let lease_us = policy.slot_lease().as_micros() as u64;
@@ -135,8 +136,11 @@ pub fn held_slots(sc: &Scenario, world: &World, policy: &Policy) -> Vec<(String,
             .map(|w| w.to_ms)
             .max(),
     );
+    // A lease runs from its job's go-at, which a grant may set ahead of
+    // the grant, by at most what the worker holds a job in memory.
+    let ahead_us = sc.settings().worker.max_inline_delay.as_micros() as u64;
     let now = world.clock.true_unix_us();
-    let after = now.max(kill.max(loss).max(fault) + lease_us);
+    let after = now.max(kill.max(loss).max(fault) + ahead_us + lease_us);
     let redis = world.redis.lock().unwrap_or_else(|p| p.into_inner());
     sc.sellers
         .iter()
