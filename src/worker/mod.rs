@@ -23,20 +23,21 @@
 //! [`run`] checks every dependency at startup, then runs the engine until
 //! the shutdown future resolves.
 
-mod admit;
+mod admission;
 pub mod engine;
 pub mod ledger;
 pub mod memory;
 mod outage;
 mod partitions;
-mod paused;
+mod pending;
 pub mod permit;
+mod pool;
 pub mod ports;
 pub mod reload;
-mod retry;
-mod run;
-mod sellers;
+mod scheduler;
+mod seller;
 pub mod slots;
+mod tiers;
 mod timers;
 
 use std::future::Future;
@@ -54,7 +55,8 @@ use crate::telemetry::events::{PausesRead, SharedState, SharedStateUnreadable};
 use crate::telemetry::http;
 use crate::telemetry::trace::Export;
 
-pub use engine::{Deps, Engine, Pending, Summary};
+pub use engine::{Deps, Engine, Summary};
+pub use pending::Pending;
 pub use permit::{OnLimiterError, PermitError, Permits, SellerInfo};
 pub use ports::{Caller, Clock, CommitError, Live, Ports, Source, SystemClock, WriteError, Writer};
 

@@ -10,17 +10,18 @@ use tokio::time::Instant;
 
 use crate::backoff::backoff_with;
 use crate::downstream::{Answer, RetryAfter};
-use crate::kafka::consumer::TopicPartition;
+use crate::kafka::consumer::{Origin, TopicPartition};
 use crate::telemetry::events::{
     DownstreamFailed, DownstreamThrottled, JobDone, RevokedWorkDropped,
 };
 
-use super::engine::{Engine, Event, Pending};
-use super::outage::Health;
-use super::ports::{Caller, Clock, Permits, Ports, Source};
-use super::retry::Target;
-use super::sellers::Phase;
-use super::timers::{after, Timer};
+use super::super::outage::Health;
+use super::super::pending::Pending;
+use super::super::pool::Slots;
+use super::super::ports::{Caller, Clock, Permits, Ports, Source};
+use super::super::tiers::Target;
+use super::super::timers::{after, Timer};
+use super::{Engine, Event};
 
 /// A job of a run: its place in the run, its `X-Granted-At`, the job.
 type Granted = (usize, Option<u64>, Pending);
@@ -29,8 +30,8 @@ type Granted = (usize, Option<u64>, Pending);
 /// answered (the worker's own backoff grows with them).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Throttle {
-    pub(super) retry_after: RetryAfter,
-    pub(super) attempts: u32,
+    retry_after: RetryAfter,
+    attempts: u32,
 }
 
 impl<X: Ports> Engine<X> {
@@ -38,11 +39,10 @@ impl<X: Ports> Engine<X> {
     /// (so one seller's jobs of a partition reach the downstream in offset
     /// order), the partitions side by side (so every job is called close to
     /// its grant, which is what keeps the downstream's view of the rate
-    /// exact). Each job comes with its grant's instant on the limiter's
-    /// clock (`X-Granted-At`; none when no store decided: fail-open,
-    /// local). A 429 stops the whole run; what was not called comes back in
-    /// order. Every job holds a slot, taken by the caller, and gives it back
-    /// with its answer, or when its chain stops short of it.
+    /// exact). Each job comes with its slot and its grant's instant on the
+    /// limiter's clock (`X-Granted-At`; none when no store decided:
+    /// fail-open, local). A 429 stops the whole run; what was not called
+    /// comes back in order, its slots given back as its chain stops.
     pub(super) fn spawn_run(&mut self, seller: Arc<str>, batch: Vec<(Option<u64>, Pending)>) {
         let (caller, tx, source, permits, clock) = (
             self.deps.caller.clone(),
@@ -52,47 +52,42 @@ impl<X: Ports> Engine<X> {
             self.deps.clock.clone(),
         );
         self.tasks += 1;
-        // Each job with its place in the run, to put back what a 429 left.
-        let mut chains: Vec<(TopicPartition, Vec<Granted>)> = Vec::new();
-        for (i, (granted_at, p)) in batch.into_iter().enumerate() {
-            let part = TopicPartition::new(p.origin.topic.clone(), p.origin.partition);
-            match chains.iter_mut().find(|(k, _)| *k == part) {
-                Some((_, chain)) => chain.push((i, granted_at, p)),
-                None => chains.push((part, vec![(i, granted_at, p)])),
-            }
-        }
+        let chains = chains(batch);
         tokio::spawn(async move {
             let throttles: Mutex<Vec<Throttle>> = Mutex::new(Vec::new());
             let stopped = || throttles.lock().map_or(true, |t| !t.is_empty());
             // An operator's pause stops every chain before its next call.
             let paused = || permits.paused(&seller, clock.unix_ms()).is_some();
-            let runs = chains.into_iter().map(|(_, chain)| {
-                let (caller, tx, seller, throttles, source, paused) =
-                    (&caller, &tx, &seller, &throttles, &source, &paused);
+            // A revoked job is not called: its new owner does.
+            let go = |o: &Origin| !stopped() && !paused() && source.owns(o);
+            let runs = chains.into_iter().map(|chain| {
+                let (caller, tx, seller, throttles, go) = (&caller, &tx, &seller, &throttles, &go);
                 async move {
                     let mut unused = Vec::new();
                     let mut jobs = chain.into_iter();
                     while let Some((i, granted_at, p)) = jobs.next() {
-                        // A revoked job is not called: its new owner does.
-                        if stopped() || paused() || !source.owns(&p.origin) {
+                        if !go(&p.origin) {
                             unused.push((i, p));
                             continue;
                         }
                         match caller.call(&p.job, granted_at).await {
                             Answer::Throttled(retry_after) => {
                                 if let Ok(mut t) = throttles.lock() {
+                                    let attempts = p.attempts;
                                     t.push(Throttle {
                                         retry_after,
-                                        attempts: p.attempts,
+                                        attempts,
                                     });
                                 }
                                 unused.push((i, p));
                                 unused.extend(jobs.by_ref().map(|(i, _, p)| (i, p)));
                             }
                             outcome => {
+                                let pending = p;
+                                let seller = seller.clone();
                                 let _ = tx.send(Event::Called {
-                                    seller: seller.clone(),
-                                    pending: p,
+                                    seller,
+                                    pending,
                                     outcome,
                                 });
                             }
@@ -100,11 +95,8 @@ impl<X: Ports> Engine<X> {
                     }
                     // The jobs this chain will not call give their slots
                     // back now, not when the run's slowest chain ends.
-                    if !unused.is_empty() {
-                        let _ = tx.send(Event::ChainStopped {
-                            seller: seller.clone(),
-                            slots: unused.len(),
-                        });
+                    if let Some(slots) = slots_of(&mut unused) {
+                        let _ = tx.send(Event::ChainStopped { slots });
                     }
                     unused
                 }
@@ -131,65 +123,43 @@ impl<X: Ports> Engine<X> {
     pub(super) fn call_paced(&mut self, key: &Arc<str>) {
         if self.pause_of(key).is_some() {
             // Granted before the pause; asked for again after it.
-            self.unpace(key);
+            self.scheduler.unpace(key);
             return self.ask_if_ready(key);
         }
         let now = self.deps.clock.now();
         let source = self.deps.source.clone();
-        let mut due = Vec::new();
-        let mut gone = Vec::new();
-        let Some(seller) = self.sellers.map.get_mut(key) else {
-            return;
-        };
-        while let Some(head) = seller.paced.front() {
-            if head.go_at > now {
-                self.timers.at(head.go_at, Timer::Paced(key.clone()));
-                break;
-            }
-            if !source.owns(&head.pending.origin) {
-                gone.extend(seller.paced.pop_front());
-                continue;
-            }
-            if self.sellers.slots_free == 0 {
-                if !seller.wants_paced_slot {
-                    seller.wants_paced_slot = true;
-                    self.sellers.paced_waiters.push_back(key.clone());
-                }
-                break;
-            }
-            self.sellers.slots_free -= 1;
-            seller.reserved += 1;
-            seller.runs += 1;
-            due.extend(seller.paced.pop_front());
+        let owns = |o: &Origin| source.owns(o);
+        let due = self.scheduler.due_paced(key, now, &owns);
+        if let Some(at) = due.next_at {
+            self.timers.at(at, Timer::Paced(key.clone()));
         }
-        seller.settle_phase();
-        let idle = seller.phase == Phase::Idle;
-        for q in &gone {
-            self.memory.remove(q.pending.bytes);
+        for p in &due.gone {
+            self.forget(p);
         }
-        if !gone.is_empty() {
+        if !due.gone.is_empty() {
             RevokedWorkDropped {
-                jobs: gone.len(),
+                jobs: due.gone.len(),
                 stage: "paced",
             }
             .emit();
         }
-        for q in due {
-            self.spawn_run(key.clone(), vec![(Some(q.granted_at_us), q.pending)]);
+        for (granted_at, p) in due.run {
+            self.spawn_run(key.clone(), vec![(Some(granted_at), p)]);
         }
-        if idle {
+        if due.idle {
             self.ask_if_ready(key);
         }
     }
 
+    /// A call's answer: done, dead-lettered, held for an outage, or backed
+    /// off for another attempt.
     pub(super) fn on_called(&mut self, key: Arc<str>, mut p: Pending, outcome: Answer) {
-        // Answered: its slot of the seller's max_in_flight goes back.
+        // Answered: its slots (the downstream's, its seller's
+        // max_in_flight) go back.
         p.lease = None;
+        p.slot = None;
         p.attempts += 1;
-        if let Some(seller) = self.sellers.get_mut(&key) {
-            seller.reserved = seller.reserved.saturating_sub(1);
-        }
-        self.release(1);
+        self.serve_turns();
         let now = self.deps.clock.now();
         // What the answer says of the downstream as a whole, whoever owns
         // the job now.
@@ -206,89 +176,86 @@ impl<X: Ports> Engine<X> {
             | Answer::Throttled(_) => Health::Answered,
         };
         let reached_nothing = matches!(outcome, Answer::Unreachable { .. });
-        let woken = self.outage.record(health, now);
-        for seller in woken {
+        for seller in self.outage.record(health, now) {
             self.ask_if_ready(&seller);
         }
         if !self.deps.source.owns(&p.origin) {
             // The partition moved on while the call was out: its new owner
             // has the record and decides; no retry, no dead letter from here.
-            self.memory.remove(p.bytes);
+            self.forget(&p);
             return RevokedWorkDropped {
                 jobs: 1,
                 stage: "answer",
             }
             .emit();
         }
+        self.scheduler.called(&key, matches!(outcome, Answer::Done));
         match outcome {
             Answer::Done => {
-                if let Some(seller) = self.sellers.get_mut(&key) {
-                    seller.throttles_in_a_row = 0;
-                }
                 JobDone {
                     job_id: &p.job.job_id,
                     attempts: p.attempts,
                 }
                 .emit();
                 self.deps.source.finish(&p.origin);
-                self.memory.remove(p.bytes);
+                self.forget(&p);
             }
             Answer::Fatal { status, reason } => {
                 let reason = match status {
                     Some(s) => format!("downstream refused the job with HTTP {s}: {reason}"),
                     None => format!("downstream refused the job: {reason}"),
                 };
-                self.write_pending(
-                    p,
-                    Target::DeadLetter {
-                        kind: "downstream_rejected",
-                        reason,
-                    },
-                );
+                let kind = "downstream_rejected";
+                self.write_pending(p, Target::DeadLetter { kind, reason });
             }
             Answer::Unavailable { .. } => self.hold_for_outage(key, p),
             Answer::Unreachable { .. } if self.outage.is_open() => self.hold_for_outage(key, p),
             Answer::Retryable { reason } | Answer::Unreachable { reason } => {
-                let max = self.settings.downstream.max_attempts;
-                // A call that reached nothing, when the downstream answered
-                // nothing else since this job's previous failure, cannot be
-                // told from a dead downstream: it spends no attempt (the job
-                // waits with its backoff). Judged against the previous
-                // failure, not the first: answers between two outages (a
-                // 429, say) do not make the attempts of the first one count.
-                let previous = p.last_failed_at.replace(now);
-                if reached_nothing && previous.is_some_and(|at| !self.outage.answered_since(at)) {
-                    p.attempts = p.attempts.saturating_sub(1);
-                }
-                if p.attempts >= max {
-                    let reason = format!("downstream failed {} times (downstream.max_attempts = {max}); last: {reason}", p.attempts);
-                    return self.write_pending(
-                        p,
-                        Target::DeadLetter {
-                            kind: "attempts_exhausted",
-                            reason,
-                        },
-                    );
-                }
-                p.failures_in_a_row += 1;
-                let d = &self.settings.downstream;
-                let step = p.failures_in_a_row.max(p.attempts);
-                let wait = backoff_with(step, d.backoff_base, d.backoff_max, &mut self.rng);
-                DownstreamFailed {
-                    job_id: &p.job.job_id,
-                    attempts: p.attempts,
-                    reason: &reason,
-                    backoff: wait,
-                }
-                .emit();
-                let at = after(self.deps.clock.now(), wait);
-                self.sellers.entry(&key).delayed.push((at, p));
-                self.timers.at(at, Timer::Seller(key));
+                self.failed(key, p, reached_nothing, &reason)
             }
             Answer::Throttled(_) => {
                 unreachable!("a run ends at a 429 and returns the job as unused")
             }
         }
+    }
+
+    /// A call that failed in a way another attempt may fix: backed off, or
+    /// dead-lettered once `downstream.max_attempts` are spent.
+    fn failed(&mut self, key: Arc<str>, mut p: Pending, reached_nothing: bool, reason: &str) {
+        let now = self.deps.clock.now();
+        let max = self.settings.downstream.max_attempts;
+        // A call that reached nothing, when the downstream answered
+        // nothing else since this job's previous failure, cannot be told
+        // from a dead downstream: it spends no attempt (the job waits with
+        // its backoff). Judged against the previous failure, not the
+        // first: answers between two outages (a 429, say) do not make the
+        // attempts of the first one count.
+        let previous = p.last_failed_at.replace(now);
+        if reached_nothing && previous.is_some_and(|at| !self.outage.answered_since(at)) {
+            p.attempts = p.attempts.saturating_sub(1);
+        }
+        if p.attempts >= max {
+            let reason = format!(
+                "downstream failed {} times (downstream.max_attempts = {max}); last: {reason}",
+                p.attempts
+            );
+            let kind = "attempts_exhausted";
+            return self.write_pending(p, Target::DeadLetter { kind, reason });
+        }
+        p.failures_in_a_row += 1;
+        let d = &self.settings.downstream;
+        let step = p.failures_in_a_row.max(p.attempts);
+        let wait = backoff_with(step, d.backoff_base, d.backoff_max, &mut self.rng);
+        DownstreamFailed {
+            job_id: &p.job.job_id,
+            attempts: p.attempts,
+            reason,
+            backoff: wait,
+        }
+        .emit();
+        let at = after(now, wait);
+        self.scheduler.back_off(&key, at, p);
+        self.timers.at(at, Timer::Seller(key));
     }
 
     /// A job whose call failed while the downstream is out of service: it
@@ -299,53 +266,39 @@ impl<X: Ports> Engine<X> {
         p.last_failed_at = None;
         p.failures_in_a_row = 0;
         let now = self.deps.clock.now();
-        self.sellers.entry(&key).delayed.push((now, p));
+        self.scheduler.back_off(&key, now, p);
         self.ask_if_ready(&key);
     }
 
+    /// A run ended: what it did not call waits again (every slot of the
+    /// run is back already: a called job's with its answer, the others'
+    /// when their chain stopped), and its 429s hold the seller.
     pub(super) fn on_run_ended(
         &mut self,
         key: Arc<str>,
         unused: Vec<Pending>,
         throttled: Vec<Throttle>,
     ) {
-        let before = unused.len();
         let source = self.deps.source.clone();
+        let owns = |o: &Origin| source.owns(o);
         let (unused, gone): (Vec<Pending>, Vec<Pending>) =
-            unused.into_iter().partition(|p| source.owns(&p.origin));
+            unused.into_iter().partition(|p| owns(&p.origin));
         for p in &gone {
-            self.memory.remove(p.bytes);
+            self.forget(p);
         }
         if !gone.is_empty() {
             RevokedWorkDropped {
-                jobs: before - unused.len(),
+                jobs: gone.len(),
                 stage: "run",
             }
             .emit();
         }
-        let seller = self.sellers.entry(&key);
-        seller.runs = seller.runs.saturating_sub(1);
-        // Every slot of the run is back already: a called job's with its
-        // answer, the others' when their chain stopped.
-        let mut back = unused;
-        if !throttled.is_empty() {
-            // The downstream refuses the seller now: its paced jobs wait
-            // again with the rest (their units are lost, as a 429's are).
-            for q in std::mem::take(&mut seller.paced) {
-                if source.owns(&q.pending.origin) {
-                    back.push(q.pending);
-                } else {
-                    self.memory.remove(q.pending.bytes);
-                }
-            }
+        let paced_gone = self
+            .scheduler
+            .run_ended(&key, unused, !throttled.is_empty(), &owns);
+        for p in &paced_gone {
+            self.forget(p);
         }
-        let seller = self.sellers.entry(&key);
-        for mut p in back.into_iter().rev() {
-            // Not called: asked for again, its slot given back meanwhile.
-            p.lease = None;
-            seller.queue.push_front(p);
-        }
-        seller.settle_phase();
         // A 429 is an answer: the downstream is up. A probe that ended
         // without an answer lets the next seller probe.
         self.outage.probe_dropped(&key);
@@ -365,25 +318,20 @@ impl<X: Ports> Engine<X> {
             .emit();
             let now = self.deps.clock.now();
             self.hold(&key, after(now, wait));
-            // Share the 429 with every replica through the limiter.
-            let (permits, seller_id) = (self.deps.permits.clone(), key.clone());
-            tokio::spawn(async move {
-                if let Err(e) = permits.block(&seller_id, wait).await {
-                    tracing::warn!(error = %e, "could not share the downstream's 429 through Redis; other replicas learn it from their own calls");
-                }
-            });
+            self.share_throttle(key.clone(), wait);
         }
         self.ask_if_ready(&key);
     }
 
-    /// A chain of a run stopped (a 429, a revoke) with `slots` jobs it will
-    /// not call: their slots go to whoever waits, while the run's other
-    /// chains finish.
-    pub(super) fn on_chain_stopped(&mut self, key: &Arc<str>, slots: usize) {
-        if let Some(seller) = self.sellers.get_mut(key) {
-            seller.reserved = seller.reserved.saturating_sub(slots);
-        }
-        self.release(slots);
+    /// Shares a 429 with every replica through the limiter, in a task the
+    /// drain awaits.
+    fn share_throttle(&mut self, seller: Arc<str>, wait: Duration) {
+        let (permits, tx) = (self.deps.permits.clone(), self.tx.clone());
+        self.tasks += 1;
+        tokio::spawn(async move {
+            let result = permits.block(&seller, wait).await;
+            let _ = tx.send(Event::Shared { result });
+        });
     }
 
     /// The hold a run's 429s ask for: the longest. A 429 that names no
@@ -397,9 +345,7 @@ impl<X: Ports> Engine<X> {
         }
         let d = &self.settings.downstream;
         let (base, max) = (d.backoff_base, d.backoff_max);
-        let seller = self.sellers.entry(key);
-        seller.throttles_in_a_row = seller.throttles_in_a_row.saturating_add(1);
-        let in_a_row = seller.throttles_in_a_row;
+        let in_a_row = self.scheduler.throttled(key);
         let rng = &mut self.rng;
         throttled
             .iter()
@@ -416,18 +362,39 @@ impl<X: Ports> Engine<X> {
     pub(super) fn hold(&mut self, key: &Arc<str>, until: Instant) {
         let now = self.deps.clock.now();
         let max_inline = self.settings.worker.max_inline_delay;
-        let Some(seller) = self.sellers.get_mut(key) else {
+        let Some((until, waiting)) = self.scheduler.hold(key, until, now, max_inline) else {
             return;
         };
-        let until = seller.blocked_until.map_or(until, |t| t.max(until));
-        seller.blocked_until = Some(until);
         let wait = until.saturating_duration_since(now);
-        if wait > max_inline {
-            let waiting: Vec<Pending> = seller.queue.drain(..).collect();
-            for p in waiting {
-                self.defer(p, wait);
-            }
+        for p in waiting {
+            self.defer(p, wait);
         }
         self.timers.at(until, Timer::Seller(key.clone()));
     }
+}
+
+/// A run's jobs by partition, each with its place in the run (to put back
+/// in order what a 429 left).
+fn chains(batch: Vec<(Option<u64>, Pending)>) -> Vec<Vec<Granted>> {
+    let mut chains: Vec<(TopicPartition, Vec<Granted>)> = Vec::new();
+    for (i, (granted_at, p)) in batch.into_iter().enumerate() {
+        let part = TopicPartition::new(p.origin.topic.clone(), p.origin.partition);
+        match chains.iter_mut().find(|(k, _)| *k == part) {
+            Some((_, chain)) => chain.push((i, granted_at, p)),
+            None => chains.push((part, vec![(i, granted_at, p)])),
+        }
+    }
+    chains.into_iter().map(|(_, chain)| chain).collect()
+}
+
+/// The downstream slots of jobs a chain will not call, together.
+fn slots_of(unused: &mut [(usize, Pending)]) -> Option<Slots> {
+    let mut all: Option<Slots> = None;
+    for slot in unused.iter_mut().filter_map(|(_, p)| p.slot.take()) {
+        match &mut all {
+            Some(all) => all.join(slot),
+            None => all = Some(slot),
+        }
+    }
+    all
 }

@@ -1,36 +1,19 @@
-//! The retry tiers and the dead-letter topic: records parked until their
-//! tier releases them, jobs deferred to a tier, and the writes, which
-//! finish a record only once the broker acknowledged them.
+//! Writes to the retry tiers and the dead-letter topic, which finish a
+//! record only once the broker acknowledged them; and a job deferred to the
+//! tier that fits its wait ([`super::super::tiers`] chooses it).
 
-use std::collections::{BTreeMap, VecDeque};
-use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::{RetryTier, Settings};
 use crate::job::Job;
-use crate::kafka::consumer::{Origin, TopicPartition};
+use crate::kafka::consumer::Origin;
 use crate::kafka::{OriginalRecord, Verdict};
 use crate::telemetry::events::{JobDeadLettered, JobDeferred, RecordTooLarge, RevokedWorkDropped};
 
-use super::engine::{Engine, Event, Pending};
-use super::ports::{Clock, Ports, Source, WriteError, Writer};
-use super::timers::{after, ceil_ms, until_ms, Timer};
-
-/// Where a record goes.
-#[derive(Debug, Clone)]
-pub(super) enum Target {
-    DeadLetter {
-        /// The metric's label: see [`JobDeadLettered::kind`].
-        kind: &'static str,
-        reason: String,
-    },
-    /// A retry tier's topic: taken up at `release_at`, run from `not_before`.
-    Retry {
-        topic: String,
-        not_before_unix_ms: u64,
-        release_at_unix_ms: u64,
-    },
-}
+use super::super::pending::Pending;
+use super::super::ports::{Clock, Ports, Source, WriteError, Writer};
+use super::super::tiers::Target;
+use super::super::timers::{after, until_ms};
+use super::{Engine, Event};
 
 /// A record to write to a retry tier or the dead-letter topic; the job
 /// counts as finished only once the broker acknowledged it.
@@ -52,130 +35,11 @@ pub(super) struct PendingWrite {
 /// The ids a dead letter names in its headers, when the record parsed.
 #[derive(Debug)]
 pub(super) struct Named {
-    pub(super) job_id: String,
-    pub(super) seller: String,
-}
-
-/// A retry-tier record held until its release time.
-#[derive(Debug)]
-pub(super) struct Parked {
-    pub(super) release_at_unix_ms: u64,
-    pub(super) not_before_unix_ms: Option<u64>,
-    pub(super) pending: Pending,
-}
-
-/// The tiers, and the records parked on them.
-#[derive(Debug)]
-pub(super) struct Retry {
-    /// Retry-tier records not yet released, per partition, in offset order
-    /// (which is release order within a tier); the partition is paused
-    /// while it has any. Ordered for a replayable walk.
-    pub(super) parked: BTreeMap<TopicPartition, VecDeque<Parked>>,
-    /// The retry tiers, shortest first.
-    tiers: Vec<RetryTier>,
-}
-
-impl Retry {
-    pub(super) fn new(settings: &Settings) -> Retry {
-        Retry {
-            parked: BTreeMap::new(),
-            tiers: settings.kafka.retry_tiers(),
-        }
-    }
-
-    /// Whether holding a record of `topic` for `wait_ms` stays within its
-    /// tier's delay (plus a second for clocks and transit).
-    pub(super) fn holds_at_most(&self, topic: &str, wait_ms: u64) -> bool {
-        self.hold_bound_ms(topic).is_some_and(|b| wait_ms <= b)
-    }
-
-    /// The longest a record of `topic` may be held: its tier's delay plus
-    /// a second for clocks and transit; `None` for a topic of no tier.
-    fn hold_bound_ms(&self, topic: &str) -> Option<u64> {
-        self.tiers
-            .iter()
-            .find(|t| t.topic == topic)
-            .map(|t| ceil_ms(t.delay).saturating_add(1000))
-    }
+    job_id: String,
+    seller: String,
 }
 
 impl<X: Ports> Engine<X> {
-    /// A retry-tier record taken up (or a fresh one): run it when due. A
-    /// short remaining wait is held in memory, without holding the
-    /// partition; a longer one hops to the tier that fits it.
-    pub(super) fn take_up(&mut self, pending: Pending, not_before: Option<u64>) {
-        let remaining = match not_before {
-            Some(nb) => until_ms(self.fleet_ms(), nb),
-            None => Duration::ZERO,
-        };
-        if remaining.is_zero() {
-            return self.enqueue(pending);
-        }
-        if remaining > self.settings.worker.max_inline_delay {
-            return self.defer(pending, remaining);
-        }
-        let key: Arc<str> = Arc::from(pending.job.seller_id.as_str());
-        let at = after(self.deps.clock.now(), remaining);
-        self.sellers.entry(&key).delayed.push((at, pending));
-        self.timers.at(at, Timer::Seller(key));
-    }
-
-    /// A retry-tier record not yet released: hold it and pause its
-    /// partition, so that waiting neither spins nor holds up other
-    /// partitions. Records behind it in the partition are released later
-    /// (a tier's release times ascend), so none waits behind the head.
-    pub(super) fn park(&mut self, parked: Parked) {
-        let origin = &parked.pending.origin;
-        let part = TopicPartition::new(origin.topic.clone(), origin.partition);
-        let release = parked.release_at_unix_ms;
-        let queue = self.retry.parked.entry(part.clone()).or_default();
-        let first = queue.is_empty();
-        queue.push_back(parked);
-        if first {
-            self.deps.source.pause(std::slice::from_ref(&part));
-            let at = after(self.deps.clock.now(), until_ms(self.fleet_ms(), release));
-            self.timers
-                .at(at, Timer::Parked(part.topic, part.partition));
-        }
-    }
-
-    pub(super) fn unpark(&mut self, part: TopicPartition) {
-        let now = self.fleet_ms();
-        // A release further off than the tier's delay (written on a clock
-        // that was off, or by hand) is not trusted to hold the partition,
-        // as on arrival: the record is taken up now and hops tiers by its
-        // due time.
-        let bound = self.retry.hold_bound_ms(&part.topic);
-        let mut released = Vec::new();
-        let mut next = None;
-        if let Some(queue) = self.retry.parked.get_mut(&part) {
-            while let Some(head) = queue.front() {
-                let release = head.release_at_unix_ms;
-                if release > now && bound.is_some_and(|b| release - now <= b) {
-                    next = Some(release);
-                    break;
-                }
-                released.extend(queue.pop_front());
-            }
-        }
-        match next {
-            Some(release) => {
-                let at = after(self.deps.clock.now(), until_ms(now, release));
-                self.timers
-                    .at(at, Timer::Parked(part.topic.clone(), part.partition));
-            }
-            None => {
-                self.retry.parked.remove(&part);
-                if !self.memory.is_paused() {
-                    self.deps.source.resume(std::slice::from_ref(&part));
-                }
-            }
-        }
-        for p in released {
-            self.take_up(p.pending, p.not_before_unix_ms);
-        }
-    }
-
     /// Sends a job to the retry tier that fits `wait`; one whose copy the
     /// broker refused as too large waits in memory instead.
     pub(super) fn defer(&mut self, p: Pending, wait: Duration) {
@@ -187,27 +51,7 @@ impl<X: Ports> Engine<X> {
             wait,
         }
         .emit();
-        // The longest tier that does not pass the due time (the shortest if
-        // none fits): the record is released no later than it is due, and
-        // hops down the tiers until then.
-        let tiers = &self.retry.tiers;
-        let tier = tiers
-            .iter()
-            .rev()
-            .find(|t| t.delay <= wait)
-            .or(tiers.first());
-        let Some(tier) = tier else {
-            unreachable!("config validation keeps at least one retry tier")
-        };
-        let now = self.fleet_ms();
-        let due = now.saturating_add(ceil_ms(wait));
-        // A wait shorter than every tier is released when due: it may sit
-        // behind the tier's head for at most that tier's delay.
-        let target = Target::Retry {
-            topic: tier.topic.clone(),
-            not_before_unix_ms: due,
-            release_at_unix_ms: due.min(now.saturating_add(ceil_ms(tier.delay))),
-        };
+        let target = self.tiers.target(wait, self.fleet_ms());
         self.write_pending(p, target);
     }
 
@@ -268,10 +112,8 @@ impl<X: Ports> Engine<X> {
     /// backoffs until `wait` is over (it counts against `worker.max_buffered`,
     /// and its partition commits up to it only once it is done).
     fn keep_in_memory(&mut self, p: Pending, wait: Duration) {
-        let key: Arc<str> = Arc::from(p.job.seller_id.as_str());
         let at = after(self.deps.clock.now(), wait);
-        self.sellers.entry(&key).delayed.push((at, p));
-        self.timers.at(at, Timer::Seller(key));
+        self.delay(p, at);
     }
 
     /// The broker refused a copy as too large (`message.max.bytes`, or the
@@ -319,18 +161,10 @@ impl<X: Ports> Engine<X> {
                 } = pending;
                 match Job::parse_shared(&original.value, &self.settings.worker) {
                     Ok(job) => {
-                        let p = Pending {
-                            job: job.traced(&original.trace),
-                            origin,
-                            original,
-                            attempts,
-                            bytes,
-                            received_at: self.deps.clock.now(),
-                            last_failed_at: None,
-                            failures_in_a_row: 0,
-                            too_large_to_copy: true,
-                            lease: None,
-                        };
+                        let now = self.deps.clock.now();
+                        let job = job.traced(&original.trace);
+                        let mut p = Pending::new(job, origin, original, attempts, bytes, now);
+                        p.too_large_to_copy = true;
                         self.keep_in_memory(p, wait);
                     }
                     // It parsed when it was taken up, with the same limits.

@@ -1,0 +1,267 @@
+//! Limiter calls and their answers: a seller that is ready asks for its
+//! partition heads; the answer (or the failure policy's, when the call
+//! failed) grants, refuses, or says a job can never pass.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::kafka::consumer::Origin;
+use crate::limiter::{BatchDecision, CannotPass, DeniedBy, NextJob};
+use crate::telemetry::events::{
+    JobsAdmitted, LimiterCalled, LimiterNever, LimiterUnavailable, SellerThrottled, SellerWaiting,
+};
+
+use super::super::admission::Failed;
+use super::super::ports::{Clock, PermitError, Permits, Ports, Source};
+use super::super::scheduler::{Answered, Grant, Ready};
+use super::super::tiers::Target;
+use super::super::timers::{after, Timer};
+use super::{Engine, Event};
+
+impl<X: Ports> Engine<X> {
+    /// Asks the limiter for a seller that is idle, not held and has work,
+    /// when a downstream slot is free; otherwise it waits for a slot, its
+    /// pause or the outage's probe.
+    pub(super) fn ask_if_ready(&mut self, key: &Arc<str>) {
+        let now = self.deps.clock.now();
+        let (ready, next_backoff) = self.scheduler.ready(key, now);
+        if let Some(at) = next_backoff {
+            self.timers.at(at, Timer::Seller(key.clone()));
+        }
+        match ready {
+            Ready::NotNow => return,
+            // Its jobs are gone (revoked, finished): a probe it held goes
+            // to the next seller.
+            Ready::Empty => return self.outage.probe_dropped(key),
+            Ready::Waiting => {}
+        }
+        // An operator's pause: no ask, no call, until it ends.
+        if let Some(pause) = self.pause_of(key) {
+            self.outage.probe_dropped(key);
+            return self.hold_paused(key, pause);
+        }
+        self.scheduler.unpaused(key);
+        if self.scheduler.wait_for_slot(key) {
+            return;
+        }
+        // During a downstream outage only one probe call goes out at a
+        // time. The probe is claimed here, where the limiter is asked at
+        // once, and not before the wait for a slot: a seller that waits,
+        // is paused or loses its jobs never sits on it.
+        let probe = match self.outage.admit(key, now) {
+            Ok(probe) => probe,
+            Err(until) => return self.timers.at(until, Timer::Seller(key.clone())),
+        };
+        let costs = self.scheduler.ask(key, probe);
+        if !costs.is_empty() {
+            self.spawn_ask(key.clone(), costs);
+        }
+    }
+
+    fn spawn_ask(&mut self, seller: Arc<str>, costs: Vec<u64>) {
+        let (permits, tx, clock) = (
+            self.deps.permits.clone(),
+            self.tx.clone(),
+            self.deps.clock.clone(),
+        );
+        self.tasks += 1;
+        LimiterCalled.emit();
+        tokio::spawn(async move {
+            let result = permits.acquire_jobs(&seller, &costs).await;
+            let _ = tx.send(Event::Permit {
+                seller,
+                result,
+                answered_at: clock.now(),
+            });
+        });
+    }
+
+    /// A limiter answer: applied to its seller, then carried out.
+    pub(super) fn on_permit(
+        &mut self,
+        key: Arc<str>,
+        result: Result<BatchDecision, PermitError>,
+        answered_at: Instant,
+    ) {
+        let mut decision = match result {
+            Ok(d) => {
+                if self.admission.answered() {
+                    self.deps.health.set_redis_down(false);
+                }
+                d
+            }
+            Err(error) => self.fallback(&key, &error),
+        };
+        // The slots a grant took, held from here: whatever is not handed
+        // to a job goes back when dropped.
+        let leases = match &mut decision {
+            BatchDecision::Granted(g) => {
+                let leases = self.slots.hold(&key, std::mem::take(&mut g.leases));
+                leases.into_iter().map(Some).collect()
+            }
+            _ => Vec::new(),
+        };
+        let now = self.deps.clock.now();
+        let source = self.deps.source.clone();
+        let owns = |o: &Origin| source.owns(o);
+        match self
+            .scheduler
+            .answered(&key, &decision, leases, answered_at, now, &owns)
+        {
+            Answered::Gone => {}
+            Answered::Granted(grant) => {
+                let BatchDecision::Granted(g) = &decision else {
+                    unreachable!("a grant answers a grant")
+                };
+                let near = (g.remaining, g.tightest);
+                self.on_granted(key, grant, near, answered_at)
+            }
+            Answered::Denied { waiting } => {
+                let BatchDecision::Denied(d) = decision else {
+                    unreachable!("a refusal answers a refusal")
+                };
+                SellerThrottled {
+                    seller: &key,
+                    tier: &self.deps.permits.describe(&key).tier,
+                    retry_after: d.retry_after,
+                    waiting,
+                    by: &denied_by(d.by),
+                }
+                .emit();
+                self.outage.probe_dropped(&key);
+                self.serve_turns();
+                // Counted from when the answer arrived: never early,
+                // whatever the clocks of Redis and this host say.
+                self.hold(&key, after(answered_at, d.retry_after));
+            }
+            Answered::Never { first } => {
+                let BatchDecision::Never(c) = decision else {
+                    unreachable!("a never answers a never")
+                };
+                self.outage.probe_dropped(&key);
+                self.serve_turns();
+                if let Some(origin) = first {
+                    self.never(&key, &origin, c);
+                }
+                self.ask_if_ready(&key);
+            }
+        }
+    }
+
+    /// A failed limiter call: the failure policy's decision, and readiness.
+    fn fallback(&mut self, key: &Arc<str>, error: &PermitError) -> BatchDecision {
+        let rules = self.deps.permits.rules_of(key);
+        let asked = Failed {
+            costs: self.scheduler.asked_costs(key),
+            share: self.partitions.share(),
+            max_in_flight: self.deps.permits.max_in_flight(key),
+            busy: self.scheduler.runs(key),
+            rules: rules.as_ref().map(|(own, global)| (&own[..], &global[..])),
+        };
+        let fallback = self.admission.failed(key, asked, &mut self.rng);
+        if fallback.now_unready {
+            self.deps.health.set_redis_down(true);
+        }
+        let (hold, admitted) = match &fallback.decision {
+            BatchDecision::Denied(d) => (d.retry_after, 0),
+            BatchDecision::Granted(g) => (Duration::ZERO, g.jobs),
+            BatchDecision::Never(_) => (Duration::ZERO, 0),
+        };
+        LimiterUnavailable {
+            error: &error.to_string(),
+            policy: self.admission.policy(),
+            hold,
+            in_a_row: fallback.in_a_row,
+            admitted,
+        }
+        .emit();
+        fallback.decision
+    }
+
+    /// A grant: its jobs run (a pacer's when their go-at comes), and the
+    /// seller waits for what stopped the prefix short.
+    fn on_granted(
+        &mut self,
+        key: Arc<str>,
+        grant: Grant,
+        (remaining, tightest): (u64, Option<usize>),
+        answered_at: Instant,
+    ) {
+        // Jobs of partitions revoked since the revoke event was handled
+        // belong to their new owner.
+        for p in &grant.gone {
+            self.forget(p);
+        }
+        // The call's slots not handed to a job are back: serve them.
+        self.serve_turns();
+        if let Some(at) = grant.paced_at {
+            self.timers.at(at, Timer::Paced(key.clone()));
+        }
+        let info = self.deps.permits.describe(&key);
+        JobsAdmitted {
+            seller: &key,
+            tier: &info.tier,
+            jobs: grant.jobs,
+            units: grant.units,
+            near_limit: info.near_limit(remaining, tightest),
+        }
+        .emit();
+        match grant.next {
+            // A long wait sends the rest of the queue to the retry tiers,
+            // as any refusal does: a daily quota that runs out mid-batch
+            // must not keep its backlog in memory.
+            Some((NextJob::Wait { retry_after, by }, _)) => {
+                let waiting = if by == DeniedBy::MaxInFlight {
+                    SellerWaiting::in_flight(&key, retry_after)
+                } else {
+                    SellerWaiting::limit(&key, retry_after)
+                };
+                waiting.emit();
+                self.hold(&key, after(answered_at, retry_after));
+            }
+            // Dead-lettered now, not retried forever.
+            Some((NextJob::Never(c), Some(origin))) => self.never(&key, &origin, c),
+            Some((NextJob::Never(_), None)) | None => {}
+        }
+        if grant.run.is_empty() {
+            self.outage.probe_dropped(&key);
+            return self.ask_if_ready(&key);
+        }
+        self.spawn_run(key, grant.run);
+    }
+
+    /// The seller's job at `origin` (the head the limiter looked at) costs
+    /// more than a rule can ever hold: dead-letter it with the rule, its
+    /// capacity and the cost, so it is not retried forever.
+    fn never(&mut self, key: &Arc<str>, origin: &Origin, c: CannotPass) {
+        let Some(p) = self.scheduler.take(key, origin) else {
+            return;
+        };
+        LimiterNever {
+            seller: key,
+            tier: &self.deps.permits.describe(key).tier,
+            rule: c.rule,
+        }
+        .emit();
+        let reason = c.to_string();
+        self.write_pending(
+            p,
+            Target::DeadLetter {
+                kind: "cost_over_capacity",
+                reason,
+            },
+        );
+    }
+}
+
+/// The `by` label of a refusal.
+fn denied_by(by: DeniedBy) -> String {
+    match by {
+        DeniedBy::Rule(i) => format!("rule{i}"),
+        DeniedBy::DownstreamBlock => "downstream_429".to_owned(),
+        DeniedBy::Unavailable => "unavailable".to_owned(),
+        DeniedBy::MaxInFlight => "max_in_flight".to_owned(),
+    }
+}

@@ -1,0 +1,145 @@
+//! Partitions as the engine sees them: assignments and revokes, moving a
+//! head that holds its partition's commit back (`unstick`), pausing every
+//! partition when memory is full (backpressure), and the backlog gauges.
+
+use std::time::Duration;
+
+use crate::kafka::consumer::{Origin, PartitionEvent, TopicPartition};
+use crate::telemetry::events::{
+    Backlog, Backpressure, HeadMoved, PartitionsAssigned, RevokedJobsDropped,
+};
+
+use super::super::memory::Pressure;
+use super::super::pending::Pending;
+use super::super::ports::{Clock, Ports, Source};
+use super::Engine;
+
+impl<X: Ports> Engine<X> {
+    pub(super) fn on_partitions(&mut self, ev: PartitionEvent) {
+        match ev {
+            PartitionEvent::Assigned(parts) => self.on_assigned(parts),
+            PartitionEvent::Revoked(parts) => self.on_revoked(parts),
+        }
+    }
+
+    fn on_assigned(&mut self, parts: Vec<TopicPartition>) {
+        self.deps.health.set_joined();
+        self.partitions.assign(&parts);
+        PartitionsAssigned {
+            partitions: parts.len(),
+        }
+        .emit();
+        // An assignment starts unpaused as far as librdkafka knows, but a
+        // pause of ours from before a revoke may linger: set each partition
+        // to what the worker wants now.
+        if self.memory.is_paused() {
+            self.deps.source.pause(&parts);
+        } else {
+            let parts: Vec<TopicPartition> =
+                parts.into_iter().filter(|p| !self.tiers.holds(p)).collect();
+            self.deps.source.resume(&parts);
+        }
+    }
+
+    /// Drops what waits of revoked partitions, uncommitted: the new owner
+    /// has those records. (Work already under way is checked when it ends.)
+    fn on_revoked(&mut self, parts: Vec<TopicPartition>) {
+        self.partitions.revoke(&parts);
+        let source = self.deps.source.clone();
+        let owns = |o: &Origin| source.owns(o);
+        let mut dropped = self.scheduler.revoke(&owns);
+        dropped.extend(self.tiers.revoke(&parts));
+        for bytes in &dropped {
+            self.memory.remove(*bytes);
+        }
+        RevokedJobsDropped {
+            partitions: parts.len(),
+            jobs: dropped.len(),
+        }
+        .emit();
+    }
+
+    /// Sets the backlog gauges: jobs waiting by cause, in flight, parked,
+    /// bytes and partitions.
+    pub(super) fn report_backlog(&self) {
+        let now = self.deps.clock.now();
+        let waiting = self.scheduler.waiting_by_cause(now);
+        let assigned = self.deps.source.assignment().len();
+        let paused = if self.memory.is_paused() {
+            assigned
+        } else {
+            self.tiers.partitions()
+        };
+        Backlog {
+            waiting: &waiting,
+            in_flight: self.scheduler.in_flight(),
+            parked: self.tiers.records(),
+            bytes: self.memory.bytes(),
+            assigned,
+            paused,
+        }
+        .emit();
+    }
+
+    /// A partition commits only up to its first unfinished record. When
+    /// that record has waited in memory longer than `worker.max_head_wait`
+    /// while later ones finished, or holds back more than
+    /// `worker.max_finished_ahead` of them, it goes round the retry topic
+    /// (keeping its due time), so the partition commits past it: the offset
+    /// tracker and the commit metadata stay bounded, and a crash does not
+    /// redo hours of finished work. Records in flight are left alone.
+    pub(super) fn unstick(&mut self) {
+        let held = self.deps.source.held_back();
+        if held.is_empty() {
+            return;
+        }
+        let w = &self.settings.worker;
+        let (max_wait, max_ahead) = (w.max_head_wait, w.max_finished_ahead);
+        let now = self.deps.clock.now();
+        let stuck = |p: &Pending| {
+            held.iter().any(|h| {
+                h.offset == p.origin.offset
+                    && h.partition.partition == p.origin.partition
+                    && *h.partition.topic == *p.origin.topic
+                    && (h.finished_behind >= max_ahead
+                        || now.saturating_duration_since(p.received_at) >= max_wait)
+            })
+        };
+        let moved: Vec<(Pending, Duration)> = self.scheduler.take_stuck(now, &stuck);
+        for (p, wait) in moved {
+            HeadMoved {
+                job_id: &p.job.job_id,
+                partition: p.origin.partition,
+                offset: p.origin.offset,
+                waited: now.saturating_duration_since(p.received_at),
+            }
+            .emit();
+            self.defer(p, wait);
+        }
+    }
+
+    /// Pauses every partition at `worker.max_buffered` jobs or
+    /// `worker.max_buffered_bytes` in memory and resumes below 90 % of both.
+    pub(super) fn backpressure(&mut self) {
+        let Some(pressure) = self.memory.pressure() else {
+            return;
+        };
+        let paused = pressure == Pressure::Pause;
+        let assigned = self.deps.source.assignment();
+        if paused {
+            self.deps.source.pause(&assigned);
+        } else {
+            let parts: Vec<TopicPartition> = assigned
+                .into_iter()
+                .filter(|p| !self.tiers.holds(p))
+                .collect();
+            self.deps.source.resume(&parts);
+        }
+        Backpressure {
+            paused,
+            buffered: self.memory.jobs(),
+            bytes: self.memory.bytes(),
+        }
+        .emit();
+    }
+}

@@ -1,0 +1,141 @@
+//! A record from the consumer: parsed, then parked (a retry-tier record
+//! not yet released), delayed until due, or queued behind its seller's
+//! jobs; an unreadable one is dead-lettered with its reason.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::job::Job;
+use crate::kafka::consumer::{Record, TopicPartition};
+use crate::telemetry::events::RecordReceived;
+
+use super::super::memory;
+use super::super::pending::Pending;
+use super::super::ports::{Clock, Ports, Source};
+use super::super::tiers::{Parked, Target};
+use super::super::timers::{after, until_ms, Timer};
+use super::Engine;
+
+impl<X: Ports> Engine<X> {
+    pub(super) fn on_record(&mut self, rec: Record) {
+        if !self.deps.source.owns(&rec.origin) {
+            // Received before its partition was revoked, taken after: the
+            // new owner has it.
+            return;
+        }
+        RecordReceived.emit();
+        let bytes = memory::weight(rec.original.key.as_deref(), &rec.original.value);
+        self.memory.add(bytes);
+        let headers = match rec.headers {
+            Ok(h) => h,
+            Err(e) => {
+                let reason = format!("unreadable worker header: {e}");
+                let kind = "unreadable_headers";
+                let target = Target::DeadLetter { kind, reason };
+                return self.write(bytes, rec.origin, rec.original, None, 0, target);
+            }
+        };
+        let job = match Job::parse_shared(&rec.original.value, &self.settings.worker) {
+            Ok(job) => job.traced(&rec.original.trace),
+            Err(e) => {
+                let (kind, reason) = (e.kind(), e.to_string());
+                let target = Target::DeadLetter { kind, reason };
+                let attempts = headers.attempts;
+                return self.write(bytes, rec.origin, rec.original, None, attempts, target);
+            }
+        };
+        let now = self.deps.clock.now();
+        let pending = Pending::new(job, rec.origin, rec.original, headers.attempts, bytes, now);
+        let now_ms = self.fleet_ms();
+        match headers.release_at_unix_ms {
+            // Held for its tier's delay. A release further off than the
+            // tier's delay (a clock jump, a hand-written header) is not
+            // trusted to hold the partition: the record is taken up now
+            // and hops tiers by its due time instead.
+            Some(release)
+                if release > now_ms
+                    && self
+                        .tiers
+                        .holds_at_most(&pending.origin.topic, release - now_ms) =>
+            {
+                self.park(Parked {
+                    release_at_unix_ms: release,
+                    not_before_unix_ms: headers.not_before_unix_ms,
+                    pending,
+                })
+            }
+            _ => self.take_up(pending, headers.not_before_unix_ms),
+        }
+    }
+
+    /// A retry-tier record taken up (or a fresh one): run it when due. A
+    /// short remaining wait is held in memory, without holding the
+    /// partition; a longer one hops to the tier that fits it.
+    fn take_up(&mut self, pending: Pending, not_before: Option<u64>) {
+        let remaining = match not_before {
+            Some(nb) => until_ms(self.fleet_ms(), nb),
+            None => Duration::ZERO,
+        };
+        if remaining.is_zero() {
+            return self.enqueue(pending);
+        }
+        if remaining > self.settings.worker.max_inline_delay {
+            return self.defer(pending, remaining);
+        }
+        let at = after(self.deps.clock.now(), remaining);
+        self.delay(pending, at);
+    }
+
+    /// A job waiting in memory until `at`, then queued first.
+    pub(super) fn delay(&mut self, pending: Pending, at: tokio::time::Instant) {
+        let key: Arc<str> = Arc::from(pending.job.seller_id.as_str());
+        self.scheduler.delay(&key, at, pending);
+        self.timers.at(at, Timer::Seller(key));
+    }
+
+    /// A job ready to run: queued behind its seller's others, or sent to
+    /// the retry topic when its seller is held for longer than
+    /// `worker.max_inline_delay`.
+    fn enqueue(&mut self, pending: Pending) {
+        let now = self.deps.clock.now();
+        let max_inline = self.settings.worker.max_inline_delay;
+        let key: Arc<str> = Arc::from(pending.job.seller_id.as_str());
+        match self.scheduler.enqueue(&key, pending, now, max_inline) {
+            Some((pending, wait)) => self.defer(pending, wait),
+            None => self.ask_if_ready(&key),
+        }
+    }
+
+    /// A retry-tier record not yet released: hold it and pause its
+    /// partition, so that waiting neither spins nor holds up other
+    /// partitions.
+    fn park(&mut self, parked: Parked) {
+        if let Some((part, release)) = self.tiers.park(parked) {
+            self.deps.source.pause(std::slice::from_ref(&part));
+            let at = after(self.deps.clock.now(), until_ms(self.fleet_ms(), release));
+            self.timers
+                .at(at, Timer::Parked(part.topic, part.partition));
+        }
+    }
+
+    /// A parked partition's timer: its due records are taken up; it stays
+    /// paused while it holds any.
+    pub(super) fn unpark(&mut self, part: TopicPartition) {
+        let now_ms = self.fleet_ms();
+        let unparked = self.tiers.unpark(&part, now_ms);
+        match unparked.next_release {
+            Some(release) => {
+                let at = after(self.deps.clock.now(), until_ms(now_ms, release));
+                self.timers
+                    .at(at, Timer::Parked(part.topic.clone(), part.partition));
+            }
+            None if !self.memory.is_paused() => {
+                self.deps.source.resume(std::slice::from_ref(&part));
+            }
+            None => {}
+        }
+        for p in unparked.released {
+            self.take_up(p.pending, p.not_before_unix_ms);
+        }
+    }
+}

@@ -1,0 +1,659 @@
+//! The scheduler: every seller with work here, their phases and holds,
+//! and the downstream slot pool with its turns. It does no I/O: each
+//! method takes `now` and plain data and says what should happen (ask the
+//! limiter for these costs, run these jobs, defer these, arm a timer at),
+//! and the engine does it.
+//!
+//! A seller asks only for as many jobs as there are free downstream slots,
+//! one per partition head, so a grant is used at once: a grant that waited
+//! for capacity would reach the downstream late and bunch up with the next
+//! window's. Sellers that are ready while every slot is taken wait in turn,
+//! without asking Redis. A pacer's granted jobs wait for their go-at
+//! without a slot, and take one when they can go; they are served before
+//! any seller asks, since their units are spent already.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::kafka::consumer::Origin;
+use crate::limiter::{BatchDecision, BatchGranted, DeniedBy, NextJob};
+use crate::telemetry::events::{CallAvoided, SellerWaiting};
+
+use super::pending::Pending;
+use super::pool::{SlotPool, Slots};
+use super::seller::{partition_heads, position, take_granted, Paced, Phase, Seller};
+use super::slots::Lease;
+use super::timers::after;
+
+/// The most units one limiter call asks for.
+pub(super) const MAX_BATCH: usize = 64;
+
+/// Whether a job still belongs to this replica (its partition is held).
+pub(super) type Owns<'a> = &'a dyn Fn(&Origin) -> bool;
+
+/// What [`Scheduler::ready`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Ready {
+    /// Asking, running or held: nothing to do now.
+    NotNow,
+    /// No job waits (revoked, finished): a probe it held goes on.
+    Empty,
+    /// Jobs wait, and it may ask once a slot is free.
+    Waiting,
+}
+
+/// Whose turn it is when a slot is free.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Turn {
+    /// A pacer's due job, granted already.
+    Paced(Arc<str>),
+    /// A seller that waits to ask.
+    Ask(Arc<str>),
+}
+
+/// What a limiter answer does to its seller.
+#[derive(Debug)]
+pub(super) enum Answered {
+    /// The seller has nothing here any more.
+    Gone,
+    Granted(Grant),
+    /// Refused: `waiting` jobs wait on.
+    Denied {
+        waiting: usize,
+    },
+    /// The first job asked about can never pass.
+    Never {
+        first: Option<Origin>,
+    },
+}
+
+/// A grant, as the scheduler applied it.
+#[derive(Debug)]
+pub(super) struct Grant {
+    /// The jobs to call now, in order, each with its slot and its
+    /// `X-Granted-At` (µs on the limiter's clock; none when no store
+    /// decided).
+    pub(super) run: Vec<(Option<u64>, Pending)>,
+    /// Granted jobs whose partition was revoked meanwhile.
+    pub(super) gone: Vec<Pending>,
+    /// Jobs and units granted (and still owned).
+    pub(super) jobs: usize,
+    pub(super) units: u64,
+    /// Why the prefix stopped short, and the job it stopped at.
+    pub(super) next: Option<(NextJob, Option<Origin>)>,
+    /// When the first paced job may go.
+    pub(super) paced_at: Option<Instant>,
+}
+
+/// A pacer's due jobs, as [`Scheduler::due_paced`] found them.
+#[derive(Debug, Default)]
+pub(super) struct PacedDue {
+    /// Each to run alone, with its slot and `X-Granted-At`.
+    pub(super) run: Vec<(u64, Pending)>,
+    /// Revoked meanwhile.
+    pub(super) gone: Vec<Pending>,
+    /// When the next one may go.
+    pub(super) next_at: Option<Instant>,
+    /// The seller is idle after: it may ask.
+    pub(super) idle: bool,
+}
+
+/// An operator's pause, as applied to one seller.
+#[derive(Debug)]
+pub(super) struct PauseHold {
+    /// When it looks again.
+    pub(super) recheck_at: Instant,
+    /// Jobs to send round the retry tiers (a long pause).
+    pub(super) parked: Vec<Pending>,
+    /// Jobs it holds in memory, or parks.
+    pub(super) jobs: usize,
+    /// The pause is long: its jobs go round the retry tiers.
+    pub(super) to_tiers: bool,
+}
+
+/// Every seller with work here, and the downstream slots.
+#[derive(Debug)]
+pub(super) struct Scheduler {
+    /// Ordered, so that every walk over the sellers is the same for the
+    /// same history (the simulation replays a seed exactly).
+    sellers: BTreeMap<Arc<str>, Seller>,
+    pool: SlotPool,
+    /// Sellers ready to ask but waiting for a slot, served in turn.
+    capacity_waiters: VecDeque<Arc<str>>,
+    /// Sellers with a paced job due but no slot.
+    paced_waiters: VecDeque<Arc<str>>,
+}
+
+impl Scheduler {
+    pub(super) fn new(concurrency: usize) -> Scheduler {
+        Scheduler {
+            sellers: BTreeMap::new(),
+            pool: SlotPool::new(concurrency),
+            capacity_waiters: VecDeque::new(),
+            paced_waiters: VecDeque::new(),
+        }
+    }
+
+    fn entry(&mut self, key: &Arc<str>) -> &mut Seller {
+        self.sellers.entry(key.clone()).or_insert_with(Seller::new)
+    }
+
+    /// Slots held by calls out or about to go out.
+    pub(super) fn in_flight(&self) -> usize {
+        self.pool.taken()
+    }
+
+    /// A job ready to run, queued behind its seller's others; or, when its
+    /// seller is held for longer than `max_inline`, handed back with the
+    /// wait, for the retry tiers.
+    pub(super) fn enqueue(
+        &mut self,
+        key: &Arc<str>,
+        pending: Pending,
+        now: Instant,
+        max_inline: Duration,
+    ) -> Option<(Pending, Duration)> {
+        let seller = self.entry(key);
+        if let Some(until) = seller.blocked_until {
+            if until > now {
+                // A job that asked for itself would go to Redis here, only
+                // to be refused.
+                CallAvoided { seller: key }.emit();
+            }
+            if until > after(now, max_inline) {
+                return Some((pending, until - now));
+            }
+        }
+        seller.queue.push_back(pending);
+        None
+    }
+
+    /// A job that waits until `at` (a backoff, a short retry-tier wait),
+    /// then queues first.
+    pub(super) fn delay(&mut self, key: &Arc<str>, at: Instant, pending: Pending) {
+        self.entry(key).delayed.push((at, pending));
+    }
+
+    /// Readies an idle, unheld seller to ask: jobs whose backoff is over go
+    /// first. Also returns when its next backoff ends. A seller with
+    /// nothing left is forgotten.
+    pub(super) fn ready(&mut self, key: &Arc<str>, now: Instant) -> (Ready, Option<Instant>) {
+        let Some(seller) = self.sellers.get_mut(key) else {
+            return (Ready::NotNow, None);
+        };
+        if seller.phase != Phase::Idle || seller.blocked_until.is_some_and(|t| t > now) {
+            return (Ready::NotNow, None);
+        }
+        seller.blocked_until = None;
+        let next = seller.wake_delayed(now);
+        if !seller.queue.is_empty() {
+            return (Ready::Waiting, next);
+        }
+        if seller.is_empty() {
+            self.sellers.remove(key);
+        }
+        (Ready::Empty, next)
+    }
+
+    /// Not paused (as far as the last look went).
+    pub(super) fn unpaused(&mut self, key: &Arc<str>) {
+        if let Some(seller) = self.sellers.get_mut(key) {
+            seller.paused_since = None;
+        }
+    }
+
+    /// Whether `key` must wait for a slot: every slot is taken, so it
+    /// joins the turns (once) without asking Redis.
+    pub(super) fn wait_for_slot(&mut self, key: &Arc<str>) -> bool {
+        if self.pool.free() > 0 {
+            return false;
+        }
+        if let Some(seller) = self.sellers.get_mut(key) {
+            if !seller.wants_capacity {
+                SellerWaiting::capacity(key).emit();
+                seller.wants_capacity = true;
+                self.capacity_waiters.push_back(key.clone());
+            }
+        }
+        true
+    }
+
+    /// Starts a limiter call for `key`'s partition heads: at most one per
+    /// free slot, [`MAX_BATCH`] and `probe` (an outage's probe size). Each
+    /// takes a slot, held until the answer. Returns their costs in queue
+    /// order (none: nothing to ask).
+    pub(super) fn ask(&mut self, key: &Arc<str>, probe: Option<usize>) -> Vec<u64> {
+        let Some(seller) = self.sellers.get_mut(key) else {
+            return Vec::new();
+        };
+        let most = MAX_BATCH
+            .min(self.pool.free())
+            .min(probe.unwrap_or(usize::MAX));
+        // The heads in queue order, with their costs: the limiter grants
+        // the longest prefix that fits, so a heavy job that does not fit
+        // yet stops lighter later ones from taking the units it waits for.
+        let heads = partition_heads(&seller.queue, most);
+        let costs: Vec<u64> = heads.iter().map(|&i| seller.queue[i].job.cost).collect();
+        if costs.is_empty() {
+            return costs;
+        }
+        seller.asked = heads
+            .iter()
+            .map(|&i| seller.queue[i].origin.clone())
+            .collect();
+        let slots = self.pool.take_up_to(costs.len());
+        debug_assert_eq!(slots.len(), costs.len(), "asked for more than is free");
+        seller.asking = Some(slots);
+        seller.phase = Phase::Asking;
+        costs
+    }
+
+    /// The costs of the jobs the call under way asked about that still
+    /// wait, in order (what a failure policy decides on).
+    pub(super) fn asked_costs(&self, key: &Arc<str>) -> Vec<u64> {
+        let Some(seller) = self.sellers.get(key) else {
+            return Vec::new();
+        };
+        seller
+            .asked
+            .iter()
+            .filter_map(|o| position(&seller.queue, o).map(|i| seller.queue[i].job.cost))
+            .collect()
+    }
+
+    /// `key`'s runs under way.
+    pub(super) fn runs(&self, key: &Arc<str>) -> usize {
+        self.sellers.get(key).map_or(0, |s| s.runs)
+    }
+
+    /// Applies a limiter answer to the seller that asked. A grant takes
+    /// the granted jobs (each with its fleet lease, by its place in the
+    /// question), drops those revoked meanwhile, and splits the rest into
+    /// jobs to call now, each with one of the call's slots, and a pacer's
+    /// jobs whose go-at is to come. Slots not handed on go back.
+    pub(super) fn answered(
+        &mut self,
+        key: &Arc<str>,
+        decision: &BatchDecision,
+        mut leases: Vec<Option<Lease>>,
+        answered_at: Instant,
+        now: Instant,
+        owns: Owns<'_>,
+    ) -> Answered {
+        let Some(seller) = self.sellers.get_mut(key) else {
+            return Answered::Gone;
+        };
+        seller.phase = Phase::Idle;
+        seller.in_flight_bound = in_flight_bound(decision);
+        let mut slots = seller.asking.take();
+        let asked = std::mem::take(&mut seller.asked);
+        let g = match decision {
+            BatchDecision::Granted(g) => g,
+            BatchDecision::Denied(_) => {
+                return Answered::Denied {
+                    waiting: seller.queue.len(),
+                }
+            }
+            BatchDecision::Never(_) => {
+                return Answered::Never {
+                    first: asked.first().cloned(),
+                }
+            }
+        };
+        // The job the prefix stopped at: the one asked for there, whatever
+        // happened to the queue meanwhile.
+        let next = g.next.clone().map(|n| (n, asked.get(g.jobs).cloned()));
+        let (batch, gone): (Vec<Pending>, Vec<Pending>) =
+            take_granted(&mut seller.queue, g, &asked)
+                .into_iter()
+                .map(|(k, mut p)| {
+                    p.lease = leases.get_mut(k).and_then(Option::take);
+                    p
+                })
+                .partition(|p| owns(&p.origin));
+        let (jobs, units) = (batch.len(), batch.iter().map(|p| p.job.cost).sum());
+        let mut run = Vec::new();
+        for (granted_at, go_at, mut p) in schedule(g, batch, answered_at) {
+            if go_at <= now {
+                p.slot = slots.as_mut().and_then(Slots::split_one);
+                run.push((granted_at, p));
+            } else {
+                seller.paced.push_back(Paced {
+                    go_at,
+                    granted_at_us: granted_at.unwrap_or(0),
+                    pending: p,
+                });
+            }
+        }
+        seller.runs = usize::from(!run.is_empty());
+        seller.settle_phase();
+        let paced_at = seller.paced.front().map(|q| q.go_at);
+        Answered::Granted(Grant {
+            run,
+            gone,
+            jobs,
+            units,
+            next,
+            paced_at,
+        })
+    }
+
+    /// Refuses `key` until `until` (never shortening a longer hold);
+    /// returns the hold, and its waiting jobs when the wait is longer than
+    /// `max_inline` (for the retry topic, not memory).
+    pub(super) fn hold(
+        &mut self,
+        key: &Arc<str>,
+        until: Instant,
+        now: Instant,
+        max_inline: Duration,
+    ) -> Option<(Instant, Vec<Pending>)> {
+        let seller = self.sellers.get_mut(key)?;
+        let until = seller.blocked_until.map_or(until, |t| t.max(until));
+        seller.blocked_until = Some(until);
+        let wait = until.saturating_duration_since(now);
+        let waiting = if wait > max_inline {
+            seller.queue.drain(..).collect()
+        } else {
+            Vec::new()
+        };
+        Some((until, waiting))
+    }
+
+    /// Holds an idle paused seller until `recheck` from now, and hands
+    /// back its waiting jobs to park when the pause is long: once older
+    /// than `max_inline`, unless it ends within that (`left`).
+    pub(super) fn hold_paused(
+        &mut self,
+        key: &Arc<str>,
+        now: Instant,
+        recheck: Duration,
+        left: Option<Duration>,
+        max_inline: Duration,
+    ) -> Option<PauseHold> {
+        let seller = self.sellers.get_mut(key)?;
+        let at = after(now, recheck);
+        seller.blocked_until = Some(seller.blocked_until.map_or(at, |t| t.max(at)));
+        // In memory while the pause is younger than the inline delay or
+        // ends within it: a pause lifted within seconds costs no write and
+        // no wait on a tier.
+        let since = *seller.paused_since.get_or_insert(now);
+        let young = now.saturating_duration_since(since) < max_inline;
+        let park = !young && left.is_none_or(|l| l > max_inline);
+        let jobs = seller.queue.len();
+        let parked = if park {
+            seller.queue.drain(..).collect()
+        } else {
+            Vec::new()
+        };
+        Some(PauseHold {
+            recheck_at: at,
+            parked,
+            jobs,
+            to_tiers: park,
+        })
+    }
+
+    /// Removes the job at `origin` (one that can never pass).
+    pub(super) fn take(&mut self, key: &Arc<str>, origin: &Origin) -> Option<Pending> {
+        let seller = self.sellers.get_mut(key)?;
+        let i = position(&seller.queue, origin)?;
+        seller.queue.remove(i)
+    }
+
+    /// A pacer's jobs whose go-at has come, each with a slot; one that
+    /// finds every slot taken waits for the next, ahead of any ask.
+    pub(super) fn due_paced(&mut self, key: &Arc<str>, now: Instant, owns: Owns<'_>) -> PacedDue {
+        let mut due = PacedDue::default();
+        let Some(seller) = self.sellers.get_mut(key) else {
+            return due;
+        };
+        while let Some(head) = seller.paced.front() {
+            if head.go_at > now {
+                due.next_at = Some(head.go_at);
+                break;
+            }
+            if !owns(&head.pending.origin) {
+                due.gone.extend(seller.paced.pop_front().map(|q| q.pending));
+                continue;
+            }
+            let Some(slot) = self.pool.take_one() else {
+                if !seller.wants_paced_slot {
+                    seller.wants_paced_slot = true;
+                    self.paced_waiters.push_back(key.clone());
+                }
+                break;
+            };
+            if let Some(mut q) = seller.paced.pop_front() {
+                q.pending.slot = Some(slot);
+                seller.runs += 1;
+                due.run.push((q.granted_at_us, q.pending));
+            }
+        }
+        seller.settle_phase();
+        due.idle = seller.phase == Phase::Idle;
+        due
+    }
+
+    /// A pacer's granted jobs go back to the head of its queue, in order
+    /// (their units are given up): they are asked for again.
+    pub(super) fn unpace(&mut self, key: &Arc<str>) {
+        let Some(seller) = self.sellers.get_mut(key) else {
+            return;
+        };
+        let paced: Vec<Pending> = seller.paced.drain(..).map(|q| q.pending).collect();
+        for p in paced.into_iter().rev() {
+            seller.queue.push_front(p.unclaimed());
+        }
+        seller.settle_phase();
+    }
+
+    /// A call of `key` answered: a success ends its 429s in a row.
+    pub(super) fn called(&mut self, key: &Arc<str>, done: bool) {
+        if let Some(seller) = self.sellers.get_mut(key).filter(|_| done) {
+            seller.throttles_in_a_row = 0;
+        }
+    }
+
+    /// A failed call's job, waiting out its backoff until `at`.
+    pub(super) fn back_off(&mut self, key: &Arc<str>, at: Instant, p: Pending) {
+        self.delay(key, at, p);
+    }
+
+    /// A run of `key` ended: what it did not call (and still owns) goes
+    /// back to the head of the queue, in order, and after a 429 its paced
+    /// jobs with it (their units are lost, as a 429's are). Returns the
+    /// paced jobs revoked meanwhile.
+    pub(super) fn run_ended(
+        &mut self,
+        key: &Arc<str>,
+        mut unused: Vec<Pending>,
+        throttled: bool,
+        owns: Owns<'_>,
+    ) -> Vec<Pending> {
+        let mut gone = Vec::new();
+        let seller = self.entry(key);
+        debug_assert!(seller.runs > 0, "a run ended that was not under way");
+        seller.runs = seller.runs.saturating_sub(1);
+        if throttled {
+            for q in std::mem::take(&mut seller.paced) {
+                if owns(&q.pending.origin) {
+                    unused.push(q.pending);
+                } else {
+                    gone.push(q.pending);
+                }
+            }
+        }
+        for p in unused.into_iter().rev() {
+            seller.queue.push_front(p.unclaimed());
+        }
+        seller.settle_phase();
+        gone
+    }
+
+    /// One more 429 in a row for `key`; how many now.
+    pub(super) fn throttled(&mut self, key: &Arc<str>) -> u32 {
+        let seller = self.entry(key);
+        seller.throttles_in_a_row = seller.throttles_in_a_row.saturating_add(1);
+        seller.throttles_in_a_row
+    }
+
+    /// The next seller to serve while a slot is free: due paced jobs
+    /// first, then sellers waiting to ask, each in turn.
+    pub(super) fn next_turn(&mut self) -> Option<Turn> {
+        if self.pool.free() == 0 {
+            return None;
+        }
+        if let Some(key) = self.paced_waiters.pop_front() {
+            if let Some(seller) = self.sellers.get_mut(&key) {
+                seller.wants_paced_slot = false;
+            }
+            return Some(Turn::Paced(key));
+        }
+        let key = self.capacity_waiters.pop_front()?;
+        if let Some(seller) = self.sellers.get_mut(&key) {
+            seller.wants_capacity = false;
+        }
+        Some(Turn::Ask(key))
+    }
+
+    /// Drops what waits of partitions this replica no longer owns; returns
+    /// the dropped jobs' bytes.
+    pub(super) fn revoke(&mut self, owns: Owns<'_>) -> Vec<usize> {
+        let keep = |p: &Pending| owns(&p.origin);
+        let mut dropped = Vec::new();
+        for seller in self.sellers.values_mut() {
+            dropped.extend(seller.retain(&keep));
+        }
+        self.sellers.retain(|_, s| !s.is_empty());
+        dropped
+    }
+
+    /// Removes the jobs `stuck` picks from the queues and backoffs, each
+    /// with what is left of its wait.
+    pub(super) fn take_stuck(
+        &mut self,
+        now: Instant,
+        stuck: &dyn Fn(&Pending) -> bool,
+    ) -> Vec<(Pending, Duration)> {
+        let mut moved = Vec::new();
+        for seller in self.sellers.values_mut() {
+            let blocked = seller
+                .blocked_until
+                .map_or(Duration::ZERO, |t| t.saturating_duration_since(now));
+            let mut i = 0;
+            while i < seller.queue.len() {
+                if stuck(&seller.queue[i]) {
+                    moved.extend(seller.queue.remove(i).map(|p| (p, blocked)));
+                } else {
+                    i += 1;
+                }
+            }
+            let mut i = 0;
+            while i < seller.delayed.len() {
+                if stuck(&seller.delayed[i].1) {
+                    let (at, p) = seller.delayed.swap_remove(i);
+                    moved.push((p, at.saturating_duration_since(now)));
+                } else {
+                    i += 1;
+                }
+            }
+        }
+        moved
+    }
+
+    /// Shutdown: forgets every waiting job (left uncommitted for the next
+    /// owner); returns how many there were.
+    pub(super) fn clear_waiting(&mut self) -> usize {
+        let mut n = 0;
+        for seller in self.sellers.values_mut() {
+            n += seller.waiting();
+            seller.queue.clear();
+            seller.delayed.clear();
+            seller.paced.clear();
+        }
+        n
+    }
+
+    /// Shutdown's end: every seller forgotten, and the slots they held
+    /// back in the pool.
+    pub(super) fn forget_all(&mut self) {
+        self.sellers.clear();
+        self.capacity_waiters.clear();
+        self.paced_waiters.clear();
+    }
+
+    /// Jobs waiting, by cause and seller: a seller refused until later is
+    /// limit-bound (unless every slot of its `max_in_flight` is taken, or
+    /// it is paused); one free to go waits for capacity; a pacer's granted
+    /// jobs wait for their unit's instant, the limit's.
+    pub(super) fn waiting_by_cause(&self, now: Instant) -> HashMap<(&'static str, Arc<str>), i64> {
+        let mut waiting: HashMap<(&'static str, Arc<str>), i64> = HashMap::new();
+        for (key, seller) in &self.sellers {
+            let n = (seller.queue.len() + seller.delayed.len()) as i64;
+            if n > 0 {
+                let held = seller.blocked_until.is_some_and(|t| t > now);
+                let cause = if held && seller.paused_since.is_some() {
+                    "paused"
+                } else if held && !seller.in_flight_bound {
+                    "limit"
+                } else {
+                    "capacity"
+                };
+                *waiting.entry((cause, key.clone())).or_default() += n;
+            }
+            if !seller.paced.is_empty() {
+                *waiting.entry(("limit", key.clone())).or_default() += seller.paced.len() as i64;
+            }
+        }
+        waiting
+    }
+}
+
+/// Whether an answer holds its seller for a slot of its `max_in_flight`
+/// (every slot taken, fleet-wide): it waits for capacity, not its limit.
+fn in_flight_bound(decision: &BatchDecision) -> bool {
+    match decision {
+        BatchDecision::Denied(d) => d.by == DeniedBy::MaxInFlight,
+        BatchDecision::Granted(g) => matches!(
+            g.next,
+            Some(NextJob::Wait {
+                by: DeniedBy::MaxInFlight,
+                ..
+            })
+        ),
+        BatchDecision::Never(_) => false,
+    }
+}
+
+/// Each granted job with its `X-Granted-At` and the instant it may go:
+/// the decision, or under a pacer its first unit's go-at.
+fn schedule(
+    g: &BatchGranted,
+    batch: Vec<Pending>,
+    answered_at: Instant,
+) -> Vec<(Option<u64>, Instant, Pending)> {
+    let mut unit = 0u64;
+    let mut out = Vec::with_capacity(batch.len());
+    for p in batch {
+        let first_unit = unit;
+        unit += p.job.cost;
+        match g.pace {
+            Some(pace) => {
+                let go_at = after(answered_at, pace.unit_after(first_unit));
+                let granted_at_us = pace
+                    .first_at_us
+                    .saturating_add(first_unit.saturating_mul(pace.interval_us));
+                out.push((Some(granted_at_us), go_at, p));
+            }
+            None => {
+                let granted_at = (g.decided_at_us > 0).then_some(g.decided_at_us);
+                out.push((granted_at, answered_at, p));
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,219 @@
+//! One seller's jobs on this replica, and how its waiting jobs are read:
+//! the heads it asks the limiter about, and the granted ones taken out.
+//!
+//! A seller is in one phase at a time: idle, asking the limiter, or
+//! running a granted batch. Its fields are the scheduler's to change
+//! ([`super::scheduler`]); this file only holds them and answers questions
+//! about them.
+
+use std::collections::VecDeque;
+
+use tokio::time::Instant;
+
+use crate::kafka::consumer::Origin;
+use crate::limiter::BatchGranted;
+
+use super::pending::Pending;
+use super::pool::Slots;
+
+/// How deep into a seller's queue to look for the next job of each
+/// partition; bounds the work per limiter call for a seller with a deep
+/// backlog on few partitions.
+const HEAD_SCAN: usize = 512;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Phase {
+    Idle,
+    Asking,
+    Running,
+}
+
+/// One seller's jobs on this replica.
+#[derive(Debug)]
+pub(super) struct Seller {
+    /// Waiting for a permit, in arrival order.
+    pub(super) queue: VecDeque<Pending>,
+    /// Failed calls waiting out their backoff.
+    pub(super) delayed: Vec<(Instant, Pending)>,
+    pub(super) phase: Phase,
+    /// Refused (by the limiter, a 429 or the failure policy) until then.
+    pub(super) blocked_until: Option<Instant>,
+    /// Downstream slots held for the limiter call under way: one per job
+    /// asked about, handed to the granted jobs, the rest given back.
+    pub(super) asking: Option<Slots>,
+    /// In the capacity queue: ready to ask, but every slot is taken.
+    pub(super) wants_capacity: bool,
+    /// The jobs the limiter call under way asks about, in order. The answer
+    /// is read against these, not against the queue, which may change
+    /// meanwhile (a revoke, `unstick`): a "never" names the job it was
+    /// about, and a grant takes only jobs that were asked for.
+    pub(super) asked: Vec<Origin>,
+    /// 429s in a row that named no useful wait (none, zero, a past date):
+    /// each one backs off longer, so "Retry-After: 0" cannot loop.
+    pub(super) throttles_in_a_row: u32,
+    /// A pacer's granted jobs waiting for the instant their unit may go,
+    /// earliest first. They hold no downstream slot while they wait.
+    pub(super) paced: VecDeque<Paced>,
+    /// Runs under way (a granted batch, or one paced job each).
+    pub(super) runs: usize,
+    /// In the paced queue: a paced job is due, but every slot is taken.
+    pub(super) wants_paced_slot: bool,
+    /// Held by an operator's pause since then (`None`: not paused, as far
+    /// as the last look went).
+    pub(super) paused_since: Option<Instant>,
+    /// Its last hold is for a slot of its `max_in_flight` (every slot
+    /// taken, fleet-wide): it waits for capacity, not for its limit.
+    pub(super) in_flight_bound: bool,
+}
+
+/// A granted job of a pacer (`leaky_bucket`), waiting for its go-at.
+#[derive(Debug)]
+pub(super) struct Paced {
+    pub(super) go_at: Instant,
+    /// Its unit's go-at on the limiter's clock (µs): its `X-Granted-At`.
+    pub(super) granted_at_us: u64,
+    pub(super) pending: Pending,
+}
+
+impl Seller {
+    pub(super) fn new() -> Seller {
+        Seller {
+            queue: VecDeque::new(),
+            delayed: Vec::new(),
+            phase: Phase::Idle,
+            blocked_until: None,
+            asking: None,
+            wants_capacity: false,
+            asked: Vec::new(),
+            throttles_in_a_row: 0,
+            paced: VecDeque::new(),
+            runs: 0,
+            wants_paced_slot: false,
+            paused_since: None,
+            in_flight_bound: false,
+        }
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+            && self.delayed.is_empty()
+            && self.paced.is_empty()
+            && self.runs == 0
+            && self.phase == Phase::Idle
+            && !self.wants_capacity
+    }
+
+    /// Jobs waiting here: queued, backing off or paced.
+    pub(super) fn waiting(&self) -> usize {
+        self.queue.len() + self.delayed.len() + self.paced.len()
+    }
+
+    /// Running while a run is under way or a paced job waits; idle after.
+    /// A limiter call under way keeps its seller asking: its answer holds
+    /// the slots it reserved.
+    pub(super) fn settle_phase(&mut self) {
+        if self.phase == Phase::Asking {
+            return;
+        }
+        self.phase = if self.runs > 0 || !self.paced.is_empty() {
+            Phase::Running
+        } else {
+            Phase::Idle
+        };
+    }
+
+    /// Moves the jobs whose backoff is over to the front of the queue,
+    /// oldest first (they are older than the queue); returns when the next
+    /// backoff ends.
+    pub(super) fn wake_delayed(&mut self, now: Instant) -> Option<Instant> {
+        let mut due: Vec<Pending> = Vec::new();
+        let mut i = 0;
+        while i < self.delayed.len() {
+            if self.delayed[i].0 <= now {
+                due.push(self.delayed.swap_remove(i).1);
+            } else {
+                i += 1;
+            }
+        }
+        // swap_remove scrambled them.
+        due.sort_by_key(|p| p.origin.offset);
+        for p in due.into_iter().rev() {
+            self.queue.push_front(p);
+        }
+        self.delayed.iter().map(|(t, _)| *t).min()
+    }
+
+    /// Keeps only the jobs `keep` accepts, returning the others' bytes.
+    pub(super) fn retain(&mut self, keep: &dyn Fn(&Pending) -> bool) -> Vec<usize> {
+        let mut dropped = Vec::new();
+        self.queue
+            .retain(|p| keep(p) || drop_bytes(&mut dropped, p));
+        self.delayed
+            .retain(|(_, p)| keep(p) || drop_bytes(&mut dropped, p));
+        self.paced
+            .retain(|q| keep(&q.pending) || drop_bytes(&mut dropped, &q.pending));
+        self.settle_phase();
+        dropped
+    }
+}
+
+fn drop_bytes(dropped: &mut Vec<usize>, p: &Pending) -> bool {
+    dropped.push(p.bytes);
+    false
+}
+
+/// Indexes (ascending) of the first waiting job of each partition, at most
+/// `max` of them. A seller asks the limiter for exactly these: each can be
+/// called the moment it is granted (the jobs behind it in its partition
+/// must wait for it, to keep their order), so a grant reaches the downstream
+/// within one call of being made, and the downstream's view of the rate is
+/// the limiter's.
+pub(super) fn partition_heads(queue: &VecDeque<Pending>, max: usize) -> Vec<usize> {
+    let mut seen: Vec<(&str, i32)> = Vec::new();
+    let mut heads = Vec::new();
+    for (i, p) in queue.iter().take(HEAD_SCAN).enumerate() {
+        if heads.len() == max {
+            break;
+        }
+        let part = (&*p.origin.topic, p.origin.partition);
+        if !seen.contains(&part) {
+            seen.push(part);
+            heads.push(i);
+        }
+    }
+    heads
+}
+
+/// Where the job at `origin` waits in `queue`, looking no deeper than
+/// the heads a seller asks about can be.
+pub(super) fn position(queue: &VecDeque<Pending>, origin: &Origin) -> Option<usize> {
+    queue
+        .iter()
+        .take(HEAD_SCAN)
+        .position(|p| p.origin == *origin)
+}
+
+/// Removes and returns the granted jobs, in the order asked, each with
+/// its place in `asked`: the first `g.jobs` of `asked` that still wait (a
+/// revoke or `unstick` between the question and the answer may have taken
+/// some; their units go unused), never more units than were charged.
+pub(super) fn take_granted(
+    queue: &mut VecDeque<Pending>,
+    g: &BatchGranted,
+    asked: &[Origin],
+) -> Vec<(usize, Pending)> {
+    let mut units = 0u64;
+    let mut out = Vec::new();
+    for (k, origin) in asked.iter().take(g.jobs).enumerate() {
+        let Some(i) = position(queue, origin) else {
+            continue;
+        };
+        let cost = queue[i].job.cost;
+        if units + cost > g.units {
+            break;
+        }
+        units += cost;
+        out.extend(queue.remove(i).map(|p| (k, p)));
+    }
+    out
+}
