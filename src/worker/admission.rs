@@ -142,3 +142,127 @@ impl<K: Clock> Admission<K> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use rand::SeedableRng;
+
+    use super::*;
+    use crate::config::OnError;
+    use crate::limiter::{Algorithm, Rule};
+    use crate::worker::ports::SystemClock;
+
+    use super::super::fixtures::settings;
+
+    fn admission(on_error: OnError, unready_after: u32) -> Admission<SystemClock> {
+        let mut s = settings();
+        s.redis.on_error = on_error;
+        s.redis.unready_after = unready_after;
+        Admission::new(&s, Arc::new(SystemClock))
+    }
+
+    fn asked(costs: &[u64], cap: Option<u32>, share: f64, busy: usize) -> Failed<'static> {
+        Failed {
+            costs: costs.to_vec(),
+            share,
+            max_in_flight: cap,
+            busy,
+            rules: None,
+        }
+    }
+
+    /// (jobs granted, or None for a refusal; refused for max_in_flight)
+    fn read(d: &BatchDecision) -> (Option<usize>, bool) {
+        match d {
+            BatchDecision::Granted(g) => (Some(g.jobs), false),
+            BatchDecision::Denied(d) => (None, d.by == DeniedBy::MaxInFlight),
+            BatchDecision::Never(_) => panic!("no policy says never"),
+        }
+    }
+
+    #[test]
+    fn every_policy_decides_for_what_the_failed_call_asked() {
+        // (policy, costs, max_in_flight, share, busy, jobs granted, refused for max_in_flight)
+        type Case = (
+            OnError,
+            &'static [u64],
+            Option<u32>,
+            f64,
+            usize,
+            Option<usize>,
+            bool,
+        );
+        let cases: &[Case] = &[
+            (OnError::FailClosed, &[1, 1], None, 1.0, 0, None, false),
+            (OnError::FailClosed, &[1], Some(4), 1.0, 0, None, false),
+            (OnError::FailOpen, &[1, 2, 3], None, 1.0, 0, Some(3), false),
+            // This replica's share of the cap: 10 × 0.25 = 2 calls.
+            (
+                OnError::FailOpen,
+                &[1, 1, 1],
+                Some(10),
+                0.25,
+                0,
+                Some(2),
+                false,
+            ),
+            // At least one call, less those under way.
+            (OnError::FailOpen, &[1, 1], Some(2), 0.1, 0, Some(1), false),
+            (OnError::FailOpen, &[1, 1], Some(2), 0.1, 1, None, true),
+            (OnError::Local, &[1, 1], Some(4), 0.5, 2, None, true),
+            // No rules: the local share lets them through.
+            (OnError::Local, &[1, 1], None, 0.5, 0, Some(2), false),
+        ];
+        let mut rng = StdRng::seed_from_u64(7);
+        for &(policy, costs, cap, share, busy, jobs, by_cap) in cases {
+            let mut a = admission(policy, 3);
+            let f = a.failed("s", asked(costs, cap, share, busy), &mut rng);
+            assert_eq!(
+                read(&f.decision),
+                (jobs, by_cap),
+                "{policy:?} {costs:?} cap {cap:?} share {share} busy {busy}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_local_policy_holds_a_seller_to_its_share_of_the_rule() {
+        let rule =
+            Rule::new(Algorithm::FixedWindow, 10, Duration::from_secs(60), None).expect("a rule");
+        let own = [rule];
+        let mut a = admission(OnError::Local, 3);
+        let mut rng = StdRng::seed_from_u64(7);
+        let mut admitted = 0;
+        for _ in 0..10 {
+            let mut f = asked(&[1], None, 0.5, 0);
+            f.rules = Some((&own, &[]));
+            admitted += read(&a.failed("s", f, &mut rng).decision).0.unwrap_or(0);
+        }
+        assert_eq!(admitted, 5, "half the partitions, half of 10");
+    }
+
+    #[test]
+    fn readiness_follows_the_failures_in_a_row() {
+        let mut a = admission(OnError::FailClosed, 3);
+        let mut rng = StdRng::seed_from_u64(1);
+        // (call fails, in a row after, reported down now, back up now)
+        let steps: &[(bool, u32, bool, bool)] = &[
+            (true, 1, false, false),
+            (true, 2, false, false),
+            (true, 3, true, false),
+            (true, 4, false, false),
+            (false, 0, false, true),
+            (true, 1, false, false),
+            (false, 0, false, false),
+        ];
+        for (i, &(fails, in_a_row, down, up)) in steps.iter().enumerate() {
+            if fails {
+                let f = a.failed("s", asked(&[1], None, 1.0, 0), &mut rng);
+                assert_eq!((f.in_a_row, f.now_unready), (in_a_row, down), "step {i}");
+            } else {
+                assert_eq!(a.answered(), up, "step {i}");
+            }
+        }
+        assert_eq!(a.policy(), "fail_closed");
+    }
+}

@@ -25,6 +25,8 @@
 
 mod admission;
 pub mod engine;
+#[cfg(test)]
+mod fixtures;
 pub mod ledger;
 pub mod memory;
 mod outage;

@@ -657,3 +657,385 @@ fn schedule(
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::local::granted;
+    use crate::limiter::{CannotPass, Denied, Pace};
+
+    use super::super::fixtures::{origin, pending};
+
+    const MS: Duration = Duration::from_millis(1);
+    const INLINE: Duration = Duration::from_secs(5);
+
+    fn key(s: &str) -> Arc<str> {
+        Arc::from(s)
+    }
+
+    fn everything_owned(_: &Origin) -> bool {
+        true
+    }
+
+    fn denied(by: DeniedBy) -> BatchDecision {
+        BatchDecision::Denied(Denied {
+            retry_after: Duration::from_secs(1),
+            remaining: 0,
+            reset_after: Duration::ZERO,
+            by,
+            decided_at_us: 0,
+        })
+    }
+
+    fn never() -> BatchDecision {
+        BatchDecision::Never(CannotPass {
+            cost: 9,
+            capacity: 5,
+            rule: 0,
+            limit: None,
+        })
+    }
+
+    /// A scheduler of `slots` with `jobs` of seller `s` queued, as
+    /// (partition, offset, cost).
+    fn queued(slots: usize, jobs: &[(i32, i64, u64)]) -> (Scheduler, Instant) {
+        let mut s = Scheduler::new(slots);
+        let now = Instant::now();
+        for &(part, offset, cost) in jobs {
+            let p = pending("s", part, offset, cost);
+            assert!(s.enqueue(&key("s"), p, now, INLINE).is_none());
+        }
+        (s, now)
+    }
+
+    #[test]
+    fn a_seller_asks_for_one_head_per_partition_within_the_free_slots() {
+        // (slots, queued jobs as (partition, offset, cost), probe, costs asked)
+        type Jobs = &'static [(i32, i64, u64)];
+        let cases: &[(usize, Jobs, Option<usize>, &[u64])] = &[
+            (4, &[(0, 1, 1), (0, 2, 1), (1, 3, 2)], None, &[1, 2]),
+            (1, &[(0, 1, 1), (1, 2, 2)], None, &[1]),
+            (4, &[(0, 1, 3), (1, 2, 1), (2, 3, 1)], Some(1), &[3]),
+            (0, &[(0, 1, 1)], None, &[]),
+            (8, &[], None, &[]),
+        ];
+        for &(slots, jobs, probe, costs) in cases {
+            let (mut s, _) = queued(slots, jobs);
+            assert_eq!(s.ask(&key("s"), probe), costs, "{jobs:?} on {slots}");
+            assert_eq!(s.in_flight(), costs.len(), "each head holds a slot");
+        }
+    }
+
+    #[test]
+    fn the_phases_follow_the_answers() {
+        let s_ = key("s");
+        // (answer, phase after, in flight after, runs after)
+        let cases: &[(BatchDecision, Phase, usize, usize)] = &[
+            (BatchDecision::Granted(granted(2, 2)), Phase::Running, 2, 1),
+            (BatchDecision::Granted(granted(1, 1)), Phase::Running, 1, 1),
+            (BatchDecision::Granted(granted(0, 0)), Phase::Idle, 0, 0),
+            (denied(DeniedBy::Rule(0)), Phase::Idle, 0, 0),
+            (denied(DeniedBy::MaxInFlight), Phase::Idle, 0, 0),
+            (never(), Phase::Idle, 0, 0),
+        ];
+        for (answer, phase, in_flight, runs) in cases {
+            let (mut s, now) = queued(4, &[(0, 1, 1), (1, 2, 1), (0, 3, 1)]);
+            assert_eq!(s.ready(&s_, now).0, Ready::Waiting);
+            assert_eq!(s.ask(&s_, None).len(), 2);
+            assert_eq!(s.sellers[&s_].phase, Phase::Asking);
+            assert_eq!(s.ready(&s_, now).0, Ready::NotNow, "asking: no second call");
+            let answered = s.answered(&s_, answer, Vec::new(), now, now, &everything_owned);
+            let seller = &s.sellers[&s_];
+            assert_eq!(seller.phase, *phase, "{answer:?}");
+            assert_eq!(seller.runs, *runs, "{answer:?}");
+            assert_eq!(
+                seller.in_flight_bound,
+                matches!(answer, BatchDecision::Denied(d) if d.by == DeniedBy::MaxInFlight)
+            );
+            // Slots not handed to a job went back with the answer; the
+            // rest travel with the jobs and go back when they are dropped.
+            assert_eq!(s.in_flight(), *in_flight, "{answer:?}");
+            drop(answered);
+            assert_eq!(s.in_flight(), 0, "{answer:?}: every slot back");
+        }
+    }
+
+    #[test]
+    fn a_grant_runs_the_granted_prefix_and_names_where_it_stopped() {
+        let s_ = key("s");
+        let (mut s, now) = queued(4, &[(0, 1, 1), (1, 2, 1), (2, 3, 1)]);
+        s.ask(&s_, None);
+        let mut g = granted(2, 2);
+        g.next = Some(NextJob::Wait {
+            retry_after: Duration::from_secs(3),
+            by: DeniedBy::Rule(0),
+        });
+        let answer = BatchDecision::Granted(g);
+        let Answered::Granted(grant) =
+            s.answered(&s_, &answer, Vec::new(), now, now, &everything_owned)
+        else {
+            panic!("a grant");
+        };
+        let offsets: Vec<i64> = grant.run.iter().map(|(_, p)| p.origin.offset).collect();
+        assert_eq!(offsets, [1, 2]);
+        assert!(grant.run.iter().all(|(_, p)| p.slot.is_some()));
+        assert_eq!((grant.jobs, grant.units), (2, 2));
+        let (next, at) = grant.next.expect("stopped short");
+        assert!(matches!(next, NextJob::Wait { .. }));
+        assert_eq!(at, Some(origin(2, 3)));
+        assert_eq!(s.sellers[&s_].queue.len(), 1);
+    }
+
+    #[test]
+    fn granted_jobs_revoked_meanwhile_are_handed_back_as_gone() {
+        let s_ = key("s");
+        let (mut s, now) = queued(4, &[(0, 1, 1), (1, 2, 1)]);
+        s.ask(&s_, None);
+        let only_partition_0 = |o: &Origin| o.partition == 0;
+        let answer = BatchDecision::Granted(granted(2, 2));
+        let Answered::Granted(grant) =
+            s.answered(&s_, &answer, Vec::new(), now, now, &only_partition_0)
+        else {
+            panic!("a grant");
+        };
+        assert_eq!(grant.run.len(), 1);
+        assert_eq!(grant.gone.len(), 1);
+        assert_eq!(grant.gone[0].origin, origin(1, 2));
+        assert_eq!((grant.jobs, s.in_flight()), (1, 1));
+    }
+
+    #[test]
+    fn a_pacers_jobs_wait_for_their_go_at_without_a_slot() {
+        let s_ = key("s");
+        let (mut s, now) = queued(4, &[(0, 1, 1), (1, 2, 1), (2, 3, 1)]);
+        s.ask(&s_, None);
+        let mut g = granted(3, 3);
+        g.pace = Some(Pace {
+            first_at_us: 1_000_000,
+            first_after: Duration::ZERO,
+            interval_us: 100_000,
+        });
+        let Answered::Granted(grant) = s.answered(
+            &s_,
+            &BatchDecision::Granted(g),
+            Vec::new(),
+            now,
+            now,
+            &everything_owned,
+        ) else {
+            panic!("a grant");
+        };
+        // The first unit goes now; the others 100 ms apart.
+        assert_eq!(grant.run.len(), 1);
+        assert_eq!(grant.run[0].0, Some(1_000_000));
+        assert_eq!(grant.paced_at, Some(now + 100 * MS));
+        assert_eq!(s.in_flight(), 1, "paced jobs hold no slot");
+        assert_eq!(s.sellers[&s_].phase, Phase::Running);
+        // (when, run now, next go-at)
+        let steps: &[(Duration, usize, Option<Duration>)] = &[
+            (50 * MS, 0, Some(100 * MS)),
+            (100 * MS, 1, Some(200 * MS)),
+            (250 * MS, 1, None),
+        ];
+        let mut calls = grant.run;
+        for &(at, runs, next) in steps {
+            let due = s.due_paced(&s_, now + at, &everything_owned);
+            assert_eq!(due.run.len(), runs, "at {at:?}");
+            assert_eq!(due.next_at, next.map(|n| now + n), "at {at:?}");
+            calls.extend(due.run.into_iter().map(|(at, p)| (Some(at), p)));
+        }
+        assert_eq!(s.in_flight(), 3, "each due job took a slot");
+        assert_eq!(s.sellers[&s_].runs, 3);
+        drop(calls);
+        assert_eq!(s.in_flight(), 0);
+    }
+
+    #[test]
+    fn free_slots_go_to_due_paced_jobs_first_then_to_askers_in_turn() {
+        let mut s = Scheduler::new(1);
+        let now = Instant::now();
+        for seller in ["a", "b", "c"] {
+            s.enqueue(&key(seller), pending(seller, 0, 1, 1), now, INLINE);
+        }
+        assert_eq!(s.ask(&key("a"), None), [1]);
+        assert!(s.wait_for_slot(&key("b")));
+        assert!(s.wait_for_slot(&key("c")));
+        assert!(s.wait_for_slot(&key("b")), "once in the turns");
+        // A pacer whose due job found no slot.
+        s.entry(&key("p")).paced.push_back(Paced {
+            go_at: now,
+            granted_at_us: 1,
+            pending: pending("p", 0, 9, 1),
+        });
+        assert!(s
+            .due_paced(&key("p"), now, &everything_owned)
+            .run
+            .is_empty());
+        assert_eq!(s.next_turn(), None, "no slot free");
+        let answer = BatchDecision::Granted(granted(0, 0));
+        drop(s.answered(&key("a"), &answer, Vec::new(), now, now, &everything_owned));
+        let turns: Vec<Turn> = std::iter::from_fn(|| s.next_turn()).collect();
+        assert_eq!(
+            turns,
+            [
+                Turn::Paced(key("p")),
+                Turn::Ask(key("b")),
+                Turn::Ask(key("c"))
+            ]
+        );
+    }
+
+    #[test]
+    fn a_hold_longer_than_the_inline_delay_hands_the_queue_back() {
+        // (hold for, held before, jobs handed back, a new job deferred)
+        let cases: &[(Duration, Option<Duration>, usize, bool)] = &[
+            (Duration::from_secs(1), None, 0, false),
+            (Duration::from_secs(6), None, 2, true),
+            // The longer hold before took the jobs already.
+            (
+                Duration::from_secs(1),
+                Some(Duration::from_secs(9)),
+                0,
+                true,
+            ),
+            (Duration::from_secs(5), None, 0, false),
+        ];
+        for &(hold, before, back, deferred) in cases {
+            let (mut s, now) = queued(4, &[(0, 1, 1), (0, 2, 1)]);
+            if let Some(b) = before {
+                s.hold(&key("s"), now + b, now, INLINE);
+            }
+            let (until, waiting) = s
+                .hold(&key("s"), now + hold, now, INLINE)
+                .expect("a seller");
+            assert_eq!(
+                until,
+                now + hold.max(before.unwrap_or_default()),
+                "never shorter"
+            );
+            assert_eq!(waiting.len(), back, "{hold:?} after {before:?}");
+            assert_eq!(s.ready(&key("s"), now).0, Ready::NotNow, "held");
+            // A new job of a seller held beyond the inline delay is deferred.
+            let new = s.enqueue(&key("s"), pending("s", 0, 3, 1), now, INLINE);
+            assert_eq!(new.is_some(), deferred);
+        }
+    }
+
+    #[test]
+    fn a_pause_keeps_jobs_in_memory_until_it_is_old_and_not_ending() {
+        // (paused for so far, left, parked)
+        let cases: &[(Duration, Option<Duration>, bool)] = &[
+            (Duration::ZERO, None, false),
+            (Duration::from_secs(6), None, true),
+            (Duration::from_secs(6), Some(Duration::from_secs(2)), false),
+            (Duration::from_secs(6), Some(Duration::from_secs(60)), true),
+        ];
+        for &(since, left, parked) in cases {
+            let (mut s, start) = queued(4, &[(0, 1, 1), (1, 2, 1)]);
+            let recheck = Duration::from_millis(250);
+            s.hold_paused(&key("s"), start, recheck, left, INLINE);
+            let now = start + since;
+            let hold = s
+                .hold_paused(&key("s"), now, recheck, left, INLINE)
+                .expect("a seller");
+            assert_eq!(hold.recheck_at, now + recheck);
+            assert_eq!(hold.to_tiers, parked, "{since:?} {left:?}");
+            assert_eq!(hold.parked.len(), if parked { 2 } else { 0 });
+            assert_eq!(hold.jobs, 2);
+        }
+    }
+
+    #[test]
+    fn a_run_that_ended_puts_what_it_did_not_call_back_first_in_order() {
+        let s_ = key("s");
+        let (mut s, now) = queued(4, &[(0, 1, 1), (1, 2, 1), (0, 3, 1)]);
+        s.ask(&s_, None);
+        let answer = BatchDecision::Granted(granted(2, 2));
+        let Answered::Granted(grant) =
+            s.answered(&s_, &answer, Vec::new(), now, now, &everything_owned)
+        else {
+            panic!("a grant");
+        };
+        let unused: Vec<Pending> = grant.run.into_iter().map(|(_, p)| p).collect();
+        assert_eq!(s.in_flight(), 2);
+        let gone = s.run_ended(&s_, unused, true, &everything_owned);
+        assert!(gone.is_empty());
+        assert_eq!(s.in_flight(), 0, "unclaimed jobs hold no slot");
+        let queue: Vec<i64> = s.sellers[&s_]
+            .queue
+            .iter()
+            .map(|p| p.origin.offset)
+            .collect();
+        assert_eq!(queue, [1, 2, 3]);
+        assert_eq!(s.sellers[&s_].phase, Phase::Idle);
+        assert_eq!(s.throttled(&s_), 1);
+        assert_eq!(s.throttled(&s_), 2);
+        s.called(&s_, true);
+        assert_eq!(s.throttled(&s_), 1, "a success ends the 429s in a row");
+    }
+
+    #[test]
+    fn backoffs_end_first_in_offset_order() {
+        let s_ = key("s");
+        let (mut s, now) = queued(4, &[(0, 5, 1)]);
+        s.back_off(&s_, now + 2 * MS, pending("s", 0, 3, 1));
+        s.back_off(&s_, now + MS, pending("s", 0, 2, 1));
+        s.back_off(&s_, now + 9 * MS, pending("s", 0, 1, 1));
+        let (ready, next) = s.ready(&s_, now + 2 * MS);
+        assert_eq!(ready, Ready::Waiting);
+        assert_eq!(next, Some(now + 9 * MS));
+        let queue: Vec<i64> = s.sellers[&s_]
+            .queue
+            .iter()
+            .map(|p| p.origin.offset)
+            .collect();
+        assert_eq!(queue, [2, 3, 5]);
+    }
+
+    #[test]
+    fn a_revoke_drops_what_waits_of_lost_partitions_and_empty_sellers() {
+        let mut s = Scheduler::new(4);
+        let now = Instant::now();
+        s.enqueue(&key("a"), pending("a", 0, 1, 1), now, INLINE);
+        s.enqueue(&key("b"), pending("b", 1, 2, 1), now, INLINE);
+        s.back_off(&key("b"), now + MS, pending("b", 1, 3, 1));
+        let dropped = s.revoke(&|o: &Origin| o.partition == 0);
+        assert_eq!(dropped.len(), 2);
+        assert!(s.sellers.contains_key(&key("a")));
+        assert!(!s.sellers.contains_key(&key("b")), "nothing left of b");
+        assert_eq!(s.clear_waiting(), 1);
+    }
+
+    #[test]
+    fn a_seller_with_nothing_left_is_forgotten() {
+        let (mut s, now) = queued(4, &[(0, 1, 1)]);
+        assert_eq!(
+            s.take(&key("s"), &origin(0, 1)).map(|p| p.origin.offset),
+            Some(1)
+        );
+        assert_eq!(s.ready(&key("s"), now).0, Ready::Empty);
+        assert!(s.sellers.is_empty());
+        assert_eq!(s.ready(&key("s"), now).0, Ready::NotNow);
+    }
+
+    #[test]
+    fn backlog_causes() {
+        let now = Instant::now();
+        // (held, paused, in-flight bound, cause)
+        let cases: &[(bool, bool, bool, &str)] = &[
+            (false, false, false, "capacity"),
+            (true, false, false, "limit"),
+            (true, false, true, "capacity"),
+            (true, true, false, "paused"),
+        ];
+        for &(held, paused, bound, cause) in cases {
+            let (mut s, _) = queued(4, &[(0, 1, 1)]);
+            let seller = s.entry(&key("s"));
+            seller.blocked_until = held.then_some(now + MS);
+            seller.paused_since = paused.then_some(now);
+            seller.in_flight_bound = bound;
+            let waiting = s.waiting_by_cause(now);
+            assert_eq!(waiting.get(&(cause, key("s"))), Some(&1), "{cause}");
+        }
+    }
+}

@@ -217,3 +217,97 @@ pub(super) fn take_granted(
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::local::granted;
+
+    use super::super::fixtures::{origin, pending};
+
+    fn queue(jobs: &[(i32, i64, u64)]) -> VecDeque<Pending> {
+        jobs.iter()
+            .map(|&(part, offset, cost)| pending("s", part, offset, cost))
+            .collect()
+    }
+
+    #[test]
+    fn the_heads_are_each_partitions_first_job_in_queue_order() {
+        // (queue as (partition, offset), max, head indexes)
+        type Jobs = &'static [(i32, i64, u64)];
+        let cases: &[(Jobs, usize, &[usize])] = &[
+            (&[(0, 1, 1), (0, 2, 1), (1, 3, 1)], 9, &[0, 2]),
+            (&[(1, 1, 1), (0, 2, 1), (1, 3, 1), (2, 4, 1)], 9, &[0, 1, 3]),
+            (&[(1, 1, 1), (0, 2, 1), (2, 4, 1)], 2, &[0, 1]),
+            (&[], 9, &[]),
+            (&[(0, 1, 1)], 0, &[]),
+        ];
+        for &(jobs, max, heads) in cases {
+            assert_eq!(partition_heads(&queue(jobs), max), heads, "{jobs:?}");
+        }
+    }
+
+    #[test]
+    fn a_grant_takes_the_asked_jobs_still_waiting_within_its_units() {
+        // (queue, asked offsets, granted jobs and units, taken as (place, offset))
+        type Case = (
+            &'static [(i32, i64, u64)],
+            &'static [i64],
+            (usize, u64),
+            &'static [(usize, i64)],
+        );
+        let cases: &[Case] = &[
+            (&[(0, 1, 1), (1, 2, 1)], &[1, 2], (2, 2), &[(0, 1), (1, 2)]),
+            (&[(0, 1, 1), (1, 2, 1)], &[1, 2], (1, 1), &[(0, 1)]),
+            // The first asked is gone (a revoke): its units go unused.
+            (&[(1, 2, 1)], &[1, 2], (2, 2), &[(1, 2)]),
+            // Never more units than were charged.
+            (&[(0, 1, 2), (1, 2, 2)], &[1, 2], (2, 3), &[(0, 1)]),
+            (&[(0, 1, 1)], &[1], (0, 0), &[]),
+        ];
+        for &(jobs, asked, (n, units), taken) in cases {
+            let mut q = queue(jobs);
+            let asked: Vec<Origin> = asked
+                .iter()
+                .map(|&o| {
+                    jobs.iter()
+                        .find(|j| j.1 == o)
+                        .map_or(origin(0, o), |j| origin(j.0, o))
+                })
+                .collect();
+            let got: Vec<(usize, i64)> = take_granted(&mut q, &granted(n, units), &asked)
+                .into_iter()
+                .map(|(k, p)| (k, p.origin.offset))
+                .collect();
+            assert_eq!(got, taken, "{jobs:?} granted {n}/{units}");
+            assert_eq!(q.len(), jobs.len() - taken.len());
+        }
+    }
+
+    #[test]
+    fn the_phase_settles_on_what_is_under_way() {
+        // (phase before, runs, paced waiting, phase after)
+        let cases: &[(Phase, usize, bool, Phase)] = &[
+            (Phase::Idle, 0, false, Phase::Idle),
+            (Phase::Running, 0, false, Phase::Idle),
+            (Phase::Idle, 1, false, Phase::Running),
+            (Phase::Idle, 0, true, Phase::Running),
+            (Phase::Asking, 0, false, Phase::Asking),
+        ];
+        for &(before, runs, paced, after) in cases {
+            let mut s = Seller::new();
+            s.phase = before;
+            s.runs = runs;
+            if paced {
+                s.paced.push_back(Paced {
+                    go_at: Instant::now(),
+                    granted_at_us: 0,
+                    pending: pending("s", 0, 1, 1),
+                });
+            }
+            s.settle_phase();
+            assert_eq!(s.phase, after, "{before:?} runs {runs} paced {paced}");
+            assert_eq!(s.is_empty(), after == Phase::Idle && runs == 0 && !paced);
+        }
+    }
+}

@@ -178,3 +178,104 @@ impl RetryTiers {
         n
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use super::super::fixtures::pending;
+
+    const S: u64 = 1000;
+
+    fn tiers() -> RetryTiers {
+        let tier = |secs: u64, topic: &str| RetryTier {
+            delay: Duration::from_secs(secs),
+            topic: topic.to_owned(),
+        };
+        RetryTiers::with_tiers(vec![
+            tier(10, "r-10s"),
+            tier(60, "r-1m"),
+            tier(600, "r-10m"),
+        ])
+    }
+
+    #[test]
+    fn a_deferred_job_takes_the_longest_tier_that_does_not_pass_its_due_time() {
+        // (wait, tier, release after, due after), in seconds from now
+        let cases: &[(u64, &str, u64, u64)] = &[
+            (1, "r-10s", 1, 1),
+            (10, "r-10s", 10, 10),
+            (59, "r-10s", 10, 59),
+            (60, "r-1m", 60, 60),
+            (3600, "r-10m", 600, 3600),
+        ];
+        let now = 1_000_000;
+        for &(wait, topic, release, due) in cases {
+            let target = tiers().target(Duration::from_secs(wait), now);
+            let expected = Target::Retry {
+                topic: topic.to_owned(),
+                not_before_unix_ms: now + due * S,
+                release_at_unix_ms: now + release * S,
+            };
+            assert_eq!(target, expected, "wait {wait}s");
+        }
+    }
+
+    #[test]
+    fn a_hold_is_trusted_up_to_its_tiers_delay_and_a_second() {
+        let t = tiers();
+        let cases: &[(&str, u64, bool)] = &[
+            ("r-10s", 11 * S, true),
+            ("r-10s", 11 * S + 1, false),
+            ("r-1m", 61 * S, true),
+            ("jobs", 1, false),
+        ];
+        for &(topic, wait_ms, trusted) in cases {
+            assert_eq!(
+                t.holds_at_most(topic, wait_ms),
+                trusted,
+                "{topic} {wait_ms}"
+            );
+        }
+    }
+
+    fn parked(partition: i32, offset: i64, release: u64) -> Parked {
+        let mut p = pending("s", partition, offset, 1);
+        p.origin.topic = "r-10s".into();
+        Parked {
+            release_at_unix_ms: release,
+            not_before_unix_ms: None,
+            pending: p,
+        }
+    }
+
+    #[test]
+    fn a_partition_releases_its_due_head_and_holds_the_rest() {
+        let mut t = tiers();
+        let part = TopicPartition::new("r-10s", 0);
+        assert_eq!(t.park(parked(0, 1, 5 * S)), Some((part.clone(), 5 * S)));
+        assert_eq!(t.park(parked(0, 2, 7 * S)), None, "not the first");
+        // Released beyond the tier's delay plus a second: not trusted.
+        assert_eq!(t.park(parked(0, 3, 30 * S)), None);
+        assert!(t.park(parked(1, 4, 9 * S)).is_some());
+        assert_eq!((t.partitions(), t.records()), (2, 4));
+        // (now, released offsets, next release)
+        let steps: &[(u64, &[i64], Option<u64>)] = &[
+            (S, &[], Some(5 * S)),
+            (5 * S, &[1], Some(7 * S)),
+            (8 * S, &[2, 3], None),
+        ];
+        for &(now, released, next) in steps {
+            let u = t.unpark(&part, now);
+            let offsets: Vec<i64> = u.released.iter().map(|p| p.pending.origin.offset).collect();
+            assert_eq!(
+                (offsets.as_slice(), u.next_release),
+                (released, next),
+                "at {now}"
+            );
+        }
+        assert!(!t.holds(&part), "empty: may resume");
+        assert_eq!(t.revoke(&[TopicPartition::new("r-10s", 1)]).len(), 1);
+        assert_eq!(t.clear(), 0);
+    }
+}
