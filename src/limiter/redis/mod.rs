@@ -9,7 +9,9 @@
 //!
 //! - `connection`: the client (one server, TLS, a cluster), its
 //!   multiplexed connection, replaced after a timeout.
+//! - `clock`: where Redis' clock stands against ours, from the replies.
 
+mod clock;
 mod connection;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,6 +29,7 @@ use super::script::{
 };
 use crate::telemetry::events::{LimiterStateLost, RedisCalled};
 
+use clock::{local_us, RedisClock};
 use connection::Connection;
 
 /// Why a Redis call failed.
@@ -89,74 +92,6 @@ pub struct RedisStore {
     block: Script,
     functions: Arc<Functions>,
     clock: Arc<RedisClock>,
-}
-
-/// Where Redis' clock stands against ours, learnt from the jobs replies,
-/// for the deadline each jobs call on Redis' clock carries.
-///
-/// A call that times out may still be waiting in the buffers of a server
-/// that hangs (a stalled host, `CLIENT PAUSE`), and run when the server
-/// wakes: its grant would be charged, and nobody told of it. So the call
-/// carries a deadline on Redis' clock, before the moment the caller gives
-/// up, and the script refuses to run after it (`lua/jobs.lua`).
-///
-/// The offset is measured as Redis' `now` less our clock when the reply
-/// arrives, which is later than the script ran: it comes out at most the
-/// true offset, so the deadline errs early, never late. The deadline is
-/// sent + offset + 3/4 of the timeout: a script that runs in time leaves
-/// its reply a quarter of the timeout to arrive. A reply slower than that
-/// on its way back after the script ran is what the call's cancel is for
-/// (`lua/calls.lua`, and the limiter's cancel of a call whose reply may be
-/// lost, [`Store::may_have_run`]).
-struct RedisClock {
-    /// Redis' µs less ours; `i64::MIN` until a first reply.
-    offset_us: std::sync::atomic::AtomicI64,
-    /// Redis' µs at an instant of our monotonic clock, from the last
-    /// reply or `TIME`: the fleet's wall clock ([`Store::unix_us_at`]).
-    anchor: std::sync::Mutex<Option<(tokio::time::Instant, i64)>>,
-}
-
-impl RedisClock {
-    const UNKNOWN: i64 = i64::MIN;
-
-    fn new() -> RedisClock {
-        RedisClock {
-            offset_us: std::sync::atomic::AtomicI64::new(RedisClock::UNKNOWN),
-            anchor: std::sync::Mutex::new(None),
-        }
-    }
-
-    /// The deadline on Redis' clock for a call sent at `sent_us` (ours).
-    fn deadline(&self, sent_us: i64, timeout: Duration) -> Option<i64> {
-        let offset = self.offset_us.load(Ordering::Relaxed);
-        if offset == RedisClock::UNKNOWN {
-            return None;
-        }
-        let budget = i64::try_from(timeout.as_micros() * 3 / 4).unwrap_or(i64::MAX);
-        Some(sent_us.saturating_add(offset).saturating_add(budget))
-    }
-
-    /// A reply decided at `redis_us` (Redis' clock) arrived at `ours_us`.
-    fn observe(&self, redis_us: i64, ours_us: i64) {
-        self.offset_us
-            .store(redis_us.saturating_sub(ours_us), Ordering::Relaxed);
-        *self.anchor.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some((tokio::time::Instant::now(), redis_us));
-    }
-
-    /// Redis' µs at `now`, from the last observation.
-    fn at(&self, now: tokio::time::Instant) -> Option<u64> {
-        let (then, redis_us) = (*self.anchor.lock().unwrap_or_else(|p| p.into_inner()))?;
-        let since = i64::try_from(now.saturating_duration_since(then).as_micros()).ok()?;
-        u64::try_from(redis_us.saturating_add(since)).ok()
-    }
-}
-
-/// Our wall clock in µs since the epoch (0 before it, which no host is).
-fn local_us() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
 }
 
 /// The Functions library and whether this server runs it.
