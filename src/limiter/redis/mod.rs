@@ -10,27 +10,28 @@
 //! - `connection`: the client (one server, TLS, a cluster), its
 //!   multiplexed connection, replaced after a timeout.
 //! - `clock`: where Redis' clock stands against ours, from the replies.
+//! - `scripts`: the Lua as a Functions library (FCALL) or as scripts
+//!   (EVALSHA), loaded again when the server lost it.
 
 mod clock;
 mod connection;
+mod scripts;
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-
-use redis::{Script, Value};
 
 use crate::config::{RedisSettings, Topology};
 
 use super::reply::{JobsAnswer, JobsReply, MalformedReply, Reply};
 use super::script::{
-    call_life_us, release_args, BlockAt, FunctionLibrary, JobsCall, ScriptCall, Store, BLOCK_LUA,
-    LIMITER_LUA,
+    call_life_us, release_args, BlockAt, FunctionLibrary, JobsCall, ScriptCall, Store,
 };
 use crate::telemetry::events::{LimiterStateLost, RedisCalled};
 
 use clock::{local_us, RedisClock};
 use connection::Connection;
+pub use scripts::Scripts;
+use scripts::{Entry, Runner};
 
 /// Why a Redis call failed.
 #[derive(Debug, thiserror::Error)]
@@ -88,27 +89,8 @@ impl RedisError {
 #[derive(Clone)]
 pub struct RedisStore {
     conn: Arc<Connection>,
-    limiter: Script,
-    block: Script,
-    functions: Arc<Functions>,
+    scripts: Arc<Runner>,
     clock: Arc<RedisClock>,
-}
-
-/// The Functions library and whether this server runs it.
-struct Functions {
-    library: FunctionLibrary,
-    /// Cleared for good when the server has no Functions (Redis < 7) or the
-    /// ACL user may not load them: the EVALSHA scripts take over.
-    on: AtomicBool,
-}
-
-/// How the limiter runs on Redis: what [`RedisStore::scripts`] reports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Scripts {
-    /// A Functions library, `FCALL` (Redis 7+).
-    Functions,
-    /// EVALSHA of the assembled scripts.
-    Eval,
 }
 
 impl RedisStore {
@@ -155,12 +137,7 @@ impl RedisStore {
     async fn start(conn: Connection) -> Result<RedisStore, RedisError> {
         let store = RedisStore {
             conn: Arc::new(conn),
-            limiter: Script::new(LIMITER_LUA),
-            block: Script::new(BLOCK_LUA),
-            functions: Arc::new(Functions {
-                library: FunctionLibrary::new(),
-                on: AtomicBool::new(true),
-            }),
+            scripts: Arc::new(Runner::new()),
             clock: Arc::new(RedisClock::new()),
         };
         store.load().await?;
@@ -170,72 +147,28 @@ impl RedisStore {
     /// Loads the Functions library (every primary of a cluster), or, where
     /// the server cannot run Functions, both scripts into its script cache.
     pub async fn load(&self) -> Result<(), RedisError> {
-        if self.scripts() == Scripts::Functions {
-            match self.load_functions().await {
-                Ok(()) => return Ok(()),
-                Err(e) if no_functions(&e) => {
-                    self.functions.on.store(false, Ordering::Release);
-                    tracing::info!(
-                        reason = %e,
-                        "Redis cannot load Functions here; running the limiter as EVALSHA scripts"
-                    );
-                }
-                Err(e) => return Err(RedisError::Load(e)),
-            }
-        }
-        self.load_scripts().await
-    }
-
-    /// `FUNCTION LOAD REPLACE` of the library (the same name always holds
-    /// the same code, so replacing is idempotent).
-    async fn load_functions(&self) -> redis::RedisResult<()> {
-        let mut conn = self.conn.get();
-        redis::cmd("FUNCTION")
-            .arg("LOAD")
-            .arg("REPLACE")
-            .arg(&self.functions.library.code)
-            .query_async::<Value>(&mut conn)
-            .await
-            .map(|_| ())
+        self.scripts.load(&self.conn).await
     }
 
     /// Runs the limiter as EVALSHA scripts from now on (a server without
     /// Functions does this by itself; benchmarks compare the two).
     pub async fn use_eval_scripts(&self) -> Result<(), RedisError> {
-        self.functions.on.store(false, Ordering::Release);
-        self.load_scripts().await
+        self.scripts.use_eval(&self.conn).await
     }
 
     /// How the limiter runs on this server.
     pub fn scripts(&self) -> Scripts {
-        if self.functions.on.load(Ordering::Acquire) {
-            Scripts::Functions
-        } else {
-            Scripts::Eval
-        }
+        self.scripts.mode()
     }
 
     /// The library loaded with Functions (its name and FCALL names).
     pub fn library(&self) -> &FunctionLibrary {
-        &self.functions.library
-    }
-
-    async fn load_scripts(&self) -> Result<(), RedisError> {
-        let mut conn = self.conn.get();
-        self.limiter
-            .load_async(&mut conn)
-            .await
-            .map_err(RedisError::Load)?;
-        self.block
-            .load_async(&mut conn)
-            .await
-            .map_err(RedisError::Load)?;
-        Ok(())
+        self.scripts.library()
     }
 
     /// SHA1 of the limiter script, e.g. for `redis-benchmark EVALSHA`.
     pub fn limiter_sha(&self) -> &str {
-        self.limiter.get_hash()
+        self.scripts.limiter_sha()
     }
 }
 
@@ -250,7 +183,8 @@ impl RedisStore {
         let keys: Vec<&str> = keys.collect();
         let started = std::time::Instant::now();
         let result = self
-            .call(&self.functions.library.limiter, &self.limiter, &keys, &args)
+            .scripts
+            .call(&self.conn, Entry::Limiter, &keys, &args)
             .await;
         RedisCalled {
             kind: "script",
@@ -259,44 +193,6 @@ impl RedisStore {
         }
         .emit();
         result.map_err(|e| self.failed(e))
-    }
-
-    /// FCALL `function`, or EVALSHA `script` where Functions are off. A
-    /// server that lost the library gets it again and the call is retried
-    /// once; one that turns out to have no Functions (a failover to an
-    /// older server) switches the store to scripts.
-    async fn call<T: redis::FromRedisValue, A: redis::ToRedisArgs>(
-        &self,
-        function: &str,
-        script: &Script,
-        keys: &[&str],
-        args: &[A],
-    ) -> redis::RedisResult<T> {
-        let mut conn = self.conn.get();
-        if self.scripts() == Scripts::Functions {
-            let mut fcall = redis::cmd("FCALL");
-            fcall.arg(function).arg(keys.len()).arg(keys).arg(args);
-            match fcall.query_async(&mut conn).await {
-                Err(e) if function_missing(&e) => {
-                    tracing::info!("Redis lost the limiter's Functions library; loading it again");
-                    self.load_functions().await?;
-                    return fcall.query_async(&mut conn).await;
-                }
-                Err(e) if no_functions(&e) => {
-                    tracing::warn!(reason = %e, "Redis cannot run Functions; switching to EVALSHA scripts");
-                    self.functions.on.store(false, Ordering::Release);
-                }
-                done => return done,
-            }
-        }
-        let mut inv = script.prepare_invoke();
-        for k in keys {
-            inv.key(*k);
-        }
-        for a in args {
-            inv.arg(a);
-        }
-        inv.invoke_async(&mut conn).await
     }
 
     /// A failed call: a timeout gets a single server's connection replaced.
@@ -327,20 +223,6 @@ fn reply_may_be_lost(e: &RedisError) -> bool {
         }
         _ => false,
     }
-}
-
-/// The server has no such function: it lost the library (restart without
-/// persistence, FUNCTION FLUSH, a new cluster master).
-fn function_missing(e: &redis::RedisError) -> bool {
-    e.detail().is_some_and(|d| d.contains("Function not found"))
-}
-
-/// The server cannot run Functions at all: older than Redis 7, or an ACL
-/// user without FUNCTION LOAD or FCALL.
-fn no_functions(e: &redis::RedisError) -> bool {
-    // A key outside the user's patterns is NOPERM too, but names no command.
-    let text = e.to_string().to_lowercase();
-    text.contains("unknown command") || (text.contains("noperm") && text.contains("command"))
 }
 
 /// The `kind` label of a failed Redis call.
@@ -405,14 +287,10 @@ impl Store for RedisStore {
     }
 
     async fn release(&self, key: &str, leases: &[String]) -> Result<u64, RedisError> {
-        self.call(
-            &self.functions.library.limiter,
-            &self.limiter,
-            &[key],
-            &release_args(leases),
-        )
-        .await
-        .map_err(|e| self.failed(e))
+        self.scripts
+            .call(&self.conn, Entry::Limiter, &[key], &release_args(leases))
+            .await
+            .map_err(|e| self.failed(e))
     }
 
     async fn cancel_jobs(&self, call: &JobsCall) -> Result<Vec<i64>, RedisError> {
@@ -428,7 +306,8 @@ impl Store for RedisStore {
     ) -> Result<u64, RedisError> {
         let keys: Vec<&str> = at.keys().collect();
         let args = at.block_args(now_us, dur_us);
-        self.call(&self.functions.library.block, &self.block, &keys, &args)
+        self.scripts
+            .call(&self.conn, Entry::Block, &keys, &args)
             .await
             .map_err(|e| self.failed(e))
     }
