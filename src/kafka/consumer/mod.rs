@@ -15,6 +15,10 @@
 //! callback runs inside the poll and must commit the finished prefix of
 //! revoked partitions before they go. A record is tracked in the same poll
 //! that receives it, so no rebalance can fall between the two.
+//!
+//! - `lists`: our partitions and commits as librdkafka's lists.
+
+mod lists;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,7 +31,7 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer as _, ConsumerContext
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::statistics::Statistics;
-use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use rdkafka::{ClientContext, Offset};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::config::KafkaSettings;
@@ -39,6 +43,8 @@ use super::offsets::{Commit, Finish};
 use super::producer::{header_pairs, OriginalRecord, RetryHeaders};
 pub use super::record::{HeldBack, Origin, PartitionEvent, Record, TopicPartition};
 use super::session::{AsyncCommits, Coordinator, Received, Session};
+
+use lists::{commit_list, partition_list, partitions_of};
 
 /// Why the consumer failed.
 #[derive(Debug, thiserror::Error)]
@@ -673,13 +679,6 @@ fn lock_opt<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn partitions_of(tpl: &TopicPartitionList) -> Vec<TopicPartition> {
-    tpl.elements()
-        .iter()
-        .map(|e| TopicPartition::new(e.topic(), e.partition()))
-        .collect()
-}
-
 /// `topic[0],topic[3]`: one log field an operator (or a test) can read back.
 fn describe(parts: &[TopicPartition]) -> String {
     parts
@@ -687,26 +686,6 @@ fn describe(parts: &[TopicPartition]) -> String {
         .map(|tp| format!("{}[{}]", tp.topic, tp.partition))
         .collect::<Vec<_>>()
         .join(",")
-}
-
-fn partition_list(parts: &[TopicPartition]) -> TopicPartitionList {
-    let mut tpl = TopicPartitionList::with_capacity(parts.len());
-    for tp in parts {
-        tpl.add_partition(&tp.topic, tp.partition);
-    }
-    tpl
-}
-
-fn commit_list(commits: &[Commit]) -> TopicPartitionList {
-    let mut tpl = TopicPartitionList::with_capacity(commits.len());
-    for c in commits {
-        // Cannot fail for a partition just added: set_partition_offset only
-        // errs when the partition is missing from the list.
-        let mut elem = tpl.add_partition(&c.topic, c.partition);
-        let _ = elem.set_offset(Offset::Offset(c.offset));
-        elem.set_metadata(c.metadata.as_str());
-    }
-    tpl
 }
 
 #[cfg(test)]
