@@ -16,22 +16,23 @@
 //! revoked partitions before they go. A record is tracked in the same poll
 //! that receives it, so no rebalance can fall between the two.
 //!
+//! - `context`: [`WorkerContext`], the rebalance and statistics callbacks,
+//!   and librdkafka as the session's broker port.
 //! - `lists`: our partitions and commits as librdkafka's lists.
 
+mod context;
 mod lists;
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc as std_mpsc, Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer as _, ConsumerContext, Rebalance};
+use rdkafka::consumer::Consumer as _;
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
-use rdkafka::statistics::Statistics;
-use rdkafka::{ClientContext, Offset};
+use rdkafka::Offset;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::config::KafkaSettings;
@@ -39,12 +40,14 @@ use crate::telemetry::events::KafkaPollFailed;
 
 use super::commits::CommitQueue;
 use super::ledger::Ledger;
-use super::offsets::{Commit, Finish};
+use super::offsets::Finish;
 use super::producer::{header_pairs, OriginalRecord, RetryHeaders};
 pub use super::record::{HeldBack, Origin, PartitionEvent, Record, TopicPartition};
-use super::session::{AsyncCommits, Coordinator, Received, Session};
+use super::session::{Received, Session};
 
-use lists::{commit_list, partition_list, partitions_of};
+use context::Broker;
+pub use context::{WorkerConsumer, WorkerContext};
+use lists::{partition_list, partitions_of};
 
 /// Why the consumer failed.
 #[derive(Debug, thiserror::Error)]
@@ -81,165 +84,9 @@ impl Ownership {
     }
 }
 
-/// How long an assignment waits to read the committed metadata.
-const COMMITTED_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// librdkafka as the session's [`Coordinator`], inside a rebalance
-/// callback and on the poll thread; with the commit queue, also its
-/// [`AsyncCommits`].
-struct Broker<'a> {
-    consumer: &'a WorkerConsumer,
-    answers: Option<&'a CommitQueue>,
-}
-
-impl Coordinator for Broker<'_> {
-    type Error = KafkaError;
-
-    fn commit_sync(&self, commits: &[Commit]) -> Result<(), KafkaError> {
-        self.consumer
-            .commit(&commit_list(commits), CommitMode::Sync)
-    }
-
-    fn committed(
-        &self,
-        parts: &[TopicPartition],
-    ) -> Result<Vec<Option<(i64, String)>>, KafkaError> {
-        let tpl = self
-            .consumer
-            .committed_offsets(partition_list(parts), COMMITTED_TIMEOUT)?;
-        let found: HashMap<(String, i32), (i64, String)> = tpl
-            .elements()
-            .iter()
-            .filter_map(|e| match e.offset() {
-                Offset::Offset(base) => Some((
-                    (e.topic().to_owned(), e.partition()),
-                    (base, e.metadata().to_owned()),
-                )),
-                _ => None,
-            })
-            .collect();
-        Ok(parts
-            .iter()
-            .map(|tp| found.get(&(tp.topic.to_string(), tp.partition)).cloned())
-            .collect())
-    }
-}
-
-impl AsyncCommits for Broker<'_> {
-    fn send(&self, commits: &[Commit]) -> Result<(), KafkaError> {
-        match self.answers {
-            Some(queue) => queue.send(&commit_list(commits)),
-            // Only the poll thread sends periodic commits, and it has the
-            // queue; a callback that asked would wait instead.
-            None => self.commit_sync(commits),
-        }
-    }
-}
-
-/// Runs on the consumer's poll: commits and forgets revoked partitions,
-/// and tells the worker.
-pub struct WorkerContext {
-    session: SharedSession,
-    events: mpsc::UnboundedSender<PartitionEvent>,
-    /// The consumer group, for the lag metrics' `group` label.
-    group: String,
-    role: Role,
-    /// The partitions of the last lag report (so that the next drops the
-    /// revoked ones' series, and only those).
-    reported: Mutex<Vec<(String, i32)>>,
-}
-
-impl ClientContext for WorkerContext {
-    /// librdkafka's statistics (every `statistics.interval.ms`, on the poll
-    /// thread): the consumer lag of each assigned partition in messages
-    /// (high watermark minus committed offset, as kafka-lag-exporter and
-    /// kminion count it), and in seconds from the tracker (the age of the
-    /// first record taken but not finished).
-    fn stats(&self, stats: Statistics) {
-        let now_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as i64);
-        let ages = self.session.unfinished_ages(now_ms);
-        let mut partitions = Vec::new();
-        for (topic, t) in &stats.topics {
-            for (p, part) in &t.partitions {
-                // -1 is librdkafka's internal "unassigned" partition; a
-                // partition this consumer does not fetch has no lag here.
-                if *p < 0 || !part.desired || part.consumer_lag < 0 {
-                    continue;
-                }
-                let age = ages.get(&(topic.clone(), *p)).copied().unwrap_or(0.0);
-                partitions.push((topic.as_str(), *p, part.consumer_lag, age));
-            }
-        }
-        // This consumer's partitions reported last time and not now.
-        let mut reported = lock_opt(&self.reported);
-        let now: Vec<(String, i32)> = partitions
-            .iter()
-            .map(|(t, p, _, _)| ((*t).to_owned(), *p))
-            .collect();
-        let gone: Vec<(&str, i32)> = reported
-            .iter()
-            .filter(|tp| !now.contains(tp))
-            .map(|(t, p)| (t.as_str(), *p))
-            .collect();
-        crate::telemetry::events::ConsumerLag {
-            group: &self.group,
-            partitions: &partitions,
-            gone: &gone,
-        }
-        .emit();
-        drop(gone);
-        *reported = now;
-    }
-}
-
-impl ConsumerContext for WorkerContext {
-    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        let Rebalance::Revoke(tpl) = rebalance else {
-            return;
-        };
-        let revoked = partitions_of(tpl);
-        tracing::info!(partitions = %describe(&revoked), consumer = self.role.as_str(), "partitions revoked");
-        let broker = Broker {
-            consumer,
-            answers: None,
-        };
-        self.session.revoke(&broker, &revoked);
-        // librdkafka clears only its own pause flag on unassign: a pause the
-        // worker made (backpressure, a parked retry record) would survive
-        // into the next assignment of the partition and stop it for good.
-        if let Err(e) = consumer.resume(tpl) {
-            tracing::warn!(error = %e, "could not resume revoked partitions");
-        }
-        // The worker may already be gone at shutdown; nothing to tell then.
-        let _ = self.events.send(PartitionEvent::Revoked(revoked));
-    }
-
-    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        match rebalance {
-            Rebalance::Assign(tpl) => {
-                let assigned = partitions_of(tpl);
-                tracing::info!(partitions = %describe(&assigned), consumer = self.role.as_str(), "partitions assigned");
-                let broker = Broker {
-                    consumer,
-                    answers: None,
-                };
-                self.session.assign(&broker, &assigned);
-                let _ = self.events.send(PartitionEvent::Assigned(assigned));
-            }
-            Rebalance::Error(e) => tracing::warn!(error = %e, "rebalance error"),
-            Rebalance::Revoke(_) => {}
-        }
-    }
-}
-
 /// How often librdkafka reports statistics (the lag metrics), unless
 /// `statistics.interval.ms` is configured.
 const DEFAULT_STATISTICS_INTERVAL_MS: &str = "5000";
-
-/// The consumer type, named once.
-pub type WorkerConsumer = BaseConsumer<WorkerContext>;
 
 /// How long one poll waits for a record; also the longest a commit asked of
 /// the poll thread waits to start when no record arrives.
@@ -354,13 +201,7 @@ impl Consumer {
             }
         }
         let session = Arc::new(Session::new(ledger));
-        let context = WorkerContext {
-            session: session.clone(),
-            events,
-            group: settings.group_id.clone(),
-            role,
-            reported: Mutex::default(),
-        };
+        let context = WorkerContext::new(session.clone(), events, settings.group_id.clone(), role);
         let inner: WorkerConsumer =
             config
                 .create_with_context(context)
@@ -430,7 +271,7 @@ impl Consumer {
         let commands = lock_opt(&self.commands_rx)
             .take()
             .ok_or(ConsumerError::Stopped)?;
-        let role = self.inner.context().role;
+        let role = self.inner.context().role();
         let poller = Poller {
             inner: self.inner.clone(),
             session: self.session.clone(),
@@ -656,10 +497,7 @@ impl Poller {
         if !all {
             self.commit_queued.store(false, Ordering::Release);
         }
-        let broker = Broker {
-            consumer: &self.inner,
-            answers: Some(&self.answers),
-        };
+        let broker = Broker::on_poll_thread(&self.inner, &self.answers);
         self.session
             .commit(&broker, all)
             .map_err(ConsumerError::Commit)
@@ -677,15 +515,6 @@ fn lock_opt<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Plain data (a handle or a receiver taken once): a panic elsewhere
     // cannot have left it half-written.
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// `topic[0],topic[3]`: one log field an operator (or a test) can read back.
-fn describe(parts: &[TopicPartition]) -> String {
-    parts
-        .iter()
-        .map(|tp| format!("{}[{}]", tp.topic, tp.partition))
-        .collect::<Vec<_>>()
-        .join(",")
 }
 
 #[cfg(test)]
