@@ -19,35 +19,31 @@
 //! - `context`: [`WorkerContext`], the rebalance and statistics callbacks,
 //!   and librdkafka as the session's broker port.
 //! - `lists`: our partitions and commits as librdkafka's lists.
+//! - `poll`: the poll thread, and the consumer's handle on it.
 
 mod context;
 mod lists;
+mod poll;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc as std_mpsc, Arc, Mutex, MutexGuard};
-use std::thread::JoinHandle;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::Consumer as _;
 use rdkafka::error::KafkaError;
-use rdkafka::message::Message;
 use rdkafka::Offset;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 use crate::config::KafkaSettings;
-use crate::telemetry::events::KafkaPollFailed;
 
-use super::commits::CommitQueue;
 use super::ledger::Ledger;
 use super::offsets::Finish;
-use super::producer::{header_pairs, OriginalRecord, RetryHeaders};
 pub use super::record::{HeldBack, Origin, PartitionEvent, Record, TopicPartition};
-use super::session::{Received, Session};
+use super::session::Session;
 
-use context::Broker;
 pub use context::{WorkerConsumer, WorkerContext};
 use lists::{partition_list, partitions_of};
+use poll::PollThread;
 
 /// Why the consumer failed.
 #[derive(Debug, thiserror::Error)]
@@ -87,10 +83,6 @@ impl Ownership {
 /// How often librdkafka reports statistics (the lag metrics), unless
 /// `statistics.interval.ms` is configured.
 const DEFAULT_STATISTICS_INTERVAL_MS: &str = "5000";
-
-/// How long one poll waits for a record; also the longest a commit asked of
-/// the poll thread waits to start when no record arrives.
-const POLL_TIMEOUT: Duration = Duration::from_millis(50);
 
 /// Records received and not yet taken by the worker. Small: a pause stops
 /// librdkafka's fetching, not what already sits here.
@@ -136,29 +128,13 @@ fn default_strategy(config: &std::collections::BTreeMap<String, String>) -> Opti
         .then_some(DEFAULT_ASSIGNMENT_STRATEGY)
 }
 
-/// Work the poll thread does between polls.
-enum Command {
-    /// Commit the finished prefix: of every partition that moved since the
-    /// last commit, or (`all`) of every partition with a committable offset.
-    Commit {
-        all: bool,
-        reply: Option<oneshot::Sender<Result<usize, ConsumerError>>>,
-    },
-}
-
 /// The worker's consumer: records from the poll thread; pause, resume and
 /// commits.
 pub struct Consumer {
     inner: Arc<WorkerConsumer>,
     session: SharedSession,
     brokers: String,
-    commands: std_mpsc::Sender<Command>,
-    /// Taken by [`Consumer::start`].
-    commands_rx: Mutex<Option<std_mpsc::Receiver<Command>>>,
-    /// A periodic commit is queued and not yet done: do not queue another.
-    commit_queued: Arc<AtomicBool>,
-    stop: Arc<AtomicBool>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    poll: PollThread,
 }
 
 impl Consumer {
@@ -209,16 +185,11 @@ impl Consumer {
                     brokers: settings.brokers.clone(),
                     source,
                 })?;
-        let (commands, commands_rx) = std_mpsc::channel();
         Ok(Consumer {
             inner: Arc::new(inner),
             session,
             brokers: settings.brokers.clone(),
-            commands,
-            commands_rx: Mutex::new(Some(commands_rx)),
-            commit_queued: Arc::default(),
-            stop: Arc::default(),
-            thread: Mutex::new(None),
+            poll: PollThread::new(),
         })
     }
 
@@ -268,71 +239,29 @@ impl Consumer {
     /// `tx` (two consumers share one), each already tracked as unfinished.
     /// Rebalance callbacks run on that thread. Call once.
     pub fn start(&self, tx: mpsc::Sender<Record>) -> Result<(), ConsumerError> {
-        let commands = lock_opt(&self.commands_rx)
-            .take()
-            .ok_or(ConsumerError::Stopped)?;
-        let role = self.inner.context().role();
-        let poller = Poller {
-            inner: self.inner.clone(),
-            session: self.session.clone(),
-            records: tx,
-            commands,
-            commit_queued: self.commit_queued.clone(),
-            stop: self.stop.clone(),
-            answers: CommitQueue::new(self.inner.clone()),
-        };
-        let handle = std::thread::Builder::new()
-            .name(format!("kafka-poll-{}", role.as_str()))
-            .spawn(move || poller.run())
-            .map_err(ConsumerError::Spawn)?;
-        *lock_opt(&self.thread) = Some(handle);
-        Ok(())
+        self.poll
+            .start(self.inner.clone(), self.session.clone(), tx)
     }
 
     /// Asks the poll thread for a commit of every partition that moved since
     /// the last one; returns at once. Done, failed (counted and logged) and
     /// acknowledged by the broker on that thread.
     pub fn request_commit(&self) {
-        if self.commit_queued.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        if self
-            .commands
-            .send(Command::Commit {
-                all: false,
-                reply: None,
-            })
-            .is_err()
-        {
-            self.commit_queued.store(false, Ordering::Release);
-        }
+        self.poll.request_commit();
     }
 
     /// Commits every partition with a committable offset and waits for the
     /// broker's answer (at shutdown). Returns how many partitions were
     /// committed.
     pub async fn commit_all(&self) -> Result<usize, ConsumerError> {
-        let (reply, answer) = oneshot::channel();
-        self.commands
-            .send(Command::Commit {
-                all: true,
-                reply: Some(reply),
-            })
-            .map_err(|_| ConsumerError::Stopped)?;
-        answer.await.map_err(|_| ConsumerError::Stopped)?
+        self.poll.commit_all().await
     }
-
     /// Stops the poll thread and waits for it. Blocks: call it off the async
     /// threads. Afterwards the consumer does not commit again, not even
     /// from inside librdkafka's close (which revokes every partition).
     pub fn shutdown(&self) {
         self.session.close();
-        self.stop.store(true, Ordering::Release);
-        if let Some(handle) = lock_opt(&self.thread).take() {
-            if handle.join().is_err() {
-                tracing::warn!("the Kafka poll thread panicked");
-            }
-        }
+        self.poll.stop();
     }
 
     /// See [`Tracker::finish`].
@@ -406,108 +335,6 @@ impl Consumer {
                 (TopicPartition::new(e.topic(), e.partition()), off)
             })
             .collect())
-    }
-}
-
-/// The poll thread: polls, tracks and hands over records, runs the
-/// rebalance callbacks (inside the poll) and the commits asked of it.
-struct Poller {
-    inner: Arc<WorkerConsumer>,
-    session: SharedSession,
-    records: mpsc::Sender<Record>,
-    commands: std_mpsc::Receiver<Command>,
-    commit_queued: Arc<AtomicBool>,
-    stop: Arc<AtomicBool>,
-    /// Where the periodic commits' answers arrive.
-    answers: CommitQueue,
-}
-
-impl Poller {
-    fn run(mut self) {
-        while !self.stop.load(Ordering::Acquire) {
-            self.serve_commands();
-            self.read_answers();
-            let record = match self.inner.poll(POLL_TIMEOUT) {
-                None => continue,
-                Some(Ok(msg)) => self.track(&msg),
-                Some(Err(e)) => {
-                    KafkaPollFailed {
-                        error: &e.to_string(),
-                    }
-                    .emit();
-                    continue;
-                }
-            };
-            if let Some(record) = record {
-                self.deliver(record);
-            }
-        }
-        // A final commit asked for just before the stop still gets its answer.
-        self.serve_commands();
-    }
-
-    /// Tracks a received record as unfinished, or finishes it at once when
-    /// the partition's previous owner already did it.
-    fn track(&self, msg: &impl Message) -> Option<Record> {
-        let topic: Arc<str> = Arc::from(msg.topic());
-        let (partition, offset) = (msg.partition(), msg.offset());
-        let timestamp = msg.timestamp().to_millis();
-        let generation = match self.session.receive(&topic, partition, offset, timestamp) {
-            Received::Take { generation } => generation,
-            Received::AlreadyDone => return None,
-        };
-        let headers = match msg.headers() {
-            Some(h) => RetryHeaders::from_headers(header_pairs(h)),
-            None => Ok(RetryHeaders::default()),
-        };
-        Some(Record {
-            origin: Origin {
-                topic,
-                partition,
-                offset,
-                generation,
-            },
-            original: OriginalRecord::from_message(msg),
-            headers,
-        })
-    }
-
-    /// Hands a record to the worker, waiting while the channel is full (the
-    /// worker takes records as fast as it can, so the wait is short; a full
-    /// channel is what keeps records fetched past a pause few). Once the
-    /// worker stops taking records, they are let go: they stay unfinished,
-    /// so uncommitted, and the partition's next owner gets them.
-    fn deliver(&mut self, record: Record) {
-        if !self.records.is_closed() {
-            let _ = self.records.blocking_send(record);
-        }
-    }
-
-    fn serve_commands(&mut self) {
-        while let Ok(Command::Commit { all, reply }) = self.commands.try_recv() {
-            let result = self.commit(all);
-            if let Some(reply) = reply {
-                let _ = reply.send(result);
-            }
-        }
-    }
-
-    /// Commits the finished prefix (see [`Session::commit`]).
-    fn commit(&mut self, all: bool) -> Result<usize, ConsumerError> {
-        if !all {
-            self.commit_queued.store(false, Ordering::Release);
-        }
-        let broker = Broker::on_poll_thread(&self.inner, &self.answers);
-        self.session
-            .commit(&broker, all)
-            .map_err(ConsumerError::Commit)
-    }
-
-    /// Takes the answer of the periodic commit, if it came.
-    fn read_answers(&mut self) {
-        for answer in self.answers.answers() {
-            self.session.answered(&answer);
-        }
     }
 }
 
