@@ -1,7 +1,7 @@
 //! The limiter's calls on the embedded Redis, as the product makes them
-//! on a real one (`RedisStore` in src/limiter/redis.rs): the same KEYS, the
-//! same ARGV (`JobsCall::wire_args`, `BlockAt::block_args`, ...) and the
-//! same reading of the raw reply (`Reply::from_slice`,
+//! on a real one (`RedisStore` in src/limiter/redis/store.rs): the same
+//! KEYS, the same ARGV (`JobsCall::wire_args`, `BlockAt::block_args`, ...)
+//! and the same reading of the raw reply (`Reply::from_slice`,
 //! `JobsAnswer::from_slice`). Only the transport differs.
 
 use throttle_worker::limiter::{

@@ -1,0 +1,153 @@
+//! The limiter's calls, [`Store`] on Redis: each runs one entry point of
+//! the Lua (see `scripts`), is timed and counted, and hands back the raw
+//! reply or the error; a timeout gets a single server's connection
+//! replaced. What a failure means is the caller's to decide.
+
+use crate::limiter::reply::{JobsAnswer, JobsReply, Reply};
+use crate::limiter::script::{call_life_us, release_args, BlockAt, JobsCall, ScriptCall, Store};
+use crate::telemetry::events::{LimiterStateLost, RedisCalled};
+
+use super::clock::local_us;
+use super::scripts::Entry;
+use super::{RedisError, RedisStore};
+
+impl RedisStore {
+    /// One call of the limiter: FCALL of the library's function, or EVALSHA
+    /// of the script; its flat integer reply.
+    async fn invoke<'a>(
+        &self,
+        keys: impl Iterator<Item = &'a str>,
+        args: Vec<String>,
+    ) -> Result<Vec<i64>, RedisError> {
+        let keys: Vec<&str> = keys.collect();
+        let started = std::time::Instant::now();
+        let result = self
+            .scripts
+            .call(&self.conn, Entry::Limiter, &keys, &args)
+            .await;
+        RedisCalled {
+            kind: "script",
+            took: started.elapsed(),
+            error: result.as_ref().err().map(error_kind),
+        }
+        .emit();
+        result.map_err(|e| self.failed(e))
+    }
+
+    /// A failed call: a timeout gets a single server's connection replaced.
+    fn failed(&self, e: redis::RedisError) -> RedisError {
+        self.conn.failed(&e);
+        RedisError::Script(e)
+    }
+}
+
+impl RedisStore {
+    /// How long a jobs call's record stays for its cancel (µs), from this
+    /// store's timeout ([`call_life_us`]).
+    fn call_life_us(&self) -> u64 {
+        call_life_us(self.conn.timeout())
+    }
+}
+
+/// Whether a failed call may have run on the server, so that its charges
+/// are unknown to the caller: it timed out or its connection broke after
+/// it was sent. Not a refused connection (nothing was sent), not a
+/// script's error reply (the script charged nothing: `EXPIRED`, a bad
+/// request).
+fn reply_may_be_lost(e: &RedisError) -> bool {
+    match e {
+        RedisError::Script(e) => {
+            !e.is_connection_refusal()
+                && (e.is_timeout() || e.is_io_error() || e.is_connection_dropped())
+        }
+        _ => false,
+    }
+}
+
+/// The `kind` label of a failed Redis call.
+fn error_kind(e: &redis::RedisError) -> &'static str {
+    if e.is_timeout() {
+        "timeout"
+    } else if e.is_connection_refusal() || e.is_connection_dropped() || e.is_io_error() {
+        "connection"
+    } else {
+        "server"
+    }
+}
+
+impl Store for RedisStore {
+    fn may_have_run(e: &RedisError) -> bool {
+        reply_may_be_lost(e)
+    }
+
+    fn unix_us_at(&self, now: tokio::time::Instant) -> Option<u64> {
+        self.clock.at(now)
+    }
+
+    type Error = RedisError;
+
+    async fn run(&self, call: &ScriptCall) -> Result<Reply, RedisError> {
+        let raw = self.invoke(call.keys(), call.args()).await?;
+        Ok(Reply::from_slice(&raw)?)
+    }
+
+    async fn run_jobs(&self, call: &JobsCall) -> Result<Vec<JobsReply>, RedisError> {
+        // Only on Redis' clock: an explicit time (tests) says nothing of it.
+        let on_redis_clock = call.now_us.is_none();
+        let (deadline, life) = if on_redis_clock {
+            (
+                self.clock.deadline(local_us(), self.conn.timeout()),
+                Some(self.call_life_us()),
+            )
+        } else {
+            (None, None)
+        };
+        let raw = match self
+            .invoke(call.keys(), call.wire_args(deadline, life))
+            .await
+        {
+            Ok(raw) => raw,
+            // The limiter cancels a call whose reply may be lost
+            // (`Store::may_have_run`).
+            Err(e) => return Err(e),
+        };
+        let answer = JobsAnswer::from_slice(&raw, call.guard.is_some())?;
+        if let (true, Some(guard)) = (answer.found_loss, &call.guard) {
+            LimiterStateLost {
+                epoch: &guard.epoch,
+                on_loss: guard.on_loss.wire(),
+            }
+            .emit();
+        }
+        if let (true, Some(first)) = (on_redis_clock, answer.replies.first()) {
+            self.clock.observe(first.head.now_us, local_us());
+        }
+        Ok(answer.replies)
+    }
+
+    async fn release(&self, key: &str, leases: &[String]) -> Result<u64, RedisError> {
+        self.scripts
+            .call(&self.conn, Entry::Limiter, &[key], &release_args(leases))
+            .await
+            .map_err(|e| self.failed(e))
+    }
+
+    async fn cancel_jobs(&self, call: &JobsCall) -> Result<Vec<i64>, RedisError> {
+        self.invoke(call.keys(), call.cancel_wire_args(self.call_life_us()))
+            .await
+    }
+
+    async fn block(
+        &self,
+        at: &BlockAt,
+        now_us: Option<u64>,
+        dur_us: u64,
+    ) -> Result<u64, RedisError> {
+        let keys: Vec<&str> = at.keys().collect();
+        let args = at.block_args(now_us, dur_us);
+        self.scripts
+            .call(&self.conn, Entry::Block, &keys, &args)
+            .await
+            .map_err(|e| self.failed(e))
+    }
+}
