@@ -12,9 +12,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-type Graph = BTreeMap<String, BTreeSet<String>>;
+pub(super) type Graph = BTreeMap<String, BTreeSet<String>>;
 
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+pub(super) fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).expect("read src/") {
         let path = entry.expect("dir entry").path();
         if path.is_dir() {
@@ -104,7 +104,7 @@ fn import_graph() -> Graph {
 }
 
 /// A cycle of `graph`, as the modules along it, if there is one.
-fn find_cycle(graph: &Graph) -> Option<Vec<String>> {
+pub(super) fn find_cycle(graph: &Graph) -> Option<Vec<String>> {
     #[derive(Clone, Copy, PartialEq)]
     enum Mark {
         New,
@@ -150,7 +150,7 @@ fn find_cycle(graph: &Graph) -> Option<Vec<String>> {
     None
 }
 
-fn picture(graph: &Graph) -> String {
+pub(super) fn picture(graph: &Graph) -> String {
     graph
         .iter()
         .map(|(m, to)| {

@@ -1,0 +1,60 @@
+//! The shared state every replica reads from Redis on a timer: temporary
+//! overrides (`limits override`, every second) and operators' pauses
+//! (`limits pause`, four times a second), so that every replica applies
+//! them together. A read that fails keeps the last one and says why.
+
+use std::sync::Arc;
+
+use tokio::task::JoinHandle;
+
+use crate::limiter::{Limiter, RedisStore};
+use crate::telemetry::events::{PausesRead, SharedState, SharedStateUnreadable};
+
+/// Reads the overrides now, then every `limiter::overrides::REFRESH`.
+pub(super) async fn overrides(limiter: Arc<Limiter<RedisStore>>) -> JoinHandle<()> {
+    read_overrides(&limiter).await;
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(crate::limiter::overrides::REFRESH).await;
+            read_overrides(&limiter).await;
+        }
+    })
+}
+
+async fn read_overrides(limiter: &Limiter<RedisStore>) {
+    if let Err(e) = limiter.refresh_overrides().await {
+        SharedStateUnreadable {
+            what: SharedState::Overrides,
+            error: &e.to_string(),
+        }
+        .emit();
+    }
+}
+
+/// Reads the pauses now and every `limiter::pauses::REFRESH`, so a pause
+/// stops every replica's calls within a second.
+pub(super) fn pauses(limiter: Arc<Limiter<RedisStore>>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut last = None;
+        loop {
+            match limiter.refresh_pauses().await {
+                Ok(p) => {
+                    PausesRead {
+                        sellers: p.sellers.len(),
+                        all: p.all.is_some(),
+                        changed: last.as_ref().is_some_and(|l| *l != p)
+                            || (last.is_none() && !p.is_empty()),
+                    }
+                    .emit();
+                    last = Some(p);
+                }
+                Err(e) => SharedStateUnreadable {
+                    what: SharedState::Pauses,
+                    error: &e.to_string(),
+                }
+                .emit(),
+            }
+            tokio::time::sleep(crate::limiter::pauses::REFRESH).await;
+        }
+    })
+}

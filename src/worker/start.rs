@@ -1,0 +1,302 @@
+//! A worker's start and stop: every dependency checked at startup (with
+//! what to fix when one is not usable), the engine run until the shutdown
+//! future resolves, and the clients closed after.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::config::Settings;
+use crate::downstream::Downstream;
+use crate::kafka::consumer::{PartitionEvent, Record};
+use crate::kafka::{Consumers, RecordSink};
+use crate::limiter::{CoalesceSettings, Coalescer, KeySpace, Limiter, Policy, RedisStore};
+use crate::telemetry::events::WorkerConfigured;
+use crate::telemetry::http;
+use crate::telemetry::trace::Export;
+
+use super::engine::{Deps, Engine, Summary};
+use super::ledger::RedisLedger;
+use super::ports::{Live, SystemClock};
+use super::{refresh, reload};
+
+/// Why a worker did not start: the settings to look at, with the cause as
+/// its source (`{:#}` prints both, as `main` does).
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("downstream.url / downstream settings")]
+    Downstream(#[source] crate::downstream::DownstreamError),
+    #[error("downstream.retry_statuses: {0}")]
+    RetryStatuses(String),
+    #[error("redis.url: Redis must answer PING and accept the limiter scripts")]
+    Redis(#[source] crate::limiter::RedisError),
+    #[error("redis.state")]
+    Layout(#[source] crate::limiter::layout::LayoutError),
+    #[error("kafka settings")]
+    Kafka(#[source] crate::kafka::consumer::ConsumerError),
+    #[error("kafka.brokers / topics")]
+    Topics(#[source] crate::kafka::consumer::ConsumerError),
+    #[error("kafka producer")]
+    Producer(#[source] crate::kafka::SinkError),
+    #[error("kafka subscribe")]
+    Subscribe(#[source] crate::kafka::consumer::ConsumerError),
+    #[error("kafka consumer")]
+    Consumer(#[source] crate::kafka::consumer::ConsumerError),
+    #[error("http.listen")]
+    Listen(#[source] std::io::Error),
+    #[error(transparent)]
+    Reload(#[from] reload::ReloadError),
+    #[error("tracing.otlp_endpoint")]
+    Traces(#[source] crate::telemetry::trace::TraceError),
+}
+
+/// How long startup waits for Kafka metadata.
+const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long closing the Kafka clients may take at shutdown.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `/healthz` fails when the event loop has not turned for this long (or
+/// five commit intervals, if longer).
+const STUCK_AFTER_MIN: Duration = Duration::from_secs(10);
+
+/// Runs one worker until `shutdown` resolves. Fails at startup, with what to
+/// fix, when Redis, Kafka or the downstream URL is not usable.
+pub async fn run(
+    settings: Settings,
+    policy: Policy,
+    shutdown: impl Future<Output = ()>,
+) -> Result<Summary, StartError> {
+    run_watching(settings, policy, None, shutdown).await
+}
+
+/// [`run`], and with `config_file` the file's `[limits]` are applied again
+/// whenever it changes or the process gets SIGHUP (see [`reload`]).
+pub async fn run_watching(
+    settings: Settings,
+    policy: Policy,
+    config_file: Option<PathBuf>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<Summary, StartError> {
+    let settings = Arc::new(settings);
+    WorkerConfigured {
+        max_buffered_bytes: settings.worker.max_buffered_bytes,
+    }
+    .emit();
+    let worker_id = worker_id(&settings.kafka.group_instance_id);
+    let downstream = downstream(&settings, &worker_id)?;
+    let (limiter, ledger) = limiter(&settings, policy).await?;
+    let kafka = Kafka::start(&settings, ledger)?;
+    // The event loop turns at least every commit interval.
+    let health = http::Health::new((settings.kafka.commit_interval * 5).max(STUCK_AFTER_MIN));
+    let server = http::serve(settings.http.listen, health.clone())
+        .await
+        .map_err(StartError::Listen)?;
+    let k = &settings.kafka;
+    tracing::info!(
+        group = %k.group_id,
+        worker_id = %worker_id,
+        topic = %k.topic,
+        retry_topic = %k.retry_topic,
+        dlq_topic = %k.dlq_topic,
+        http = %server,
+        "worker started"
+    );
+    let limiter = Arc::new(limiter);
+    let watching = watch(config_file, &limiter, &settings)?;
+    // Overrides and pauses live in Redis: read now, then on a timer.
+    let overrides = refresh::overrides(limiter.clone()).await;
+    let pauses = refresh::pauses(limiter.clone());
+    health.set_ready(true);
+    let permits = Coalescer::start(
+        limiter.clone(),
+        CoalesceSettings {
+            max: settings.redis.coalesce_max,
+            window: settings.redis.coalesce_window,
+            ..CoalesceSettings::default()
+        },
+    );
+    // Job spans, once every startup check has passed: an export is not
+    // left behind by a failed start.
+    let traces = traces(&settings, &worker_id)?;
+    let deps: Deps<Live> = Deps {
+        permits: Arc::new(permits),
+        caller: Arc::new(downstream),
+        writer: kafka.sink.clone(),
+        source: kafka.consumer.clone(),
+        clock: Arc::new(SystemClock),
+        records: kafka.records,
+        partitions: kafka.partitions,
+        health: health.clone(),
+        jobs_partitions: kafka.jobs_partitions,
+        seed: rand::random(),
+    };
+    let summary = Engine::new(settings.clone(), deps).run(shutdown).await;
+    for task in watching.into_iter().chain([overrides, pauses]) {
+        task.abort();
+    }
+    close(kafka.consumer, kafka.sink, traces).await;
+    health.set_ready(false);
+    tracing::info!(?summary, "worker stopped");
+    Ok(summary)
+}
+
+/// The downstream client, as the settings configure it.
+fn downstream(settings: &Settings, worker_id: &str) -> Result<Downstream, StartError> {
+    let d = &settings.downstream;
+    let statuses = crate::downstream::RetryStatuses::parse(&d.retry_statuses)
+        .map_err(StartError::RetryStatuses)?;
+    Ok(Downstream::new(&d.url, d.timeout, d.concurrency)
+        .map_err(StartError::Downstream)?
+        .with_max_retry_after(d.max_retry_after)
+        .with_retry_statuses(statuses)
+        .with_worker_id(worker_id))
+}
+
+/// The limiter on Redis (its scripts loaded, its state's layout resolved)
+/// and the consumers' handoff ledger beside it.
+async fn limiter(
+    settings: &Settings,
+    policy: Policy,
+) -> Result<(Limiter<RedisStore>, RedisLedger), StartError> {
+    let store = RedisStore::open(&settings.redis)
+        .await
+        .map_err(StartError::Redis)?;
+    // Sellers the config names get series of their own; all others are
+    // counted together, so /metrics stays small with any number of sellers.
+    crate::telemetry::metrics::name_sellers(policy.named_sellers().map(str::to_owned));
+    let prefix = &settings.redis.key_prefix;
+    let layout = crate::limiter::layout::resolve(&store, prefix, settings.redis.state, true)
+        .await
+        .map_err(StartError::Layout)?;
+    let ledger = RedisLedger::new(store.clone(), prefix, &settings.kafka.group_id);
+    let keys = KeySpace::with_layout(prefix.clone(), layout);
+    let limiter = Limiter::new(store, keys, policy, settings.redis.topology)
+        .with_state_loss(settings.redis.on_state_loss);
+    Ok((limiter, ledger))
+}
+
+/// The Kafka side, started: the consumers, subscribed and polling, and
+/// the producer of retry and dead-letter copies.
+struct Kafka {
+    consumer: Arc<Consumers>,
+    sink: Arc<RecordSink>,
+    records: mpsc::Receiver<Record>,
+    partitions: mpsc::UnboundedReceiver<PartitionEvent>,
+    /// Partitions of the jobs topic.
+    jobs_partitions: usize,
+}
+
+impl Kafka {
+    fn start(settings: &Settings, ledger: RedisLedger) -> Result<Kafka, StartError> {
+        let (part_tx, partitions) = mpsc::unbounded_channel();
+        let k = &settings.kafka;
+        let consumer =
+            Consumers::new(k, part_tx, Some(Arc::new(ledger))).map_err(StartError::Kafka)?;
+        let all = k.all_topics();
+        let topics: Vec<&str> = all.iter().map(String::as_str).collect();
+        let check =
+            tokio::task::block_in_place(|| consumer.check_topics(&topics, METADATA_TIMEOUT));
+        let counts = check.map_err(StartError::Topics)?;
+        debug_assert_eq!(
+            topics[0], k.topic,
+            "all_topics() starts with the jobs topic"
+        );
+        let sink = RecordSink::new(&k.brokers, &settings.producer_config())
+            .map_err(StartError::Producer)?;
+        // The jobs topic to one consumer, every retry tier (all but the
+        // jobs and the dead-letter topic) to the other.
+        consumer
+            .subscribe(&topics[1..topics.len() - 1])
+            .map_err(StartError::Subscribe)?;
+        let records = consumer.start().map_err(StartError::Consumer)?;
+        Ok(Kafka {
+            consumer: Arc::new(consumer),
+            sink: Arc::new(sink),
+            records,
+            partitions,
+            jobs_partitions: counts[0],
+        })
+    }
+}
+
+/// Watches the config file (and SIGHUP) for `[limits]` edits, when there
+/// is a file to watch.
+fn watch(
+    config_file: Option<PathBuf>,
+    limiter: &Arc<Limiter<RedisStore>>,
+    settings: &Settings,
+) -> Result<Option<JoinHandle<()>>, StartError> {
+    if config_file.is_some() || settings.limits.file.is_some() {
+        return Ok(Some(reload::spawn(
+            config_file,
+            limiter.clone(),
+            settings.clone(),
+        )?));
+    }
+    // SIGHUP's default action ends the process: with nothing to reload it
+    // must still be caught, or a `kill -HUP` meant as "reload" (the
+    // README's advice) kills a worker that watches no file.
+    #[cfg(unix)]
+    reload::ignore_hangup().map_err(reload::ReloadError::Signal)?;
+    Ok(None)
+}
+
+/// The OTLP export of job spans, when an endpoint is set.
+fn traces(settings: &Settings, worker_id: &str) -> Result<Option<Export>, StartError> {
+    let t = &settings.tracing;
+    let traces = Export::start(&t.otlp_endpoint, t.sample_ratio, &t.service_name, worker_id)
+        .map_err(StartError::Traces)?;
+    if traces.is_some() {
+        tracing::info!(
+            endpoint = %crate::config::redact_url(&t.otlp_endpoint),
+            sample_ratio = t.sample_ratio,
+            "exporting job spans through OTLP"
+        );
+    }
+    Ok(traces)
+}
+
+/// Closes the Kafka clients and the span export. Closing a librdkafka
+/// client blocks (leaving the group, flushing): it runs off the async
+/// threads, and a broker that stopped answering does not hold the process
+/// forever.
+async fn close(consumer: Arc<Consumers>, sink: Arc<RecordSink>, traces: Option<Export>) {
+    let close = tokio::task::spawn_blocking(move || {
+        consumer.shutdown();
+        drop(consumer);
+        drop(sink);
+    });
+    if tokio::time::timeout(CLOSE_TIMEOUT, close).await.is_err() {
+        tracing::warn!(timeout = ?CLOSE_TIMEOUT, "Kafka clients did not close in time; exiting anyway");
+    }
+    if let Some(traces) = traces {
+        // The last spans are exported (within a few seconds); blocking.
+        let _ = tokio::task::spawn_blocking(move || traces.shutdown()).await;
+    }
+}
+
+/// This replica's name in logs and in `X-Worker-Id`: its static group
+/// member id when it has one, else host, process and a random suffix (two
+/// workers in one process, as in the tests, differ too).
+fn worker_id(group_instance_id: &str) -> String {
+    let id = group_instance_id.trim();
+    if !id.is_empty() {
+        return id.to_owned();
+    }
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "worker".to_owned());
+    format!(
+        "{host}-{}-{:04x}",
+        std::process::id(),
+        rand::random::<u16>()
+    )
+}
