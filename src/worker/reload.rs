@@ -53,62 +53,14 @@ pub fn spawn<S: Store + 'static>(
         .chain(running.limits.file.iter())
         .cloned()
         .collect();
-    let names: Vec<_> = watched
-        .iter()
-        .filter_map(|p| p.file_name().map(|n| n.to_owned()))
-        .collect();
-    let events = tx.clone();
-    let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
-        let Ok(ev) = ev else { return };
-        // Any event in a directory that names a watched file, names nothing
-        // (some backends), or names a `..data`-style entry: a ConfigMap
-        // swaps a symlinked directory, so the file's own name may not
-        // appear at all.
-        let ours = ev.paths.is_empty()
-            || ev.paths.iter().any(|p| {
-                p.file_name().is_some_and(|n| {
-                    names.iter().any(|name| name == n) || n.to_string_lossy().starts_with("..")
-                })
-            });
-        if ours && !matches!(ev.kind, notify::EventKind::Access(_)) {
-            let _ = events.send(());
-        }
-    })?;
-    let mut dirs: Vec<PathBuf> = Vec::new();
-    for path in &watched {
-        let dir = path
-            .parent()
-            .filter(|d| !d.as_os_str().is_empty())
-            .unwrap_or(Path::new("."))
-            .to_owned();
-        if !dirs.contains(&dir) {
-            watcher
-                .watch(&dir, RecursiveMode::NonRecursive)
-                .map_err(|source| ReloadError::Watch {
-                    dir: dir.display().to_string(),
-                    source,
-                })?;
-            dirs.push(dir);
-        }
-    }
+    let watcher = watch(&watched, tx.clone())?;
     let shown = watched
         .iter()
         .map(|p| p.display().to_string())
         .collect::<Vec<_>>()
         .join(" + ");
     #[cfg(unix)]
-    {
-        let hup = tx.clone();
-        let mut signal = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-            .map_err(ReloadError::Signal)?;
-        tokio::spawn(async move {
-            while signal.recv().await.is_some() {
-                if hup.send(()).is_err() {
-                    break;
-                }
-            }
-        });
-    }
+    forward_hangups(tx.clone())?;
     drop(tx);
     Ok(tokio::spawn(async move {
         // The watcher lives as long as this task.
@@ -126,6 +78,69 @@ pub fn spawn<S: Store + 'static>(
             );
         }
     }))
+}
+
+/// Watches the directories of `watched` (not the files: an editor or a
+/// ConfigMap replaces a file, which ends a watch on it); each event that may
+/// concern a watched file sends on `tx`.
+fn watch(
+    watched: &[PathBuf],
+    tx: mpsc::UnboundedSender<()>,
+) -> Result<notify::RecommendedWatcher, ReloadError> {
+    let names: Vec<_> = watched
+        .iter()
+        .filter_map(|p| p.file_name().map(|n| n.to_owned()))
+        .collect();
+    let events = tx;
+    let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
+        let Ok(ev) = ev else { return };
+        // Any event in a directory that names a watched file, names nothing
+        // (some backends), or names a `..data`-style entry: a ConfigMap
+        // swaps a symlinked directory, so the file's own name may not
+        // appear at all.
+        let ours = ev.paths.is_empty()
+            || ev.paths.iter().any(|p| {
+                p.file_name().is_some_and(|n| {
+                    names.iter().any(|name| name == n) || n.to_string_lossy().starts_with("..")
+                })
+            });
+        if ours && !matches!(ev.kind, notify::EventKind::Access(_)) {
+            let _ = events.send(());
+        }
+    })?;
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    for path in watched {
+        let dir = path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."))
+            .to_owned();
+        if !dirs.contains(&dir) {
+            watcher
+                .watch(&dir, RecursiveMode::NonRecursive)
+                .map_err(|source| ReloadError::Watch {
+                    dir: dir.display().to_string(),
+                    source,
+                })?;
+            dirs.push(dir);
+        }
+    }
+    Ok(watcher)
+}
+
+/// SIGHUP asks for a reload too.
+#[cfg(unix)]
+fn forward_hangups(hup: mpsc::UnboundedSender<()>) -> Result<(), ReloadError> {
+    let mut signal = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .map_err(ReloadError::Signal)?;
+    tokio::spawn(async move {
+        while signal.recv().await.is_some() {
+            if hup.send(()).is_err() {
+                break;
+            }
+        }
+    });
+    Ok(())
 }
 
 /// The `[limits]` as they were applied, to skip edits of other sections.
