@@ -12,6 +12,12 @@ use super::metrics::{
 };
 use super::Every;
 
+mod limiter;
+pub use limiter::{
+    JobsCallCancelled, LimiterCallCoalesced, LimiterCalled, LimiterStateLost, LimiterUnavailable,
+    RedisCalled, SlotsNotReturned,
+};
+
 fn secs(d: Duration) -> f64 {
     d.as_secs_f64()
 }
@@ -22,83 +28,6 @@ pub struct RecordReceived;
 impl RecordReceived {
     pub fn emit(&self) {
         metrics().jobs_received.inc();
-    }
-}
-
-/// A limiter call sent (to Redis, or answered by the failure policy).
-pub struct LimiterCalled;
-
-impl LimiterCalled {
-    pub fn emit(&self) {
-        metrics().limiter_calls.inc();
-    }
-}
-
-/// One Redis call of the limiter: its latency, and the kind of its failure.
-pub struct RedisCalled {
-    pub kind: &'static str,
-    pub took: Duration,
-    pub error: Option<&'static str>,
-}
-
-impl RedisCalled {
-    pub fn emit(&self) {
-        let m = metrics();
-        m.redis_call_duration
-            .get_or_create(&KindLabel { kind: self.kind })
-            .observe(secs(self.took));
-        if let Some(kind) = self.error {
-            m.limiter_errors.get_or_create(&KindLabel { kind }).inc();
-        }
-    }
-}
-
-/// A jobs call failed after it was sent (a timeout, a lost connection), so
-/// its cancel went out (`lua/calls.lua`): `refunded` units given back,
-/// `tombstones` requests made to charge nothing when the call runs, or the
-/// cancel's own `error` (its sellers may then stay charged for units they
-/// were not told of, until their rules drain).
-pub struct JobsCallCancelled<'a> {
-    pub requests: usize,
-    pub refunded: u64,
-    pub tombstones: usize,
-    pub error: Option<&'a str>,
-}
-
-impl JobsCallCancelled<'_> {
-    pub fn emit(&self) {
-        // A Redis that hangs fails every call, and each one's cancel with
-        // it: one line per interval.
-        static FAILED: Every = Every::new(Duration::from_secs(10));
-        match self.error {
-            None => tracing::info!(
-                requests = self.requests,
-                refunded = self.refunded,
-                tombstones = self.tombstones,
-                "cancelled a limiter call whose answer was lost"
-            ),
-            Some(error) => {
-                if let Some(more) = FAILED.tick() {
-                    tracing::warn!(
-                        requests = self.requests,
-                        error,
-                        more_since_last_line = more,
-                        "could not cancel a limiter call whose answer was lost; its sellers stay charged for it"
-                    );
-                }
-            }
-        }
-    }
-}
-
-/// A coalesced limiter call went out carrying `asks` sellers' asks.
-pub struct LimiterCallCoalesced {
-    pub asks: usize,
-}
-
-impl LimiterCallCoalesced {
-    pub fn emit(&self) {
-        metrics().limiter_asks_per_call.observe(self.asks as f64);
     }
 }
 
@@ -414,38 +343,6 @@ impl DownstreamFailed<'_> {
     }
 }
 
-/// The limiter could not answer; the failure policy decided instead.
-pub struct LimiterUnavailable<'a> {
-    pub error: &'a str,
-    pub policy: &'a str,
-    pub hold: Duration,
-    /// Failed calls in a row, this one included.
-    pub in_a_row: u32,
-    /// Jobs let through anyway (fail_open, local).
-    pub admitted: usize,
-}
-
-impl LimiterUnavailable<'_> {
-    pub fn emit(&self) {
-        // Every seller's call fails while Redis is out: one line per interval.
-        static LOG: Every = Every::new(Duration::from_secs(5));
-        metrics()
-            .jobs_admitted_without_redis
-            .inc_by(self.admitted as u64);
-        if let Some(more) = LOG.tick() {
-            tracing::warn!(
-                error = self.error,
-                policy = self.policy,
-                admitted = self.admitted,
-                hold_ms = self.hold.as_millis() as u64,
-                in_a_row = self.in_a_row,
-                more_since_last_line = more,
-                "limiter unavailable"
-            );
-        }
-    }
-}
-
 /// Offsets committed.
 pub struct OffsetsCommitted {
     pub partitions: usize,
@@ -501,37 +398,6 @@ impl HandoffLedgerFailed<'_> {
                 error = self.error,
                 more_since_last_line = more,
                 "handoff ledger failed; a partition handed over meanwhile relies on the broker's commit alone"
-            );
-        }
-    }
-}
-
-/// A limiter call found the state's epoch gone: Redis lost the limiter's
-/// state (or this is a new install). One call per loss fleet-wide finds
-/// it (per hash slot in a cluster).
-pub struct LimiterStateLost<'a> {
-    /// The epoch key, which names the hash slot in a cluster.
-    pub epoch: &'a str,
-    /// `redis.on_state_loss`.
-    pub on_loss: &'static str,
-}
-
-impl LimiterStateLost<'_> {
-    pub fn emit(&self) {
-        // A cluster's master that lost its data is found once per slot.
-        static LOG: Every = Every::new(Duration::from_secs(10));
-        metrics().limiter_state_lost.inc();
-        if let Some(more) = LOG.tick() {
-            let what = if self.on_loss == "wait" {
-                "sellers whose state is gone wait up to one period per rule (redis.on_state_loss = wait)"
-            } else {
-                "sellers whose state is gone start fresh and may get one extra window (redis.on_state_loss = admit)"
-            };
-            tracing::warn!(
-                epoch = self.epoch,
-                on_state_loss = self.on_loss,
-                more_since_last_line = more,
-                "Redis has lost the limiter's state (a restart without persistence, a failover, an eviction, or a new install): {what}"
             );
         }
     }
@@ -990,26 +856,6 @@ impl TraceContextInvalid {
                 "job record has an invalid traceparent; its job starts a new trace"
             );
         }
-    }
-}
-
-/// Slots of a seller's `max_in_flight` could not be given back (Redis did
-/// not answer): they stay taken until their lease lapses, and the seller
-/// runs below its cap meanwhile.
-pub struct SlotsNotReturned<'a> {
-    pub seller: &'a str,
-    pub slots: usize,
-    pub error: &'a str,
-}
-
-impl SlotsNotReturned<'_> {
-    pub fn emit(&self) {
-        tracing::warn!(
-            seller = self.seller,
-            slots = self.slots,
-            error = self.error,
-            "could not give back slots of max_in_flight; they lapse with their lease (limits.slot_lease)"
-        );
     }
 }
 
