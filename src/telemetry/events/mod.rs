@@ -6,10 +6,7 @@
 
 use std::time::Duration;
 
-use super::metrics::{
-    metrics, seller_label, ClassLabel, DecisionLabels, KindLabel, ReasonLabel, SellerLabel,
-    TierSellerLabels,
-};
+use super::metrics::{metrics, seller_label, ClassLabel, ReasonLabel};
 use super::Every;
 
 mod limiter;
@@ -17,6 +14,8 @@ pub use limiter::{
     JobsCallCancelled, LimiterCallCoalesced, LimiterCalled, LimiterStateLost, LimiterUnavailable,
     RedisCalled, SlotsNotReturned,
 };
+mod decisions;
+pub use decisions::{CallAvoided, JobsAdmitted, LimiterNever, SellerThrottled, ShadowDecided};
 
 fn secs(d: Duration) -> f64 {
     d.as_secs_f64()
@@ -45,104 +44,6 @@ impl DownstreamAnswered {
             .get_or_create(&ClassLabel { class: self.class })
             .inc();
         m.downstream_request_duration.observe(secs(self.took));
-    }
-}
-
-/// The limiter found a job that can never pass (its cost is over a rule's
-/// capacity); it is dead-lettered.
-pub struct LimiterNever<'a> {
-    pub seller: &'a str,
-    pub tier: &'a str,
-    pub rule: usize,
-}
-
-impl LimiterNever<'_> {
-    pub fn emit(&self) {
-        metrics()
-            .limiter_decisions
-            .get_or_create(&DecisionLabels {
-                result: "never",
-                by: format!("rule{}", self.rule),
-                tier: self.tier.to_owned(),
-                seller: seller_label(self.seller),
-            })
-            .inc();
-    }
-}
-
-/// Shadow rules were asked about `units` the enforced rules granted:
-/// `denied` of them they would have held back (`by`: which shadow rule, when
-/// one refused outright). The jobs go through either way.
-pub struct ShadowDecided<'a> {
-    pub seller: &'a str,
-    pub tier: &'a str,
-    pub units: u64,
-    pub denied: u64,
-    pub by: Option<usize>,
-    pub error: Option<&'a str>,
-}
-
-impl ShadowDecided<'_> {
-    pub fn emit(&self) {
-        let m = metrics();
-        if let Some(error) = self.error {
-            m.limiter_errors
-                .get_or_create(&KindLabel { kind: "shadow" })
-                .inc();
-            static LOG: Every = Every::new(Duration::from_secs(10));
-            if let Some(more) = LOG.tick() {
-                tracing::warn!(
-                    seller = self.seller,
-                    error,
-                    more_since_last_line = more,
-                    "shadow rules could not be asked; the jobs went through uncounted"
-                );
-            }
-            return;
-        }
-        if self.denied == 0 {
-            return;
-        }
-        let seller = seller_label(self.seller);
-        m.limiter_decisions
-            .get_or_create(&DecisionLabels {
-                result: "shadow_denied",
-                by: self
-                    .by
-                    .map_or_else(|| "shadow".to_owned(), |i| format!("shadow{i}")),
-                tier: self.tier.to_owned(),
-                seller: seller.clone(),
-            })
-            .inc();
-        m.limiter_shadow_denied_units
-            .get_or_create(&TierSellerLabels {
-                tier: self.tier.to_owned(),
-                seller,
-            })
-            .inc_by(self.denied);
-        tracing::debug!(
-            seller = self.seller,
-            units = self.units,
-            denied = self.denied,
-            "shadow rules would have held units back"
-        );
-    }
-}
-
-/// A limiter call not made: the seller is known to be refused (or held by
-/// a 429) until later, so a job arriving for it just joins its queue.
-pub struct CallAvoided<'a> {
-    pub seller: &'a str,
-}
-
-impl CallAvoided<'_> {
-    pub fn emit(&self) {
-        metrics()
-            .limiter_calls_avoided
-            .get_or_create(&SellerLabel {
-                seller: seller_label(self.seller),
-            })
-            .inc();
     }
 }
 
@@ -238,42 +139,6 @@ impl RecordTooLarge<'_> {
             fallback = self.fallback,
             error = self.error,
             "record too large to copy; see kafka.producer_properties.message.max.bytes and the topic's max.message.bytes"
-        );
-    }
-}
-
-/// The limiter refused a seller for a while.
-pub struct SellerThrottled<'a> {
-    pub seller: &'a str,
-    pub tier: &'a str,
-    pub retry_after: Duration,
-    pub waiting: usize,
-    /// What refused: `rule0`, `rule1`, …, `downstream_429`, `unavailable`.
-    pub by: &'a str,
-}
-
-impl SellerThrottled<'_> {
-    pub fn emit(&self) {
-        let m = metrics();
-        m.limiter_decisions
-            .get_or_create(&DecisionLabels {
-                result: "denied",
-                by: self.by.to_owned(),
-                tier: self.tier.to_owned(),
-                seller: seller_label(self.seller),
-            })
-            .inc();
-        m.limiter_retry_after.observe(secs(self.retry_after));
-        super::trace::note_seller_wait(
-            self.seller,
-            super::trace::cause_of_refusal(self.by),
-            Some(self.retry_after),
-        );
-        tracing::debug!(
-            seller = self.seller,
-            retry_after_ms = self.retry_after.as_millis() as u64,
-            waiting = self.waiting,
-            "seller throttled"
         );
     }
 }
@@ -550,41 +415,6 @@ impl RetryAfterClamped {
             max_s = self.max.as_secs(),
             "downstream Retry-After is over downstream.max_retry_after; clamped"
         );
-    }
-}
-
-/// The limiter admitted jobs of a seller: `units` is the sum of their costs.
-pub struct JobsAdmitted<'a> {
-    pub seller: &'a str,
-    pub tier: &'a str,
-    pub jobs: usize,
-    pub units: u64,
-    /// At most a fifth of the seller's smallest rule capacity is left.
-    pub near_limit: bool,
-}
-
-impl JobsAdmitted<'_> {
-    pub fn emit(&self) {
-        let m = metrics();
-        let seller = seller_label(self.seller);
-        if self.near_limit {
-            m.limiter_near_limit
-                .get_or_create(&TierSellerLabels {
-                    tier: self.tier.to_owned(),
-                    seller: seller.clone(),
-                })
-                .inc();
-        }
-        m.limiter_decisions
-            .get_or_create(&DecisionLabels {
-                result: "granted",
-                by: String::new(),
-                tier: self.tier.to_owned(),
-                seller,
-            })
-            .inc();
-        m.jobs_admitted.inc_by(self.jobs as u64);
-        m.units_admitted.inc_by(self.units);
     }
 }
 
