@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use super::metrics::{metrics, seller_label, ClassLabel, ReasonLabel};
+use super::metrics::{metrics, seller_label, ReasonLabel};
 use super::Every;
 
 mod limiter;
@@ -16,6 +16,10 @@ pub use limiter::{
 };
 mod decisions;
 pub use decisions::{CallAvoided, JobsAdmitted, LimiterNever, SellerThrottled, ShadowDecided};
+mod downstream;
+pub use downstream::{
+    DownstreamAnswered, DownstreamFailed, DownstreamOutage, DownstreamThrottled, RetryAfterClamped,
+};
 
 fn secs(d: Duration) -> f64 {
     d.as_secs_f64()
@@ -27,23 +31,6 @@ pub struct RecordReceived;
 impl RecordReceived {
     pub fn emit(&self) {
         metrics().jobs_received.inc();
-    }
-}
-
-/// The downstream answered (or failed to): `class` is `2xx`, `429`, `4xx`,
-/// `5xx`, `other`, `timeout` or `error`.
-pub struct DownstreamAnswered {
-    pub class: &'static str,
-    pub took: Duration,
-}
-
-impl DownstreamAnswered {
-    pub fn emit(&self) {
-        let m = metrics();
-        m.downstream_requests
-            .get_or_create(&ClassLabel { class: self.class })
-            .inc();
-        m.downstream_request_duration.observe(secs(self.took));
     }
 }
 
@@ -139,71 +126,6 @@ impl RecordTooLarge<'_> {
             fallback = self.fallback,
             error = self.error,
             "record too large to copy; see kafka.producer_properties.message.max.bytes and the topic's max.message.bytes"
-        );
-    }
-}
-
-/// The downstream answered 429 for a seller.
-pub struct DownstreamThrottled<'a> {
-    pub seller: &'a str,
-    pub retry_after: Duration,
-}
-
-impl DownstreamThrottled<'_> {
-    pub fn emit(&self) {
-        super::trace::note_seller_wait(self.seller, "downstream_429", Some(self.retry_after));
-        tracing::info!(
-            seller = self.seller,
-            retry_after_ms = self.retry_after.as_millis() as u64,
-            "downstream throttled seller; blocking it for every replica"
-        );
-    }
-}
-
-/// The downstream went out of service (every call failing), or came back.
-pub struct DownstreamOutage {
-    pub open: bool,
-    /// How long it lasted (when it ends).
-    pub lasted: Duration,
-    /// Probes that failed meanwhile.
-    pub probes: u32,
-}
-
-impl DownstreamOutage {
-    pub fn emit(&self) {
-        metrics().downstream_outage.set(i64::from(self.open));
-        if self.open {
-            metrics().downstream_outages.inc();
-            tracing::warn!(
-                "downstream out of service: calls failing across jobs; holding every job (no attempt spent) and probing"
-            );
-        } else {
-            tracing::warn!(
-                lasted_ms = self.lasted.as_millis() as u64,
-                probes = self.probes,
-                "downstream answering again; resuming every seller"
-            );
-        }
-    }
-}
-
-/// A downstream call failed in a way worth retrying.
-pub struct DownstreamFailed<'a> {
-    pub job_id: &'a str,
-    pub attempts: u32,
-    pub reason: &'a str,
-    pub backoff: Duration,
-}
-
-impl DownstreamFailed<'_> {
-    pub fn emit(&self) {
-        metrics().jobs_retried.inc();
-        tracing::info!(
-            job_id = self.job_id,
-            attempts = self.attempts,
-            reason = self.reason,
-            backoff_ms = self.backoff.as_millis() as u64,
-            "downstream call failed; retrying after backoff"
         );
     }
 }
@@ -394,26 +316,6 @@ impl HeadMoved<'_> {
             offset = self.offset,
             waited_ms = self.waited.as_millis() as u64,
             "a partition's head held its commit back; sent round the retry topic"
-        );
-    }
-}
-
-/// A downstream 429 asked for a longer wait than `downstream.max_retry_after`;
-/// the seller waits the maximum instead. Often a misconfigured or hostile
-/// server: a 10^19 s `Retry-After` once overflowed the worker's clock
-/// arithmetic.
-pub struct RetryAfterClamped {
-    pub requested: Duration,
-    pub max: Duration,
-}
-
-impl RetryAfterClamped {
-    pub fn emit(&self) {
-        metrics().downstream_retry_after_clamped.inc();
-        tracing::warn!(
-            requested_s = self.requested.as_secs(),
-            max_s = self.max.as_secs(),
-            "downstream Retry-After is over downstream.max_retry_after; clamped"
         );
     }
 }
