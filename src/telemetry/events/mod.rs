@@ -6,8 +6,6 @@
 
 use std::time::Duration;
 
-use super::metrics::{metrics, seller_label};
-
 mod limiter;
 pub use limiter::{
     JobsCallCancelled, LimiterCallCoalesced, LimiterCalled, LimiterStateLost, LimiterUnavailable,
@@ -33,134 +31,9 @@ pub use limits::{
     LimitsReloadRejected, LimitsReloaded, PausesRead, SellerPaused, SharedState,
     SharedStateUnreadable,
 };
+mod worker;
+pub use worker::{Backlog, Backpressure, SellerWaiting, WorkerConfigured};
 
 fn secs(d: Duration) -> f64 {
     d.as_secs_f64()
-}
-
-/// Fetching paused or resumed at `worker.max_buffered` or `worker.max_buffered_bytes`.
-pub struct Backpressure {
-    pub paused: bool,
-    pub buffered: usize,
-    pub bytes: usize,
-}
-
-impl Backpressure {
-    pub fn emit(&self) {
-        if self.paused {
-            metrics().backpressure_pauses.inc();
-        }
-        tracing::info!(
-            paused = self.paused,
-            buffered = self.buffered,
-            bytes = self.bytes,
-            "backpressure"
-        );
-    }
-}
-
-/// A snapshot of what this replica holds, taken every commit interval.
-pub struct Backlog<'a> {
-    /// Jobs waiting in memory by (cause, seller): `limit` or `capacity`.
-    pub waiting: &'a std::collections::HashMap<(&'static str, std::sync::Arc<str>), i64>,
-    pub in_flight: usize,
-    pub parked: usize,
-    pub bytes: usize,
-    pub assigned: usize,
-    pub paused: usize,
-}
-
-impl Backlog<'_> {
-    pub fn emit(&self) {
-        let m = metrics();
-        let mut by_label: std::collections::HashMap<(&'static str, String), i64> =
-            std::collections::HashMap::new();
-        for ((cause, seller), n) in self.waiting {
-            *by_label.entry((cause, seller_label(seller))).or_default() += n;
-        }
-        // Every cause of every labelled seller, so a cause that emptied
-        // reads 0 rather than vanishing; sellers gone entirely are dropped.
-        const CAUSES: [&str; 3] = ["limit", "capacity", "paused"];
-        m.jobs_waiting.clear();
-        for cause in CAUSES {
-            m.jobs_waiting
-                .get_or_create(&super::metrics::WaitingLabels {
-                    cause,
-                    seller: super::metrics::OTHER_SELLER.to_owned(),
-                })
-                .set(0);
-        }
-        let sellers: std::collections::HashSet<&String> = by_label.keys().map(|(_, s)| s).collect();
-        for seller in sellers {
-            for cause in CAUSES {
-                let n = by_label.get(&(cause, seller.clone())).copied().unwrap_or(0);
-                m.jobs_waiting
-                    .get_or_create(&super::metrics::WaitingLabels {
-                        cause,
-                        seller: seller.clone(),
-                    })
-                    .set(n);
-            }
-        }
-        m.jobs_in_flight.set(self.in_flight as i64);
-        m.jobs_parked.set(self.parked as i64);
-        m.buffered_bytes.set(self.bytes as i64);
-        m.assigned_partitions.set(self.assigned as i64);
-        m.paused_partitions.set(self.paused as i64);
-    }
-}
-
-/// The worker started with these settings: the bounds that alerts compare
-/// the live figures with (`buffered_bytes` against `max_buffered_bytes`).
-pub struct WorkerConfigured {
-    pub max_buffered_bytes: usize,
-}
-
-impl WorkerConfigured {
-    pub fn emit(&self) {
-        metrics()
-            .max_buffered_bytes
-            .set(i64::try_from(self.max_buffered_bytes).unwrap_or(i64::MAX));
-    }
-}
-
-/// A seller's jobs wait: for a downstream slot (`capacity`, no end known)
-/// or for the units a partial grant left short (`limit`, `wait` long).
-/// Refusals and 429s are told by [`SellerThrottled`] and
-/// [`DownstreamThrottled`]. Only the job spans use it (their wait cause).
-pub struct SellerWaiting<'a> {
-    pub seller: &'a str,
-    pub cause: &'static str,
-    pub wait: Option<Duration>,
-}
-
-impl SellerWaiting<'_> {
-    pub fn capacity(seller: &str) -> SellerWaiting<'_> {
-        SellerWaiting {
-            seller,
-            cause: "capacity",
-            wait: None,
-        }
-    }
-
-    /// Every slot of the seller's `max_in_flight` is taken, fleet-wide.
-    pub fn in_flight(seller: &str, wait: Duration) -> SellerWaiting<'_> {
-        SellerWaiting {
-            seller,
-            cause: "capacity",
-            wait: Some(wait),
-        }
-    }
-
-    pub fn limit(seller: &str, wait: Duration) -> SellerWaiting<'_> {
-        SellerWaiting {
-            seller,
-            cause: "limit",
-            wait: Some(wait),
-        }
-    }
-
-    pub fn emit(&self) {
-        super::trace::note_seller_wait(self.seller, self.cause, self.wait);
-    }
 }
