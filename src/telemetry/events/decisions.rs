@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::secs;
+use super::{secs, Event};
 use crate::telemetry::metrics::{
     metrics, seller_label, DecisionLabels, KindLabel, SellerLabel, TierSellerLabels,
 };
@@ -14,14 +14,17 @@ use crate::telemetry::Every;
 
 /// The limiter found a job that can never pass (its cost is over a rule's
 /// capacity); it is dead-lettered.
+#[derive(Debug)]
 pub struct LimiterNever<'a> {
     pub seller: &'a str,
     pub tier: &'a str,
     pub rule: usize,
 }
 
-impl LimiterNever<'_> {
-    pub fn emit(&self) {
+impl Event for LimiterNever<'_> {
+    const NAME: &'static str = "LimiterNever";
+
+    fn record(&self) {
         metrics()
             .limiter_decisions
             .get_or_create(&DecisionLabels {
@@ -37,6 +40,7 @@ impl LimiterNever<'_> {
 /// Shadow rules were asked about `units` the enforced rules granted:
 /// `denied` of them they would have held back (`by`: which shadow rule, when
 /// one refused outright). The jobs go through either way.
+#[derive(Debug)]
 pub struct ShadowDecided<'a> {
     pub seller: &'a str,
     pub tier: &'a str,
@@ -46,8 +50,10 @@ pub struct ShadowDecided<'a> {
     pub error: Option<&'a str>,
 }
 
-impl ShadowDecided<'_> {
-    pub fn emit(&self) {
+impl Event for ShadowDecided<'_> {
+    const NAME: &'static str = "ShadowDecided";
+
+    fn record(&self) {
         let m = metrics();
         if let Some(error) = self.error {
             m.limiter_errors
@@ -95,12 +101,15 @@ impl ShadowDecided<'_> {
 
 /// A limiter call not made: the seller is known to be refused (or held by
 /// a 429) until later, so a job arriving for it just joins its queue.
+#[derive(Debug)]
 pub struct CallAvoided<'a> {
     pub seller: &'a str,
 }
 
-impl CallAvoided<'_> {
-    pub fn emit(&self) {
+impl Event for CallAvoided<'_> {
+    const NAME: &'static str = "CallAvoided";
+
+    fn record(&self) {
         metrics()
             .limiter_calls_avoided
             .get_or_create(&SellerLabel {
@@ -111,6 +120,7 @@ impl CallAvoided<'_> {
 }
 
 /// The limiter refused a seller for a while.
+#[derive(Debug)]
 pub struct SellerThrottled<'a> {
     pub seller: &'a str,
     pub tier: &'a str,
@@ -120,8 +130,10 @@ pub struct SellerThrottled<'a> {
     pub by: &'a str,
 }
 
-impl SellerThrottled<'_> {
-    pub fn emit(&self) {
+impl Event for SellerThrottled<'_> {
+    const NAME: &'static str = "SellerThrottled";
+
+    fn record(&self) {
         let m = metrics();
         m.limiter_decisions
             .get_or_create(&DecisionLabels {
@@ -147,6 +159,7 @@ impl SellerThrottled<'_> {
 }
 
 /// The limiter admitted jobs of a seller: `units` is the sum of their costs.
+#[derive(Debug)]
 pub struct JobsAdmitted<'a> {
     pub seller: &'a str,
     pub tier: &'a str,
@@ -156,8 +169,10 @@ pub struct JobsAdmitted<'a> {
     pub near_limit: bool,
 }
 
-impl JobsAdmitted<'_> {
-    pub fn emit(&self) {
+impl Event for JobsAdmitted<'_> {
+    const NAME: &'static str = "JobsAdmitted";
+
+    fn record(&self) {
         let m = metrics();
         let seller = seller_label(self.seller);
         if self.near_limit {
@@ -180,3 +195,11 @@ impl JobsAdmitted<'_> {
         m.units_admitted.inc_by(self.units);
     }
 }
+
+inherent_emit!(
+    LimiterNever<'_>,
+    ShadowDecided<'_>,
+    CallAvoided<'_>,
+    SellerThrottled<'_>,
+    JobsAdmitted<'_>
+);

@@ -3,19 +3,22 @@
 
 use std::time::Duration;
 
-use super::secs;
+use super::{secs, Event};
 use crate::telemetry::metrics::{metrics, ClassLabel};
 use crate::telemetry::trace;
 
 /// The downstream answered (or failed to): `class` is `2xx`, `429`, `4xx`,
 /// `5xx`, `other`, `timeout` or `error`.
+#[derive(Debug)]
 pub struct DownstreamAnswered {
     pub class: &'static str,
     pub took: Duration,
 }
 
-impl DownstreamAnswered {
-    pub fn emit(&self) {
+impl Event for DownstreamAnswered {
+    const NAME: &'static str = "DownstreamAnswered";
+
+    fn record(&self) {
         let m = metrics();
         m.downstream_requests
             .get_or_create(&ClassLabel { class: self.class })
@@ -25,13 +28,16 @@ impl DownstreamAnswered {
 }
 
 /// The downstream answered 429 for a seller.
+#[derive(Debug)]
 pub struct DownstreamThrottled<'a> {
     pub seller: &'a str,
     pub retry_after: Duration,
 }
 
-impl DownstreamThrottled<'_> {
-    pub fn emit(&self) {
+impl Event for DownstreamThrottled<'_> {
+    const NAME: &'static str = "DownstreamThrottled";
+
+    fn record(&self) {
         trace::note_seller_wait(self.seller, "downstream_429", Some(self.retry_after));
         tracing::info!(
             seller = self.seller,
@@ -42,6 +48,7 @@ impl DownstreamThrottled<'_> {
 }
 
 /// The downstream went out of service (every call failing), or came back.
+#[derive(Debug)]
 pub struct DownstreamOutage {
     pub open: bool,
     /// How long it lasted (when it ends).
@@ -50,8 +57,10 @@ pub struct DownstreamOutage {
     pub probes: u32,
 }
 
-impl DownstreamOutage {
-    pub fn emit(&self) {
+impl Event for DownstreamOutage {
+    const NAME: &'static str = "DownstreamOutage";
+
+    fn record(&self) {
         metrics().downstream_outage.set(i64::from(self.open));
         if self.open {
             metrics().downstream_outages.inc();
@@ -69,6 +78,7 @@ impl DownstreamOutage {
 }
 
 /// A downstream call failed in a way worth retrying.
+#[derive(Debug)]
 pub struct DownstreamFailed<'a> {
     pub job_id: &'a str,
     pub attempts: u32,
@@ -76,8 +86,10 @@ pub struct DownstreamFailed<'a> {
     pub backoff: Duration,
 }
 
-impl DownstreamFailed<'_> {
-    pub fn emit(&self) {
+impl Event for DownstreamFailed<'_> {
+    const NAME: &'static str = "DownstreamFailed";
+
+    fn record(&self) {
         metrics().jobs_retried.inc();
         tracing::info!(
             job_id = self.job_id,
@@ -93,13 +105,16 @@ impl DownstreamFailed<'_> {
 /// the seller waits the maximum instead. Often a misconfigured or hostile
 /// server: a 10^19 s `Retry-After` once overflowed the worker's clock
 /// arithmetic.
+#[derive(Debug)]
 pub struct RetryAfterClamped {
     pub requested: Duration,
     pub max: Duration,
 }
 
-impl RetryAfterClamped {
-    pub fn emit(&self) {
+impl Event for RetryAfterClamped {
+    const NAME: &'static str = "RetryAfterClamped";
+
+    fn record(&self) {
         metrics().downstream_retry_after_clamped.inc();
         tracing::warn!(
             requested_s = self.requested.as_secs(),
@@ -108,3 +123,11 @@ impl RetryAfterClamped {
         );
     }
 }
+
+inherent_emit!(
+    DownstreamAnswered,
+    DownstreamThrottled<'_>,
+    DownstreamOutage,
+    DownstreamFailed<'_>,
+    RetryAfterClamped
+);

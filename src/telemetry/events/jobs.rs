@@ -4,32 +4,40 @@
 
 use std::time::Duration;
 
+use super::Event;
 use crate::telemetry::metrics::{metrics, ReasonLabel};
 use crate::telemetry::Every;
 
 /// A record taken from Kafka.
+#[derive(Debug)]
 pub struct RecordReceived;
 
-impl RecordReceived {
-    pub fn emit(&self) {
+impl Event for RecordReceived {
+    const NAME: &'static str = "RecordReceived";
+
+    fn record(&self) {
         metrics().jobs_received.inc();
     }
 }
 
 /// A job the downstream accepted.
+#[derive(Debug)]
 pub struct JobDone<'a> {
     pub job_id: &'a str,
     pub attempts: u32,
 }
 
-impl JobDone<'_> {
-    pub fn emit(&self) {
+impl Event for JobDone<'_> {
+    const NAME: &'static str = "JobDone";
+
+    fn record(&self) {
         metrics().jobs_done.inc();
         tracing::debug!(job_id = self.job_id, attempts = self.attempts, "job done");
     }
 }
 
 /// A record written to the dead-letter topic.
+#[derive(Debug)]
 pub struct JobDeadLettered<'a> {
     pub job_id: Option<&'a str>,
     /// A fixed label for the metric: `malformed`, `unreadable_headers`,
@@ -41,8 +49,10 @@ pub struct JobDeadLettered<'a> {
     pub offset: i64,
 }
 
-impl JobDeadLettered<'_> {
-    pub fn emit(&self) {
+impl Event for JobDeadLettered<'_> {
+    const NAME: &'static str = "JobDeadLettered";
+
+    fn record(&self) {
         metrics()
             .jobs_dead_lettered
             .get_or_create(&ReasonLabel { reason: self.kind })
@@ -60,13 +70,16 @@ impl JobDeadLettered<'_> {
 }
 
 /// A job deferred through the retry topic.
+#[derive(Debug)]
 pub struct JobDeferred<'a> {
     pub job_id: &'a str,
     pub wait: Duration,
 }
 
-impl JobDeferred<'_> {
-    pub fn emit(&self) {
+impl Event for JobDeferred<'_> {
+    const NAME: &'static str = "JobDeferred";
+
+    fn record(&self) {
         metrics().jobs_to_retry_topic.inc();
         tracing::debug!(
             job_id = self.job_id,
@@ -80,6 +93,7 @@ impl JobDeferred<'_> {
 /// large, and what the worker does instead: a dead letter goes without its
 /// payload (which stays at its original position), a job due later waits in
 /// memory rather than on a retry tier.
+#[derive(Debug)]
 pub struct RecordTooLarge<'a> {
     pub topic: &'a str,
     pub bytes: usize,
@@ -91,8 +105,10 @@ pub struct RecordTooLarge<'a> {
     pub error: &'a str,
 }
 
-impl RecordTooLarge<'_> {
-    pub fn emit(&self) {
+impl Event for RecordTooLarge<'_> {
+    const NAME: &'static str = "RecordTooLarge";
+
+    fn record(&self) {
         metrics()
             .records_too_large
             .get_or_create(&ReasonLabel {
@@ -115,13 +131,16 @@ impl RecordTooLarge<'_> {
 /// A job record's `traceparent` is not valid W3C trace context: the job
 /// goes on, in a new trace. Counted per record by kind; logged at most
 /// once a minute, without the header's text (input from the producer).
+#[derive(Debug)]
 pub struct TraceContextInvalid {
     /// `shape`, `not_hex`, `version`, `zero_trace_id`, `zero_parent_id`.
     pub kind: &'static str,
 }
 
-impl TraceContextInvalid {
-    pub fn emit(&self) {
+impl Event for TraceContextInvalid {
+    const NAME: &'static str = "TraceContextInvalid";
+
+    fn record(&self) {
         metrics()
             .trace_context_invalid
             .get_or_create(&ReasonLabel { reason: self.kind })
@@ -136,3 +155,12 @@ impl TraceContextInvalid {
         }
     }
 }
+
+inherent_emit!(
+    RecordReceived,
+    JobDone<'_>,
+    JobDeadLettered<'_>,
+    JobDeferred<'_>,
+    RecordTooLarge<'_>,
+    TraceContextInvalid
+);

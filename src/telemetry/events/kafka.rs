@@ -4,17 +4,21 @@
 
 use std::time::Duration;
 
+use super::Event;
 use crate::telemetry::metrics::metrics;
 use crate::telemetry::Every;
 
 /// Offsets committed.
+#[derive(Debug)]
 pub struct OffsetsCommitted {
     pub partitions: usize,
     pub sync: bool,
 }
 
-impl OffsetsCommitted {
-    pub fn emit(&self) {
+impl Event for OffsetsCommitted {
+    const NAME: &'static str = "OffsetsCommitted";
+
+    fn record(&self) {
         metrics().offset_commits.inc();
         tracing::debug!(
             partitions = self.partitions,
@@ -25,12 +29,15 @@ impl OffsetsCommitted {
 }
 
 /// An offset commit failed; the next commit carries the same offsets.
+#[derive(Debug)]
 pub struct CommitFailed<'a> {
     pub error: &'a str,
 }
 
-impl CommitFailed<'_> {
-    pub fn emit(&self) {
+impl Event for CommitFailed<'_> {
+    const NAME: &'static str = "CommitFailed";
+
+    fn record(&self) {
         // While a broker is down every commit fails: one line per interval.
         static LOG: Every = Every::new(Duration::from_secs(10));
         metrics().offset_commit_errors.inc();
@@ -46,13 +53,16 @@ impl CommitFailed<'_> {
 
 /// The handoff ledger could not be read or written: a partition handed over
 /// meanwhile relies on the broker's commit alone (at-least-once).
+#[derive(Debug)]
 pub struct HandoffLedgerFailed<'a> {
     pub op: &'static str,
     pub error: &'a str,
 }
 
-impl HandoffLedgerFailed<'_> {
-    pub fn emit(&self) {
+impl Event for HandoffLedgerFailed<'_> {
+    const NAME: &'static str = "HandoffLedgerFailed";
+
+    fn record(&self) {
         // While Redis is down every commit interval fails: one line per 10 s.
         static LOG: Every = Every::new(Duration::from_secs(10));
         metrics().handoff_ledger_errors.inc();
@@ -69,12 +79,15 @@ impl HandoffLedgerFailed<'_> {
 
 /// Polling Kafka failed (a broker down, a transport error); librdkafka keeps
 /// reconnecting on its own.
+#[derive(Debug)]
 pub struct KafkaPollFailed<'a> {
     pub error: &'a str,
 }
 
-impl KafkaPollFailed<'_> {
-    pub fn emit(&self) {
+impl Event for KafkaPollFailed<'_> {
+    const NAME: &'static str = "KafkaPollFailed";
+
+    fn record(&self) {
         static LOG: Every = Every::new(Duration::from_secs(10));
         metrics().kafka_errors.inc();
         if let Some(more) = LOG.tick() {
@@ -88,13 +101,16 @@ impl KafkaPollFailed<'_> {
 }
 
 /// Waiting jobs of revoked partitions dropped, uncommitted.
+#[derive(Debug)]
 pub struct RevokedJobsDropped {
     pub partitions: usize,
     pub jobs: usize,
 }
 
-impl RevokedJobsDropped {
-    pub fn emit(&self) {
+impl Event for RevokedJobsDropped {
+    const NAME: &'static str = "RevokedJobsDropped";
+
+    fn record(&self) {
         metrics().jobs_dropped_on_revoke.inc_by(self.jobs as u64);
         tracing::info!(
             partitions = self.partitions,
@@ -106,12 +122,15 @@ impl RevokedJobsDropped {
 
 /// A redelivered record the partition's previous owner had finished (named
 /// in its commit metadata): finished again without a downstream call.
+#[derive(Debug)]
 pub struct AlreadyDone {
     pub offset: i64,
 }
 
-impl AlreadyDone {
-    pub fn emit(&self) {
+impl Event for AlreadyDone {
+    const NAME: &'static str = "AlreadyDone";
+
+    fn record(&self) {
         metrics().jobs_already_done.inc();
         tracing::trace!(
             offset = self.offset,
@@ -121,12 +140,15 @@ impl AlreadyDone {
 }
 
 /// The group gave this worker partitions (after a rebalance).
+#[derive(Debug)]
 pub struct PartitionsAssigned {
     pub partitions: usize,
 }
 
-impl PartitionsAssigned {
-    pub fn emit(&self) {
+impl Event for PartitionsAssigned {
+    const NAME: &'static str = "PartitionsAssigned";
+
+    fn record(&self) {
         metrics().rebalances.inc();
         tracing::debug!(
             partitions = self.partitions,
@@ -138,13 +160,16 @@ impl PartitionsAssigned {
 /// Work of a revoked partition dropped instead of finished: its new owner
 /// processes the record again (`stage`: a downstream answer that came back,
 /// a write to the retry or dead-letter topic, or calls not yet made).
+#[derive(Debug)]
 pub struct RevokedWorkDropped {
     pub jobs: usize,
     pub stage: &'static str,
 }
 
-impl RevokedWorkDropped {
-    pub fn emit(&self) {
+impl Event for RevokedWorkDropped {
+    const NAME: &'static str = "RevokedWorkDropped";
+
+    fn record(&self) {
         metrics().jobs_dropped_on_revoke.inc_by(self.jobs as u64);
         tracing::debug!(
             jobs = self.jobs,
@@ -156,6 +181,7 @@ impl RevokedWorkDropped {
 
 /// A partition's first unfinished record held finished ones back from the
 /// commit too long and was sent round the retry topic.
+#[derive(Debug)]
 pub struct HeadMoved<'a> {
     pub job_id: &'a str,
     pub partition: i32,
@@ -163,8 +189,10 @@ pub struct HeadMoved<'a> {
     pub waited: Duration,
 }
 
-impl HeadMoved<'_> {
-    pub fn emit(&self) {
+impl Event for HeadMoved<'_> {
+    const NAME: &'static str = "HeadMoved";
+
+    fn record(&self) {
         metrics().heads_moved.inc();
         tracing::info!(
             job_id = self.job_id,
@@ -179,6 +207,7 @@ impl HeadMoved<'_> {
 /// librdkafka's periodic statistics: each assigned partition's lag as
 /// (topic, partition, messages behind, age in seconds of its first
 /// unfinished record).
+#[derive(Debug)]
 pub struct ConsumerLag<'a> {
     pub group: &'a str,
     pub partitions: &'a [(&'a str, i32, i64, f64)],
@@ -189,8 +218,10 @@ pub struct ConsumerLag<'a> {
     pub gone: &'a [(&'a str, i32)],
 }
 
-impl ConsumerLag<'_> {
-    pub fn emit(&self) {
+impl Event for ConsumerLag<'_> {
+    const NAME: &'static str = "ConsumerLag";
+
+    fn record(&self) {
         use crate::telemetry::metrics::{PartitionLabels, TopicLabels};
         let m = metrics();
         let labels = |topic: &str, partition: i32| PartitionLabels {
@@ -226,3 +257,16 @@ impl ConsumerLag<'_> {
         }
     }
 }
+
+inherent_emit!(
+    OffsetsCommitted,
+    CommitFailed<'_>,
+    HandoffLedgerFailed<'_>,
+    KafkaPollFailed<'_>,
+    RevokedJobsDropped,
+    AlreadyDone,
+    PartitionsAssigned,
+    RevokedWorkDropped,
+    HeadMoved<'_>,
+    ConsumerLag<'_>
+);

@@ -5,28 +5,34 @@
 
 use std::time::Duration;
 
-use super::secs;
+use super::{secs, Event};
 use crate::telemetry::metrics::{metrics, KindLabel};
 use crate::telemetry::Every;
 
 /// A limiter call sent (to Redis, or answered by the failure policy).
+#[derive(Debug)]
 pub struct LimiterCalled;
 
-impl LimiterCalled {
-    pub fn emit(&self) {
+impl Event for LimiterCalled {
+    const NAME: &'static str = "LimiterCalled";
+
+    fn record(&self) {
         metrics().limiter_calls.inc();
     }
 }
 
 /// One Redis call of the limiter: its latency, and the kind of its failure.
+#[derive(Debug)]
 pub struct RedisCalled {
     pub kind: &'static str,
     pub took: Duration,
     pub error: Option<&'static str>,
 }
 
-impl RedisCalled {
-    pub fn emit(&self) {
+impl Event for RedisCalled {
+    const NAME: &'static str = "RedisCalled";
+
+    fn record(&self) {
         let m = metrics();
         m.redis_call_duration
             .get_or_create(&KindLabel { kind: self.kind })
@@ -42,6 +48,7 @@ impl RedisCalled {
 /// `tombstones` requests made to charge nothing when the call runs, or the
 /// cancel's own `error` (its sellers may then stay charged for units they
 /// were not told of, until their rules drain).
+#[derive(Debug)]
 pub struct JobsCallCancelled<'a> {
     pub requests: usize,
     pub refunded: u64,
@@ -49,8 +56,10 @@ pub struct JobsCallCancelled<'a> {
     pub error: Option<&'a str>,
 }
 
-impl JobsCallCancelled<'_> {
-    pub fn emit(&self) {
+impl Event for JobsCallCancelled<'_> {
+    const NAME: &'static str = "JobsCallCancelled";
+
+    fn record(&self) {
         // A Redis that hangs fails every call, and each one's cancel with
         // it: one line per interval.
         static FAILED: Every = Every::new(Duration::from_secs(10));
@@ -76,17 +85,21 @@ impl JobsCallCancelled<'_> {
 }
 
 /// A coalesced limiter call went out carrying `asks` sellers' asks.
+#[derive(Debug)]
 pub struct LimiterCallCoalesced {
     pub asks: usize,
 }
 
-impl LimiterCallCoalesced {
-    pub fn emit(&self) {
+impl Event for LimiterCallCoalesced {
+    const NAME: &'static str = "LimiterCallCoalesced";
+
+    fn record(&self) {
         metrics().limiter_asks_per_call.observe(self.asks as f64);
     }
 }
 
 /// The limiter could not answer; the failure policy decided instead.
+#[derive(Debug)]
 pub struct LimiterUnavailable<'a> {
     pub error: &'a str,
     pub policy: &'a str,
@@ -97,8 +110,10 @@ pub struct LimiterUnavailable<'a> {
     pub admitted: usize,
 }
 
-impl LimiterUnavailable<'_> {
-    pub fn emit(&self) {
+impl Event for LimiterUnavailable<'_> {
+    const NAME: &'static str = "LimiterUnavailable";
+
+    fn record(&self) {
         // Every seller's call fails while Redis is out: one line per interval.
         static LOG: Every = Every::new(Duration::from_secs(5));
         metrics()
@@ -121,6 +136,7 @@ impl LimiterUnavailable<'_> {
 /// A limiter call found the state's epoch gone: Redis lost the limiter's
 /// state (or this is a new install). One call per loss fleet-wide finds
 /// it (per hash slot in a cluster).
+#[derive(Debug)]
 pub struct LimiterStateLost<'a> {
     /// The epoch key, which names the hash slot in a cluster.
     pub epoch: &'a str,
@@ -128,8 +144,10 @@ pub struct LimiterStateLost<'a> {
     pub on_loss: &'static str,
 }
 
-impl LimiterStateLost<'_> {
-    pub fn emit(&self) {
+impl Event for LimiterStateLost<'_> {
+    const NAME: &'static str = "LimiterStateLost";
+
+    fn record(&self) {
         // A cluster's master that lost its data is found once per slot.
         static LOG: Every = Every::new(Duration::from_secs(10));
         metrics().limiter_state_lost.inc();
@@ -152,14 +170,17 @@ impl LimiterStateLost<'_> {
 /// Slots of a seller's `max_in_flight` could not be given back (Redis did
 /// not answer): they stay taken until their lease lapses, and the seller
 /// runs below its cap meanwhile.
+#[derive(Debug)]
 pub struct SlotsNotReturned<'a> {
     pub seller: &'a str,
     pub slots: usize,
     pub error: &'a str,
 }
 
-impl SlotsNotReturned<'_> {
-    pub fn emit(&self) {
+impl Event for SlotsNotReturned<'_> {
+    const NAME: &'static str = "SlotsNotReturned";
+
+    fn record(&self) {
         tracing::warn!(
             seller = self.seller,
             slots = self.slots,
@@ -168,3 +189,13 @@ impl SlotsNotReturned<'_> {
         );
     }
 }
+
+inherent_emit!(
+    LimiterCalled,
+    RedisCalled,
+    JobsCallCancelled<'_>,
+    LimiterCallCoalesced,
+    LimiterUnavailable<'_>,
+    LimiterStateLost<'_>,
+    SlotsNotReturned<'_>
+);

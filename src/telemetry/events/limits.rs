@@ -4,12 +4,14 @@
 
 use std::time::Duration;
 
+use super::Event;
 use crate::telemetry::metrics::metrics;
 use crate::telemetry::trace;
 use crate::telemetry::Every;
 
 /// The config file changed and was read again: its `[limits]` are in force
 /// now (`changed`), and other sections that changed wait for a restart.
+#[derive(Debug)]
 pub struct LimitsReloaded<'a> {
     pub file: &'a str,
     pub changed: bool,
@@ -17,8 +19,10 @@ pub struct LimitsReloaded<'a> {
     pub restart_needed: bool,
 }
 
-impl LimitsReloaded<'_> {
-    pub fn emit(&self) {
+impl Event for LimitsReloaded<'_> {
+    const NAME: &'static str = "LimitsReloaded";
+
+    fn record(&self) {
         if self.changed {
             metrics().config_reloads.inc();
             tracing::info!(
@@ -38,12 +42,15 @@ impl LimitsReloaded<'_> {
 
 /// An edit of the config file could not be applied; the limits in force
 /// stay. `error` names the file, the key and the problem.
+#[derive(Debug)]
 pub struct LimitsReloadRejected<'a> {
     pub error: &'a str,
 }
 
-impl LimitsReloadRejected<'_> {
-    pub fn emit(&self) {
+impl Event for LimitsReloadRejected<'_> {
+    const NAME: &'static str = "LimitsReloadRejected";
+
+    fn record(&self) {
         metrics().config_reload_errors.inc();
         tracing::error!(
             error = self.error,
@@ -64,13 +71,16 @@ pub enum SharedState {
 /// Shared state could not be read from Redis; what was read last stays in
 /// force (an override is not dropped, a pause not lifted, because Redis did
 /// not answer).
+#[derive(Debug)]
 pub struct SharedStateUnreadable<'a> {
     pub what: SharedState,
     pub error: &'a str,
 }
 
-impl SharedStateUnreadable<'_> {
-    pub fn emit(&self) {
+impl Event for SharedStateUnreadable<'_> {
+    const NAME: &'static str = "SharedStateUnreadable";
+
+    fn record(&self) {
         // Every read while Redis is out: one line per interval and kind.
         static OVERRIDES: Every = Every::new(Duration::from_secs(30));
         static PAUSES: Every = Every::new(Duration::from_secs(30));
@@ -90,6 +100,7 @@ impl SharedStateUnreadable<'_> {
 
 /// The pauses as a replica read them (every `limiter::pauses::REFRESH`):
 /// the gauges, and a line when they change.
+#[derive(Debug)]
 pub struct PausesRead {
     pub sellers: usize,
     pub all: bool,
@@ -97,8 +108,10 @@ pub struct PausesRead {
     pub changed: bool,
 }
 
-impl PausesRead {
-    pub fn emit(&self) {
+impl Event for PausesRead {
+    const NAME: &'static str = "PausesRead";
+
+    fn record(&self) {
         metrics().paused_sellers.set(self.sellers as i64);
         metrics().paused_all.set(i64::from(self.all));
         if self.changed {
@@ -114,6 +127,7 @@ impl PausesRead {
 /// A paused seller's waiting jobs held back: in memory (counted by
 /// `throttle_jobs_waiting{cause="paused"}`), or sent to the retry tiers
 /// (`parked`, counted as every deferral is).
+#[derive(Debug)]
 pub struct SellerPaused<'a> {
     pub seller: &'a str,
     pub jobs: usize,
@@ -122,8 +136,10 @@ pub struct SellerPaused<'a> {
     pub left: Option<Duration>,
 }
 
-impl SellerPaused<'_> {
-    pub fn emit(&self) {
+impl Event for SellerPaused<'_> {
+    const NAME: &'static str = "SellerPaused";
+
+    fn record(&self) {
         if self.jobs == 0 {
             return;
         }
@@ -137,3 +153,11 @@ impl SellerPaused<'_> {
         trace::note_seller_wait(self.seller, "paused", self.left);
     }
 }
+
+inherent_emit!(
+    LimitsReloaded<'_>,
+    LimitsReloadRejected<'_>,
+    SharedStateUnreadable<'_>,
+    PausesRead,
+    SellerPaused<'_>
+);

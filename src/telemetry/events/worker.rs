@@ -4,18 +4,22 @@
 
 use std::time::Duration;
 
+use super::Event;
 use crate::telemetry::metrics::{metrics, seller_label, WaitingLabels, OTHER_SELLER};
 use crate::telemetry::trace;
 
 /// Fetching paused or resumed at `worker.max_buffered` or `worker.max_buffered_bytes`.
+#[derive(Debug)]
 pub struct Backpressure {
     pub paused: bool,
     pub buffered: usize,
     pub bytes: usize,
 }
 
-impl Backpressure {
-    pub fn emit(&self) {
+impl Event for Backpressure {
+    const NAME: &'static str = "Backpressure";
+
+    fn record(&self) {
         if self.paused {
             metrics().backpressure_pauses.inc();
         }
@@ -29,6 +33,7 @@ impl Backpressure {
 }
 
 /// A snapshot of what this replica holds, taken every commit interval.
+#[derive(Debug)]
 pub struct Backlog<'a> {
     /// Jobs waiting in memory by (cause, seller): `limit` or `capacity`.
     pub waiting: &'a std::collections::HashMap<(&'static str, std::sync::Arc<str>), i64>,
@@ -39,8 +44,10 @@ pub struct Backlog<'a> {
     pub paused: usize,
 }
 
-impl Backlog<'_> {
-    pub fn emit(&self) {
+impl Event for Backlog<'_> {
+    const NAME: &'static str = "Backlog";
+
+    fn record(&self) {
         let m = metrics();
         let mut by_label: std::collections::HashMap<(&'static str, String), i64> =
             std::collections::HashMap::new();
@@ -81,12 +88,15 @@ impl Backlog<'_> {
 
 /// The worker started with these settings: the bounds that alerts compare
 /// the live figures with (`buffered_bytes` against `max_buffered_bytes`).
+#[derive(Debug)]
 pub struct WorkerConfigured {
     pub max_buffered_bytes: usize,
 }
 
-impl WorkerConfigured {
-    pub fn emit(&self) {
+impl Event for WorkerConfigured {
+    const NAME: &'static str = "WorkerConfigured";
+
+    fn record(&self) {
         metrics()
             .max_buffered_bytes
             .set(i64::try_from(self.max_buffered_bytes).unwrap_or(i64::MAX));
@@ -97,6 +107,7 @@ impl WorkerConfigured {
 /// or for the units a partial grant left short (`limit`, `wait` long).
 /// Refusals and 429s are told by [`SellerThrottled`](super::SellerThrottled) and
 /// [`DownstreamThrottled`](super::DownstreamThrottled). Only the job spans use it (their wait cause).
+#[derive(Debug)]
 pub struct SellerWaiting<'a> {
     pub seller: &'a str,
     pub cause: &'static str,
@@ -128,8 +139,19 @@ impl SellerWaiting<'_> {
             wait: Some(wait),
         }
     }
+}
 
-    pub fn emit(&self) {
+impl Event for SellerWaiting<'_> {
+    const NAME: &'static str = "SellerWaiting";
+
+    fn record(&self) {
         trace::note_seller_wait(self.seller, self.cause, self.wait);
     }
 }
+
+inherent_emit!(
+    Backpressure,
+    Backlog<'_>,
+    WorkerConfigured,
+    SellerWaiting<'_>
+);
