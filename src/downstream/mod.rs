@@ -28,6 +28,8 @@ use crate::telemetry::traceparent::{TRACEPARENT, TRACESTATE};
 
 mod retry_after;
 pub use retry_after::{parse_retry_after, retry_after, DEFAULT_MAX_RETRY_AFTER};
+mod fetch;
+pub use fetch::{get_text, FetchError};
 
 /// How much of an error response's body goes into a fatal reason (which
 /// becomes a dead letter's `x-error` header, so it must stay short).
@@ -384,43 +386,6 @@ fn error_chain(e: &reqwest::Error) -> String {
         source = s.source();
     }
     text
-}
-
-/// Why [`get_text`] got no text.
-#[derive(Debug, thiserror::Error)]
-pub enum FetchError {
-    #[error("GET {url}: {reason}")]
-    Request { url: String, reason: String },
-    #[error("GET {url}: answered {status}")]
-    Status { url: String, status: u16 },
-}
-
-/// `GET url` and its body as text, within `timeout`: the demo's scrape of
-/// each replica's `/metrics` and the stub's `/stats` (this module owns the
-/// HTTP client). Anything but a 2xx is an error.
-pub async fn get_text(url: &str, timeout: Duration) -> Result<String, FetchError> {
-    // One client for every call: a scrape a second per replica should
-    // reuse its connections, not build a TLS context each time.
-    static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
-    let client = CLIENT.get_or_init(reqwest::Client::new);
-    let fail = |e: reqwest::Error| FetchError::Request {
-        url: url.to_owned(),
-        reason: error_chain(&e),
-    };
-    let response = client
-        .get(url)
-        .timeout(timeout)
-        .send()
-        .await
-        .map_err(fail)?;
-    let status = response.status();
-    if !status.is_success() {
-        return Err(FetchError::Status {
-            url: url.to_owned(),
-            status: status.as_u16(),
-        });
-    }
-    response.text().await.map_err(fail)
 }
 
 #[cfg(test)]
