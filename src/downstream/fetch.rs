@@ -1,6 +1,7 @@
 //! A plain `GET` for the tools ([`get_text`]): the demo's scrapes, here
 //! because this module owns the HTTP client. Nothing of the worker's path
-//! uses it.
+//! uses it, so it is built with the `dev-tools` feature only, like the
+//! tools themselves.
 
 use std::time::Duration;
 

@@ -28,7 +28,10 @@ use crate::telemetry::traceparent::{TRACEPARENT, TRACESTATE};
 
 mod retry_after;
 pub use retry_after::{parse_retry_after, retry_after, DEFAULT_MAX_RETRY_AFTER};
+// Only the tools (src/dev/) fetch pages; the production build leaves it out.
+#[cfg(feature = "dev-tools")]
 mod fetch;
+#[cfg(feature = "dev-tools")]
 pub use fetch::{get_text, FetchError};
 
 /// How much of an error response's body goes into a fatal reason (which
