@@ -13,23 +13,34 @@
 //! parsed without panicking and every wait it yields is clamped to
 //! `downstream.max_retry_after`, so one absurd header cannot overflow the
 //! worker's `Instant + wait` (issue 6, defect 3).
+//!
+//! - `client.rs`: [`Downstream`], the request it sends (headers, trace
+//!   context, the bound on calls in flight) and the classification of
+//!   what came back.
+//! - `retry_after.rs`: [`retry_after`] and [`parse_retry_after`], the wait
+//!   a `Retry-After` asks for, clamped; `now` is the caller's.
+//! - `fetch.rs`, with the `dev-tools` feature only: `get_text`, the plain
+//!   `GET` of the tools (the demo's scrapes).
+//! - `tests.rs`: the client against a live server on loopback.
+//! - Here: what an answer means ([`Answer`], [`RetryAfter`]) and why a
+//!   client could not be built ([`DownstreamError`]).
 
 use std::error::Error as _;
 use std::time::Duration;
 
-pub use crate::config::RetryStatuses;
-
 mod client;
-pub use client::Downstream;
-mod retry_after;
-pub use retry_after::{parse_retry_after, retry_after, DEFAULT_MAX_RETRY_AFTER};
-#[cfg(test)]
-mod tests;
 // Only the tools (src/dev/) fetch pages; the production build leaves it out.
 #[cfg(feature = "dev-tools")]
 mod fetch;
+mod retry_after;
+#[cfg(test)]
+mod tests;
+
+pub use crate::config::RetryStatuses;
+pub use client::Downstream;
 #[cfg(feature = "dev-tools")]
 pub use fetch::{get_text, FetchError};
+pub use retry_after::{parse_retry_after, retry_after, DEFAULT_MAX_RETRY_AFTER};
 
 /// Why a [`Downstream`] could not be built. Each message names the config
 /// key to fix.

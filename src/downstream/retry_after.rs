@@ -2,8 +2,8 @@
 //! during a deploy): delta-seconds or an HTTP date, read as hostile input
 //! (never a panic; garbage counts as absent) and clamped to
 //! `downstream.max_retry_after`, so that one absurd header cannot overflow
-//! the worker's `Instant + wait` (issue 6, defect 3). Pure: the caller
-//! passes `now`.
+//! the worker's `Instant + wait` (issue 6, defect 3). No clock is read
+//! here: the caller passes `now`.
 
 use std::time::{Duration, SystemTime};
 
