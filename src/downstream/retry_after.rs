@@ -169,4 +169,45 @@ mod tests {
             );
         }
     }
+
+    /// A clamp is told (`RetryAfterClamped`, a warning and
+    /// `throttle_downstream_retry_after_clamped_total`) once per answer,
+    /// with the wait asked for; a wait at the maximum, or no readable
+    /// wait, is not a clamp.
+    #[test]
+    fn a_clamp_is_told_once_with_the_wait_asked_for() {
+        use crate::telemetry::events::{capture, RetryAfterClamped};
+        let now = SystemTime::now();
+        let max = Duration::from_secs(60);
+        let cases: Vec<(u32, Vec<&str>, Vec<&str>)> = vec![
+            (1, vec!["60"], vec![]),
+            (
+                2,
+                vec!["61"],
+                vec!["RetryAfterClamped { requested: 61s, max: 60s }"],
+            ),
+            (
+                3,
+                vec!["2", "100000", "3600"],
+                vec!["RetryAfterClamped { requested: 100000s, max: 60s }"],
+            ),
+            (4, vec![], vec![]),
+            (5, vec!["soon", "-1"], vec![]),
+        ];
+        for (row, values, want) in cases {
+            let seen = capture();
+            retry_after(values.clone(), now, max);
+            assert_eq!(
+                seen.of::<RetryAfterClamped>(),
+                want,
+                "row {row}: {values:?}"
+            );
+            assert_eq!(
+                seen.names().len(),
+                want.len(),
+                "row {row}: {:?}",
+                seen.names()
+            );
+        }
+    }
 }

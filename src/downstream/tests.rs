@@ -290,6 +290,44 @@ async fn classifies_statuses() {
     }
 }
 
+/// Every call tells its answer's class (`DownstreamAnswered`: the
+/// `class` label of `throttle_downstream_requests_total`), once, timeouts
+/// and refused connections included.
+#[tokio::test]
+async fn each_call_tells_the_class_of_its_answer() {
+    use crate::telemetry::events::{capture, DownstreamAnswered};
+    let (addr, _server) = serve().await;
+    let free = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let slow = Downstream::new(
+        &format!("http://{addr}/slow"),
+        Duration::from_millis(100),
+        1,
+    )
+    .unwrap();
+    let cases: Vec<(u32, Downstream, &str)> = vec![
+        (1, client(addr, "/status/204"), "2xx"),
+        (2, client(addr, "/429/none"), "429"),
+        (3, client(addr, "/status/404"), "4xx"),
+        (4, client(addr, "/status/503"), "5xx"),
+        (5, client(addr, "/status/302"), "other"),
+        (6, slow, "timeout"),
+        (7, client(free, "/ok"), "error"),
+    ];
+    for (row, downstream, class) in cases {
+        let seen = capture();
+        downstream.send(&job("1")).await;
+        let told = seen.of::<DownstreamAnswered>();
+        assert_eq!(told.len(), 1, "row {row}: {told:?}");
+        assert!(
+            told[0].contains(&format!("class: {class:?}")),
+            "row {row}: want class {class}, told {told:?}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn timeout_and_refused_connection_are_retryable() {
     let (addr, _server) = serve().await;
