@@ -1,6 +1,8 @@
 //! Logging setup and typed events.
 //!
-//! - [`events`]: one struct per occurrence that logs and counts in one place.
+//! - [`events`]: one struct per occurrence that logs and counts in one place
+//!   (the [`Event`](events::Event) trait), a file per subsystem; in tests,
+//!   `events::capture()` shows what was emitted on the test's thread.
 //! - [`every`]: [`Every`], one log line per interval for repeated failures.
 //! - [`http`]: `/healthz`, `/readyz`, `/metrics`.
 //! - [`metrics`]: the Prometheus registry and its series.

@@ -1,0 +1,201 @@
+//! The limiter's calls and their failures: calls sent and coalesced, each
+//! Redis call's latency, a lost call's cancel, the failure policy deciding
+//! instead, the limiter's state lost, slots of `max_in_flight` not given
+//! back.
+
+use std::time::Duration;
+
+use super::{secs, Event};
+use crate::telemetry::metrics::{metrics, KindLabel};
+use crate::telemetry::Every;
+
+/// A limiter call sent (to Redis, or answered by the failure policy).
+#[derive(Debug)]
+pub struct LimiterCalled;
+
+impl Event for LimiterCalled {
+    const NAME: &'static str = "LimiterCalled";
+
+    fn record(&self) {
+        metrics().limiter_calls.inc();
+    }
+}
+
+/// One Redis call of the limiter: its latency, and the kind of its failure.
+#[derive(Debug)]
+pub struct RedisCalled {
+    pub kind: &'static str,
+    pub took: Duration,
+    pub error: Option<&'static str>,
+}
+
+impl Event for RedisCalled {
+    const NAME: &'static str = "RedisCalled";
+
+    fn record(&self) {
+        let m = metrics();
+        m.redis_call_duration
+            .get_or_create(&KindLabel { kind: self.kind })
+            .observe(secs(self.took));
+        if let Some(kind) = self.error {
+            m.limiter_errors.get_or_create(&KindLabel { kind }).inc();
+        }
+    }
+}
+
+/// A jobs call failed after it was sent (a timeout, a lost connection), so
+/// its cancel went out (`lua/calls.lua`): `refunded` units given back,
+/// `tombstones` requests made to charge nothing when the call runs, or the
+/// cancel's own `error` (its sellers may then stay charged for units they
+/// were not told of, until their rules drain).
+#[derive(Debug)]
+pub struct JobsCallCancelled<'a> {
+    pub requests: usize,
+    pub refunded: u64,
+    pub tombstones: usize,
+    pub error: Option<&'a str>,
+}
+
+impl Event for JobsCallCancelled<'_> {
+    const NAME: &'static str = "JobsCallCancelled";
+
+    fn record(&self) {
+        // A Redis that hangs fails every call, and each one's cancel with
+        // it: one line per interval.
+        static FAILED: Every = Every::new(Duration::from_secs(10));
+        match self.error {
+            None => tracing::info!(
+                requests = self.requests,
+                refunded = self.refunded,
+                tombstones = self.tombstones,
+                "cancelled a limiter call whose answer was lost"
+            ),
+            Some(error) => {
+                if let Some(more) = FAILED.tick() {
+                    tracing::warn!(
+                        requests = self.requests,
+                        error,
+                        more_since_last_line = more,
+                        "could not cancel a limiter call whose answer was lost; its sellers stay charged for it"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A coalesced limiter call went out carrying `asks` sellers' asks.
+#[derive(Debug)]
+pub struct LimiterCallCoalesced {
+    pub asks: usize,
+}
+
+impl Event for LimiterCallCoalesced {
+    const NAME: &'static str = "LimiterCallCoalesced";
+
+    fn record(&self) {
+        metrics().limiter_asks_per_call.observe(self.asks as f64);
+    }
+}
+
+/// The limiter could not answer; the failure policy decided instead.
+#[derive(Debug)]
+pub struct LimiterUnavailable<'a> {
+    pub error: &'a str,
+    pub policy: &'a str,
+    pub hold: Duration,
+    /// Failed calls in a row, this one included.
+    pub in_a_row: u32,
+    /// Jobs let through anyway (fail_open, local).
+    pub admitted: usize,
+}
+
+impl Event for LimiterUnavailable<'_> {
+    const NAME: &'static str = "LimiterUnavailable";
+
+    fn record(&self) {
+        // Every seller's call fails while Redis is out: one line per interval.
+        static LOG: Every = Every::new(Duration::from_secs(5));
+        metrics()
+            .jobs_admitted_without_redis
+            .inc_by(self.admitted as u64);
+        if let Some(more) = LOG.tick() {
+            tracing::warn!(
+                error = self.error,
+                policy = self.policy,
+                admitted = self.admitted,
+                hold_ms = self.hold.as_millis() as u64,
+                in_a_row = self.in_a_row,
+                more_since_last_line = more,
+                "limiter unavailable"
+            );
+        }
+    }
+}
+
+/// A limiter call found the state's epoch gone: Redis lost the limiter's
+/// state (or this is a new install). One call per loss fleet-wide finds
+/// it (per hash slot in a cluster).
+#[derive(Debug)]
+pub struct LimiterStateLost<'a> {
+    /// The epoch key, which names the hash slot in a cluster.
+    pub epoch: &'a str,
+    /// `redis.on_state_loss`.
+    pub on_loss: &'static str,
+}
+
+impl Event for LimiterStateLost<'_> {
+    const NAME: &'static str = "LimiterStateLost";
+
+    fn record(&self) {
+        // A cluster's master that lost its data is found once per slot.
+        static LOG: Every = Every::new(Duration::from_secs(10));
+        metrics().limiter_state_lost.inc();
+        if let Some(more) = LOG.tick() {
+            let what = if self.on_loss == "wait" {
+                "sellers whose state is gone wait up to one period per rule (redis.on_state_loss = wait)"
+            } else {
+                "sellers whose state is gone start fresh and may get one extra window (redis.on_state_loss = admit)"
+            };
+            tracing::warn!(
+                epoch = self.epoch,
+                on_state_loss = self.on_loss,
+                more_since_last_line = more,
+                "Redis has lost the limiter's state (a restart without persistence, a failover, an eviction, or a new install): {what}"
+            );
+        }
+    }
+}
+
+/// Slots of a seller's `max_in_flight` could not be given back (Redis did
+/// not answer): they stay taken until their lease lapses, and the seller
+/// runs below its cap meanwhile.
+#[derive(Debug)]
+pub struct SlotsNotReturned<'a> {
+    pub seller: &'a str,
+    pub slots: usize,
+    pub error: &'a str,
+}
+
+impl Event for SlotsNotReturned<'_> {
+    const NAME: &'static str = "SlotsNotReturned";
+
+    fn record(&self) {
+        tracing::warn!(
+            seller = self.seller,
+            slots = self.slots,
+            error = self.error,
+            "could not give back slots of max_in_flight; they lapse with their lease (limits.slot_lease)"
+        );
+    }
+}
+
+inherent_emit!(
+    LimiterCalled,
+    RedisCalled,
+    JobsCallCancelled<'_>,
+    LimiterCallCoalesced,
+    LimiterUnavailable<'_>,
+    LimiterStateLost<'_>,
+    SlotsNotReturned<'_>
+);
