@@ -29,8 +29,11 @@
 //!   [`Ownership`](kafka::consumer::Ownership) (`owns`); a partition is a
 //!   [`TopicPartition`](kafka::consumer::TopicPartition).
 //! - [`worker`]: one job's path, decode → permit → call → outcome, for many
-//!   sellers at once without head-of-line blocking. The limiter as the
-//!   worker sees it is the [`Permits`](worker::Permits) trait.
+//!   sellers at once without head-of-line blocking. The engine
+//!   (`worker::engine`) carries out what its components decide (scheduler,
+//!   admission, retry tiers, outage, ...), which own their state and do no
+//!   I/O. The limiter as the worker sees it is the
+//!   [`Permits`](worker::Permits) trait.
 //! - [`telemetry`]: logging, typed events, the Prometheus metrics, the HTTP
 //!   endpoints and traces (W3C trace context, job spans through OTLP).
 //!   Leaf module.

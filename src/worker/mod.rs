@@ -3,8 +3,8 @@
 //! The engine and its components, each owning its state. The components do
 //! no I/O: each takes `now` and plain data and says what should happen; the
 //! engine carries it out. Imports form a tree: the engine imports the
-//! components, the components import [`pending`], [`pool`], [`seller`] and
-//! [`timers`], none imports the engine.
+//! components, the components import [`pending`], `pool`, `seller` and
+//! `timers`, none imports the engine.
 //! - [`engine`]: the event loop; it alone touches the ports, spawns tasks
 //!   and holds channels. Its files follow a job's path (records, ask,
 //!   call, write, pause, partitions, drain).

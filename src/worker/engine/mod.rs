@@ -6,19 +6,19 @@
 //! callback needs), and the drain at shutdown awaits every task.
 //!
 //! The engine decides nothing itself: its components do, each owning its
-//! state, with no I/O ([`super::scheduler`], [`super::admission`],
-//! [`super::tiers`], [`super::outage`], [`super::partitions`],
-//! [`super::memory`], [`super::timers`]). The engine carries out what they
+//! state, with no I/O (`super::scheduler`, `super::admission`,
+//! `super::tiers`, `super::outage`, `super::partitions`,
+//! [`super::memory`], `super::timers`). The engine carries out what they
 //! say: it alone touches the ports, spawns tasks and holds channels. Its
 //! files follow a job's path:
 //! - this file: the loop, the dispatch of events, the slot turns;
-//! - [`records`]: a record taken up, parked on its tier or queued;
-//! - [`ask`]: limiter calls and their answers;
-//! - [`call`]: downstream runs, paced calls, answers and 429s;
-//! - [`write`]: retry-tier and dead-letter writes;
-//! - [`pause`]: an operator's pause;
-//! - [`partitions`]: rebalances, `unstick`, backpressure, gauges;
-//! - [`drain`]: the shutdown.
+//! - `records`: a record taken up, parked on its tier or queued;
+//! - `ask`: limiter calls and their answers;
+//! - `call`: downstream runs, paced calls, answers and 429s;
+//! - `write`: retry-tier and dead-letter writes;
+//! - `pause`: an operator's pause;
+//! - `partitions`: rebalances, `unstick`, backpressure, gauges;
+//! - `drain`: the shutdown.
 //!
 //! The engine reaches its world only through [`super::ports`]: no wall
 //! clock read and no client type here, so the simulation
