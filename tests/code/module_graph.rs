@@ -341,3 +341,65 @@ fn only_tests_name_the_test_kit() {
     );
     assert!(gated > 0, "the walk of src/ saw no gated field of the kit");
 }
+
+/// Each client crate has one importer, the module that owns that client
+/// (STYLE.md: "only one module imports each client crate"): librdkafka is
+/// kafka's, Redis the limiter's, HTTP calls the downstream's, the metrics
+/// registry telemetry's. Tools (`dev/`) and unit-test files may use a
+/// server crate to stand in for the world.
+#[test]
+fn each_client_crate_has_one_importer() {
+    let owners: &[(&str, &[&str])] = &[
+        ("rdkafka::", &["kafka/"]),
+        ("redis::", &["limiter/"]),
+        ("reqwest::", &["downstream/"]),
+        ("prometheus_client::", &["telemetry/metrics.rs"]),
+        (
+            "axum::",
+            &["telemetry/http.rs", "dev/", "downstream/tests.rs"],
+        ),
+        ("notify::", &["worker/reload.rs"]),
+    ];
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut found = Vec::new();
+    let mut seen = BTreeSet::new();
+    for f in &files {
+        let rel = f.strip_prefix(&src).unwrap().to_string_lossy().into_owned();
+        let text = std::fs::read_to_string(f).unwrap();
+        for (i, line) in text.lines().enumerate() {
+            let code = line.trim_start();
+            if code.starts_with("//") {
+                continue;
+            }
+            for (krate, allowed) in owners {
+                // A path that starts with the crate's name (not
+                // `limiter::redis::`, a module of ours).
+                let named = code.match_indices(krate).any(|(at, _)| {
+                    !code[..at]
+                        .chars()
+                        .next_back()
+                        .is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':')
+                });
+                if !named {
+                    continue;
+                }
+                seen.insert(*krate);
+                if !allowed.iter().any(|a| rel.starts_with(a)) {
+                    found.push(format!("src/{rel}:{}: {code}", i + 1));
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "a client crate imported outside its owner:\n{}",
+        found.join("\n")
+    );
+    assert_eq!(
+        seen.len(),
+        owners.len(),
+        "the walk missed a crate: {seen:?}"
+    );
+}
