@@ -1,13 +1,13 @@
 //! Kafka: the only module that imports `rdkafka`.
 //!
 //! - [`consumer`]: the group consumer with manual commits; tracks each
-//!   record's offset and commits revoked partitions inside the rebalance.
+//!   record's offset and commits revoked partitions inside the rebalance;
+//!   its periodic commits' answers are read by the poll thread without
+//!   waiting for them (`consumer/commits.rs`).
 //! - [`session`]: one consumer's bookkeeping through rebalances, records
 //!   and commits, over a broker port (pure; librdkafka in [`consumer`], a
 //!   deterministic broker in the simulation).
 //! - [`record`]: what a consumer hands the worker (plain data).
-//! - [`commits`]: periodic commits whose answers the poll thread reads
-//!   without waiting for them.
 //! - [`group`]: [`Consumers`], the worker's two consumers (the jobs topic,
 //!   the retry tiers), each balanced over the replicas on its own.
 //! - [`done_ranges`]: the finished records above a committed offset, as
@@ -28,7 +28,6 @@
 //!   end outside any group: `throttle-worker dlq` (product) and the demo's
 //!   dead-letter count.
 
-mod commits;
 pub mod consumer;
 pub mod done_ranges;
 pub mod group;

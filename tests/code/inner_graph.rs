@@ -176,9 +176,6 @@ fn inner_graphs(src: &Path) -> BTreeMap<String, Graph> {
 /// else, and for one of these once its cycle is gone, so the list only
 /// shrinks. `worker` is not one of them.
 const KNOWN: &[&str] = &[
-    // commits.rs reads the consumer's librdkafka handle; consumer/ holds
-    // the commit queue.
-    "kafka",
     // redis/admin.rs writes layout.rs's marker; layout.rs reads the store.
     "limiter",
     // decide.rs converts a state; convert.rs decides with the new rule.

@@ -14,16 +14,13 @@ use rdkafka::statistics::Statistics;
 use rdkafka::{ClientContext, Offset};
 use tokio::sync::mpsc;
 
-use crate::kafka::commits::CommitQueue;
+use super::commits::CommitQueue;
 use crate::kafka::offsets::Commit;
 use crate::kafka::record::{PartitionEvent, TopicPartition};
 use crate::kafka::session::{AsyncCommits, Coordinator};
 
 use super::lists::{commit_list, partition_list, partitions_of};
-use super::{lock_opt, Role, SharedSession};
-
-/// The consumer type, named once.
-pub type WorkerConsumer = BaseConsumer<WorkerContext>;
+use super::{lock_opt, Role, SharedSession, WorkerConsumer};
 
 /// How long an assignment waits to read the committed metadata.
 const COMMITTED_TIMEOUT: Duration = Duration::from_secs(5);

@@ -18,9 +18,12 @@
 //!
 //! - `context`: [`WorkerContext`], the rebalance and statistics callbacks,
 //!   and librdkafka as the session's broker port.
+//! - `commits`: the periodic asynchronous commits, one in flight, whose
+//!   answers the poll thread reads without waiting for them.
 //! - `lists`: our partitions and commits as librdkafka's lists.
 //! - `poll`: the poll thread, and the consumer's handle on it.
 
+mod commits;
 mod context;
 mod lists;
 mod poll;
@@ -41,7 +44,11 @@ use super::offsets::Finish;
 pub use super::record::{HeldBack, Origin, PartitionEvent, Record, TopicPartition};
 use super::session::Session;
 
-pub use context::{WorkerConsumer, WorkerContext};
+pub use context::WorkerContext;
+
+/// The consumer type, named once (here, so the commit queue and the
+/// callbacks both read it from their parent).
+pub type WorkerConsumer = rdkafka::consumer::BaseConsumer<WorkerContext>;
 use lists::{partition_list, partitions_of};
 use poll::PollThread;
 

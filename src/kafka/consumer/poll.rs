@@ -13,13 +13,14 @@ use rdkafka::consumer::Consumer as _;
 use rdkafka::message::Message;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::kafka::commits::CommitQueue;
+use super::commits::CommitQueue;
 use crate::kafka::producer::{header_pairs, OriginalRecord, RetryHeaders};
 use crate::kafka::record::{Origin, Record};
 use crate::kafka::session::Received;
 use crate::telemetry::events::KafkaPollFailed;
 
-use super::context::{Broker, WorkerConsumer};
+use super::context::Broker;
+use super::WorkerConsumer;
 use super::{lock_opt, ConsumerError, SharedSession};
 
 /// How long one poll waits for a record; also the longest a commit asked of

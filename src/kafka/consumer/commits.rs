@@ -28,8 +28,8 @@ use rdkafka::consumer::Consumer as _;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::TopicPartitionList;
 
-use super::consumer::WorkerConsumer;
-use super::session::Answer;
+use super::WorkerConsumer;
+use crate::kafka::session::Answer;
 
 /// A queue that receives the answers of this consumer's asynchronous
 /// commits.
