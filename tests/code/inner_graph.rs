@@ -180,7 +180,8 @@ const KNOWN: &[&str] = &[
     "limiter",
     // decide.rs converts a state; convert.rs decides with the new rule.
     "limiter::local",
-    // metrics.rs emits two events (its own configuration and the lag).
+    // trace.rs counts an invalid traceparent (an event); the events of a
+    // seller's waits note them on the job's span.
     "telemetry",
 ];
 

@@ -75,6 +75,8 @@ mod jobs;
 mod kafka;
 mod limiter;
 mod limits;
+#[cfg(test)]
+mod tests;
 mod worker;
 
 #[cfg(any(test, feature = "testkit"))]
