@@ -18,7 +18,7 @@ use serde::{Deserialize, Deserializer};
 
 /// The defaults every deployment starts from, compiled in so that the binary
 /// runs with no file at all.
-pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
+pub const DEFAULT_TOML: &str = include_str!("../../config/default.toml");
 
 /// Where the compiled-in defaults appear in error messages.
 pub const DEFAULT_NAME: &str = "config/default.toml";
