@@ -16,6 +16,11 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
 
+mod redact;
+
+use redact::redacted;
+pub use redact::{is_secret_property, redact_url};
+
 /// The defaults every deployment starts from, compiled in so that the binary
 /// runs with no file at all.
 pub const DEFAULT_TOML: &str = include_str!("../../config/default.toml");
@@ -192,32 +197,6 @@ impl<'de> Deserialize<'de> for StateLayout {
             ))),
         }
     }
-}
-
-/// librdkafka properties whose values are secrets: shown as `***`.
-pub fn is_secret_property(key: &str) -> bool {
-    [
-        "password",
-        "secret",
-        "sasl.jaas",
-        "oauthbearer.config",
-        "key.pem",
-    ]
-    .iter()
-    .any(|s| key.contains(s))
-}
-
-fn redacted(map: &BTreeMap<String, String>) -> BTreeMap<&str, &str> {
-    map.iter()
-        .map(|(k, v)| {
-            let shown = if is_secret_property(k) {
-                "***"
-            } else {
-                v.as_str()
-            };
-            (k.as_str(), shown)
-        })
-        .collect()
 }
 
 impl fmt::Debug for KafkaSettings {
@@ -1199,22 +1178,6 @@ fn human_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error>
     })
 }
 
-/// `redis://user:secret@host` → `redis://user:***@host`, for logs.
-pub fn redact_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let creds = &url[scheme + 3..at];
-            let user = creds.split(':').next().unwrap_or("");
-            if creds.contains(':') {
-                format!("{}{}:***{}", &url[..scheme + 3], user, &url[at..])
-            } else {
-                format!("{}***{}", &url[..scheme + 3], &url[at..])
-            }
-        }
-        _ => url.to_owned(),
-    }
-}
-
 /// Which statuses are worth another attempt: whole classes (`5xx`) and
 /// single codes (`408`). Any other status but 2xx and 429 is fatal.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1500,13 +1463,6 @@ mod tests {
             .err()
             .expect("must fail");
         assert_eq!(err.problem, "no such file");
-    }
-
-    #[test]
-    fn redis_password_is_redacted() {
-        assert_eq!(redact_url("redis://u:secret@h:1/0"), "redis://u:***@h:1/0");
-        assert_eq!(redact_url("redis://secret@h:1"), "redis://***@h:1");
-        assert_eq!(redact_url("redis://h:1"), "redis://h:1");
     }
 
     #[test]
