@@ -16,8 +16,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
 
+mod duration;
 mod redact;
 
+use duration::{human_duration, human_durations};
 use redact::redacted;
 pub use redact::{is_secret_property, redact_url};
 
@@ -1152,30 +1154,6 @@ fn from_config_error(e: config::ConfigError, files: &[String]) -> ConfigError {
         key: normal,
         problem,
     }
-}
-
-/// A list of durations in human form.
-fn human_durations<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Duration>, D::Error> {
-    let list = Vec::<String>::deserialize(d)?;
-    list.iter()
-        .map(|s| {
-            humantime::parse_duration(s.trim()).map_err(|e| {
-                serde::de::Error::custom(format!(
-                    "invalid duration {s:?}: {e} (write e.g. \"5s\", \"1m\", \"1h\")"
-                ))
-            })
-        })
-        .collect()
-}
-
-/// Durations in human form: "250ms", "1m", "1d", "50us".
-fn human_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-    let s = String::deserialize(d)?;
-    humantime::parse_duration(s.trim()).map_err(|e| {
-        serde::de::Error::custom(format!(
-            "invalid duration {s:?}: {e} (write e.g. \"250ms\", \"1m\", \"1d\")"
-        ))
-    })
 }
 
 /// Which statuses are worth another attempt: whole classes (`5xx`) and
