@@ -17,9 +17,12 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer};
 
 mod duration;
+mod env;
 mod redact;
 
 use duration::{human_duration, human_durations};
+use env::Variables;
+pub use env::PATH_KEYS;
 use redact::redacted;
 pub use redact::{is_secret_property, redact_url};
 
@@ -547,12 +550,12 @@ pub fn load_from(
         builder = builder.add_source(source.clone());
         layers.push((shown, single(source, &files)?));
     }
-    let (env, librdkafka) = secrets_and_properties(env)?;
+    let variables = Variables::read(env)?;
     let env = config::Environment::with_prefix("THROTTLE")
         .prefix_separator("__")
         .separator("__")
         .try_parsing(true)
-        .source(Some(env));
+        .source(Some(variables.plain.clone()));
     let env_layer = ("environment".to_owned(), single(env.clone(), &files)?);
     let mut loaded = merge(&builder, &env, &files, &layers, &env_layer)?;
     // `limits.file` names a file read after the config file and before the
@@ -575,114 +578,9 @@ pub fn load_from(
         layers.push((shown, layer));
         loaded = merge(&builder, &env, &files, &layers, &env_layer)?;
     }
-    for (table, key, value) in librdkafka {
-        let k = &mut loaded.settings.kafka;
-        let map = match table {
-            PropertyTable::Both => &mut k.properties,
-            PropertyTable::Consumer => &mut k.consumer_properties,
-            PropertyTable::Producer => &mut k.producer_properties,
-        };
-        map.insert(key, value);
-    }
+    variables.set_properties(&mut loaded.settings.kafka);
     loaded.settings.validate(&loaded)?;
     Ok(loaded)
-}
-
-/// Keys whose names end in `_file` because their value is a path: their
-/// variables are taken as they are, not as secrets to read
-/// (`tests/config/reference.rs` checks every such field is listed).
-pub const PATH_KEYS: &[&str] = &[
-    "REDIS__TLS_CA_FILE",
-    "REDIS__TLS_CERT_FILE",
-    "REDIS__TLS_KEY_FILE",
-];
-
-/// Which librdkafka table an environment variable sets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum PropertyTable {
-    Both,
-    Consumer,
-    Producer,
-}
-
-/// The process environment as the config crate should see it, and the
-/// librdkafka properties it sets, which the config crate cannot take:
-///
-/// - `THROTTLE__KAFKA__PROPERTIES__SASL_PASSWORD` (or `…__SASL.PASSWORD`)
-///   sets `sasl.password` in `[kafka.properties]` (likewise
-///   `CONSUMER_PROPERTIES`, `PRODUCER_PROPERTIES`): librdkafka's names are
-///   dotted and never hold `_`, so `_` stands for `.`, while the config
-///   crate would read a dot as a nested table.
-/// - A variable ending in `_FILE` is read from the file it names, as Docker
-///   and Kubernetes mount secrets: `THROTTLE__REDIS__URL_FILE=/run/secrets/redis-url`
-///   sets `redis.url`, `THROTTLE__KAFKA__PROPERTIES__SASL_PASSWORD_FILE`
-///   sets `sasl.password`. The trailing newline is dropped.
-#[allow(clippy::type_complexity)]
-fn secrets_and_properties(
-    env: impl IntoIterator<Item = (String, String)>,
-) -> Result<
-    (
-        config::Map<String, String>,
-        Vec<(PropertyTable, String, String)>,
-    ),
-    ConfigError,
-> {
-    let mut plain = config::Map::new();
-    let mut properties = Vec::new();
-    for (name, value) in env {
-        let Some(rest) = name.strip_prefix("THROTTLE__") else {
-            continue;
-        };
-        // `_FILE`, but not a key that names a file itself.
-        let (name, value) = match rest.strip_suffix("_FILE") {
-            Some(base)
-                if !base.is_empty()
-                    && !base.ends_with('_')
-                    && !PATH_KEYS.contains(&rest.to_ascii_uppercase().as_str()) =>
-            {
-                let secret = std::fs::read_to_string(&value).map_err(|e| ConfigError {
-                    file: "environment".into(),
-                    key: name.clone(),
-                    problem: format!("cannot read the secret file {value}: {e}"),
-                })?;
-                let secret = secret.strip_suffix('\n').unwrap_or(&secret);
-                let secret = secret.strip_suffix('\r').unwrap_or(secret).to_owned();
-                (format!("THROTTLE__{base}"), secret)
-            }
-            _ => (name, value),
-        };
-        let upper = name.to_ascii_uppercase();
-        let table = [
-            ("THROTTLE__KAFKA__PROPERTIES__", PropertyTable::Both),
-            (
-                "THROTTLE__KAFKA__CONSUMER_PROPERTIES__",
-                PropertyTable::Consumer,
-            ),
-            (
-                "THROTTLE__KAFKA__PRODUCER_PROPERTIES__",
-                PropertyTable::Producer,
-            ),
-        ]
-        .into_iter()
-        .find(|(prefix, _)| upper.starts_with(prefix));
-        match table {
-            Some((prefix, table)) => {
-                let key = name[prefix.len()..].to_ascii_lowercase().replace('_', ".");
-                if key.is_empty() {
-                    return Err(ConfigError {
-                        file: "environment".into(),
-                        key: name.clone(),
-                        problem: "names no librdkafka property (e.g. …__SASL_PASSWORD)".into(),
-                    });
-                }
-                properties.push((table, key, value));
-            }
-            None => {
-                plain.insert(name, value);
-            }
-        }
-    }
-    Ok((plain, properties))
 }
 
 /// The sources so far, then the environment, read into [`Settings`].
@@ -1211,15 +1109,11 @@ impl Default for RetryStatuses {
 }
 
 #[cfg(test)]
+mod testing;
+#[cfg(test)]
 mod tests {
+    use super::testing::file;
     use super::*;
-    use std::io::Write;
-
-    fn file(contents: &str) -> tempfile::NamedTempFile {
-        let mut f = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
-        f.write_all(contents.as_bytes()).unwrap();
-        f
-    }
 
     #[test]
     fn defaults_load_with_no_file() {
@@ -1537,59 +1431,6 @@ mod tests {
         assert_eq!(e.file, cfg.path().display().to_string());
         assert_eq!(e.key, "limits.file");
         assert!(e.problem.contains("no such file"), "{e}");
-    }
-
-    #[test]
-    fn dotted_librdkafka_keys_and_secret_files_come_from_the_environment() {
-        let url = file("redis://worker:hunter2@redis:6379\n");
-        let sasl = file("s3cret-from-file\n");
-        let env = vec![
-            (
-                "THROTTLE__KAFKA__PROPERTIES__SASL_USERNAME".to_owned(),
-                "svc".to_owned(),
-            ),
-            (
-                "THROTTLE__KAFKA__PROPERTIES__SASL_PASSWORD_FILE".to_owned(),
-                sasl.path().display().to_string(),
-            ),
-            (
-                "THROTTLE__KAFKA__CONSUMER_PROPERTIES__SESSION.TIMEOUT.MS".to_owned(),
-                "6000".to_owned(),
-            ),
-            (
-                "THROTTLE__KAFKA__PRODUCER_PROPERTIES__LINGER_MS".to_owned(),
-                "5".to_owned(),
-            ),
-            (
-                "THROTTLE__REDIS__URL_FILE".to_owned(),
-                url.path().display().to_string(),
-            ),
-        ];
-        let loaded = load_from(None, env).unwrap();
-        let k = &loaded.settings.kafka;
-        assert_eq!(k.properties["sasl.username"], "svc");
-        assert_eq!(k.properties["sasl.password"], "s3cret-from-file");
-        assert_eq!(k.consumer_config()["session.timeout.ms"], "6000");
-        assert_eq!(k.consumer_config()["sasl.password"], "s3cret-from-file");
-        assert_eq!(k.producer_config()["linger.ms"], "5");
-        assert!(!k.consumer_config().contains_key("linger.ms"));
-        assert_eq!(
-            loaded.settings.redis.url,
-            "redis://worker:hunter2@redis:6379"
-        );
-        let shown = format!("{:?}", loaded.settings);
-        assert!(
-            !shown.contains("s3cret") && !shown.contains("hunter2"),
-            "secrets in Debug: {shown}"
-        );
-
-        let env = vec![(
-            "THROTTLE__REDIS__URL_FILE".to_owned(),
-            "/nonexistent/secret".to_owned(),
-        )];
-        let e = load_from(None, env).err().unwrap();
-        assert_eq!(e.key, "THROTTLE__REDIS__URL_FILE");
-        assert!(e.problem.contains("/nonexistent/secret"), "{e}");
     }
 
     #[test]
