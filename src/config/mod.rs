@@ -315,8 +315,9 @@ pub struct DownstreamSettings {
     pub outage_probe_max: Duration,
     /// Statuses worth another attempt: codes (`"408"`) or classes
     /// (`"5xx"`). Every other status but 2xx and 429 dead-letters the job
-    /// at once. Default `["5xx", "408", "425"]`.
-    pub retry_statuses: Vec<String>,
+    /// at once. Default `["5xx", "408", "425"]`. Parsed as it is read:
+    /// a bad entry is refused naming this key.
+    pub retry_statuses: RetryStatuses,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -834,9 +835,6 @@ impl Settings {
                 "must be at most 1h (an orchestrator kills the process long before)",
             ));
         }
-        if let Err(e) = RetryStatuses::parse(&self.downstream.retry_statuses) {
-            return Err(at.error_at("downstream.retry_statuses", e));
-        }
         if self.downstream.outage_after == 0 {
             return Err(at.error_at("downstream.outage_after", "must be at least 1"));
         }
@@ -852,7 +850,12 @@ impl Settings {
 
 /// Which statuses are worth another attempt: whole classes (`5xx`) and
 /// single codes (`408`). Any other status but 2xx and 429 is fatal.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// Deserialized from the list as written (`["5xx", "408"]`), so a bad entry
+/// is refused when the config loads, naming the key, and the worker takes
+/// the parsed value.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "Vec<String>")]
 pub struct RetryStatuses {
     classes: Vec<u16>,
     codes: Vec<u16>,
@@ -862,7 +865,7 @@ impl RetryStatuses {
     /// Parses `downstream.retry_statuses`: each entry a code from 300 to
     /// 599 (not 429, which always throttles) or a class `3xx`, `4xx`,
     /// `5xx`. The error says which entry is wrong.
-    pub fn parse<S: AsRef<str>>(entries: &[S]) -> Result<RetryStatuses, String> {
+    pub fn parse<S: AsRef<str>>(entries: &[S]) -> Result<RetryStatuses, RetryStatusError> {
         let mut out = RetryStatuses {
             classes: Vec::new(),
             codes: Vec::new(),
@@ -874,15 +877,9 @@ impl RetryStatuses {
                 "4xx" => out.classes.push(4),
                 "5xx" => out.classes.push(5),
                 code => match code.parse::<u16>() {
-                    Ok(429) => {
-                        return Err("429 always throttles the seller; leave it out".to_owned())
-                    }
+                    Ok(429) => return Err(RetryStatusError::TooManyRequests),
                     Ok(c) if (300..600).contains(&c) => out.codes.push(c),
-                    _ => {
-                        return Err(format!(
-                            "{e:?} is neither a status from 300 to 599 nor a class 3xx, 4xx, 5xx"
-                        ))
-                    }
+                    _ => return Err(RetryStatusError::NotAStatus(e.to_owned())),
                 },
             }
         }
@@ -892,6 +889,24 @@ impl RetryStatuses {
     pub fn contains(&self, status: u16) -> bool {
         self.codes.contains(&status) || self.classes.contains(&(status / 100))
     }
+}
+
+impl TryFrom<Vec<String>> for RetryStatuses {
+    type Error = RetryStatusError;
+
+    fn try_from(entries: Vec<String>) -> Result<RetryStatuses, RetryStatusError> {
+        RetryStatuses::parse(&entries)
+    }
+}
+
+/// Why an entry of `downstream.retry_statuses` is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RetryStatusError {
+    #[error("429 always throttles the seller; leave it out")]
+    TooManyRequests,
+    /// The entry, as written.
+    #[error("{0:?} is neither a status from 300 to 599 nor a class 3xx, 4xx, 5xx")]
+    NotAStatus(String),
 }
 
 impl Default for RetryStatuses {

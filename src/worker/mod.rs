@@ -64,8 +64,6 @@ pub use ports::{Caller, Clock, CommitError, Live, Ports, Source, SystemClock, Wr
 pub enum StartError {
     #[error("downstream.url / downstream settings")]
     Downstream(#[source] crate::downstream::DownstreamError),
-    #[error("downstream.retry_statuses: {0}")]
-    RetryStatuses(String),
     #[error("redis.url: Redis must answer PING and accept the limiter scripts")]
     Redis(#[source] crate::limiter::RedisError),
     #[error("redis.state")]
@@ -129,10 +127,7 @@ pub async fn run_watching(
     )
     .map_err(StartError::Downstream)?
     .with_max_retry_after(settings.downstream.max_retry_after)
-    .with_retry_statuses(
-        crate::downstream::RetryStatuses::parse(&settings.downstream.retry_statuses)
-            .map_err(StartError::RetryStatuses)?,
-    )
+    .with_retry_statuses(settings.downstream.retry_statuses.clone())
     .with_worker_id(&worker_id);
     let store = RedisStore::open(&settings.redis)
         .await
