@@ -7,6 +7,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use super::env::Variables;
+use super::error::Invalid;
 use super::{ConfigError, Settings};
 
 /// The defaults every deployment starts from, compiled in so that the binary
@@ -36,6 +37,11 @@ impl Loaded {
     /// The file (or "environment") that gave `key` its value.
     pub fn origin(&self, key: &str) -> String {
         origin(&self.layers, key)
+    }
+
+    /// A section's refusal, naming the file its value came from.
+    fn locate(&self, invalid: Invalid) -> ConfigError {
+        self.error_at(invalid.key, invalid.problem)
     }
 }
 
@@ -115,7 +121,9 @@ pub fn load_from(
         loaded = merge(&builder, &env, &files, &layers, &env_layer)?;
     }
     variables.set_properties(&mut loaded.settings.kafka);
-    loaded.settings.validate(&loaded)?;
+    if let Err(invalid) = loaded.settings.validate() {
+        return Err(loaded.locate(invalid));
+    }
     Ok(loaded)
 }
 

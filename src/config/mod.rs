@@ -18,11 +18,14 @@ use serde::{Deserialize, Deserializer};
 
 mod duration;
 mod env;
+mod error;
 mod load;
 mod redact;
 
 use duration::{human_duration, human_durations};
 pub use env::PATH_KEYS;
+pub use error::ConfigError;
+use error::{Invalid, Problem};
 pub use load::{load, load_from, Loaded, DEFAULT_NAME, DEFAULT_TOML};
 use redact::redacted;
 pub use redact::{is_secret_property, redact_url};
@@ -464,17 +467,6 @@ pub struct SellerConfig {
     pub max_in_flight: Option<u32>,
 }
 
-/// Why the settings could not be loaded: where, which key, and what is wrong.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{file}: {key}: {problem}")]
-pub struct ConfigError {
-    /// The file the offending value came from, or "environment".
-    pub file: String,
-    /// Dotted path of the key, e.g. `limits.sellers.seller-7.rules[0].limit`.
-    pub key: String,
-    pub problem: String,
-}
-
 /// One retry topic: records written to it are held `delay` after they were
 /// written.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -547,35 +539,20 @@ impl KafkaSettings {
         specs
     }
 
-    fn validate_tiers(&self, at: &Loaded) -> Result<(), ConfigError> {
-        let key = "kafka.retry_tiers";
+    fn validate_tiers(&self) -> Result<(), Invalid> {
+        let invalid = |problem| Err(Invalid::new("kafka.retry_tiers", problem));
         if self.retry_tiers.is_empty() {
-            return Err(at.error_at(key, "must name at least one delay, e.g. [\"1m\"]"));
+            return invalid(Problem::NoRetryTiers);
         }
-        for w in self.retry_tiers.windows(2) {
-            if w[1] <= w[0] {
-                return Err(at.error_at(key, "delays must be in increasing order"));
-            }
+        if self.retry_tiers.windows(2).any(|w| w[1] <= w[0]) {
+            return invalid(Problem::RetryTiersOutOfOrder);
         }
-        for d in &self.retry_tiers {
-            if *d < Duration::from_secs(1) || d.subsec_nanos() != 0 {
-                return Err(at.error_at(
-                    key,
-                    format!(
-                        "{} is not a whole number of seconds of at least 1s",
-                        tier_label(*d)
-                    ),
-                ));
+        for &d in &self.retry_tiers {
+            if d < Duration::from_secs(1) || d.subsec_nanos() != 0 {
+                return invalid(Problem::RetryTierNotWholeSeconds(tier_label(d)));
             }
-            if *d > MAX_RETRY_TIER {
-                return Err(at.error_at(
-                    key,
-                    format!(
-                        "{} is longer than {}: a retry partition is held for the longest tier, which must stay well under the topic's retention",
-                        tier_label(*d),
-                        tier_label(MAX_RETRY_TIER)
-                    ),
-                ));
+            if d > MAX_RETRY_TIER {
+                return invalid(Problem::RetryTierTooLong(tier_label(d)));
             }
         }
         Ok(())
@@ -594,26 +571,20 @@ impl fmt::Debug for TracingSettings {
 }
 
 impl TracingSettings {
-    fn validate(&self, at: &Loaded) -> Result<(), ConfigError> {
+    fn validate(&self) -> Result<(), Invalid> {
         let endpoint = self.otlp_endpoint.trim();
         if !endpoint.is_empty() {
             let host = endpoint
                 .strip_prefix("http://")
                 .or_else(|| endpoint.strip_prefix("https://"));
             if host.is_none_or(|h| h.is_empty() || h.starts_with('/')) {
-                return Err(at.error_at(
-                    "tracing.otlp_endpoint",
-                    "must be an http:// or https:// URL such as http://otel-collector:4318, or empty",
-                ));
+                return Err(Invalid::new("tracing.otlp_endpoint", Problem::OtlpEndpoint));
             }
         }
         if !(0.0..=1.0).contains(&self.sample_ratio) {
-            return Err(at.error_at("tracing.sample_ratio", "must be between 0 and 1"));
+            return Err(Invalid::new("tracing.sample_ratio", Problem::SampleRatio));
         }
-        if self.service_name.trim().is_empty() {
-            return Err(at.error_at("tracing.service_name", "must not be empty"));
-        }
-        Ok(())
+        error::nonempty(&[("tracing.service_name", &self.service_name)])
     }
 }
 
@@ -653,12 +624,12 @@ impl Settings {
     }
 
     /// `message.max.bytes`, if set by hand, must carry the largest job.
-    fn validate_copy_size(&self, at: &Loaded) -> Result<(), ConfigError> {
+    fn validate_copy_size(&self) -> Result<(), Invalid> {
         let need = self.max_copy_bytes();
         if need > LIBRDKAFKA_MAX_MESSAGE_BYTES {
-            return Err(at.error_at(
+            return Err(Invalid::new(
                 "worker.max_payload_bytes",
-                format!("with {COPY_OVERHEAD_BYTES} bytes for a copy's key and headers, the largest record would be {need} bytes, over librdkafka's limit of {LIBRDKAFKA_MAX_MESSAGE_BYTES}"),
+                Problem::CopyOverLibrdkafkaLimit { need },
             ));
         }
         let k = &self.kafka;
@@ -673,27 +644,29 @@ impl Settings {
             return Ok(());
         };
         let Ok(bytes) = value.trim().parse::<usize>() else {
-            return Err(at.error_at(
+            return Err(Invalid::new(
                 key,
-                format!("message.max.bytes = {value:?} is not a whole number of bytes"),
+                Problem::MessageMaxBytesNotANumber(value.clone()),
             ));
         };
         if bytes < need {
-            return Err(at.error_at(
+            let payload = self.worker.max_payload_bytes;
+            return Err(Invalid::new(
                 key,
-                format!(
-                    "message.max.bytes = {bytes} is below worker.max_payload_bytes ({}) plus {COPY_OVERHEAD_BYTES} bytes for a copy's key and headers: a job near the payload limit could never be copied to a retry tier or the dead-letter topic; set it to at least {need} or leave it unset (the worker sizes it)",
-                    self.worker.max_payload_bytes
-                ),
+                Problem::MessageMaxBytesBelowCopy {
+                    bytes,
+                    payload,
+                    need,
+                },
             ));
         }
         Ok(())
     }
 
     /// Checks that serde's types cannot express.
-    fn validate(&self, at: &Loaded) -> Result<(), ConfigError> {
-        self.validate_copy_size(at)?;
-        let nonempty = [
+    fn validate(&self) -> Result<(), Invalid> {
+        self.validate_copy_size()?;
+        error::nonempty(&[
             ("kafka.brokers", &self.kafka.brokers),
             ("kafka.group_id", &self.kafka.group_id),
             ("kafka.topic", &self.kafka.topic),
@@ -702,17 +675,9 @@ impl Settings {
             ("redis.url", &self.redis.url),
             ("redis.key_prefix", &self.redis.key_prefix),
             ("downstream.url", &self.downstream.url),
-        ];
-        for (key, value) in nonempty {
-            if value.trim().is_empty() {
-                return Err(at.error_at(key, "must not be empty"));
-            }
-        }
+        ])?;
         if self.redis.key_prefix.contains(['{', '}']) {
-            return Err(at.error_at(
-                "redis.key_prefix",
-                "must not contain '{' or '}': the limiter puts each seller in its own hash tag",
-            ));
+            return Err(Invalid::new("redis.key_prefix", Problem::BracesInKeyPrefix));
         }
         let r = &self.redis;
         let tls_files = [
@@ -723,16 +688,13 @@ impl Settings {
         for (key, file) in tls_files {
             let Some(path) = file else { continue };
             if !r.url.starts_with("rediss://") {
-                return Err(at.error_at(key, "is only used with a TLS URL (rediss://host:port)"));
+                return Err(Invalid::new(key, Problem::TlsWithoutTlsUrl));
             }
             if !path.is_file() {
-                return Err(at.error_at(key, format!("{}: no such file", path.display())));
+                return Err(Invalid::new(key, Problem::NoSuchFile(path.clone())));
             }
             if r.topology == Topology::Cluster {
-                return Err(at.error_at(
-                    key,
-                    "is not supported with topology = \"cluster\": the cluster client trusts the system's store (install the CA there)",
-                ));
+                return Err(Invalid::new(key, Problem::TlsWithCluster));
             }
         }
         if r.tls_cert_file.is_some() != r.tls_key_file.is_some() {
@@ -741,18 +703,15 @@ impl Settings {
             } else {
                 "redis.tls_cert_file"
             };
-            return Err(at.error_at(
-                key,
-                "a client certificate needs both tls_cert_file and tls_key_file",
-            ));
+            return Err(Invalid::new(key, Problem::HalfAClientCertificate));
         }
         if !self.redis.cluster_nodes.is_empty() && self.redis.topology != Topology::Cluster {
-            return Err(at.error_at(
+            return Err(Invalid::new(
                 "redis.cluster_nodes",
-                "is only used with redis.topology = \"cluster\"",
+                Problem::ClusterNodesWithoutCluster,
             ));
         }
-        let positive = [
+        error::at_least_one(&[
             ("downstream.concurrency", self.downstream.concurrency as u64),
             (
                 "downstream.max_attempts",
@@ -774,13 +733,8 @@ impl Settings {
                 self.worker.max_payload_bytes as u64,
             ),
             ("worker.max_job_cost", self.worker.max_job_cost),
-        ];
-        for (key, value) in positive {
-            if value == 0 {
-                return Err(at.error_at(key, "must be at least 1"));
-            }
-        }
-        let durations = [
+        ])?;
+        error::longer_than_zero(&[
             ("kafka.commit_interval", self.kafka.commit_interval),
             ("redis.timeout", self.redis.timeout),
             ("downstream.timeout", self.downstream.timeout),
@@ -794,54 +748,49 @@ impl Settings {
                 "downstream.outage_probe_max",
                 self.downstream.outage_probe_max,
             ),
-        ];
-        for (key, value) in durations {
-            if value.is_zero() {
-                return Err(at.error_at(key, "must be longer than 0"));
-            }
-        }
+        ])?;
         if self.redis.coalesce_window > MAX_COALESCE_WINDOW {
-            return Err(at.error_at(
+            return Err(Invalid::new(
                 "redis.coalesce_window",
-                "must be at most 1ms (longer holds every job for more than a Redis round trip)",
+                Problem::CoalesceWindowTooLong,
             ));
         }
         if self.limits.slot_lease <= self.downstream.timeout {
-            return Err(at.error_at(
+            return Err(Invalid::new(
                 "limits.slot_lease",
-                format!(
-                    "{} must be longer than downstream.timeout ({}): a call still under way when its lease ends would let another call of its seller take its slot",
-                    humantime::format_duration(self.limits.slot_lease),
-                    humantime::format_duration(self.downstream.timeout)
-                ),
+                Problem::SlotLeaseTooShort {
+                    lease: self.limits.slot_lease,
+                    call_timeout: self.downstream.timeout,
+                },
             ));
         }
-        self.kafka.validate_tiers(at)?;
-        self.tracing.validate(at)?;
+        self.kafka.validate_tiers()?;
+        self.tracing.validate()?;
         // The worker adds this to `Instant::now()`; an absurd value (a typo
         // such as "1000000y") would bring back the overflow the clamp exists
         // to prevent, and a week is already longer than any real throttle.
         if self.downstream.max_retry_after > MAX_RETRY_AFTER_LIMIT {
-            return Err(at.error_at(
+            return Err(Invalid::new(
                 "downstream.max_retry_after",
-                "must be at most 7d (longer waits belong to the retry topic)",
+                Problem::RetryAfterTooLong,
             ));
         }
         // Added to an instant at shutdown; a day is longer than any
         // orchestrator waits for a process to stop.
         if self.worker.shutdown_timeout > MAX_SHUTDOWN_TIMEOUT {
-            return Err(at.error_at(
+            return Err(Invalid::new(
                 "worker.shutdown_timeout",
-                "must be at most 1h (an orchestrator kills the process long before)",
+                Problem::ShutdownTooLong,
             ));
         }
-        if self.downstream.outage_after == 0 {
-            return Err(at.error_at("downstream.outage_after", "must be at least 1"));
-        }
+        error::at_least_one(&[(
+            "downstream.outage_after",
+            u64::from(self.downstream.outage_after),
+        )])?;
         if self.downstream.backoff_max < self.downstream.backoff_base {
-            return Err(at.error_at(
+            return Err(Invalid::new(
                 "downstream.backoff_max",
-                "must not be shorter than downstream.backoff_base",
+                Problem::BackoffMaxBelowBase,
             ));
         }
         Ok(())

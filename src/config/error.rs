@@ -1,0 +1,137 @@
+//! What is wrong with the settings. A section's `validate` knows the key
+//! and the problem ([`Invalid`]); only the loader knows which layer the
+//! value came from, and makes of it the [`ConfigError`] an operator reads.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::{tier_label, COPY_OVERHEAD_BYTES, LIBRDKAFKA_MAX_MESSAGE_BYTES, MAX_RETRY_TIER};
+
+/// Why the settings could not be loaded: where, which key, and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}: {key}: {problem}")]
+pub struct ConfigError {
+    /// The file the offending value came from, or "environment".
+    pub file: String,
+    /// Dotted path of the key, e.g. `limits.sellers.seller-7.rules[0].limit`.
+    pub key: String,
+    pub problem: String,
+}
+
+/// A value that a section's `validate` refused: the key and what is wrong
+/// with it. The loader adds the file it came from (`Loaded::locate`).
+#[derive(Debug, thiserror::Error)]
+#[error("{key}: {problem}")]
+pub(super) struct Invalid {
+    /// Dotted path of the key, e.g. `downstream.concurrency`.
+    pub key: &'static str,
+    pub problem: Problem,
+}
+
+impl Invalid {
+    pub fn new(key: &'static str, problem: impl Into<Problem>) -> Invalid {
+        Invalid {
+            key,
+            problem: problem.into(),
+        }
+    }
+}
+
+/// What is wrong with a value; the text is what the operator reads after
+/// the file and the key.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum Problem {
+    #[error("must not be empty")]
+    Empty,
+    #[error("must be at least 1")]
+    Zero,
+    #[error("must be longer than 0")]
+    ZeroDuration,
+    #[error("must name at least one delay, e.g. [\"1m\"]")]
+    NoRetryTiers,
+    #[error("delays must be in increasing order")]
+    RetryTiersOutOfOrder,
+    /// The tier, as [`tier_label`] writes it.
+    #[error("{0} is not a whole number of seconds of at least 1s")]
+    RetryTierNotWholeSeconds(String),
+    #[error(
+        "{0} is longer than {max}: a retry partition is held for the longest tier, which must stay well under the topic's retention",
+        max = tier_label(MAX_RETRY_TIER)
+    )]
+    RetryTierTooLong(String),
+    #[error("must not contain '{{' or '}}': the limiter puts each seller in its own hash tag")]
+    BracesInKeyPrefix,
+    #[error("is only used with a TLS URL (rediss://host:port)")]
+    TlsWithoutTlsUrl,
+    #[error("{}: no such file", .0.display())]
+    NoSuchFile(PathBuf),
+    #[error("is not supported with topology = \"cluster\": the cluster client trusts the system's store (install the CA there)")]
+    TlsWithCluster,
+    #[error("a client certificate needs both tls_cert_file and tls_key_file")]
+    HalfAClientCertificate,
+    #[error("is only used with redis.topology = \"cluster\"")]
+    ClusterNodesWithoutCluster,
+    #[error("must be at most 1ms (longer holds every job for more than a Redis round trip)")]
+    CoalesceWindowTooLong,
+    #[error("must be at most 7d (longer waits belong to the retry topic)")]
+    RetryAfterTooLong,
+    #[error("must not be shorter than downstream.backoff_base")]
+    BackoffMaxBelowBase,
+    #[error("must be at most 1h (an orchestrator kills the process long before)")]
+    ShutdownTooLong,
+    #[error("must be an http:// or https:// URL such as http://otel-collector:4318, or empty")]
+    OtlpEndpoint,
+    #[error("must be between 0 and 1")]
+    SampleRatio,
+    #[error(
+        "{} must be longer than downstream.timeout ({}): a call still under way when its lease ends would let another call of its seller take its slot",
+        humantime::format_duration(*.lease),
+        humantime::format_duration(*.call_timeout)
+    )]
+    SlotLeaseTooShort {
+        lease: Duration,
+        call_timeout: Duration,
+    },
+    #[error(
+        "with {overhead} bytes for a copy's key and headers, the largest record would be {need} bytes, over librdkafka's limit of {max}",
+        overhead = COPY_OVERHEAD_BYTES,
+        max = LIBRDKAFKA_MAX_MESSAGE_BYTES
+    )]
+    CopyOverLibrdkafkaLimit { need: usize },
+    /// The value as written.
+    #[error("message.max.bytes = {0:?} is not a whole number of bytes")]
+    MessageMaxBytesNotANumber(String),
+    #[error(
+        "message.max.bytes = {bytes} is below worker.max_payload_bytes ({payload}) plus {overhead} bytes for a copy's key and headers: a job near the payload limit could never be copied to a retry tier or the dead-letter topic; set it to at least {need} or leave it unset (the worker sizes it)",
+        overhead = COPY_OVERHEAD_BYTES
+    )]
+    MessageMaxBytesBelowCopy {
+        bytes: usize,
+        payload: usize,
+        need: usize,
+    },
+}
+
+/// Each value of `fields` (key, value) must hold more than blanks.
+pub(super) fn nonempty(fields: &[(&'static str, &str)]) -> Result<(), Invalid> {
+    match fields.iter().find(|(_, value)| value.trim().is_empty()) {
+        Some(&(key, _)) => Err(Invalid::new(key, Problem::Empty)),
+        None => Ok(()),
+    }
+}
+
+/// Each count of `fields` (key, count) must be at least 1.
+pub(super) fn at_least_one(fields: &[(&'static str, u64)]) -> Result<(), Invalid> {
+    match fields.iter().find(|(_, count)| *count == 0) {
+        Some(&(key, _)) => Err(Invalid::new(key, Problem::Zero)),
+        None => Ok(()),
+    }
+}
+
+/// Each duration of `fields` (key, duration) must be longer than zero.
+pub(super) fn longer_than_zero(fields: &[(&'static str, Duration)]) -> Result<(), Invalid> {
+    match fields.iter().find(|(_, d)| d.is_zero()) {
+        Some(&(key, _)) => Err(Invalid::new(key, Problem::ZeroDuration)),
+        None => Ok(()),
+    }
+}
