@@ -5,7 +5,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::{tier_label, COPY_OVERHEAD_BYTES, LIBRDKAFKA_MAX_MESSAGE_BYTES, MAX_RETRY_TIER};
+use super::kafka::KafkaProblem;
+use super::{COPY_OVERHEAD_BYTES, LIBRDKAFKA_MAX_MESSAGE_BYTES};
 
 /// Why the settings could not be loaded: where, which key, and what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -47,18 +48,8 @@ pub(super) enum Problem {
     Zero,
     #[error("must be longer than 0")]
     ZeroDuration,
-    #[error("must name at least one delay, e.g. [\"1m\"]")]
-    NoRetryTiers,
-    #[error("delays must be in increasing order")]
-    RetryTiersOutOfOrder,
-    /// The tier, as [`tier_label`] writes it.
-    #[error("{0} is not a whole number of seconds of at least 1s")]
-    RetryTierNotWholeSeconds(String),
-    #[error(
-        "{0} is longer than {max}: a retry partition is held for the longest tier, which must stay well under the topic's retention",
-        max = tier_label(MAX_RETRY_TIER)
-    )]
-    RetryTierTooLong(String),
+    #[error(transparent)]
+    Kafka(#[from] KafkaProblem),
     #[error("must not contain '{{' or '}}': the limiter puts each seller in its own hash tag")]
     BracesInKeyPrefix,
     #[error("is only used with a TLS URL (rediss://host:port)")]
