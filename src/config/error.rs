@@ -2,10 +2,10 @@
 //! and the problem ([`Invalid`]); only the loader knows which layer the
 //! value came from, and makes of it the [`ConfigError`] an operator reads.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use super::kafka::KafkaProblem;
+use super::redis::RedisProblem;
 use super::{COPY_OVERHEAD_BYTES, LIBRDKAFKA_MAX_MESSAGE_BYTES};
 
 /// Why the settings could not be loaded: where, which key, and what is wrong.
@@ -50,20 +50,8 @@ pub(super) enum Problem {
     ZeroDuration,
     #[error(transparent)]
     Kafka(#[from] KafkaProblem),
-    #[error("must not contain '{{' or '}}': the limiter puts each seller in its own hash tag")]
-    BracesInKeyPrefix,
-    #[error("is only used with a TLS URL (rediss://host:port)")]
-    TlsWithoutTlsUrl,
-    #[error("{}: no such file", .0.display())]
-    NoSuchFile(PathBuf),
-    #[error("is not supported with topology = \"cluster\": the cluster client trusts the system's store (install the CA there)")]
-    TlsWithCluster,
-    #[error("a client certificate needs both tls_cert_file and tls_key_file")]
-    HalfAClientCertificate,
-    #[error("is only used with redis.topology = \"cluster\"")]
-    ClusterNodesWithoutCluster,
-    #[error("must be at most 1ms (longer holds every job for more than a Redis round trip)")]
-    CoalesceWindowTooLong,
+    #[error(transparent)]
+    Redis(#[from] RedisProblem),
     #[error("must be at most 7d (longer waits belong to the retry topic)")]
     RetryAfterTooLong,
     #[error("must not be shorter than downstream.backoff_base")]
