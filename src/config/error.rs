@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use super::downstream::DownstreamProblem;
 use super::kafka::KafkaProblem;
 use super::redis::RedisProblem;
 use super::{COPY_OVERHEAD_BYTES, LIBRDKAFKA_MAX_MESSAGE_BYTES};
@@ -51,11 +52,9 @@ pub(super) enum Problem {
     #[error(transparent)]
     Kafka(#[from] KafkaProblem),
     #[error(transparent)]
+    Downstream(#[from] DownstreamProblem),
+    #[error(transparent)]
     Redis(#[from] RedisProblem),
-    #[error("must be at most 7d (longer waits belong to the retry topic)")]
-    RetryAfterTooLong,
-    #[error("must not be shorter than downstream.backoff_base")]
-    BackoffMaxBelowBase,
     #[error("must be at most 1h (an orchestrator kills the process long before)")]
     ShutdownTooLong,
     #[error("must be an http:// or https:// URL such as http://otel-collector:4318, or empty")]
