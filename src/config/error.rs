@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::downstream::DownstreamProblem;
 use super::kafka::KafkaProblem;
 use super::redis::RedisProblem;
+use super::worker::WorkerProblem;
 use super::{COPY_OVERHEAD_BYTES, LIBRDKAFKA_MAX_MESSAGE_BYTES};
 
 /// Why the settings could not be loaded: where, which key, and what is wrong.
@@ -54,9 +55,9 @@ pub(super) enum Problem {
     #[error(transparent)]
     Downstream(#[from] DownstreamProblem),
     #[error(transparent)]
+    Worker(#[from] WorkerProblem),
+    #[error(transparent)]
     Redis(#[from] RedisProblem),
-    #[error("must be at most 1h (an orchestrator kills the process long before)")]
-    ShutdownTooLong,
     #[error("must be an http:// or https:// URL such as http://otel-collector:4318, or empty")]
     OtlpEndpoint,
     #[error("must be between 0 and 1")]

@@ -24,6 +24,7 @@ mod kafka;
 mod load;
 mod redact;
 mod redis;
+mod worker;
 
 pub use downstream::{DownstreamSettings, RetryStatusError, RetryStatuses};
 use duration::human_duration;
@@ -33,13 +34,11 @@ use error::{Invalid, Problem};
 pub use kafka::{tier_label, KafkaSettings, RetryTier, MAX_RETRY_TIER};
 pub use load::{load, load_from, Loaded, DEFAULT_NAME, DEFAULT_TOML};
 pub use redact::{is_secret_property, redact_url};
+pub use worker::WorkerSettings;
 // `self::`: there is a `redis` crate too.
 pub use self::redis::{
     OnError, OnStateLoss, RedisSettings, StateLayout, Topology, MAX_COALESCE_WINDOW,
 };
-
-/// Upper bound of `worker.shutdown_timeout`.
-const MAX_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// All settings of one worker process.
 #[derive(Debug, Clone, Deserialize)]
@@ -59,38 +58,6 @@ pub struct Settings {
 pub struct HttpSettings {
     /// Address of /metrics, /healthz and /readyz.
     pub listen: SocketAddr,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct WorkerSettings {
-    /// Jobs held in memory per replica (waiting + in flight); fetching
-    /// pauses beyond it.
-    pub max_buffered: usize,
-    /// Bytes of jobs held in memory per replica (record key and value plus
-    /// a fixed overhead per job); fetching pauses beyond it too.
-    pub max_buffered_bytes: usize,
-    /// A partition's first unfinished record that has waited this long in
-    /// memory while later records finished is sent to the retry topic, so
-    /// the partition can commit past it.
-    #[serde(deserialize_with = "human_duration")]
-    pub max_head_wait: Duration,
-    /// The most finished records a partition keeps above its first
-    /// unfinished one before that record is sent to the retry topic (bounds
-    /// the offset tracker and the commit metadata).
-    pub max_finished_ahead: usize,
-    /// A job that would wait longer than this goes to the retry topic
-    /// instead of being held in memory.
-    #[serde(deserialize_with = "human_duration")]
-    pub max_inline_delay: Duration,
-    /// How long in-flight calls may take to finish on SIGTERM.
-    #[serde(deserialize_with = "human_duration")]
-    pub shutdown_timeout: Duration,
-    /// Larger payloads are dead-lettered.
-    pub max_payload_bytes: usize,
-    /// Highest `cost` a job may declare; above it the job is dead-lettered.
-    /// At least 1. Default 10000.
-    pub max_job_cost: u64,
 }
 
 /// `[tracing]`: job spans exported through OTLP. The W3C trace context of
@@ -303,23 +270,7 @@ impl Settings {
         self.kafka.validate()?;
         self.redis.validate()?;
         self.downstream.validate()?;
-        error::at_least_one(&[
-            ("worker.max_buffered", self.worker.max_buffered as u64),
-            (
-                "worker.max_buffered_bytes",
-                self.worker.max_buffered_bytes as u64,
-            ),
-            (
-                "worker.max_finished_ahead",
-                self.worker.max_finished_ahead as u64,
-            ),
-            (
-                "worker.max_payload_bytes",
-                self.worker.max_payload_bytes as u64,
-            ),
-            ("worker.max_job_cost", self.worker.max_job_cost),
-        ])?;
-        error::longer_than_zero(&[("worker.max_head_wait", self.worker.max_head_wait)])?;
+        self.worker.validate()?;
         if self.limits.slot_lease <= self.downstream.timeout {
             return Err(Invalid::new(
                 "limits.slot_lease",
@@ -330,14 +281,6 @@ impl Settings {
             ));
         }
         self.tracing.validate()?;
-        // Added to an instant at shutdown; a day is longer than any
-        // orchestrator waits for a process to stop.
-        if self.worker.shutdown_timeout > MAX_SHUTDOWN_TIMEOUT {
-            return Err(Invalid::new(
-                "worker.shutdown_timeout",
-                Problem::ShutdownTooLong,
-            ));
-        }
         Ok(())
     }
 }
