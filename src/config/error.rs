@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::downstream::DownstreamProblem;
 use super::kafka::KafkaProblem;
 use super::redis::RedisProblem;
+use super::tracing::TracingProblem;
 use super::worker::WorkerProblem;
 use super::{COPY_OVERHEAD_BYTES, LIBRDKAFKA_MAX_MESSAGE_BYTES};
 
@@ -57,11 +58,9 @@ pub(super) enum Problem {
     #[error(transparent)]
     Worker(#[from] WorkerProblem),
     #[error(transparent)]
+    Tracing(#[from] TracingProblem),
+    #[error(transparent)]
     Redis(#[from] RedisProblem),
-    #[error("must be an http:// or https:// URL such as http://otel-collector:4318, or empty")]
-    OtlpEndpoint,
-    #[error("must be between 0 and 1")]
-    SampleRatio,
     #[error(
         "{} must be longer than downstream.timeout ({}): a call still under way when its lease ends would let another call of its seller take its slot",
         humantime::format_duration(*.lease),
