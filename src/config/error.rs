@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use super::downstream::DownstreamProblem;
 use super::kafka::KafkaProblem;
+use super::limits::LimitsProblem;
 use super::redis::RedisProblem;
 use super::tracing::TracingProblem;
 use super::worker::WorkerProblem;
@@ -60,16 +61,9 @@ pub(super) enum Problem {
     #[error(transparent)]
     Tracing(#[from] TracingProblem),
     #[error(transparent)]
+    Limits(#[from] LimitsProblem),
+    #[error(transparent)]
     Redis(#[from] RedisProblem),
-    #[error(
-        "{} must be longer than downstream.timeout ({}): a call still under way when its lease ends would let another call of its seller take its slot",
-        humantime::format_duration(*.lease),
-        humantime::format_duration(*.call_timeout)
-    )]
-    SlotLeaseTooShort {
-        lease: Duration,
-        call_timeout: Duration,
-    },
     #[error(
         "with {overhead} bytes for a copy's key and headers, the largest record would be {need} bytes, over librdkafka's limit of {max}",
         overhead = COPY_OVERHEAD_BYTES,

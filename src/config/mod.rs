@@ -10,8 +10,6 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::time::Duration;
 
 use serde::Deserialize;
 
@@ -20,6 +18,7 @@ mod duration;
 mod env;
 mod error;
 mod kafka;
+mod limits;
 mod load;
 mod redact;
 mod redis;
@@ -27,11 +26,11 @@ mod tracing;
 mod worker;
 
 pub use downstream::{DownstreamSettings, RetryStatusError, RetryStatuses};
-use duration::human_duration;
 pub use env::PATH_KEYS;
 pub use error::ConfigError;
 use error::{Invalid, Problem};
 pub use kafka::{tier_label, KafkaSettings, RetryTier, MAX_RETRY_TIER};
+pub use limits::{LimitsConfig, RuleConfig, SellerConfig};
 pub use load::{load, load_from, Loaded, DEFAULT_NAME, DEFAULT_TOML};
 pub use redact::{is_secret_property, redact_url};
 pub use worker::WorkerSettings;
@@ -59,93 +58,6 @@ pub struct Settings {
 pub struct HttpSettings {
     /// Address of /metrics, /healthz and /readyz.
     pub listen: SocketAddr,
-}
-
-/// The `[limits]` section as written; `limiter::Policy` validates it.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LimitsConfig {
-    /// A separate file holding `[limits]` (the same tables as this
-    /// section), merged over the config file and watched for live edits
-    /// like it: limits can then come from a Kubernetes ConfigMap while the
-    /// rest of the config stays in the image or the environment. A relative
-    /// path is taken from the working directory.
-    #[serde(default)]
-    pub file: Option<PathBuf>,
-    /// Rules of every seller not named in `sellers`.
-    #[serde(default)]
-    pub default: Vec<RuleConfig>,
-    /// Rules over all sellers together, protecting the downstream.
-    #[serde(default)]
-    pub global: Vec<RuleConfig>,
-    /// Named rule sets sellers can refer to.
-    #[serde(default)]
-    pub tiers: BTreeMap<String, Vec<RuleConfig>>,
-    /// Per-seller overrides.
-    #[serde(default)]
-    pub sellers: BTreeMap<String, SellerConfig>,
-    /// The most downstream calls of one seller under way at once, across
-    /// every replica, by tier: `default` for sellers under
-    /// `limits.default`, else a name of `limits.tiers`. A seller's own
-    /// `max_in_flight` wins. Unset: no cap.
-    #[serde(default)]
-    pub max_in_flight: BTreeMap<String, u32>,
-    /// How long a slot of `max_in_flight` stays taken when its replica
-    /// never gives it back (killed): longer than `downstream.timeout`, so
-    /// a call still under way never loses its slot. Default 30s.
-    #[serde(default = "default_slot_lease", deserialize_with = "human_duration")]
-    pub slot_lease: Duration,
-}
-
-fn default_slot_lease() -> Duration {
-    Duration::from_secs(30)
-}
-
-impl Default for LimitsConfig {
-    fn default() -> LimitsConfig {
-        LimitsConfig {
-            file: None,
-            default: Vec::new(),
-            global: Vec::new(),
-            tiers: BTreeMap::new(),
-            sellers: BTreeMap::new(),
-            max_in_flight: BTreeMap::new(),
-            slot_lease: default_slot_lease(),
-        }
-    }
-}
-
-/// One rule; the same shape for every algorithm.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RuleConfig {
-    pub algorithm: String,
-    pub limit: u64,
-    #[serde(deserialize_with = "human_duration")]
-    pub period: Duration,
-    #[serde(default)]
-    pub burst: Option<u64>,
-    /// Decided and counted (`result="shadow_denied"`), but never holds a
-    /// job: to try a new limit on live traffic before it bites.
-    #[serde(default)]
-    pub shadow: bool,
-}
-
-/// A seller override: at most one of `tier`, `rules`, `unlimited = true`
-/// (none: the default rules), and optionally `max_in_flight`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SellerConfig {
-    #[serde(default)]
-    pub tier: Option<String>,
-    #[serde(default)]
-    pub rules: Option<Vec<RuleConfig>>,
-    #[serde(default)]
-    pub unlimited: bool,
-    /// The most downstream calls of this seller under way at once, across
-    /// every replica (wins over its tier's).
-    #[serde(default)]
-    pub max_in_flight: Option<u32>,
 }
 
 /// What a retry or dead-letter copy adds to a job's value: its key and the
@@ -225,15 +137,7 @@ impl Settings {
         self.redis.validate()?;
         self.downstream.validate()?;
         self.worker.validate()?;
-        if self.limits.slot_lease <= self.downstream.timeout {
-            return Err(Invalid::new(
-                "limits.slot_lease",
-                Problem::SlotLeaseTooShort {
-                    lease: self.limits.slot_lease,
-                    call_timeout: self.downstream.timeout,
-                },
-            ));
-        }
+        self.limits.validate(self.downstream.timeout)?;
         self.tracing.validate()?;
         Ok(())
     }
@@ -245,6 +149,7 @@ mod testing;
 mod tests {
     use super::testing::file;
     use super::*;
+    use std::time::Duration;
 
     /// Defect 5 of issue 20: librdkafka's default `message.max.bytes`
     /// (1,000,000) is below the default `worker.max_payload_bytes`
