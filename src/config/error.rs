@@ -8,9 +8,9 @@ use super::downstream::DownstreamProblem;
 use super::kafka::KafkaProblem;
 use super::limits::LimitsProblem;
 use super::redis::RedisProblem;
+use super::settings::CopyProblem;
 use super::tracing::TracingProblem;
 use super::worker::WorkerProblem;
-use super::{COPY_OVERHEAD_BYTES, LIBRDKAFKA_MAX_MESSAGE_BYTES};
 
 /// Why the settings could not be loaded: where, which key, and what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -55,6 +55,8 @@ pub(super) enum Problem {
     #[error(transparent)]
     Kafka(#[from] KafkaProblem),
     #[error(transparent)]
+    Redis(#[from] RedisProblem),
+    #[error(transparent)]
     Downstream(#[from] DownstreamProblem),
     #[error(transparent)]
     Worker(#[from] WorkerProblem),
@@ -63,25 +65,7 @@ pub(super) enum Problem {
     #[error(transparent)]
     Limits(#[from] LimitsProblem),
     #[error(transparent)]
-    Redis(#[from] RedisProblem),
-    #[error(
-        "with {overhead} bytes for a copy's key and headers, the largest record would be {need} bytes, over librdkafka's limit of {max}",
-        overhead = COPY_OVERHEAD_BYTES,
-        max = LIBRDKAFKA_MAX_MESSAGE_BYTES
-    )]
-    CopyOverLibrdkafkaLimit { need: usize },
-    /// The value as written.
-    #[error("message.max.bytes = {0:?} is not a whole number of bytes")]
-    MessageMaxBytesNotANumber(String),
-    #[error(
-        "message.max.bytes = {bytes} is below worker.max_payload_bytes ({payload}) plus {overhead} bytes for a copy's key and headers: a job near the payload limit could never be copied to a retry tier or the dead-letter topic; set it to at least {need} or leave it unset (the worker sizes it)",
-        overhead = COPY_OVERHEAD_BYTES
-    )]
-    MessageMaxBytesBelowCopy {
-        bytes: usize,
-        payload: usize,
-        need: usize,
-    },
+    Copy(#[from] CopyProblem),
 }
 
 /// Each value of `fields` (key, value) must hold more than blanks.
