@@ -7,6 +7,32 @@
 //! crash loop has nothing else to go on.
 //!
 //! A leaf module: it depends on no other module of this crate.
+//!
+//! A section is a file: its types, as written and documented (the doc
+//! comments are the config reference), and its `validate`, for what serde's
+//! types cannot express. A value that needs parsing is parsed once, by its
+//! type's `Deserialize`: durations in human form, [`RetryStatuses`],
+//! [`StateLayout`].
+//!
+//! - `settings.rs`: [`Settings`], every section together; `[http]`; the
+//!   check across sections (the producer carries the largest job's copy).
+//! - `kafka.rs`: `[kafka]`, the retry tiers and librdkafka's property tables.
+//! - `redis.rs`: `[redis]`, the limiter's Redis and what its faults mean.
+//! - `downstream.rs`: `[downstream]` and [`RetryStatuses`].
+//! - `worker.rs`: `[worker]`, what a replica holds in memory.
+//! - `tracing.rs`: `[tracing]`, the export of job spans.
+//! - `limits.rs`: `[limits]` as written; `limiter::Policy` checks the rules.
+//!
+//! The loader and what the sections share:
+//!
+//! - `load.rs`: the layers (defaults, file, `limits.file`, environment),
+//!   [`Loaded`], and which layer set a key.
+//! - `env.rs`: the environment's secret files (`…_FILE`) and librdkafka's
+//!   dotted property names.
+//! - `error.rs`: [`ConfigError`]. A section's `validate` names the key and
+//!   a typed problem; the loader adds the file the value came from.
+//! - `redact.rs`: secrets kept out of `Debug`.
+//! - `duration.rs`: durations in human form (`"250ms"`, `"1m"`).
 
 mod downstream;
 mod duration;
