@@ -5,6 +5,18 @@
 //! They read the same config as the workers and talk to the same Redis, so
 //! what they show is what every replica enforces: the config's limits with
 //! the temporary overrides in force.
+//!
+//! - `mod.rs` (here): [`OperatorError`], [`Output`], and what every command
+//!   starts from: the config loaded as a worker would ([`load`]) and the
+//!   limiter it describes ([`open_limiter`]).
+//! - `seller.rs`: one seller's state, charging nothing: `limits show`,
+//!   `limits peek`; and `limits reset`, which clears it.
+//! - `overrides.rs`: `limits override` (set, `--clear`) and `limits list`.
+//! - `pauses.rs`: `limits pause`, `limits resume`, and the pauses in force
+//!   that `show` and `list` print.
+//! - `check.rs`: `check-config`.
+//! - `end.rs`: [`End`], when a pause or an override ends (`--for`, `--until`).
+//! - `format.rs`: tables, times, durations and rules as both outputs write them.
 
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -82,6 +94,8 @@ pub async fn open_limiter(file: Option<&Path>) -> Result<Limiter<RedisStore>, Op
     Ok(limiter)
 }
 
+/// This host's clock in Unix ms, for what `show` and `list` read; the
+/// commands that set an end take Redis' clock, which the replicas judge by.
 fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
