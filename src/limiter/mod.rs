@@ -52,7 +52,7 @@
 //! - **One decision**, [`Request`] → [`ScriptCall`] → [`Reply`] →
 //!   [`Decision`] (`lua/limiter.lua`), through [`Limiter::acquire`] and
 //!   [`Limiter::check`]: the operator's `limits peek` (a dry run,
-//!   `operator.rs`), `limiter demo` (`demo/limiter.rs`), `benches/limiter.rs`
+//!   `operator/seller.rs`), `limiter demo` (`demo/limiter.rs`), `benches/limiter.rs`
 //!   and `benches/memory.rs`, and the tests that pin one decision (e.g.
 //!   `limiter::tables`, `redis::acl`, `redis::faults`, `limiter::shadow`). The
 //!   worker's [`Permits`](crate::worker::Permits) trait has an `acquire`

@@ -30,8 +30,6 @@ use super::{refresh, reload};
 pub enum StartError {
     #[error("downstream.url / downstream settings")]
     Downstream(#[source] crate::downstream::DownstreamError),
-    #[error("downstream.retry_statuses: {0}")]
-    RetryStatuses(String),
     #[error("redis.url: Redis must answer PING and accept the limiter scripts")]
     Redis(#[source] crate::limiter::RedisError),
     #[error("redis.state")]
@@ -148,12 +146,10 @@ pub async fn run_watching(
 /// The downstream client, as the settings configure it.
 fn downstream(settings: &Settings, worker_id: &str) -> Result<Downstream, StartError> {
     let d = &settings.downstream;
-    let statuses = crate::downstream::RetryStatuses::parse(&d.retry_statuses)
-        .map_err(StartError::RetryStatuses)?;
     Ok(Downstream::new(&d.url, d.timeout, d.concurrency)
         .map_err(StartError::Downstream)?
         .with_max_retry_after(d.max_retry_after)
-        .with_retry_statuses(statuses)
+        .with_retry_statuses(d.retry_statuses.clone())
         .with_worker_id(worker_id))
 }
 

@@ -1,0 +1,198 @@
+//! `[downstream]`: the product-registration API, the calls' timeouts,
+//! retries and backoff, and [`RetryStatuses`], the answers worth another
+//! attempt.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::duration::human_duration;
+use super::error::{self, Invalid};
+
+/// Upper bound of `downstream.max_retry_after`.
+const MAX_RETRY_AFTER_LIMIT: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// `[downstream]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DownstreamSettings {
+    /// The product-registration endpoint; jobs are POSTed here.
+    pub url: String,
+    /// Per call, connect to last byte.
+    #[serde(deserialize_with = "human_duration")]
+    pub timeout: Duration,
+    /// Calls in flight at once, per replica.
+    pub concurrency: usize,
+    /// Calls per job before a retryable failure (5xx, timeout) is dead-lettered.
+    pub max_attempts: u32,
+    /// First backoff after a retryable failure; doubles per attempt, with jitter.
+    #[serde(deserialize_with = "human_duration")]
+    pub backoff_base: Duration,
+    /// Upper bound of one backoff.
+    #[serde(deserialize_with = "human_duration")]
+    pub backoff_max: Duration,
+    /// Longest wait a 429's `Retry-After` can impose on a seller; longer
+    /// ones are clamped (and logged). Greater than zero. Default 1h.
+    #[serde(deserialize_with = "human_duration")]
+    pub max_retry_after: Duration,
+    /// Failed calls in a row (5xx, timeouts, refused connections, from at
+    /// least two jobs, no answer between them) that mark the downstream as
+    /// out of service: then no job spends an attempt and only a probe goes
+    /// out at a time, until it answers again. Default 5.
+    pub outage_after: u32,
+    /// Longest interval between two probes during an outage; the first
+    /// comes after 250 ms and the interval doubles up to this. Bounds how
+    /// late the worker sees the downstream back. Default 2s.
+    #[serde(deserialize_with = "human_duration")]
+    pub outage_probe_max: Duration,
+    /// Statuses worth another attempt: codes (`"408"`) or classes
+    /// (`"5xx"`). Every other status but 2xx and 429 dead-letters the job
+    /// at once. Default `["5xx", "408", "425"]`. Parsed as it is read:
+    /// a bad entry is refused naming this key.
+    pub retry_statuses: RetryStatuses,
+}
+
+impl DownstreamSettings {
+    /// Checks that serde's types cannot express.
+    pub(super) fn validate(&self) -> Result<(), Invalid> {
+        error::nonempty(&[("downstream.url", &self.url)])?;
+        error::at_least_one(&[
+            ("downstream.concurrency", self.concurrency as u64),
+            ("downstream.max_attempts", u64::from(self.max_attempts)),
+            ("downstream.outage_after", u64::from(self.outage_after)),
+        ])?;
+        error::longer_than_zero(&[
+            ("downstream.timeout", self.timeout),
+            ("downstream.backoff_base", self.backoff_base),
+            ("downstream.max_retry_after", self.max_retry_after),
+            ("downstream.outage_probe_max", self.outage_probe_max),
+        ])?;
+        // The worker adds this to `Instant::now()`; an absurd value (a typo
+        // such as "1000000y") would bring back the overflow the clamp exists
+        // to prevent, and a week is already longer than any real throttle.
+        if self.max_retry_after > MAX_RETRY_AFTER_LIMIT {
+            return Err(Invalid::new(
+                "downstream.max_retry_after",
+                DownstreamProblem::RetryAfterTooLong,
+            ));
+        }
+        if self.backoff_max < self.backoff_base {
+            return Err(Invalid::new(
+                "downstream.backoff_max",
+                DownstreamProblem::BackoffMaxBelowBase,
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What is wrong with a value of `[downstream]`.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum DownstreamProblem {
+    #[error("must be at most 7d (longer waits belong to the retry topic)")]
+    RetryAfterTooLong,
+    #[error("must not be shorter than downstream.backoff_base")]
+    BackoffMaxBelowBase,
+}
+
+/// Which statuses are worth another attempt: whole classes (`5xx`) and
+/// single codes (`408`). Any other status but 2xx and 429 is fatal.
+///
+/// Deserialized from the list as written (`["5xx", "408"]`), so a bad entry
+/// is refused when the config loads, naming the key, and the worker takes
+/// the parsed value.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "Vec<String>")]
+pub struct RetryStatuses {
+    classes: Vec<u16>,
+    codes: Vec<u16>,
+}
+
+impl RetryStatuses {
+    /// Parses `downstream.retry_statuses`: each entry a code from 300 to
+    /// 599 (not 429, which always throttles) or a class `3xx`, `4xx`,
+    /// `5xx`. The error says which entry is wrong.
+    pub fn parse<S: AsRef<str>>(entries: &[S]) -> Result<RetryStatuses, RetryStatusError> {
+        let mut out = RetryStatuses {
+            classes: Vec::new(),
+            codes: Vec::new(),
+        };
+        for e in entries {
+            let e = e.as_ref().trim();
+            match e.to_ascii_lowercase().as_str() {
+                "3xx" => out.classes.push(3),
+                "4xx" => out.classes.push(4),
+                "5xx" => out.classes.push(5),
+                code => match code.parse::<u16>() {
+                    Ok(429) => return Err(RetryStatusError::TooManyRequests),
+                    Ok(c) if (300..600).contains(&c) => out.codes.push(c),
+                    _ => return Err(RetryStatusError::NotAStatus(e.to_owned())),
+                },
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn contains(&self, status: u16) -> bool {
+        self.codes.contains(&status) || self.classes.contains(&(status / 100))
+    }
+}
+
+impl TryFrom<Vec<String>> for RetryStatuses {
+    type Error = RetryStatusError;
+
+    fn try_from(entries: Vec<String>) -> Result<RetryStatuses, RetryStatusError> {
+        RetryStatuses::parse(&entries)
+    }
+}
+
+/// Why an entry of `downstream.retry_statuses` is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RetryStatusError {
+    #[error("429 always throttles the seller; leave it out")]
+    TooManyRequests,
+    /// The entry, as written.
+    #[error("{0:?} is neither a status from 300 to 599 nor a class 3xx, 4xx, 5xx")]
+    NotAStatus(String),
+}
+
+impl Default for RetryStatuses {
+    /// 5xx, 408 Request Timeout and 425 Too Early: each says "try again".
+    fn default() -> RetryStatuses {
+        RetryStatuses {
+            classes: vec![5],
+            codes: vec![408, 425],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::load_from;
+    use crate::config::testing::file;
+
+    #[test]
+    fn zero_concurrency_is_refused_with_its_origin() {
+        let f = file("[downstream]\nconcurrency = 0\n");
+        let err = load_from(Some(f.path()), Vec::new())
+            .err()
+            .expect("must fail");
+        assert_eq!(err.key, "downstream.concurrency");
+        assert_eq!(err.file, f.path().display().to_string());
+        assert_eq!(err.problem, "must be at least 1");
+    }
+
+    #[test]
+    fn retry_statuses_parse_codes_and_classes_and_refuse_the_rest() {
+        let r = RetryStatuses::parse(&["5xx", "408", "4XX"]).unwrap();
+        assert!(r.contains(503) && r.contains(408) && r.contains(451));
+        assert!(!r.contains(302));
+        let d = RetryStatuses::default();
+        assert!(d.contains(408) && d.contains(425) && d.contains(599));
+        assert!(!d.contains(400) && !d.contains(409));
+        for bad in ["429", "200", "6xx", "soon", ""] {
+            assert!(RetryStatuses::parse(&[bad]).is_err(), "{bad:?} accepted");
+        }
+    }
+}

@@ -1,0 +1,31 @@
+//! Durations in human form (`"250ms"`, `"1m"`, `"1d"`, `"50us"`), for
+//! `#[serde(deserialize_with)]`: the error quotes the value and shows the
+//! form, and the loader adds the key.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+/// One duration in human form.
+pub(super) fn human_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let s = String::deserialize(d)?;
+    humantime::parse_duration(s.trim()).map_err(|e| {
+        serde::de::Error::custom(format!(
+            "invalid duration {s:?}: {e} (write e.g. \"250ms\", \"1m\", \"1d\")"
+        ))
+    })
+}
+
+/// A list of durations in human form.
+pub(super) fn human_durations<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Duration>, D::Error> {
+    let list = Vec::<String>::deserialize(d)?;
+    list.iter()
+        .map(|s| {
+            humantime::parse_duration(s.trim()).map_err(|e| {
+                serde::de::Error::custom(format!(
+                    "invalid duration {s:?}: {e} (write e.g. \"5s\", \"1m\", \"1h\")"
+                ))
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,255 @@
+//! [`Settings`]: every section together, `[http]` (one address, which
+//! serde checks), and the check across sections: the producer must carry
+//! a copy of the largest job the worker accepts.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+
+use serde::Deserialize;
+
+use super::error::Invalid;
+use super::{
+    DownstreamSettings, KafkaSettings, LimitsConfig, RedisSettings, TracingSettings, WorkerSettings,
+};
+
+/// All settings of one worker process.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    pub kafka: KafkaSettings,
+    pub redis: RedisSettings,
+    pub downstream: DownstreamSettings,
+    pub http: HttpSettings,
+    pub worker: WorkerSettings,
+    pub limits: LimitsConfig,
+    pub tracing: TracingSettings,
+}
+
+/// `[http]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSettings {
+    /// Address of /metrics, /healthz and /readyz.
+    pub listen: SocketAddr,
+}
+
+/// What a retry or dead-letter copy adds to a job's value: its key and the
+/// worker's headers (`x-error` is at most 1 KiB), with room to spare.
+pub const COPY_OVERHEAD_BYTES: usize = 64 * 1024;
+
+/// librdkafka's ceiling for `message.max.bytes`.
+const LIBRDKAFKA_MAX_MESSAGE_BYTES: usize = 1_000_000_000;
+
+impl Settings {
+    /// The largest record the worker copies to a retry tier or the
+    /// dead-letter topic: a job of `worker.max_payload_bytes` with its key
+    /// and headers (never below librdkafka's default of 1,000,000).
+    pub fn max_copy_bytes(&self) -> usize {
+        self.worker
+            .max_payload_bytes
+            .saturating_add(COPY_OVERHEAD_BYTES)
+            .max(1_000_000)
+    }
+
+    /// The producer's librdkafka properties: `kafka.properties` and
+    /// `kafka.producer_properties`, with `message.max.bytes` sized to carry
+    /// the largest job the worker accepts unless set there. (librdkafka's
+    /// default, 1,000,000, is below the default `worker.max_payload_bytes`:
+    /// a job near the limit could never be retried.)
+    pub fn producer_config(&self) -> BTreeMap<String, String> {
+        let mut all = self.kafka.producer_config();
+        all.entry("message.max.bytes".to_owned())
+            .or_insert_with(|| self.max_copy_bytes().to_string());
+        all
+    }
+
+    /// Checks that serde's types cannot express: each section's, then
+    /// those across sections.
+    pub(super) fn validate(&self) -> Result<(), Invalid> {
+        self.kafka.validate()?;
+        self.redis.validate()?;
+        self.downstream.validate()?;
+        self.worker.validate()?;
+        self.tracing.validate()?;
+        self.limits.validate(self.downstream.timeout)?;
+        self.validate_copy_size()
+    }
+
+    /// `message.max.bytes`, if set by hand, must carry the largest job.
+    fn validate_copy_size(&self) -> Result<(), Invalid> {
+        let need = self.max_copy_bytes();
+        if need > LIBRDKAFKA_MAX_MESSAGE_BYTES {
+            return Err(Invalid::new(
+                "worker.max_payload_bytes",
+                CopyProblem::OverLibrdkafkaLimit { need },
+            ));
+        }
+        let k = &self.kafka;
+        let set = [
+            (
+                "kafka.producer_properties",
+                k.producer_properties.get("message.max.bytes"),
+            ),
+            ("kafka.properties", k.properties.get("message.max.bytes")),
+        ];
+        let Some((key, value)) = set.into_iter().find_map(|(key, v)| v.map(|v| (key, v))) else {
+            return Ok(());
+        };
+        let Ok(bytes) = value.trim().parse::<usize>() else {
+            return Err(Invalid::new(
+                key,
+                CopyProblem::MaxBytesNotANumber(value.clone()),
+            ));
+        };
+        if bytes < need {
+            let payload = self.worker.max_payload_bytes;
+            return Err(Invalid::new(
+                key,
+                CopyProblem::MaxBytesBelowCopy {
+                    bytes,
+                    payload,
+                    need,
+                },
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What is wrong with the size of a copy to a retry tier or the
+/// dead-letter topic.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum CopyProblem {
+    #[error(
+        "with {overhead} bytes for a copy's key and headers, the largest record would be {need} bytes, over librdkafka's limit of {max}",
+        overhead = COPY_OVERHEAD_BYTES,
+        max = LIBRDKAFKA_MAX_MESSAGE_BYTES
+    )]
+    OverLibrdkafkaLimit { need: usize },
+    /// The value as written.
+    #[error("message.max.bytes = {0:?} is not a whole number of bytes")]
+    MaxBytesNotANumber(String),
+    #[error(
+        "message.max.bytes = {bytes} is below worker.max_payload_bytes ({payload}) plus {overhead} bytes for a copy's key and headers: a job near the payload limit could never be copied to a retry tier or the dead-letter topic; set it to at least {need} or leave it unset (the worker sizes it)",
+        overhead = COPY_OVERHEAD_BYTES
+    )]
+    MaxBytesBelowCopy {
+        bytes: usize,
+        payload: usize,
+        need: usize,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::load_from;
+    use crate::config::testing::file;
+    use std::time::Duration;
+
+    /// Defect 5 of issue 20: librdkafka's default `message.max.bytes`
+    /// (1,000,000) is below the default `worker.max_payload_bytes`
+    /// (1,048,576), so a job near the limit could never be copied.
+    #[test]
+    fn the_producer_is_sized_to_copy_the_largest_job() {
+        let s = load_from(None, Vec::new()).unwrap().settings;
+        let max: usize = s.producer_config()["message.max.bytes"].parse().unwrap();
+        assert!(
+            max >= s.worker.max_payload_bytes + COPY_OVERHEAD_BYTES,
+            "message.max.bytes {max} for max_payload_bytes {}",
+            s.worker.max_payload_bytes
+        );
+        // Set by hand: kept when large enough, refused naming the key when not.
+        let f = file("[kafka.producer_properties]\n\"message.max.bytes\" = \"5000000\"\n");
+        let s = load_from(Some(f.path()), Vec::new()).unwrap().settings;
+        assert_eq!(s.producer_config()["message.max.bytes"], "5000000");
+        let cases = [
+            (
+                "[kafka.producer_properties]\n\"message.max.bytes\" = \"1000000\"\n",
+                "kafka.producer_properties",
+                "below worker.max_payload_bytes",
+            ),
+            (
+                "[kafka.properties]\n\"message.max.bytes\" = \"lots\"\n",
+                "kafka.properties",
+                "not a whole number",
+            ),
+            (
+                "[worker]\nmax_payload_bytes = 2000000000\n",
+                "worker.max_payload_bytes",
+                "over librdkafka's limit",
+            ),
+        ];
+        for (i, (toml, key, problem)) in cases.into_iter().enumerate() {
+            let f = file(toml);
+            let err = load_from(Some(f.path()), Vec::new())
+                .err()
+                .unwrap_or_else(|| panic!("row {i}: must fail"));
+            assert_eq!(err.key, key, "row {i}: {err}");
+            assert!(err.problem.contains(problem), "row {i}: {err}");
+        }
+    }
+
+    #[test]
+    fn edge_limits_have_defaults_and_are_validated() {
+        let s = load_from(None, Vec::new()).unwrap().settings;
+        assert_eq!(s.downstream.max_retry_after, Duration::from_secs(3600));
+        assert_eq!(s.worker.max_job_cost, 10_000);
+        let cases = [
+            (
+                1,
+                "[downstream]\nmax_retry_after = \"0s\"\n",
+                "downstream.max_retry_after",
+                "must be longer than 0",
+            ),
+            (
+                2,
+                "[worker]\nmax_job_cost = 0\n",
+                "worker.max_job_cost",
+                "must be at least 1",
+            ),
+            (
+                3,
+                "[downstream]\nmax_retry_after = \"1000000y\"\n",
+                "downstream.max_retry_after",
+                "must be at most 7d (longer waits belong to the retry topic)",
+            ),
+            // Issue 20, defect 8: a huge value overflowed the drain's
+            // deadline (Instant + shutdown_timeout).
+            (
+                4,
+                "[worker]\nshutdown_timeout = \"1000000y\"\n",
+                "worker.shutdown_timeout",
+                "must be at most 1h (an orchestrator kills the process long before)",
+            ),
+            (
+                5,
+                "[downstream]\nretry_statuses = [\"5xx\", \"429\"]\n",
+                "downstream.retry_statuses",
+                "429 always throttles the seller; leave it out",
+            ),
+            (
+                6,
+                "[downstream]\noutage_after = 0\n",
+                "downstream.outage_after",
+                "must be at least 1",
+            ),
+        ];
+        for (row, text, key, problem) in cases {
+            let f = file(text);
+            let err = load_from(Some(f.path()), Vec::new())
+                .err()
+                .expect("must fail");
+            assert_eq!(
+                (err.key.as_str(), err.problem.as_str()),
+                (key, problem),
+                "row {row}: {err}"
+            );
+        }
+        let f = file("[worker]\nmax_job_cost = -1\n");
+        let err = load_from(Some(f.path()), Vec::new())
+            .err()
+            .expect("negative cost cap");
+        assert!(err.to_string().contains("max_job_cost"), "{err}");
+    }
+}
