@@ -137,3 +137,78 @@ async fn give_back<P: Permits>(permits: Arc<P>, mut queued: mpsc::UnboundedRecei
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::limiter::Decision;
+    use crate::worker::PermitError;
+
+    /// A limiter that records what was given back, seller by seller.
+    #[derive(Default)]
+    struct Returns(Mutex<Vec<(String, Vec<String>)>>);
+
+    impl Permits for Returns {
+        async fn acquire(&self, _: &str, _: u64) -> Result<Decision, PermitError> {
+            Err(PermitError::Unsupported("not asked here".to_owned()))
+        }
+
+        async fn block(&self, _: &str, _: Duration) -> Result<(), PermitError> {
+            Ok(())
+        }
+
+        async fn release(&self, seller: &str, leases: &[String]) -> Result<(), PermitError> {
+            let mut returns = self.0.lock().unwrap();
+            returns.push((seller.to_owned(), leases.to_vec()));
+            Ok(())
+        }
+    }
+
+    fn ids(n: usize, seller: &str) -> Vec<String> {
+        (0..n).map(|i| format!("{seller}-{i}")).collect()
+    }
+
+    // Paused time: `finish` waits out its timeout for the lease still held.
+    #[tokio::test(start_paused = true)]
+    async fn every_dropped_lease_goes_back_and_the_held_ones_lapse() {
+        let permits = Arc::new(Returns::default());
+        let mut slots = FleetSlots::new();
+        slots.start(permits.clone());
+        let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
+        let held_a = slots.hold(&a, ids(3, "a"));
+        let mut held_b = slots.hold(&b, ids(2, "b"));
+        assert_eq!((held_a.len(), held_b.len()), (3, 2));
+        assert!(slots.hold(&a, Vec::new()).is_empty());
+        // a's three go back (each seller's together, in as few calls as
+        // the task finds them queued); one of b's is still held at the end.
+        drop(held_a);
+        drop(held_b.pop());
+        slots.finish().await;
+        let returns = permits.0.lock().unwrap();
+        let mut back: Vec<(String, String)> = returns
+            .iter()
+            .flat_map(|(s, ids)| ids.iter().map(move |id| (s.clone(), id.clone())))
+            .collect();
+        back.sort();
+        let expected: Vec<(String, String)> = ["a-0", "a-1", "a-2", "b-1"]
+            .iter()
+            .map(|id| (id[..1].to_owned(), (*id).to_owned()))
+            .collect();
+        assert_eq!(back, expected);
+        assert!(returns.iter().all(|(_, ids)| !ids.is_empty()));
+        drop(held_b);
+    }
+
+    #[tokio::test]
+    async fn a_fleet_with_no_capped_seller_runs_no_task() {
+        let permits = Arc::new(Returns::default());
+        let mut slots = FleetSlots::new();
+        slots.start(permits.clone());
+        assert!(slots.hold(&Arc::from("a"), Vec::new()).is_empty());
+        assert!(slots.task.is_none(), "no lease held, no task");
+        slots.finish().await;
+        assert!(permits.0.lock().unwrap().is_empty());
+    }
+}
