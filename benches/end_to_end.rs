@@ -28,6 +28,7 @@
 //!     cargo bench --bench end_to_end             # 20,000 jobs per run
 //!     cargo bench --bench end_to_end -- --quick  # 10,000
 //!     cargo bench --bench end_to_end -- --layouts
+//!     cargo bench --bench end_to_end -- --shapes   # general function vs generated shapes
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -91,6 +92,8 @@ fn records(jobs: usize) -> Vec<(Option<String>, Vec<u8>)> {
 struct Outcome {
     jobs_per_s: f64,
     calls_per_job: f64,
+    /// Redis' own µs in the limiter's scripts per job.
+    redis_us_per_job: f64,
 }
 
 async fn one_run(
@@ -136,11 +139,58 @@ async fn one_run(
     let first = arrivals.iter().map(|a| a.at).min().expect("arrivals");
     let last = arrivals.iter().map(|a| a.at).max().expect("arrivals");
     let calls = limiter_calls(redis.port);
+    let usec = redis_usec(redis.port);
     worker.stop().await;
     Outcome {
         jobs_per_s: jobs as f64 / (last - first).as_secs_f64().max(1e-6),
         calls_per_job: calls as f64 / jobs as f64,
+        redis_us_per_job: usec as f64 / jobs as f64,
     }
+}
+
+/// `--shapes`: limiter on against off, the limiter's calls through the
+/// general function (`THROTTLE_LIMITER_SHAPES=off`) and through the
+/// generated shapes by turns (issue 37), with Redis' own µs per job.
+async fn shapes(redis: &RedisServer, jobs: usize) {
+    println!("| round | unlimited jobs/s | general jobs/s | ratio | Redis µs/job | shapes jobs/s | ratio | Redis µs/job |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for round in 1..=3 {
+        std::env::remove_var("THROTTLE_LIMITER_SHAPES");
+        let base = one_run(redis, jobs, true, 128, None, None).await;
+        std::env::set_var("THROTTLE_LIMITER_SHAPES", "off");
+        let general = one_run(redis, jobs, false, 128, None, None).await;
+        std::env::remove_var("THROTTLE_LIMITER_SHAPES");
+        let shaped = one_run(redis, jobs, false, 128, None, None).await;
+        println!(
+            "| {round} | {:.0} | {:.0} | {:.2} | {:.2} | {:.0} | {:.2} | {:.2} |",
+            base.jobs_per_s,
+            general.jobs_per_s,
+            general.jobs_per_s / base.jobs_per_s,
+            general.redis_us_per_job,
+            shaped.jobs_per_s,
+            shaped.jobs_per_s / base.jobs_per_s,
+            shaped.redis_us_per_job,
+        );
+    }
+}
+
+/// Redis' own µs in every command since the last `CONFIG RESETSTAT`
+/// (`INFO commandstats`, scripts counted once: their inner commands are
+/// inside their `usec`, so only FCALL, EVALSHA and the plain commands).
+fn redis_usec(port: u16) -> u64 {
+    let out = Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "INFO", "commandstats"])
+        .output()
+        .expect("redis-cli");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_fcall:") || l.starts_with("cmdstat_evalsha:"))
+        .filter_map(|l| {
+            l.split([':', ','])
+                .find_map(|kv| kv.strip_prefix("usec="))
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .sum()
 }
 
 /// `E2E_STATE`: `v1`, `v2` or `v1+v2`; unset leaves `redis.state` unset.
@@ -178,6 +228,11 @@ async fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let jobs = if quick { 10_000 } else { 20_000 };
     let redis = RedisServer::start();
+    if std::env::args().any(|a| a == "--shapes") {
+        println!("# end_to_end --shapes: one replica, mock broker ({PARTITIONS} partitions), private redis-server, local downstream; {jobs} jobs over {SELLERS} sellers\n");
+        shapes(&redis, jobs).await;
+        return;
+    }
     if std::env::args().any(|a| a == "--layouts") {
         println!("# end_to_end --layouts: one replica, mock broker ({PARTITIONS} partitions), private redis-server, local downstream; {jobs} jobs over {SELLERS} sellers\n");
         layouts(&redis, jobs).await;
@@ -330,11 +385,13 @@ async fn replicas_run(redis: &RedisServer, jobs: usize, n: usize) -> Outcome {
     let first = arrivals.iter().map(|a| a.at).min().expect("arrivals");
     let last = arrivals.iter().map(|a| a.at).max().expect("arrivals");
     let calls = limiter_calls(redis.port);
+    let usec = redis_usec(redis.port);
     for w in workers {
         w.stop().await;
     }
     Outcome {
         jobs_per_s: jobs as f64 / (last - first).as_secs_f64().max(1e-6),
         calls_per_job: calls as f64 / jobs as f64,
+        redis_us_per_job: usec as f64 / jobs as f64,
     }
 }

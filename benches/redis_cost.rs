@@ -40,7 +40,8 @@
 //! there once started), BENCH_BEFORE_LUA (unset: a directory holding an
 //! earlier `lua/`, e.g. `git archive HEAD~3 lua | tar -x -C /tmp/before`;
 //! part 1 adds its v1 and v2 as columns, measured in the same run),
-//! BENCH_CPU (unset: part 1 reads redis-server's CPU per call instead of
+//! BENCH_ONLY=jobs (unset: run only part 1c, the product's jobs call,
+//! general and generated), BENCH_CPU (unset: part 1 reads redis-server's CPU per call instead of
 //! `usec_per_call`; see `usec_per_call`).
 //!
 //! On a shared machine, pin Redis and the load to different cores, so that
@@ -60,6 +61,7 @@ use std::time::{Duration, Instant};
 use futures::future::BoxFuture;
 
 use throttle_worker::config::{LimitsConfig, RuleConfig, Topology};
+use throttle_worker::limiter::shape::{Shape, ShapeLibrary};
 use throttle_worker::limiter::{
     Algorithm, BatchDecision, CoalesceSettings, Coalescer, KeySpace, Limiter, Policy, RedisStore,
     Rule, StateLayout,
@@ -120,6 +122,10 @@ fn commandstat(port: u16, command: &str) -> (u64, u64) {
 /// shares the machine.
 fn usec_per_call(port: u16, requests: u64, command: &str, args: &[String]) -> f64 {
     cli(port, &["FLUSHALL"]);
+    // An install whose state was never lost (the loss guard's epoch long
+    // past): otherwise every seller's first call in the first period would
+    // be charged a whole use (issue 33's guard), not what a fleet pays.
+    cli(port, &["SET", &format!("{PREFIX}:epoch"), "1"]);
     cli(port, &["CONFIG", "RESETSTAT"]);
     let cpu = std::env::var_os("BENCH_CPU").map(|_| server_pid(port));
     let cpu_before = cpu.as_deref().map(cpu_ns);
@@ -440,6 +446,90 @@ fn script_cost(
         println!("| {} | {min_name} | {base:.2} |{cells}", algorithm.name());
     }
     gcra
+}
+
+/// KEYS and ARGV of a jobs call as the product sends it in state v2 (one
+/// job of cost 1; the seller's hash, its call records, the loss guard's
+/// epoch), on Redis' clock, with the record's life and the guard `wait`.
+fn jobs_v2_args(rule: &Rule) -> Vec<String> {
+    let hash = format!("{PREFIX}:{{s__rand_int__}}:v2");
+    vec![
+        s(4),
+        s(&hash),
+        s(&hash),
+        format!("{PREFIX}:{{s__rand_int__}}:calls"),
+        format!("{PREFIX}:epoch"),
+        s("jobs"),
+        s(""),
+        s(1),
+        s("j__id__"),
+        s(1),
+        s("f"),
+        s(1),
+        s(rule.algorithm().name()),
+        s(rule.limit()),
+        s(rule.period_us()),
+        s(rule.burst()),
+        s("r0"),
+        s(""),
+        s(""),
+        s(5_000_000),
+        s("wait"),
+    ]
+}
+
+/// Part 1c: the jobs call as the product sends it (state v2, its record,
+/// the loss guard), through the general function and through the
+/// generated function of its shape (`limiter::shape`), beside the minimal
+/// script of the same algorithm; allow and deny paths. Each figure the
+/// least of `rounds` runs, the rows of an algorithm in turn.
+fn jobs_cost(port: u16, general: &str, requests: u64, rounds: u64) {
+    println!("\n## 1c. The product's jobs call (state v2, call record, loss guard), general function and generated shape\n");
+    println!("50 connections, pipelines of 16, 10,000 random sellers, {requests} calls, least of {rounds} run(s); Redis `usec_per_call`.\n");
+    println!("| algorithm | allow: minimal µs | general µs | ratio | shape µs | ratio | deny: minimal µs | general µs | ratio | shape µs | ratio |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for algorithm in Algorithm::ALL {
+        let mut cells = String::new();
+        for deny in [false, true] {
+            let limit = if deny {
+                1
+            } else if algorithm == Algorithm::SlidingWindowLog {
+                10_000
+            } else {
+                50_000_000
+            };
+            let rule =
+                Rule::new(algorithm, limit, Duration::from_secs(60), None).expect("bench rule");
+            let (_, min_args) = minimal(port, algorithm, &rule);
+            let lib = ShapeLibrary::new(&Shape::new(vec![algorithm]).expect("one rule"));
+            cli(port, &["FUNCTION", "LOAD", "REPLACE", &lib.code]);
+            let fcall = |function: &str| {
+                let mut call = vec![s("FCALL"), s(function)];
+                call.extend(jobs_v2_args(&rule));
+                call
+            };
+            let rows = [
+                ("evalsha", [vec![s("EVALSHA")], min_args].concat()),
+                ("fcall", fcall(general)),
+                ("fcall", fcall(&lib.function)),
+            ];
+            let mut best = [f64::INFINITY; 3];
+            for _ in 0..rounds.max(1) {
+                for (b, (command, args)) in best.iter_mut().zip(&rows) {
+                    *b = b.min(usec_per_call(port, requests, command, args));
+                }
+            }
+            cells.push_str(&format!(
+                " {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+                best[0],
+                best[1],
+                best[1] / best[0],
+                best[2],
+                best[2] / best[0]
+            ));
+        }
+        println!("| {} |{cells}", algorithm.name());
+    }
 }
 
 /// The limiter's Lua of an earlier version, from a directory holding its
@@ -836,6 +926,11 @@ async fn main() {
         .ok()
         .map(|dir| load_before(redis.port, &dir));
     let limiter = &store.library().limiter;
+    if std::env::var("BENCH_ONLY").as_deref() == Ok("jobs") {
+        jobs_cost(redis.port, limiter, requests, rounds);
+        return;
+    }
+    jobs_cost(redis.port, limiter, requests, rounds);
     let before = before.as_deref();
     let ours_gcra = script_cost(redis.port, limiter, before, requests, rounds, false);
     script_cost(redis.port, limiter, before, requests, rounds, true);

@@ -61,23 +61,6 @@
 -- install), else 0. Exactly one charging call per loss answers 1.
 -- Reply of 'cancel': one integer per request (see cancel_request).
 
--- The instant (µs) the limiter's state was last lost, and whether this
--- call is the one that found it lost. The epoch key never expires, so
--- only a loss of Redis' data removes it; a charging call then writes it
--- with its own time, which is at or after the loss. A dry run reads it
--- as lost now and writes nothing.
-local function state_epoch(key, now, charge)
-  local v = redis.call('GET', key)
-  if v then
-    return tonumber(v), 0
-  end
-  if not charge then
-    return now, 0
-  end
-  redis.call('SET', key, I(now))
-  return now, 1
-end
-
 -- The index of the first rule whose capacity `cost` exceeds, else 0.
 local function never_rule(rules, cost)
   for i = 1, #rules do

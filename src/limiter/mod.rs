@@ -9,6 +9,10 @@
 //!   not set (the install's marker), v2 for a new install.
 //! - [`script`]: one call of the Lua script as data, and the [`Store`] trait.
 //! - [`reply`]: the script's raw reply and its reading as a [`Decision`].
+//! - [`shape`]: straight-line Lua per call shape: the common jobs call
+//!   (state v2, one algorithm per place, no slots or global rules) runs a
+//!   generated function with a compact reply; every other call the
+//!   general library.
 //! - [`core`](self::core): [`Limiter`], which resolves rules, calls the store
 //!   and answers with a [`Decision`].
 //! - [`jobs`]: [`Limiter::acquire_jobs`], a list of job costs granted as
@@ -83,6 +87,7 @@ pub mod reply;
 pub mod rule;
 pub mod script;
 mod shadow;
+pub mod shape;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 

@@ -42,6 +42,22 @@ macro_rules! library_body {
 /// Functions library.
 pub const LIBRARY_BODY: &str = library_body!();
 
+/// What a generated call shape's driver (`limiter::shape`) calls: the
+/// helpers, every algorithm (a rule edit converts from any of them) and
+/// the call records; not the general drivers, slots or the block. Each
+/// shape's library carries it, so it is kept to what they use.
+pub const SHAPE_BODY: &str = concat!(
+    include_str!("../../lua/common.lua"),
+    include_str!("../../lua/fixed_window.lua"),
+    include_str!("../../lua/sliding_window_log.lua"),
+    include_str!("../../lua/sliding_window_counter.lua"),
+    include_str!("../../lua/token_bucket.lua"),
+    include_str!("../../lua/leaky_bucket.lua"),
+    include_str!("../../lua/burst_fill.lua"),
+    include_str!("../../lua/gcra.lua"),
+    include_str!("../../lua/calls.lua"),
+);
+
 /// The limiter as an EVAL script (servers without Redis Functions, or an
 /// ACL user without `FUNCTION LOAD`). Every call runs the definitions again
 /// (about 60 closures), which is why Functions are preferred.
@@ -101,7 +117,7 @@ impl Default for FunctionLibrary {
 }
 
 /// FNV-1a, 64 bits: names a version of the code, nothing more.
-fn fnv1a(bytes: &[u8]) -> u64 {
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
         (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
     })

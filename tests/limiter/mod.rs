@@ -3,6 +3,7 @@
 mod agreement;
 mod cancel;
 mod coalesce;
+mod cost;
 mod edits;
 mod embedded;
 mod in_flight;

@@ -2,11 +2,14 @@
 //! where the server cannot run Functions, the assembled scripts run with
 //! EVALSHA; loaded at start, and loaded again when the server lost them.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use redis::{Script, Value};
 
 use crate::limiter::script::{FunctionLibrary, BLOCK_LUA, LIMITER_LUA};
+use crate::limiter::shape::{Shape, ShapeLibrary};
 
 use super::connection::Connection;
 use super::RedisError;
@@ -40,7 +43,24 @@ pub(super) struct Runner {
     /// Cleared for good when the server has no Functions (Redis < 7) or the
     /// ACL user may not load them: the EVALSHA scripts take over.
     functions_on: AtomicBool,
+    /// The shapes' libraries this store has loaded (`limiter::shape`),
+    /// each generated and loaded the first time a call of its shape runs.
+    shapes: Mutex<HashMap<Shape, Arc<ShapeLibrary>>>,
+    /// Off with `THROTTLE_LIMITER_SHAPES=off` in the environment: every call
+    /// runs the general function (an escape hatch, and the baseline the
+    /// end-to-end benchmark measures the shapes against).
+    shapes_on: bool,
 }
+
+/// The environment variable that turns the generated shapes off.
+pub const SHAPES_ENV: &str = "THROTTLE_LIMITER_SHAPES";
+
+/// The most shape libraries one store loads; calls of further shapes run
+/// the general function. Each library carries the helpers and algorithms
+/// (about 130 KB of Redis' Functions memory, measured with `INFO memory`),
+/// so this bounds what one version of the worker adds to Redis at about
+/// 2 MB; a fleet's config has a handful of shapes.
+const MAX_SHAPES: usize = 16;
 
 impl Runner {
     /// Both scripts hashed once, Functions first.
@@ -50,6 +70,8 @@ impl Runner {
             block: Script::new(BLOCK_LUA),
             library: FunctionLibrary::new(),
             functions_on: AtomicBool::new(true),
+            shapes: Mutex::new(HashMap::new()),
+            shapes_on: std::env::var(SHAPES_ENV).map_or(true, |v| v != "off"),
         }
     }
 
@@ -75,14 +97,71 @@ impl Runner {
     /// `FUNCTION LOAD REPLACE` of the library (the same name always holds
     /// the same code, so replacing is idempotent).
     async fn load_functions(&self, conn: &Connection) -> redis::RedisResult<()> {
-        let mut conn = conn.get();
-        redis::cmd("FUNCTION")
-            .arg("LOAD")
-            .arg("REPLACE")
-            .arg(&self.library.code)
-            .query_async::<Value>(&mut conn)
-            .await
-            .map(|_| ())
+        load_library(conn, &self.library.code).await
+    }
+
+    /// The library of `shape`, generated and loaded on first use; `None`
+    /// when calls of this shape run the general function (Functions off,
+    /// or [`MAX_SHAPES`] loaded already).
+    async fn shape_library(
+        &self,
+        conn: &Connection,
+        shape: &Shape,
+    ) -> redis::RedisResult<Option<Arc<ShapeLibrary>>> {
+        if !self.shapes_on || self.mode() != Scripts::Functions {
+            return Ok(None);
+        }
+        let known = {
+            let shapes = self.shapes.lock().expect("shapes lock");
+            match shapes.get(shape) {
+                Some(lib) => return Ok(Some(lib.clone())),
+                None => shapes.len() >= MAX_SHAPES,
+            }
+        };
+        if known {
+            return Ok(None);
+        }
+        let lib = Arc::new(ShapeLibrary::new(shape));
+        load_library(conn, &lib.code).await?;
+        tracing::debug!(shape = %shape.name(), library = %lib.name, "loaded the limiter's function for a call shape");
+        self.shapes
+            .lock()
+            .expect("shapes lock")
+            .insert(shape.clone(), lib.clone());
+        Ok(Some(lib))
+    }
+
+    /// FCALL of `shape`'s generated function (its library loaded first, and
+    /// again when the server lost it); `None` when this call must run the
+    /// general function instead (see [`Runner::shape_library`]).
+    pub(super) async fn call_shape(
+        &self,
+        conn: &Connection,
+        shape: &Shape,
+        keys: &[&str],
+        args: &[String],
+    ) -> Option<redis::RedisResult<Vec<i64>>> {
+        let lib = match self.shape_library(conn, shape).await {
+            Ok(Some(lib)) => lib,
+            Ok(None) => return None,
+            // An ACL user who may not load Functions: the general function
+            // (and its own fallback to scripts) handles the call.
+            Err(e) if no_functions(&e) => return None,
+            Err(e) => return Some(Err(e)),
+        };
+        let mut handle = conn.get();
+        let mut fcall = redis::cmd("FCALL");
+        fcall.arg(&lib.function).arg(keys.len()).arg(keys).arg(args);
+        Some(match fcall.query_async(&mut handle).await {
+            Err(e) if function_missing(&e) => {
+                tracing::info!(shape = %shape.name(), "Redis lost a call shape's Functions library; loading it again");
+                match load_library(conn, &lib.code).await {
+                    Ok(()) => fcall.query_async(&mut handle).await,
+                    Err(e) => Err(e),
+                }
+            }
+            done => done,
+        })
     }
 
     /// Runs the limiter as EVALSHA scripts from now on.
@@ -164,6 +243,18 @@ impl Runner {
         }
         inv.invoke_async(&mut handle).await
     }
+}
+
+/// `FUNCTION LOAD REPLACE` of a library (every primary of a cluster).
+async fn load_library(conn: &Connection, code: &str) -> redis::RedisResult<()> {
+    let mut conn = conn.get();
+    redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(code)
+        .query_async::<Value>(&mut conn)
+        .await
+        .map(|_| ())
 }
 
 /// The server has no such function: it lost the library (restart without

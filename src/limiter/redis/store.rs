@@ -5,6 +5,7 @@
 
 use crate::limiter::reply::{JobsAnswer, JobsReply, Reply};
 use crate::limiter::script::{call_life_us, release_args, BlockAt, JobsCall, ScriptCall, Store};
+use crate::limiter::shape::Shape;
 use crate::telemetry::events::{LimiterStateLost, RedisCalled};
 
 use super::clock::local_us;
@@ -32,6 +33,30 @@ impl RedisStore {
         }
         .emit();
         result.map_err(|e| self.failed(e))
+    }
+
+    /// One jobs call of a generated shape (`limiter::shape`), timed and
+    /// counted as [`RedisStore::invoke`]'s; `None` when the general
+    /// function must run it.
+    async fn invoke_shape(
+        &self,
+        shape: &Shape,
+        call: &JobsCall,
+        args: &[String],
+    ) -> Option<Result<Vec<i64>, RedisError>> {
+        let keys: Vec<&str> = call.keys().collect();
+        let started = std::time::Instant::now();
+        let result = self
+            .scripts
+            .call_shape(&self.conn, shape, &keys, args)
+            .await?;
+        RedisCalled {
+            kind: "script",
+            took: started.elapsed(),
+            error: result.as_ref().err().map(error_kind),
+        }
+        .emit();
+        Some(result.map_err(|e| self.failed(e)))
     }
 
     /// A failed call: a timeout gets a single server's connection replaced.
@@ -102,16 +127,24 @@ impl Store for RedisStore {
         } else {
             (None, None)
         };
-        let raw = match self
-            .invoke(call.keys(), call.wire_args(deadline, life))
-            .await
-        {
-            Ok(raw) => raw,
-            // The limiter cancels a call whose reply may be lost
-            // (`Store::may_have_run`).
-            Err(e) => return Err(e),
+        // The limiter cancels a call whose reply may be lost
+        // (`Store::may_have_run`).
+        let args = call.wire_args(deadline, life);
+        let answer = match Shape::of_call(call) {
+            Some(shape) => match self.invoke_shape(&shape, call, &args).await {
+                Some(raw) => {
+                    JobsAnswer::from_compact(&raw?, call.requests.len(), call.guard.is_some())?
+                }
+                None => JobsAnswer::from_slice(
+                    &self.invoke(call.keys(), args).await?,
+                    call.guard.is_some(),
+                )?,
+            },
+            None => JobsAnswer::from_slice(
+                &self.invoke(call.keys(), args).await?,
+                call.guard.is_some(),
+            )?,
         };
-        let answer = JobsAnswer::from_slice(&raw, call.guard.is_some())?;
         if let (true, Some(guard)) = (answer.found_loss, &call.guard) {
             LimiterStateLost {
                 epoch: &guard.epoch,
