@@ -449,15 +449,13 @@ fn script_cost(
 }
 
 /// KEYS and ARGV of a jobs call as the product sends it in state v2 (one
-/// job of cost 1; the seller's hash, its call records, the loss guard's
-/// epoch), on Redis' clock, with the record's life and the guard `wait`.
+/// job of cost 1; the seller's hash, the loss guard's epoch), on Redis' clock, with the record's life and the guard `wait`.
 fn jobs_v2_args(rule: &Rule) -> Vec<String> {
     let hash = format!("{PREFIX}:{{s__rand_int__}}:v2");
     vec![
-        s(4),
+        s(3),
         s(&hash),
         s(&hash),
-        format!("{PREFIX}:{{s__rand_int__}}:calls"),
         format!("{PREFIX}:epoch"),
         s("jobs"),
         s(""),

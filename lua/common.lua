@@ -456,6 +456,46 @@ local function owns(r)
   return r.h.hash == nil or hget(r.h.hash, r.h.p .. 'fp') == r.fp
 end
 
+-- The instant (µs) the limiter's state was last lost, and whether this
+-- call is the one that found it lost. The epoch key never expires, so
+-- only a loss of Redis' data removes it; a charging call then writes it
+-- with its own time, which is at or after the loss. A dry run reads it
+-- as lost now and writes nothing.
+local function state_epoch(key, now, charge)
+  local v = redis.call('GET', key)
+  if v then
+    return tonumber(v), 0
+  end
+  if not charge then
+    return now, 0
+  end
+  redis.call('SET', key, I(now))
+  return now, 1
+end
+
+-- The loss guard of a call (jobs.lua), or nil: `key` the epoch key,
+-- `wait` whether a loss holds unwritten places ('wait') or is only
+-- reported ('admit'), `charge` whether the call may write the epoch. The
+-- epoch is read at the first need only (a v2 place no rule has written,
+-- an empty slot set), not on every call: a seller whose places are all
+-- written needs nothing of it (issue 37). `found` is 1 once this call
+-- found the epoch gone and wrote it.
+local function new_guard(key, how, charge)
+  return { key = key, wait = how == 'wait', charge = charge, found = 0 }
+end
+
+-- The instant the state was lost, when the guard holds places ('wait');
+-- nil for 'admit'. Reads (and, charging, writes) the epoch once per call.
+local function guard_lost(G, now)
+  if G.at == nil then
+    G.at, G.found = state_epoch(G.key, now, G.charge)
+  end
+  if G.wait then
+    return G.at
+  end
+  return nil
+end
+
 -- State lost (the epoch of jobs.lua is gone: Redis restarted empty, or
 -- failed over to a replica that missed writes): a v2 place that no rule has
 -- written (no `fp`), read while a whole use at the loss instant `lost`
@@ -466,9 +506,13 @@ end
 -- would have drained). Past that reach the charge would be spent anyway,
 -- so nothing is written. `src/limiter/local/decide.rs` (`lost_fill`) is
 -- the specification.
-local function lost_fill(r, lost, now)
+local function lost_fill(r, G, now)
   local h = r.h
   if h.hash == nil or hget(h.hash, h.p .. 'fp') ~= nil then
+    return
+  end
+  local lost = guard_lost(G, now)
+  if lost == nil then
     return
   end
   -- An epoch ahead of this call's clock (a failover to a node whose
@@ -490,10 +534,10 @@ end
 -- charge both, so neither layout alone need hold every admission. `lost`:
 -- the instant the limiter's state was lost, when a call guards against it
 -- (see lost_fill).
-local function load_rule(r, now, lost)
+local function load_rule(r, now, G)
   settle(r, now)
-  if lost ~= nil then
-    lost_fill(r, lost, now)
+  if G ~= nil then
+    lost_fill(r, G, now)
   end
   local st = r.algo.load(r.h, r, now)
   if r.h1 == nil then
@@ -555,21 +599,4 @@ end
 -- since x >= taken. token_bucket is the same with the deficit for the debt.
 local function drained_refund(r, n, at, taken)
   return math.max(0, n * r.period - (at - taken) * r.limit)
-end
-
--- The instant (µs) the limiter's state was last lost, and whether this
--- call is the one that found it lost. The epoch key never expires, so
--- only a loss of Redis' data removes it; a charging call then writes it
--- with its own time, which is at or after the loss. A dry run reads it
--- as lost now and writes nothing.
-local function state_epoch(key, now, charge)
-  local v = redis.call('GET', key)
-  if v then
-    return tonumber(v), 0
-  end
-  if not charge then
-    return now, 0
-  end
-  redis.call('SET', key, I(now))
-  return now, 1
 end

@@ -25,7 +25,9 @@
 --           then, optionally, the loss guard ('' or absent: none):
 --             'wait' or 'admit', with the epoch key last in KEYS. The
 --             epoch is the instant this install's state was last found
---             lost (see state_epoch); 'wait' charges every unwritten
+--             lost (see state_epoch), read only when the call first meets
+--             an unwritten v2 place or an empty slot set (guard_lost,
+--             common.lua); 'wait' charges every unwritten
 --             place within reach of it a whole use at it (lost_fill,
 --             common.lua), 'admit' only records and reports the loss
 -- KEYS      per request: its block key, then one key per rule (v2: the
@@ -33,8 +35,7 @@
 --           (block token 'F' or '=') the v1 block key after the first, and
 --           two keys per rule: its place's hash, then its v1 key; then,
 --           with slot terms, the seller's slots (slots.lua); then, with
---           block token 'f' or 'F' (v2, v1+v2), the seller's call
---           records (calls.lua), in every op; then, with a loss guard,
+--           a loss guard,
 --           the epoch key (one per Redis Cluster slot: in the slot of
 --           every other key of the call)
 --
@@ -57,8 +58,9 @@
 --   A request cancelled before it ran (calls.lua) charges nothing and
 --   answers status 0, by 0, next 1, every wait 0.
 -- With a loss guard, one more integer ends the reply: 1 when this call
--- found the epoch gone and wrote it (the state was lost, or this is a new
--- install), else 0. Exactly one charging call per loss answers 1.
+-- read the epoch, found it gone and wrote it (the state was lost, or this
+-- is a new install), else 0. Exactly one charging call per loss answers
+-- 1: the first to meet a place or slot set the loss emptied.
 -- Reply of 'cancel': one integer per request (see cancel_request).
 
 -- The index of the first rule whose capacity `cost` exceeds, else 0.
@@ -115,7 +117,7 @@ end
 
 -- Helpers are file-level functions rather than closures: with Functions
 -- the file runs once per load, and a call then allocates no closures.
-local function jobs_request(out, now, charge, id, until_, rules, costs, slots, lost)
+local function jobs_request(out, now, charge, id, until_, rules, costs, slots, G)
   local first_never = never_rule(rules, costs[1])
   if first_never > 0 then
     return jobs_reply(out, now, -1, 0, 0, 0, 0, now, first_never, 0, 2)
@@ -125,7 +127,7 @@ local function jobs_request(out, now, charge, id, until_, rules, costs, slots, l
   local n = nil
   for i = 1, #rules do
     local r = rules[i]
-    states[i] = load_rule(r, now, lost)
+    states[i] = load_rule(r, now, G)
     avail[i] = r.algo.avail(states[i], r, now)
     if n == nil or avail[i] < n then
       n = avail[i]
@@ -148,7 +150,7 @@ local function jobs_request(out, now, charge, id, until_, rules, costs, slots, l
   -- more after `taken`, so the prefix is the longest whose sum fits the
   -- tightest rule. No rules (an unlimited seller): everything fits. With
   -- max_in_flight, a job that fits the rules also needs a free slot.
-  local free = slots ~= nil and slots_free(slots, now, lost, charge) or nil
+  local free = slots ~= nil and slots_free(slots, now, G, charge) or nil
   local jobs, units, stop, capped = 0, 0, 0, false
   for j = 1, #costs do
     local c = costs[j]
@@ -259,16 +261,9 @@ local function run_jobs(KEYS, ARGV, op, now, real)
     if serr ~= nil then
       return redis.error_reply(serr)
     end
-    local calls_key, next_k = nil, slots_key + (slots ~= nil and 1 or 0)
-    if calls_covered(how) then
-      calls_key = KEYS[next_k]
-      if calls_key == nil then
-        return redis.error_reply("a request with block token 'f' or 'F' needs the key of its call records")
-      end
-      next_k = next_k + 1
-    end
+    local next_k = slots_key + (slots ~= nil and 1 or 0)
     reqs[q] = { id = id, rules = rules, costs = costs, block_key = KEYS[k], how = how,
-      block_key1 = KEYS[k + 1], slots = slots, calls_key = calls_key }
+      block_key1 = KEYS[k + 1], slots = slots }
     a = a + 5 + 5 * nrules
     k = next_k
   end
@@ -287,7 +282,7 @@ local function run_jobs(KEYS, ARGV, op, now, real)
     local out = {}
     for q = 1, nreq do
       local r = reqs[q]
-      out[q] = cancel_request(hashes, r.how, r.block_key, r.calls_key, r.id, r.rules, now, life)
+      out[q] = cancel_request(hashes, r.how, r.block_key, r.id, r.rules, now, life)
       -- Its slots of max_in_flight too: the worker never held them.
       if r.slots ~= nil then
         slots_forget(r.slots, r.id, #r.costs)
@@ -305,12 +300,9 @@ local function run_jobs(KEYS, ARGV, op, now, real)
       return redis.error_reply('EXPIRED the caller gave up on this call at ' .. I(deadline))
     end
   end
-  local lost, found = nil, 0
+  local G = nil
   if guard ~= '' then
-    lost, found = state_epoch(KEYS[k], now, charge)
-    if guard == 'admit' then
-      lost = nil
-    end
+    G = new_guard(KEYS[k], guard, charge)
   end
   local out = {}
   for q = 1, nreq do
@@ -323,11 +315,11 @@ local function run_jobs(KEYS, ARGV, op, now, real)
     if cancelled then
       jobs_reply(out, now, 0, 0, 0, 0, 0, now, 0, 0, 1)
     else
-      jobs_request(out, now, charge, r.id, until_, r.rules, r.costs, r.slots, lost)
+      jobs_request(out, now, charge, r.id, until_, r.rules, r.costs, r.slots, G)
       -- This request's row: status, then units.
       local units = out[#out - 11]
       if H ~= nil and out[#out - 12] == 1 and units > 0 and #r.rules > 0 then
-        calls_write(H, r.calls_key, now, life, r.id, units, real)
+        calls_write(H, now, life, r.id, units)
       end
     end
   end
@@ -336,8 +328,8 @@ local function run_jobs(KEYS, ARGV, op, now, real)
   if charge then
     flush(hashes, real)
   end
-  if guard ~= '' then
-    out[#out + 1] = found
+  if G ~= nil then
+    out[#out + 1] = G.found
   end
   return out
 end

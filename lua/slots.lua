@@ -26,16 +26,21 @@ local function slots_terms(spec, key)
   return { key = key, max = max, lease = lease, poll = poll }
 end
 
--- Slots free now: the cap less the leases that have not lapsed. `lost`
--- (jobs.lua's loss guard, 'wait'): the instant Redis lost its data. A set
+-- Slots free now: the cap less the leases that have not lapsed. `G`: the
+-- call's loss guard (common.lua), asked only when no lease is live; with
+-- 'wait' it gives the instant Redis lost its data (`lost`). A set
 -- that is gone within one lease of it may have held every slot, so they
 -- count as taken until then: a charging call writes `max` leases
 -- `lost:<j>` lapsing one lease after the loss (calls granted later count
 -- beside them), a dry run only answers 0. The model is
 -- `src/limiter/testkit/slots.rs`.
-local function slots_free(s, now, lost, charge)
+local function slots_free(s, now, G, charge)
   local live = redis.call('ZCOUNT', s.key, '(' .. I(now), '+inf')
-  if live == 0 and lost ~= nil then
+  local lost = nil
+  if live == 0 and G ~= nil then
+    lost = guard_lost(G, now)
+  end
+  if lost ~= nil then
     local until_ = math.min(lost, now) + s.lease
     if now < until_ and redis.call('ZCOUNT', s.key, '-inf', '+inf') == 0 then
       if charge then

@@ -16,8 +16,7 @@ use super::policy::SLOT_POLL;
 use super::reply::JobsReply;
 use super::rule::Rule;
 use super::script::{
-    BlockAt, BlockRead, JobsCall, JobsRequest, KeyedRule, LossGuard, Op, ScriptCall, SlotTerms,
-    Store,
+    BlockAt, JobsCall, JobsRequest, KeyedRule, LossGuard, Op, ScriptCall, SlotTerms, Store,
 };
 use crate::config::Topology;
 use crate::telemetry::events::JobsCallCancelled;
@@ -290,7 +289,6 @@ impl<S: Store> Limiter<S> {
             rules,
             costs: costs.to_vec(),
             slots: None,
-            calls: None,
         }
     }
 
@@ -300,8 +298,6 @@ impl<S: Store> Limiter<S> {
         let policy = self.policy();
         let block = self.keys.block_at(seller);
         JobsRequest {
-            // v2 and v1+v2 record the seller's charged calls for a cancel.
-            calls: (block.read == BlockRead::Field).then(|| self.keys.calls(seller)),
             slots: policy.max_in_flight(seller).map(|max| SlotTerms {
                 key: self.keys.slots(seller),
                 max,

@@ -65,10 +65,11 @@ impl KeySpace {
         format!("{}:{{{}}}:slots", self.prefix, tag(seller))
     }
 
-    /// v2 and v1+v2: the sorted set of `seller`'s recent charged jobs
-    /// calls, for their cancel (`lua/calls.lua`). A key of its own, so the
-    /// `HGETALL` of the seller's hash that every call makes never reads
-    /// the records.
+    /// v2 and v1+v2: the sorted set where versions before issue 37 kept
+    /// `seller`'s recent charged jobs calls for their cancel. The records
+    /// now live in the field `rec` of the seller's hash (`lua/calls.lua`);
+    /// the key still travels with every jobs call (one wire format across
+    /// a rolling deploy) and `limits reset` still deletes it.
     pub fn calls(&self, seller: &str) -> String {
         format!("{}:{{{}}}:calls", self.prefix, tag(seller))
     }

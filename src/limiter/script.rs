@@ -355,10 +355,6 @@ pub struct JobsRequest {
     pub costs: Vec<u64>,
     /// The seller's `max_in_flight`, when capped.
     pub slots: Option<SlotTerms>,
-    /// The sorted set of the seller's call records (`lua/calls.lua`):
-    /// present exactly when `block` is read as the hash's field (block
-    /// token 'f' or 'F', v2 and v1+v2), which the script checks.
-    pub calls: Option<String>,
 }
 
 /// A request's calls-in-flight cap (`lua/slots.lua`): each granted job
@@ -415,8 +411,7 @@ pub struct LossGuard {
 
 impl JobsCall {
     /// KEYS: per request its block key, then one per rule, then its
-    /// slots' when capped, then its call records' in v2 and v1+v2; last,
-    /// with a loss guard, the epoch key.
+    /// slots' when capped; last, with a loss guard, the epoch key.
     pub fn keys(&self) -> impl Iterator<Item = &str> {
         self.requests
             .iter()
@@ -425,7 +420,6 @@ impl JobsCall {
                     .keys()
                     .chain(rule_keys(&q.rules))
                     .chain(q.slots.as_ref().map(|s| s.key.as_str()))
-                    .chain(q.calls.as_deref())
             })
             .chain(self.guard.as_ref().map(|g| g.epoch.as_str()))
     }

@@ -62,14 +62,13 @@ impl Shape {
             .then_some(shape)
     }
 
-    /// A request in state v2 (the block in the seller's hash, its calls
-    /// recorded), with no slots, and every rule at place `r<i>` of that
+    /// A request in state v2 (the block in the seller's hash, where its
+    /// calls are recorded too), with no slots, and every rule at place `r<i>` of that
     /// hash (global rules live in a hash of their own: not this shape).
     fn of_request(q: &JobsRequest) -> Option<Shape> {
         let plain = q.block.read == BlockRead::Field
             && q.block.also.is_none()
             && q.slots.is_none()
-            && q.calls.is_some()
             && q.rules.iter().enumerate().all(|(i, (at, _))| {
                 at.key == q.block.key
                     && at.also.is_none()
@@ -234,7 +233,7 @@ impl Gen {
     fn request(&mut self, s: &Shape) {
         let k = s.rules();
         self.line(
-            "local function shape_request(out, hashes, KEYS, ARGV, a, k, costs, now, lost, life, real)",
+            "local function shape_request(out, hashes, KEYS, ARGV, a, k, costs, now, G, life, real)",
         );
         self.line("  local id, key = ARGV[a], KEYS[k]");
         self.line("  local H = open_hash(hashes, key)");
@@ -276,9 +275,7 @@ impl Gen {
             // neither a conversion nor the loss guard's fill.
             self.line(format!("  if hget(H, 'r{}:fp') ~= Q{n}.fp then", n - 1));
             self.line(format!("    settle(Q{n}, now)"));
-            self.line(format!(
-                "    if lost ~= nil then lost_fill(Q{n}, lost, now) end"
-            ));
+            self.line(format!("    if G ~= nil then lost_fill(Q{n}, G, now) end"));
             self.line("  end");
             self.line(format!("  local s{n} = A{n}.load(H{n}, Q{n}, now)"));
             self.line(format!("  local v{n} = A{n}.avail(s{n}, Q{n}, now)"));
@@ -354,11 +351,7 @@ impl Gen {
             ));
         }
         if k > 0 {
-            // Keys: the hash (the block's), once per rule, then the records.
-            self.line(format!(
-                "  calls_write(H, KEYS[k + {}], now, life, id, units, real)",
-                k + 1
-            ));
+            self.line("  calls_write(H, now, life, id, units)");
         }
         self.line(
             "  shape_row(out, 1, units, remaining, retry, reset, go_at, by, jobs, next, tight)",
@@ -430,7 +423,7 @@ impl Gen {
         self.line("  local deadline = tonumber(ARGV[a] or '')");
         self.line("  local life = tonumber(ARGV[a + 1] or '') or CALL_LIFE_US");
         self.line("  local guard = ARGV[a + 2] or ''");
-        self.line(format!("  local epoch = KEYS[nreq * {} + 1]", 2 + k));
+        self.line(format!("  local epoch = KEYS[nreq * {} + 1]", 1 + k));
         self.line("  if guard ~= '' and guard ~= 'wait' and guard ~= 'admit' then");
         self.line("    return redis.error_reply('unknown loss guard ' .. guard)");
         self.line("  end");
@@ -448,21 +441,20 @@ impl Gen {
         self.line("      return redis.error_reply('EXPIRED the caller gave up on this call at ' .. I(deadline))");
         self.line("    end");
         self.line("  end");
-        self.line("  local lost, found = nil, 0");
-        self.line("  if guard ~= '' then");
-        self.line("    lost, found = state_epoch(epoch, now, true)");
-        self.line("    if guard == 'admit' then lost = nil end");
-        self.line("  end");
+        // The epoch is read at the first need only (common.lua,
+        // `guard_lost`): a seller whose places are written needs none.
+        self.line("  local G = nil");
+        self.line("  if guard ~= '' then G = new_guard(epoch, guard, true) end");
         self.line("  local out, hashes = { now }, {}");
         self.line("  for q = 1, nreq do");
         self.line(format!(
-            "    shape_request(out, hashes, KEYS, ARGV, 4 + (q - 1) * {}, 1 + (q - 1) * {}, all[q], now, lost, life, real)",
+            "    shape_request(out, hashes, KEYS, ARGV, 4 + (q - 1) * {}, 1 + (q - 1) * {}, all[q], now, G, life, real)",
             5 + 5 * k,
-            2 + k
+            1 + k
         ));
         self.line("  end");
         self.line("  flush(hashes, real)");
-        self.line("  if guard ~= '' then out[#out + 1] = found end");
+        self.line("  if G ~= nil then out[#out + 1] = G.found end");
         self.line("  return out");
         self.line("end");
     }
@@ -556,7 +548,6 @@ mod tests {
             rules,
             costs: vec![1],
             slots: None,
-            calls: Some("calls".into()),
         }
     }
 
@@ -596,7 +587,6 @@ mod tests {
         let shadow = request(vec![(StateKey::place("h", "s0"), gcra)]);
         let v1 = JobsRequest {
             block: BlockAt::key("block"),
-            calls: None,
             ..request(vec![(StateKey::own("rule"), gcra)])
         };
         let slots = JobsRequest {

@@ -54,9 +54,6 @@ struct Seller {
     rules: Vec<KeyedRule>,
     /// The seller's `max_in_flight`, when the case caps it.
     slots: Option<SlotTerms>,
-    /// v2 and v1+v2: the sorted set of its jobs calls' records
-    /// (`lua/calls.lua`).
-    calls: Option<String>,
     /// The loss guard its jobs calls carry (`redis.on_state_loss`).
     guard: Option<LossGuard>,
 }
@@ -83,14 +80,12 @@ impl Seller {
                 also: Some(v1_block),
             },
         };
-        let calls = (layout != StateLayout::V1).then(|| format!("{prefix}:{{s}}:calls"));
         let mut seller = Seller {
             prefix,
             layout,
             block,
             rules: Vec::new(),
             slots: None,
-            calls,
             guard: None,
         };
         seller.rules = (0..rules.len()).map(|i| seller.at(i, &rules[i])).collect();
@@ -132,7 +127,6 @@ impl Seller {
         let mut del = redis::cmd("DEL");
         del.arg(&self.block.key);
         del.arg(self.slots.as_ref().map(|s| s.key.as_str()));
-        del.arg(self.calls.as_deref());
         del.arg(self.block.also.as_deref());
         del.arg(self.guard.as_ref().map(|g| g.epoch.as_str()));
         for (at, _) in &self.rules {
@@ -156,7 +150,6 @@ impl Seller {
                 rules: self.rules.clone(),
                 costs: costs.to_vec(),
                 slots: self.slots.clone(),
-                calls: self.calls.clone(),
             }],
         }
     }

@@ -192,9 +192,10 @@ async fn a_new_algorithm_takes_over_the_units_in_use() {
     }
 }
 
-/// A seller's block and every rule's state, shadow rules included, in one
-/// key with an expiry (its charged jobs calls' records in a second one,
-/// `lua/calls.lua`); `limits reset` deletes both.
+/// A seller's block, every rule's state, shadow rules included, and its
+/// charged jobs calls' records (`lua/calls.lua`), in one key with an
+/// expiry; `limits reset` deletes it, and the records' key of versions
+/// before issue 37.
 #[tokio::test]
 async fn one_key_holds_a_seller() {
     let rules = vec![
@@ -236,17 +237,13 @@ async fn one_key_holds_a_seller() {
     keys.sort();
     let hash = format!("{prefix}:{{s}}:v2");
     let calls = format!("{prefix}:{{s}}:calls");
-    assert_eq!(
-        keys,
-        vec![calls.clone(), hash.clone()],
-        "one key for the seller's state, one for its jobs calls' records"
-    );
+    assert_eq!(keys, vec![hash.clone()], "one key for the seller");
     let fields: Vec<String> = redis::cmd("HKEYS")
         .arg(&hash)
         .query_async(&mut conn)
         .await
         .unwrap();
-    for want in ["block", "r0:fp", "r1:log", "r2:tat", "s0:c"] {
+    for want in ["block", "r0:fp", "r1:log", "r2:tat", "s0:c", "rec"] {
         assert!(
             fields.iter().any(|f| f == want),
             "{want} in the hash: {fields:?}"

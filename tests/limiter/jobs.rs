@@ -421,7 +421,6 @@ fn request(rules: &[Rule], costs: &[u64], id: &str) -> JobsRequest {
             .collect(),
         costs: costs.to_vec(),
         slots: None,
-        calls: None,
     }
 }
 

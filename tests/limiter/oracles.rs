@@ -188,7 +188,6 @@ impl Keys {
                 rules: vec![self.rule.clone()],
                 costs: costs.to_vec(),
                 slots: None,
-                calls: None,
             }],
         }
     }

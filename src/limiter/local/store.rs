@@ -72,14 +72,10 @@ pub struct ModelStore {
     /// takes and gives back slots, so the fallback's store has no field.
     #[cfg(any(test, feature = "testkit"))]
     pub(crate) slots: HashMap<String, std::collections::BTreeMap<String, i128>>,
-    /// State v2: per seller hash, its fields of `lua/calls.lua` (records
-    /// written since the last trim, cancels' tombstones).
+    /// State v2: per seller hash, its fields of `lua/calls.lua` (charged
+    /// calls' records, cancels' tombstones).
     #[cfg(any(test, feature = "testkit"))]
     pub(crate) calls: HashMap<String, crate::limiter::testkit::calls::CallsFields>,
-    /// State v2: per seller, the sorted set of its charged jobs calls'
-    /// records (`prefix:{seller}:calls`).
-    #[cfg(any(test, feature = "testkit"))]
-    pub(crate) records: HashMap<String, crate::limiter::testkit::calls::Records>,
     /// The epoch keys of `lua/jobs.lua`'s loss guard: µs the state was
     /// last found lost. Cleared with everything else by a loss.
     #[cfg(any(test, feature = "testkit"))]

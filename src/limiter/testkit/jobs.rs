@@ -51,20 +51,7 @@ pub fn run_guarded(
     let mut scratch = scratch_for(store, dry_run, &all);
     let store = scratch.as_mut().unwrap_or(store);
     let charge = !dry_run;
-    let (mut lost, mut found) = (None, false);
-    if let Some(g) = guard {
-        let at = match store.epochs.get(&g.epoch) {
-            Some(&at) => at,
-            None => {
-                found = charge;
-                if charge {
-                    store.epochs.insert(g.epoch.clone(), now);
-                }
-                now
-            }
-        };
-        lost = (g.on_loss == OnStateLoss::Wait).then_some(at);
-    }
+    let mut guard = guard.map(|g| Guard::new(g, charge));
     let replies = requests
         .iter()
         .map(|q| {
@@ -87,14 +74,14 @@ pub fn run_guarded(
                     tight: 0,
                 };
             }
-            let reply = jobs_request(store, now, charge, q, lost);
+            let reply = jobs_request(store, now, charge, q, guard.as_mut());
             if charge && reply.head.status == 1 && reply.head.granted > 0 && !q.rules.is_empty() {
                 calls::record(store, q, now, i128::from(reply.head.granted));
             }
             reply
         })
         .collect();
-    (replies, found)
+    (replies, guard.is_some_and(|g| g.found))
 }
 
 /// `cancel` of `lua/calls.lua`: per request, the units of its recorded
@@ -125,12 +112,56 @@ pub fn cancel(store: &mut ModelStore, now_us: u64, requests: &[JobsRequest]) -> 
         .collect()
 }
 
+/// The loss guard of one call (`new_guard`/`guard_lost` of common.lua):
+/// the epoch read at the first need only, an unwritten v2 place or an
+/// empty slot set, and whether this call found it gone (and, charging,
+/// wrote it).
+struct Guard<'a> {
+    guard: &'a LossGuard,
+    charge: bool,
+    read: Option<i128>,
+    found: bool,
+}
+
+impl<'a> Guard<'a> {
+    fn new(guard: &'a LossGuard, charge: bool) -> Guard<'a> {
+        Guard {
+            guard,
+            charge,
+            read: None,
+            found: false,
+        }
+    }
+
+    /// The instant the state was lost, with 'wait'; `None` with 'admit'.
+    fn lost(&mut self, store: &mut ModelStore, now: i128) -> Option<i128> {
+        let at = match self.read {
+            Some(at) => at,
+            None => {
+                let at = match store.epochs.get(&self.guard.epoch) {
+                    Some(&at) => at,
+                    None => {
+                        self.found = self.charge;
+                        if self.charge {
+                            store.epochs.insert(self.guard.epoch.clone(), now);
+                        }
+                        now
+                    }
+                };
+                self.read = Some(at);
+                at
+            }
+        };
+        (self.guard.on_loss == OnStateLoss::Wait).then_some(at)
+    }
+}
+
 fn jobs_request(
     store: &mut ModelStore,
     now: i128,
     charge: bool,
     q: &JobsRequest,
-    lost: Option<i128>,
+    mut guard: Option<&mut Guard<'_>>,
 ) -> JobsReply {
     let costs: Vec<i128> = q.costs.iter().map(|&c| i128::from(c)).collect();
     let reply = |out: Out, jobs: i64, next: i64| JobsReply {
@@ -162,8 +193,12 @@ fn jobs_request(
 
     for (key, rule) in &q.rules {
         settle(store, key, rule, now);
-        if let Some(lost) = lost {
-            lost_fill(store, key, rule, lost, now);
+        // A v2 place no rule has written: the guard reads the epoch.
+        let unwritten = key.place.is_some() && store.mark(&key.address()).is_none();
+        if let Some(g) = guard.as_deref_mut().filter(|_| unwritten) {
+            if let Some(lost) = g.lost(store, now) {
+                lost_fill(store, key, rule, lost, now);
+            }
         }
     }
     let states: Vec<Both> = q
@@ -212,7 +247,11 @@ fn jobs_request(
 
     let free = q.slots.as_ref().map(|s| {
         let live = store.slots_live(&s.key, now) as i128;
-        let lost = lost.is_some_and(|lost| live == 0 && store.slots_lost(s, lost, now, charge));
+        let lost = match guard.filter(|_| live == 0) {
+            Some(g) => g.lost(store, now),
+            None => None,
+        };
+        let lost = lost.is_some_and(|lost| store.slots_lost(s, lost, now, charge));
         if lost {
             0
         } else {
@@ -313,7 +352,6 @@ mod tests {
             rules: vec![(StateKey::place("m:{s}:v2", "r0"), *rule)],
             costs: vec![cost],
             slots: None,
-            calls: Some("m:{s}:calls".to_owned()),
         }
     }
 
