@@ -41,7 +41,8 @@
 //! earlier `lua/`, e.g. `git archive HEAD~3 lua | tar -x -C /tmp/before`;
 //! part 1 adds its v1 and v2 as columns, measured in the same run),
 //! BENCH_ONLY=jobs (unset: run only part 1c, the product's jobs call,
-//! general and generated), BENCH_CPU (unset: part 1 reads redis-server's CPU per call instead of
+//! general and generated; `coalesced`: only part 2 in state v2, through
+//! the general function and through the generated shapes), BENCH_CPU (unset: part 1 reads redis-server's CPU per call instead of
 //! `usec_per_call`; see `usec_per_call`).
 //!
 //! On a shared machine, pin Redis and the load to different cores, so that
@@ -476,16 +477,30 @@ fn jobs_v2_args(rule: &Rule) -> Vec<String> {
     ]
 }
 
+/// [`jobs_v2_args`] as versions before issue 37 took them: the seller's
+/// call records' key after the hash.
+fn jobs_v2_args_before(rule: &Rule) -> Vec<String> {
+    let mut args = jobs_v2_args(rule);
+    args[0] = s(4);
+    args.insert(3, format!("{PREFIX}:{{s__rand_int__}}:calls"));
+    args
+}
+
 /// Part 1c: the jobs call as the product sends it (state v2, its record,
 /// the loss guard), through the general function and through the
 /// generated function of its shape (`limiter::shape`), beside the minimal
 /// script of the same algorithm; allow and deny paths. Each figure the
 /// least of `rounds` runs, the rows of an algorithm in turn.
-fn jobs_cost(port: u16, general: &str, requests: u64, rounds: u64) {
+fn jobs_cost(port: u16, general: &str, before: Option<&str>, requests: u64, rounds: u64) {
     println!("\n## 1c. The product's jobs call (state v2, call record, loss guard), general function and generated shape\n");
     println!("50 connections, pipelines of 16, 10,000 random sellers, {requests} calls, least of {rounds} run(s); Redis `usec_per_call`.\n");
-    println!("| algorithm | allow: minimal µs | general µs | ratio | shape µs | ratio | deny: minimal µs | general µs | ratio | shape µs | ratio |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let (head, rule) = if before.is_some() {
+        (" before µs | ratio |", "---:|---:|")
+    } else {
+        ("", "")
+    };
+    println!("| algorithm | allow: minimal µs |{head} general µs | ratio | shape µs | ratio | deny: minimal µs |{head} general µs | ratio | shape µs | ratio |");
+    println!("|---|---:|{rule}---:|---:|---:|---:|---:|{rule}---:|---:|---:|---:|");
     for algorithm in Algorithm::ALL {
         let mut cells = String::new();
         for deny in [false, true] {
@@ -506,20 +521,29 @@ fn jobs_cost(port: u16, general: &str, requests: u64, rounds: u64) {
                 call.extend(jobs_v2_args(&rule));
                 call
             };
-            let rows = [
+            let mut rows = vec![
                 ("evalsha", [vec![s("EVALSHA")], min_args].concat()),
                 ("fcall", fcall(general)),
                 ("fcall", fcall(&lib.function)),
             ];
-            let mut best = [f64::INFINITY; 3];
+            if let Some(before) = before {
+                // The version before named the records' key too.
+                let mut call = vec![s("FCALL"), s(before)];
+                call.extend(jobs_v2_args_before(&rule));
+                rows.push(("fcall", call));
+            }
+            let mut best = vec![f64::INFINITY; rows.len()];
             for _ in 0..rounds.max(1) {
                 for (b, (command, args)) in best.iter_mut().zip(&rows) {
                     *b = b.min(usec_per_call(port, requests, command, args));
                 }
             }
+            cells.push_str(&format!(" {:.2} |", best[0]));
+            if before.is_some() {
+                cells.push_str(&format!(" {:.2} | {:.2} |", best[3], best[3] / best[0]));
+            }
             cells.push_str(&format!(
-                " {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
-                best[0],
+                " {:.2} | {:.2} | {:.2} | {:.2} |",
                 best[1],
                 best[1] / best[0],
                 best[2],
@@ -535,7 +559,7 @@ fn jobs_cost(port: u16, general: &str, requests: u64, rounds: u64) {
 /// as a Functions library of its own; its FCALL name. The files are joined
 /// in the order of `src/limiter/script.rs`.
 fn load_before(port: u16, dir: &str) -> String {
-    const ORDER: [&str; 11] = [
+    const ORDER: [&str; 13] = [
         "common",
         "fixed_window",
         "sliding_window_log",
@@ -544,15 +568,18 @@ fn load_before(port: u16, dir: &str) -> String {
         "leaky_bucket",
         "burst_fill",
         "gcra",
+        "slots",
+        "calls",
         "jobs",
         "limiter",
         "block",
     ];
     let body: String = ORDER
         .iter()
-        .map(|f| {
+        .filter_map(|f| {
+            // Older versions have no slots.lua or calls.lua.
             let path = format!("{dir}/lua/{f}.lua");
-            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+            std::fs::read_to_string(&path).ok()
         })
         .collect();
     let code = format!(
@@ -924,12 +951,27 @@ async fn main() {
         .ok()
         .map(|dir| load_before(redis.port, &dir));
     let limiter = &store.library().limiter;
-    if std::env::var("BENCH_ONLY").as_deref() == Ok("jobs") {
-        jobs_cost(redis.port, limiter, requests, rounds);
+    let before = before.as_deref();
+    if std::env::var("BENCH_ONLY").as_deref() == Ok("coalesced") {
+        // Part 2 in state v2 twice: the general function, then the
+        // generated shapes (each store reads the switch when it connects).
+        for (name, switch) in [("general function", "off"), ("generated shapes", "on")] {
+            std::env::set_var("THROTTLE_LIMITER_SHAPES", switch);
+            let store = RedisStore::connect(&redis.url(), Duration::from_secs(5))
+                .await
+                .expect("the private redis-server");
+            println!("\n# part 2 through the {name} (THROTTLE_LIMITER_SHAPES={switch})");
+            cli(redis.port, &["FLUSHALL"]);
+            let v2 = never_refusing(&store, StateLayout::V2);
+            coalescing(redis.port, &v2, callers, secs, cell.is_some()).await;
+        }
         return;
     }
-    jobs_cost(redis.port, limiter, requests, rounds);
-    let before = before.as_deref();
+    if std::env::var("BENCH_ONLY").as_deref() == Ok("jobs") {
+        jobs_cost(redis.port, limiter, before, requests, rounds);
+        return;
+    }
+    jobs_cost(redis.port, limiter, before, requests, rounds);
     let ours_gcra = script_cost(redis.port, limiter, before, requests, rounds, false);
     script_cost(redis.port, limiter, before, requests, rounds, true);
     prototypes(redis.port, &store.library().limiter, requests);
