@@ -638,6 +638,29 @@ mod tests {
         }
     }
 
+    /// Writes the library of one shape (`SHAPE_LUA`: its name, e.g. `gcra`
+    /// or `gcra_tb`) to the file `SHAPE_LUA_OUT`, for measuring it by hand
+    /// (BENCHMARKS.md, issue 37's callgrind figures):
+    /// `SHAPE_LUA=gcra SHAPE_LUA_OUT=/tmp/shape.lua cargo test --lib write_a_shape_library -- --ignored`
+    #[test]
+    #[ignore = "a tool: writes a file for a benchmark"]
+    fn write_a_shape_library() {
+        let name = std::env::var("SHAPE_LUA").unwrap_or_else(|_| "gcra".into());
+        let out = std::env::var("SHAPE_LUA_OUT").expect("SHAPE_LUA_OUT names the file to write");
+        let algorithms = name
+            .split('_')
+            .map(|a| {
+                Algorithm::ALL
+                    .into_iter()
+                    .find(|x| short(*x) == a)
+                    .unwrap_or_else(|| panic!("{a}: not an algorithm's short name"))
+            })
+            .collect();
+        let lib = ShapeLibrary::new(&Shape::new(algorithms).expect("at most MAX_RULES rules"));
+        std::fs::write(&out, &lib.code).expect("write the library");
+        println!("{} ({}) written to {out}", lib.function, lib.name);
+    }
+
     #[test]
     fn every_shape_names_its_function_apart() {
         let one = ShapeLibrary::new(&Shape::new(vec![Algorithm::Gcra]).expect("shape"));
