@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use super::core::{Limiter, LimiterError};
 use super::decision::{BatchDecision, BatchGranted, CannotPass, Denied, DeniedBy, Mode, NextJob};
+use super::keys::StateLayout;
 use super::policy::Resolved;
 use super::policy::SLOT_POLL;
 use super::reply::JobsReply;
@@ -18,6 +19,7 @@ use super::rule::Rule;
 use super::script::{
     BlockAt, JobsCall, JobsRequest, KeyedRule, LossGuard, Op, ScriptCall, SlotTerms, Store,
 };
+use super::shape::Shape;
 use crate::config::Topology;
 use crate::telemetry::events::JobsCallCancelled;
 
@@ -306,6 +308,39 @@ impl<S: Store> Limiter<S> {
             }),
             ..self.jobs_request(block, rules, costs)
         }
+    }
+
+    /// Loads the generated functions (`limiter::shape`) of the rule lists
+    /// the policy in force names (the default, each tier, each named
+    /// seller), so that no call waits for a `FUNCTION LOAD`: called at
+    /// startup and after each reload. A call of a shape not named here
+    /// (an override made later) loads its own. Only state v2 has shapes,
+    /// and with global rules in single topology no request is plain.
+    pub async fn prepare_shapes(&self) -> Result<(), S::Error> {
+        let policy = self.policy();
+        if self.keys.layout() != StateLayout::V2
+            || (self.topology == Topology::Single && !policy.global().is_empty())
+        {
+            return Ok(());
+        }
+        let mut shapes: Vec<Shape> = Vec::new();
+        let lists = std::iter::once(policy.default_rules().0)
+            .chain(policy.tiers().map(|(_, rules)| rules))
+            .chain(
+                policy
+                    .named_sellers()
+                    .filter_map(|s| match policy.resolve(s) {
+                        Resolved::Limited { seller, .. } => Some(seller),
+                        Resolved::Unlimited => None,
+                    }),
+            );
+        for rules in lists {
+            let shape = Shape::new(rules.iter().map(|r| r.algorithm()).collect());
+            if let Some(shape) = shape.filter(|s| !shapes.contains(s)) {
+                shapes.push(shape);
+            }
+        }
+        self.store.prepare_shapes(&shapes).await
     }
 
     /// Gives back slots of `seller`'s `max_in_flight` ([`BatchGranted::leases`]):

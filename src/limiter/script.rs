@@ -570,6 +570,16 @@ pub trait Store: Clone + Send + Sync + 'static {
         async move { Ok(vec![0; n]) }
     }
 
+    /// Makes ready the generated functions of `shapes` (`limiter::shape`)
+    /// before a call needs one: at startup and after a reload of the
+    /// limits. A store without them does nothing (the default).
+    fn prepare_shapes(
+        &self,
+        _shapes: &[super::shape::Shape],
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        async { Ok(()) }
+    }
+
     /// The store's clock at `now` (this host's monotonic instant), as last
     /// learnt: Redis' `TIME` run forward on the monotonic clock, which no
     /// step of the host's wall clock moves. `None` until learnt, and for a

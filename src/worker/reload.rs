@@ -76,6 +76,13 @@ pub fn spawn<S: Store + 'static>(
                 &running,
                 &mut applied,
             );
+            // The new limits' shapes, so that no call waits for their load
+            // (nothing for those loaded already).
+            let prepared = limiter.prepare_shapes().await;
+            crate::telemetry::events::ShapesPrepared {
+                error: prepared.err().map(|e| e.to_string()).as_deref(),
+            }
+            .emit();
         }
     }))
 }

@@ -173,6 +173,12 @@ async fn limiter(
     let keys = KeySpace::with_layout(prefix.clone(), layout);
     let limiter = Limiter::new(store, keys, policy, settings.redis.topology)
         .with_state_loss(settings.redis.on_state_loss);
+    // Not fatal: a shape not loaded now loads with its first call.
+    let prepared = limiter.prepare_shapes().await;
+    crate::telemetry::events::ShapesPrepared {
+        error: prepared.err().map(|e| e.to_string()).as_deref(),
+    }
+    .emit();
     Ok((limiter, ledger))
 }
 

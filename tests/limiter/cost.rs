@@ -214,3 +214,41 @@ async fn each_decision_runs_a_bounded_number_of_redis_commands() {
         "the plain gcra call ran its generated shape: {libraries}"
     );
 }
+
+/// At startup (and after each reload) the worker loads the generated
+/// function of every rule list its limits name, so that no call waits for
+/// a `FUNCTION LOAD`: the default's, each tier's, each named seller's.
+#[tokio::test]
+async fn the_shapes_of_the_limits_in_force_are_loaded_before_any_call() {
+    use throttle_worker::config::LimitsConfig;
+    let server = RedisServer::start();
+    let never = |algorithm: &str| rule(algorithm, 10_000, "1m", None);
+    let cfg = LimitsConfig {
+        default: vec![never("gcra")],
+        tiers: [(
+            "bulk".to_owned(),
+            vec![never("token_bucket"), never("fixed_window")],
+        )]
+        .into(),
+        sellers: [(
+            "paced".to_owned(),
+            SellerConfig {
+                rules: Some(vec![never("leaky_bucket")]),
+                ..SellerConfig::default()
+            },
+        )]
+        .into(),
+        ..LimitsConfig::default()
+    };
+    let policy = Policy::from_config(&cfg).expect("valid limits");
+    let limiter = limiter(server.port, "prepared", policy).await;
+    limiter.prepare_shapes().await.expect("loaded");
+    let libraries = cli(server.port, &["FUNCTION", "LIST"]);
+    let mut shapes: Vec<&str> = libraries
+        .lines()
+        .filter(|l| l.starts_with("throttle_jobs_"))
+        .filter_map(|l| l.splitn(4, '_').nth(3))
+        .collect();
+    shapes.sort_unstable();
+    assert_eq!(shapes, ["gcra", "lb", "tb_fw"], "{libraries}");
+}

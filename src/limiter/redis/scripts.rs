@@ -131,6 +131,20 @@ impl Runner {
         Ok(Some(lib))
     }
 
+    /// Loads `shape`'s library now (nothing when loaded already, Functions
+    /// are off, or the store holds its most shapes); an ACL user who may
+    /// not load Functions is no error: the general function runs.
+    pub(super) async fn prepare_shape(
+        &self,
+        conn: &Connection,
+        shape: &Shape,
+    ) -> redis::RedisResult<()> {
+        match self.shape_library(conn, shape).await {
+            Err(e) if no_functions(&e) => Ok(()),
+            done => done.map(|_| ()),
+        }
+    }
+
     /// FCALL of `shape`'s generated function (its library loaded first, and
     /// again when the server lost it); `None` when this call must run the
     /// general function instead (see [`Runner::shape_library`]).

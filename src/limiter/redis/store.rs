@@ -105,6 +105,16 @@ impl Store for RedisStore {
         reply_may_be_lost(e)
     }
 
+    async fn prepare_shapes(&self, shapes: &[Shape]) -> Result<(), RedisError> {
+        for shape in shapes {
+            self.scripts
+                .prepare_shape(&self.conn, shape)
+                .await
+                .map_err(RedisError::Load)?;
+        }
+        Ok(())
+    }
+
     fn unix_us_at(&self, now: tokio::time::Instant) -> Option<u64> {
         self.clock.at(now)
     }

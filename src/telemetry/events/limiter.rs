@@ -190,7 +190,33 @@ impl Event for SlotsNotReturned<'_> {
     }
 }
 
+/// The limiter's generated functions for the rule lists in force
+/// (`limiter::shape`) were loaded, at startup or after a reload of the
+/// limits; or could not be, and each loads with its first call.
+#[derive(Debug)]
+pub struct ShapesPrepared<'a> {
+    /// Why they could not be loaded; `None` when they were.
+    pub error: Option<&'a str>,
+}
+
+impl Event for ShapesPrepared<'_> {
+    const NAME: &'static str = "ShapesPrepared";
+
+    fn record(&self) {
+        match self.error {
+            None => {
+                tracing::debug!("loaded the limiter's generated functions for the limits in force")
+            }
+            Some(error) => tracing::warn!(
+                error,
+                "could not load the limiter's generated functions; each loads with its first call"
+            ),
+        }
+    }
+}
+
 inherent_emit!(
+    ShapesPrepared<'_>,
     LimiterCalled,
     RedisCalled,
     JobsCallCancelled<'_>,

@@ -94,7 +94,7 @@ pub use kafka::{
 };
 pub use limiter::{
     JobsCallCancelled, LimiterCallCoalesced, LimiterCalled, LimiterStateLost, LimiterUnavailable,
-    RedisCalled, SlotsNotReturned,
+    RedisCalled, ShapesPrepared, SlotsNotReturned,
 };
 pub use limits::{
     LimitsReloadRejected, LimitsReloaded, PausesRead, SellerPaused, SharedState,
