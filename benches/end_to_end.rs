@@ -42,7 +42,7 @@ use rdkafka::ClientConfig;
 use throttle_worker::config::{LimitsConfig, RuleConfig, SellerConfig, StateLayout};
 use throttle_worker::limiter::Policy;
 
-use common::redis_server::{limiter_calls, RedisServer};
+use common::redis_server::{limiter_calls, limiter_usec, RedisServer};
 use common::worker::{always_ok, job, wait_all_calling, Bench, Downstream, Running, PROBE_SELLER};
 
 const SELLERS: usize = 1_000;
@@ -139,7 +139,7 @@ async fn one_run(
     let first = arrivals.iter().map(|a| a.at).min().expect("arrivals");
     let last = arrivals.iter().map(|a| a.at).max().expect("arrivals");
     let calls = limiter_calls(redis.port);
-    let usec = redis_usec(redis.port);
+    let usec = limiter_usec(redis.port);
     worker.stop().await;
     Outcome {
         jobs_per_s: jobs as f64 / (last - first).as_secs_f64().max(1e-6),
@@ -172,25 +172,6 @@ async fn shapes(redis: &RedisServer, jobs: usize) {
             shaped.redis_us_per_job,
         );
     }
-}
-
-/// Redis' own µs in every command since the last `CONFIG RESETSTAT`
-/// (`INFO commandstats`, scripts counted once: their inner commands are
-/// inside their `usec`, so only FCALL, EVALSHA and the plain commands).
-fn redis_usec(port: u16) -> u64 {
-    let out = Command::new("redis-cli")
-        .args(["-p", &port.to_string(), "INFO", "commandstats"])
-        .output()
-        .expect("redis-cli");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| l.starts_with("cmdstat_fcall:") || l.starts_with("cmdstat_evalsha:"))
-        .filter_map(|l| {
-            l.split([':', ','])
-                .find_map(|kv| kv.strip_prefix("usec="))
-                .and_then(|v| v.parse::<u64>().ok())
-        })
-        .sum()
 }
 
 /// `E2E_STATE`: `v1`, `v2` or `v1+v2`; unset leaves `redis.state` unset.
@@ -385,7 +366,7 @@ async fn replicas_run(redis: &RedisServer, jobs: usize, n: usize) -> Outcome {
     let first = arrivals.iter().map(|a| a.at).min().expect("arrivals");
     let last = arrivals.iter().map(|a| a.at).max().expect("arrivals");
     let calls = limiter_calls(redis.port);
-    let usec = redis_usec(redis.port);
+    let usec = limiter_usec(redis.port);
     for w in workers {
         w.stop().await;
     }

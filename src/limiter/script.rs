@@ -15,10 +15,9 @@ use super::reply::{JobsReply, Reply};
 use super::rule::Rule;
 use crate::config::OnStateLoss;
 
-/// The limiter's Lua, as one library: helpers, one file per algorithm, the
-/// job-list driver, the single-call driver, then the block. It only defines
-/// functions (`limiter_call`, `block_call`); the tails below run them.
-macro_rules! library_body {
+/// What a generated shape needs ([`SHAPE_BODY`]): the helpers, one file
+/// per algorithm, the call records.
+macro_rules! shape_body {
     () => {
         concat!(
             include_str!("../../lua/common.lua"),
@@ -29,8 +28,20 @@ macro_rules! library_body {
             include_str!("../../lua/leaky_bucket.lua"),
             include_str!("../../lua/burst_fill.lua"),
             include_str!("../../lua/gcra.lua"),
-            include_str!("../../lua/slots.lua"),
             include_str!("../../lua/calls.lua"),
+        )
+    };
+}
+
+/// The limiter's Lua, as one library: [`SHAPE_BODY`], the slots, the
+/// job-list driver, the single-call driver, then the block. It only
+/// defines functions (`limiter_call`, `block_call`); the tails below run
+/// them.
+macro_rules! library_body {
+    () => {
+        concat!(
+            shape_body!(),
+            include_str!("../../lua/slots.lua"),
             include_str!("../../lua/jobs.lua"),
             include_str!("../../lua/limiter.lua"),
             include_str!("../../lua/block.lua"),
@@ -46,17 +57,7 @@ pub const LIBRARY_BODY: &str = library_body!();
 /// helpers, every algorithm (a rule edit converts from any of them) and
 /// the call records; not the general drivers, slots or the block. Each
 /// shape's library carries it, so it is kept to what they use.
-pub const SHAPE_BODY: &str = concat!(
-    include_str!("../../lua/common.lua"),
-    include_str!("../../lua/fixed_window.lua"),
-    include_str!("../../lua/sliding_window_log.lua"),
-    include_str!("../../lua/sliding_window_counter.lua"),
-    include_str!("../../lua/token_bucket.lua"),
-    include_str!("../../lua/leaky_bucket.lua"),
-    include_str!("../../lua/burst_fill.lua"),
-    include_str!("../../lua/gcra.lua"),
-    include_str!("../../lua/calls.lua"),
-);
+pub const SHAPE_BODY: &str = shape_body!();
 
 /// The limiter as an EVAL script (servers without Redis Functions, or an
 /// ACL user without `FUNCTION LOAD`). Every call runs the definitions again

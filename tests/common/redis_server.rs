@@ -123,6 +123,17 @@ impl Drop for RedisServer {
 /// Limiter calls a server has run (`FCALL` and `EVALSHA` in `INFO
 /// commandstats`, since the last `CONFIG RESETSTAT`).
 pub fn limiter_calls(port: u16) -> u64 {
+    limiter_stat(port, "calls=")
+}
+
+/// Redis' own µs in those calls (their inner commands included).
+pub fn limiter_usec(port: u16) -> u64 {
+    limiter_stat(port, "usec=")
+}
+
+/// One field of the `FCALL` and `EVALSHA` lines of `INFO commandstats`,
+/// summed.
+fn limiter_stat(port: u16, field: &str) -> u64 {
     let out = Command::new("redis-cli")
         .args(["-p", &port.to_string(), "INFO", "commandstats"])
         .output()
@@ -132,7 +143,7 @@ pub fn limiter_calls(port: u16) -> u64 {
         .filter(|l| l.starts_with("cmdstat_fcall:") || l.starts_with("cmdstat_evalsha:"))
         .filter_map(|l| {
             l.split([':', ','])
-                .find_map(|kv| kv.strip_prefix("calls="))
+                .find_map(|kv| kv.strip_prefix(field))
                 .and_then(|v| v.parse::<u64>().ok())
         })
         .sum()

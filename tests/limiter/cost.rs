@@ -107,6 +107,14 @@ async fn per_decision(port: u16, case: &str, policy: Policy) -> (f64, BTreeMap<S
     (total as f64 / (SELLERS * CALLS_PER_SELLER) as f64, by)
 }
 
+/// A gcra rule for everyone, `seller` for each of `names`.
+fn every_seller(names: &[String], seller: SellerConfig) -> Policy {
+    policy_with_sellers(
+        vec![rule("gcra", 10_000, "1m", None)],
+        names.iter().map(|n| (n.as_str(), seller.clone())).collect(),
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_decision_runs_a_bounded_number_of_redis_commands() {
     let server = RedisServer::start();
@@ -157,40 +165,24 @@ async fn each_decision_runs_a_bounded_number_of_redis_commands() {
     // release is a call of its own, not made here.
     cases.push((
         "max_in_flight".into(),
-        policy_with_sellers(
-            vec![never("gcra")],
-            names
-                .iter()
-                .map(|name| {
-                    (
-                        name.as_str(),
-                        SellerConfig {
-                            max_in_flight: Some(1_000),
-                            ..SellerConfig::default()
-                        },
-                    )
-                })
-                .collect(),
+        every_seller(
+            &names,
+            SellerConfig {
+                max_in_flight: Some(1_000),
+                ..SellerConfig::default()
+            },
         ),
         8.5,
     ));
     // No rules: TIME, HGETALL (the block and tombstones), no write.
     cases.push((
         "an unlimited seller".into(),
-        policy_with_sellers(
-            vec![never("gcra")],
-            names
-                .iter()
-                .map(|name| {
-                    (
-                        name.as_str(),
-                        SellerConfig {
-                            unlimited: true,
-                            ..SellerConfig::default()
-                        },
-                    )
-                })
-                .collect(),
+        every_seller(
+            &names,
+            SellerConfig {
+                unlimited: true,
+                ..SellerConfig::default()
+            },
         ),
         2.5,
     ));
