@@ -96,6 +96,19 @@ pub enum Command {
     /// A downstream stub: POST /registrations counts per seller (429 past
     /// --throttle), GET /stats and /jobs report.
     Stub(crate::dev::stub::StubArgs),
+    /// Shell completions for bash, zsh, fish, elvish or powershell, written
+    /// to stdout: e.g. `throttle-worker completions bash >
+    /// /etc/bash_completion.d/throttle-worker`.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Man pages, one per command (`throttle-worker.1`,
+    /// `throttle-worker-limits-show.1`, ...), written into DIR.
+    Man {
+        /// Created if missing; e.g. /usr/local/share/man/man1.
+        dir: PathBuf,
+    },
     /// Load and validate the configuration, then print the rules of every
     /// tier and named seller; exits non-zero with file, key and problem.
     CheckConfig {

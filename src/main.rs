@@ -96,6 +96,18 @@ async fn main() -> anyhow::Result<()> {
         Command::Demo(args) => Ok(demo::run(args, shutdown_signal()).await?),
         #[cfg(feature = "dev-tools")]
         Command::Stub(args) => Ok(stub::serve(args, shutdown_signal()).await?),
+        Command::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut cmd, "throttle-worker", &mut std::io::stdout());
+            Ok(())
+        }
+        Command::Man { dir } => {
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            clap_mangen::generate_to(<Cli as clap::CommandFactory>::command(), &dir)
+                .with_context(|| format!("writing man pages into {}", dir.display()))?;
+            println!("man pages written to {}", dir.display());
+            Ok(())
+        }
         Command::CheckConfig { config, json } => {
             let out = if json { Output::Json } else { Output::Table };
             print!("{}", operator::check_config(config.as_deref(), out)?);

@@ -1,6 +1,8 @@
 //! Test target `deploy`: the deployment files (`deploy::`), config errors
 //! and reference (`config::`), the command line (`cli::`), the parsers
-//! under random input (`fuzz::`) and the source's module graph (`code::`).
+//! under random input (`fuzz::`), the source's module graph (`code::`), and
+//! the book: its links and the reference pages generated from the code
+//! (`docs::`).
 
 mod cli;
 mod code;
@@ -8,4 +10,5 @@ mod common;
 mod config;
 #[path = "deploy/mod.rs"]
 mod deploy;
+mod docs;
 mod fuzz;

@@ -1,5 +1,6 @@
 //! The binary's command line: the demo, `dlq`, `limits` and `produce`.
 
+mod companions;
 mod demo;
 mod dlq;
 mod operator;

@@ -536,12 +536,13 @@ fn alerts_ship_alike_with_runbooks_and_firing_tests() {
     );
     let alerts = alert_rules(at(&file, "groups"));
     assert!(alerts.len() >= 10, "{} alerts", alerts.len());
-    let readme = read("README.md");
-    let section = readme
-        .split("\n## Alerts\n")
-        .nth(1)
-        .and_then(|rest| rest.split("\n## ").next())
-        .expect("README.md has an Alerts section");
+    // One runbook page per alert in the book, named after it.
+    let runbooks = repo().join("docs/src/operate/alerts");
+    let pages: BTreeSet<String> = std::fs::read_dir(&runbooks)
+        .expect("docs/src/operate/alerts")
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    let index = read("docs/src/operate/alerts.md");
     let tests = super::yaml_file("deploy/prometheus/alerts.test.yml");
     let cases: Vec<&serde_json::Value> = at(&tests, "tests")
         .as_array()
@@ -570,14 +571,18 @@ fn alerts_ship_alike_with_runbooks_and_firing_tests() {
             "{name}: summary {summary:?} names no label"
         );
         let url = at(a, "annotations.runbook_url").as_str().unwrap_or("");
-        let anchor = name.to_lowercase();
+        let page = format!("docs/src/operate/alerts/{name}.md");
         assert!(
-            url.ends_with(&format!("README.md#{anchor}")),
-            "{name}: runbook_url {url:?} is not README.md#{anchor}"
+            url.ends_with(&page),
+            "{name}: runbook_url {url:?} is not the book's {page}"
         );
         assert!(
-            section.contains(&format!("\n### {name}\n")),
-            "{name}: no `### {name}` runbook in README.md's Alerts section"
+            read(&page).starts_with(&format!("# {name}\n")),
+            "{name}: {page} does not start with `# {name}`"
+        );
+        assert!(
+            index.contains(&format!("(alerts/{name}.md)")),
+            "{name}: not in the alert index, docs/src/operate/alerts.md"
         );
         let fires = cases.iter().any(|c| {
             at(c, "alertname").as_str() == Some(name)
@@ -588,10 +593,11 @@ fn alerts_ship_alike_with_runbooks_and_firing_tests() {
         assert!(fires, "{name}: no promtool test case where it fires");
     }
     // No runbook for an alert that no longer exists.
-    for heading in section.lines().filter_map(|l| l.strip_prefix("### ")) {
+    for page in &pages {
+        let alert = page.trim_end_matches(".md");
         assert!(
-            names.contains(heading),
-            "README.md's Alerts section has a runbook {heading:?} for no alert"
+            names.contains(alert),
+            "docs/src/operate/alerts/{page} is a runbook for no alert"
         );
     }
 }

@@ -18,10 +18,14 @@ use throttle_worker::limiter::{
 
 const PASSWORD: &str = "acl-s3cret-Pw";
 
-/// The README's ACL line, with the password and the key prefix of the test.
+/// The book's ACL line (docs/src/deploy/redis.md), with the password and
+/// the key prefix of the test.
 fn readme_acl(prefix: &str) -> Vec<String> {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("README.md");
+    let readme = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/src/deploy/redis.md"
+    ))
+    .expect("docs/src/deploy/redis.md");
     let start = readme.find("<!-- redis-acl:start -->").expect("ACL marker");
     let end = readme
         .find("<!-- redis-acl:end -->")
@@ -68,7 +72,7 @@ async fn the_readme_acl_user_runs_the_worker_and_nothing_more() {
     let server = RedisServer::start();
     let prefix = "twacl";
     let reply = redis_cli(server.port, &readme_acl(prefix));
-    assert_eq!(reply, "OK", "ACL SETUSER from the README: {reply}");
+    assert_eq!(reply, "OK", "ACL SETUSER from the book: {reply}");
 
     let store = open(server.port, PASSWORD, prefix)
         .await
@@ -76,7 +80,7 @@ async fn the_readme_acl_user_runs_the_worker_and_nothing_more() {
     assert_eq!(
         store.scripts(),
         throttle_worker::limiter::Scripts::Functions,
-        "the README's user may load and call the Functions library"
+        "the book's user may load and call the Functions library"
     );
     let policy = crate::common::policy(
         vec![
@@ -96,7 +100,7 @@ async fn the_readme_acl_user_runs_the_worker_and_nothing_more() {
     let fresh = format!("{prefix}:new");
     let layout = throttle_worker::limiter::layout::resolve(&store, &fresh, None, true)
         .await
-        .expect("the README's user may read and write the layout marker");
+        .expect("the book's user may read and write the layout marker");
     assert_eq!(layout_of(layout), "v2", "redis.state unset");
 
     // Nothing more: keys outside the prefix are refused...
