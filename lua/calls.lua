@@ -33,7 +33,7 @@
 -- kept at least that long (`calls_hold`).
 --
 -- Not covered: v1 (no seller hash; the legacy layout, see
--- docs/limiter-state-v2.md) and requests whose block token is '-' or '='
+-- docs/src/internals/limiter-state.md) and requests whose block token is '-' or '='
 -- (the global rules' own call in cluster topology, shadow rules). Their
 -- cancel answers 0 and writes nothing. (Versions before issue 37 kept
 -- the records in a sorted set of the seller's own, `prefix:{seller}:calls`,

@@ -217,7 +217,7 @@ end
 -- Every request is read and checked before any is decided, so a bad
 -- request refuses the whole call with nothing charged. (One MGET of every
 -- block key instead of a GET each measured no gain, about 1 %, and would
--- add a command to the ACL operators have granted: see the README.)
+-- add a command to the ACL operators have granted: see docs/src/deploy/redis.md.)
 local function run_jobs(KEYS, ARGV, op, now, real)
   local charge = op == 'jobs'
   local nreq = tonumber(ARGV[3])

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Does the README's test command pass on a bare Debian 12 with only a Rust
+# Does the test command (CONTRIBUTING.md) pass on a bare Debian 12 with only a Rust
 # toolchain? Builds a minimal bookworm (debootstrap --variant=minbase) in
 # DIR, lists which of the tools the build and the tests call it lacks, then
 # runs scripts/test.sh in it as a newcomer would: it installs the Debian
@@ -50,7 +50,7 @@ echo "=== what a bare bookworm lacks"
 for c in cc make pkg-config python3 perl redis-server redis-cli kill openssl promtool prometheus kubectl cargo-deny cargo-nextest; do
   in_root "type -P $c >/dev/null" && echo "  has $c" || echo "  lacks $c"
 done
-echo "=== scripts/test.sh (the README's test command), timed"
+echo "=== scripts/test.sh (CONTRIBUTING.md's test command), timed"
 start=$(date +%s)
 in_root "cd $repo && (scripts/install-deps.sh && (update-ca-certificates >/dev/null 2>&1 || true)) && scripts/test.sh"
 echo "=== a bare bookworm passes the test command: $(( $(date +%s) - start )) s"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# An incident on one machine, with the README's runbook commands ("Incidents"):
+# An incident on one machine, with the book's runbook commands (docs/src/operate/incidents.md):
 # the mock Kafka broker, a downstream stub, two worker replicas and a load.
 #
 #  1. The downstream fails one seller's registrations (stub --fail): its

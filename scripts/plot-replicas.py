@@ -2,7 +2,7 @@
 """Plots jobs/s against replicas from `cargo bench --bench end_to_end` output.
 
     cargo bench --bench end_to_end | tee e2e.txt
-    python3 scripts/plot-replicas.py e2e.txt docs/replicas.png   # needs matplotlib
+    python3 scripts/plot-replicas.py e2e.txt docs/src/images/replicas.png   # needs matplotlib
 
 Reads the "Jobs/s against replicas" table (its markdown rows) and draws
 jobs/s per replica count, with the single replica's rate times the count

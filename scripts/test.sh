@@ -43,7 +43,7 @@ exec scripts/with-redis.sh bash -c '
   printf "\n=== cargo clippy --no-default-features\n"
   cargo clippy --no-default-features -- -D warnings
   # Licenses, duplicate crates and sources against deny.toml; no network
-  # (advisories need a database CI cannot fetch: see the README).
+  # (advisories need a database CI cannot fetch: see CONTRIBUTING.md).
   printf "\n=== cargo deny check licenses bans sources\n"
   cargo deny check licenses bans sources
   printf "\n=== cargo nextest run --profile ci (REDIS_URL=%s, PROPTEST_RNG_SEED=%s)\n" "$REDIS_URL" "$PROPTEST_RNG_SEED"

@@ -1,6 +1,6 @@
 //! `throttle-worker dlq replay`: the matching dead letters written back to
 //! the jobs topic, each exactly once, however often the replay is killed
-//! and run again (see docs/dlq-replay.md for why not Kafka transactions).
+//! and run again (see docs/src/internals/dlq-replay.md for why not Kafka transactions).
 //!
 //! A replayed record keeps its key, its value byte for byte (so its job id,
 //! and the downstream's `Idempotency-Key`, stay the same) and its trace

@@ -28,7 +28,7 @@
 //! checked so: a topic deleted and created again within the ledger's life
 //! (7 days after its last write), whose old partition never had a commit
 //! accepted, would have records skipped. Delete the ledger key with the
-//! topic (README "Failure modes").
+//! topic (the book: docs/src/concepts/guarantees.md, "Failure modes").
 
 use super::done_ranges::{self, Ranges};
 use super::offsets::Commit;

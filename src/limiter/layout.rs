@@ -8,7 +8,7 @@
 //! a layout read from Redis can vanish between two replicas' starts, and
 //! two layouts side by side are two limiters, each admitting up to the
 //! limit. Moving from `v1` is explicit: `redis.state = "v1+v2"`, then `v2`
-//! (README "Limiter state").
+//! (the book: docs/src/internals/limiter-state.md).
 //!
 //! Every worker writes the layout it runs to the marker `{key_prefix}:layout`
 //! at start. The marker never chooses a layout. It only stops an unset
@@ -47,7 +47,7 @@ impl Why {
 #[derive(Debug, thiserror::Error)]
 pub enum MarkerConflict {
     /// A replica of this install ran `v1`.
-    #[error("redis.state is not set (v2 by default), but the layout marker {key} says \"v1\": a replica of this install runs the v1 layout, and a v2 replica beside it would be a second limiter (both admitting up to each limit). Set redis.state = \"v1\" to run with it, or move through \"v1+v2\" (README \"Limiter state\"); once no replica runs v1, set redis.state = \"v2\"")]
+    #[error("redis.state is not set (v2 by default), but the layout marker {key} says \"v1\": a replica of this install runs the v1 layout, and a v2 replica beside it would be a second limiter (both admitting up to each limit). Set redis.state = \"v1\" to run with it, or move through \"v1+v2\" (the book's \"Upgrading\" page, docs/src/operate/upgrading.md); once no replica runs v1, set redis.state = \"v2\"")]
     V1 { key: String },
     /// A marker this release cannot read (written by a newer one).
     #[error("redis.state is not set, and the layout marker {key} says {value:?}, which this release does not know (a newer release's layout?): set redis.state")]

@@ -242,7 +242,7 @@ fn watch(
     }
     // SIGHUP's default action ends the process: with nothing to reload it
     // must still be caught, or a `kill -HUP` meant as "reload" (the
-    // README's advice) kills a worker that watches no file.
+    // the book's advice, docs/src/deploy/kubernetes.md) kills a worker that watches no file.
     #[cfg(unix)]
     reload::ignore_hangup().map_err(reload::ReloadError::Signal)?;
     Ok(None)

@@ -1,4 +1,4 @@
-//! `throttle-worker demo` through the binary, as the README runs it: a
+//! `throttle-worker demo` through the binary, as the book runs it (docs/src/start/demo.md): a
 //! short run passes its own checks and leaves no replica behind; a run
 //! whose stub miscounts on purpose fails them, naming the cause.
 //!

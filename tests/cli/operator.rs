@@ -1,4 +1,4 @@
-//! The operator commands' output, as the README promises it (issues 8 and
+//! The operator commands' output, as the book promises it (issues 8 and
 //! 12): `check-config` prints the resolved rules per tier and named seller
 //! (table and JSON) and exits non-zero naming file, key and problem;
 //! `limits peek` answers without charging.

@@ -521,7 +521,7 @@ fn alert_rules(groups: &serde_json::Value) -> Vec<serde_json::Value> {
 }
 
 /// The PrometheusRule is the alerts file, each alert has a severity, a
-/// summary and a runbook that exists in README.md, and the promtool unit
+/// summary and a runbook page in the book (docs/src/operate/alerts/), and the promtool unit
 /// test makes each one fire (promtool itself checks that it does:
 /// scripts/check-deploy.sh).
 #[test]

@@ -61,7 +61,7 @@ pub fn load_text(file: &str, text: &str) -> Result<Vec<Manifest>, String> {
 /// A pod name as the Deployment's pods get them, for `metadata.name`.
 pub const SAMPLE_POD_NAME: &str = "throttle-worker-7d9c6b5f4-x2k8q";
 
-/// RSS beyond `worker.max_buffered_bytes` (README "Failure modes"):
+/// RSS beyond `worker.max_buffered_bytes` (docs/src/concepts/guarantees.md):
 /// librdkafka's buffers at their defaults (`queued.max.messages.kbytes`
 /// 64 MiB + `fetch.max.bytes` 50 MiB) plus about 30 MiB of the process.
 pub const RSS_OVERHEAD_BYTES: u64 = (64 + 50 + 30) << 20;
@@ -559,7 +559,7 @@ pub fn check(
                     let md = at(t, "metadata");
                     // Lag no replica can move must not scale out: stuck
                     // partitions and those whose every job waits for a
-                    // limit (deploy/README.md, "Autoscaling").
+                    // limit (docs/src/deploy/autoscaling.md).
                     for (key, want) in [
                         ("excludePersistentLag", "true"),
                         ("limitToPartitionsWithLag", "true"),

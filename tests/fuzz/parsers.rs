@@ -10,7 +10,7 @@
 //!
 //! `FUZZ_CASES` sets the cases of the parser targets (the config targets run
 //! 1/20 and 1/100 of it; default 2000, a few seconds in
-//! CI). docs/fuzzing.md has the command for a run of 10 million inputs.
+//! CI). docs/src/internals/fuzzing.md has the command for a run of 10 million inputs.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 

@@ -313,7 +313,7 @@ async fn a_busy_sellers_records_stay_bounded_in_its_hash() {
 
 /// v1 keeps no seller hash to record calls in: a cancel does nothing and
 /// the call charges as before (the legacy layout is not covered; roll to
-/// v2 through v1+v2, README "Limiter state").
+/// v2 through v1+v2, docs/src/internals/limiter-state.md).
 #[tokio::test]
 async fn v1_records_nothing() {
     let mut b = Bench::new(StateLayout::V1, vec![rule_of(Algorithm::FixedWindow)]).await;

@@ -782,7 +782,7 @@ async fn global_rules_on_a_single_redis_share_one_budget_across_sellers() {
     }
 }
 
-/// The README's Redis sizing: one seller's state is 136 B to 184 B per
+/// The book's Redis sizing (docs/src/deploy/redis.md): one seller's state is 136 B to 184 B per
 /// rule, 3.7 KB for a sliding log of 100 (`MEMORY USAGE`, which counts
 /// the key, the value and Redis' overhead). Checked within a band (a fifth
 /// either side: allocator and encoding details vary between Redis builds)
@@ -820,7 +820,7 @@ async fn state_per_seller_is_within_the_readme_figures() {
     for (k, bytes) in &sizes {
         assert!(
             (136 * 4 / 5..=184 * 6 / 5).contains(bytes),
-            "{k}: {bytes} B, README says 136 B to 184 B per rule: {sizes:?}"
+            "{k}: {bytes} B, the book says 136 B to 184 B per rule: {sizes:?}"
         );
     }
     // A sliding log holds one entry per call in its window: 100 of them.
@@ -848,6 +848,6 @@ async fn state_per_seller_is_within_the_readme_figures() {
     println!("state per rule: {sizes:?}; sliding log of 100: {bytes} B");
     assert!(
         (3_700 * 4 / 5..=3_700 * 6 / 5).contains(&bytes),
-        "a sliding log of 100: {bytes} B, README says 3.7 KB"
+        "a sliding log of 100: {bytes} B, the book says 3.7 KB"
     );
 }

@@ -1,5 +1,5 @@
-//! The Redis user the README gives the workers (issue 11): created with the
-//! README's own `ACL SETUSER` line on a private `redis-server`, it can do
+//! The Redis user the book gives the workers (issue 11): created with the
+//! book's own `ACL SETUSER` line on a private `redis-server`, it can do
 //! everything a worker and the operator commands do (limiter calls, job
 //! lists, a 429 block, overrides, a reset), and no more: a key outside the
 //! prefix is refused, and so is a wrong password, without the password in

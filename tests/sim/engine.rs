@@ -672,7 +672,7 @@ fn a_60_s_downstream_outage_dead_letters_nothing_and_resumes_within_5_s() {
 /// (one consumer for the jobs topic and one for the tiers each), one seller
 /// with a backlog of 1,200 jobs under a 20/s sliding log, a random replica
 /// killed (kill -9) and started again every 8 s, on the mock broker's
-/// timings (`tests/sim/fleet.rs`). The same run as the README's table from
+/// timings (`tests/sim/fleet.rs`). The same run as the book's table from
 /// `tests/worker/processes.rs` on the mock; this one replays exactly.
 #[test]
 fn a_fleet_through_a_kill_loop_keeps_every_invariant_and_cooperative_redoes_less() {

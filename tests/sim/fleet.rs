@@ -6,7 +6,7 @@
 //! limit.
 //!
 //! The coordinator follows librdkafka's mock broker, whose figures the
-//! README reports beside these: a killed member is noticed after the session
+//! book (docs/src/deploy/kafka.md) reports beside these: a killed member is noticed after the session
 //! timeout, and its restarted self joins at once but is given partitions
 //! only when that rebalance completes.
 //! - Eager (`range`): at the first heartbeat after a join (`heartbeat_ms`),

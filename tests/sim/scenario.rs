@@ -271,7 +271,7 @@ impl Scenario {
             }
         }
         // Redis loses its data: not in v1, which the loss guard does not
-        // cover (README "Redis data loss").
+        // cover (docs/src/concepts/guarantees.md, "Redis data loss").
         let mut l = StdRng::seed_from_u64(seed ^ LOSS_SALT);
         if sc.state != StateLayout::V1 && l.random_bool(0.3) {
             for _ in 0..l.random_range(1..=2) {

@@ -675,7 +675,7 @@ const CRASH_LOOP_RULES: &str =
 ///
 /// `CRASH_LOOP_MEMBERSHIP` = `cooperative` (the default protocol),
 /// `eager` (`range`) or `kip848` (`group.protocol = consumer`) measures the
-/// README's table of membership protocols ("Rebalances and restarts").
+/// book's table of membership protocols (docs/src/deploy/kafka.md, "Rebalances and restarts").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_loop_kill_9_a_random_replica_repeatedly_loses_and_over_admits_nothing() {
     let env = |k: &str, d: u64| {

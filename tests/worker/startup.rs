@@ -1,4 +1,4 @@
-//! The startup checks the README promises: Redis (PING and script load),
+//! The startup checks the book promises: Redis (PING and script load),
 //! Kafka (metadata of the jobs topic, every retry tier and the dead-letter
 //! topic), the downstream URL and the HTTP listener each stop a worker that
 //! cannot work, with an error naming the setting and what to fix; and a

@@ -7,7 +7,7 @@
 //! admits 40 more in the same window, 60 in all. In state v2 the key names
 //! the rule's place, and the new rule's first call converts what it finds
 //! there with [`convert`]. This model is the specification the Lua of v2 is
-//! to follow (see `docs/limiter-state-v2.md`).
+//! to follow (see `docs/src/internals/limiter-state.md`).
 //!
 //! What an edit does, per case:
 //! - **The same window algorithm and period** (`fixed_window`,

@@ -201,7 +201,7 @@ impl RedisStore {
             .map_err(RedisError::Script)
     }
 
-    /// `MEMORY USAGE key`: bytes a key takes, for the README's per-seller
+    /// `MEMORY USAGE key`: bytes a key takes, for the book's per-seller
     /// figures and the demo. `None` when the key does not exist.
     pub async fn memory_usage(&self, key: &str) -> Result<Option<u64>, RedisError> {
         let mut conn = self.conn.get();
