@@ -3,6 +3,7 @@
 //! the code generates today (`references`; `THROTTLE_DOCS_BLESS=1` rewrites
 //! them).
 
+mod examples;
 mod links;
 mod references;
 
