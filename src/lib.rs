@@ -8,6 +8,9 @@
 //!   dispatches), so tests can check a command line.
 //! - [`config`]: settings from `config/default.toml`, a file and the
 //!   environment; errors name the file and key. Leaf module.
+//! - [`dead_letter`]: the reason kinds of dead letters, the one list the
+//!   worker assigns from, `dlq --reason` accepts and the docs describe.
+//!   Leaf module.
 //! - [`job`]: the job envelope and its parsing; a bad record gets a reason
 //!   fit for the dead-letter header.
 //! - [`limiter`]: rules, typed decisions, reference models and the Redis glue
@@ -61,6 +64,7 @@
 pub mod backoff;
 pub mod cli;
 pub mod config;
+pub mod dead_letter;
 #[cfg(feature = "dev-tools")]
 pub mod dev;
 pub mod dlq;
