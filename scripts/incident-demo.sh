@@ -70,7 +70,7 @@ cfg=$tmp/worker.toml
 cat >"$cfg" <<EOF
 [kafka]
 topic = "jobs"
-retry_topic = "jobs.retry"
+retry_topic_prefix = "jobs.retry"
 dlq_topic = "jobs.dlq"
 commit_interval = "500ms"
 
@@ -86,7 +86,7 @@ key_prefix = "incident-demo-$$"
 [downstream]
 max_attempts = 3
 backoff_base = "50ms"
-backoff_max = "200ms"
+max_backoff = "200ms"
 
 [http]
 listen = "127.0.0.1:0"

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use super::env::Variables;
 use super::error::Invalid;
+use super::renames::{self, Deprecation};
 use super::{ConfigError, Settings};
 
 /// The defaults every deployment starts from, compiled in so that the binary
@@ -20,6 +21,9 @@ pub const DEFAULT_NAME: &str = "config/default.toml";
 /// Loaded settings, with what is needed to say where a value came from.
 pub struct Loaded {
     pub settings: Settings,
+    /// The old key names the sources used ([`renames::RENAMED`]): they
+    /// loaded under the new names; `run` logs these, `check-config` prints them.
+    pub deprecations: Vec<Deprecation>,
     /// Each source on its own, in merge order, to find where a key was set.
     layers: Vec<(String, config::Config)>,
 }
@@ -46,14 +50,15 @@ impl Loaded {
 }
 
 /// The last layer that sets `key` (or, for a missing key, its nearest
-/// parent) is the one that won the merge.
+/// parent) is the one that won the merge. A renamed key counts under its
+/// old name too.
 fn origin(layers: &[(String, config::Config)], key: &str) -> String {
     let mut probe = key.to_owned();
     loop {
-        let found = layers
-            .iter()
-            .rev()
-            .find(|(_, layer)| layer.get::<config::Value>(&probe).is_ok());
+        let sets = |layer: &config::Config, key: &str| layer.get::<config::Value>(key).is_ok();
+        let found = layers.iter().rev().find(|(_, layer)| {
+            sets(layer, &probe) || renames::old_name(&probe).is_some_and(|old| sets(layer, old))
+        });
         if let Some((name, _)) = found {
             return name.clone();
         }
@@ -144,14 +149,24 @@ fn merge(
         .add_source(env.clone())
         .build()
         .map_err(|e| from_config_error(e, &files))?;
-    let settings: Settings = merged.try_deserialize().map_err(|e| {
+    // Old key names move to the new ones before serde reads the tree.
+    let mut tree = merged
+        .try_deserialize::<config::Map<String, config::Value>>()
+        .map_err(|e| from_config_error(e, &files))?;
+    let deprecations = renames::apply(&mut tree, &layers)?;
+    let tree = config::Value::new(None, config::ValueKind::Table(tree));
+    let settings: Settings = tree.try_deserialize().map_err(|e| {
         let mut err = from_config_error(e, &files);
         if err.key != "-" {
             err.file = origin(&layers, &err.key);
         }
         err
     })?;
-    Ok(Loaded { settings, layers })
+    Ok(Loaded {
+        settings,
+        deprecations,
+        layers,
+    })
 }
 
 /// A limits file holds `[limits]` and nothing else, and names no further
