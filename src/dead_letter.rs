@@ -133,7 +133,9 @@ impl FromStr for DeadLetterKind {
         DeadLetterKind::ALL
             .into_iter()
             .find(|k| k.name() == s)
-            .ok_or_else(|| UnknownKind { given: s.to_owned() })
+            .ok_or_else(|| UnknownKind {
+                given: s.to_owned(),
+            })
     }
 }
 

@@ -59,13 +59,19 @@ impl DownstreamSettings {
         error::at_least_one(&[
             ("downstream.concurrency", self.concurrency as u64),
             ("downstream.max_attempts", u64::from(self.max_attempts)),
-            ("downstream.outage_after_failures", u64::from(self.outage_after_failures)),
+            (
+                "downstream.outage_after_failures",
+                u64::from(self.outage_after_failures),
+            ),
         ])?;
         error::longer_than_zero(&[
             ("downstream.timeout", self.timeout),
             ("downstream.backoff_base", self.backoff_base),
             ("downstream.max_retry_after", self.max_retry_after),
-            ("downstream.max_outage_probe_interval", self.max_outage_probe_interval),
+            (
+                "downstream.max_outage_probe_interval",
+                self.max_outage_probe_interval,
+            ),
         ])?;
         // The worker adds this to `Instant::now()`; an absurd value (a typo
         // such as "1000000y") would bring back the overflow the clamp exists

@@ -349,4 +349,95 @@ mod tests {
         assert_eq!(e.key, "limits.file");
         assert!(e.problem.contains("no such file"), "{e}");
     }
+
+    /// Issue 35: an old key name loads, from a file or from its variable,
+    /// with a warning naming where, the old key and the new one.
+    #[test]
+    fn an_old_key_name_loads_with_a_deprecation() {
+        let f = file("[downstream]\noutage_after = 7\n\n[kafka]\nretry_topic = \"r\"\n");
+        let loaded = load_from(Some(f.path()), Vec::new()).unwrap();
+        assert_eq!(loaded.settings.downstream.outage_after_failures, 7);
+        assert_eq!(loaded.settings.kafka.retry_topic_prefix, "r");
+        let shown = f.path().display().to_string();
+        let found: Vec<String> = loaded.deprecations.iter().map(|d| d.to_string()).collect();
+        assert_eq!(
+            found,
+            [
+                format!("{shown}: downstream.outage_after is deprecated and will be removed; rename it to downstream.outage_after_failures"),
+                format!("{shown}: kafka.retry_topic is deprecated and will be removed; rename it to kafka.retry_topic_prefix"),
+            ]
+        );
+
+        let env = vec![("THROTTLE__REDIS__COALESCE_MAX".to_owned(), "9".to_owned())];
+        let loaded = load_from(None, env).unwrap();
+        assert_eq!(loaded.settings.redis.max_coalesced, 9);
+        let d = &loaded.deprecations[0];
+        assert_eq!(
+            (d.old, d.new),
+            ("redis.coalesce_max", "redis.max_coalesced")
+        );
+        let text = d.to_string();
+        assert!(
+            text.contains("environment variable THROTTLE__REDIS__COALESCE_MAX")
+                && text.contains("THROTTLE__REDIS__MAX_COALESCED"),
+            "{text}"
+        );
+        assert!(load_from(None, Vec::new()).unwrap().deprecations.is_empty());
+    }
+
+    #[test]
+    fn an_old_and_a_new_name_together_are_refused_naming_both() {
+        let f = file("[downstream]\nbackoff_max = \"1s\"\nmax_backoff = \"2s\"\n");
+        let e = load_from(Some(f.path()), Vec::new())
+            .err()
+            .expect("both set");
+        assert_eq!(e.file, f.path().display().to_string());
+        assert!(
+            e.to_string().contains("downstream.backoff_max")
+                && e.to_string().contains("downstream.max_backoff"),
+            "{e}"
+        );
+        // One in the file, the other in the environment.
+        let f = file("[redis]\nunready_after = 2\n");
+        let env = vec![(
+            "THROTTLE__REDIS__UNREADY_AFTER_FAILURES".to_owned(),
+            "3".to_owned(),
+        )];
+        let e = load_from(Some(f.path()), env).err().expect("both set");
+        assert!(e.file.contains("environment"), "{e}");
+        assert!(e.problem.contains("redis.unready_after_failures"), "{e}");
+    }
+
+    /// A bad value under an old name is blamed on the file that wrote it.
+    #[test]
+    fn a_bad_value_under_an_old_name_names_its_file() {
+        let f = file("[downstream]\noutage_probe_max = \"soon\"\n");
+        let e = load_from(Some(f.path()), Vec::new())
+            .err()
+            .expect("bad duration");
+        assert_eq!(e.file, f.path().display().to_string(), "{e}");
+        assert!(e.problem.contains("invalid duration"), "{e}");
+    }
+
+    #[test]
+    fn sizes_take_units_and_a_bad_one_names_file_and_key() {
+        let f = file("[worker]\nmax_buffered_bytes = \"256MiB\"\nmax_payload_bytes = \"64KiB\"\n");
+        let s = load_from(Some(f.path()), Vec::new()).unwrap().settings;
+        assert_eq!(s.worker.max_buffered_bytes, 268_435_456);
+        assert_eq!(s.worker.max_payload_bytes, 65_536);
+        let env = vec![(
+            "THROTTLE__WORKER__MAX_PAYLOAD_BYTES".to_owned(),
+            "1MB".to_owned(),
+        )];
+        let s = load_from(None, env).unwrap().settings;
+        assert_eq!(s.worker.max_payload_bytes, 1_000_000);
+
+        let f = file("[worker]\nmax_buffered_bytes = \"12 parsecs\"\n");
+        let e = load_from(Some(f.path()), Vec::new())
+            .err()
+            .expect("bad size");
+        assert_eq!(e.file, f.path().display().to_string(), "{e}");
+        assert_eq!(e.key, "worker.max_buffered_bytes", "{e}");
+        assert!(e.problem.contains("unknown unit \"parsecs\""), "{e}");
+    }
 }

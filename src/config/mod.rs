@@ -58,10 +58,10 @@ pub use error::ConfigError;
 pub use kafka::{tier_label, KafkaSettings, RetryTier, MAX_RETRY_TIER};
 pub use limits::{LimitsConfig, RuleConfig, SellerConfig};
 pub use load::{load, load_from, Loaded, DEFAULT_NAME, DEFAULT_TOML};
-pub use renames::{Deprecation, RENAMED};
-pub use size::{parse_size, SizeError};
 pub use redact::{is_secret_property, redact_url};
+pub use renames::{Deprecation, RENAMED};
 pub use settings::{HttpSettings, Settings, COPY_OVERHEAD_BYTES};
+pub use size::{parse_size, SizeError};
 pub use worker::WorkerSettings;
 // `self::`: there is a `redis` crate too.
 pub use self::redis::{

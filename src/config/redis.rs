@@ -197,7 +197,10 @@ impl RedisSettings {
             ));
         }
         error::at_least_one(&[
-            ("redis.unready_after_failures", u64::from(self.unready_after_failures)),
+            (
+                "redis.unready_after_failures",
+                u64::from(self.unready_after_failures),
+            ),
             ("redis.max_coalesced", self.max_coalesced as u64),
         ])?;
         error::longer_than_zero(&[("redis.timeout", self.timeout)])?;

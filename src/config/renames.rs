@@ -24,14 +24,20 @@ pub const RENAMED: &[(&str, &str)] = &[
     ),
     // Counts say what they count.
     ("redis.unready_after", "redis.unready_after_failures"),
-    ("downstream.outage_after", "downstream.outage_after_failures"),
+    (
+        "downstream.outage_after",
+        "downstream.outage_after_failures",
+    ),
     // A prefix: the tier topics are `{prefix}.{tier}`.
     ("kafka.retry_topic", "kafka.retry_topic_prefix"),
 ];
 
 /// The old name of `key`, if it was renamed.
 pub(super) fn old_name(key: &str) -> Option<&'static str> {
-    RENAMED.iter().find(|(_, new)| *new == key).map(|(old, _)| *old)
+    RENAMED
+        .iter()
+        .find(|(_, new)| *new == key)
+        .map(|(old, _)| *old)
 }
 
 /// An old key name found in a layer; it loaded, under its new name.
@@ -103,9 +109,7 @@ pub(super) fn apply(
             return Err(ConfigError {
                 file: files.join(" + "),
                 key: old.to_owned(),
-                problem: format!(
-                    "both {old} (the old name) and {new} are set; keep only {new}"
-                ),
+                problem: format!("both {old} (the old name) and {new} are set; keep only {new}"),
             });
         }
         if let Some(value) = take(merged, old) {

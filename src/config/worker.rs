@@ -6,8 +6,8 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::duration::human_duration;
-use super::size::human_size;
 use super::error::{self, Invalid};
+use super::size::human_size;
 
 /// Upper bound of `worker.shutdown_timeout`.
 const MAX_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(3600);

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::dead_letter::DeadLetterKind;
 use crate::backoff::backoff_with;
+use crate::dead_letter::DeadLetterKind;
 use crate::downstream::{Answer, RetryAfter};
 use crate::kafka::consumer::{Origin, TopicPartition};
 use crate::telemetry::events::{
