@@ -54,7 +54,7 @@
 //!   names it, for the tools' subcommands, under the feature.
 //!   - `dev::demo`: `throttle-worker demo`, the whole pipeline on one
 //!     machine (mock broker, stub, replicas as child processes, load, live
-//!     view, a summary that checks the limits held), and `limits demo`.
+//!     view, a summary that checks the limits held), and `limiter-demo`.
 //!   - `dev::load`: the load generator behind `throttle-worker produce`.
 //!   - `dev::stub`: `throttle-worker stub`, a downstream that counts per
 //!     seller and can answer 429 (the demo's, and docker-compose's).

@@ -101,7 +101,7 @@ fn check_config_names_file_key_and_problem_and_exits_non_zero() {
         "[limits.sellers]\n\"s\" = { tier = \"missing\" }\n",
     );
     let out = run(&["check-config"], &path);
-    assert!(!out.status.success());
+    assert_eq!(out.status.code(), Some(3), "an invalid config: {out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("operator.toml")
@@ -178,14 +178,14 @@ global = [{ algorithm = "gcra", limit = 1000, period = "1s" },
     );
 }
 
-/// `limits demo`: for every algorithm, 8 requests at once under "5 per
+/// `limiter-demo`: for every algorithm, 8 requests at once under "5 per
 /// second, burst 5": the first five granted, then refusals with a
 /// retry-after of at most two periods, then one more request at that retry-after,
 /// granted; and the bytes the seller's state takes in Redis.
 #[test]
-fn limits_demo_shows_every_algorithm_grant_refuse_and_retry() {
+fn limiter_demo_shows_every_algorithm_grant_refuse_and_retry() {
     let out = Command::new(env!("CARGO_BIN_EXE_throttle-worker"))
-        .args(["limits", "demo", "--redis-url", &crate::common::redis_url()])
+        .args(["limiter-demo", "--redis-url", &crate::common::redis_url()])
         .output()
         .expect("run throttle-worker");
     let text = stdout_of(&out);
@@ -287,4 +287,107 @@ default = [{ algorithm = "fixed_window", limit = 100, period = "1m" }]
         table.contains("calls in flight: 1 of max_in_flight 2"),
         "{table}"
     );
+}
+
+/// Issue 35: `limits reset` acts on every replica at once. Off a terminal
+/// (the test's stdin is closed) it needs --yes: without it, exit 4 and the
+/// seller's state stays; --dry-run lists the keys and changes nothing;
+/// with --yes the state is gone.
+#[tokio::test]
+async fn reset_off_a_terminal_needs_yes_and_a_dry_run_changes_nothing() {
+    use throttle_worker::limiter::{Mode, Request};
+    let prefix = crate::common::unique_prefix("opcli-reset");
+    let dir = tempfile::tempdir().unwrap();
+    let path = config(dir.path(), &prefix, LIMITS);
+    // Charge 2 of the seller's 3 a minute.
+    let limiter = throttle_worker::operator::open_limiter(Some(&path))
+        .await
+        .unwrap();
+    limiter
+        .check(Request::new("s", 2, Mode::AllOrNothing))
+        .await
+        .unwrap();
+    let remaining = || {
+        let shown = stdout_of(&run(&["limits", "show", "s", "--json"], &path));
+        let v: serde_json::Value = serde_json::from_str(&shown).unwrap();
+        v["rules"][0]["remaining"].as_u64().unwrap()
+    };
+    assert_eq!(remaining(), 1);
+
+    let out = run(&["limits", "reset", "s"], &path);
+    assert_eq!(out.status.code(), Some(4), "declined: {out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--yes"), "the refusal names the flag: {err}");
+    assert_eq!(remaining(), 1, "a declined reset changes nothing");
+
+    let plan = stdout_of(&run(&["limits", "reset", "s", "--dry-run", "--json"], &path));
+    let plan: serde_json::Value = serde_json::from_str(&plan).unwrap();
+    assert_eq!(plan["dry_run"], true, "{plan}");
+    assert!(
+        !plan["held_state"].as_array().unwrap().is_empty(),
+        "the seller's state is listed: {plan}"
+    );
+    let table = stdout_of(&run(&["limits", "reset", "s", "--dry-run"], &path));
+    assert!(table.contains("holds state"), "{table}");
+    assert_eq!(remaining(), 1, "a dry run changes nothing");
+
+    stdout_of(&run(&["limits", "reset", "s", "--yes"], &path));
+    assert_eq!(remaining(), 3, "with --yes the state is cleared");
+}
+
+/// `limits pause --all` stops the whole fleet: off a terminal it needs
+/// --yes (exit 4 without, no pause written); --dry-run prints the pause
+/// and writes nothing; a seller's own pause needs no confirmation.
+#[tokio::test]
+async fn pause_all_off_a_terminal_needs_yes_and_a_dry_run_writes_nothing() {
+    let prefix = crate::common::unique_prefix("opcli-pause");
+    let dir = tempfile::tempdir().unwrap();
+    let path = config(dir.path(), &prefix, LIMITS);
+    let paused = || {
+        let shown = stdout_of(&run(&["limits", "show", "s", "--json"], &path));
+        let v: serde_json::Value = serde_json::from_str(&shown).unwrap();
+        !v["paused"].is_null()
+    };
+
+    let out = run(&["limits", "pause", "--all", "--for", "5m"], &path);
+    assert_eq!(out.status.code(), Some(4), "declined: {out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--yes"));
+    assert!(!paused(), "a declined pause writes nothing");
+
+    let said = stdout_of(&run(&["limits", "pause", "--all", "--for", "5m", "--dry-run"], &path));
+    assert!(said.starts_with("dry run: would pause every seller"), "{said}");
+    assert!(!paused(), "a dry run writes nothing");
+
+    stdout_of(&run(&["limits", "pause", "--all", "--for", "5m", "--yes"], &path));
+    assert!(paused(), "with --yes every seller is paused");
+    stdout_of(&run(&["limits", "resume", "--all"], &path));
+    assert!(!paused());
+
+    stdout_of(&run(&["limits", "pause", "s", "--for", "5m"], &path));
+    assert!(paused(), "one seller's pause is not fleet-wide");
+    stdout_of(&run(&["limits", "resume", "s"], &path));
+}
+
+/// Exit 3 for a config that does not load, from every command that loads
+/// one, before any question is asked.
+#[test]
+fn an_invalid_config_exits_3() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = config(dir.path(), "opcli", "[worker]\nmax_payload_bytes = \"12 parsecs\"\n");
+    for args in [
+        &["check-config"][..],
+        &["limits", "show", "s"],
+        &["limits", "reset", "s"],
+        &["limits", "pause", "--all"],
+    ] {
+        let out = run(args, &path);
+        assert_eq!(out.status.code(), Some(3), "{args:?}: {out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("operator.toml")
+                && err.contains("worker.max_payload_bytes")
+                && err.contains("unknown unit \"parsecs\""),
+            "{args:?}: {err}"
+        );
+    }
 }
