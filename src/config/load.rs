@@ -153,7 +153,8 @@ fn merge(
     let mut tree = merged
         .try_deserialize::<config::Map<String, config::Value>>()
         .map_err(|e| from_config_error(e, &files))?;
-    let deprecations = renames::apply(&mut tree, &layers)?;
+    // The defaults come first (`load_from`), and are left out.
+    let deprecations = renames::apply(&mut tree, &layers[1..])?;
     let tree = config::Value::new(None, config::ValueKind::Table(tree));
     let settings: Settings = tree.try_deserialize().map_err(|e| {
         let mut err = from_config_error(e, &files);

@@ -10,7 +10,6 @@
 
 use std::fmt;
 
-use super::load::DEFAULT_NAME;
 use super::ConfigError;
 
 /// Old dotted key → new dotted key.
@@ -80,8 +79,9 @@ pub fn variable(key: &str) -> String {
 pub(super) type Layer = (String, config::Config);
 
 /// Moves every old key of `merged` to its new name. Each layer that used an
-/// old name gives a [`Deprecation`]; a layer (other than the defaults)
-/// setting the new name beside an old one is an error naming both.
+/// old name gives a [`Deprecation`]; a layer setting the new name beside
+/// an old one is an error naming both. `layers` leaves out the compiled-in
+/// defaults, which set every new name.
 pub(super) fn apply(
     merged: &mut config::Map<String, config::Value>,
     layers: &[Layer],
@@ -91,9 +91,7 @@ pub(super) fn apply(
         let set = |key: &str| -> Vec<&str> {
             layers
                 .iter()
-                .filter(|(name, layer)| {
-                    name != DEFAULT_NAME && layer.get::<config::Value>(key).is_ok()
-                })
+                .filter(|(_, layer)| layer.get::<config::Value>(key).is_ok())
                 .map(|(name, _)| name.as_str())
                 .collect()
         };

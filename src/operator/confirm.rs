@@ -94,7 +94,8 @@ mod tests {
             action: "reset s1".into(),
         });
         // (row, --yes, terminal, input, result, asked)
-        let rows: [(u32, bool, bool, &str, Result<Confirmed, Declined>, bool); 10] = [
+        type Row<'a> = (u32, bool, bool, &'a str, Result<Confirmed, Declined>, bool);
+        let rows: [Row; 10] = [
             (1, true, false, "", Ok(Confirmed::Flag), false),
             (2, true, true, "n\n", Ok(Confirmed::Flag), false),
             (3, false, true, "y\n", Ok(Confirmed::Answered), true),

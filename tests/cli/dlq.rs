@@ -223,7 +223,9 @@ fn dlq_refuses_an_unknown_kind_and_lists_the_kinds() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dlq_replay_of_every_kind_needs_yes_off_a_terminal() {
     let dlq = format!("dlq-{:08x}", rand::random::<u32>());
-    let broker = DevBroker::start(&[(dlq.clone(), 2)]).unwrap();
+    // The jobs topic of the defaults, which a replay writes to.
+    let jobs = "product-registrations".to_owned();
+    let broker = DevBroker::start(&[(dlq.clone(), 2), (jobs, 3)]).unwrap();
     dead_letters(&broker, &dlq).await;
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path(), broker.bootstrap_servers(), &dlq);
