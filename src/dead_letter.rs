@@ -13,7 +13,7 @@ use std::str::FromStr;
 /// Why a record went to the dead-letter topic, as a short fixed label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DeadLetterKind {
-    /// The record has no value, or an empty one.
+    /// The record's value is empty or null (a tombstone).
     Empty,
     /// The record's value is not UTF-8.
     NotUtf8,
@@ -93,7 +93,7 @@ impl DeadLetterKind {
     /// One sentence for the docs: when the kind is assigned, and what to do.
     pub fn description(self) -> &'static str {
         match self {
-            DeadLetterKind::Empty => "The record had no value; fix the producer, a replay fails the same way.",
+            DeadLetterKind::Empty => "The record's value was empty or null (a tombstone); fix the producer, a replay fails the same way.",
             DeadLetterKind::NotUtf8 => "The record's value is not UTF-8 text; fix the producer's encoding, a replay fails the same way.",
             DeadLetterKind::NotJson => "The record's value does not parse as JSON; fix the producer, a replay fails the same way.",
             DeadLetterKind::NotObject => "The value is JSON but not an object with job_id, seller_id and payload; fix the producer.",

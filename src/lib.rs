@@ -44,7 +44,9 @@
 //!   read outside the group, counted or listed by reason, seller and age,
 //!   and replayed to the jobs topic, each record exactly once.
 //! - [`operator`]: the operator commands (`limits show|reset|override|pause|resume|list|peek`,
-//!   `check-config`), as tables or JSON.
+//!   `check-config`), as tables or JSON; the confirmation a fleet-wide
+//!   action needs (`operator::confirm`) and the exit codes of every
+//!   command ([`ExitCode`](operator::ExitCode)).
 //!
 //! The tools, to demo and test the product, not to run it: built with the
 //! `dev-tools` cargo feature (on by default); `cargo build --release

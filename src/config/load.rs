@@ -160,6 +160,15 @@ fn merge(
         let mut err = from_config_error(e, &files);
         if err.key != "-" {
             err.file = origin(&layers, &err.key);
+            // Name the key as that file wrote it.
+            if let Some(old) = renames::old_name(&err.key) {
+                let wrote_old = layers
+                    .iter()
+                    .any(|(name, l)| *name == err.file && l.get::<config::Value>(old).is_ok());
+                if wrote_old {
+                    err.key = old.to_owned();
+                }
+            }
         }
         err
     })?;
