@@ -77,13 +77,13 @@ pub enum Command {
         #[arg(long, default_value_t = 100)]
         sellers: u64,
         /// Zipf exponent over sellers: 0 uniform, 1 a few sellers send most.
-        #[arg(long, default_value_t = 1.0)]
+        #[arg(long, default_value_t = 1.0, value_parser = at_least_zero)]
         skew: f64,
         /// Jobs per second; 0 as fast as the broker takes them.
         #[arg(long, default_value_t = 0.0)]
         rate: f64,
         /// Share of malformed records, 0 to 1.
-        #[arg(long, default_value_t = 0.0)]
+        #[arg(long, default_value_t = 0.0, value_parser = share)]
         malformed: f64,
         /// Bytes of filler in each payload.
         #[arg(long, default_value_t = 256)]
@@ -282,12 +282,12 @@ pub enum DlqCommand {
         again: bool,
         /// At most this many records a second (default: as fast as the
         /// broker takes them).
-        #[arg(long)]
+        #[arg(long, value_parser = above_zero)]
         rate: Option<f64>,
         /// At most this many records written and not yet acknowledged at
         /// once; a killed replay leaves at most this many for the next run
         /// to look up in the jobs topic.
-        #[arg(long, default_value_t = crate::dlq::replay::DEFAULT_IN_FLIGHT)]
+        #[arg(long, default_value_t = crate::dlq::replay::DEFAULT_IN_FLIGHT, value_parser = at_least_one)]
         in_flight: usize,
         #[command(flatten)]
         select: DlqSelect,
@@ -392,6 +392,58 @@ impl clap::ValueEnum for DeadLetterKind {
 
     fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
         Some(clap::builder::PossibleValue::new(self.name()).help(self.description()))
+    }
+}
+
+// Numbers with a range, checked by clap so that a value out of it is a
+// usage error (exit 2) like any other bad flag.
+
+/// A number, for the parsers below.
+fn number(s: &str) -> Result<f64, String> {
+    s.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|x| x.is_finite())
+        .ok_or_else(|| format!("{s:?} is not a number"))
+}
+
+/// A rate: above 0.
+fn above_zero(s: &str) -> Result<f64, String> {
+    let x = number(s)?;
+    if x > 0.0 {
+        Ok(x)
+    } else {
+        Err(format!("must be above 0, got {x}"))
+    }
+}
+
+/// A count of at least 1.
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("must be a whole number of at least 1, got {s:?}")),
+    }
+}
+
+#[cfg(feature = "dev-tools")]
+/// An exponent: 0 or more.
+fn at_least_zero(s: &str) -> Result<f64, String> {
+    let x = number(s)?;
+    if x >= 0.0 {
+        Ok(x)
+    } else {
+        Err(format!("must be at least 0, got {x}"))
+    }
+}
+
+#[cfg(feature = "dev-tools")]
+/// A share: 0 to 1.
+fn share(s: &str) -> Result<f64, String> {
+    let x = number(s)?;
+    if (0.0..=1.0).contains(&x) {
+        Ok(x)
+    } else {
+        Err(format!("must be between 0 and 1, got {x}"))
     }
 }
 

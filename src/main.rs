@@ -105,11 +105,6 @@ async fn command(command: Command) -> anyhow::Result<()> {
         } => {
             let loaded = config::load(config.as_deref()).context("invalid configuration")?;
             let k = &loaded.settings.kafka;
-            anyhow::ensure!(
-                (0.0..=1.0).contains(&malformed),
-                "--malformed must be between 0 and 1, got {malformed}"
-            );
-            anyhow::ensure!(skew >= 0.0, "--skew must be at least 0, got {skew}");
             let brokers = brokers.unwrap_or_else(|| k.brokers.clone());
             let topic = topic.unwrap_or_else(|| k.topic.clone());
             let sink = kafka::RecordSink::new(&brokers, &loaded.settings.producer_config())
@@ -243,12 +238,8 @@ async fn dlq_replay(
     now_ms: i64,
 ) -> anyhow::Result<()> {
     use throttle_worker::dlq::{self as dead, TerminalProgress};
-    let (rate, dry_run) = (opts.rate, opts.dry_run);
-    anyhow::ensure!(
-        rate.is_none_or(|r| r > 0.0),
-        "--rate must be above 0, got {rate:?}"
-    );
-    anyhow::ensure!(opts.in_flight > 0, "--in-flight must be at least 1");
+    // --rate and --in-flight are checked by clap (src/cli.rs).
+    let dry_run = opts.dry_run;
     let (settings, _) = load(common.config.clone())?;
     let filter = select.filter(now_ms)?;
     // Every kind, poison records too: a replay of those fails again and

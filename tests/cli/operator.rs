@@ -391,3 +391,68 @@ fn an_invalid_config_exits_3() {
         );
     }
 }
+
+/// Issue 35: a config written with a key's old name still loads;
+/// `check-config` says which file used which old name and what replaced it
+/// (as a table's first lines and in the JSON), and exits 0.
+#[test]
+fn check_config_prints_the_old_key_names_a_config_uses() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = config(
+        dir.path(),
+        "opcli",
+        "[downstream]\noutage_after = 3\nbackoff_max = \"10s\"\n",
+    );
+    let table = stdout_of(&run(&["check-config"], &path));
+    let shown = path.display().to_string();
+    assert!(
+        table.starts_with(&format!(
+            "warning: {shown}: downstream.backoff_max is deprecated and will be removed; rename it to downstream.max_backoff\n"
+        )),
+        "{table}"
+    );
+    assert!(
+        table.contains("downstream.outage_after is deprecated and will be removed; rename it to downstream.outage_after_failures"),
+        "{table}"
+    );
+    assert!(table.contains("configuration is valid\n"), "{table}");
+
+    let json: serde_json::Value =
+        serde_json::from_str(&stdout_of(&run(&["check-config", "--json"], &path))).unwrap();
+    let old: Vec<&str> = json["deprecations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["old"].as_str().unwrap())
+        .collect();
+    assert_eq!(old, ["downstream.backoff_max", "downstream.outage_after"], "{json}");
+
+    // Both names at once: refused, naming both (exit 3).
+    let both = config(
+        dir.path(),
+        "opcli",
+        "[downstream]\noutage_after = 3\noutage_after_failures = 4\n",
+    );
+    let out = run(&["check-config"], &both);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("downstream.outage_after ") && err.contains("downstream.outage_after_failures"),
+        "{err}"
+    );
+}
+
+/// A flag's value out of its range is a usage error, like any bad flag.
+#[test]
+fn a_value_out_of_range_is_a_usage_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = config(dir.path(), "opcli", "");
+    for args in [
+        &["dlq", "replay", "--rate", "0"][..],
+        &["dlq", "replay", "--in-flight", "0"],
+        &["limits", "pause", "--all", "--nonsense"],
+    ] {
+        let out = run(args, &path);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+    }
+}
