@@ -456,3 +456,40 @@ fn a_value_out_of_range_is_a_usage_error() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
     }
 }
+
+/// `run` logs each old key name its config uses once, at startup, before
+/// anything else can fail (here Redis, which nothing answers for: exit 1,
+/// a run-time failure).
+#[test]
+fn run_warns_once_of_each_old_key_name_at_startup() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("run.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[downstream]\noutage_after = 3\n\n[redis]\nurl = \"redis://127.0.0.1:{}\"\n",
+            crate::common::free_port()
+        ),
+    )
+    .unwrap();
+    let out = run(&["run"], &path);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let logs = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    let warning = "downstream.outage_after is deprecated and will be removed; rename it to downstream.outage_after_failures";
+    assert_eq!(logs.matches(warning).count(), 1, "{logs}");
+}
+
+/// The exit codes are listed at the end of the top-level `--help` (and so
+/// in the man page), from the one list in the library.
+#[test]
+fn the_top_level_help_lists_every_exit_code() {
+    let out = Command::new(env!("CARGO_BIN_EXE_throttle-worker"))
+        .arg("--help")
+        .output()
+        .expect("run throttle-worker");
+    let help = stdout_of(&out);
+    for code in throttle_worker::operator::ExitCode::ALL {
+        let line = format!("  {}  {}", code.code(), code.description());
+        assert!(help.contains(&line), "{line:?} missing from:\n{help}");
+    }
+}
