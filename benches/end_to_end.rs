@@ -5,7 +5,7 @@
 //!
 //! - every seller unlimited (the baseline: no rule to ask);
 //! - a rule that never refuses, with coalescing (the default settings);
-//! - the same rule with `redis.coalesce_max = 1` (one call per ask).
+//! - the same rule with `redis.max_coalesced = 1` (one call per ask).
 //!
 //! Jobs/s is taken between the first and the last downstream arrival, so
 //! the group's start is not counted. Redis calls per job are the server's
@@ -100,7 +100,7 @@ async fn one_run(
     redis: &RedisServer,
     jobs: usize,
     unlimited: bool,
-    coalesce_max: usize,
+    max_coalesced: usize,
     downstream_concurrency: Option<usize>,
     state: Option<StateLayout>,
 ) -> Outcome {
@@ -110,7 +110,7 @@ async fn one_run(
     bench.produce(&records).await;
     let mut settings = bench.settings(&downstream.url);
     settings.redis.url = redis.url();
-    settings.redis.coalesce_max = coalesce_max;
+    settings.redis.max_coalesced = max_coalesced;
     settings.redis.state = state;
     if let Some(n) = downstream_concurrency {
         settings.downstream.concurrency = n;
@@ -230,7 +230,7 @@ async fn main() {
     );
     for (name, max) in [
         ("never-refusing rule, coalesced (default)", 128),
-        ("never-refusing rule, coalesce_max = 1", 1),
+        ("never-refusing rule, max_coalesced = 1", 1),
     ] {
         let r = one_run(&redis, jobs, false, max, None, state).await;
         println!(

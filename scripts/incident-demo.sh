@@ -70,7 +70,7 @@ cfg=$tmp/worker.toml
 cat >"$cfg" <<EOF
 [kafka]
 topic = "jobs"
-retry_topic = "jobs.retry"
+retry_topic_prefix = "jobs.retry"
 dlq_topic = "jobs.dlq"
 commit_interval = "500ms"
 
@@ -86,7 +86,7 @@ key_prefix = "incident-demo-$$"
 [downstream]
 max_attempts = 3
 backoff_base = "50ms"
-backoff_max = "200ms"
+max_backoff = "200ms"
 
 [http]
 listen = "127.0.0.1:0"
@@ -155,13 +155,13 @@ first_line "$tmp/stub2.out" "stub" >/dev/null
 
 say "dlq stats"
 "$bin" dlq stats --config "$cfg"
-say "dlq replay --reason attempts_exhausted --seller seller-3 --dry-run --limit 3"
-"$bin" dlq replay --reason attempts_exhausted --seller seller-3 --dry-run --limit 3 --config "$cfg"
-say "dlq replay --reason attempts_exhausted --seller seller-3"
-first=$("$bin" dlq replay --reason attempts_exhausted --seller seller-3 --json --config "$cfg")
+say "dlq replay --kind attempts_exhausted --seller seller-3 --dry-run --limit 3"
+"$bin" dlq replay --kind attempts_exhausted --seller seller-3 --dry-run --limit 3 --config "$cfg"
+say "dlq replay --kind attempts_exhausted --seller seller-3"
+first=$("$bin" dlq replay --kind attempts_exhausted --seller seller-3 --json --config "$cfg")
 echo "$first"
 say "the same replay again"
-again=$("$bin" dlq replay --reason attempts_exhausted --seller seller-3 --json --config "$cfg")
+again=$("$bin" dlq replay --kind attempts_exhausted --seller seller-3 --json --config "$cfg")
 echo "$again"
 replayed=$(json_field '["replayed"]' <<<"$first")
 if [ "$(json_field '["replayed"]' <<<"$again")" != 0 ]; then

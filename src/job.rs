@@ -16,6 +16,7 @@ use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
 use crate::config::WorkerSettings;
+use crate::dead_letter::DeadLetterKind;
 use crate::telemetry::trace::JobTrace;
 use crate::telemetry::traceparent::TraceHeaders;
 
@@ -146,18 +147,23 @@ pub enum JobError {
 impl JobError {
     /// A short, fixed label for metrics (bounded cardinality).
     pub fn kind(&self) -> &'static str {
+        self.dead_letter_kind().name()
+    }
+
+    /// The kind of the dead letter this record becomes.
+    pub fn dead_letter_kind(&self) -> DeadLetterKind {
         match self {
-            JobError::Empty => "empty",
-            JobError::NotUtf8 { .. } => "not_utf8",
-            JobError::NotJson { .. } => "not_json",
-            JobError::NotAnObject { .. } => "not_object",
-            JobError::BadField { .. } => "bad_field",
-            JobError::MissingId(_) => "missing_id",
-            JobError::EmptyId(_) => "empty_id",
-            JobError::ControlCharacter(_) => "control_character",
-            JobError::MissingPayload => "missing_payload",
-            JobError::PayloadTooLarge { .. } => "payload_too_large",
-            JobError::BadCost { .. } => "bad_cost",
+            JobError::Empty => DeadLetterKind::Empty,
+            JobError::NotUtf8 { .. } => DeadLetterKind::NotUtf8,
+            JobError::NotJson { .. } => DeadLetterKind::NotJson,
+            JobError::NotAnObject { .. } => DeadLetterKind::NotObject,
+            JobError::BadField { .. } => DeadLetterKind::BadField,
+            JobError::MissingId(_) => DeadLetterKind::MissingId,
+            JobError::EmptyId(_) => DeadLetterKind::EmptyId,
+            JobError::ControlCharacter(_) => DeadLetterKind::ControlCharacter,
+            JobError::MissingPayload => DeadLetterKind::MissingPayload,
+            JobError::PayloadTooLarge { .. } => DeadLetterKind::PayloadTooLarge,
+            JobError::BadCost { .. } => DeadLetterKind::BadCost,
         }
     }
 }

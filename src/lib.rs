@@ -8,6 +8,9 @@
 //!   dispatches), so tests can check a command line.
 //! - [`config`]: settings from `config/default.toml`, a file and the
 //!   environment; errors name the file and key. Leaf module.
+//! - [`dead_letter`]: the reason kinds of dead letters, the one list the
+//!   worker assigns from, `dlq --reason` accepts and the docs describe.
+//!   Leaf module.
 //! - [`job`]: the job envelope and its parsing; a bad record gets a reason
 //!   fit for the dead-letter header.
 //! - [`limiter`]: rules, typed decisions, reference models and the Redis glue
@@ -41,7 +44,9 @@
 //!   read outside the group, counted or listed by reason, seller and age,
 //!   and replayed to the jobs topic, each record exactly once.
 //! - [`operator`]: the operator commands (`limits show|reset|override|pause|resume|list|peek`,
-//!   `check-config`), as tables or JSON.
+//!   `check-config`), as tables or JSON; the confirmation a fleet-wide
+//!   action needs (`operator::confirm`) and the exit codes of every
+//!   command ([`ExitCode`](operator::ExitCode)).
 //!
 //! The tools, to demo and test the product, not to run it: built with the
 //! `dev-tools` cargo feature (on by default); `cargo build --release
@@ -51,7 +56,7 @@
 //!   names it, for the tools' subcommands, under the feature.
 //!   - `dev::demo`: `throttle-worker demo`, the whole pipeline on one
 //!     machine (mock broker, stub, replicas as child processes, load, live
-//!     view, a summary that checks the limits held), and `limits demo`.
+//!     view, a summary that checks the limits held), and `limiter-demo`.
 //!   - `dev::load`: the load generator behind `throttle-worker produce`.
 //!   - `dev::stub`: `throttle-worker stub`, a downstream that counts per
 //!     seller and can answer 429 (the demo's, and docker-compose's).
@@ -61,6 +66,7 @@
 pub mod backoff;
 pub mod cli;
 pub mod config;
+pub mod dead_letter;
 #[cfg(feature = "dev-tools")]
 pub mod dev;
 pub mod dlq;

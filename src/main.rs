@@ -1,5 +1,6 @@
 //! The `throttle-worker` binary: parses the command line, sets up logging
-//! and hands over to the library.
+//! and hands over to the library; and maps how it ended to one of the exit
+//! codes of [`ExitCode`] (clap's usage errors exit 2 on their own).
 
 use std::path::PathBuf;
 
@@ -12,15 +13,54 @@ use throttle_worker::dev::{demo, load, stub};
 #[cfg(feature = "dev-tools")]
 use throttle_worker::kafka;
 use throttle_worker::limiter::Mode;
-use throttle_worker::operator::{self, Output};
+use throttle_worker::operator::{self, confirm_here, Declined, ExitCode, Output};
 use throttle_worker::{config, telemetry, worker};
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::Failed.into();
+        }
+    };
+    match runtime.block_on(command(cli.command)) {
+        Ok(()) => ExitCode::Success.into(),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            exit_code(&e).into()
+        }
+    }
+}
+
+/// The exit code of a failed command: the first typed error in its chain
+/// that has a code of its own decides; anything else failed at run time.
+fn exit_code(e: &anyhow::Error) -> ExitCode {
+    for cause in e.chain() {
+        if cause.is::<config::ConfigError>() {
+            return ExitCode::Config;
+        }
+        if cause.is::<Declined>() {
+            return ExitCode::Declined;
+        }
+        #[cfg(feature = "dev-tools")]
+        if let Some(demo::DemoError::ChecksFailed(_)) = cause.downcast_ref() {
+            return ExitCode::CheckFailed;
+        }
+    }
+    ExitCode::Failed
+}
+
+async fn command(command: Command) -> anyhow::Result<()> {
     telemetry::init();
-    match Cli::parse().command {
+    match command {
         Command::Run { config } => {
-            let (settings, policy) = load(config.clone())?;
+            let (settings, policy, deprecations) = load_noting(config.clone())?;
+            // Once per renamed key, at startup.
+            for d in &deprecations {
+                tracing::warn!(old = %d.old, new = %d.new, source = %d.source, "{d}");
+            }
             let summary = worker::run_watching(settings, policy, config, shutdown_signal()).await?;
             if summary.abandoned > 0 {
                 tracing::warn!(
@@ -65,11 +105,6 @@ async fn main() -> anyhow::Result<()> {
         } => {
             let loaded = config::load(config.as_deref()).context("invalid configuration")?;
             let k = &loaded.settings.kafka;
-            anyhow::ensure!(
-                (0.0..=1.0).contains(&malformed),
-                "--malformed must be between 0 and 1, got {malformed}"
-            );
-            anyhow::ensure!(skew >= 0.0, "--skew must be at least 0, got {skew}");
             let brokers = brokers.unwrap_or_else(|| k.brokers.clone());
             let topic = topic.unwrap_or_else(|| k.topic.clone());
             let sink = kafka::RecordSink::new(&brokers, &loaded.settings.producer_config())
@@ -96,6 +131,8 @@ async fn main() -> anyhow::Result<()> {
         Command::Demo(args) => Ok(demo::run(args, shutdown_signal()).await?),
         #[cfg(feature = "dev-tools")]
         Command::Stub(args) => Ok(stub::serve(args, shutdown_signal()).await?),
+        #[cfg(feature = "dev-tools")]
+        Command::LimiterDemo { redis_url } => Ok(demo::limiter_demo(&redis_url).await?),
         Command::Completions { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();
             clap_complete::generate(shell, &mut cmd, "throttle-worker", &mut std::io::stdout());
@@ -123,6 +160,14 @@ async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64);
+    let select = match &command {
+        DlqCommand::Replay { select, .. }
+        | DlqCommand::Stats { select, .. }
+        | DlqCommand::Show { select, .. } => select,
+    };
+    for warning in select.deprecations() {
+        eprintln!("{warning}");
+    }
     let open = move |common: &Common, select: &DlqSelect| -> anyhow::Result<_> {
         let (settings, _) = load(common.config.clone())?;
         let filter = select.filter(now_ms)?;
@@ -138,12 +183,22 @@ async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
     match command {
         DlqCommand::Replay {
             dry_run,
+            confirm,
             again,
             rate,
             in_flight,
             select,
             common,
-        } => dlq_replay(dry_run, again, rate, in_flight, &select, &common, now_ms).await,
+        } => {
+            let opts = dead::ReplayOptions {
+                dry_run,
+                again,
+                rate,
+                in_flight,
+                output: common.output(),
+            };
+            dlq_replay(opts, confirm.yes, &select, &common, now_ms).await
+        }
         DlqCommand::Stats {
             top,
             select,
@@ -188,29 +243,26 @@ async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
 /// `dlq replay`: async (Redis markers, acknowledged writes); the topic is
 /// read on a blocking thread inside.
 async fn dlq_replay(
-    dry_run: bool,
-    again: bool,
-    rate: Option<f64>,
-    in_flight: usize,
+    opts: throttle_worker::dlq::ReplayOptions,
+    yes: bool,
     select: &DlqSelect,
     common: &Common,
     now_ms: i64,
 ) -> anyhow::Result<()> {
     use throttle_worker::dlq::{self as dead, TerminalProgress};
-    anyhow::ensure!(
-        rate.is_none_or(|r| r > 0.0),
-        "--rate must be above 0, got {rate:?}"
-    );
-    anyhow::ensure!(in_flight > 0, "--in-flight must be at least 1");
+    // --rate and --in-flight are checked by clap (src/cli.rs).
+    let dry_run = opts.dry_run;
     let (settings, _) = load(common.config.clone())?;
     let filter = select.filter(now_ms)?;
-    let opts = dead::ReplayOptions {
-        dry_run,
-        again,
-        rate,
-        in_flight,
-        output: common.output(),
-    };
+    // Every kind, poison records too: a replay of those fails again and
+    // floods the dead-letter topic, so it is confirmed first.
+    if select.every_kind() && !dry_run {
+        let action = format!(
+            "dlq replay: writes the matching dead letters of every kind (poison records such as not_json too) from {} back to {}",
+            settings.kafka.dlq_topic, settings.kafka.topic
+        );
+        confirm_here(&action, yes)?;
+    }
     let progress = TerminalProgress::new("replaying dead letters");
     let mut stdout = std::io::stdout();
     let done = dead::replay(&settings, &filter, &opts, progress, &mut stdout).await?;
@@ -226,8 +278,22 @@ async fn limits(command: LimitsCommand) -> anyhow::Result<()> {
         LimitsCommand::Show { seller, common } => {
             operator::show(common.config.as_deref(), &seller, common.output()).await?
         }
-        LimitsCommand::Reset { seller, common } => {
-            operator::reset(common.config.as_deref(), &seller, common.output()).await?
+        LimitsCommand::Reset {
+            seller,
+            dry_run,
+            confirm,
+            common,
+        } => {
+            let file = common.config.as_deref();
+            if !dry_run {
+                // A bad config is exit 3 before anyone is asked.
+                load(common.config.clone())?;
+                let action = format!(
+                    "limits reset {seller}: clears {seller}'s limiter state and 429 block on every replica"
+                );
+                confirm_here(&action, confirm.yes)?;
+            }
+            operator::reset(file, &seller, dry_run, common.output()).await?
         }
         LimitsCommand::Override {
             seller,
@@ -260,17 +326,32 @@ async fn limits(command: LimitsCommand) -> anyhow::Result<()> {
             for_,
             until,
             reason,
+            dry_run,
+            confirm,
             common,
         } => {
             let end = match (&for_, &until) {
                 (None, None) => None,
                 _ => Some(operator::end(for_.as_deref(), until.as_deref())?),
             };
+            if seller.is_none() && !dry_run {
+                load(common.config.clone())?;
+                let how_long = match (&for_, &until) {
+                    (Some(d), _) => format!("for {d}"),
+                    (None, Some(t)) => format!("until {t}"),
+                    (None, None) => "until `limits resume --all`".to_owned(),
+                };
+                let action = format!(
+                    "limits pause --all: stops every replica's downstream calls for every seller, {how_long}"
+                );
+                confirm_here(&action, confirm.yes)?;
+            }
             operator::pause(
                 common.config.as_deref(),
                 seller.as_deref(),
                 end,
                 &reason,
+                dry_run,
                 common.output(),
             )
             .await?
@@ -303,8 +384,6 @@ async fn limits(command: LimitsCommand) -> anyhow::Result<()> {
             )
             .await?
         }
-        #[cfg(feature = "dev-tools")]
-        LimitsCommand::Demo { redis_url } => return Ok(demo::limiter_demo(&redis_url).await?),
     };
     print!("{text}");
     Ok(())
@@ -313,7 +392,19 @@ async fn limits(command: LimitsCommand) -> anyhow::Result<()> {
 fn load(
     file: Option<PathBuf>,
 ) -> anyhow::Result<(config::Settings, throttle_worker::limiter::Policy)> {
-    Ok(operator::load(file.as_deref())?)
+    let (settings, policy, _) = load_noting(file)?;
+    Ok((settings, policy))
+}
+
+/// [`load`], with the deprecated config keys it found.
+fn load_noting(
+    file: Option<PathBuf>,
+) -> anyhow::Result<(
+    config::Settings,
+    throttle_worker::limiter::Policy,
+    Vec<config::Deprecation>,
+)> {
+    Ok(operator::load_noting(file.as_deref())?)
 }
 
 /// Resolves on SIGTERM or Ctrl-C.

@@ -30,7 +30,7 @@ pub struct DownstreamSettings {
     pub backoff_base: Duration,
     /// Upper bound of one backoff.
     #[serde(deserialize_with = "human_duration")]
-    pub backoff_max: Duration,
+    pub max_backoff: Duration,
     /// Longest wait a 429's `Retry-After` can impose on a seller; longer
     /// ones are clamped (and logged). Greater than zero. Default 1h.
     #[serde(deserialize_with = "human_duration")]
@@ -39,12 +39,12 @@ pub struct DownstreamSettings {
     /// least two jobs, no answer between them) that mark the downstream as
     /// out of service: then no job spends an attempt and only a probe goes
     /// out at a time, until it answers again. Default 5.
-    pub outage_after: u32,
+    pub outage_after_failures: u32,
     /// Longest interval between two probes during an outage; the first
     /// comes after 250 ms and the interval doubles up to this. Bounds how
     /// late the worker sees the downstream back. Default 2s.
     #[serde(deserialize_with = "human_duration")]
-    pub outage_probe_max: Duration,
+    pub max_outage_probe_interval: Duration,
     /// Statuses worth another attempt: codes (`"408"`) or classes
     /// (`"5xx"`). Every other status but 2xx and 429 dead-letters the job
     /// at once. Default `["5xx", "408", "425"]`. Parsed as it is read:
@@ -59,13 +59,19 @@ impl DownstreamSettings {
         error::at_least_one(&[
             ("downstream.concurrency", self.concurrency as u64),
             ("downstream.max_attempts", u64::from(self.max_attempts)),
-            ("downstream.outage_after", u64::from(self.outage_after)),
+            (
+                "downstream.outage_after_failures",
+                u64::from(self.outage_after_failures),
+            ),
         ])?;
         error::longer_than_zero(&[
             ("downstream.timeout", self.timeout),
             ("downstream.backoff_base", self.backoff_base),
             ("downstream.max_retry_after", self.max_retry_after),
-            ("downstream.outage_probe_max", self.outage_probe_max),
+            (
+                "downstream.max_outage_probe_interval",
+                self.max_outage_probe_interval,
+            ),
         ])?;
         // The worker adds this to `Instant::now()`; an absurd value (a typo
         // such as "1000000y") would bring back the overflow the clamp exists
@@ -76,9 +82,9 @@ impl DownstreamSettings {
                 DownstreamProblem::RetryAfterTooLong,
             ));
         }
-        if self.backoff_max < self.backoff_base {
+        if self.max_backoff < self.backoff_base {
             return Err(Invalid::new(
-                "downstream.backoff_max",
+                "downstream.max_backoff",
                 DownstreamProblem::BackoffMaxBelowBase,
             ));
         }

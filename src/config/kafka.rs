@@ -30,10 +30,10 @@ pub struct KafkaSettings {
     /// Topic of product-registration jobs.
     pub topic: String,
     /// Prefix of the retry topics: a job whose wait is longer than
-    /// `worker.max_inline_delay` goes to `{retry_topic}.{tier}` (e.g.
+    /// `worker.max_inline_delay` goes to `{retry_topic_prefix}.{tier}` (e.g.
     /// `product-registrations.retry.1m`), one topic per `retry_tiers` entry.
     /// The same workers consume them.
-    pub retry_topic: String,
+    pub retry_topic_prefix: String,
     /// Delays of the retry topics, shortest first. A record written to tier
     /// `d` is held for exactly `d` by the consumer, so each topic stays in
     /// due order and a record never waits behind one due later; a job
@@ -72,7 +72,7 @@ impl fmt::Debug for KafkaSettings {
             .field("group_id", &self.group_id)
             .field("group_instance_id", &self.group_instance_id)
             .field("topic", &self.topic)
-            .field("retry_topic", &self.retry_topic)
+            .field("retry_topic_prefix", &self.retry_topic_prefix)
             .field("retry_tiers", &self.retry_tiers)
             .field("dlq_topic", &self.dlq_topic)
             .field("properties", &redacted(&self.properties))
@@ -103,7 +103,7 @@ impl KafkaSettings {
             .iter()
             .map(|&delay| RetryTier {
                 delay,
-                topic: format!("{}.{}", self.retry_topic, tier_label(delay)),
+                topic: format!("{}.{}", self.retry_topic_prefix, tier_label(delay)),
             })
             .collect()
     }
@@ -161,7 +161,7 @@ impl KafkaSettings {
             ("kafka.brokers", &self.brokers),
             ("kafka.group_id", &self.group_id),
             ("kafka.topic", &self.topic),
-            ("kafka.retry_topic", &self.retry_topic),
+            ("kafka.retry_topic_prefix", &self.retry_topic_prefix),
             ("kafka.dlq_topic", &self.dlq_topic),
         ])?;
         error::longer_than_zero(&[("kafka.commit_interval", self.commit_interval)])?;

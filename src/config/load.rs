@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use super::env::Variables;
 use super::error::Invalid;
+use super::renames::{self, Deprecation};
 use super::{ConfigError, Settings};
 
 /// The defaults every deployment starts from, compiled in so that the binary
@@ -20,6 +21,9 @@ pub const DEFAULT_NAME: &str = "config/default.toml";
 /// Loaded settings, with what is needed to say where a value came from.
 pub struct Loaded {
     pub settings: Settings,
+    /// The old key names the sources used ([`renames::RENAMED`]): they
+    /// loaded under the new names; `run` logs these, `check-config` prints them.
+    pub deprecations: Vec<Deprecation>,
     /// Each source on its own, in merge order, to find where a key was set.
     layers: Vec<(String, config::Config)>,
 }
@@ -46,14 +50,15 @@ impl Loaded {
 }
 
 /// The last layer that sets `key` (or, for a missing key, its nearest
-/// parent) is the one that won the merge.
+/// parent) is the one that won the merge. A renamed key counts under its
+/// old name too.
 fn origin(layers: &[(String, config::Config)], key: &str) -> String {
     let mut probe = key.to_owned();
     loop {
-        let found = layers
-            .iter()
-            .rev()
-            .find(|(_, layer)| layer.get::<config::Value>(&probe).is_ok());
+        let sets = |layer: &config::Config, key: &str| layer.get::<config::Value>(key).is_ok();
+        let found = layers.iter().rev().find(|(_, layer)| {
+            sets(layer, &probe) || renames::old_name(&probe).is_some_and(|old| sets(layer, old))
+        });
         if let Some((name, _)) = found {
             return name.clone();
         }
@@ -144,14 +149,34 @@ fn merge(
         .add_source(env.clone())
         .build()
         .map_err(|e| from_config_error(e, &files))?;
-    let settings: Settings = merged.try_deserialize().map_err(|e| {
+    // Old key names move to the new ones before serde reads the tree.
+    let mut tree = merged
+        .try_deserialize::<config::Map<String, config::Value>>()
+        .map_err(|e| from_config_error(e, &files))?;
+    // The defaults come first (`load_from`), and are left out.
+    let deprecations = renames::apply(&mut tree, &layers[1..])?;
+    let tree = config::Value::new(None, config::ValueKind::Table(tree));
+    let settings: Settings = tree.try_deserialize().map_err(|e| {
         let mut err = from_config_error(e, &files);
         if err.key != "-" {
             err.file = origin(&layers, &err.key);
+            // Name the key as that file wrote it.
+            if let Some(old) = renames::old_name(&err.key) {
+                let wrote_old = layers
+                    .iter()
+                    .any(|(name, l)| *name == err.file && l.get::<config::Value>(old).is_ok());
+                if wrote_old {
+                    err.key = old.to_owned();
+                }
+            }
         }
         err
     })?;
-    Ok(Loaded { settings, layers })
+    Ok(Loaded {
+        settings,
+        deprecations,
+        layers,
+    })
 }
 
 /// A limits file holds `[limits]` and nothing else, and names no further
@@ -333,5 +358,96 @@ mod tests {
         assert_eq!(e.file, cfg.path().display().to_string());
         assert_eq!(e.key, "limits.file");
         assert!(e.problem.contains("no such file"), "{e}");
+    }
+
+    /// Issue 35: an old key name loads, from a file or from its variable,
+    /// with a warning naming where, the old key and the new one.
+    #[test]
+    fn an_old_key_name_loads_with_a_deprecation() {
+        let f = file("[downstream]\noutage_after = 7\n\n[kafka]\nretry_topic = \"r\"\n");
+        let loaded = load_from(Some(f.path()), Vec::new()).unwrap();
+        assert_eq!(loaded.settings.downstream.outage_after_failures, 7);
+        assert_eq!(loaded.settings.kafka.retry_topic_prefix, "r");
+        let shown = f.path().display().to_string();
+        let found: Vec<String> = loaded.deprecations.iter().map(|d| d.to_string()).collect();
+        assert_eq!(
+            found,
+            [
+                format!("{shown}: downstream.outage_after is deprecated and will be removed; rename it to downstream.outage_after_failures"),
+                format!("{shown}: kafka.retry_topic is deprecated and will be removed; rename it to kafka.retry_topic_prefix"),
+            ]
+        );
+
+        let env = vec![("THROTTLE__REDIS__COALESCE_MAX".to_owned(), "9".to_owned())];
+        let loaded = load_from(None, env).unwrap();
+        assert_eq!(loaded.settings.redis.max_coalesced, 9);
+        let d = &loaded.deprecations[0];
+        assert_eq!(
+            (d.old, d.new),
+            ("redis.coalesce_max", "redis.max_coalesced")
+        );
+        let text = d.to_string();
+        assert!(
+            text.contains("environment variable THROTTLE__REDIS__COALESCE_MAX")
+                && text.contains("THROTTLE__REDIS__MAX_COALESCED"),
+            "{text}"
+        );
+        assert!(load_from(None, Vec::new()).unwrap().deprecations.is_empty());
+    }
+
+    #[test]
+    fn an_old_and_a_new_name_together_are_refused_naming_both() {
+        let f = file("[downstream]\nbackoff_max = \"1s\"\nmax_backoff = \"2s\"\n");
+        let e = load_from(Some(f.path()), Vec::new())
+            .err()
+            .expect("both set");
+        assert_eq!(e.file, f.path().display().to_string());
+        assert!(
+            e.to_string().contains("downstream.backoff_max")
+                && e.to_string().contains("downstream.max_backoff"),
+            "{e}"
+        );
+        // One in the file, the other in the environment.
+        let f = file("[redis]\nunready_after = 2\n");
+        let env = vec![(
+            "THROTTLE__REDIS__UNREADY_AFTER_FAILURES".to_owned(),
+            "3".to_owned(),
+        )];
+        let e = load_from(Some(f.path()), env).err().expect("both set");
+        assert!(e.file.contains("environment"), "{e}");
+        assert!(e.problem.contains("redis.unready_after_failures"), "{e}");
+    }
+
+    /// A bad value under an old name is blamed on the file that wrote it.
+    #[test]
+    fn a_bad_value_under_an_old_name_names_its_file() {
+        let f = file("[downstream]\noutage_probe_max = \"soon\"\n");
+        let e = load_from(Some(f.path()), Vec::new())
+            .err()
+            .expect("bad duration");
+        assert_eq!(e.file, f.path().display().to_string(), "{e}");
+        assert!(e.problem.contains("invalid duration"), "{e}");
+    }
+
+    #[test]
+    fn sizes_take_units_and_a_bad_one_names_file_and_key() {
+        let f = file("[worker]\nmax_buffered_bytes = \"256MiB\"\nmax_payload_bytes = \"64KiB\"\n");
+        let s = load_from(Some(f.path()), Vec::new()).unwrap().settings;
+        assert_eq!(s.worker.max_buffered_bytes, 268_435_456);
+        assert_eq!(s.worker.max_payload_bytes, 65_536);
+        let env = vec![(
+            "THROTTLE__WORKER__MAX_PAYLOAD_BYTES".to_owned(),
+            "1MB".to_owned(),
+        )];
+        let s = load_from(None, env).unwrap().settings;
+        assert_eq!(s.worker.max_payload_bytes, 1_000_000);
+
+        let f = file("[worker]\nmax_buffered_bytes = \"12 parsecs\"\n");
+        let e = load_from(Some(f.path()), Vec::new())
+            .err()
+            .expect("bad size");
+        assert_eq!(e.file, f.path().display().to_string(), "{e}");
+        assert_eq!(e.key, "worker.max_buffered_bytes", "{e}");
+        assert!(e.problem.contains("unknown unit \"parsecs\""), "{e}");
     }
 }

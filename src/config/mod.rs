@@ -33,6 +33,9 @@
 //!   a typed problem; the loader adds the file the value came from.
 //! - `redact.rs`: secrets kept out of `Debug`.
 //! - `duration.rs`: durations in human form (`"250ms"`, `"1m"`).
+//! - `size.rs`: sizes in bytes, integers or with a unit (`"256MiB"`).
+//! - `renames.rs`: [`RENAMED`], the keys renamed over time; an old name
+//!   still loads, as a [`Deprecation`] on [`Loaded`].
 
 mod downstream;
 mod duration;
@@ -43,7 +46,9 @@ mod limits;
 mod load;
 mod redact;
 mod redis;
+mod renames;
 mod settings;
+mod size;
 mod tracing;
 mod worker;
 
@@ -54,7 +59,9 @@ pub use kafka::{tier_label, KafkaSettings, RetryTier, MAX_RETRY_TIER};
 pub use limits::{LimitsConfig, RuleConfig, SellerConfig};
 pub use load::{load, load_from, Loaded, DEFAULT_NAME, DEFAULT_TOML};
 pub use redact::{is_secret_property, redact_url};
+pub use renames::{Deprecation, RENAMED};
 pub use settings::{HttpSettings, Settings, COPY_OVERHEAD_BYTES};
+pub use size::{parse_size, SizeError};
 pub use worker::WorkerSettings;
 // `self::`: there is a `redis` crate too.
 pub use self::redis::{

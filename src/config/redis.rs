@@ -42,7 +42,7 @@ pub struct RedisSettings {
     pub timeout: Duration,
     /// `/readyz` reports Redis down after this many failed limiter calls in
     /// a row (and ready again after the next success).
-    pub unready_after: u32,
+    pub unready_after_failures: u32,
     /// What a limiter call that fails (Redis down or timed out) means:
     /// `fail_closed` (jobs wait with backoff), `fail_open` (jobs pass
     /// unchecked, counted and logged) or `local` (each replica enforces its
@@ -60,7 +60,7 @@ pub struct RedisSettings {
     pub on_state_loss: OnStateLoss,
     /// Most sellers' asks carried by one limiter call (coalescing); 1
     /// sends each ask on its own.
-    pub coalesce_max: usize,
+    pub max_coalesced: usize,
     /// How long a limiter call waits for more sellers' asks after the
     /// first; 0 takes only the asks already queued. At most 1ms.
     #[serde(deserialize_with = "human_duration")]
@@ -89,9 +89,9 @@ impl fmt::Debug for RedisSettings {
             .field("topology", &self.topology)
             .field("state", &self.state)
             .field("timeout", &self.timeout)
-            .field("unready_after", &self.unready_after)
+            .field("unready_after_failures", &self.unready_after_failures)
             .field("on_error", &self.on_error)
-            .field("coalesce_max", &self.coalesce_max)
+            .field("max_coalesced", &self.max_coalesced)
             .field("coalesce_window", &self.coalesce_window)
             .field(
                 "cluster_nodes",
@@ -197,8 +197,11 @@ impl RedisSettings {
             ));
         }
         error::at_least_one(&[
-            ("redis.unready_after", u64::from(self.unready_after)),
-            ("redis.coalesce_max", self.coalesce_max as u64),
+            (
+                "redis.unready_after_failures",
+                u64::from(self.unready_after_failures),
+            ),
+            ("redis.max_coalesced", self.max_coalesced as u64),
         ])?;
         error::longer_than_zero(&[("redis.timeout", self.timeout)])?;
         if self.coalesce_window > MAX_COALESCE_WINDOW {

@@ -231,7 +231,7 @@ mod tests {
             (
                 6,
                 "[downstream]\noutage_after = 0\n",
-                "downstream.outage_after",
+                "downstream.outage_after_failures",
                 "must be at least 1",
             ),
         ];

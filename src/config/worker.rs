@@ -7,6 +7,7 @@ use serde::Deserialize;
 
 use super::duration::human_duration;
 use super::error::{self, Invalid};
+use super::size::human_size;
 
 /// Upper bound of `worker.shutdown_timeout`.
 const MAX_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(3600);
@@ -19,7 +20,9 @@ pub struct WorkerSettings {
     /// pauses beyond it.
     pub max_buffered: usize,
     /// Bytes of jobs held in memory per replica (record key and value plus
-    /// a fixed overhead per job); fetching pauses beyond it too.
+    /// a fixed overhead per job); fetching pauses beyond it too. An
+    /// integer or a size with a unit, e.g. "256MiB".
+    #[serde(deserialize_with = "human_size")]
     pub max_buffered_bytes: usize,
     /// A partition's first unfinished record that has waited this long in
     /// memory while later records finished is sent to the retry topic, so
@@ -37,7 +40,9 @@ pub struct WorkerSettings {
     /// How long in-flight calls may take to finish on SIGTERM.
     #[serde(deserialize_with = "human_duration")]
     pub shutdown_timeout: Duration,
-    /// Larger payloads are dead-lettered.
+    /// Larger payloads are dead-lettered. An integer or a size with a
+    /// unit, e.g. "1MiB".
+    #[serde(deserialize_with = "human_size")]
     pub max_payload_bytes: usize,
     /// Highest `cost` a job may declare; above it the job is dead-lettered.
     /// At least 1. Default 10000.

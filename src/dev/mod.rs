@@ -4,7 +4,7 @@
 //! module imports this one; `cli` names it for the tools' subcommands.
 //!
 //! - [`demo`]: `throttle-worker demo`, the whole pipeline on one machine,
-//!   and `limits demo`, the limiter alone.
+//!   and `limiter-demo`, the limiter alone.
 //! - [`load`]: the load generator behind `throttle-worker produce`.
 //! - [`stub`]: `throttle-worker stub`, the downstream stub (the demo's and
 //!   docker-compose's).

@@ -30,7 +30,7 @@ pub mod replay;
 pub use replay::{replay, ReplayOptions, Replayed};
 
 /// The kind of a dead letter that names none (written before kinds were).
-pub const UNKNOWN_KIND: &str = "unknown";
+pub const UNKNOWN_KIND: &str = crate::dead_letter::DeadLetterKind::Unknown.name();
 
 /// One dead letter, as read.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -130,9 +130,9 @@ pub struct Filter {
     pub kinds: Vec<String>,
     pub seller: Option<String>,
     /// Written at or after this instant (Unix ms).
-    pub since_ms: Option<i64>,
+    pub after_ms: Option<i64>,
     /// Written before this instant (Unix ms).
-    pub until_ms: Option<i64>,
+    pub before_ms: Option<i64>,
     /// At most this many (in the topic's order per partition).
     pub limit: Option<usize>,
 }
@@ -145,10 +145,10 @@ impl Filter {
                 .as_ref()
                 .is_none_or(|s| d.seller.as_deref() == Some(s.as_str()))
             && self
-                .since_ms
+                .after_ms
                 .is_none_or(|t| d.timestamp_ms.is_some_and(|ts| ts >= t))
             && self
-                .until_ms
+                .before_ms
                 .is_none_or(|t| d.timestamp_ms.is_some_and(|ts| ts < t))
     }
 }
@@ -408,7 +408,7 @@ pub enum DlqError {
     Write(String),
 }
 
-/// `--since`/`--until`: an RFC 3339 time, or an age before `now_ms`.
+/// `--after`/`--before`: an RFC 3339 time, or an age before `now_ms`.
 pub fn parse_when(flag: &'static str, value: &str, now_ms: i64) -> Result<i64, DlqError> {
     let bad = || DlqError::BadTime {
         flag,
@@ -427,14 +427,15 @@ pub fn parse_when(flag: &'static str, value: &str, now_ms: i64) -> Result<i64, D
 }
 
 impl Filter {
-    /// The filter of a command line's `--reason`, `--seller`, `--since`,
-    /// `--until` and `--limit` (as [`crate::cli::DlqSelect`] holds them),
-    /// ages taken before `now_ms`.
+    /// The filter of a command line's `--kind`, `--seller`, `--after`,
+    /// `--before` and `--limit` (as [`crate::cli::DlqSelect`] holds them),
+    /// ages taken before `now_ms`. A time comes with the name of the flag
+    /// that gave it (`after`, or the deprecated `since`), for its error.
     pub fn from_args(
         kinds: Vec<String>,
         seller: Option<String>,
-        since: Option<&str>,
-        until: Option<&str>,
+        after: Option<(&'static str, &str)>,
+        before: Option<(&'static str, &str)>,
         limit: Option<usize>,
         now_ms: i64,
     ) -> Result<Filter, DlqError> {
@@ -444,8 +445,12 @@ impl Filter {
         Ok(Filter {
             kinds,
             seller,
-            since_ms: since.map(|v| parse_when("since", v, now_ms)).transpose()?,
-            until_ms: until.map(|v| parse_when("until", v, now_ms)).transpose()?,
+            after_ms: after
+                .map(|(flag, v)| parse_when(flag, v, now_ms))
+                .transpose()?,
+            before_ms: before
+                .map(|(flag, v)| parse_when(flag, v, now_ms))
+                .transpose()?,
             limit,
         })
     }
@@ -678,8 +683,8 @@ mod tests {
         let f = |kinds: &[&str], seller: Option<&str>, since, until| Filter {
             kinds: kinds.iter().map(|k| (*k).to_owned()).collect(),
             seller: seller.map(str::to_owned),
-            since_ms: since,
-            until_ms: until,
+            after_ms: since,
+            before_ms: until,
             limit: None,
         };
         assert!(f(&[], None, None, None).matches(&d));

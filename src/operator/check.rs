@@ -6,7 +6,7 @@ use std::path::Path;
 use serde_json::{json, Value};
 
 use super::format::table;
-use super::{load, OperatorError, Output};
+use super::{load_noting, OperatorError, Output};
 use crate::config::{self, Settings};
 use crate::limiter::{Policy, Rule};
 
@@ -19,10 +19,11 @@ struct SellerRow {
     shadow: Vec<String>,
 }
 
-/// `check-config`: validates, then prints the resolved rules per tier and
-/// named seller.
+/// `check-config`: validates, then prints the old key names the config
+/// uses (each a warning naming the file or variable, the old key and the
+/// new one) and the resolved rules per tier and named seller.
 pub fn check_config(file: Option<&Path>, out: Output) -> Result<String, OperatorError> {
-    let (settings, policy) = load(file)?;
+    let (settings, policy, deprecations) = load_noting(file)?;
     let mut sellers: Vec<&str> = policy.named_sellers().collect();
     sellers.sort_unstable();
     let seller_rows: Vec<SellerRow> = sellers
@@ -42,9 +43,20 @@ pub fn check_config(file: Option<&Path>, out: Output) -> Result<String, Operator
         .collect();
     Ok(match out {
         Output::Json => {
-            serde_json::to_string_pretty(&check_json(&settings, &policy, &seller_rows))? + "\n"
+            let mut v = check_json(&settings, &policy, &seller_rows);
+            v["deprecations"] = deprecations
+                .iter()
+                .map(|d| json!({"old": d.old, "new": d.new, "source": d.source, "message": d.to_string()}))
+                .collect();
+            serde_json::to_string_pretty(&v)? + "\n"
         }
-        Output::Table => check_table(&settings, &policy, &seller_rows),
+        Output::Table => {
+            let warnings: String = deprecations
+                .iter()
+                .map(|d| format!("warning: {d}\n"))
+                .collect();
+            warnings + &check_table(&settings, &policy, &seller_rows)
+        }
     })
 }
 

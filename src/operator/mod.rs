@@ -15,6 +15,10 @@
 //! - `pauses.rs`: `limits pause`, `limits resume`, and the pauses in force
 //!   that `show` and `list` print.
 //! - `check.rs`: `check-config`.
+//! - `confirm.rs`: [`confirm`], the `--yes` or `Proceed? [y/N]` a
+//!   fleet-wide action needs (`limits reset`, `limits pause --all`, an
+//!   unfiltered `dlq replay`).
+//! - `exit.rs`: [`ExitCode`], the exit codes of every command.
 //! - `end.rs`: [`End`], when a pause or an override ends (`--for`, `--until`).
 //! - `format.rs`: tables, times, durations and rules as both outputs write them.
 
@@ -25,14 +29,18 @@ use crate::config::{self, Settings};
 use crate::limiter::{KeySpace, Limiter, Policy, RedisStore};
 
 mod check;
+pub mod confirm;
 mod end;
+mod exit;
 mod format;
 mod overrides;
 mod pauses;
 mod seller;
 
 pub use check::check_config;
+pub use confirm::{confirm, confirm_here, Confirmed, Declined};
 pub use end::{end, End};
+pub use exit::ExitCode;
 pub use overrides::{clear_override, list, set_override};
 pub use pauses::{pause, resume};
 pub use seller::{peek, reset, show};
@@ -71,9 +79,16 @@ pub enum Output {
 
 /// Loads and validates the config, as a worker would at start.
 pub fn load(file: Option<&Path>) -> Result<(Settings, Policy), OperatorError> {
+    load_noting(file).map(|(settings, policy, _)| (settings, policy))
+}
+
+/// [`load`], with the old key names the config used.
+pub fn load_noting(
+    file: Option<&Path>,
+) -> Result<(Settings, Policy, Vec<config::Deprecation>), OperatorError> {
     let loaded = config::load(file).map_err(OperatorError::Config)?;
     let policy = Policy::load(&loaded).map_err(OperatorError::Config)?;
-    Ok((loaded.settings, policy))
+    Ok((loaded.settings, policy, loaded.deprecations))
 }
 
 /// The limiter as the worker sees it: the config's policy with the

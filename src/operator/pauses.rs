@@ -48,12 +48,14 @@ fn who(seller: Option<&str>) -> String {
 
 /// `limits pause SELLER|--all [--for D | --until T] [--reason TEXT]`: every
 /// replica stops calling the downstream for it within a second (the
-/// workers read the pauses every [`pauses::REFRESH`]).
+/// workers read the pauses every [`pauses::REFRESH`]). With `dry_run`,
+/// says what it would write and writes nothing.
 pub async fn pause(
     file: Option<&Path>,
     seller: Option<&str>,
     end: Option<End>,
     reason: &str,
+    dry_run: bool,
     out: Output,
 ) -> Result<String, OperatorError> {
     let (settings, _) = load(file)?;
@@ -67,16 +69,28 @@ pub async fn pause(
         since_ms: now,
         until_ms: end.map(|e| e.at(now)).transpose()?,
     };
-    store
-        .set_field(&key, &pause_field(seller), &p.to_json())
-        .await?;
+    let field = pause_field(seller);
+    if !dry_run {
+        store.set_field(&key, &field, &p.to_json()).await?;
+    }
     Ok(match out {
         Output::Json => {
             let mut v = pause_json(&p);
             v["seller"] = seller.map_or(Value::Null, Value::from);
             v["all"] = Value::from(seller.is_none());
+            if dry_run {
+                v["dry_run"] = Value::from(true);
+                v["key"] = Value::from(key);
+                v["field"] = Value::from(field);
+            }
             v.to_string() + "\n"
         }
+        Output::Table if dry_run => format!(
+            "dry run: would pause {}: {} (HSET {key} {field} {}); nothing written\n",
+            who(seller),
+            pause_text(&p),
+            p.to_json()
+        ),
         Output::Table => format!(
             "paused {}: {} (on every replica within a second)\n",
             who(seller),

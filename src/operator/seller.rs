@@ -136,13 +136,20 @@ fn show_table(seller: &str, state: &SellerState, ov: Option<&Override>) -> Strin
 
 /// `limits reset SELLER`: clears the seller's state under every rule it is
 /// held to (shadow rules too) and any 429 block, for every replica at once.
+/// With `dry_run`, lists the keys it would delete and which hold state,
+/// and deletes nothing.
 pub async fn reset(
     file: Option<&Path>,
     seller: &str,
+    dry_run: bool,
     out: Output,
 ) -> Result<String, OperatorError> {
     let limiter = open_limiter(file).await?;
     let keys = limiter.seller_keys(seller);
+    if dry_run {
+        let held = limiter.store().existing(&keys).await?;
+        return Ok(reset_plan(seller, &keys, &held, out));
+    }
     let existed = limiter.store().delete(&keys).await?;
     Ok(match out {
         Output::Json => {
@@ -153,6 +160,35 @@ pub async fn reset(
             keys.len()
         ),
     })
+}
+
+/// `limits reset --dry-run`: the keys a reset would delete.
+fn reset_plan(seller: &str, keys: &[String], held: &[String], out: Output) -> String {
+    match out {
+        Output::Json => {
+            json!({
+                "seller": seller, "dry_run": true, "keys": keys, "held_state": held,
+            })
+            .to_string()
+                + "\n"
+        }
+        Output::Table => {
+            let mut s = format!(
+                "dry run: reset {seller} would delete {} keys ({} hold state now); nothing changed\n",
+                keys.len(),
+                held.len()
+            );
+            for k in keys {
+                let state = if held.contains(k) {
+                    "holds state"
+                } else {
+                    "empty"
+                };
+                s.push_str(&format!("  {k}  ({state})\n"));
+            }
+            s
+        }
+    }
 }
 
 /// `limits peek SELLER`: what the limiter would answer now for `cost`,

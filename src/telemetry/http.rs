@@ -18,7 +18,7 @@ pub struct Health {
     /// A partition assignment came from the group (possibly empty: a
     /// replica beyond the partition count is joined with nothing to do).
     joined: Arc<AtomicBool>,
-    /// Set after `redis.unready_after` failed limiter calls in a row,
+    /// Set after `redis.unready_after_failures` failed limiter calls in a row,
     /// cleared by the next success.
     redis_down: Arc<AtomicBool>,
     /// When the worker's event loop last turned (ms since the epoch).

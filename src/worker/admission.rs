@@ -53,14 +53,14 @@ pub(super) struct Fallback {
     pub(super) decision: BatchDecision,
     /// Failed calls in a row, this one included.
     pub(super) in_a_row: u32,
-    /// Redis is to be reported down from now (`redis.unready_after`).
+    /// Redis is to be reported down from now (`redis.unready_after_failures`).
     pub(super) now_unready: bool,
 }
 
 /// The limiter's health as the engine sees it.
 pub(super) struct Admission<K: Clock> {
     on_error: OnLimiterError,
-    unready_after: u32,
+    unready_after_failures: u32,
     /// Limiter calls failed in a row (0 after a success).
     failures: u32,
     /// The in-memory limits of `redis.on_error = "local"`, used only while
@@ -72,7 +72,7 @@ impl<K: Clock> Admission<K> {
     pub(super) fn new(settings: &Settings, clock: Arc<K>) -> Admission<K> {
         Admission {
             on_error: OnLimiterError::from_setting(settings.redis.on_error),
-            unready_after: settings.redis.unready_after,
+            unready_after_failures: settings.redis.unready_after_failures,
             failures: 0,
             local: LocalShare::with_clock(ModelClock(clock)),
         }
@@ -85,7 +85,7 @@ impl<K: Clock> Admission<K> {
     /// A call answered. Returns whether Redis is ready again (it was
     /// reported down).
     pub(super) fn answered(&mut self) -> bool {
-        let was_down = self.failures >= self.unready_after;
+        let was_down = self.failures >= self.unready_after_failures;
         if self.failures > 0 {
             // Redis decides again: what the local limits counted meanwhile
             // is not carried over.
@@ -101,7 +101,7 @@ impl<K: Clock> Admission<K> {
         Fallback {
             decision: self.decide(key, asked, rng),
             in_a_row: self.failures,
-            now_unready: self.failures == self.unready_after,
+            now_unready: self.failures == self.unready_after_failures,
         }
     }
 
@@ -154,10 +154,10 @@ mod tests {
 
     use super::super::fixtures::settings;
 
-    fn admission(on_error: OnError, unready_after: u32) -> Admission<SystemClock> {
+    fn admission(on_error: OnError, unready_after_failures: u32) -> Admission<SystemClock> {
         let mut s = settings();
         s.redis.on_error = on_error;
-        s.redis.unready_after = unready_after;
+        s.redis.unready_after_failures = unready_after_failures;
         Admission::new(&s, Arc::new(SystemClock))
     }
 

@@ -4,7 +4,7 @@
 //! fault; many in a row, from different jobs, with no answer in between,
 //! are the downstream's. Then the breaker opens: no job spends an attempt,
 //! no call goes out but one probe at a time (at a growing interval capped
-//! at `downstream.outage_probe_max`), and the jobs wait (in memory, then
+//! at `downstream.max_outage_probe_interval`), and the jobs wait (in memory, then
 //! by pausing consumption). The first answer of any kind (2xx, 4xx, 429)
 //! closes it and every waiting seller goes on at once. A 5xx that names a
 //! Retry-After holds the whole downstream that long.
@@ -26,7 +26,7 @@ use crate::telemetry::events::DownstreamOutage;
 
 use super::timers::after;
 
-/// The first probe interval; it doubles up to `outage_probe_max`.
+/// The first probe interval; it doubles up to `max_outage_probe_interval`.
 const PROBE_BASE: Duration = Duration::from_millis(250);
 
 #[derive(Debug)]
@@ -72,8 +72,8 @@ pub(super) enum Health<'a> {
 impl Outage {
     pub(super) fn new(d: &DownstreamSettings) -> Outage {
         Outage {
-            after: d.outage_after.max(1),
-            probe_max: d.outage_probe_max.max(PROBE_BASE),
+            after: d.outage_after_failures.max(1),
+            probe_max: d.max_outage_probe_interval.max(PROBE_BASE),
             state: State::Closed {
                 failures: 0,
                 jobs: BTreeSet::new(),
@@ -223,8 +223,8 @@ mod tests {
         let mut s = crate::config::load_from(None, Vec::new())
             .expect("defaults")
             .settings;
-        s.downstream.outage_after = 3;
-        s.downstream.outage_probe_max = Duration::from_secs(2);
+        s.downstream.outage_after_failures = 3;
+        s.downstream.max_outage_probe_interval = Duration::from_secs(2);
         Outage::new(&s.downstream)
     }
 

@@ -99,7 +99,7 @@ pub async fn run_watching(
         group = %k.group_id,
         worker_id = %worker_id,
         topic = %k.topic,
-        retry_topic = %k.retry_topic,
+        retry_topic = %k.retry_topic_prefix,
         dlq_topic = %k.dlq_topic,
         http = %server,
         "worker started"
@@ -113,7 +113,7 @@ pub async fn run_watching(
     let permits = Coalescer::start(
         limiter.clone(),
         CoalesceSettings {
-            max: settings.redis.coalesce_max,
+            max: settings.redis.max_coalesced,
             window: settings.redis.coalesce_window,
             ..CoalesceSettings::default()
         },

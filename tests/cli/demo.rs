@@ -150,9 +150,10 @@ fn a_stub_that_miscounts_makes_the_demo_fail_with_the_cause() {
     ]);
     let stdout = text(&out.stdout);
     let stderr = text(&out.stderr);
-    assert!(
-        !out.status.success(),
-        "the checks must fail:\n{stdout}\n{stderr}"
+    assert_eq!(
+        out.status.code(),
+        Some(5),
+        "the checks must fail, with the code of a failed check:\n{stdout}\n{stderr}"
     );
     assert!(
         stderr.contains("the demo's checks failed"),

@@ -109,7 +109,7 @@ async fn dlq_stats_counts_by_kind_seller_and_age() {
             "dlq",
             "stats",
             "--json",
-            "--reason",
+            "--kind",
             "attempts_exhausted",
             "--seller",
             "s-1",
@@ -144,7 +144,7 @@ async fn dlq_show_lists_the_matching_records_without_payloads_unless_asked() {
         "dlq",
         "show",
         "--json",
-        "--reason",
+        "--kind",
         "attempts_exhausted",
         "--seller",
         "s-1",
@@ -164,11 +164,26 @@ async fn dlq_show_lists_the_matching_records_without_payloads_unless_asked() {
     assert!(with[0]["payload"].as_str().unwrap().contains("\"sku\""));
 
     // Times: everything was written just now.
-    assert_eq!(lines(&["dlq", "show", "--json", "--since", "1h"]).len(), 8);
-    assert_eq!(lines(&["dlq", "show", "--json", "--until", "1h"]).len(), 0);
+    assert_eq!(lines(&["dlq", "show", "--json", "--after", "1h"]).len(), 8);
+    assert_eq!(lines(&["dlq", "show", "--json", "--before", "1h"]).len(), 0);
+
+    // The names before issue 35 still work, and say what replaced them.
+    for (old, new, matched) in [("--since", "--after", 8), ("--until", "--before", 0)] {
+        let out = run(&["dlq", "show", "--json", old, "1h"], &cfg);
+        assert_eq!(stdout_of(&out).lines().count(), matched, "{old}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!("dlq {old} is deprecated")) && err.contains(new),
+            "{old}: {err}"
+        );
+    }
+    let out = run(&["dlq", "show", "--json", "--reason", "not_json"], &cfg);
+    assert_eq!(stdout_of(&out).lines().count(), 1);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("dlq --reason is deprecated") && err.contains("--kind"), "{err}");
     assert_eq!(lines(&["dlq", "show", "--json", "--limit", "3"]).len(), 3);
 
-    let table = stdout_of(&run(&["dlq", "show", "--reason", "not_json"], &cfg));
+    let table = stdout_of(&run(&["dlq", "show", "--kind", "not_json"], &cfg));
     println!("{table}");
     assert_eq!(table.lines().count(), 1, "{table}");
     assert!(
@@ -177,11 +192,50 @@ async fn dlq_show_lists_the_matching_records_without_payloads_unless_asked() {
     );
 
     // A time that is neither: refused, naming the flag.
-    let out = run(&["dlq", "show", "--since", "yesterday"], &cfg);
-    assert!(!out.status.success());
+    for flag in ["--after", "--since"] {
+        let out = run(&["dlq", "show", flag, "yesterday"], &cfg);
+        assert_eq!(out.status.code(), Some(1), "{flag}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(flag) && err.contains("yesterday"), "{err}");
+    }
+}
+
+/// `--kind` (and its old name `--reason`) takes only the dead-letter kinds,
+/// and a wrong one is a usage error that lists them. Clap refuses it
+/// before any config or broker is read.
+#[test]
+fn dlq_refuses_an_unknown_kind_and_lists_the_kinds() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "127.0.0.1:1", "dlq-unused");
+    for flag in ["--kind", "--reason"] {
+        let out = run(&["dlq", "show", flag, "nonsense"], &cfg);
+        assert_eq!(out.status.code(), Some(2), "{flag}: a usage error");
+        let err = String::from_utf8_lossy(&out.stderr);
+        for kind in throttle_worker::dead_letter::DeadLetterKind::ALL {
+            assert!(err.contains(kind.name()), "{flag}: {kind} not listed:\n{err}");
+        }
+    }
+}
+
+/// An unfiltered replay (every kind, poison records too) acts on the whole
+/// topic: off a terminal it needs --yes, and without it exits 4 having
+/// read nothing. Its --dry-run needs no --yes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dlq_replay_of_every_kind_needs_yes_off_a_terminal() {
+    let dlq = format!("dlq-{:08x}", rand::random::<u32>());
+    // The jobs topic of the defaults, which a replay writes to.
+    let jobs = "product-registrations".to_owned();
+    let broker = DevBroker::start(&[(dlq.clone(), 2), (jobs, 3)]).unwrap();
+    dead_letters(&broker, &dlq).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), broker.bootstrap_servers(), &dlq);
+
+    let out = run(&["dlq", "replay"], &cfg);
+    assert_eq!(out.status.code(), Some(4), "declined: {out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("--since") && err.contains("yesterday"),
-        "{err}"
-    );
+    assert!(err.contains("--yes"), "the refusal names the flag: {err}");
+    assert!(out.stdout.is_empty(), "nothing replayed: {out:?}");
+
+    let out = run(&["dlq", "replay", "--dry-run", "--json"], &cfg);
+    assert!(out.status.success(), "a dry run needs no --yes: {out:?}");
 }

@@ -101,7 +101,7 @@ fn check_config_names_file_key_and_problem_and_exits_non_zero() {
         "[limits.sellers]\n\"s\" = { tier = \"missing\" }\n",
     );
     let out = run(&["check-config"], &path);
-    assert!(!out.status.success());
+    assert_eq!(out.status.code(), Some(3), "an invalid config: {out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("operator.toml")
@@ -178,14 +178,14 @@ global = [{ algorithm = "gcra", limit = 1000, period = "1s" },
     );
 }
 
-/// `limits demo`: for every algorithm, 8 requests at once under "5 per
+/// `limiter-demo`: for every algorithm, 8 requests at once under "5 per
 /// second, burst 5": the first five granted, then refusals with a
 /// retry-after of at most two periods, then one more request at that retry-after,
 /// granted; and the bytes the seller's state takes in Redis.
 #[test]
-fn limits_demo_shows_every_algorithm_grant_refuse_and_retry() {
+fn limiter_demo_shows_every_algorithm_grant_refuse_and_retry() {
     let out = Command::new(env!("CARGO_BIN_EXE_throttle-worker"))
-        .args(["limits", "demo", "--redis-url", &crate::common::redis_url()])
+        .args(["limiter-demo", "--redis-url", &crate::common::redis_url()])
         .output()
         .expect("run throttle-worker");
     let text = stdout_of(&out);
@@ -287,4 +287,209 @@ default = [{ algorithm = "fixed_window", limit = 100, period = "1m" }]
         table.contains("calls in flight: 1 of max_in_flight 2"),
         "{table}"
     );
+}
+
+/// Issue 35: `limits reset` acts on every replica at once. Off a terminal
+/// (the test's stdin is closed) it needs --yes: without it, exit 4 and the
+/// seller's state stays; --dry-run lists the keys and changes nothing;
+/// with --yes the state is gone.
+#[tokio::test]
+async fn reset_off_a_terminal_needs_yes_and_a_dry_run_changes_nothing() {
+    use throttle_worker::limiter::{Mode, Request};
+    let prefix = crate::common::unique_prefix("opcli-reset");
+    let dir = tempfile::tempdir().unwrap();
+    let path = config(dir.path(), &prefix, LIMITS);
+    // Charge 2 of the seller's 3 a minute.
+    let limiter = throttle_worker::operator::open_limiter(Some(&path))
+        .await
+        .unwrap();
+    limiter
+        .check(Request::new("s", 2, Mode::AllOrNothing))
+        .await
+        .unwrap();
+    let remaining = || {
+        let shown = stdout_of(&run(&["limits", "show", "s", "--json"], &path));
+        let v: serde_json::Value = serde_json::from_str(&shown).unwrap();
+        v["rules"][0]["remaining"].as_u64().unwrap()
+    };
+    assert_eq!(remaining(), 1);
+
+    let out = run(&["limits", "reset", "s"], &path);
+    assert_eq!(out.status.code(), Some(4), "declined: {out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--yes"), "the refusal names the flag: {err}");
+    assert_eq!(remaining(), 1, "a declined reset changes nothing");
+
+    let plan = stdout_of(&run(&["limits", "reset", "s", "--dry-run", "--json"], &path));
+    let plan: serde_json::Value = serde_json::from_str(&plan).unwrap();
+    assert_eq!(plan["dry_run"], true, "{plan}");
+    assert!(
+        !plan["held_state"].as_array().unwrap().is_empty(),
+        "the seller's state is listed: {plan}"
+    );
+    let table = stdout_of(&run(&["limits", "reset", "s", "--dry-run"], &path));
+    assert!(table.contains("holds state"), "{table}");
+    assert_eq!(remaining(), 1, "a dry run changes nothing");
+
+    stdout_of(&run(&["limits", "reset", "s", "--yes"], &path));
+    assert_eq!(remaining(), 3, "with --yes the state is cleared");
+}
+
+/// `limits pause --all` stops the whole fleet: off a terminal it needs
+/// --yes (exit 4 without, no pause written); --dry-run prints the pause
+/// and writes nothing; a seller's own pause needs no confirmation.
+#[tokio::test]
+async fn pause_all_off_a_terminal_needs_yes_and_a_dry_run_writes_nothing() {
+    let prefix = crate::common::unique_prefix("opcli-pause");
+    let dir = tempfile::tempdir().unwrap();
+    let path = config(dir.path(), &prefix, LIMITS);
+    let paused = || {
+        let shown = stdout_of(&run(&["limits", "show", "s", "--json"], &path));
+        let v: serde_json::Value = serde_json::from_str(&shown).unwrap();
+        !v["paused"].is_null()
+    };
+
+    let out = run(&["limits", "pause", "--all", "--for", "5m"], &path);
+    assert_eq!(out.status.code(), Some(4), "declined: {out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--yes"));
+    assert!(!paused(), "a declined pause writes nothing");
+
+    let said = stdout_of(&run(&["limits", "pause", "--all", "--for", "5m", "--dry-run"], &path));
+    assert!(said.starts_with("dry run: would pause every seller"), "{said}");
+    assert!(!paused(), "a dry run writes nothing");
+
+    stdout_of(&run(&["limits", "pause", "--all", "--for", "5m", "--yes"], &path));
+    assert!(paused(), "with --yes every seller is paused");
+    stdout_of(&run(&["limits", "resume", "--all"], &path));
+    assert!(!paused());
+
+    stdout_of(&run(&["limits", "pause", "s", "--for", "5m"], &path));
+    assert!(paused(), "one seller's pause is not fleet-wide");
+    stdout_of(&run(&["limits", "resume", "s"], &path));
+}
+
+/// Exit 3 for a config that does not load, from every command that loads
+/// one, before any question is asked.
+#[test]
+fn an_invalid_config_exits_3() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = config(dir.path(), "opcli", "[worker]\nmax_payload_bytes = \"12 parsecs\"\n");
+    for args in [
+        &["check-config"][..],
+        &["limits", "show", "s"],
+        &["limits", "reset", "s"],
+        &["limits", "pause", "--all"],
+    ] {
+        let out = run(args, &path);
+        assert_eq!(out.status.code(), Some(3), "{args:?}: {out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("operator.toml")
+                && err.contains("worker.max_payload_bytes")
+                && err.contains("unknown unit \"parsecs\""),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+/// Issue 35: a config written with a key's old name still loads;
+/// `check-config` says which file used which old name and what replaced it
+/// (as a table's first lines and in the JSON), and exits 0.
+#[test]
+fn check_config_prints_the_old_key_names_a_config_uses() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = config(
+        dir.path(),
+        "opcli",
+        "[downstream]\noutage_after = 3\nbackoff_max = \"10s\"\n",
+    );
+    let table = stdout_of(&run(&["check-config"], &path));
+    let shown = path.display().to_string();
+    assert!(
+        table.starts_with(&format!(
+            "warning: {shown}: downstream.backoff_max is deprecated and will be removed; rename it to downstream.max_backoff\n"
+        )),
+        "{table}"
+    );
+    assert!(
+        table.contains("downstream.outage_after is deprecated and will be removed; rename it to downstream.outage_after_failures"),
+        "{table}"
+    );
+    assert!(table.contains("configuration is valid\n"), "{table}");
+
+    let json: serde_json::Value =
+        serde_json::from_str(&stdout_of(&run(&["check-config", "--json"], &path))).unwrap();
+    let old: Vec<&str> = json["deprecations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["old"].as_str().unwrap())
+        .collect();
+    assert_eq!(old, ["downstream.backoff_max", "downstream.outage_after"], "{json}");
+
+    // Both names at once: refused, naming both (exit 3).
+    let both = config(
+        dir.path(),
+        "opcli",
+        "[downstream]\noutage_after = 3\noutage_after_failures = 4\n",
+    );
+    let out = run(&["check-config"], &both);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("downstream.outage_after ") && err.contains("downstream.outage_after_failures"),
+        "{err}"
+    );
+}
+
+/// A flag's value out of its range is a usage error, like any bad flag.
+#[test]
+fn a_value_out_of_range_is_a_usage_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = config(dir.path(), "opcli", "");
+    for args in [
+        &["dlq", "replay", "--rate", "0"][..],
+        &["dlq", "replay", "--in-flight", "0"],
+        &["limits", "pause", "--all", "--nonsense"],
+    ] {
+        let out = run(args, &path);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+    }
+}
+
+/// `run` logs each old key name its config uses once, at startup, before
+/// anything else can fail (here Redis, which nothing answers for: exit 1,
+/// a run-time failure).
+#[test]
+fn run_warns_once_of_each_old_key_name_at_startup() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("run.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[downstream]\noutage_after = 3\n\n[redis]\nurl = \"redis://127.0.0.1:{}\"\n",
+            crate::common::free_port()
+        ),
+    )
+    .unwrap();
+    let out = run(&["run"], &path);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let logs = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    let warning = "downstream.outage_after is deprecated and will be removed; rename it to downstream.outage_after_failures";
+    assert_eq!(logs.matches(warning).count(), 1, "{logs}");
+}
+
+/// The exit codes are listed at the end of the top-level `--help` (and so
+/// in the man page), from the one list in the library.
+#[test]
+fn the_top_level_help_lists_every_exit_code() {
+    let out = Command::new(env!("CARGO_BIN_EXE_throttle-worker"))
+        .arg("--help")
+        .output()
+        .expect("run throttle-worker");
+    let help = stdout_of(&out);
+    for code in throttle_worker::operator::ExitCode::ALL {
+        let line = format!("  {}  {}", code.code(), code.description());
+        assert!(help.contains(&line), "{line:?} missing from:\n{help}");
+    }
 }

@@ -413,7 +413,7 @@ impl WorkerConfig<'_> {
 brokers = "{bootstrap}"
 group_id = "{group}"
 topic = "{jobs}"
-retry_topic = "{retry}"
+retry_topic_prefix = "{retry}"
 dlq_topic = "{dlq}"
 commit_interval = "200ms"
 
@@ -434,7 +434,7 @@ on_state_loss = "admit"
 [downstream]
 timeout = "5s"
 backoff_base = "50ms"
-backoff_max = "400ms"
+max_backoff = "400ms"
 
 [http]
 listen = "127.0.0.1:0"

@@ -293,7 +293,7 @@ impl Bench {
         s.kafka.brokers = self.bootstrap();
         s.kafka.group_id = self.group.clone();
         s.kafka.topic = self.topics.jobs.clone();
-        s.kafka.retry_topic = self.topics.retry.clone();
+        s.kafka.retry_topic_prefix = self.topics.retry.clone();
         s.kafka.dlq_topic = self.topics.dlq.clone();
         s.kafka.commit_interval = Duration::from_millis(200);
         // The mock waits session.timeout.ms − 1 s on every rebalance.
@@ -314,7 +314,7 @@ impl Bench {
         s.downstream.url = downstream_url.to_owned();
         s.downstream.timeout = Duration::from_secs(5);
         s.downstream.backoff_base = Duration::from_millis(50);
-        s.downstream.backoff_max = Duration::from_millis(400);
+        s.downstream.max_backoff = Duration::from_millis(400);
         s.http.listen = "127.0.0.1:0".parse().unwrap();
         s.worker.shutdown_timeout = Duration::from_secs(5);
         s
@@ -437,7 +437,7 @@ pub fn topic_specs(topics: &Topics, partitions: i32) -> Vec<(String, i32)> {
         .settings
         .kafka;
     kafka.topic = topics.jobs.clone();
-    kafka.retry_topic = topics.retry.clone();
+    kafka.retry_topic_prefix = topics.retry.clone();
     kafka.dlq_topic = topics.dlq.clone();
     kafka.topic_specs(partitions)
 }

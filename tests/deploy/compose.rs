@@ -142,7 +142,7 @@ fn container_ports(svc: &Value) -> Vec<u16> {
 /// The subcommands built with the `dev-tools` feature only: absent from
 /// the production image (the Dockerfile's last stage), present in its
 /// `dev` stage.
-pub const DEV_TOOLS: &[&str] = &["demo", "stub", "produce", "dev-broker"];
+pub const DEV_TOOLS: &[&str] = &["demo", "limiter-demo", "stub", "produce", "dev-broker"];
 
 /// A service of our image builds the stage its subcommand is in: a dev
 /// tool the `dev` target, anything else (the worker, the operator

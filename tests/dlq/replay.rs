@@ -105,7 +105,7 @@ async fn a_replay_killed_halfway_and_run_again_writes_each_record_once() {
     let dir = tempfile::tempdir().unwrap();
     let prefix = crate::common::unique_prefix("dlqreplay");
     let cfg = config(dir.path(), &brokers, &prefix);
-    let select = ["--reason", "attempts_exhausted", "--seller", "s-1"];
+    let select = ["--kind", "attempts_exhausted", "--seller", "s-1"];
 
     // A dry run writes nothing.
     let mut args = vec!["dlq", "replay", "--dry-run"];
@@ -124,7 +124,7 @@ async fn a_replay_killed_halfway_and_run_again_writes_each_record_once() {
 
     // Paced to 8 a second and killed once a few are written.
     let mut child = Command::new(env!("CARGO_BIN_EXE_throttle-worker"))
-        .args(["dlq", "replay", "--rate", "8"])
+        .args(["dlq", "replay", "--yes", "--rate", "8"])
         .args(select)
         .arg("--config")
         .arg(&cfg)
@@ -160,7 +160,7 @@ async fn a_replay_killed_halfway_and_run_again_writes_each_record_once() {
     assert!(before.len() < 12, "the kill came too late to test a resume");
 
     // Run again: the rest, and nothing twice.
-    let mut args = vec!["dlq", "replay", "--json"];
+    let mut args = vec!["dlq", "replay", "--json", "--yes"];
     args.extend(select);
     let second = summary(&stdout_of(&run(&args, &cfg)));
     println!("second run: {second}");
@@ -246,7 +246,7 @@ async fn a_pending_marker_is_settled_by_reading_the_jobs_topic() {
     .unwrap();
 
     let done = summary(&stdout_of(&run(
-        &["dlq", "replay", "--json", "--seller", "s-2"],
+        &["dlq", "replay", "--yes", "--json", "--seller", "s-2"],
         &cfg,
     )));
     assert_eq!(done["recovered"], 1, "{done}");
@@ -284,7 +284,7 @@ async fn a_replay_killed_with_several_copies_under_way_writes_each_once() {
         .delay_answers(RDKafkaApiKey::Produce, 1, Duration::from_secs(60))
         .unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_throttle-worker"))
-        .args(["dlq", "replay", "--reason", "attempts_exhausted"])
+        .args(["dlq", "replay", "--kind", "attempts_exhausted"])
         .arg("--config")
         .arg(&cfg)
         .stdout(Stdio::null())
@@ -343,7 +343,7 @@ async fn a_replay_killed_with_several_copies_under_way_writes_each_once() {
     assert!(at_kill.values().all(|c| c.len() == 1), "{at_kill:?}");
 
     let second = summary(&stdout_of(&run(
-        &["dlq", "replay", "--json", "--reason", "attempts_exhausted"],
+        &["dlq", "replay", "--json", "--kind", "attempts_exhausted"],
         &cfg,
     )));
     println!("second run: {second}");
@@ -366,7 +366,7 @@ async fn a_replay_killed_with_several_copies_under_way_writes_each_once() {
         assert_eq!(copies.len(), 1, "{from} replayed {} times", copies.len());
     }
     let third = summary(&stdout_of(&run(
-        &["dlq", "replay", "--json", "--reason", "attempts_exhausted"],
+        &["dlq", "replay", "--json", "--kind", "attempts_exhausted"],
         &cfg,
     )));
     assert_eq!(third["already"], 16, "{third}");
@@ -389,6 +389,7 @@ async fn rate_spaces_the_copies_of_a_pipelined_replay() {
         &[
             "dlq",
             "replay",
+            "--yes",
             "--json",
             "--rate",
             "20",
@@ -433,7 +434,7 @@ async fn a_replay_that_cannot_keep_its_markers_stops_and_writes_nothing() {
         .await
         .unwrap();
 
-    let out = run(&["dlq", "replay"], &cfg);
+    let out = run(&["dlq", "replay", "--yes"], &cfg);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains("replay markers in Redis"), "{stderr}");
@@ -502,7 +503,14 @@ async fn replay_rate_of_2000_dead_letters() {
     let in_flight = std::env::var("DLQ_RATE_IN_FLIGHT").unwrap_or_else(|_| "64".into());
     let t = Instant::now();
     let done = summary(&stdout_of(&run(
-        &["dlq", "replay", "--json", "--in-flight", &in_flight],
+        &[
+            "dlq",
+            "replay",
+            "--yes",
+            "--json",
+            "--in-flight",
+            &in_flight,
+        ],
         &cfg,
     )));
     let took = t.elapsed();

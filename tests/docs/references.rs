@@ -757,3 +757,47 @@ fn the_metrics_reference_is_the_registry() {
     assert!(page.matches("\n| `throttle_").count() >= 30, "{page}");
     check_page("metrics.md", &page);
 }
+
+// ---------------------------------------------------------------------
+// Dead-letter kinds and exit codes: the code's own lists.
+
+fn dead_letter_kinds_page() -> String {
+    use throttle_worker::dead_letter::DeadLetterKind;
+    let mut out = header("Dead-letter kinds", "src/dead_letter.rs (`DeadLetterKind`)");
+    out.push_str(
+        "Every record on the dead-letter topic carries its kind in the `x-error-kind` header \
+(the full reason, with the detail, in `x-error`), and every dead letter counts in \
+`throttle_jobs_dead_lettered_total{reason=KIND}`. `throttle-worker dlq stats|show|replay \
+--kind KIND` selects by it, and accepts only these. A kind that comes from the job itself \
+fails the same way when replayed: fix the producer first.\n\n\
+| kind | when, and what to do |\n|---|---|\n",
+    );
+    for kind in DeadLetterKind::ALL {
+        writeln!(out, "| `{}` | {} |", kind.name(), cell(kind.description())).unwrap();
+    }
+    out
+}
+
+#[test]
+fn the_dead_letter_kinds_are_the_code_s() {
+    check_page("dead-letter-kinds.md", &dead_letter_kinds_page());
+}
+
+fn exit_codes_page() -> String {
+    use throttle_worker::operator::ExitCode;
+    let mut out = header("Exit codes", "src/operator/exit.rs (`ExitCode`)");
+    out.push_str(
+        "Every command of `throttle-worker` exits with one of these, so a script or a job \
+runner can tell a refusal from a failure. The top-level `--help` ends with the same table.\n\n\
+| code | meaning |\n|---|---|\n",
+    );
+    for code in ExitCode::ALL {
+        writeln!(out, "| {} | {} |", code.code(), cell(code.description())).unwrap();
+    }
+    out
+}
+
+#[test]
+fn the_exit_codes_are_the_code_s() {
+    check_page("exit-codes.md", &exit_codes_page());
+}

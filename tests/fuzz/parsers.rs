@@ -401,7 +401,7 @@ fn config_key() -> BoxedStrategy<String> {
         "DOWNSTREAM__CONCURRENCY",
         "DOWNSTREAM__MAX_ATTEMPTS",
         "DOWNSTREAM__BACKOFF_BASE",
-        "DOWNSTREAM__BACKOFF_MAX",
+        "DOWNSTREAM__MAX_BACKOFF",
         "DOWNSTREAM__MAX_RETRY_AFTER",
         "HTTP__LISTEN",
         "WORKER__MAX_BUFFERED",
@@ -517,7 +517,7 @@ fn toml_document() -> BoxedStrategy<String> {
     let key = prop_oneof![
         4 => prop::sample::select(vec![
             "brokers", "topic", "url", "timeout", "concurrency", "max_attempts",
-            "backoff_base", "backoff_max", "max_retry_after", "max_buffered",
+            "backoff_base", "max_backoff", "max_retry_after", "max_buffered",
             "max_payload_bytes", "max_job_cost", "listen", "default", "global",
             "algorithm", "limit", "period", "burst", "tier", "unlimited", "rules",
             "key_prefix", "topology",
@@ -566,7 +566,7 @@ fn check_loaded(result: Result<config::Loaded, config::ConfigError>) -> Result<(
                 .is_some());
             prop_assert!(s.worker.max_job_cost >= 1);
             prop_assert!(s.downstream.concurrency >= 1);
-            prop_assert!(s.downstream.backoff_max >= s.downstream.backoff_base);
+            prop_assert!(s.downstream.max_backoff >= s.downstream.backoff_base);
         }
         Err(e) => prop_assert!(!e.to_string().is_empty()),
     }

@@ -54,7 +54,7 @@ async fn reset_clears_a_sellers_state_and_block_and_nothing_else() {
     )
     .unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_throttle-worker"))
-        .args(["limits", "reset", "spent", "--config"])
+        .args(["limits", "reset", "spent", "--yes", "--config"])
         .arg(&config)
         .output()
         .expect("run throttle-worker");

@@ -814,7 +814,7 @@ async fn limits_show_and_reset_work_on_a_cluster() {
         } else {
             assert_eq!(blocked, None, "{s}: {shown}");
         }
-        let out = operator::reset(Some(config.as_path()), s, Output::Json)
+        let out = operator::reset(Some(config.as_path()), s, false, Output::Json)
             .await
             .expect("limits reset on the cluster");
         let reset: serde_json::Value = serde_json::from_str(&out).unwrap();

@@ -124,7 +124,7 @@ async fn a_silent_connection_is_replaced_within_two_seconds() {
     );
 }
 
-/// `/readyz` goes 503 naming Redis after `redis.unready_after` failed
+/// `/readyz` goes 503 naming Redis after `redis.unready_after_failures` failed
 /// limiter calls in a row, and back to 200 with the next success; the jobs
 /// that waited meanwhile are neither lost nor called without a grant.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -136,7 +136,7 @@ async fn readyz_reports_redis_down_and_recovers() {
     let mut settings = bench.settings(&downstream.url);
     settings.redis.url = format!("redis://{}", proxy.addr);
     settings.redis.timeout = Duration::from_millis(200);
-    settings.redis.unready_after = 2;
+    settings.redis.unready_after_failures = 2;
     let port = crate::common::free_port();
     settings.http.listen = format!("127.0.0.1:{port}").parse().unwrap();
     let worker = Running::start(

@@ -523,7 +523,7 @@ pub fn no_idle_slot_while_granted_waits(sc: &Scenario, out: &Outcome) -> Vec<Str
 /// seller's failed calls (429, 5xx, timeouts) in any 5 s, less up to
 /// `max_attempts` of each job's, stay under ten per partition plus twenty
 /// (a restarted process learns an outage anew: up to
-/// `downstream.outage_after` calls before it holds, and a redelivered copy
+/// `downstream.outage_after_failures` calls before it holds, and a redelivered copy
 /// of a job starts its attempts over). A job called again and again
 /// without a wait (a 429 that holds nothing, a retry that spends no
 /// attempt) goes beyond its attempts within the window and is caught.

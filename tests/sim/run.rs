@@ -286,7 +286,7 @@ pub fn start(
             inner: Coalescer::start(
                 Arc::new(limiter),
                 CoalesceSettings {
-                    max: settings.redis.coalesce_max,
+                    max: settings.redis.max_coalesced,
                     window: settings.redis.coalesce_window,
                     ..CoalesceSettings::default()
                 },

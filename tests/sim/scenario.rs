@@ -313,7 +313,7 @@ impl Scenario {
             .expect("the defaults load")
             .settings;
         s.kafka.topic = "jobs".to_owned();
-        s.kafka.retry_topic = "jobs.retry".to_owned();
+        s.kafka.retry_topic_prefix = "jobs.retry".to_owned();
         s.kafka.dlq_topic = "jobs.dlq".to_owned();
         s.kafka.commit_interval = Duration::from_millis(200);
         s.downstream.concurrency = self.concurrency;

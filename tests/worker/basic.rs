@@ -112,7 +112,7 @@ async fn downstream_5xx_backs_off_and_dead_letters_after_max_attempts() {
     let mut settings = bench.settings(&down.url);
     settings.downstream.max_attempts = 3;
     settings.downstream.backoff_base = Duration::from_millis(100);
-    settings.downstream.backoff_max = Duration::from_millis(400);
+    settings.downstream.max_backoff = Duration::from_millis(400);
     let mut records = vec![job("b1", "broken"), job("b2", "broken")];
     records.extend((0..10).map(|i| job(&format!("ok-{i}"), "fine")));
     bench.produce(&records).await;
@@ -423,7 +423,7 @@ async fn timeouts_and_dropped_connections_back_off_and_wait_for_the_downstream()
     settings.downstream.timeout = Duration::from_millis(200);
     settings.downstream.max_attempts = 3;
     settings.downstream.backoff_base = Duration::from_millis(100);
-    settings.downstream.backoff_max = Duration::from_millis(400);
+    settings.downstream.max_backoff = Duration::from_millis(400);
     bench.produce(&[job("slow-1", "s")]).await;
     let w = Running::start(settings, policy(vec![rule("gcra", 1000, "1s", None)]));
     down.wait_for("five calls", Duration::from_secs(30), |a| a.len() >= 5)
@@ -476,7 +476,7 @@ async fn timeouts_and_dropped_connections_back_off_and_wait_for_the_downstream()
     let mut settings = bench.settings(&url);
     settings.downstream.max_attempts = 3;
     settings.downstream.backoff_base = Duration::from_millis(200);
-    settings.downstream.backoff_max = Duration::from_millis(800);
+    settings.downstream.max_backoff = Duration::from_millis(800);
     bench.produce(&[job("nobody-1", "s")]).await;
     let started = std::time::Instant::now();
     let w = Running::start(settings, policy(vec![rule("gcra", 1000, "1s", None)]));

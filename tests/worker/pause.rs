@@ -182,6 +182,7 @@ async fn a_paused_seller_stops_within_a_second_on_every_replica_and_nothing_is_l
     let said = limits(&[
         "pause",
         "--all",
+        "--yes",
         "--for",
         "20s",
         "--reason",

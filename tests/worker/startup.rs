@@ -50,7 +50,7 @@ async fn each_missing_dependency_stops_startup_saying_what_to_fix() {
     // (2) A retry tier missing on the broker: the check covers every topic,
     // not only the jobs topic. A retry topic name with no tiers created.
     let mut s = bench.settings(&down.url);
-    s.kafka.retry_topic = format!("{}-typo", bench.topics.retry);
+    s.kafka.retry_topic_prefix = format!("{}-typo", bench.topics.retry);
     let e = startup_error(s).await;
     assert_names(
         &e,

@@ -59,7 +59,7 @@ pub enum ConsumerError {
     Create { brokers: String, source: KafkaError },
     #[error("cannot read Kafka metadata from {brokers:?} (are the brokers reachable?): {source}")]
     Metadata { brokers: String, source: KafkaError },
-    #[error("topic {topic:?} does not exist on {brokers:?} (or has no partitions): create it, or fix kafka.topic / kafka.retry_topic / kafka.dlq_topic")]
+    #[error("topic {topic:?} does not exist on {brokers:?} (or has no partitions): create it, or fix kafka.topic / kafka.retry_topic_prefix / kafka.dlq_topic")]
     MissingTopic { topic: String, brokers: String },
     #[error("could not subscribe to {topics:?}: {source}")]
     Subscribe {

@@ -179,6 +179,24 @@ impl RedisStore {
             .map_err(RedisError::Script)
     }
 
+    /// Which of `keys` exist (`EXISTS`, one a key; a seller's keys are few),
+    /// for `limits reset --dry-run`, which deletes nothing.
+    pub async fn existing(&self, keys: &[String]) -> Result<Vec<String>, RedisError> {
+        let mut conn = self.conn.get();
+        let mut out = Vec::new();
+        for key in keys {
+            let n: u64 = redis::cmd("EXISTS")
+                .arg(key)
+                .query_async(&mut conn)
+                .await
+                .map_err(RedisError::Script)?;
+            if n > 0 {
+                out.push(key.clone());
+            }
+        }
+        Ok(out)
+    }
+
     /// The install's layout marker under `prefix` (`None` when there is
     /// none), for [`choose`](crate::limiter::layout::choose).
     pub async fn layout_marker(&self, prefix: &str) -> Result<Option<String>, RedisError> {

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::dead_letter::DeadLetterKind;
 use crate::kafka::consumer::Origin;
 use crate::limiter::{BatchDecision, CannotPass, DeniedBy, NextJob};
 use crate::telemetry::events::{
@@ -249,7 +250,7 @@ impl<X: Ports> Engine<X> {
         self.write_pending(
             p,
             Target::DeadLetter {
-                kind: "cost_over_capacity",
+                kind: DeadLetterKind::CostOverCapacity.name(),
                 reason,
             },
         );

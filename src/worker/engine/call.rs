@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::backoff::backoff_with;
+use crate::dead_letter::DeadLetterKind;
 use crate::downstream::{Answer, RetryAfter};
 use crate::kafka::consumer::{Origin, TopicPartition};
 use crate::telemetry::events::{
@@ -205,7 +206,7 @@ impl<X: Ports> Engine<X> {
                     Some(s) => format!("downstream refused the job with HTTP {s}: {reason}"),
                     None => format!("downstream refused the job: {reason}"),
                 };
-                let kind = "downstream_rejected";
+                let kind = DeadLetterKind::DownstreamRejected.name();
                 self.write_pending(p, Target::DeadLetter { kind, reason });
             }
             Answer::Unavailable { .. } => self.hold_for_outage(key, p),
@@ -239,13 +240,13 @@ impl<X: Ports> Engine<X> {
                 "downstream failed {} times (downstream.max_attempts = {max}); last: {reason}",
                 p.attempts
             );
-            let kind = "attempts_exhausted";
+            let kind = DeadLetterKind::AttemptsExhausted.name();
             return self.write_pending(p, Target::DeadLetter { kind, reason });
         }
         p.failures_in_a_row += 1;
         let d = &self.settings.downstream;
         let step = p.failures_in_a_row.max(p.attempts);
-        let wait = backoff_with(step, d.backoff_base, d.backoff_max, &mut self.rng);
+        let wait = backoff_with(step, d.backoff_base, d.max_backoff, &mut self.rng);
         DownstreamFailed {
             job_id: &p.job.job_id,
             attempts: p.attempts,
@@ -344,7 +345,7 @@ impl<X: Ports> Engine<X> {
             return None;
         }
         let d = &self.settings.downstream;
-        let (base, max) = (d.backoff_base, d.backoff_max);
+        let (base, max) = (d.backoff_base, d.max_backoff);
         let in_a_row = self.scheduler.throttled(key);
         let rng = &mut self.rng;
         throttled

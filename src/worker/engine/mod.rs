@@ -105,7 +105,7 @@ pub struct Deps<X: Ports> {
     /// Records from the consumer.
     pub records: mpsc::Receiver<Record>,
     pub partitions: mpsc::UnboundedReceiver<PartitionEvent>,
-    /// Readiness: Redis is reported down after `redis.unready_after`
+    /// Readiness: Redis is reported down after `redis.unready_after_failures`
     /// failed limiter calls in a row.
     pub health: Health,
     /// Partitions of the jobs topic: this replica's share of a limit under

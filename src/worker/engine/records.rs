@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::dead_letter::DeadLetterKind;
 use crate::job::Job;
 use crate::kafka::consumer::{Record, TopicPartition};
 use crate::telemetry::events::RecordReceived;
@@ -30,7 +31,7 @@ impl<X: Ports> Engine<X> {
             Ok(h) => h,
             Err(e) => {
                 let reason = format!("unreadable worker header: {e}");
-                let kind = "unreadable_headers";
+                let kind = DeadLetterKind::UnreadableHeaders.name();
                 let target = Target::DeadLetter { kind, reason };
                 return self.write(bytes, rec.origin, rec.original, None, 0, target);
             }
