@@ -335,6 +335,59 @@ async fn reset_off_a_terminal_needs_yes_and_a_dry_run_changes_nothing() {
     assert_eq!(remaining(), 3, "with --yes the state is cleared");
 }
 
+/// On a terminal `limits reset` asks: "n" (or anything but y) changes
+/// nothing and exits 4, "y" clears the state. The terminal is a real
+/// pseudo-terminal, from util-linux's `script`, which types the answer.
+#[tokio::test]
+async fn reset_on_a_terminal_asks_and_acts_only_on_yes() {
+    use throttle_worker::limiter::{Mode, Request};
+    let prefix = crate::common::unique_prefix("opcli-tty");
+    let dir = tempfile::tempdir().unwrap();
+    let path = config(dir.path(), &prefix, LIMITS);
+    let limiter = throttle_worker::operator::open_limiter(Some(&path))
+        .await
+        .unwrap();
+    limiter
+        .check(Request::new("s", 2, Mode::AllOrNothing))
+        .await
+        .unwrap();
+    let remaining = || {
+        let shown = stdout_of(&run(&["limits", "show", "s", "--json"], &path));
+        let v: serde_json::Value = serde_json::from_str(&shown).unwrap();
+        v["rules"][0]["remaining"].as_u64().unwrap()
+    };
+    let on_a_terminal = |answer: &str| {
+        use std::io::Write;
+        let line = format!(
+            "{} limits reset s --config {}",
+            env!("CARGO_BIN_EXE_throttle-worker"),
+            path.display()
+        );
+        let mut child = Command::new("script")
+            .args(["-qec", &line, "/dev/null"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("util-linux's script");
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(answer.as_bytes())
+            .unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let out = on_a_terminal("n\n");
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(shown.contains("Proceed? [y/N]"), "the question: {shown}");
+    assert_eq!(out.status.code(), Some(4), "declined: {out:?}");
+    assert_eq!(remaining(), 1, "a no changes nothing");
+    let out = on_a_terminal("y\n");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(remaining(), 3, "a yes clears the state");
+}
+
 /// `limits pause --all` stops the whole fleet: off a terminal it needs
 /// --yes (exit 4 without, no pause written); --dry-run prints the pause
 /// and writes nothing; a seller's own pause needs no confirmation.

@@ -2,10 +2,11 @@
 //! is not an `{{#include}}` of a real file) loads and validates as a config
 //! file, through the same check `throttle-worker check-config` runs, with
 //! no deprecated key in it: an example with a misspelt key, a rule the
-//! limiter refuses or a name that was renamed fails here, not in an
-//! operator's first deployment.
+//! limiter refuses or a key under its deprecated name fails here, not in
+//! an operator's first deployment.
 
 use pulldown_cmark::{CodeBlockKind, Event, Parser, Tag, TagEnd};
+use throttle_worker::config::load_from;
 use throttle_worker::operator::{check_config, Output};
 
 use super::{book_pages, repo};
@@ -75,6 +76,13 @@ fn every_configuration_example_in_the_book_loads() {
                     source = s.source();
                 }
                 failures.push(format!("{name}:{line}: {why}"));
+            } else if let Ok(loaded) = load_from(Some(&file), Vec::new()) {
+                for d in &loaded.deprecations {
+                    failures.push(format!(
+                        "{name}:{line}: {} is deprecated: write {}",
+                        d.old, d.new
+                    ));
+                }
             }
         }
     }
