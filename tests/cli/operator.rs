@@ -289,17 +289,13 @@ default = [{ algorithm = "fixed_window", limit = 100, period = "1m" }]
     );
 }
 
-/// Issue 35: `limits reset` acts on every replica at once. Off a terminal
-/// (the test's stdin is closed) it needs --yes: without it, exit 4 and the
-/// seller's state stays; --dry-run lists the keys and changes nothing;
-/// with --yes the state is gone.
-#[tokio::test]
-async fn reset_off_a_terminal_needs_yes_and_a_dry_run_changes_nothing() {
+/// A config of its own key prefix whose seller `s` has spent 2 of its 3 a
+/// minute (the directory holding the config lives as long as the first).
+async fn seller_charged_two(name: &str) -> (tempfile::TempDir, std::path::PathBuf) {
     use throttle_worker::limiter::{Mode, Request};
-    let prefix = crate::common::unique_prefix("opcli-reset");
+    let prefix = crate::common::unique_prefix(name);
     let dir = tempfile::tempdir().unwrap();
     let path = config(dir.path(), &prefix, LIMITS);
-    // Charge 2 of the seller's 3 a minute.
     let limiter = throttle_worker::operator::open_limiter(Some(&path))
         .await
         .unwrap();
@@ -307,11 +303,24 @@ async fn reset_off_a_terminal_needs_yes_and_a_dry_run_changes_nothing() {
         .check(Request::new("s", 2, Mode::AllOrNothing))
         .await
         .unwrap();
-    let remaining = || {
-        let shown = stdout_of(&run(&["limits", "show", "s", "--json"], &path));
-        let v: serde_json::Value = serde_json::from_str(&shown).unwrap();
-        v["rules"][0]["remaining"].as_u64().unwrap()
-    };
+    (dir, path)
+}
+
+/// What `limits show` says seller `s` has left of its first rule.
+fn remaining_of(path: &Path) -> u64 {
+    let shown = stdout_of(&run(&["limits", "show", "s", "--json"], path));
+    let v: serde_json::Value = serde_json::from_str(&shown).unwrap();
+    v["rules"][0]["remaining"].as_u64().unwrap()
+}
+
+/// Issue 35: `limits reset` acts on every replica at once. Off a terminal
+/// (the test's stdin is closed) it needs --yes: without it, exit 4 and the
+/// seller's state stays; --dry-run lists the keys and changes nothing;
+/// with --yes the state is gone.
+#[tokio::test]
+async fn reset_off_a_terminal_needs_yes_and_a_dry_run_changes_nothing() {
+    let (_dir, path) = seller_charged_two("opcli-reset").await;
+    let remaining = || remaining_of(&path);
     assert_eq!(remaining(), 1);
 
     let out = run(&["limits", "reset", "s"], &path);
@@ -340,22 +349,8 @@ async fn reset_off_a_terminal_needs_yes_and_a_dry_run_changes_nothing() {
 /// pseudo-terminal, from util-linux's `script`, which types the answer.
 #[tokio::test]
 async fn reset_on_a_terminal_asks_and_acts_only_on_yes() {
-    use throttle_worker::limiter::{Mode, Request};
-    let prefix = crate::common::unique_prefix("opcli-tty");
-    let dir = tempfile::tempdir().unwrap();
-    let path = config(dir.path(), &prefix, LIMITS);
-    let limiter = throttle_worker::operator::open_limiter(Some(&path))
-        .await
-        .unwrap();
-    limiter
-        .check(Request::new("s", 2, Mode::AllOrNothing))
-        .await
-        .unwrap();
-    let remaining = || {
-        let shown = stdout_of(&run(&["limits", "show", "s", "--json"], &path));
-        let v: serde_json::Value = serde_json::from_str(&shown).unwrap();
-        v["rules"][0]["remaining"].as_u64().unwrap()
-    };
+    let (_dir, path) = seller_charged_two("opcli-tty").await;
+    let remaining = || remaining_of(&path);
     let on_a_terminal = |answer: &str| {
         use std::io::Write;
         let line = format!(
