@@ -92,54 +92,154 @@ type SecondsHistogram = Family<KindLabel, Histogram, fn() -> Histogram>;
 /// Every series of the process.
 pub struct Metrics {
     registry: Registry,
+    /// Records taken from Kafka.
     pub jobs_received: Counter,
+    /// Jobs the downstream accepted.
     pub jobs_done: Counter,
+    /// Jobs written to the dead-letter topic, by kind (`reason` is the
+    /// record's `x-error-kind`): see [Dead-letter kinds](dead-letter-kinds.md).
     pub jobs_dead_lettered: Family<ReasonLabel, Counter>,
+    /// Jobs deferred through a retry tier.
     pub jobs_to_retry_topic: Counter,
+    /// Retry or dead-letter copies the broker refused as too large, by what was
+    /// done instead: `dead_letter_without_payload`, `kept_in_memory`.
     pub records_too_large: Family<ReasonLabel, Counter>,
+    /// Job records whose `traceparent` is not valid W3C trace context (`shape`,
+    /// `not_hex`, `version`, `zero_trace_id`, `zero_parent_id`); each job went
+    /// on in a new trace (see [Tracing](../operate/observability.md#tracing)).
     pub trace_context_invalid: Family<ReasonLabel, Counter>,
+    /// Downstream calls that failed (5xx, timeout, connection) and are tried
+    /// again after a backoff; a job that keeps failing is dead-lettered as
+    /// `attempts_exhausted` after `downstream.max_attempts`.
     pub jobs_retried: Counter,
+    /// Waiting or finished-too-late work of revoked partitions, left to the new
+    /// owner.
     pub jobs_dropped_on_revoke: Counter,
+    /// Redelivered records the previous owner had finished (named in its commit
+    /// metadata or the handoff ledger), skipped.
     pub jobs_already_done: Counter,
+    /// Jobs the limiter admitted (each job once, whatever its cost).
     pub jobs_admitted: Counter,
+    /// Units the limiter admitted: the sum of the admitted jobs' costs.
     pub units_admitted: Counter,
+    /// Jobs let through by `redis.on_error = fail_open` or `local` while Redis
+    /// failed.
     pub jobs_admitted_without_redis: Counter,
+    /// Partition heads sent round the retry topic so the partition could
+    /// commit.
     pub heads_moved: Counter,
+    /// Downstream answers: `2xx`, `429`, `4xx`, `5xx`, `other`, `timeout`,
+    /// `error` (connection).
     pub downstream_requests: Family<ClassLabel, Counter>,
+    /// Histogram of downstream call latency.
     pub downstream_request_duration: Histogram,
+    /// 429s whose `Retry-After` was over `downstream.max_retry_after`.
     pub downstream_retry_after_clamped: Counter,
+    /// 1 while the downstream is held as out of service (calls failing across
+    /// jobs): jobs keep their attempts, only probes go out.
     pub downstream_outage: Gauge,
+    /// Downstream outages begun.
     pub downstream_outages: Counter,
+    /// Sellers paused one by one (`limits pause SELLER`), as this replica last
+    /// read them.
     pub paused_sellers: Gauge,
+    /// 1 while every seller is paused (`limits pause --all`).
     pub paused_all: Gauge,
+    /// Limiter asks made (one per seller batch, not per job); asks that arrive
+    /// together share one Redis call (`throttle_limiter_asks_per_call`).
     pub limiter_calls: Counter,
+    /// `result` is `granted`, `denied`, `never` (a job over a rule's capacity)
+    /// or `shadow_denied` (a shadow rule would have held units back); `by`
+    /// names what refused: `rule0`, `rule1`, … in the seller's rule order with
+    /// global rules after them, `shadow0`, … for shadow rules,
+    /// `downstream_429`, `unavailable`, `max_in_flight` (every slot of the
+    /// seller's `max_in_flight` taken, fleet-wide: the seller waits for
+    /// capacity); `tier` is the seller's tier, or `default`, `seller` (rules of
+    /// its own), `override`, `unlimited`.
     pub limiter_decisions: Family<DecisionLabels, Counter>,
+    /// Grants after which the seller's tightest rule (the one with the fewest
+    /// units left, which the script names) has at most a fifth of its capacity
+    /// left (80 % used, envoy ratelimit's `near_limit`): a seller that keeps
+    /// appearing here is about to be throttled. A large rule nearly spent
+    /// beside a fresh small one counts (it did not before issue 21, when
+    /// `remaining` was compared with the smallest capacity).
     pub limiter_near_limit: Family<TierSellerLabels, Counter>,
+    /// Units shadow rules would have held back (the jobs went through).
     pub limiter_shadow_denied_units: Family<TierSellerLabels, Counter>,
+    /// Jobs that arrived while their seller was known refused or held by a 429,
+    /// and so joined its queue without a limiter call (a worker asking per job
+    /// would have called Redis to be refused).
     pub limiter_calls_avoided: Family<SellerLabel, Counter>,
+    /// Histogram of the waits refused sellers were given.
     pub limiter_retry_after: Histogram,
+    /// Failed Redis calls: `timeout`, `connection`, `server`, and `shadow` for
+    /// a failed shadow-rule call.
     pub limiter_errors: Family<KindLabel, Counter>,
+    /// Histogram of Redis call latency (`kind="script"`).
     pub redis_call_duration: SecondsHistogram,
+    /// Histogram of sellers' asks carried by one coalesced limiter call
+    /// (`redis.max_coalesced`); a mean near 1 under load means the asks do not
+    /// arrive together.
     pub limiter_asks_per_call: Histogram,
+    /// Offset commits the broker acknowledged.
     pub offset_commits: Counter,
+    /// Offset commits that failed; the next commit carries the same offsets.
     pub offset_commit_errors: Counter,
+    /// Reads and writes of the handoff ledger (what each commit says is
+    /// finished, in Redis) that failed; a partition handed over meanwhile
+    /// relies on the broker's commit alone.
     pub handoff_ledger_errors: Counter,
+    /// Losses of the limiter's state in Redis that this replica found (a
+    /// restart without persistence, a failover to a replica that missed writes,
+    /// an eviction, a new install): one per loss across the fleet, one per hash
+    /// slot in a cluster; see [Redis data
+    /// loss](../concepts/guarantees.md#redis-data-loss).
     pub limiter_state_lost: Counter,
+    /// Consumer errors (broker down, transport).
     pub kafka_errors: Counter,
+    /// Partition assignments received.
     pub rebalances: Counter,
+    /// Times fetching paused at `worker.max_buffered` or
+    /// `worker.max_buffered_bytes`.
     pub backpressure_pauses: Counter,
+    /// Limit edits applied live, without a restart.
     pub config_reloads: Counter,
+    /// Limit edits rejected: the limits in force stay, the log names the file,
+    /// the key and the problem.
     pub config_reload_errors: Counter,
+    /// Downstream slots in use (of `downstream.concurrency`).
     pub jobs_in_flight: Gauge,
+    /// Jobs in memory waiting: `cause="limit"` for a seller's limit or a 429
+    /// hold, `cause="capacity"` for a downstream slot (this replica's
+    /// `downstream.concurrency`, or the seller's `max_in_flight` across the
+    /// fleet) or a backoff after a failed call, `cause="paused"` for an
+    /// operator's pause (`limits pause`).
     pub jobs_waiting: Family<WaitingLabels, Gauge>,
+    /// Retry-tier records held until their release time (their partitions are
+    /// paused).
     pub jobs_parked: Gauge,
+    /// Bytes of jobs in memory (bounded by `worker.max_buffered_bytes`).
     pub buffered_bytes: Gauge,
+    /// `worker.max_buffered_bytes` of this replica, so that alerts and the
+    /// dashboard can compare `throttle_buffered_bytes` with it.
     pub max_buffered_bytes: Gauge,
+    /// 1 when `/readyz` answers 200 (started, in the group, Redis answering),
+    /// else 0; taken at each scrape.
     pub ready: Gauge,
+    /// Partitions this replica holds, every topic.
     pub assigned_partitions: Gauge,
+    /// Partitions this replica does not fetch from: backpressure, or parked
+    /// retry-tier records.
     pub paused_partitions: Gauge,
+    /// High watermark minus committed offset of each partition this replica
+    /// holds (librdkafka statistics, every `statistics.interval.ms`, 5 s by
+    /// default).
     pub consumer_lag: Family<PartitionLabels, Gauge>,
+    /// Age of the partition's oldest record taken but not finished (its Kafka
+    /// timestamp), 0 when all are finished.
     pub consumer_lag_seconds: Family<PartitionLabels, Gauge<f64, AtomicU64>>,
+    /// The sum over this replica's partitions of the topic; `sum by (group,
+    /// topic)` over replicas is the group's lag.
     pub consumer_topic_lag: Family<TopicLabels, Gauge>,
 }
 

@@ -632,21 +632,35 @@ fn the_configuration_reference_is_the_structs() {
 // ---------------------------------------------------------------------
 // The metrics.
 
-/// Label names of each metric, from src/telemetry/metrics.rs: the field a
-/// metric is registered into (`field: reg!("name", ...)`), the field's
-/// type (`Family<Labels, _>` or an alias of one) and the label struct's
-/// fields.
-fn metric_labels() -> BTreeMap<String, Vec<String>> {
+/// One metric as src/telemetry/metrics.rs registers it.
+#[derive(Default)]
+struct MetricSource {
+    /// The help text it is registered with (what `# HELP` says).
+    help: String,
+    /// `counter`, `gauge` or `histogram`, from the field's type.
+    kind: String,
+    /// The label struct's fields.
+    labels: Vec<String>,
+    /// The doc comment of the field it is registered into.
+    doc: String,
+}
+
+/// Every metric src/telemetry/metrics.rs registers, by name: each
+/// `field: reg!("name", "help", ...)`, the field's doc comment and type
+/// (`Family<Labels, Metric>`, a metric, or an alias of either), and the
+/// label struct's fields. Read from the source because the registry does
+/// not encode a family that has no series yet.
+fn metric_sources() -> BTreeMap<String, MetricSource> {
     let file = parse("src/telemetry/metrics.rs");
     let mut label_structs: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut aliases: BTreeMap<String, syn::Type> = BTreeMap::new();
-    let mut field_types: BTreeMap<String, syn::Type> = BTreeMap::new();
-    let mut registered: BTreeMap<String, String> = BTreeMap::new();
+    let mut fields: BTreeMap<String, (syn::Type, String)> = BTreeMap::new();
     for item in &file.items {
         match item {
             syn::Item::Struct(s) if s.ident == "Metrics" => {
                 for f in &s.fields {
-                    field_types.insert(f.ident.as_ref().unwrap().to_string(), f.ty.clone());
+                    let name = f.ident.as_ref().unwrap().to_string();
+                    fields.insert(name, (f.ty.clone(), doc_of(&f.attrs)));
                 }
             }
             syn::Item::Struct(s) => {
@@ -664,98 +678,142 @@ fn metric_labels() -> BTreeMap<String, Vec<String>> {
             _ => {}
         }
     }
-    // `field: reg!("name", "help", ...)` anywhere in the file.
-    struct Visit<'a>(&'a mut BTreeMap<String, String>);
-    impl<'ast> syn::visit::Visit<'ast> for Visit<'_> {
+    // `field: reg!("name", "help", ...)` anywhere in the file: field, name, help.
+    struct Visit(Vec<(String, String, String)>);
+    impl<'ast> syn::visit::Visit<'ast> for Visit {
         fn visit_field_value(&mut self, fv: &'ast syn::FieldValue) {
             if let (syn::Member::Named(field), syn::Expr::Macro(m)) = (&fv.member, &fv.expr) {
                 if m.mac.path.is_ident("reg") {
-                    if let Ok(args) = m.mac.parse_body_with(
-                        syn::punctuated::Punctuated::<syn::Expr, syn::Token![,]>::parse_terminated,
-                    ) {
-                        if let Some(syn::Expr::Lit(syn::ExprLit {
+                    let args = m
+                        .mac
+                        .parse_body_with(
+                            syn::punctuated::Punctuated::<syn::Expr, syn::Token![,]>::parse_terminated,
+                        )
+                        .expect("reg!(name, help, metric)");
+                    let text = |i: usize| match args.iter().nth(i) {
+                        Some(syn::Expr::Lit(syn::ExprLit {
                             lit: syn::Lit::Str(s),
                             ..
-                        })) = args.first()
-                        {
-                            self.0.insert(s.value(), field.to_string());
-                        }
-                    }
+                        })) => s.value(),
+                        _ => panic!("reg! into {field}: argument {i} is not a string literal"),
+                    };
+                    self.0.push((field.to_string(), text(0), text(1)));
                 }
             }
             syn::visit::visit_field_value(self, fv);
         }
     }
-    syn::visit::Visit::visit_file(&mut Visit(&mut registered), &file);
+    let mut registered = Visit(Vec::new());
+    syn::visit::Visit::visit_file(&mut registered, &file);
     let mut out = BTreeMap::new();
-    for (metric, field) in registered {
-        let mut ty = field_types.get(&field).cloned();
+    for (field, metric, help) in registered.0 {
+        let (ty, doc) = fields
+            .get(&field)
+            .cloned()
+            .unwrap_or_else(|| panic!("reg! into {field}, which Metrics does not have"));
+        let mut source = MetricSource {
+            help,
+            doc,
+            ..MetricSource::default()
+        };
+        let mut ty = Some(ty);
         while let Some((name, args)) = ty.as_ref().and_then(segments) {
-            if name == "Family" {
-                let (labels, _) = segments(args[0]).unwrap();
-                out.insert(
-                    metric.clone(),
-                    label_structs.get(&labels).cloned().unwrap_or_default(),
-                );
-                break;
+            match name.as_str() {
+                "Family" => {
+                    let (labels, _) = segments(args[0]).unwrap();
+                    source.labels = label_structs.get(&labels).cloned().unwrap_or_default();
+                    ty = Some(args[1].clone());
+                }
+                "Counter" | "Gauge" | "Histogram" => {
+                    source.kind = name.to_lowercase();
+                    break;
+                }
+                other => ty = aliases.get(other).cloned(),
             }
-            ty = aliases.get(&name).cloned();
         }
+        out.insert(format!("throttle_{metric}"), source);
     }
     out
 }
 
-fn metrics_page() -> String {
-    let text = throttle_worker::telemetry::metrics::metrics().render();
-    let labels = metric_labels();
-    let mut help: BTreeMap<String, String> = BTreeMap::new();
-    let mut kinds: BTreeMap<String, String> = BTreeMap::new();
-    for line in text.lines() {
-        if let Some(rest) = line.strip_prefix("# HELP ") {
-            let (name, h) = rest.split_once(' ').unwrap_or((rest, ""));
-            help.insert(name.to_owned(), h.trim_end_matches('.').to_owned());
-        } else if let Some(rest) = line.strip_prefix("# TYPE ") {
-            let (name, k) = rest.split_once(' ').unwrap_or((rest, ""));
-            kinds.insert(name.to_owned(), k.to_owned());
-        }
-    }
+fn metrics_page(sources: &BTreeMap<String, MetricSource>) -> String {
     let mut out = header(
         "Metrics",
-        "the metrics src/telemetry/metrics.rs registers, their help texts and label sets",
+        "the metrics src/telemetry/metrics.rs registers, their help texts, label sets and doc comments",
     );
     out.push_str(
         "Every replica serves these at `GET /metrics` (OpenMetrics text). A counter's series \
 carries `_total` after its name; a histogram's `_bucket`, `_sum` and `_count`. A seller \
 gets its own `seller` label only when the config names it (`[limits.sellers]`); every \
-other seller is counted as `seller=\"other\"`, so cardinality stays bounded.\n\n\
+other seller is counted as `seller=\"other\"`, so cardinality stays bounded. A series \
+with labels appears once something has been counted under them.\n\n\
 | metric | type | labels | meaning |\n|---|---|---|---|\n",
     );
-    for (name, h) in &help {
-        let kind = kinds.get(name).map(String::as_str).unwrap_or("");
-        let series = match kind {
+    for (name, source) in sources {
+        let series = match source.kind.as_str() {
             "counter" => format!("{name}_total"),
             _ => name.clone(),
         };
-        let short = name.trim_start_matches("throttle_");
-        let l = labels
-            .get(short)
-            .map(|l| {
-                l.iter()
-                    .map(|x| format!("`{x}`"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            })
-            .unwrap_or_default();
-        writeln!(out, "| `{series}` | {kind} | {l} | {} |", cell(h)).unwrap();
+        let labels = source
+            .labels
+            .iter()
+            .map(|x| format!("`{x}`"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        // The field's doc comment says more than the one-line help text
+        // Prometheus shows; the help text stands in where there is none.
+        let meaning = if source.doc.is_empty() {
+            format!("{}.", source.help.trim_end_matches('.'))
+        } else {
+            source.doc.clone()
+        };
+        writeln!(
+            out,
+            "| `{series}` | {} | {labels} | {} |",
+            source.kind,
+            cell(&meaning)
+        )
+        .unwrap();
     }
     out
 }
 
 #[test]
 fn the_metrics_reference_is_the_registry() {
-    let page = metrics_page();
-    assert!(page.matches("\n| `throttle_").count() >= 30, "{page}");
-    check_page("metrics.md", &page);
+    let sources = metric_sources();
+    // What the source says is what the registry serves: every metric the
+    // process encodes is read from the source, with the same help and type.
+    let text = throttle_worker::telemetry::metrics::metrics().render();
+    let mut encoded = 0;
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (name, help) = rest.split_once(' ').unwrap_or((rest, ""));
+            let source = sources
+                .get(name)
+                .unwrap_or_else(|| panic!("{name} is registered, but not read from the source"));
+            // The encoder ends every help text with a full stop.
+            assert_eq!(
+                source.help.trim_end_matches('.'),
+                help.trim_end_matches('.'),
+                "{name}: the help text"
+            );
+            encoded += 1;
+        } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap_or((rest, ""));
+            assert_eq!(sources[name].kind, kind, "{name}: the type");
+        }
+    }
+    assert!(encoded >= 30, "only {encoded} metrics encoded");
+    let undocumented: Vec<&String> = sources
+        .iter()
+        .filter(|(_, s)| s.doc.is_empty())
+        .map(|(m, _)| m)
+        .collect();
+    assert!(
+        undocumented.is_empty(),
+        "metrics whose field in src/telemetry/metrics.rs has no doc comment: {undocumented:?}"
+    );
+    check_page("metrics.md", &metrics_page(&sources));
 }
 
 // ---------------------------------------------------------------------
