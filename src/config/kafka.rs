@@ -115,8 +115,8 @@ impl KafkaSettings {
     /// gives every replica a share of *each* topic. `cooperative-sticky`
     /// stops fewer partitions on a rebalance but balances the count over
     /// all subscribed topics together, so a replica can end up holding only
-    /// retry-tier partitions and none of the jobs topic; README "Rebalances"
-    /// has the measured trade-off.
+    /// retry-tier partitions and none of the jobs topic; the book's "Rebalances
+    /// and restarts" (docs/src/deploy/kafka.md) has the measured trade-off.
     pub fn consumer_config(&self) -> BTreeMap<String, String> {
         let mut all = self.properties.clone();
         all.extend(self.consumer_properties.clone());

@@ -34,7 +34,7 @@ pub struct RedisSettings {
     /// hash per seller, rules by place: an edited rule converts what the
     /// old one admitted) or `v1+v2` (a rolling deploy's step). Unset:
     /// `v2`, unless the install's marker says a replica runs `v1`, which
-    /// refuses to start (`limiter::layout`). See README "Limiter state".
+    /// refuses to start (`limiter::layout`). See [Limiter state](../internals/limiter-state.md).
     #[serde(default)]
     pub state: Option<StateLayout>,
     /// Longest a limiter call may take before it counts as a Redis failure.
