@@ -381,16 +381,11 @@ fn kind_of(ty: &syn::Type, with: Option<&str>, types: &ConfigTypes) -> (String, 
         "Duration" => ("duration".into(), true),
         "Vec" => {
             let (inner, _) = kind_of(args[0], None, types);
-            let inner = match inner.as_str() {
-                "string" => "strings".to_owned(),
-                "RuleConfig" | "table" => "rules".to_owned(),
-                other => format!("{other}s"),
-            };
-            (format!("list of {inner}"), false)
+            (format!("list of {}", plural(&inner)), false)
         }
         "BTreeMap" | "HashMap" => {
             let (inner, _) = kind_of(args[1], None, types);
-            (format!("table of {inner}"), false)
+            (format!("table of {}", plural(&inner)), false)
         }
         other => {
             if let Some(e) = types.enums.get(other) {
@@ -416,6 +411,14 @@ fn kind_of(ty: &syn::Type, with: Option<&str>, types: &ConfigTypes) -> (String, 
                 (other.to_owned(), false)
             }
         }
+    }
+}
+
+/// "rule" → "rules", "list of rules" → "rule lists".
+fn plural(kind: &str) -> String {
+    match kind.strip_prefix("list of ") {
+        Some(items) => format!("{} lists", items.trim_end_matches('s')),
+        None => format!("{kind}s"),
     }
 }
 
