@@ -132,8 +132,14 @@ async fn long_and_short_holds_are_deferred_to_their_own_tiers() {
         gap >= Duration::from_secs(2),
         "called again after {gap:?}: early"
     );
+    // Held up means behind the hour-long hold, or sent round the shortest
+    // tier (5 s): anything under 5 s is neither. Measured on 2 cores, 14
+    // runs before issue 35 and 12 after: 2.0-2.06 s in most, 2.55 s in a
+    // few, 4.06 s in two of each (the extra 2.0 s is the mock's rebalance
+    // hold, session.timeout.ms - 1 s, by its size; not traced further).
+    // The bound was 3.5 s and failed CI once on those 4.06 s.
     assert!(
-        gap <= Duration::from_millis(3500),
+        gap <= Duration::from_millis(4500),
         "called again after {gap:?}: held up"
     );
     let tier = read_to_end(
