@@ -21,8 +21,24 @@ pub struct DownstreamSettings {
     /// Per call, connect to last byte.
     #[serde(deserialize_with = "human_duration")]
     pub timeout: Duration,
-    /// Calls in flight at once, per replica.
+    /// Calls in flight at once, per replica: the fixed number, or with
+    /// `adaptive_concurrency` the most the learnt limit may reach.
     pub concurrency: usize,
+    /// Learn how many calls the downstream can take instead of always
+    /// sending `concurrency`: the limit drops when calls are shed (502,
+    /// 503, 504, timeouts, refused connections) or answer slower than
+    /// `latency_tolerance` times the unloaded latency, and grows back
+    /// while every slot is in use. Recommended; see
+    /// [Adaptive concurrency](../concepts/adaptive-concurrency.md). Default
+    /// false.
+    pub adaptive_concurrency: bool,
+    /// The fewest calls in flight the adaptive limit keeps, per replica
+    /// (where it starts, too). At least 1, at most `concurrency`. Default 1.
+    pub min_concurrency: usize,
+    /// How many times slower than unloaded the downstream may answer
+    /// before the adaptive limit drops: unloaded is the lowest average of
+    /// a window of calls seen. More than 1. Default 2.0.
+    pub latency_tolerance: f64,
     /// Calls per job before a retryable failure (5xx, timeout) is dead-lettered.
     pub max_attempts: u32,
     /// First backoff after a retryable failure; doubles per attempt, with jitter.
@@ -58,6 +74,7 @@ impl DownstreamSettings {
         error::nonempty(&[("downstream.url", &self.url)])?;
         error::at_least_one(&[
             ("downstream.concurrency", self.concurrency as u64),
+            ("downstream.min_concurrency", self.min_concurrency as u64),
             ("downstream.max_attempts", u64::from(self.max_attempts)),
             (
                 "downstream.outage_after_failures",
@@ -82,6 +99,18 @@ impl DownstreamSettings {
                 DownstreamProblem::RetryAfterTooLong,
             ));
         }
+        if self.min_concurrency > self.concurrency {
+            return Err(Invalid::new(
+                "downstream.min_concurrency",
+                DownstreamProblem::FloorOverCeiling,
+            ));
+        }
+        if !(self.latency_tolerance > 1.0 && self.latency_tolerance <= 100.0) {
+            return Err(Invalid::new(
+                "downstream.latency_tolerance",
+                DownstreamProblem::Tolerance,
+            ));
+        }
         if self.max_backoff < self.backoff_base {
             return Err(Invalid::new(
                 "downstream.max_backoff",
@@ -99,6 +128,10 @@ pub(super) enum DownstreamProblem {
     RetryAfterTooLong,
     #[error("must not be shorter than downstream.backoff_base")]
     BackoffMaxBelowBase,
+    #[error("must not be more than downstream.concurrency (the adaptive limit's ceiling)")]
+    FloorOverCeiling,
+    #[error("must be more than 1 (the unloaded latency) and at most 100")]
+    Tolerance,
 }
 
 /// Which statuses are worth another attempt: whole classes (`5xx`) and
@@ -187,6 +220,46 @@ mod tests {
         assert_eq!(err.key, "downstream.concurrency");
         assert_eq!(err.file, f.path().display().to_string());
         assert_eq!(err.problem, "must be at least 1");
+    }
+
+    #[test]
+    fn the_adaptive_limits_floor_and_tolerance_are_checked() {
+        let cases = [
+            (
+                "concurrency = 4\nmin_concurrency = 5\n",
+                "downstream.min_concurrency",
+                "must not be more than downstream.concurrency (the adaptive limit's ceiling)",
+            ),
+            (
+                "min_concurrency = 0\n",
+                "downstream.min_concurrency",
+                "must be at least 1",
+            ),
+            (
+                "latency_tolerance = 1.0\n",
+                "downstream.latency_tolerance",
+                "must be more than 1 (the unloaded latency) and at most 100",
+            ),
+        ];
+        for (body, key, problem) in cases {
+            let f = file(&format!("[downstream]\n{body}"));
+            let err = load_from(Some(f.path()), Vec::new()).err().expect(body);
+            assert_eq!(
+                (err.key.as_str(), err.problem.as_str()),
+                (key, problem),
+                "{body}"
+            );
+        }
+        let f = file("[downstream]\nadaptive_concurrency = true\nconcurrency = 16\nmin_concurrency = 16\nlatency_tolerance = 1.5\n");
+        let d = load_from(Some(f.path()), Vec::new())
+            .expect("loads")
+            .settings
+            .downstream;
+        assert!(d.adaptive_concurrency);
+        assert_eq!(
+            (d.concurrency, d.min_concurrency, d.latency_tolerance),
+            (16, 16, 1.5)
+        );
     }
 
     #[test]

@@ -140,6 +140,16 @@ pub struct Metrics {
     pub downstream_outage: Gauge,
     /// Downstream outages begun.
     pub downstream_outages: Counter,
+    /// Calls this replica lets out to the downstream at once: the adaptive
+    /// limit (`downstream.adaptive_concurrency`), else
+    /// `downstream.concurrency`. Below the ceiling, the downstream said it
+    /// could take no more: compare with `jobs_in_flight` and the 5xx rate.
+    pub downstream_concurrency_limit: Gauge,
+    /// Moves of the adaptive limit, by `reason`: `overload` (a call shed or
+    /// unreached: 502, 503, 504, timeout, refused), `latency` (a window of
+    /// calls slower than `downstream.latency_tolerance` times unloaded),
+    /// `growth` (every slot in use and the downstream kept up).
+    pub downstream_concurrency_changes: Family<ReasonLabel, Counter>,
     /// Sellers paused one by one (`limits pause SELLER`), as this replica last
     /// read them.
     pub paused_sellers: Gauge,
@@ -348,6 +358,16 @@ impl Metrics {
                 "downstream_outages",
                 "Downstream outages begun",
                 Counter::default()
+            ),
+            downstream_concurrency_limit: reg!(
+                "downstream_concurrency_limit",
+                "Calls this replica lets out to the downstream at once (the adaptive limit, or downstream.concurrency)",
+                Gauge::default()
+            ),
+            downstream_concurrency_changes: reg!(
+                "downstream_concurrency_changes",
+                "Moves of the adaptive downstream concurrency limit, by reason: overload, latency, growth",
+                Family::default()
             ),
             paused_sellers: reg!(
                 "paused_sellers",

@@ -12,6 +12,8 @@
 //!   the downstream slot pool's turns; `seller`: one seller's queues and
 //!   the heads it asks about; `pool`: the downstream slots, given back when
 //!   dropped.
+//! - [`concurrency`]: how many downstream calls may be out at once,
+//!   learnt from the downstream's answers (`downstream.adaptive_concurrency`).
 //! - `admission`: the limiter's health and the failure policy
 //!   (`redis.on_error`).
 //! - `tiers`: which retry tier a job goes to, and the records parked on
@@ -38,6 +40,7 @@
 //!   engine until the shutdown future resolves, and closes the clients.
 
 mod admission;
+pub mod concurrency;
 pub mod engine;
 #[cfg(test)]
 mod fixtures;

@@ -1,4 +1,4 @@
-//! The downstream's slots (`downstream.concurrency`): how many calls this
+//! The downstream's slots (at most `downstream.concurrency`): how many calls this
 //! replica may have out at once. A slot is taken for a limiter call's
 //! heads before the call (so a grant is used at once) and travels with its
 //! job until the job's answer; [`Slots`] give theirs back when dropped,
@@ -6,6 +6,9 @@
 //! revoke, shutdown), so no path can forget one. Taking more than is free
 //! or giving back more than was taken is a bookkeeping error: it fails a
 //! `debug_assert!` in tests instead of being clamped away.
+//!
+//! How many may be taken at once is the pool's limit: the ceiling, or
+//! what `super::concurrency` has learnt of the downstream.
 //!
 //! The count is shared with the tokens (an atomic, since a token may be
 //! dropped in a run's task); whoever waits for a slot is the scheduler's
@@ -17,11 +20,16 @@ use std::sync::Arc;
 
 #[derive(Debug)]
 struct Shared {
-    size: usize,
-    free: AtomicUsize,
+    /// `downstream.concurrency`: the most the limit may ever be.
+    ceiling: usize,
+    /// Slots that may be taken now (the adaptive limit, or the ceiling).
+    limit: AtomicUsize,
+    taken: AtomicUsize,
 }
 
-/// The pool: `size` slots, each either free or held by a [`Slots`].
+/// The pool: up to `limit` slots taken at once, each held by a [`Slots`].
+/// The limit may drop below what is taken (the downstream said it had too
+/// much): no slot is taken back, none is handed out until enough are back.
 #[derive(Debug)]
 pub(super) struct SlotPool {
     shared: Arc<Shared>,
@@ -34,40 +42,58 @@ pub(crate) struct Slots {
 }
 
 impl SlotPool {
-    pub(super) fn new(size: usize) -> SlotPool {
+    /// A pool of `ceiling` slots, `limit` of which may be taken at first.
+    pub(super) fn new(ceiling: usize, limit: usize) -> SlotPool {
+        debug_assert!(limit <= ceiling, "a limit of {limit} over {ceiling}");
         SlotPool {
             shared: Arc::new(Shared {
-                size,
-                free: AtomicUsize::new(size),
+                ceiling,
+                limit: AtomicUsize::new(limit),
+                taken: AtomicUsize::new(0),
             }),
         }
     }
 
-    pub(super) fn size(&self) -> usize {
-        self.shared.size
+    pub(super) fn limit(&self) -> usize {
+        self.shared.limit.load(Ordering::Acquire)
     }
 
+    /// Sets how many slots may be taken (at most the ceiling).
+    pub(super) fn set_limit(&self, limit: usize) {
+        debug_assert!(
+            limit <= self.shared.ceiling,
+            "a limit of {limit} over {}",
+            self.shared.ceiling
+        );
+        self.shared
+            .limit
+            .store(limit.min(self.shared.ceiling), Ordering::Release);
+    }
+
+    /// Slots that may be taken now. Under the limit, not a bookkeeping
+    /// clamp: a lowered limit leaves more taken than it allows.
     pub(super) fn free(&self) -> usize {
-        self.shared.free.load(Ordering::Acquire)
+        self.limit().saturating_sub(self.taken())
     }
 
     /// Slots held, by calls out or about to go out.
     pub(super) fn taken(&self) -> usize {
-        self.size() - self.free()
+        self.shared.taken.load(Ordering::Acquire)
     }
 
     /// Takes up to `max` free slots (none when none is free).
     pub(super) fn take_up_to(&self, max: usize) -> Slots {
-        let mut taken = 0;
+        let limit = self.limit();
+        let mut n = 0;
         let _ = self
             .shared
-            .free
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |free| {
-                taken = free.min(max);
-                Some(free - taken)
+            .taken
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |taken| {
+                n = limit.saturating_sub(taken).min(max);
+                Some(taken + n)
             });
         Slots {
-            n: taken,
+            n,
             pool: self.shared.clone(),
         }
     }
@@ -82,6 +108,12 @@ impl SlotPool {
 impl Slots {
     pub(crate) fn len(&self) -> usize {
         self.n
+    }
+
+    /// Slots taken from their pool, these too: how many calls were out
+    /// when one started (what the adaptive limit learns from).
+    pub(crate) fn taken_in_pool(&self) -> usize {
+        self.pool.taken.load(Ordering::Acquire)
     }
 
     /// Splits one slot off, if any is left.
@@ -117,12 +149,12 @@ impl Drop for Slots {
         if self.n == 0 {
             return;
         }
-        let before = self.pool.free.fetch_add(self.n, Ordering::AcqRel);
+        let before = self.pool.taken.fetch_sub(self.n, Ordering::AcqRel);
         debug_assert!(
-            before + self.n <= self.pool.size,
-            "{} slots went back to a pool of {} with {before} free: a slot was given back twice",
+            before >= self.n,
+            "{} slots went back to a pool of {} with {before} taken: a slot was given back twice",
             self.n,
-            self.pool.size
+            self.pool.ceiling
         );
     }
 }
@@ -142,7 +174,7 @@ mod tests {
             (0, 5, 0, 0, 0),
         ];
         for &(size, take, splits, after_splits, at_end) in cases {
-            let pool = SlotPool::new(size);
+            let pool = SlotPool::new(size, size);
             let mut held = pool.take_up_to(take);
             assert_eq!(held.len(), take.min(size), "{size}/{take}");
             for _ in 0..splits {
@@ -156,7 +188,7 @@ mod tests {
 
     #[test]
     fn take_one_refuses_when_every_slot_is_held() {
-        let pool = SlotPool::new(2);
+        let pool = SlotPool::new(2, 2);
         let a = pool.take_one().expect("first");
         let b = pool.take_one().expect("second");
         assert!(pool.take_one().is_none());
@@ -170,7 +202,7 @@ mod tests {
 
     #[test]
     fn joined_slots_go_back_together() {
-        let pool = SlotPool::new(5);
+        let pool = SlotPool::new(5, 5);
         let mut a = pool.take_up_to(2);
         let b = pool.take_up_to(2);
         a.join(b);
@@ -180,8 +212,25 @@ mod tests {
     }
 
     #[test]
+    fn a_lowered_limit_hands_out_nothing_until_enough_are_back() {
+        let pool = SlotPool::new(8, 4);
+        let held = pool.take_up_to(9);
+        assert_eq!((held.len(), pool.free()), (4, 0), "only the limit");
+        pool.set_limit(2);
+        assert_eq!(pool.free(), 0);
+        let mut held = held;
+        drop(held.split_one());
+        drop(held.split_one());
+        assert_eq!((pool.taken(), pool.free()), (2, 0), "still at the limit");
+        drop(held);
+        assert_eq!(pool.free(), 2);
+        pool.set_limit(8);
+        assert_eq!(pool.take_up_to(9).len(), 8, "up to the ceiling");
+    }
+
+    #[test]
     fn an_empty_split_takes_nothing() {
-        let pool = SlotPool::new(1);
+        let pool = SlotPool::new(1, 1);
         let mut none = pool.take_up_to(0);
         assert_eq!(none.len(), 0);
         assert!(none.split_one().is_none());
@@ -192,7 +241,7 @@ mod tests {
     #[cfg(debug_assertions)]
     #[should_panic(expected = "given back twice")]
     fn a_slot_given_back_twice_fails_loudly() {
-        let pool = SlotPool::new(1);
+        let pool = SlotPool::new(1, 1);
         let forged = Slots {
             n: 1,
             pool: pool.shared.clone(),

@@ -128,10 +128,12 @@ pub(super) struct Scheduler {
 }
 
 impl Scheduler {
-    pub(super) fn new(concurrency: usize) -> Scheduler {
+    /// Up to `limit` downstream calls out at once, `ceiling` at most
+    /// when the limit is raised.
+    pub(super) fn new(ceiling: usize, limit: usize) -> Scheduler {
         Scheduler {
             sellers: BTreeMap::new(),
-            pool: SlotPool::new(concurrency),
+            pool: SlotPool::new(ceiling, limit),
             capacity_waiters: VecDeque::new(),
             paced_waiters: VecDeque::new(),
         }
@@ -144,6 +146,11 @@ impl Scheduler {
     /// Slots held by calls out or about to go out.
     pub(super) fn in_flight(&self) -> usize {
         self.pool.taken()
+    }
+
+    /// How many calls may be out at once from now (the adaptive limit).
+    pub(super) fn set_concurrency(&mut self, limit: usize) {
+        self.pool.set_limit(limit);
     }
 
     /// A job ready to run, queued behind its seller's others; or, when its
@@ -699,7 +706,7 @@ mod tests {
     /// A scheduler of `slots` with `jobs` of seller `s` queued, as
     /// (partition, offset, cost).
     fn queued(slots: usize, jobs: &[(i32, i64, u64)]) -> (Scheduler, Instant) {
-        let mut s = Scheduler::new(slots);
+        let mut s = Scheduler::new(slots, slots);
         let now = Instant::now();
         for &(part, offset, cost) in jobs {
             let p = pending("s", part, offset, cost);
@@ -852,7 +859,7 @@ mod tests {
 
     #[test]
     fn free_slots_go_to_due_paced_jobs_first_then_to_askers_in_turn() {
-        let mut s = Scheduler::new(1);
+        let mut s = Scheduler::new(1, 1);
         let now = Instant::now();
         for seller in ["a", "b", "c"] {
             s.enqueue(&key(seller), pending(seller, 0, 1, 1), now, INLINE);
@@ -994,7 +1001,7 @@ mod tests {
 
     #[test]
     fn a_revoke_drops_what_waits_of_lost_partitions_and_empty_sellers() {
-        let mut s = Scheduler::new(4);
+        let mut s = Scheduler::new(4, 4);
         let now = Instant::now();
         s.enqueue(&key("a"), pending("a", 0, 1, 1), now, INLINE);
         s.enqueue(&key("b"), pending("b", 1, 2, 1), now, INLINE);

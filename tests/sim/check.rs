@@ -15,7 +15,47 @@ use super::scenario::Scenario;
 pub fn all(sc: &Scenario, out: &Outcome) -> Vec<String> {
     let mut v = fleet(sc, out);
     v.extend(no_idle_slot_while_granted_waits(sc, out));
+    v.extend(calls_within_concurrency(sc, out));
     v
+}
+
+/// Invariant 13: one process never has more calls out at the downstream
+/// than `downstream.concurrency`, whatever its adaptive limit learnt. A
+/// call counts from its arrival to its answer, or to its process's end
+/// when it was never answered.
+pub fn calls_within_concurrency(sc: &Scenario, out: &Outcome) -> Vec<String> {
+    let log = &out.log;
+    let start_of = |t: u64| {
+        log.starts
+            .iter()
+            .copied()
+            .filter(|&s| s <= t)
+            .max()
+            .unwrap_or(0)
+    };
+    let mut steps: Vec<(u64, u64, i64)> = Vec::new();
+    for c in &log.calls {
+        let s = start_of(c.at_ms);
+        steps.push((s, c.at_ms, 1));
+        steps.push((s, c.end_ms, -1));
+    }
+    for &(_, at_ms) in log.unanswered.values() {
+        steps.push((start_of(at_ms), at_ms, 1));
+    }
+    // Ends before starts at one instant: a slot handed over.
+    steps.sort_unstable();
+    let mut busy: BTreeMap<u64, i64> = BTreeMap::new();
+    for (s, at, d) in steps {
+        let n = busy.entry(s).or_default();
+        *n += d;
+        if *n > sc.concurrency as i64 {
+            return vec![format!(
+                "13. {n} calls out at {at} ms, over downstream.concurrency {}",
+                sc.concurrency
+            )];
+        }
+    }
+    Vec::new()
 }
 
 /// The invariants of a fleet of replicas: all but invariant 4, which
@@ -493,6 +533,13 @@ pub fn no_idle_slot_while_granted_waits(sc: &Scenario, out: &Outcome) -> Vec<Str
         }
         least.min(busy)
     };
+    // The slots a process lets out: `downstream.concurrency`, or under an
+    // adaptive limit (which the world does not see) at least its floor.
+    let slots = if sc.adaptive {
+        1
+    } else {
+        sc.concurrency as i64
+    };
     let mut v = Vec::new();
     for c in &log.calls {
         let Some(g) = c.granted_at_us else { continue };
@@ -505,10 +552,10 @@ pub fn no_idle_slot_while_granted_waits(sc: &Scenario, out: &Outcome) -> Vec<Str
             continue;
         }
         let least = least_busy(s, granted_ms + SLACK_MS, c.at_ms - SLACK_MS);
-        if least < sc.concurrency as i64 {
+        if least < slots {
             v.push(format!(
-                "4. job {} granted at {granted_ms} ms went at {} ms, with only {least} of {} slots busy meanwhile",
-                c.job, c.at_ms, sc.concurrency
+                "4. job {} granted at {granted_ms} ms went at {} ms, with only {least} of {slots} slots busy meanwhile",
+                c.job, c.at_ms
             ));
             break;
         }

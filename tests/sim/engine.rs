@@ -228,9 +228,21 @@ fn random_fleets() {
     assert_reached("fleet simulation", n, &reached, &every);
 }
 
-fn judge_fleet(seed: u64) -> (Vec<String>, Reach) {
-    let sc = Scenario::random(seed);
+/// Seed `seed`'s world on its fleet. A downstream that takes fewer calls
+/// at once than the fleet's replicas can ever be sent fewer (one each, the
+/// adaptive limit's floor) sheds calls no replica can hold back: it takes
+/// at least as many as the fleet may grow to.
+fn fleet_world(seed: u64) -> (Scenario, super::fleet::Fleet) {
+    let mut sc = Scenario::random(seed);
     let fleet = super::fleet::Fleet::random(seed, &sc);
+    if let Some(c) = &mut sc.faults.capacity {
+        c.calls = c.calls.max(fleet.max_replicas);
+    }
+    (sc, fleet)
+}
+
+fn judge_fleet(seed: u64) -> (Vec<String>, Reach) {
+    let (sc, fleet) = fleet_world(seed);
     let out = super::fleet::run_fleet(&sc, &fleet);
     (check::fleet(&sc, &out), check::reach(&sc, &out))
 }
@@ -274,8 +286,7 @@ fn replay_fleet() {
     else {
         return;
     };
-    let sc = Scenario::random(seed);
-    let fleet = super::fleet::Fleet::random(seed, &sc);
+    let (sc, fleet) = fleet_world(seed);
     println!("{fleet:?}");
     println!("sellers {:?}", sc.sellers);
     println!("faults: {:?}", sc.faults);

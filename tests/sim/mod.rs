@@ -22,6 +22,7 @@
 //!   joins, leaves and restarts, with skewed wall clocks, under a
 //!   membership protocol.
 
+mod adaptive;
 pub mod broker;
 pub mod check;
 pub mod clock;

@@ -58,6 +58,15 @@ pub enum RetryAfterKind {
     Absent,
 }
 
+/// A downstream that can take only so many calls at once, and does not
+/// say how many: beyond `calls` under way it sheds the call at once (503),
+/// or queues it (each call as slow as the load over `calls` makes it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HiddenCapacity {
+    pub calls: usize,
+    pub shed: bool,
+}
+
 /// The seed's faults, fixed before the run.
 #[derive(Debug, Clone, Default)]
 pub struct Faults {
@@ -83,6 +92,8 @@ pub struct Faults {
     /// persistence): every key of the limiter, the epoch of its loss guard
     /// too.
     pub state_losses: Vec<u64>,
+    /// How many calls at once the downstream can take (none: any number).
+    pub capacity: Option<HiddenCapacity>,
 }
 
 /// Per-job behaviour of the downstream, beyond the faults.
@@ -108,6 +119,8 @@ pub struct World {
     /// The world's own randomness (latencies, write failures), apart from
     /// the engine's.
     pub rng: Mutex<StdRng>,
+    /// Calls under way at the downstream (every replica's).
+    pub downstream_busy: std::sync::atomic::AtomicUsize,
 }
 
 impl World {
@@ -160,7 +173,19 @@ impl Caller for SimDownstream {
         let throttle = w.faults.throttles.iter().find(|(win, seller, _)| {
             win.contains(at_ms) && seller.as_ref().is_none_or(|s| *s == job.seller_id.as_str())
         });
-        let (class, answer, took) = if let Some((_, kind)) = outage {
+        // Calls under way as this one arrives, this one too, until the
+        // downstream has served it.
+        let busy = w.downstream_busy.fetch_add(1, Ordering::SeqCst) + 1;
+        let over = w.faults.capacity.filter(|c| busy > c.calls);
+        let (class, answer, took) = if over.is_some_and(|c| c.shed) {
+            (
+                "shed",
+                Answer::Unreachable {
+                    reason: "downstream answered 503 Service Unavailable".to_owned(),
+                },
+                1,
+            )
+        } else if let Some((_, kind)) = outage {
             match kind {
                 OutageKind::Status503 => (
                     "5xx",
@@ -221,6 +246,12 @@ impl Caller for SimDownstream {
                 Poison::None => ("2xx", Answer::Done, w.random(lo, hi)),
             }
         };
+        // Queueing beyond its capacity: each call as slow as the load is
+        // over it.
+        let took = match over {
+            Some(cap) if !cap.shed => took * busy as u64 / cap.calls as u64,
+            _ => took,
+        };
         // It holds a slot from now, answered or not (a kill cuts it short).
         let started = w.journal.call_started(
             id,
@@ -234,6 +265,8 @@ impl Caller for SimDownstream {
             },
         );
         tokio::time::sleep(Duration::from_millis(took)).await;
+        // Served: the downstream is done with it, whoever waits for it.
+        w.downstream_busy.fetch_sub(1, Ordering::SeqCst);
         if self.dead.load(Ordering::SeqCst) {
             never().await;
         }

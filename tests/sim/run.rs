@@ -407,6 +407,7 @@ pub fn world_of(sc: &Scenario) -> (Arc<World>, Vec<bytes::Bytes>) {
         redis: Mutex::new(installed()),
         losses: Default::default(),
         rng: World::seeded(sc.seed),
+        downstream_busy: Default::default(),
     });
     (world, values)
 }

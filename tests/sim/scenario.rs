@@ -9,13 +9,15 @@ use throttle_worker::config::{
     self, LimitsConfig, OnError, RuleConfig, SellerConfig, Settings, StateLayout,
 };
 
-use super::ports::{Faults, OutageKind, Poison, RetryAfterKind, Window};
+use super::ports::{Faults, HiddenCapacity, OutageKind, Poison, RetryAfterKind, Window};
 
 /// Salts the generator of a seed's pauses.
 const PAUSE_SALT: u64 = 0x9a05_e5ee_d5a1_7000;
 
 /// Salts the generator of a seed's `max_in_flight` caps.
 const IN_FLIGHT_SALT: u64 = 0x1f11_9470_ca95_0000;
+/// Adaptive concurrency and the downstream's hidden capacity too.
+const CAPACITY_SALT: u64 = 0xada9_71fe_ca9a_0000;
 /// Redis' data losses draw from a generator of their own too.
 const LOSS_SALT: u64 = 0x1055_0fda_7a00_0000;
 
@@ -58,6 +60,9 @@ pub struct Scenario {
     /// (at, by µs): the worker host's wall clock steps.
     pub clock_jumps: Vec<(u64, i64)>,
     pub concurrency: usize,
+    /// `downstream.adaptive_concurrency`, from `downstream.min_concurrency`
+    /// = 1.
+    pub adaptive: bool,
     pub max_attempts: u32,
     pub on_error: OnError,
     /// The limiter's state layout: v1 on even seeds, v2 on seeds 1 mod 4,
@@ -106,6 +111,7 @@ impl Scenario {
             rebalances: Vec::new(),
             clock_jumps: Vec::new(),
             concurrency: 8,
+            adaptive: false,
             max_attempts: 5,
             on_error: OnError::FailClosed,
             state: match seed % 4 {
@@ -270,6 +276,17 @@ impl Scenario {
                 }
             }
         }
+        // Adaptive concurrency on half the seeds; a downstream that takes
+        // only so many calls at once (shedding or queueing the rest) on a
+        // third of those, whatever the concurrency.
+        let mut c = StdRng::seed_from_u64(seed ^ CAPACITY_SALT);
+        sc.adaptive = c.random_bool(0.5);
+        if sc.adaptive && c.random_bool(0.3) {
+            sc.faults.capacity = Some(HiddenCapacity {
+                calls: c.random_range(1..=sc.concurrency),
+                shed: c.random_bool(0.5),
+            });
+        }
         // Redis loses its data: not in v1, which the loss guard does not
         // cover (docs/src/concepts/guarantees.md, "Redis data loss").
         let mut l = StdRng::seed_from_u64(seed ^ LOSS_SALT);
@@ -317,6 +334,8 @@ impl Scenario {
         s.kafka.dlq_topic = "jobs.dlq".to_owned();
         s.kafka.commit_interval = Duration::from_millis(200);
         s.downstream.concurrency = self.concurrency;
+        s.downstream.adaptive_concurrency = self.adaptive;
+        s.downstream.min_concurrency = 1;
         s.downstream.max_attempts = self.max_attempts;
         s.downstream.timeout = self.faults.timeout;
         s.downstream.max_retry_after = self.faults.max_retry_after;

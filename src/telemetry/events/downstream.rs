@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::{secs, Event};
-use crate::telemetry::metrics::{metrics, ClassLabel};
+use crate::telemetry::metrics::{metrics, ClassLabel, ReasonLabel};
 use crate::telemetry::trace;
 
 /// The downstream answered (or failed to): `class` is `2xx`, `429`, `4xx`,
@@ -124,7 +124,84 @@ impl Event for RetryAfterClamped {
     }
 }
 
+/// The downstream concurrency limit at start: adaptive from its floor, or
+/// fixed.
+#[derive(Debug)]
+pub struct ConcurrencyConfigured {
+    pub limit: usize,
+    pub ceiling: usize,
+    pub adaptive: bool,
+}
+
+impl Event for ConcurrencyConfigured {
+    const NAME: &'static str = "ConcurrencyConfigured";
+
+    fn record(&self) {
+        metrics()
+            .downstream_concurrency_limit
+            .set(self.limit as i64);
+        if self.adaptive {
+            tracing::info!(
+                limit = self.limit,
+                ceiling = self.ceiling,
+                "downstream concurrency adaptive: starting at the floor, learning from the downstream's answers"
+            );
+        }
+    }
+}
+
+/// The adaptive downstream concurrency limit moved (see
+/// `worker::concurrency`). Every move is counted; a large one (a quarter
+/// of the limit last logged, or the floor or ceiling reached) is logged
+/// once, with its reason.
+#[derive(Debug)]
+pub struct ConcurrencyLimit {
+    pub from: usize,
+    pub to: usize,
+    /// `overload`, `latency`, `growth`.
+    pub reason: &'static str,
+    /// Calls out when the call that moved it started.
+    pub in_flight: usize,
+    /// For `latency`: the window's average and the unloaded baseline.
+    pub window_ms: Option<u64>,
+    pub baseline_ms: Option<u64>,
+    pub loud: bool,
+}
+
+impl Event for ConcurrencyLimit {
+    const NAME: &'static str = "ConcurrencyLimit";
+
+    fn record(&self) {
+        let m = metrics();
+        m.downstream_concurrency_limit.set(self.to as i64);
+        m.downstream_concurrency_changes
+            .get_or_create(&ReasonLabel {
+                reason: self.reason,
+            })
+            .inc();
+        if !self.loud {
+            return;
+        }
+        let why = match self.reason {
+            "overload" => "calls shed or unreached (502/503/504, timeout, refused)",
+            "latency" => "calls slower than downstream.latency_tolerance times unloaded",
+            _ => "every slot in use and the downstream keeping up",
+        };
+        tracing::info!(
+            from = self.from,
+            to = self.to,
+            reason = self.reason,
+            in_flight = self.in_flight,
+            window_ms = self.window_ms,
+            baseline_ms = self.baseline_ms,
+            "downstream concurrency limit moved: {why}"
+        );
+    }
+}
+
 inherent_emit!(
+    ConcurrencyConfigured,
+    ConcurrencyLimit,
     DownstreamAnswered,
     DownstreamThrottled<'_>,
     DownstreamOutage,

@@ -83,7 +83,8 @@ mod worker;
 pub use capture::{capture, Capture, Captured};
 pub use decisions::{CallAvoided, JobsAdmitted, LimiterNever, SellerThrottled, ShadowDecided};
 pub use downstream::{
-    DownstreamAnswered, DownstreamFailed, DownstreamOutage, DownstreamThrottled, RetryAfterClamped,
+    ConcurrencyConfigured, ConcurrencyLimit, DownstreamAnswered, DownstreamFailed,
+    DownstreamOutage, DownstreamThrottled, RetryAfterClamped,
 };
 pub use jobs::{
     JobDeadLettered, JobDeferred, JobDone, RecordReceived, RecordTooLarge, TraceContextInvalid,

@@ -13,9 +13,10 @@ use crate::dead_letter::DeadLetterKind;
 use crate::downstream::{Answer, RetryAfter};
 use crate::kafka::consumer::{Origin, TopicPartition};
 use crate::telemetry::events::{
-    DownstreamFailed, DownstreamThrottled, JobDone, RevokedWorkDropped,
+    ConcurrencyLimit, DownstreamFailed, DownstreamThrottled, JobDone, RevokedWorkDropped,
 };
 
+use super::super::concurrency::{Reason, Sample};
 use super::super::outage::Health;
 use super::super::pending::Pending;
 use super::super::pool::Slots;
@@ -23,6 +24,16 @@ use super::super::ports::{Caller, Clock, Permits, Ports, Source};
 use super::super::tiers::Target;
 use super::super::timers::{after, Timer};
 use super::{Engine, Event};
+
+/// When a call started, how long it took, and how many calls of this
+/// replica were out as it started (its own too): what the adaptive limit
+/// learns from.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Timing {
+    started_at: Instant,
+    latency: Duration,
+    in_flight: usize,
+}
 
 /// A job of a run: its place in the run, its `X-Granted-At`, the job.
 type Granted = (usize, Option<u64>, Pending);
@@ -62,7 +73,8 @@ impl<X: Ports> Engine<X> {
             // A revoked job is not called: its new owner does.
             let go = |o: &Origin| !stopped() && !paused() && source.owns(o);
             let runs = chains.into_iter().map(|chain| {
-                let (caller, tx, seller, throttles, go) = (&caller, &tx, &seller, &throttles, &go);
+                let (caller, tx, seller, throttles, go, clock) =
+                    (&caller, &tx, &seller, &throttles, &go, &clock);
                 async move {
                     let mut unused = Vec::new();
                     let mut jobs = chain.into_iter();
@@ -71,7 +83,15 @@ impl<X: Ports> Engine<X> {
                             unused.push((i, p));
                             continue;
                         }
-                        match caller.call(&p.job, granted_at).await {
+                        let started_at = clock.now();
+                        let in_flight = p.slot.as_ref().map_or(0, Slots::taken_in_pool);
+                        let answer = caller.call(&p.job, granted_at).await;
+                        let timing = Timing {
+                            started_at,
+                            latency: clock.now().saturating_duration_since(started_at),
+                            in_flight,
+                        };
+                        match answer {
                             Answer::Throttled(retry_after) => {
                                 if let Ok(mut t) = throttles.lock() {
                                     let attempts = p.attempts;
@@ -90,6 +110,7 @@ impl<X: Ports> Engine<X> {
                                     seller,
                                     pending,
                                     outcome,
+                                    timing,
                                 });
                             }
                         }
@@ -154,12 +175,19 @@ impl<X: Ports> Engine<X> {
 
     /// A call's answer: done, dead-lettered, held for an outage, or backed
     /// off for another attempt.
-    pub(super) fn on_called(&mut self, key: Arc<str>, mut p: Pending, outcome: Answer) {
+    pub(super) fn on_called(
+        &mut self,
+        key: Arc<str>,
+        mut p: Pending,
+        outcome: Answer,
+        timing: Timing,
+    ) {
         // Answered: its slots (the downstream's, its seller's
         // max_in_flight) go back.
         p.lease = None;
         p.slot = None;
         p.attempts += 1;
+        let shed = self.learn_concurrency(timing, &outcome);
         self.serve_turns();
         let now = self.deps.clock.now();
         // What the answer says of the downstream as a whole, whoever owns
@@ -212,7 +240,7 @@ impl<X: Ports> Engine<X> {
             Answer::Unavailable { .. } => self.hold_for_outage(key, p),
             Answer::Unreachable { .. } if self.outage.is_open() => self.hold_for_outage(key, p),
             Answer::Retryable { reason } | Answer::Unreachable { reason } => {
-                self.failed(key, p, reached_nothing, &reason)
+                self.failed(key, p, reached_nothing, shed, &reason)
             }
             Answer::Throttled(_) => {
                 unreachable!("a run ends at a 429 and returns the job as unused")
@@ -220,9 +248,66 @@ impl<X: Ports> Engine<X> {
         }
     }
 
+    /// What a call's answer says of how many calls the downstream can take
+    /// (`downstream.adaptive_concurrency`): shed or unreached calls and
+    /// slow ones lower the limit, calls that kept up with every slot taken
+    /// raise it. Slots freed by a raise are served as the loop turns.
+    ///
+    /// Returns whether the call was shed for the downstream's load: it
+    /// failed as an overload and started with more calls out than the
+    /// limit now allows (one of the calls too many). Such a call spends no
+    /// attempt: no job is dead-lettered for the downstream's capacity. A
+    /// call that fails so with no more out than the limit is the job's
+    /// failure, and spends one.
+    fn learn_concurrency(&mut self, timing: Timing, outcome: &Answer) -> bool {
+        let Some(adaptive) = self.adaptive.as_mut() else {
+            return false;
+        };
+        let sample = Sample {
+            started_at: timing.started_at,
+            latency: timing.latency,
+            in_flight: timing.in_flight,
+            overload: matches!(
+                outcome,
+                Answer::Unreachable { .. } | Answer::Unavailable { .. }
+            ),
+        };
+        let change = adaptive.on_sample(self.deps.clock.now(), sample);
+        let shed = sample.overload && timing.in_flight > adaptive.slots();
+        let Some(change) = change else {
+            return shed;
+        };
+        self.scheduler.set_concurrency(change.to);
+        let (window_ms, baseline_ms) = match change.reason {
+            Reason::Latency { window, baseline } => (
+                Some(window.as_millis() as u64),
+                Some(baseline.as_millis() as u64),
+            ),
+            _ => (None, None),
+        };
+        ConcurrencyLimit {
+            from: change.from,
+            to: change.to,
+            reason: change.reason.label(),
+            in_flight: timing.in_flight,
+            window_ms,
+            baseline_ms,
+            loud: change.loud,
+        }
+        .emit();
+        shed
+    }
+
     /// A call that failed in a way another attempt may fix: backed off, or
     /// dead-lettered once `downstream.max_attempts` are spent.
-    fn failed(&mut self, key: Arc<str>, mut p: Pending, reached_nothing: bool, reason: &str) {
+    fn failed(
+        &mut self,
+        key: Arc<str>,
+        mut p: Pending,
+        reached_nothing: bool,
+        shed: bool,
+        reason: &str,
+    ) {
         let now = self.deps.clock.now();
         let max = self.settings.downstream.max_attempts;
         // A call that reached nothing, when the downstream answered
@@ -232,7 +317,11 @@ impl<X: Ports> Engine<X> {
         // first: answers between two outages (a 429, say) do not make the
         // attempts of the first one count.
         let previous = p.last_failed_at.replace(now);
-        if reached_nothing && previous.is_some_and(|at| !self.outage.answered_since(at)) {
+        let unreached =
+            reached_nothing && previous.is_some_and(|at| !self.outage.answered_since(at));
+        // One of the calls too many for the downstream's capacity (see
+        // `learn_concurrency`): the downstream's load, not the job.
+        if unreached || shed {
             p.attempts = p.attempts.saturating_sub(1);
         }
         if p.attempts >= max {

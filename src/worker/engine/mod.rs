@@ -45,9 +45,11 @@ use crate::config::Settings;
 use crate::downstream::Answer;
 use crate::kafka::consumer::{PartitionEvent, Record, TopicPartition};
 use crate::limiter::BatchDecision;
+use crate::telemetry::events::ConcurrencyConfigured;
 use crate::telemetry::http::Health;
 
 use super::admission::Admission;
+use super::concurrency::{AdaptiveLimit, AdaptiveSettings};
 use super::memory::Memory;
 use super::outage::Outage;
 use super::partitions::Partitions;
@@ -59,7 +61,7 @@ use super::slots::FleetSlots;
 use super::tiers::RetryTiers;
 use super::timers::{after, Timer, Timers};
 
-use call::Throttle;
+use call::{Throttle, Timing};
 use write::PendingWrite;
 
 /// What the spawned tasks report.
@@ -75,6 +77,7 @@ enum Event {
         seller: Arc<str>,
         pending: Pending,
         outcome: Answer,
+        timing: Timing,
     },
     /// A chain of a run will not call its last jobs: their slots, given
     /// back as this event is handled.
@@ -151,13 +154,35 @@ pub struct Engine<X: Ports> {
     rx: mpsc::UnboundedReceiver<Event>,
     /// Slots of capped sellers' `max_in_flight` held by granted jobs.
     slots: FleetSlots,
+    /// The downstream's calls out at once, learnt from its answers
+    /// (`downstream.adaptive_concurrency`); none: always
+    /// `downstream.concurrency`.
+    adaptive: Option<AdaptiveLimit>,
 }
 
 impl<X: Ports> Engine<X> {
     pub fn new(settings: Arc<Settings>, deps: Deps<X>) -> Engine<X> {
         let (tx, rx) = mpsc::unbounded_channel();
+        let d = &settings.downstream;
+        let adaptive = d.adaptive_concurrency.then(|| {
+            AdaptiveLimit::new(AdaptiveSettings {
+                floor: d.min_concurrency,
+                ceiling: d.concurrency,
+                latency_tolerance: d.latency_tolerance,
+            })
+        });
+        let limit = adaptive
+            .as_ref()
+            .map_or(d.concurrency, AdaptiveLimit::slots);
+        ConcurrencyConfigured {
+            limit,
+            ceiling: d.concurrency,
+            adaptive: adaptive.is_some(),
+        }
+        .emit();
         Engine {
-            scheduler: Scheduler::new(settings.downstream.concurrency),
+            adaptive,
+            scheduler: Scheduler::new(d.concurrency, limit),
             admission: Admission::new(&settings, deps.clock.clone()),
             tiers: RetryTiers::new(&settings),
             partitions: Partitions::new(&settings.kafka.topic, deps.jobs_partitions),
@@ -224,7 +249,8 @@ impl<X: Ports> Engine<X> {
                 seller,
                 pending,
                 outcome,
-            } => self.on_called(seller, pending, outcome),
+                timing,
+            } => self.on_called(seller, pending, outcome, timing),
             // Handled: its slots are back; `serve_turns` hands them on.
             Event::ChainStopped { slots } => drop(slots),
             Event::RunEnded {
