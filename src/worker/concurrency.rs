@@ -10,8 +10,8 @@
 //! - **overload**: a call that reached nothing or was shed (502, 503, 504,
 //!   a timeout, a refused connection). The limit drops to 90 % of the
 //!   calls that were out when that call started (the level that was too
-//!   many), once per episode: calls that started before the last drop say
-//!   nothing new.
+//!   many), once per episode: calls that started before the last drop, or
+//!   within a round trip of it, say nothing new.
 //! - **latency**: the average of a window of successful calls, against the
 //!   lowest window average seen (the downstream unloaded; never aged, or a
 //!   load held for long would become the norm; at the floor, a slow window
@@ -26,7 +26,9 @@
 //! trip, and within ±20 % of the level of the last overload by 1/160 per
 //! call, so the limit takes about 16 round trips to climb back the 10 % it
 //! gave up: each probe past the downstream's capacity costs a call or two,
-//! which keeps the share of shed calls near 1/(16 × limit).
+//! which keeps the share of shed calls near 1/(16 × limit). After 24 round
+//! trips near that level with no overload, the level is stale (another
+//! replica stopped sending, the downstream grew): one per round trip again.
 //!
 //! Each replica learns on its own: the fleet's total settles where the
 //! downstream's answers say, without any coordination. The component does
@@ -43,6 +45,11 @@ const DECREASE: f64 = 0.9;
 const NEAR_STEP: f64 = 1.0 / 160.0;
 /// "Near" the last overload's level: within this share of it.
 const NEAR: f64 = 0.2;
+/// Round trips near the last overload's level with every slot in use and
+/// no new overload: then that level is stale (another replica stopped
+/// sending, the downstream grew) and the limit grows by one per round trip
+/// again. Longer than the ~16 round trips a probe back to the level takes.
+const STALE_ROUND_TRIPS: f64 = 24.0;
 /// Fewest successful calls in a latency window.
 const MIN_WINDOW: usize = 4;
 /// A change of the limit this large (a share of the last one logged) is
@@ -122,8 +129,10 @@ pub struct AdaptiveLimit {
     /// Fractional: growth adds fractions of a slot.
     limit: f64,
     phase: Phase,
-    /// The level of the last overload (0: none yet).
+    /// The level of the last overload (0: none yet, or stale).
     overloaded_at: f64,
+    /// Calls that found every slot in use and succeeded since the last drop.
+    grown_since_drop: f64,
     /// When the limit last dropped: calls that started before say nothing
     /// new.
     decreased_at: Option<Instant>,
@@ -149,6 +158,7 @@ impl AdaptiveLimit {
             limit: settings.floor as f64,
             phase: Phase::SlowStart,
             overloaded_at: 0.0,
+            grown_since_drop: 0.0,
             decreased_at: None,
             window_sum: Duration::ZERO,
             window_calls: 0,
@@ -172,7 +182,16 @@ impl AdaptiveLimit {
     pub fn on_sample(&mut self, now: Instant, s: Sample) -> Option<Change> {
         let from = self.slots();
         let reason = if s.overload {
-            if self.decreased_at.is_some_and(|d| s.started_at < d) {
+            // One drop per episode: calls that started before the last
+            // drop, and calls shed within a round trip of it (a shed call
+            // is answered at once, and the slots it frees are taken again
+            // at once: without the round trip, one overload would cut the
+            // limit once per shed call, down to the floor).
+            let rtt = self.baseline.unwrap_or_default();
+            if self
+                .decreased_at
+                .is_some_and(|d| s.started_at < d || now < d + rtt)
+            {
                 return None;
             }
             let level = self.limit.min(s.in_flight as f64);
@@ -248,12 +267,17 @@ impl AdaptiveLimit {
 
     fn decrease(&mut self, now: Instant, level: f64) {
         self.overloaded_at = level;
+        self.grown_since_drop = 0.0;
         self.limit = (level * DECREASE).max(self.settings.floor as f64);
         self.phase = Phase::Avoidance;
         self.decreased_at = Some(now);
     }
 
     fn grow(&mut self) {
+        self.grown_since_drop += 1.0;
+        if self.grown_since_drop > STALE_ROUND_TRIPS * self.limit {
+            self.overloaded_at = 0.0;
+        }
         let near = self.overloaded_at > 0.0
             && (self.limit - self.overloaded_at).abs() <= NEAR * self.overloaded_at;
         let step = match self.phase {
@@ -329,8 +353,13 @@ mod tests {
         assert!(c.loud, "more than a quarter");
         // Other calls of the same episode (started before the drop).
         assert_eq!(l.on_sample(t1 + MS, shed(t0 + MS, 20)), None);
-        // A call started after the drop, shed again: a new episode.
-        let c = l.on_sample(t1 + 9 * MS, shed(t1 + MS, 9)).expect("again");
+        // Started after the drop, shed within a round trip (10 ms) of it:
+        // the same episode still.
+        assert_eq!(l.on_sample(t1 + 9 * MS, shed(t1 + MS, 9)), None);
+        // A round trip later: a new episode.
+        let c = l
+            .on_sample(t1 + 11 * MS, shed(t1 + 10 * MS, 9))
+            .expect("again");
         assert_eq!(c.to, 8);
     }
 

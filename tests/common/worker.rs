@@ -68,6 +68,25 @@ struct DownstreamState {
     behaviour: Behaviour,
     /// How long each answer takes, in ms (a slow downstream).
     delay_ms: Arc<AtomicU64>,
+    shedding: Arc<Shedding>,
+}
+
+/// A hidden capacity: beyond `capacity` calls under way (0: none), a call
+/// is answered 503 at once, and not recorded as an arrival.
+#[derive(Default)]
+struct Shedding {
+    capacity: AtomicU64,
+    busy: AtomicU64,
+    shed: AtomicU64,
+}
+
+/// A call under way at the downstream, until its answer is sent.
+struct Busy<'a>(&'a AtomicU64);
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// The in-test downstream API.
@@ -75,17 +94,20 @@ pub struct Downstream {
     pub url: String,
     arrivals: Arc<Mutex<Vec<Arrival>>>,
     delay_ms: Arc<AtomicU64>,
+    shedding: Arc<Shedding>,
 }
 
 impl Downstream {
     pub async fn start(behaviour: Behaviour) -> Downstream {
         let arrivals = Arc::new(Mutex::new(Vec::new()));
         let delay_ms = Arc::new(AtomicU64::new(0));
+        let shedding = Arc::new(Shedding::default());
         let state = DownstreamState {
             arrivals: arrivals.clone(),
             seen: Arc::default(),
             behaviour,
             delay_ms: delay_ms.clone(),
+            shedding: shedding.clone(),
         };
         let app = Router::new()
             .route("/registrations", post(register))
@@ -99,7 +121,19 @@ impl Downstream {
             url: format!("http://{addr}/registrations"),
             arrivals,
             delay_ms,
+            shedding,
         }
+    }
+
+    /// Sheds (503 at once, no arrival recorded) every call beyond
+    /// `calls` under way: a capacity the worker is not told.
+    pub fn set_capacity(&self, calls: u64) {
+        self.shedding.capacity.store(calls, Ordering::SeqCst);
+    }
+
+    /// Calls shed so far.
+    pub fn shed(&self) -> u64 {
+        self.shedding.shed.load(Ordering::SeqCst)
     }
 
     /// Makes every later answer take `delay` (after the arrival is recorded).
@@ -158,6 +192,14 @@ async fn register(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    let sh = &s.shedding;
+    let busy = Busy(&sh.busy);
+    let now_busy = busy.0.fetch_add(1, Ordering::SeqCst) + 1;
+    let capacity = sh.capacity.load(Ordering::SeqCst);
+    if capacity > 0 && now_busy > capacity {
+        sh.shed.fetch_add(1, Ordering::SeqCst);
+        return StatusCode::SERVICE_UNAVAILABLE.into_response();
+    }
     let header = |name: &str| {
         headers
             .get(name)

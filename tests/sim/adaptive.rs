@@ -38,6 +38,7 @@ fn backlog(
     concurrency: usize,
     adaptive: bool,
     latency_ms: u64,
+    jobs: usize,
 ) -> Scenario {
     let mut sc = Scenario::quiet(seed);
     sc.partitions = 8;
@@ -53,7 +54,7 @@ fn backlog(
             max_in_flight: None,
         });
     }
-    for n in 0..3000 {
+    for n in 0..jobs {
         sc.jobs.push(JobSpec {
             seller: n % sellers,
             cost: 1,
@@ -119,9 +120,9 @@ fn a_shedding_downstream_is_found_and_kept_under() {
         shed: true,
     };
     for seed in 0..4 {
-        let fixed_sc = backlog(seed, cap, 32, false, 50);
+        let fixed_sc = backlog(seed, cap, 32, false, 50, 3000);
         let fixed = seen(&run(&fixed_sc), 8, 50);
-        let sc = backlog(seed, cap, 32, true, 50);
+        let sc = backlog(seed, cap, 32, true, 50, 3000);
         let out = run(&sc);
         let broken = check::all(&sc, &out);
         assert!(broken.is_empty(), "seed {seed}:\n{}", broken.join("\n"));
@@ -158,8 +159,8 @@ fn a_queueing_downstream_gets_no_more_than_its_latency_allows() {
         shed: false,
     };
     for seed in 0..3 {
-        let fixed = seen(&run(&backlog(seed, cap, 32, false, 20)), 4, 20);
-        let sc = backlog(seed, cap, 32, true, 20);
+        let fixed = seen(&run(&backlog(seed, cap, 32, false, 20, 3000)), 4, 20);
+        let sc = backlog(seed, cap, 32, true, 20, 3000);
         let out = run(&sc);
         let broken = check::all(&sc, &out);
         assert!(broken.is_empty(), "seed {seed}:\n{}", broken.join("\n"));
@@ -185,7 +186,7 @@ fn with_room_to_spare_the_limit_grows_to_the_ceiling() {
         calls: 1000,
         shed: true,
     };
-    let sc = backlog(7, cap, 16, true, 50);
+    let sc = backlog(7, cap, 16, true, 50, 3000);
     let out = run(&sc);
     let broken = check::all(&sc, &out);
     assert!(broken.is_empty(), "{}", broken.join("\n"));

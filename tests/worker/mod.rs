@@ -1,5 +1,6 @@
 //! The worker end to end: in-process workers and worker processes on the mock broker, a real Redis and a recording downstream.
 
+mod adaptive;
 mod backpressure;
 mod basic;
 mod broker_faults;
