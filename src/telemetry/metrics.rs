@@ -65,6 +65,14 @@ pub struct SellerLabel {
     pub seller: String,
 }
 
+/// A seller's hold: `held_by` is what holds it now (see
+/// `worker::waits`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HeldLabels {
+    pub seller: String,
+    pub held_by: String,
+}
+
 /// Jobs in memory by why they wait: `limit` (a seller's limit or a 429
 /// hold), `capacity` (a downstream slot, or a backoff after a failed call).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -248,6 +256,24 @@ pub struct Metrics {
     /// Age of the partition's oldest record taken but not finished (its Kafka
     /// timestamp), 0 when all are finished.
     pub consumer_lag_seconds: Family<PartitionLabels, Gauge<f64, AtomicU64>>,
+    /// Age of each seller's oldest job waiting in this replica's memory
+    /// (queued, backing off or paced), for the named sellers (of
+    /// `limits.sellers`) and the 10 others that have waited longest; the
+    /// rest together as `seller="other"` (the oldest of them, 0 when none
+    /// waits). A seller with nothing waiting has no series. Alert:
+    /// `ThrottleWorkerSellerWaitingTooLong`.
+    pub seller_oldest_wait_seconds: Family<SellerLabel, Gauge<f64, AtomicU64>>,
+    /// How long each seller's waiting jobs take to drain at its slowest
+    /// rule's sustained rate (limit per period), for the same sellers as
+    /// `seller_oldest_wait_seconds`; none for an unlimited seller.
+    pub seller_drain_seconds: Family<SellerLabel, Gauge<f64, AtomicU64>>,
+    /// 1 for what holds each seller with jobs waiting now, as `held_by`:
+    /// `pause`, `rule N`, `downstream_429`, `max_in_flight`,
+    /// `limiter_unavailable`, `outage`, `adaptive_concurrency`, `capacity`
+    /// or `running` (nothing holds it), for the same sellers as
+    /// `seller_oldest_wait_seconds`; for `seller="other"`, how many of the
+    /// others each holds (`held_by="none"` at 0 when no other waits).
+    pub seller_held: Family<HeldLabels, Gauge>,
     /// The sum over this replica's partitions of the topic; `sum by (group,
     /// topic)` over replicas is the group's lag.
     pub consumer_topic_lag: Family<TopicLabels, Gauge>,
@@ -513,6 +539,21 @@ impl Metrics {
             consumer_lag_seconds: reg!(
                 "consumer_lag_seconds",
                 "Age of the oldest unfinished record, per assigned partition",
+                Family::default()
+            ),
+            seller_oldest_wait_seconds: reg!(
+                "seller_oldest_wait_seconds",
+                "Age of each seller's oldest job waiting in this replica (named sellers and the 10 oldest others; the rest as other)",
+                Family::default()
+            ),
+            seller_drain_seconds: reg!(
+                "seller_drain_seconds",
+                "Time for each seller's waiting jobs to drain at its slowest rule's rate",
+                Family::default()
+            ),
+            seller_held: reg!(
+                "seller_held",
+                "1 for what holds each seller with jobs waiting (held_by: pause, rule N, downstream_429, max_in_flight, limiter_unavailable, outage, adaptive_concurrency, capacity, running)",
                 Family::default()
             ),
             consumer_topic_lag: reg!(

@@ -22,6 +22,8 @@
 //! - `partitions`: the jobs topic's partitions held here (the local share).
 //! - [`memory`]: jobs and bytes held, and when fetching pauses.
 //! - `timers`: the timer heap and saturating time arithmetic.
+//! - [`waits`]: each seller's wait as an operator reads it (oldest job,
+//!   predicted drain, what holds it).
 //! - [`pending`]: a job in memory, as the components pass it around.
 //!
 //! Around the engine:
@@ -60,6 +62,7 @@ pub mod slots;
 mod start;
 mod tiers;
 mod timers;
+pub mod waits;
 
 pub use engine::{Deps, Engine, Summary};
 pub use pending::Pending;

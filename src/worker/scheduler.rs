@@ -27,6 +27,7 @@ use super::pool::{SlotPool, Slots};
 use super::seller::{partition_heads, position, take_granted, Paced, Phase, Seller};
 use super::slots::Lease;
 use super::timers::after;
+use super::waits::{HeldBy, Seen};
 
 /// The most units one limiter call asks for.
 pub(super) const MAX_BATCH: usize = 64;
@@ -151,6 +152,10 @@ impl Scheduler {
     /// How many calls may be out at once from now (the adaptive limit).
     pub(super) fn set_concurrency(&mut self, limit: usize) {
         self.pool.set_limit(limit);
+    }
+
+    pub(super) fn concurrency(&self) -> usize {
+        self.pool.limit()
     }
 
     /// A job ready to run, queued behind its seller's others; or, when its
@@ -355,10 +360,14 @@ impl Scheduler {
         &mut self,
         key: &Arc<str>,
         until: Instant,
+        by: HeldBy,
         now: Instant,
         max_inline: Duration,
     ) -> Option<(Instant, Vec<Pending>)> {
         let seller = self.sellers.get_mut(key)?;
+        if seller.blocked_until.is_none_or(|t| t <= now || until > t) {
+            seller.held_by = Some(by);
+        }
         let until = seller.blocked_until.map_or(until, |t| t.max(until));
         seller.blocked_until = Some(until);
         let wait = until.saturating_duration_since(now);
@@ -591,6 +600,41 @@ impl Scheduler {
         self.sellers.clear();
         self.capacity_waiters.clear();
         self.paced_waiters.clear();
+    }
+
+    /// Every seller with work here, as the wait report reads it
+    /// ([`super::waits`]).
+    pub(super) fn seen(&self, now: Instant) -> Vec<Seen> {
+        self.sellers
+            .iter()
+            .map(|(key, s)| {
+                let jobs = s
+                    .queue
+                    .iter()
+                    .chain(s.delayed.iter().map(|(_, p)| p))
+                    .chain(s.paced.iter().map(|q| &q.pending));
+                let (mut units, mut oldest) = (0u64, None::<Instant>);
+                for p in jobs {
+                    units = units.saturating_add(p.job.cost);
+                    oldest = Some(oldest.map_or(p.received_at, |o| o.min(p.received_at)));
+                }
+                let held = s.blocked_until.is_some_and(|t| t > now).then(|| {
+                    if s.paused_since.is_some() {
+                        HeldBy::Pause
+                    } else {
+                        s.held_by.unwrap_or(HeldBy::LimiterUnavailable)
+                    }
+                });
+                Seen {
+                    seller: key.clone(),
+                    jobs: s.waiting(),
+                    units,
+                    oldest,
+                    held,
+                    wants_slot: s.wants_capacity || s.wants_paced_slot,
+                }
+            })
+            .collect()
     }
 
     /// Jobs waiting, by cause and seller: a seller refused until later is
@@ -910,10 +954,10 @@ mod tests {
         for &(hold, before, back, deferred) in cases {
             let (mut s, now) = queued(4, &[(0, 1, 1), (0, 2, 1)]);
             if let Some(b) = before {
-                s.hold(&key("s"), now + b, now, INLINE);
+                s.hold(&key("s"), now + b, HeldBy::Rule(0), now, INLINE);
             }
             let (until, waiting) = s
-                .hold(&key("s"), now + hold, now, INLINE)
+                .hold(&key("s"), now + hold, HeldBy::Rule(0), now, INLINE)
                 .expect("a seller");
             assert_eq!(
                 until,

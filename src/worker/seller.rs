@@ -15,6 +15,7 @@ use crate::limiter::BatchGranted;
 
 use super::pending::Pending;
 use super::pool::Slots;
+use super::waits::HeldBy;
 
 /// How deep into a seller's queue to look for the next job of each
 /// partition; bounds the work per limiter call for a seller with a deep
@@ -64,6 +65,8 @@ pub(super) struct Seller {
     /// Its last hold is for a slot of its `max_in_flight` (every slot
     /// taken, fleet-wide): it waits for capacity, not for its limit.
     pub(super) in_flight_bound: bool,
+    /// What `blocked_until` is for (a rule, a 429, ...), for the operator.
+    pub(super) held_by: Option<HeldBy>,
 }
 
 /// A granted job of a pacer (`leaky_bucket`), waiting for its go-at.
@@ -91,6 +94,7 @@ impl Seller {
             wants_paced_slot: false,
             paused_since: None,
             in_flight_bound: false,
+            held_by: None,
         }
     }
 

@@ -25,3 +25,4 @@ mod startup;
 mod state_loss;
 mod stuck_head;
 mod traces;
+mod waits;

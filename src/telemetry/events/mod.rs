@@ -101,7 +101,9 @@ pub use limits::{
     LimitsReloadRejected, LimitsReloaded, PausesRead, SellerPaused, SharedState,
     SharedStateUnreadable,
 };
-pub use worker::{Backlog, Backpressure, SellerWaiting, WorkerConfigured};
+pub use worker::{
+    Backlog, Backpressure, SellerWaiting, SellerWaits, WaitRow, WorkerConfigured, TOP_SELLERS,
+};
 
 fn secs(d: Duration) -> f64 {
     d.as_secs_f64()

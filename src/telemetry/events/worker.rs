@@ -86,6 +86,90 @@ impl Event for Backlog<'_> {
     }
 }
 
+/// Sellers besides the named ones that get series of their own in the
+/// wait metrics, by oldest wait: the cardinality stays bounded whatever
+/// the number of sellers.
+pub const TOP_SELLERS: usize = 10;
+
+/// One seller's wait, as the metrics show it (see `worker::waits`).
+#[derive(Debug)]
+pub struct WaitRow<'a> {
+    pub seller: &'a str,
+    pub oldest: Duration,
+    pub drain: Option<Duration>,
+    pub held_by: String,
+}
+
+/// Each seller's wait, oldest first, taken every commit interval. Series
+/// for the named sellers and the [`TOP_SELLERS`] oldest others; the rest
+/// together as `other`, which is always there (0, held by `none`, when no
+/// other seller waits), so a dashboard or an alert reads 0 rather than
+/// nothing.
+#[derive(Debug)]
+pub struct SellerWaits<'a> {
+    pub rows: &'a [WaitRow<'a>],
+}
+
+impl Event for SellerWaits<'_> {
+    const NAME: &'static str = "SellerWaits";
+
+    fn record(&self) {
+        use crate::telemetry::metrics::{HeldLabels, SellerLabel};
+        let m = metrics();
+        m.seller_oldest_wait_seconds.clear();
+        m.seller_drain_seconds.clear();
+        m.seller_held.clear();
+        let mut tops = 0usize;
+        let (mut oldest, mut drain) = (0.0f64, 0.0f64);
+        let mut held: std::collections::BTreeMap<String, i64> = Default::default();
+        for w in self.rows {
+            let named = seller_label(w.seller) != OTHER_SELLER;
+            if !named && tops >= TOP_SELLERS {
+                oldest = oldest.max(w.oldest.as_secs_f64());
+                drain = drain.max(w.drain.map_or(0.0, |d| d.as_secs_f64()));
+                *held.entry(w.held_by.clone()).or_default() += 1;
+                continue;
+            }
+            tops += usize::from(!named);
+            let seller = SellerLabel {
+                seller: w.seller.to_owned(),
+            };
+            m.seller_oldest_wait_seconds
+                .get_or_create(&seller)
+                .set(w.oldest.as_secs_f64());
+            if let Some(d) = w.drain {
+                m.seller_drain_seconds
+                    .get_or_create(&seller)
+                    .set(d.as_secs_f64());
+            }
+            m.seller_held
+                .get_or_create(&HeldLabels {
+                    seller: seller.seller,
+                    held_by: w.held_by.clone(),
+                })
+                .set(1);
+        }
+        let other = SellerLabel {
+            seller: OTHER_SELLER.to_owned(),
+        };
+        m.seller_oldest_wait_seconds
+            .get_or_create(&other)
+            .set(oldest);
+        m.seller_drain_seconds.get_or_create(&other).set(drain);
+        if held.is_empty() {
+            held.insert("none".to_owned(), 0);
+        }
+        for (held_by, n) in held {
+            m.seller_held
+                .get_or_create(&HeldLabels {
+                    seller: OTHER_SELLER.to_owned(),
+                    held_by,
+                })
+                .set(n);
+        }
+    }
+}
+
 /// The worker started with these settings: the bounds that alerts compare
 /// the live figures with (`buffered_bytes` against `max_buffered_bytes`).
 #[derive(Debug)]
@@ -152,6 +236,7 @@ impl Event for SellerWaiting<'_> {
 inherent_emit!(
     Backpressure,
     Backlog<'_>,
+    SellerWaits<'_>,
     WorkerConfigured,
     SellerWaiting<'_>
 );

@@ -19,6 +19,7 @@ use super::super::ports::{Clock, PermitError, Permits, Ports, Source};
 use super::super::scheduler::{Answered, Grant, Ready};
 use super::super::tiers::Target;
 use super::super::timers::{after, Timer};
+use super::super::waits::HeldBy;
 use super::{Engine, Event};
 
 impl<X: Ports> Engine<X> {
@@ -135,7 +136,7 @@ impl<X: Ports> Engine<X> {
                 self.serve_turns();
                 // Counted from when the answer arrived: never early,
                 // whatever the clocks of Redis and this host say.
-                self.hold(&key, after(answered_at, d.retry_after));
+                self.hold(&key, after(answered_at, d.retry_after), HeldBy::of(d.by));
             }
             Answered::Never { first } => {
                 let BatchDecision::Never(c) = decision else {
@@ -220,7 +221,7 @@ impl<X: Ports> Engine<X> {
                     SellerWaiting::limit(&key, retry_after)
                 };
                 waiting.emit();
-                self.hold(&key, after(answered_at, retry_after));
+                self.hold(&key, after(answered_at, retry_after), HeldBy::of(by));
             }
             // Dead-lettered now, not retried forever.
             Some((NextJob::Never(c), Some(origin))) => self.never(&key, &origin, c),

@@ -23,6 +23,7 @@ use super::super::pool::Slots;
 use super::super::ports::{Caller, Clock, Permits, Ports, Source};
 use super::super::tiers::Target;
 use super::super::timers::{after, Timer};
+use super::super::waits::HeldBy;
 use super::{Engine, Event};
 
 /// When a call started, how long it took, and how many calls of this
@@ -407,7 +408,7 @@ impl<X: Ports> Engine<X> {
             }
             .emit();
             let now = self.deps.clock.now();
-            self.hold(&key, after(now, wait));
+            self.hold(&key, after(now, wait), HeldBy::Downstream429);
             self.share_throttle(key.clone(), wait);
         }
         self.ask_if_ready(&key);
@@ -449,10 +450,10 @@ impl<X: Ports> Engine<X> {
     /// Refuses a seller until `until` (never shortening a longer hold). A
     /// wait longer than `worker.max_inline_delay` sends its waiting jobs to
     /// the retry topic instead of holding them in memory.
-    pub(super) fn hold(&mut self, key: &Arc<str>, until: Instant) {
+    pub(super) fn hold(&mut self, key: &Arc<str>, until: Instant, by: HeldBy) {
         let now = self.deps.clock.now();
         let max_inline = self.settings.worker.max_inline_delay;
-        let Some((until, waiting)) = self.scheduler.hold(key, until, now, max_inline) else {
+        let Some((until, waiting)) = self.scheduler.hold(key, until, by, now, max_inline) else {
             return;
         };
         let wait = until.saturating_duration_since(now);

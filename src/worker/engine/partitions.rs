@@ -6,12 +6,13 @@ use std::time::Duration;
 
 use crate::kafka::consumer::{Origin, PartitionEvent, TopicPartition};
 use crate::telemetry::events::{
-    Backlog, Backpressure, HeadMoved, PartitionsAssigned, RevokedJobsDropped,
+    Backlog, Backpressure, HeadMoved, PartitionsAssigned, RevokedJobsDropped, SellerWaits, WaitRow,
 };
 
 use super::super::memory::Pressure;
 use super::super::pending::Pending;
-use super::super::ports::{Clock, Ports, Source};
+use super::super::ports::{Clock, Permits, Ports, Source};
+use super::super::waits;
 use super::Engine;
 
 impl<X: Ports> Engine<X> {
@@ -70,6 +71,28 @@ impl<X: Ports> Engine<X> {
         } else {
             self.tiers.partitions()
         };
+        let permits = self.deps.permits.clone();
+        let rules = |seller: &str| {
+            permits.rules_of(seller).map(|(mut own, global)| {
+                own.extend(global);
+                own
+            })
+        };
+        let down = waits::Downstream {
+            outage: self.outage.is_open(),
+            limited: self.scheduler.concurrency() < self.settings.downstream.concurrency,
+        };
+        let waits = waits::waits(self.scheduler.seen(now), now, down, &rules);
+        let rows: Vec<WaitRow<'_>> = waits
+            .iter()
+            .map(|w| WaitRow {
+                seller: &w.seller,
+                oldest: w.oldest,
+                drain: w.drain,
+                held_by: w.held_by.label(),
+            })
+            .collect();
+        SellerWaits { rows: &rows }.emit();
         Backlog {
             waiting: &waiting,
             in_flight: self.scheduler.in_flight(),
