@@ -225,6 +225,12 @@ impl KeySpace {
         format!("{}:{{pauses}}", self.prefix)
     }
 
+    /// The wait board: one field per replica, its sellers' waits (see
+    /// [`super::waits`]).
+    pub fn waits(&self) -> String {
+        format!("{}:{{waits}}", self.prefix)
+    }
+
     /// The epoch of the limiter's state (`lua/jobs.lua`): a key without a
     /// TTL that every guarded jobs call reads, so that only a loss of
     /// Redis' data removes it. One for a single server; in a cluster one

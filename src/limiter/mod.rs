@@ -90,6 +90,7 @@ mod shadow;
 pub mod shape;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
+pub mod waits;
 
 pub use self::core::{Limiter, LimiterError, Request};
 pub use coalesce::{CoalesceError, CoalesceSettings, Coalescer};

@@ -12,6 +12,7 @@ use super::pauses::{pause_json, pause_text};
 use super::{now_ms, open_limiter, OperatorError, Output};
 use crate::limiter::inspect::SellerState;
 use crate::limiter::overrides::Override;
+use crate::limiter::waits::{of_seller, Wait};
 use crate::limiter::{Decision, Limiter, Mode, RedisStore, Request};
 
 /// The seller's override in force, read from the overrides hash.
@@ -46,9 +47,12 @@ pub async fn show(file: Option<&Path>, seller: &str, out: Output) -> Result<Stri
         }
         None => None,
     };
+    // What every replica holds of its jobs, from the wait board.
+    let waits = of_seller(&limiter.read_waits(now_ms()).await?, seller);
     Ok(match out {
         Output::Json => {
             let mut v = show_json(seller, &state, ov.as_ref());
+            v["waiting"] = waits_json(&waits);
             v["paused"] = pause.as_ref().map_or(Value::Null, pause_json);
             v["in_flight"] = in_flight.map_or(
                 Value::Null,
@@ -67,12 +71,65 @@ pub async fn show(file: Option<&Path>, seller: &str, out: Output) -> Result<Stri
                     "calls in flight: {held} of max_in_flight {max} (slots held across the fleet)\n"
                 ));
             }
+            line.push_str(&waits_text(&waits));
             // After the header line, before the 429 block's.
             let at = s.find('\n').map_or(s.len(), |i| i + 1);
             s.insert_str(at, &line);
             s
         }
     })
+}
+
+/// The seller's waits, by replica, as `limits show --json` gives them.
+fn waits_json(waits: &[(String, Wait)]) -> Value {
+    Value::Array(
+        waits
+            .iter()
+            .map(|(worker, w)| {
+                json!({
+                    "replica": worker,
+                    "jobs": w.jobs,
+                    "units": w.units,
+                    "oldest_seconds": w.oldest_ms as f64 / 1000.0,
+                    "drain_seconds": w.drain_ms.map(|d| d as f64 / 1000.0),
+                    "held_by": w.held_by,
+                })
+            })
+            .collect(),
+    )
+}
+
+/// The seller's waits, as `limits show` prints them: the fleet's total,
+/// then one line per replica that holds its jobs.
+fn waits_text(waits: &[(String, Wait)]) -> String {
+    if waits.is_empty() {
+        return "waiting: nothing on any replica\n".to_owned();
+    }
+    let ms = |ms: u64| short(std::time::Duration::from_millis(ms));
+    let jobs: usize = waits.iter().map(|(_, w)| w.jobs).sum();
+    let units: u64 = waits.iter().map(|(_, w)| w.units).sum();
+    let oldest = waits.iter().map(|(_, w)| w.oldest_ms).max().unwrap_or(0);
+    // The seller's rate is the fleet's: each replica's backlog drains
+    // after the others'.
+    let drain: Option<u64> = waits.iter().map(|(_, w)| w.drain_ms).sum();
+    let mut s = format!(
+        "waiting: {jobs} jobs ({units} units) on {} replica(s), oldest {}, {}\n",
+        waits.len(),
+        ms(oldest),
+        match drain {
+            Some(d) => format!("drains in {} at its rate", ms(d)),
+            None => "no rule to drain at".to_owned(),
+        }
+    );
+    for (worker, w) in waits {
+        s.push_str(&format!(
+            "  {worker}: {} jobs, oldest {}, held by {}\n",
+            w.jobs,
+            ms(w.oldest_ms),
+            w.held_by
+        ));
+    }
+    s
 }
 
 /// `limits show --json`: without the pause and the slots, which `show` adds.
@@ -234,4 +291,48 @@ pub async fn peek(
                 + "\n"
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wait(jobs: usize, oldest_ms: u64, drain_ms: Option<u64>, held_by: &str) -> Wait {
+        Wait {
+            seller: "acme".to_owned(),
+            jobs,
+            units: jobs as u64,
+            oldest_ms,
+            drain_ms,
+            held_by: held_by.to_owned(),
+        }
+    }
+
+    #[test]
+    fn waits_print_the_fleets_total_then_each_replica() {
+        assert_eq!(waits_text(&[]), "waiting: nothing on any replica\n");
+        let waits = vec![
+            ("w1".to_owned(), wait(12, 95_000, Some(144_000), "rule 0")),
+            ("w2".to_owned(), wait(8, 30_000, Some(96_000), "capacity")),
+        ];
+        let text = waits_text(&waits);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        assert!(
+            lines[0].starts_with("waiting: 20 jobs (20 units) on 2 replica(s), oldest "),
+            "{text}"
+        );
+        assert!(lines[0].contains("drains in "), "{text}");
+        assert!(
+            lines[1].contains("w1: 12 jobs") && lines[1].ends_with("held by rule 0"),
+            "{text}"
+        );
+        assert!(lines[2].ends_with("held by capacity"), "{text}");
+        let unlimited = vec![("w1".to_owned(), wait(3, 1_000, None, "capacity"))];
+        assert!(waits_text(&unlimited).contains("no rule to drain at"));
+        let json = waits_json(&waits);
+        assert_eq!(json[0]["replica"], "w1");
+        assert_eq!(json[0]["oldest_seconds"], 95.0);
+        assert_eq!(json[1]["held_by"], "capacity");
+    }
 }

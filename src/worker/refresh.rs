@@ -8,7 +8,9 @@ use std::sync::Arc;
 use tokio::task::JoinHandle;
 
 use crate::limiter::{Limiter, RedisStore};
-use crate::telemetry::events::{PausesRead, SharedState, SharedStateUnreadable};
+use crate::telemetry::events::{
+    PausesRead, SharedState, SharedStateUnreadable, WaitBoardUnwritable,
+};
 
 /// Reads the overrides now, then every `limiter::overrides::REFRESH`.
 pub(super) async fn overrides(limiter: Arc<Limiter<RedisStore>>) -> JoinHandle<()> {
@@ -29,6 +31,43 @@ async fn read_overrides(limiter: &Limiter<RedisStore>) {
         }
         .emit();
     }
+}
+
+/// Writes this replica's sellers' waits (the last report's, see
+/// `telemetry::events::latest_waits`) to the wait board every
+/// `limiter::waits::EVERY`, for `limits show SELLER`. A write that fails
+/// is logged and tried again at the next turn: the board is for operators,
+/// nothing waits on it.
+pub(super) fn waits(limiter: Arc<Limiter<RedisStore>>, worker: String) -> JoinHandle<()> {
+    use crate::limiter::waits::{Report, Wait, EVERY};
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(EVERY).await;
+            let sellers = crate::telemetry::events::latest_waits()
+                .into_iter()
+                .map(|w| Wait {
+                    seller: w.seller,
+                    jobs: w.jobs,
+                    units: w.units,
+                    oldest_ms: w.oldest.as_millis() as u64,
+                    drain_ms: w.drain.map(|d| d.as_millis() as u64),
+                    held_by: w.held_by,
+                })
+                .collect();
+            let report = Report {
+                at_ms: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64),
+                sellers,
+            };
+            if let Err(e) = limiter.publish_waits(&worker, &report).await {
+                WaitBoardUnwritable {
+                    error: &e.to_string(),
+                }
+                .emit();
+            }
+        }
+    })
 }
 
 /// Reads the pauses now and every `limiter::pauses::REFRESH`, so a pause

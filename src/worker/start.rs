@@ -109,6 +109,7 @@ pub async fn run_watching(
     // Overrides and pauses live in Redis: read now, then on a timer.
     let overrides = refresh::overrides(limiter.clone()).await;
     let pauses = refresh::pauses(limiter.clone());
+    let waits = refresh::waits(limiter.clone(), worker_id.clone());
     health.set_ready(true);
     let permits = Coalescer::start(
         limiter.clone(),
@@ -134,7 +135,7 @@ pub async fn run_watching(
         seed: rand::random(),
     };
     let summary = Engine::new(settings.clone(), deps).run(shutdown).await;
-    for task in watching.into_iter().chain([overrides, pauses]) {
+    for task in watching.into_iter().chain([overrides, pauses, waits]) {
         task.abort();
     }
     close(kafka.consumer, kafka.sink, traces).await;

@@ -9,6 +9,13 @@ use std::time::Duration;
 use crate::common::worker::{always_ok, job, Bench, Downstream, Running};
 use crate::common::{metric, policy_with_sellers, rule};
 use throttle_worker::config::SellerConfig;
+use throttle_worker::limiter::waits;
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_seller_held_by_its_rule_shows_its_oldest_wait_drain_and_hold() {
@@ -51,6 +58,20 @@ async fn a_seller_held_by_its_rule_shows_its_oldest_wait_drain_and_hold() {
         "throttle_seller_oldest_wait_seconds",
         &[("seller", "quick")],
     );
+    // The wait board in Redis, which `limits show busy` reads: written
+    // every 5 s.
+    let store = crate::common::store().await;
+    let board = format!("{}:{{waits}}", bench.prefix);
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let on_board = loop {
+        let fields = store.read_hash(&board).await.expect("read the board");
+        let (fresh, _) = waits::fresh(&fields, now_ms());
+        let busy = waits::of_seller(&fresh, "busy");
+        if !busy.is_empty() || std::time::Instant::now() > deadline {
+            break busy;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
     w.stop().await;
     println!(
         "busy: oldest {oldest:.1} s, drain {drain:.0} s, held by rule 0: {held}; quick: {quick}"
@@ -60,4 +81,12 @@ async fn a_seller_held_by_its_rule_shows_its_oldest_wait_drain_and_hold() {
     assert!((239.0..=241.0).contains(&drain), "drain {drain} s");
     assert_eq!(held, 1.0, "held by its rule");
     assert_eq!(quick, 0.0, "nothing waits for quick: no series");
+    assert_eq!(
+        on_board.len(),
+        1,
+        "one replica holds busy's jobs: {on_board:?}"
+    );
+    let (_, b) = &on_board[0];
+    assert_eq!((b.jobs, b.held_by.as_str()), (20, "rule 0"), "{b:?}");
+    assert!(b.oldest_ms >= 1_500 && b.drain_ms == Some(240_000), "{b:?}");
 }

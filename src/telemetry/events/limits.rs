@@ -68,6 +68,28 @@ pub enum SharedState {
     Pauses,
 }
 
+/// This replica's sellers' waits could not be written to the wait board
+/// (`limits show SELLER` then shows its last report until it goes stale).
+#[derive(Debug)]
+pub struct WaitBoardUnwritable<'a> {
+    pub error: &'a str,
+}
+
+impl Event for WaitBoardUnwritable<'_> {
+    const NAME: &'static str = "WaitBoardUnwritable";
+
+    fn record(&self) {
+        static LOG: Every = Every::new(Duration::from_secs(60));
+        if let Some(more) = LOG.tick() {
+            tracing::warn!(
+                error = self.error,
+                more_since_last_line = more,
+                "could not write this replica's sellers' waits to Redis; limits show will not see them"
+            );
+        }
+    }
+}
+
 /// Shared state could not be read from Redis; what was read last stays in
 /// force (an override is not dropped, a pause not lifted, because Redis did
 /// not answer).
@@ -159,5 +181,6 @@ inherent_emit!(
     LimitsReloadRejected<'_>,
     SharedStateUnreadable<'_>,
     PausesRead,
-    SellerPaused<'_>
+    SellerPaused<'_>,
+    WaitBoardUnwritable<'_>
 );

@@ -99,10 +99,11 @@ pub use limiter::{
 };
 pub use limits::{
     LimitsReloadRejected, LimitsReloaded, PausesRead, SellerPaused, SharedState,
-    SharedStateUnreadable,
+    SharedStateUnreadable, WaitBoardUnwritable,
 };
 pub use worker::{
-    Backlog, Backpressure, SellerWaiting, SellerWaits, WaitRow, WorkerConfigured, TOP_SELLERS,
+    latest_waits, Backlog, Backpressure, SellerWaiting, SellerWaits, WaitRow, WaitSnapshot,
+    WorkerConfigured, TOP_SELLERS,
 };
 
 fn secs(d: Duration) -> f64 {

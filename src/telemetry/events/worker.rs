@@ -92,9 +92,11 @@ impl Event for Backlog<'_> {
 pub const TOP_SELLERS: usize = 10;
 
 /// One seller's wait, as the metrics show it (see `worker::waits`).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct WaitRow<'a> {
     pub seller: &'a str,
+    pub jobs: usize,
+    pub units: u64,
     pub oldest: Duration,
     pub drain: Option<Duration>,
     pub held_by: String,
@@ -110,10 +112,36 @@ pub struct SellerWaits<'a> {
     pub rows: &'a [WaitRow<'a>],
 }
 
+/// One seller's wait as the last report took it, owned (for the wait
+/// board in Redis, `limiter::waits`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct WaitSnapshot {
+    pub seller: String,
+    pub jobs: usize,
+    pub units: u64,
+    pub oldest: Duration,
+    pub drain: Option<Duration>,
+    pub held_by: String,
+}
+
+fn latest() -> &'static std::sync::Mutex<Vec<WaitSnapshot>> {
+    static LATEST: std::sync::OnceLock<std::sync::Mutex<Vec<WaitSnapshot>>> =
+        std::sync::OnceLock::new();
+    LATEST.get_or_init(Default::default)
+}
+
+/// The sellers' waits of the last report of this process, oldest first,
+/// bounded like the metrics (named sellers and the [`TOP_SELLERS`] oldest
+/// others).
+pub fn latest_waits() -> Vec<WaitSnapshot> {
+    latest().lock().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
 impl Event for SellerWaits<'_> {
     const NAME: &'static str = "SellerWaits";
 
     fn record(&self) {
+        let mut snapshot = Vec::new();
         use crate::telemetry::metrics::{HeldLabels, SellerLabel};
         let m = metrics();
         m.seller_oldest_wait_seconds.clear();
@@ -131,6 +159,14 @@ impl Event for SellerWaits<'_> {
                 continue;
             }
             tops += usize::from(!named);
+            snapshot.push(WaitSnapshot {
+                seller: w.seller.to_owned(),
+                jobs: w.jobs,
+                units: w.units,
+                oldest: w.oldest,
+                drain: w.drain,
+                held_by: w.held_by.clone(),
+            });
             let seller = SellerLabel {
                 seller: w.seller.to_owned(),
             };
@@ -159,6 +195,7 @@ impl Event for SellerWaits<'_> {
         if held.is_empty() {
             held.insert("none".to_owned(), 0);
         }
+        *latest().lock().unwrap_or_else(|p| p.into_inner()) = snapshot;
         for (held_by, n) in held {
             m.seller_held
                 .get_or_create(&HeldLabels {

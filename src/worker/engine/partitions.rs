@@ -87,6 +87,8 @@ impl<X: Ports> Engine<X> {
             .iter()
             .map(|w| WaitRow {
                 seller: &w.seller,
+                jobs: w.jobs,
+                units: w.units,
                 oldest: w.oldest,
                 drain: w.drain,
                 held_by: w.held_by.label(),
