@@ -180,6 +180,7 @@ pub fn reach(sc: &Scenario, out: &Outcome) -> Reach {
     r.paced_calls = log.arrivals.iter().filter(|a| paced(&a.seller)).count() as u64;
     r.calls_cut_by_kill = log.unanswered.len() as u64;
     r.again_without_kill = second_successes_without_a_kill(out) as u64;
+    r.shed_calls = log.calls.iter().filter(|c| c.class == "shed").count() as u64;
     r
 }
 

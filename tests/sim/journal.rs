@@ -122,6 +122,8 @@ pub struct Reach {
     /// with a success twice, with no kill (see
     /// `check::second_successes_without_a_kill`).
     pub again_without_kill: u64,
+    /// A call the downstream shed for its hidden capacity.
+    pub shed_calls: u64,
 }
 
 impl Log {
@@ -144,10 +146,11 @@ impl Reach {
         self.inherited_skips += o.inherited_skips;
         self.lost_replies += o.lost_replies;
         self.again_without_kill += o.again_without_kill;
+        self.shed_calls += o.shed_calls;
     }
 
     /// Each count by name.
-    pub fn named(&self) -> [(&'static str, u64); 8] {
+    pub fn named(&self) -> [(&'static str, u64); 9] {
         [
             ("a limiter refusal", self.denials),
             ("a loss of Redis' data found", self.losses_found),
@@ -160,6 +163,7 @@ impl Reach {
                 self.inherited_skips,
             ),
             ("a reply lost after its script ran", self.lost_replies),
+            ("a call shed for the downstream's capacity", self.shed_calls),
         ]
     }
 }
