@@ -11,7 +11,8 @@
 //! - `scheduler`: every seller with work here, their phases and holds, and
 //!   the downstream slot pool's turns; `seller`: one seller's queues and
 //!   the heads it asks about; `pool`: the downstream slots, given back when
-//!   dropped.
+//!   dropped; `fair`: whose turn it is at a free slot (weighted fair
+//!   shares, `limits.weight` and `limits.min_share`).
 //! - `admission`: the limiter's health and the failure policy
 //!   (`redis.on_error`).
 //! - `tiers`: which retry tier a job goes to, and the records parked on
@@ -39,6 +40,7 @@
 
 mod admission;
 pub mod engine;
+mod fair;
 #[cfg(test)]
 mod fixtures;
 pub mod ledger;

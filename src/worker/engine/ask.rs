@@ -22,9 +22,10 @@ use super::super::timers::{after, Timer};
 use super::{Engine, Event};
 
 impl<X: Ports> Engine<X> {
-    /// Asks the limiter for a seller that is idle, not held and has work,
-    /// when a downstream slot is free; otherwise it waits for a slot, its
-    /// pause or the outage's probe.
+    /// Asks the limiter for a seller that is not asking already, not held
+    /// and has work on a partition with no job out, when a downstream slot
+    /// is free and it is its turn; otherwise it waits for a slot (in the
+    /// fair turns), its pause or the outage's probe.
     pub(super) fn ask_if_ready(&mut self, key: &Arc<str>) {
         let now = self.deps.clock.now();
         let (ready, next_backoff) = self.scheduler.ready(key, now);
@@ -44,7 +45,13 @@ impl<X: Ports> Engine<X> {
             return self.hold_paused(key, pause);
         }
         self.scheduler.unpaused(key);
-        if self.scheduler.wait_for_slot(key) {
+        // During an outage a seller with a run under way waits for it to
+        // end: a second call at once could be a second probe.
+        if self.outage.is_open() && self.scheduler.runs(key) > 0 {
+            return;
+        }
+        let share = self.deps.permits.share(key);
+        if self.scheduler.wait_for_slot(key, share) {
             return;
         }
         // During a downstream outage only one probe call goes out at a
@@ -55,7 +62,7 @@ impl<X: Ports> Engine<X> {
             Ok(probe) => probe,
             Err(until) => return self.timers.at(until, Timer::Seller(key.clone())),
         };
-        let costs = self.scheduler.ask(key, probe);
+        let costs = self.scheduler.ask(key, share, probe);
         if !costs.is_empty() {
             self.spawn_ask(key.clone(), costs);
         }

@@ -180,6 +180,10 @@ impl<X: Ports> Engine<X> {
         for seller in self.outage.record(health, now) {
             self.ask_if_ready(&seller);
         }
+        // Its partition may be asked about again, while the rest of the
+        // run is out.
+        self.scheduler.returned(&key, &p.origin);
+        self.ask_if_ready(&key);
         if !self.deps.source.owns(&p.origin) {
             // The partition moved on while the call was out: its new owner
             // has the record and decides; no retry, no dead letter from here.
@@ -280,6 +284,9 @@ impl<X: Ports> Engine<X> {
         unused: Vec<Pending>,
         throttled: Vec<Throttle>,
     ) {
+        for p in &unused {
+            self.scheduler.returned(&key, &p.origin);
+        }
         let source = self.deps.source.clone();
         let owns = |o: &Origin| source.owns(o);
         let (unused, gone): (Vec<Pending>, Vec<Pending>) =
