@@ -32,6 +32,10 @@ use crate::limiter::Share;
 /// weight up to 16, so common weights charge exactly.
 const SCALE: u64 = 720_720;
 
+/// Pools of units a seller with jobs out may be owed at most: a bound on
+/// the burst it takes when it can use more slots again (more partitions).
+const ACTIVE_POOLS: u64 = 8;
+
 /// One seller's place in the shares.
 #[derive(Debug, Clone)]
 struct Account {
@@ -83,10 +87,14 @@ impl Fair {
     }
 
     /// `key` waits for a slot, with its share as the config says now (a
-    /// reload applies at the next join). A seller new here, or back after
-    /// a while, starts at most one pool of units behind the others.
-    pub(super) fn join(&mut self, key: &Arc<str>, share: Share) {
-        let (now, size) = (self.virtual_now, self.size as u64);
+    /// reload applies at the next join). A seller new here, or `away`
+    /// (nothing of it out: back after a while), starts at most one pool of
+    /// units behind the others; one with jobs out keeps up to
+    /// [`ACTIVE_POOLS`] pools of what it is owed (the slots lent while its
+    /// limiter call was under way, say).
+    pub(super) fn join(&mut self, key: &Arc<str>, share: Share, away: bool) {
+        let pools = if away { 1 } else { ACTIVE_POOLS };
+        let (now, size) = (self.virtual_now, self.size as u64 * pools);
         let account = self.accounts.entry(key.clone()).or_insert(Account {
             share,
             vtime: now,
@@ -239,14 +247,14 @@ mod tests {
         let mut fair = Fair::new(4);
         let mut served = BTreeMap::new();
         for (name, sh, _) in sellers {
-            fair.join(&key(name), *sh);
+            fair.join(&key(name), *sh, true);
         }
         for _ in 0..turns {
             let k = fair.next(&|_| 0).expect("someone waits");
             let (_, sh, cost) = sellers.iter().find(|s| *s.0 == *k).expect("known");
             ask(&mut fair, &k, *sh, *cost, *cost);
             *served.entry(k.to_string()).or_default() += cost;
-            fair.join(&k, *sh);
+            fair.join(&k, *sh, true);
         }
         served
     }
@@ -298,17 +306,17 @@ mod tests {
             let k = fair.next(&|_| 0).expect("a waiter");
             ask(fair, &k, share(1, 0.0), 1, 1);
             if k == a || rejoin_b {
-                fair.join(&k, share(1, 0.0));
+                fair.join(&k, share(1, 0.0), true);
             }
             k.to_string()
         };
-        fair.join(&a, share(1, 0.0));
-        fair.join(&b, share(1, 0.0));
+        fair.join(&a, share(1, 0.0), true);
+        fair.join(&b, share(1, 0.0), true);
         // b is served once, then has nothing for a hundred of a's turns.
         let first: Vec<String> = (0..102).map(|_| turn(&mut fair, false)).collect();
         assert_eq!(first[..2], ["a", "b"]);
         assert!(first[2..].iter().all(|k| k == "a"));
-        fair.join(&b, share(1, 0.0));
+        fair.join(&b, share(1, 0.0), true);
         let back: Vec<String> = (0..10).map(|_| turn(&mut fair, true)).collect();
         // b catches up one pool (4 units) and a turn, then they
         // alternate: it did not save up a hundred turns of idleness.
@@ -319,15 +327,15 @@ mod tests {
     fn a_grant_refunds_what_it_did_not_use() {
         let mut fair = Fair::new(4);
         let (a, b) = (key("a"), key("b"));
-        fair.join(&a, share(1, 0.0));
-        fair.join(&b, share(1, 0.0));
+        fair.join(&a, share(1, 0.0), true);
+        fair.join(&b, share(1, 0.0), true);
         assert_eq!(fair.next(&|_| 0), Some(a.clone()));
         // Refused: nothing used, nothing charged.
         ask(&mut fair, &a, share(1, 0.0), 3, 0);
-        fair.join(&a, share(1, 0.0));
+        fair.join(&a, share(1, 0.0), true);
         assert_eq!(fair.next(&|_| 0), Some(b.clone()), "b waited longer");
         ask(&mut fair, &b, share(1, 0.0), 1, 1);
-        fair.join(&b, share(1, 0.0));
+        fair.join(&b, share(1, 0.0), true);
         assert_eq!(fair.next(&|_| 0), Some(a), "a was refunded");
     }
 
@@ -345,8 +353,8 @@ mod tests {
             let mut fair = Fair::new(size);
             let (g, w) = (key("g"), key("w"));
             // w waits with a lower virtual time and a heavier weight.
-            fair.join(&w, share(8, 0.0));
-            fair.join(&g, share(1, min));
+            fair.join(&w, share(8, 0.0), true);
+            fair.join(&g, share(1, min), true);
             ask(&mut fair, &g, share(1, min), 5, 5);
             let held_by = |k: &str| if k == "g" { held } else { 0 };
             let next = fair.next(&held_by).expect("a waiter");
@@ -367,9 +375,9 @@ mod tests {
         for (i, &(mine, others, free, want)) in cases.iter().enumerate() {
             let mut fair = Fair::new(8);
             for (j, &w) in others.iter().enumerate() {
-                fair.join(&key(&format!("o{j}")), share(w, 0.0));
+                fair.join(&key(&format!("o{j}")), share(w, 0.0), true);
             }
-            fair.join(&key("me"), share(mine, 0.0));
+            fair.join(&key("me"), share(mine, 0.0), true);
             assert_eq!(fair.allowance("me", free), want, "case {}", i + 1);
         }
     }
@@ -378,9 +386,9 @@ mod tests {
     fn joining_twice_keeps_the_place_and_forgetting_leaves_the_turns() {
         let mut fair = Fair::new(2);
         let (a, b) = (key("a"), key("b"));
-        fair.join(&a, share(1, 0.0));
-        fair.join(&b, share(1, 0.0));
-        fair.join(&a, share(1, 0.0));
+        fair.join(&a, share(1, 0.0), true);
+        fair.join(&b, share(1, 0.0), true);
+        fair.join(&a, share(1, 0.0), true);
         assert!(fair.others_wait("a"));
         assert_eq!(fair.next(&|_| 0), Some(a.clone()), "a joined first");
         fair.forget("b");

@@ -241,7 +241,8 @@ impl Scheduler {
                 SellerWaiting::capacity(key).emit();
                 seller.wants_capacity = true;
             }
-            self.fair.join(key, share);
+            let away = seller.held() == 0 && seller.runs == 0;
+            self.fair.join(key, share, away);
         }
         true
     }

@@ -237,7 +237,11 @@ impl<X: Ports> Engine<X> {
             self.outage.probe_dropped(&key);
             return self.ask_if_ready(&key);
         }
-        self.spawn_run(key, grant.run);
+        self.spawn_run(key.clone(), grant.run);
+        // Back in the turns at once, for its partitions with no job out:
+        // a seller out of the turns while its jobs run would leave its
+        // share to the others.
+        self.ask_if_ready(&key);
     }
 
     /// The seller's job at `origin` (the head the limiter looked at) costs
