@@ -520,3 +520,42 @@ fn invalid(key: String, problem: impl ToString) -> InvalidLimits {
         problem: problem.to_string(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(toml: &str) -> LimitsConfig {
+        let base = "default = [{ algorithm = \"gcra\", limit = 5, period = \"1s\" }]\n[tiers]\nprem = [{ algorithm = \"gcra\", limit = 9, period = \"1s\" }]\n";
+        toml::from_str(&format!("{base}{toml}")).expect("valid toml")
+    }
+
+    #[test]
+    fn a_share_is_the_sellers_own_else_its_tiers_else_the_defaults() {
+        let cfg = limits(
+            "[weight]\nprem = 4\ndefault = 2\n[min_share]\nprem = 0.2\n[sellers]\n\
+             p = { tier = \"prem\" }\n\
+             own = { tier = \"prem\", weight = 7, min_share = 0.1 }\n\
+             w = { weight = 3 }\n\
+             u = { unlimited = true }\n",
+        );
+        let policy = Policy::from_config(&cfg).expect("valid limits");
+        // (seller, weight, min_share)
+        let cases: &[(&str, u32, f64)] = &[
+            ("p", 4, 0.2),
+            ("own", 7, 0.1),
+            ("w", 3, 0.0),
+            ("u", 2, 0.0),
+            ("unnamed", 2, 0.0),
+        ];
+        for &(seller, weight, min_share) in cases {
+            assert_eq!(
+                policy.share(seller),
+                Share { weight, min_share },
+                "{seller}"
+            );
+        }
+        let none = Policy::from_config(&limits("")).expect("valid limits");
+        assert_eq!(none.share("anyone"), Share::default());
+    }
+}
