@@ -225,15 +225,17 @@ impl Scheduler {
     }
 
     /// Whether `key` must wait for a slot: every slot is taken, or other
-    /// sellers wait for one and this is not `key`'s turn, so it joins the
-    /// turns (once) with its `share`, without asking Redis. A seller that
+    /// sellers wait for one and this is not `key`'s turn, or `queue_only`
+    /// (it waits for the loop to serve the turns), so it joins the turns
+    /// (once) with its `share`, without asking Redis. A seller that
     /// arrives while others wait does not jump ahead of them.
-    pub(super) fn wait_for_slot(&mut self, key: &Arc<str>, share: Share) -> bool {
+    pub(super) fn wait_for_slot(&mut self, key: &Arc<str>, share: Share, queue_only: bool) -> bool {
         let has_turn = self.turn.as_ref() == Some(key);
         if has_turn {
             self.turn = None;
         }
-        if self.pool.free() > 0 && (has_turn || !self.fair.others_wait(key)) {
+        let free = self.pool.free() > 0;
+        if free && !queue_only && (has_turn || !self.fair.others_wait(key)) {
             return false;
         }
         if let Some(seller) = self.sellers.get_mut(key) {
@@ -559,7 +561,12 @@ impl Scheduler {
         }
         let sellers = &self.sellers;
         let held = |k: &str| sellers.get(k).map_or(0, Seller::held);
-        let key = self.fair.next(&held)?;
+        let asking_for_more = |k: &str| {
+            sellers
+                .get(k)
+                .is_some_and(|s| s.phase == Phase::Asking && s.more_heads())
+        };
+        let key = self.fair.next(&held, &asking_for_more)?;
         if let Some(seller) = self.sellers.get_mut(&key) {
             seller.wants_capacity = false;
         }
@@ -916,10 +923,10 @@ mod tests {
             s.enqueue(&key(seller), pending(seller, 0, 1, 1), now, INLINE);
         }
         assert_eq!(s.ask(&key("a"), Share::default(), None), [1]);
-        assert!(s.wait_for_slot(&key("b"), Share::default()));
-        assert!(s.wait_for_slot(&key("c"), Share::default()));
+        assert!(s.wait_for_slot(&key("b"), Share::default(), false));
+        assert!(s.wait_for_slot(&key("c"), Share::default(), false));
         assert!(
-            s.wait_for_slot(&key("b"), Share::default()),
+            s.wait_for_slot(&key("b"), Share::default(), false),
             "once in the turns"
         );
         // A pacer whose due job found no slot.

@@ -106,6 +106,15 @@ impl Seller {
         self.out.len() + self.asking.as_ref().map_or(0, Slots::len)
     }
 
+    /// Whether, while its limiter call is under way, it has jobs waiting
+    /// on partitions that call did not ask about and with no job out:
+    /// what it could ask for next.
+    pub(super) fn more_heads(&self) -> bool {
+        let mut busy = self.out.clone();
+        busy.extend(self.asked.iter().map(|o| (o.topic.clone(), o.partition)));
+        !partition_heads(&self.queue, &busy, 1).is_empty()
+    }
+
     /// A job of `origin`'s partition is out.
     pub(super) fn sent(&mut self, origin: &Origin) {
         self.out.push((origin.topic.clone(), origin.partition));

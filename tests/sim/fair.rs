@@ -13,7 +13,7 @@ use super::ports::Poison;
 use super::run::{run, Outcome};
 use super::scenario::{JobSpec, Scenario, SellerSpec};
 
-/// The target is 10 %; the seeds of this file keep within 5 %.
+/// The target; the seeds of this file keep within 5 %.
 const TOLERANCE: f64 = 0.10;
 
 /// Sellers "w1", "w2", "w4" of weights 1, 2, 4 (or all 1: today's turns
@@ -115,7 +115,10 @@ fn a_weight_4_seller_that_runs_dry_leaves_its_share_to_the_others() {
         assert_kept(&sc, &out);
         let last = check::last_call_ms(&out);
         let dry = last["w4"] + 200;
-        let (_, end) = backlogged(&out, &sc, &[0, 1]);
+        // Up to a second before w1 or w2 runs dry in turn: their last
+        // jobs sit on few partitions, one call at a time each, and every
+        // seller running out of work idles the slots, shares or not.
+        let end = backlogged(&out, &sc, &[0, 1]).1 - 1_000;
         assert!(
             end > dry + 2_000,
             "seed {seed}: w4 ran dry at {dry} ms, w1/w2 at {end} ms"
@@ -145,14 +148,11 @@ fn a_weight_4_seller_that_runs_dry_leaves_its_share_to_the_others() {
     }
 }
 
-/// Costs count: "heavy" sellers' jobs cost 30, "light"'s 1, all of
-/// weight 1, so each is owed the same units: the light seller 30 calls for
-/// each heavy one. What keeps it from all of them is the time its own
-/// limiter call is under way (one at a time per seller): a slot that
-/// frees meanwhile is lent to a heavy seller (work-conserving), about one
-/// in twelve with calls of 50 ms. Judged: the light seller is served at
-/// least 40 % of a heavy one's units (turns blind to cost would give it
-/// 1/30 of them, 3 %).
+/// Costs count: w1 and w2 send jobs of cost 30, w4 jobs of cost 1, all
+/// of weight 1, so each is owed the same units: w4 makes 30 calls for each
+/// of theirs. (Its slots free one at a time while its own limiter call is
+/// under way; the turns hold such a slot for it rather than lend it to a
+/// seller it is far behind.)
 #[test]
 fn costs_count_a_job_of_cost_30_uses_30_units_of_the_share() {
     for seed in 0..2 {
@@ -165,16 +165,13 @@ fn costs_count_a_job_of_cost_30_uses_30_units_of_the_share() {
         let out = run(&sc);
         assert_kept(&sc, &out);
         let window = backlogged(&out, &sc, &[0, 1, 2]);
-        let (_, per_weight) = check::fair_shares(&sc, &out, &[0, 1, 2], window, 0.25);
+        let (broken, per_weight) = check::fair_shares(&sc, &out, &[0, 1, 2], window, TOLERANCE);
         let units = check::units_by_seller(&out, window.0, window.1);
         println!(
             "seed {seed}: units {units:?} in {window:?} ms; vs the first cost-30 seller {:?}",
             ratios(&per_weight)
         );
-        assert!(
-            per_weight[2] >= 0.4 * per_weight[0].max(per_weight[1]),
-            "seed {seed}: the cost-1 seller got {units:?}"
-        );
+        assert!(broken.is_empty(), "seed {seed}: {broken:#?}");
     }
 }
 

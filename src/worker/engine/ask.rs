@@ -27,6 +27,18 @@ impl<X: Ports> Engine<X> {
     /// is free and it is its turn; otherwise it waits for a slot (in the
     /// fair turns), its pause or the outage's probe.
     pub(super) fn ask_if_ready(&mut self, key: &Arc<str>) {
+        self.ready_to_ask(key, false);
+    }
+
+    /// As [`Engine::ask_if_ready`], but a seller that is ready joins the
+    /// turns even when a slot is free: for a seller whose own call just
+    /// answered, which must not take the slot its answer freed ahead of
+    /// sellers already waiting (the loop serves the turns next).
+    pub(super) fn queue_if_ready(&mut self, key: &Arc<str>) {
+        self.ready_to_ask(key, true);
+    }
+
+    fn ready_to_ask(&mut self, key: &Arc<str>, queue_only: bool) {
         let now = self.deps.clock.now();
         let (ready, next_backoff) = self.scheduler.ready(key, now);
         if let Some(at) = next_backoff {
@@ -51,7 +63,7 @@ impl<X: Ports> Engine<X> {
             return;
         }
         let share = self.deps.permits.share(key);
-        if self.scheduler.wait_for_slot(key, share) {
+        if self.scheduler.wait_for_slot(key, share, queue_only) {
             return;
         }
         // During a downstream outage only one probe call goes out at a
@@ -202,8 +214,6 @@ impl<X: Ports> Engine<X> {
         for p in &grant.gone {
             self.forget(p);
         }
-        // The call's slots not handed to a job are back: serve them.
-        self.serve_turns();
         if let Some(at) = grant.paced_at {
             self.timers.at(at, Timer::Paced(key.clone()));
         }
@@ -235,13 +245,16 @@ impl<X: Ports> Engine<X> {
         }
         if grant.run.is_empty() {
             self.outage.probe_dropped(&key);
+            self.serve_turns();
             return self.ask_if_ready(&key);
         }
         self.spawn_run(key.clone(), grant.run);
-        // Back in the turns at once, for its partitions with no job out:
-        // a seller out of the turns while its jobs run would leave its
-        // share to the others.
-        self.ask_if_ready(&key);
+        // Back in the turns at once, for its partitions with no job out,
+        // before the call's slots not handed to a job are served: a seller
+        // out of the turns while its jobs run would leave its share to the
+        // others.
+        self.queue_if_ready(&key);
+        self.serve_turns();
     }
 
     /// The seller's job at `origin` (the head the limiter looked at) costs

@@ -160,7 +160,9 @@ impl<X: Ports> Engine<X> {
         p.lease = None;
         p.slot = None;
         p.attempts += 1;
-        self.serve_turns();
+        // The slot it freed is handed on by the loop, once every answer
+        // that came with this one is in: the turns then choose among all
+        // the slots freed together.
         let now = self.deps.clock.now();
         // What the answer says of the downstream as a whole, whoever owns
         // the job now.
@@ -181,9 +183,9 @@ impl<X: Ports> Engine<X> {
             self.ask_if_ready(&seller);
         }
         // Its partition may be asked about again, while the rest of the
-        // run is out.
+        // run is out: in its turn.
         self.scheduler.returned(&key, &p.origin);
-        self.ask_if_ready(&key);
+        self.queue_if_ready(&key);
         if !self.deps.source.owns(&p.origin) {
             // The partition moved on while the call was out: its new owner
             // has the record and decides; no retry, no dead letter from here.
