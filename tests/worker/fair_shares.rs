@@ -20,6 +20,10 @@ const WEIGHTS: [(&str, u32); 3] = [("w1", 1), ("w2", 2), ("w4", 4)];
 /// simulation judges 10 % exactly.
 const TOLERANCE: f64 = 0.2;
 
+/// Slots of the replica, and jobs per unit of weight.
+const SLOTS: usize = 4;
+const PER_WEIGHT: usize = 60;
+
 fn weighted_policy() -> Policy {
     let sellers = WEIGHTS
         .iter()
@@ -56,12 +60,12 @@ async fn three_backlogged_sellers_of_weights_1_2_4_reach_the_downstream_1_2_4() 
     let down = Downstream::start(always_ok()).await;
     down.set_delay(Duration::from_millis(50));
     let mut settings = bench.settings(&down.url);
-    settings.downstream.concurrency = 4;
+    settings.downstream.concurrency = SLOTS;
     // In proportion to the weights: all three have jobs until near the end.
     let mut records = Vec::new();
     for i in 0..240 {
         for (name, weight) in WEIGHTS {
-            if i < 60 * weight as usize {
+            if i < PER_WEIGHT * weight as usize {
                 records.push(job(&format!("{name}-{i}"), name));
             }
         }
@@ -108,7 +112,7 @@ async fn three_backlogged_sellers_of_weights_1_2_4_reach_the_downstream_1_2_4() 
         .iter()
         .map(|&(s, w)| calls.get(s).copied().unwrap_or(0) as f64 / f64::from(w))
         .collect();
-    let busy = total as f64 * 0.05 / ((to - from).as_secs_f64() * 4.0);
+    let busy = total as f64 * 0.05 / ((to - from).as_secs_f64() * SLOTS as f64);
     println!(
         "calls {calls:?} in {:?}; per weight vs w1 {:?}; slots busy {busy:.3}",
         to - from,
