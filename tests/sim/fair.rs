@@ -261,3 +261,50 @@ fn assert_kept_fleet(sc: &Scenario, out: &Outcome) {
     let broken = check::fleet(sc, out);
     assert!(broken.is_empty(), "seed {}: {broken:#?}", sc.seed);
 }
+
+/// `min_share`: five backlogged sellers of weight 1 on 4 slots would get a
+/// fifth each; "g" with `min_share = 0.5` is guaranteed 2 slots, so it
+/// gets half the calls (the others share the rest alike).
+#[test]
+fn a_min_share_guarantees_its_slots_against_many_equal_sellers() {
+    let mut sc = Scenario::quiet(0);
+    sc.partitions = 24;
+    sc.concurrency = 4;
+    sc.faults.latency_ms = (40, 60);
+    for i in 0..5 {
+        sc.sellers.push(SellerSpec {
+            name: if i == 0 { "g".into() } else { format!("s{i}") },
+            rule: None,
+            max_in_flight: None,
+        });
+    }
+    sc.min_shares.insert(0, 0.5);
+    for k in 0..400usize {
+        for seller in 0..5 {
+            if seller == 0 || k < 200 {
+                sc.jobs.push(JobSpec {
+                    seller,
+                    cost: 1,
+                    at_ms: 0,
+                    partition: ((k * 5 + seller) % 24) as i32,
+                    malformed: false,
+                    poison: Poison::None,
+                    pad: 0,
+                });
+            }
+        }
+    }
+    let out = run(&sc);
+    assert_kept(&sc, &out);
+    let all: Vec<usize> = (0..5).collect();
+    let (from, to) = backlogged(&out, &sc, &all);
+    let window = (from, to - 1_000);
+    let units = check::units_by_seller(&out, window.0, window.1);
+    let total: u64 = units.values().sum();
+    let g = units["g"] as f64 / total as f64;
+    println!("min_share 0.5 among 5 equal sellers: {units:?} in {window:?} ms; g's part {g:.3}");
+    assert!(
+        (0.45..=0.55).contains(&g),
+        "g got {g:.3} of the calls: {units:?}"
+    );
+}

@@ -73,6 +73,8 @@ pub struct Scenario {
     pub limit_ms: u64,
     /// `limits.sellers.X.weight` by seller (index): unset, 1.
     pub weights: BTreeMap<usize, u32>,
+    /// `limits.sellers.X.min_share` by seller (index): unset, 0.
+    pub min_shares: BTreeMap<usize, f64>,
 }
 
 pub fn rule(algorithm: &str, limit: u64, period: Duration, burst: Option<u64>) -> RuleConfig {
@@ -121,6 +123,7 @@ impl Scenario {
             // its tier's delay (1 h) after a clock step, whatever the step.
             limit_ms: 4 * 3600 * 1000,
             weights: BTreeMap::new(),
+            min_shares: BTreeMap::new(),
         }
     }
 
@@ -300,6 +303,7 @@ impl Scenario {
                 },
             };
             cfg.weight = self.weights.get(&i).copied();
+            cfg.min_share = self.min_shares.get(&i).copied();
             sellers.insert(s.name.clone(), cfg);
         }
         LimitsConfig {
