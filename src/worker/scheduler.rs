@@ -954,6 +954,57 @@ mod tests {
     }
 
     #[test]
+    fn a_seller_arriving_while_others_wait_takes_its_turn_behind_them() {
+        let mut s = Scheduler::new(1);
+        let now = Instant::now();
+        for seller in ["a", "b", "c"] {
+            s.enqueue(&key(seller), pending(seller, 0, 1, 1), now, INLINE);
+        }
+        let sh = Share::default();
+        assert_eq!(s.ask(&key("a"), sh, None), [1]);
+        assert!(s.wait_for_slot(&key("b"), sh, false), "no slot free");
+        let answer = BatchDecision::Granted(granted(0, 0));
+        drop(s.answered(&key("a"), &answer, Vec::new(), now, now, &everything_owned));
+        // A slot is free, but b waits for it: c queues behind b.
+        assert!(
+            s.wait_for_slot(&key("c"), sh, false),
+            "c does not jump ahead"
+        );
+        assert_eq!(s.next_turn(), Some(Turn::Ask(key("b"))));
+        assert!(!s.wait_for_slot(&key("b"), sh, false), "b's turn: it asks");
+        // (case, queue_only): a seller whose own answer freed the slot
+        // queues even when no one else waits.
+        let (mut s, _) = queued(2, &[(0, 1, 1)]);
+        assert!(s.wait_for_slot(&key("s"), sh, true));
+        assert_eq!(s.next_turn(), Some(Turn::Ask(key("s"))));
+    }
+
+    #[test]
+    fn a_running_seller_asks_again_only_for_partitions_with_no_job_out() {
+        let s_ = key("s");
+        let sh = Share::default();
+        let (mut s, now) = queued(8, &[(0, 1, 1), (0, 2, 1), (1, 3, 1), (1, 4, 1)]);
+        assert_eq!(s.ask(&s_, sh, None), [1, 1]);
+        let answer = BatchDecision::Granted(granted(2, 2));
+        let Answered::Granted(grant) =
+            s.answered(&s_, &answer, Vec::new(), now, now, &everything_owned)
+        else {
+            panic!("a grant");
+        };
+        // Both partitions have a job out: nothing to ask for yet.
+        assert_eq!(s.ready(&s_, now).0, Ready::NotNow);
+        let first = &grant.run[0].1.origin;
+        s.returned(&s_, first);
+        assert_eq!(
+            s.ready(&s_, now).0,
+            Ready::Waiting,
+            "running, but partition 0 is free"
+        );
+        assert_eq!(s.ask(&s_, sh, None), [1], "partition 0's next job only");
+        assert_eq!(s.sellers[&s_].asked[0].offset, 2);
+    }
+
+    #[test]
     fn a_hold_longer_than_the_inline_delay_hands_the_queue_back() {
         // (hold for, held before, jobs handed back, a new job deferred)
         let cases: &[(Duration, Option<Duration>, usize, bool)] = &[
