@@ -36,6 +36,10 @@ const SCALE: u64 = 720_720;
 /// the burst it takes when it can use more slots again (more partitions).
 const ACTIVE_POOLS: u64 = 8;
 
+/// How far behind (in units of the next seller's) a seller in the middle
+/// of its limiter call must be for a freed slot to wait for its answer.
+const HOLD_MARGIN_UNITS: u64 = 1;
+
 /// One seller's place in the shares.
 #[derive(Debug, Clone)]
 struct Account {
@@ -124,7 +128,7 @@ impl Fair {
     /// Takes the next seller out of the turns: one below its guaranteed
     /// slots (`held` says how many each holds) first, else the lowest
     /// virtual time; ties to the longest waiting. None when no one waits,
-    /// or while a seller owed more than a pool's worth beyond the next one
+    /// or while a seller owed more than a unit beyond the next one
     /// is in the middle of its limiter call and has more to ask for
     /// (`asking_for_more`): the slot stays free for the moment its answer
     /// comes, instead of going to a seller it is far ahead of (a limiter
@@ -147,10 +151,10 @@ impl Fair {
             })
             .min_by_key(|(order, _, _)| *order)
             .map(|((not_owed, vtime, _), k, share)| (k.clone(), !not_owed, vtime, share))?;
-        // Held only for a seller behind by more than a pool of the next
-        // one's units: a small lead is evened out by the turns to come,
-        // and a slot held for it would idle for nothing.
-        let margin = charge(self.size as u64, share);
+        // Held only for a seller behind by more than a unit of the next
+        // one's: a tie is evened out by the turns to come, and a slot held
+        // for it would idle for nothing.
+        let margin = charge(HOLD_MARGIN_UNITS, share);
         let ahead = self.accounts.iter().any(|(k, a)| {
             a.asked > 0 && a.vtime.saturating_add(margin) < vtime && asking_for_more(k)
         });
