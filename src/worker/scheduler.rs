@@ -297,6 +297,11 @@ impl Scheduler {
             .collect()
     }
 
+    /// `key`'s granted jobs not yet answered: its calls under way here.
+    pub(super) fn out(&self, key: &Arc<str>) -> usize {
+        self.sellers.get(key).map_or(0, |s| s.out.len())
+    }
+
     /// `key`'s runs under way.
     pub(super) fn runs(&self, key: &Arc<str>) -> usize {
         self.sellers.get(key).map_or(0, |s| s.runs)

@@ -177,7 +177,7 @@ impl<X: Ports> Engine<X> {
             costs: self.scheduler.asked_costs(key),
             share: self.partitions.share(),
             max_in_flight: self.deps.permits.max_in_flight(key),
-            busy: self.scheduler.runs(key),
+            busy: self.scheduler.out(key),
             rules: rules.as_ref().map(|(own, global)| (&own[..], &global[..])),
         };
         let fallback = self.admission.failed(key, asked, &mut self.rng);
