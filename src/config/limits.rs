@@ -41,6 +41,23 @@ pub struct LimitsConfig {
     /// `max_in_flight` wins. Unset: no cap.
     #[serde(default)]
     pub max_in_flight: BTreeMap<String, u32>,
+    /// Each seller's weight in the share of this replica's downstream
+    /// slots (`downstream.concurrency`) while the downstream is the
+    /// bottleneck, by tier: `default` for sellers no tier names, else a
+    /// name of `limits.tiers`. A seller's own `weight` wins. A positive
+    /// integer; unset: 1. Sellers with ready jobs share the slots in
+    /// proportion to their weights, counted in cost units; a share left
+    /// unused goes to the others (see the book's "Fair shares of
+    /// capacity").
+    #[serde(default)]
+    pub weight: BTreeMap<String, u32>,
+    /// The fraction of this replica's downstream slots guaranteed to each
+    /// seller with ready jobs, by tier (`default` or a name of
+    /// `limits.tiers`); a seller's own `min_share` wins. At least 0, less
+    /// than 1; unset: 0 (no guarantee). A seller below its guaranteed
+    /// slots takes the next free slot before any weight is looked at.
+    #[serde(default)]
+    pub min_share: BTreeMap<String, f64>,
     /// How long a slot of `max_in_flight` stays taken when its replica
     /// never gives it back (killed): longer than `downstream.timeout`, so
     /// a call still under way never loses its slot. Default 30s.
@@ -61,6 +78,8 @@ impl Default for LimitsConfig {
             tiers: BTreeMap::new(),
             sellers: BTreeMap::new(),
             max_in_flight: BTreeMap::new(),
+            weight: BTreeMap::new(),
+            min_share: BTreeMap::new(),
             slot_lease: default_slot_lease(),
         }
     }
@@ -83,8 +102,9 @@ pub struct RuleConfig {
 }
 
 /// A seller override: at most one of `tier`, `rules`, `unlimited = true`
-/// (none: the default rules), and optionally `max_in_flight`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+/// (none: the default rules), and optionally `max_in_flight`, `weight` and
+/// `min_share`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SellerConfig {
     #[serde(default)]
@@ -97,6 +117,15 @@ pub struct SellerConfig {
     /// every replica (wins over its tier's).
     #[serde(default)]
     pub max_in_flight: Option<u32>,
+    /// This seller's weight in the share of this replica's downstream
+    /// slots (wins over its tier's `limits.weight`); a positive integer.
+    #[serde(default)]
+    pub weight: Option<u32>,
+    /// The fraction of this replica's downstream slots guaranteed to this
+    /// seller while it has ready jobs (wins over its tier's
+    /// `limits.min_share`); at least 0, less than 1.
+    #[serde(default)]
+    pub min_share: Option<f64>,
 }
 
 impl LimitsConfig {

@@ -101,7 +101,7 @@ pub use decision::{
 pub use jobs::{JobsQuery, ListAnswer};
 pub use keys::{KeySpace, StateLayout};
 pub use pauses::{Pause, Pauses};
-pub use policy::{Policy, Resolved, SLOT_POLL};
+pub use policy::{Policy, Resolved, Share, SLOT_POLL};
 pub use redis::{RedisError, RedisStore, Scripts};
 pub use reply::{JobsAnswer, JobsReply, MalformedReply, Reply};
 pub use rule::{Algorithm, Rule, RuleError};

@@ -28,6 +28,9 @@ pub struct Policy {
     sellers: HashMap<String, Entry>,
     /// `limits.max_in_flight.default`: the cap of sellers no entry names.
     default_in_flight: Option<u32>,
+    /// The share of sellers no entry names (`limits.weight.default`,
+    /// `limits.min_share.default`).
+    default_share: Share,
     /// `limits.slot_lease`.
     slot_lease: Duration,
 }
@@ -49,6 +52,56 @@ struct Entry {
     tier: Arc<str>,
     /// Its `max_in_flight`: its own, else its tier's (or the default's).
     max_in_flight: Option<u32>,
+    /// Its share of the downstream slots: its own, else its tier's, else
+    /// the default's.
+    share: Share,
+}
+
+/// A seller's claim on this replica's downstream slots while they are the
+/// bottleneck (`limits.weight`, `limits.min_share`); the worker's
+/// scheduler shares the slots by it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Share {
+    /// At least 1: slots go in proportion to it, counted in cost units.
+    pub weight: u32,
+    /// In [0, 1): the fraction of the slots guaranteed while it has ready
+    /// jobs.
+    pub min_share: f64,
+}
+
+impl Default for Share {
+    /// Weight 1, nothing guaranteed: every seller alike.
+    fn default() -> Share {
+        Share {
+            weight: 1,
+            min_share: 0.0,
+        }
+    }
+}
+
+/// The share tables of `[limits]`, by tier.
+struct Shares<'a> {
+    weight: &'a BTreeMap<String, u32>,
+    min_share: &'a BTreeMap<String, f64>,
+}
+
+impl Shares<'_> {
+    /// The share of a seller with its own `weight` and `min_share` (if
+    /// any) in `tier` (`None`: no tier of `limits.tiers`, the default's).
+    fn of(&self, tier: Option<&str>, weight: Option<u32>, min_share: Option<f64>) -> Share {
+        let by_tier = |t: Option<&str>| {
+            (
+                self.weight.get(t.unwrap_or(DEFAULT_TIER)).copied(),
+                self.min_share.get(t.unwrap_or(DEFAULT_TIER)).copied(),
+            )
+        };
+        let (tier_weight, tier_min) = by_tier(tier);
+        let (default_weight, default_min) = by_tier(None);
+        Share {
+            weight: weight.or(tier_weight).or(default_weight).unwrap_or(1),
+            min_share: min_share.or(tier_min).or(default_min).unwrap_or(0.0),
+        }
+    }
 }
 
 /// How soon a seller refused for want of a slot of its `max_in_flight`
@@ -129,16 +182,38 @@ impl Policy {
             }
             check_in_flight(n, &key)?;
         }
+        for (tier, &w) in &cfg.weight {
+            let key = format!("limits.weight.{tier}");
+            check_tier(tier, &key, &tiers)?;
+            check_weight(w, &key)?;
+        }
+        for (tier, &m) in &cfg.min_share {
+            let key = format!("limits.min_share.{tier}");
+            check_tier(tier, &key, &tiers)?;
+            check_min_share(m, &key)?;
+        }
         let in_flight = &cfg.max_in_flight;
+        let shares = Shares {
+            weight: &cfg.weight,
+            min_share: &cfg.min_share,
+        };
         let mut sellers = HashMap::new();
+        let mut claimed = 0.0;
         for (seller, sc) in &cfg.sellers {
             let key = format!("limits.sellers.{seller}");
             if seller.is_empty() {
                 return Err(invalid(key, "a seller id must not be empty"));
             }
+            claimed += sc.min_share.unwrap_or(0.0);
+            if claimed > 1.0 + 1e-9 {
+                return Err(invalid(
+                    format!("{key}.min_share"),
+                    format!("the sellers' own min_share add up to {claimed} (this one included), more than all the slots (1)"),
+                ));
+            }
             sellers.insert(
                 seller.clone(),
-                seller_entry(sc, &key, &tiers, &default, in_flight)?,
+                seller_entry(sc, &key, &tiers, &default, in_flight, &shares)?,
             );
         }
         Ok(Policy {
@@ -148,6 +223,7 @@ impl Policy {
             tiers,
             sellers,
             default_in_flight: in_flight.get(DEFAULT_TIER).copied(),
+            default_share: shares.of(None, None, None),
             slot_lease: cfg.slot_lease,
         })
     }
@@ -160,6 +236,15 @@ impl Policy {
             Some(e) => e.max_in_flight,
             None => self.default_in_flight,
         }
+    }
+
+    /// `seller`'s share of this replica's downstream slots: its own
+    /// `weight` and `min_share`, else its tier's, else the default's (an
+    /// override keeps the seller's).
+    pub fn share(&self, seller: &str) -> Share {
+        self.sellers
+            .get(seller)
+            .map_or(self.default_share, |e| e.share)
     }
 
     /// The cap of sellers no entry names (`limits.max_in_flight.default`).
@@ -209,6 +294,7 @@ impl Policy {
         let mut p = self.clone();
         for (seller, rules) in overrides {
             let max_in_flight = self.max_in_flight(seller);
+            let share = self.share(seller);
             p.sellers.insert(
                 seller.clone(),
                 Entry {
@@ -216,6 +302,7 @@ impl Policy {
                     shadow: Arc::new([]),
                     tier: OVERRIDE_TIER.into(),
                     max_in_flight,
+                    share,
                 },
             );
         }
@@ -261,16 +348,27 @@ fn seller_entry(
     tiers: &BTreeMap<String, Rules>,
     default: &Rules,
     in_flight: &BTreeMap<String, u32>,
+    shares: &Shares<'_>,
 ) -> Result<Entry, InvalidLimits> {
     if let Some(n) = sc.max_in_flight {
         check_in_flight(n, &format!("{key}.max_in_flight"))?;
     }
+    if let Some(w) = sc.weight {
+        check_weight(w, &format!("{key}.weight"))?;
+    }
+    if let Some(m) = sc.min_share {
+        check_min_share(m, &format!("{key}.min_share"))?;
+    }
     let cap = |tier: &str| sc.max_in_flight.or_else(|| in_flight.get(tier).copied());
+    fn in_tier<'t>(tiers: &BTreeMap<String, Rules>, tier: &'t str) -> Option<&'t str> {
+        tiers.contains_key(tier).then_some(tier)
+    }
     let entry = |limits, shadow, tier: &str| Entry {
         limits,
         shadow,
         tier: tier.into(),
         max_in_flight: cap(tier),
+        share: shares.of(in_tier(tiers, tier), sc.weight, sc.min_share),
     };
     match (sc.unlimited, &sc.tier, &sc.rules) {
         (true, None, None) => Ok(entry(SellerLimits::Unlimited, Arc::new([]), UNLIMITED_TIER)),
@@ -294,15 +392,20 @@ fn seller_entry(
             let r = rule_set(list, &format!("{key}.rules"))?;
             Ok(entry(SellerLimits::Rules(r.enforced), r.shadow, OWN_TIER))
         }
-        // Only a cap: the default rules, under the default's tier label.
-        (false, None, None) if sc.max_in_flight.is_some() => Ok(entry(
+        // Only a cap or a share: the default rules, under the default's
+        // tier label.
+        (false, None, None)
+            if sc.max_in_flight.is_some() || sc.weight.is_some() || sc.min_share.is_some() =>
+        {
+            Ok(entry(
             SellerLimits::Rules(default.enforced.clone()),
             default.shadow.clone(),
             DEFAULT_TIER,
-        )),
+            ))
+        }
         (false, None, None) => Err(invalid(
             key.to_owned(),
-            "give one of tier = \"…\", rules = [...], unlimited = true or max_in_flight = N",
+            "give one of tier = \"…\", rules = [...], unlimited = true, max_in_flight = N, weight = N or min_share = x",
         )),
         _ => Err(invalid(
             key.to_owned(),
@@ -318,6 +421,45 @@ fn check_in_flight(n: u32, key: &str) -> Result<(), InvalidLimits> {
         return Err(invalid(
             key.to_owned(),
             "must be at least 1 (leave it out for no cap; to stop a seller use `limits pause`)",
+        ));
+    }
+    Ok(())
+}
+
+/// A key of `limits.weight` or `limits.min_share`: "default" or a tier.
+fn check_tier(tier: &str, key: &str, tiers: &BTreeMap<String, Rules>) -> Result<(), InvalidLimits> {
+    if tier != DEFAULT_TIER && !tiers.contains_key(tier) {
+        let known: Vec<&str> = tiers.keys().map(String::as_str).collect();
+        return Err(invalid(
+            key.to_owned(),
+            format!("{tier:?} is neither \"default\" nor a tier of limits.tiers {known:?}"),
+        ));
+    }
+    Ok(())
+}
+
+/// The most a weight may be: far beyond any useful ratio, and small enough
+/// that a cost over a weight never loses precision in the scheduler.
+pub const MAX_WEIGHT: u32 = 10_000;
+
+/// A weight of 1 to [`MAX_WEIGHT`] (0 would never be served).
+fn check_weight(w: u32, key: &str) -> Result<(), InvalidLimits> {
+    if w == 0 || w > MAX_WEIGHT {
+        return Err(invalid(
+            key.to_owned(),
+            format!("must be a whole number from 1 to {MAX_WEIGHT} (1: an ordinary seller's share; to stop a seller use `limits pause`)"),
+        ));
+    }
+    Ok(())
+}
+
+/// A `min_share` in [0, 1): all the slots to one seller would starve the
+/// others.
+fn check_min_share(m: f64, key: &str) -> Result<(), InvalidLimits> {
+    if !(0.0..1.0).contains(&m) {
+        return Err(invalid(
+            key.to_owned(),
+            format!("{m} is not a fraction of the slots: give at least 0 and less than 1 (0.2 guarantees a fifth)"),
         ));
     }
     Ok(())
@@ -376,5 +518,44 @@ fn invalid(key: String, problem: impl ToString) -> InvalidLimits {
     InvalidLimits {
         key,
         problem: problem.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(toml: &str) -> LimitsConfig {
+        let base = "default = [{ algorithm = \"gcra\", limit = 5, period = \"1s\" }]\n[tiers]\nprem = [{ algorithm = \"gcra\", limit = 9, period = \"1s\" }]\n";
+        toml::from_str(&format!("{base}{toml}")).expect("valid toml")
+    }
+
+    #[test]
+    fn a_share_is_the_sellers_own_else_its_tiers_else_the_defaults() {
+        let cfg = limits(
+            "[weight]\nprem = 4\ndefault = 2\n[min_share]\nprem = 0.2\n[sellers]\n\
+             p = { tier = \"prem\" }\n\
+             own = { tier = \"prem\", weight = 7, min_share = 0.1 }\n\
+             w = { weight = 3 }\n\
+             u = { unlimited = true }\n",
+        );
+        let policy = Policy::from_config(&cfg).expect("valid limits");
+        // (seller, weight, min_share)
+        let cases: &[(&str, u32, f64)] = &[
+            ("p", 4, 0.2),
+            ("own", 7, 0.1),
+            ("w", 3, 0.0),
+            ("u", 2, 0.0),
+            ("unnamed", 2, 0.0),
+        ];
+        for &(seller, weight, min_share) in cases {
+            assert_eq!(
+                policy.share(seller),
+                Share { weight, min_share },
+                "{seller}"
+            );
+        }
+        let none = Policy::from_config(&limits("")).expect("valid limits");
+        assert_eq!(none.share("anyone"), Share::default());
     }
 }

@@ -109,8 +109,8 @@ impl<K: Clock> Admission<K> {
         let policy = self.on_error;
         // max_in_flight takes no slot in Redis now: this replica holds the
         // seller to its share of the cap (at least one call), less its
-        // calls of the seller under way (a pacer's; a seller asks only
-        // when no batch of its own runs).
+        // calls of the seller under way (a seller asks again while its
+        // jobs run).
         if let (OnLimiterError::FailOpen | OnLimiterError::Local, Some(cap)) =
             (policy, asked.max_in_flight)
         {

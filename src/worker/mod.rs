@@ -11,7 +11,8 @@
 //! - `scheduler`: every seller with work here, their phases and holds, and
 //!   the downstream slot pool's turns; `seller`: one seller's queues and
 //!   the heads it asks about; `pool`: the downstream slots, given back when
-//!   dropped.
+//!   dropped; `fair`: whose turn it is at a free slot (weighted fair
+//!   shares, `limits.weight` and `limits.min_share`).
 //! - [`concurrency`]: how many downstream calls may be out at once,
 //!   learnt from the downstream's answers (`downstream.adaptive_concurrency`).
 //! - `admission`: the limiter's health and the failure policy
@@ -44,6 +45,7 @@
 mod admission;
 pub mod concurrency;
 pub mod engine;
+mod fair;
 #[cfg(test)]
 mod fixtures;
 pub mod ledger;

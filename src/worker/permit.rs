@@ -10,7 +10,7 @@ use crate::backoff::backoff_with;
 use crate::config::OnError;
 use crate::limiter::{
     BatchDecision, Coalescer, Decision, Denied, DeniedBy, Limiter, Mode, Pause, Resolved, Rule,
-    Store,
+    Share, Store,
 };
 
 /// Why the limiter gave no answer. Every kind is a fault of the limiter's
@@ -102,6 +102,13 @@ pub trait Permits: Send + Sync + 'static {
         None
     }
 
+    /// The seller's share of this replica's downstream slots (its weight
+    /// and `min_share`), for the scheduler: read from the policy in
+    /// memory, never from Redis. Weight 1, no guarantee by default.
+    fn share(&self, _seller: &str) -> Share {
+        Share::default()
+    }
+
     /// The seller's own and the global rules, for the local fallback;
     /// `None` for an unlimited seller (and by default).
     fn rules_of(&self, _seller: &str) -> Option<(Vec<Rule>, Vec<Rule>)> {
@@ -184,6 +191,10 @@ impl<S: Store + 'static> Permits for Limiter<S> {
         self.policy().max_in_flight(seller)
     }
 
+    fn share(&self, seller: &str) -> Share {
+        self.policy().share(seller)
+    }
+
     fn rules_of(&self, seller: &str) -> Option<(Vec<Rule>, Vec<Rule>)> {
         match self.policy().resolve(seller) {
             Resolved::Unlimited => None,
@@ -226,6 +237,10 @@ impl<S: Store + 'static> Permits for Coalescer<S> {
 
     fn max_in_flight(&self, seller: &str) -> Option<u32> {
         Permits::max_in_flight(&**self.limiter(), seller)
+    }
+
+    fn share(&self, seller: &str) -> Share {
+        Permits::share(&**self.limiter(), seller)
     }
 
     fn paused(&self, seller: &str, now_ms: u64) -> Option<Pause> {

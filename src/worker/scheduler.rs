@@ -7,10 +7,12 @@
 //! A seller asks only for as many jobs as there are free downstream slots,
 //! one per partition head, so a grant is used at once: a grant that waited
 //! for capacity would reach the downstream late and bunch up with the next
-//! window's. Sellers that are ready while every slot is taken wait in turn,
-//! without asking Redis. A pacer's granted jobs wait for their go-at
-//! without a slot, and take one when they can go; they are served before
-//! any seller asks, since their units are spent already.
+//! window's. It may ask again while its jobs run, for partitions with no
+//! job out. Sellers that are ready while every slot is taken (or while
+//! others wait for one) wait for their turn, without asking Redis; turns go
+//! by weighted fair shares (`super::fair`). A pacer's granted jobs wait for
+//! their go-at without a slot, and take one when they can go; they are
+//! served before any seller asks, since their units are spent already.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -19,9 +21,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::kafka::consumer::Origin;
-use crate::limiter::{BatchDecision, BatchGranted, DeniedBy, NextJob};
+use crate::limiter::{BatchDecision, BatchGranted, DeniedBy, NextJob, Share};
 use crate::telemetry::events::{CallAvoided, SellerWaiting};
 
+use super::fair::Fair;
 use super::pending::Pending;
 use super::pool::{SlotPool, Slots};
 use super::seller::{partition_heads, position, take_granted, Paced, Phase, Seller};
@@ -122,8 +125,12 @@ pub(super) struct Scheduler {
     /// same history (the simulation replays a seed exactly).
     sellers: BTreeMap<Arc<str>, Seller>,
     pool: SlotPool,
-    /// Sellers ready to ask but waiting for a slot, served in turn.
-    capacity_waiters: VecDeque<Arc<str>>,
+    /// Sellers ready to ask but waiting for a slot, and whose turn is
+    /// next: weighted fair shares.
+    fair: Fair,
+    /// The seller [`Scheduler::next_turn`] named last: it asks without
+    /// joining the turns again.
+    turn: Option<Arc<str>>,
     /// Sellers with a paced job due but no slot.
     paced_waiters: VecDeque<Arc<str>>,
 }
@@ -135,7 +142,8 @@ impl Scheduler {
         Scheduler {
             sellers: BTreeMap::new(),
             pool: SlotPool::new(ceiling, limit),
-            capacity_waiters: VecDeque::new(),
+            fair: Fair::new(limit),
+            turn: None,
             paced_waiters: VecDeque::new(),
         }
     }
@@ -152,6 +160,7 @@ impl Scheduler {
     /// How many calls may be out at once from now (the adaptive limit).
     pub(super) fn set_concurrency(&mut self, limit: usize) {
         self.pool.set_limit(limit);
+        self.fair.resize(limit);
     }
 
     pub(super) fn concurrency(&self) -> usize {
@@ -189,23 +198,34 @@ impl Scheduler {
         self.entry(key).delayed.push((at, pending));
     }
 
-    /// Readies an idle, unheld seller to ask: jobs whose backoff is over go
-    /// first. Also returns when its next backoff ends. A seller with
-    /// nothing left is forgotten.
+    /// Readies an unheld seller that is not asking already, and has no
+    /// pacer's jobs waiting, to ask: jobs whose backoff is over go first.
+    /// It may have jobs running: it waits only if every partition it has
+    /// jobs on has one out. Also returns when its next backoff ends. A
+    /// seller with nothing left is forgotten.
     pub(super) fn ready(&mut self, key: &Arc<str>, now: Instant) -> (Ready, Option<Instant>) {
         let Some(seller) = self.sellers.get_mut(key) else {
             return (Ready::NotNow, None);
         };
-        if seller.phase != Phase::Idle || seller.blocked_until.is_some_and(|t| t > now) {
+        if seller.phase == Phase::Asking
+            || !seller.paced.is_empty()
+            || seller.blocked_until.is_some_and(|t| t > now)
+        {
             return (Ready::NotNow, None);
         }
         seller.blocked_until = None;
         let next = seller.wake_delayed(now);
         if !seller.queue.is_empty() {
+            if partition_heads(&seller.queue, &seller.out, 1).is_empty() {
+                // Each of its partitions has a job out: the answers ready
+                // it again.
+                return (Ready::NotNow, next);
+            }
             return (Ready::Waiting, next);
         }
         if seller.is_empty() {
             self.sellers.remove(key);
+            self.fair.forget(key);
         }
         (Ready::Empty, next)
     }
@@ -217,41 +237,55 @@ impl Scheduler {
         }
     }
 
-    /// Whether `key` must wait for a slot: every slot is taken, so it
-    /// joins the turns (once) without asking Redis.
-    pub(super) fn wait_for_slot(&mut self, key: &Arc<str>) -> bool {
-        if self.pool.free() > 0 {
+    /// Whether `key` must wait for a slot: every slot is taken, or other
+    /// sellers wait for one and this is not `key`'s turn, or `queue_only`
+    /// (it waits for the loop to serve the turns), so it joins the turns
+    /// (once) with its `share`, without asking Redis. A seller that
+    /// arrives while others wait does not jump ahead of them.
+    pub(super) fn wait_for_slot(&mut self, key: &Arc<str>, share: Share, queue_only: bool) -> bool {
+        let has_turn = self.turn.as_ref() == Some(key);
+        if has_turn {
+            self.turn = None;
+        }
+        let free = self.pool.free() > 0;
+        if free && !queue_only && (has_turn || !self.fair.others_wait(key)) {
             return false;
         }
         if let Some(seller) = self.sellers.get_mut(key) {
             if !seller.wants_capacity {
                 SellerWaiting::capacity(key).emit();
                 seller.wants_capacity = true;
-                self.capacity_waiters.push_back(key.clone());
             }
+            let away = seller.held() == 0 && seller.runs == 0;
+            self.fair.join(key, share, away);
         }
         true
     }
 
-    /// Starts a limiter call for `key`'s partition heads: at most one per
-    /// free slot, [`MAX_BATCH`] and `probe` (an outage's probe size). Each
-    /// takes a slot, held until the answer. Returns their costs in queue
-    /// order (none: nothing to ask).
-    pub(super) fn ask(&mut self, key: &Arc<str>, probe: Option<usize>) -> Vec<u64> {
+    /// Starts a limiter call for `key`'s partition heads (of partitions
+    /// with no job out): at most one per free slot, its fair allowance of
+    /// them (when others wait), [`MAX_BATCH`] and `probe` (an outage's
+    /// probe size). Each takes a slot, held until the answer, and its cost
+    /// is charged to `key`'s share until the answer says what was used.
+    /// Returns their costs in queue order (none: nothing to ask).
+    pub(super) fn ask(&mut self, key: &Arc<str>, share: Share, probe: Option<usize>) -> Vec<u64> {
         let Some(seller) = self.sellers.get_mut(key) else {
             return Vec::new();
         };
+        let free = self.pool.free();
         let most = MAX_BATCH
-            .min(self.pool.free())
+            .min(free)
+            .min(self.fair.allowance(key, free))
             .min(probe.unwrap_or(usize::MAX));
         // The heads in queue order, with their costs: the limiter grants
         // the longest prefix that fits, so a heavy job that does not fit
         // yet stops lighter later ones from taking the units it waits for.
-        let heads = partition_heads(&seller.queue, most);
+        let heads = partition_heads(&seller.queue, &seller.out, most);
         let costs: Vec<u64> = heads.iter().map(|&i| seller.queue[i].job.cost).collect();
         if costs.is_empty() {
             return costs;
         }
+        self.fair.asked(key, share, costs.iter().sum());
         seller.asked = heads
             .iter()
             .map(|&i| seller.queue[i].origin.clone())
@@ -276,6 +310,11 @@ impl Scheduler {
             .collect()
     }
 
+    /// `key`'s granted jobs not yet answered: its calls under way here.
+    pub(super) fn out(&self, key: &Arc<str>) -> usize {
+        self.sellers.get(key).map_or(0, |s| s.out.len())
+    }
+
     /// `key`'s runs under way.
     pub(super) fn runs(&self, key: &Arc<str>) -> usize {
         self.sellers.get(key).map_or(0, |s| s.runs)
@@ -298,6 +337,8 @@ impl Scheduler {
         let Some(seller) = self.sellers.get_mut(key) else {
             return Answered::Gone;
         };
+        // What was asked for is charged until the grant says what is used.
+        self.fair.answered(key);
         seller.phase = Phase::Idle;
         seller.in_flight_bound = in_flight_bound(decision);
         let mut slots = seller.asking.take();
@@ -327,10 +368,12 @@ impl Scheduler {
                 })
                 .partition(|p| owns(&p.origin));
         let (jobs, units) = (batch.len(), batch.iter().map(|p| p.job.cost).sum());
+        self.fair.charge(key, units);
         let mut run = Vec::new();
         for (granted_at, go_at, mut p) in schedule(g, batch, answered_at) {
             if go_at <= now {
                 p.slot = slots.as_mut().and_then(Slots::split_one);
+                seller.sent(&p.origin);
                 run.push((granted_at, p));
             } else {
                 seller.paced.push_back(Paced {
@@ -340,7 +383,7 @@ impl Scheduler {
                 });
             }
         }
-        seller.runs = usize::from(!run.is_empty());
+        seller.runs += usize::from(!run.is_empty());
         seller.settle_phase();
         let paced_at = seller.paced.front().map(|q| q.go_at);
         Answered::Granted(Grant {
@@ -445,6 +488,7 @@ impl Scheduler {
             };
             if let Some(mut q) = seller.paced.pop_front() {
                 q.pending.slot = Some(slot);
+                seller.sent(&q.pending.origin);
                 seller.runs += 1;
                 due.run.push((q.granted_at_us, q.pending));
             }
@@ -465,6 +509,14 @@ impl Scheduler {
             seller.queue.push_front(p.unclaimed());
         }
         seller.settle_phase();
+    }
+
+    /// `key`'s job at `origin` is back from a run (answered, or not
+    /// called): its partition may be asked about again.
+    pub(super) fn returned(&mut self, key: &Arc<str>, origin: &Origin) {
+        if let Some(seller) = self.sellers.get_mut(key) {
+            seller.returned(origin);
+        }
     }
 
     /// A call of `key` answered: a success ends its 429s in a row.
@@ -518,7 +570,7 @@ impl Scheduler {
     }
 
     /// The next seller to serve while a slot is free: due paced jobs
-    /// first, then sellers waiting to ask, each in turn.
+    /// first, then sellers waiting to ask, by their fair shares.
     pub(super) fn next_turn(&mut self) -> Option<Turn> {
         if self.pool.free() == 0 {
             return None;
@@ -529,10 +581,18 @@ impl Scheduler {
             }
             return Some(Turn::Paced(key));
         }
-        let key = self.capacity_waiters.pop_front()?;
+        let sellers = &self.sellers;
+        let held = |k: &str| sellers.get(k).map_or(0, Seller::held);
+        let asking_for_more = |k: &str| {
+            sellers
+                .get(k)
+                .is_some_and(|s| s.phase == Phase::Asking && s.more_heads())
+        };
+        let key = self.fair.next(&held, &asking_for_more)?;
         if let Some(seller) = self.sellers.get_mut(&key) {
             seller.wants_capacity = false;
         }
+        self.turn = Some(key.clone());
         Some(Turn::Ask(key))
     }
 
@@ -544,7 +604,13 @@ impl Scheduler {
         for seller in self.sellers.values_mut() {
             dropped.extend(seller.retain(&keep));
         }
-        self.sellers.retain(|_, s| !s.is_empty());
+        let fair = &mut self.fair;
+        self.sellers.retain(|k, s| {
+            if s.is_empty() {
+                fair.forget(k);
+            }
+            !s.is_empty()
+        });
         dropped
     }
 
@@ -598,7 +664,8 @@ impl Scheduler {
     /// back in the pool.
     pub(super) fn forget_all(&mut self) {
         self.sellers.clear();
-        self.capacity_waiters.clear();
+        self.fair.clear();
+        self.turn = None;
         self.paced_waiters.clear();
     }
 
@@ -772,7 +839,11 @@ mod tests {
         ];
         for &(slots, jobs, probe, costs) in cases {
             let (mut s, _) = queued(slots, jobs);
-            assert_eq!(s.ask(&key("s"), probe), costs, "{jobs:?} on {slots}");
+            assert_eq!(
+                s.ask(&key("s"), Share::default(), probe),
+                costs,
+                "{jobs:?} on {slots}"
+            );
             assert_eq!(s.in_flight(), costs.len(), "each head holds a slot");
         }
     }
@@ -792,7 +863,7 @@ mod tests {
         for (answer, phase, in_flight, runs) in cases {
             let (mut s, now) = queued(4, &[(0, 1, 1), (1, 2, 1), (0, 3, 1)]);
             assert_eq!(s.ready(&s_, now).0, Ready::Waiting);
-            assert_eq!(s.ask(&s_, None).len(), 2);
+            assert_eq!(s.ask(&s_, Share::default(), None).len(), 2);
             assert_eq!(s.sellers[&s_].phase, Phase::Asking);
             assert_eq!(s.ready(&s_, now).0, Ready::NotNow, "asking: no second call");
             let answered = s.answered(&s_, answer, Vec::new(), now, now, &everything_owned);
@@ -815,7 +886,7 @@ mod tests {
     fn a_grant_runs_the_granted_prefix_and_names_where_it_stopped() {
         let s_ = key("s");
         let (mut s, now) = queued(4, &[(0, 1, 1), (1, 2, 1), (2, 3, 1)]);
-        s.ask(&s_, None);
+        s.ask(&s_, Share::default(), None);
         let mut g = granted(2, 2);
         g.next = Some(NextJob::Wait {
             retry_after: Duration::from_secs(3),
@@ -841,7 +912,7 @@ mod tests {
     fn granted_jobs_revoked_meanwhile_are_handed_back_as_gone() {
         let s_ = key("s");
         let (mut s, now) = queued(4, &[(0, 1, 1), (1, 2, 1)]);
-        s.ask(&s_, None);
+        s.ask(&s_, Share::default(), None);
         let only_partition_0 = |o: &Origin| o.partition == 0;
         let answer = BatchDecision::Granted(granted(2, 2));
         let Answered::Granted(grant) =
@@ -859,7 +930,7 @@ mod tests {
     fn a_pacers_jobs_wait_for_their_go_at_without_a_slot() {
         let s_ = key("s");
         let (mut s, now) = queued(4, &[(0, 1, 1), (1, 2, 1), (2, 3, 1)]);
-        s.ask(&s_, None);
+        s.ask(&s_, Share::default(), None);
         let mut g = granted(3, 3);
         g.pace = Some(Pace {
             first_at_us: 1_000_000,
@@ -908,10 +979,13 @@ mod tests {
         for seller in ["a", "b", "c"] {
             s.enqueue(&key(seller), pending(seller, 0, 1, 1), now, INLINE);
         }
-        assert_eq!(s.ask(&key("a"), None), [1]);
-        assert!(s.wait_for_slot(&key("b")));
-        assert!(s.wait_for_slot(&key("c")));
-        assert!(s.wait_for_slot(&key("b")), "once in the turns");
+        assert_eq!(s.ask(&key("a"), Share::default(), None), [1]);
+        assert!(s.wait_for_slot(&key("b"), Share::default(), false));
+        assert!(s.wait_for_slot(&key("c"), Share::default(), false));
+        assert!(
+            s.wait_for_slot(&key("b"), Share::default(), false),
+            "once in the turns"
+        );
         // A pacer whose due job found no slot.
         s.entry(&key("p")).paced.push_back(Paced {
             go_at: now,
@@ -934,6 +1008,57 @@ mod tests {
                 Turn::Ask(key("c"))
             ]
         );
+    }
+
+    #[test]
+    fn a_seller_arriving_while_others_wait_takes_its_turn_behind_them() {
+        let mut s = Scheduler::new(1, 1);
+        let now = Instant::now();
+        for seller in ["a", "b", "c"] {
+            s.enqueue(&key(seller), pending(seller, 0, 1, 1), now, INLINE);
+        }
+        let sh = Share::default();
+        assert_eq!(s.ask(&key("a"), sh, None), [1]);
+        assert!(s.wait_for_slot(&key("b"), sh, false), "no slot free");
+        let answer = BatchDecision::Granted(granted(0, 0));
+        drop(s.answered(&key("a"), &answer, Vec::new(), now, now, &everything_owned));
+        // A slot is free, but b waits for it: c queues behind b.
+        assert!(
+            s.wait_for_slot(&key("c"), sh, false),
+            "c does not jump ahead"
+        );
+        assert_eq!(s.next_turn(), Some(Turn::Ask(key("b"))));
+        assert!(!s.wait_for_slot(&key("b"), sh, false), "b's turn: it asks");
+        // (case, queue_only): a seller whose own answer freed the slot
+        // queues even when no one else waits.
+        let (mut s, _) = queued(2, &[(0, 1, 1)]);
+        assert!(s.wait_for_slot(&key("s"), sh, true));
+        assert_eq!(s.next_turn(), Some(Turn::Ask(key("s"))));
+    }
+
+    #[test]
+    fn a_running_seller_asks_again_only_for_partitions_with_no_job_out() {
+        let s_ = key("s");
+        let sh = Share::default();
+        let (mut s, now) = queued(8, &[(0, 1, 1), (0, 2, 1), (1, 3, 1), (1, 4, 1)]);
+        assert_eq!(s.ask(&s_, sh, None), [1, 1]);
+        let answer = BatchDecision::Granted(granted(2, 2));
+        let Answered::Granted(grant) =
+            s.answered(&s_, &answer, Vec::new(), now, now, &everything_owned)
+        else {
+            panic!("a grant");
+        };
+        // Both partitions have a job out: nothing to ask for yet.
+        assert_eq!(s.ready(&s_, now).0, Ready::NotNow);
+        let first = &grant.run[0].1.origin;
+        s.returned(&s_, first);
+        assert_eq!(
+            s.ready(&s_, now).0,
+            Ready::Waiting,
+            "running, but partition 0 is free"
+        );
+        assert_eq!(s.ask(&s_, sh, None), [1], "partition 0's next job only");
+        assert_eq!(s.sellers[&s_].asked[0].offset, 2);
     }
 
     #[test]
@@ -1000,7 +1125,7 @@ mod tests {
     fn a_run_that_ended_puts_what_it_did_not_call_back_first_in_order() {
         let s_ = key("s");
         let (mut s, now) = queued(4, &[(0, 1, 1), (1, 2, 1), (0, 3, 1)]);
-        s.ask(&s_, None);
+        s.ask(&s_, Share::default(), None);
         let answer = BatchDecision::Granted(granted(2, 2));
         let Answered::Granted(grant) =
             s.answered(&s_, &answer, Vec::new(), now, now, &everything_owned)

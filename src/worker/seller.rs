@@ -7,6 +7,7 @@
 //! about them.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use tokio::time::Instant;
 
@@ -67,6 +68,11 @@ pub(super) struct Seller {
     pub(super) in_flight_bound: bool,
     /// What `blocked_until` is for (a rule, a 429, ...), for the operator.
     pub(super) held_by: Option<HeldBy>,
+    /// The partition of each granted job not yet answered (called, or
+    /// about to be): the seller may ask again while these run, but never
+    /// for a job of one of these partitions, so one seller's jobs of a
+    /// partition still reach the downstream one at a time, in order.
+    pub(super) out: Vec<(Arc<str>, i32)>,
 }
 
 /// A granted job of a pacer (`leaky_bucket`), waiting for its go-at.
@@ -95,6 +101,39 @@ impl Seller {
             paused_since: None,
             in_flight_bound: false,
             held_by: None,
+            out: Vec::new(),
+        }
+    }
+
+    /// Downstream slots it holds: its limiter call's, and its jobs out.
+    pub(super) fn held(&self) -> usize {
+        self.out.len() + self.asking.as_ref().map_or(0, Slots::len)
+    }
+
+    /// Whether, while its limiter call is under way, it has jobs waiting
+    /// on partitions that call did not ask about and with no job out:
+    /// what it could ask for next.
+    pub(super) fn more_heads(&self) -> bool {
+        let mut busy = self.out.clone();
+        busy.extend(self.asked.iter().map(|o| (o.topic.clone(), o.partition)));
+        !partition_heads(&self.queue, &busy, 1).is_empty()
+    }
+
+    /// A job of `origin`'s partition is out.
+    pub(super) fn sent(&mut self, origin: &Origin) {
+        self.out.push((origin.topic.clone(), origin.partition));
+    }
+
+    /// The job at `origin` is back (answered, or not called): its
+    /// partition may be asked about again.
+    pub(super) fn returned(&mut self, origin: &Origin) {
+        let at = self
+            .out
+            .iter()
+            .position(|(t, p)| *t == origin.topic && *p == origin.partition);
+        debug_assert!(at.is_some(), "{origin:?} came back but was not out");
+        if let Some(i) = at {
+            self.out.swap_remove(i);
         }
     }
 
@@ -166,14 +205,18 @@ fn drop_bytes(dropped: &mut Vec<usize>, p: &Pending) -> bool {
     false
 }
 
-/// Indexes (ascending) of the first waiting job of each partition, at most
-/// `max` of them. A seller asks the limiter for exactly these: each can be
+/// Indexes (ascending) of the first waiting job of each partition that
+/// has no job `out` already, at most `max` of them. A seller asks the limiter for exactly these: each can be
 /// called the moment it is granted (the jobs behind it in its partition
 /// must wait for it, to keep their order), so a grant reaches the downstream
 /// within one call of being made, and the downstream's view of the rate is
 /// the limiter's.
-pub(super) fn partition_heads(queue: &VecDeque<Pending>, max: usize) -> Vec<usize> {
-    let mut seen: Vec<(&str, i32)> = Vec::new();
+pub(super) fn partition_heads(
+    queue: &VecDeque<Pending>,
+    out: &[(Arc<str>, i32)],
+    max: usize,
+) -> Vec<usize> {
+    let mut seen: Vec<(&str, i32)> = out.iter().map(|(t, p)| (&**t, *p)).collect();
     let mut heads = Vec::new();
     for (i, p) in queue.iter().take(HEAD_SCAN).enumerate() {
         if heads.len() == max {
@@ -247,7 +290,7 @@ mod tests {
             (&[(0, 1, 1)], 0, &[]),
         ];
         for &(jobs, max, heads) in cases {
-            assert_eq!(partition_heads(&queue(jobs), max), heads, "{jobs:?}");
+            assert_eq!(partition_heads(&queue(jobs), &[], max), heads, "{jobs:?}");
         }
     }
 

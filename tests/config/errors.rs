@@ -34,6 +34,12 @@ fn each_invalid_rule_has_its_own_error() {
         (14, "default = [{ algorithm = \"gcra\", limit = 5, period = \"1s\" }]\n[limits.max_in_flight]\ngold = 3", "limits.max_in_flight.gold", "neither \"default\" nor a tier"),
         (15, "default = [{ algorithm = \"gcra\", limit = 5, period = \"1s\" }]\nslot_lease = \"5s\"", "limits.slot_lease", "longer than downstream.timeout"),
         (16, "default = [{ algorithm = \"gcra\", limit = 5, period = \"1s\" }]\n[limits.sellers]\n\"s1\" = {}", "limits.sellers.s1", "max_in_flight = N"),
+        (17, "default = [{ algorithm = \"gcra\", limit = 5, period = \"1s\" }]\n[limits.weight]\ngold = 3", "limits.weight.gold", "neither \"default\" nor a tier"),
+        (18, "default = [{ algorithm = \"gcra\", limit = 5, period = \"1s\" }]\n[limits.weight]\ndefault = 0", "limits.weight.default", "from 1 to 10000"),
+        (19, "default = [{ algorithm = \"gcra\", limit = 5, period = \"1s\" }]\n[limits.sellers]\n\"s1\" = { weight = 0 }", "limits.sellers.s1.weight", "from 1 to 10000"),
+        (20, "default = [{ algorithm = \"gcra\", limit = 5, period = \"1s\" }]\n[limits.min_share]\ndefault = 1.0", "limits.min_share.default", "less than 1"),
+        (21, "default = [{ algorithm = \"gcra\", limit = 5, period = \"1s\" }]\n[limits.sellers]\n\"s1\" = { min_share = -0.1 }", "limits.sellers.s1.min_share", "at least 0"),
+        (22, "default = [{ algorithm = \"gcra\", limit = 5, period = \"1s\" }]\n[limits.sellers]\n\"s1\" = { min_share = 0.6 }\n\"s2\" = { min_share = 0.6 }", "limits.sellers.s2.min_share", "more than all the slots"),
     ];
     for &(row, body, key, problem) in rows {
         let (result, path) = load(&format!("[limits]\n{body}\n"));

@@ -19,7 +19,7 @@ pub fn all(sc: &Scenario, out: &Outcome) -> Vec<String> {
     v
 }
 
-/// Invariant 13: one process never has more calls out at the downstream
+/// Invariant 14: one process never has more calls out at the downstream
 /// than `downstream.concurrency`, whatever its adaptive limit learnt. A
 /// call counts from its arrival to its answer, or to its process's end
 /// when it was never answered.
@@ -50,7 +50,7 @@ pub fn calls_within_concurrency(sc: &Scenario, out: &Outcome) -> Vec<String> {
         *n += d;
         if *n > sc.concurrency as i64 {
             return vec![format!(
-                "13. {n} calls out at {at} ms, over downstream.concurrency {}",
+                "14. {n} calls out at {at} ms, over downstream.concurrency {}",
                 sc.concurrency
             )];
         }
@@ -611,4 +611,79 @@ pub fn no_tight_loop(sc: &Scenario, out: &Outcome) -> Vec<String> {
         }
     }
     v
+}
+
+/// Cost units of each seller's calls that reached the downstream and
+/// started within `[from_ms, to_ms)`: the throughput the shares are
+/// judged on.
+pub fn units_by_seller(out: &Outcome, from_ms: u64, to_ms: u64) -> BTreeMap<String, u64> {
+    let mut units = BTreeMap::new();
+    for c in &out.log.calls {
+        if (from_ms..to_ms).contains(&c.at_ms) {
+            *units.entry(c.seller.clone()).or_default() += c.cost;
+        }
+    }
+    units
+}
+
+/// The fraction of the downstream slots busy with calls within
+/// `[from_ms, to_ms)` (limiter calls hold a slot too, but are no use of
+/// the downstream).
+pub fn capacity_use(sc: &Scenario, out: &Outcome, from_ms: u64, to_ms: u64) -> f64 {
+    let busy: u64 = out
+        .log
+        .calls
+        .iter()
+        .map(|c| c.end_ms.min(to_ms).saturating_sub(c.at_ms.max(from_ms)))
+        .sum();
+    busy as f64 / ((to_ms - from_ms) as f64 * sc.concurrency as f64)
+}
+
+/// When each seller's last call started: a seller has ready jobs until
+/// about then.
+pub fn last_call_ms(out: &Outcome) -> BTreeMap<String, u64> {
+    let mut last = BTreeMap::new();
+    for c in &out.log.calls {
+        let at = last.entry(c.seller.clone()).or_insert(0);
+        *at = c.at_ms.max(*at);
+    }
+    last
+}
+
+/// Invariant 13, of a world whose sellers are all backlogged and whose
+/// downstream is the bottleneck (no limits, no faults): within
+/// `[from_ms, to_ms)`, each of `sellers` is served cost units in
+/// proportion to its weight (`limits.sellers.X.weight`), within
+/// `tolerance` (0.1: 10 %) of its fair part of what they were served
+/// together. Returns the measured units over weight too, for the report.
+pub fn fair_shares(
+    sc: &Scenario,
+    out: &Outcome,
+    sellers: &[usize],
+    (from_ms, to_ms): (u64, u64),
+    tolerance: f64,
+) -> (Vec<String>, Vec<f64>) {
+    let units = units_by_seller(out, from_ms, to_ms);
+    let weight = |i: usize| f64::from(sc.weights.get(&i).copied().unwrap_or(1));
+    let total: f64 = sellers
+        .iter()
+        .map(|&i| units.get(&sc.sellers[i].name).copied().unwrap_or(0) as f64)
+        .sum();
+    let weights: f64 = sellers.iter().map(|&i| weight(i)).sum();
+    let mut broken = Vec::new();
+    let mut per_weight = Vec::new();
+    for &i in sellers {
+        let name = &sc.sellers[i].name;
+        let got = units.get(name).copied().unwrap_or(0) as f64;
+        let fair = total * weight(i) / weights;
+        per_weight.push(got / weight(i));
+        if (got - fair).abs() > tolerance * fair {
+            broken.push(format!(
+                "13. {name} (weight {}) was served {got} units in [{from_ms}, {to_ms}) ms, its fair part of {total} is {fair:.1} (tolerance {:.0} %)",
+                weight(i),
+                tolerance * 100.0
+            ));
+        }
+    }
+    (broken, per_weight)
 }

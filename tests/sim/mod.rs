@@ -17,6 +17,8 @@
 //!   calls built and its replies read by the product's own code.
 //! - [`journal`]: what the world saw.
 //! - [`check`]: the invariants, judged after every run.
+//! - `fair`: weighted fair shares of the downstream slots, measured in
+//!   hand-made worlds where the downstream is the bottleneck.
 //! - [`run`]: one run of a scenario.
 //! - [`fleet`]: several replicas in one group through kills, graceful
 //!   joins, leaves and restarts, with skewed wall clocks, under a
@@ -27,6 +29,7 @@ pub mod broker;
 pub mod check;
 pub mod clock;
 mod engine;
+mod fair;
 pub mod fleet;
 pub mod journal;
 pub mod ports;

@@ -641,6 +641,10 @@ impl Permits for SimPermits {
         Permits::max_in_flight(&self.inner, seller)
     }
 
+    fn share(&self, seller: &str) -> throttle_worker::limiter::Share {
+        Permits::share(&self.inner, seller)
+    }
+
     fn store_unix_ms(&self, now: tokio::time::Instant) -> Option<u64> {
         Permits::store_unix_ms(&self.inner, now)
     }

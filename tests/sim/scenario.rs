@@ -76,6 +76,10 @@ pub struct Scenario {
     /// or `limit_ms`.
     pub faults_end_ms: u64,
     pub limit_ms: u64,
+    /// `limits.sellers.X.weight` by seller (index): unset, 1.
+    pub weights: BTreeMap<usize, u32>,
+    /// `limits.sellers.X.min_share` by seller (index): unset, 0.
+    pub min_shares: BTreeMap<usize, f64>,
 }
 
 pub fn rule(algorithm: &str, limit: u64, period: Duration, burst: Option<u64>) -> RuleConfig {
@@ -124,6 +128,8 @@ impl Scenario {
             // Long enough for every hold to end: a parked record waits at most
             // its tier's delay (1 h) after a clock step, whatever the step.
             limit_ms: 4 * 3600 * 1000,
+            weights: BTreeMap::new(),
+            min_shares: BTreeMap::new(),
         }
     }
 
@@ -300,8 +306,8 @@ impl Scenario {
 
     pub fn limits(&self) -> LimitsConfig {
         let mut sellers = BTreeMap::new();
-        for s in &self.sellers {
-            let cfg = match &s.rule {
+        for (i, s) in self.sellers.iter().enumerate() {
+            let mut cfg = match &s.rule {
                 Some(r) => SellerConfig {
                     rules: Some(vec![r.clone()]),
                     max_in_flight: s.max_in_flight,
@@ -313,6 +319,8 @@ impl Scenario {
                     ..SellerConfig::default()
                 },
             };
+            cfg.weight = self.weights.get(&i).copied();
+            cfg.min_share = self.min_shares.get(&i).copied();
             sellers.insert(s.name.clone(), cfg);
         }
         LimitsConfig {

@@ -7,6 +7,7 @@ mod broker_faults;
 mod capacity;
 mod cheap_while_blocked;
 mod costs;
+mod fair_shares;
 mod flow;
 mod handoff;
 mod hostile_downstream;

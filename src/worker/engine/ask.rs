@@ -23,10 +23,23 @@ use super::super::waits::HeldBy;
 use super::{Engine, Event};
 
 impl<X: Ports> Engine<X> {
-    /// Asks the limiter for a seller that is idle, not held and has work,
-    /// when a downstream slot is free; otherwise it waits for a slot, its
-    /// pause or the outage's probe.
+    /// Asks the limiter for a seller that is not asking already, not held
+    /// and has work on a partition with no job out, when a downstream slot
+    /// is free and it is its turn; otherwise it waits for a slot (in the
+    /// fair turns), its pause or the outage's probe.
     pub(super) fn ask_if_ready(&mut self, key: &Arc<str>) {
+        self.ready_to_ask(key, false);
+    }
+
+    /// As [`Engine::ask_if_ready`], but a seller that is ready joins the
+    /// turns even when a slot is free: for a seller whose own call just
+    /// answered, which must not take the slot its answer freed ahead of
+    /// sellers already waiting (the loop serves the turns next).
+    pub(super) fn queue_if_ready(&mut self, key: &Arc<str>) {
+        self.ready_to_ask(key, true);
+    }
+
+    fn ready_to_ask(&mut self, key: &Arc<str>, queue_only: bool) {
         let now = self.deps.clock.now();
         let (ready, next_backoff) = self.scheduler.ready(key, now);
         if let Some(at) = next_backoff {
@@ -45,7 +58,13 @@ impl<X: Ports> Engine<X> {
             return self.hold_paused(key, pause);
         }
         self.scheduler.unpaused(key);
-        if self.scheduler.wait_for_slot(key) {
+        // During an outage a seller with a run under way waits for it to
+        // end: a second call at once could be a second probe.
+        if self.outage.is_open() && self.scheduler.runs(key) > 0 {
+            return;
+        }
+        let share = self.deps.permits.share(key);
+        if self.scheduler.wait_for_slot(key, share, queue_only) {
             return;
         }
         // During a downstream outage only one probe call goes out at a
@@ -56,7 +75,7 @@ impl<X: Ports> Engine<X> {
             Ok(probe) => probe,
             Err(until) => return self.timers.at(until, Timer::Seller(key.clone())),
         };
-        let costs = self.scheduler.ask(key, probe);
+        let costs = self.scheduler.ask(key, share, probe);
         if !costs.is_empty() {
             self.spawn_ask(key.clone(), costs);
         }
@@ -159,7 +178,7 @@ impl<X: Ports> Engine<X> {
             costs: self.scheduler.asked_costs(key),
             share: self.partitions.share(),
             max_in_flight: self.deps.permits.max_in_flight(key),
-            busy: self.scheduler.runs(key),
+            busy: self.scheduler.out(key),
             rules: rules.as_ref().map(|(own, global)| (&own[..], &global[..])),
         };
         let fallback = self.admission.failed(key, asked, &mut self.rng);
@@ -196,8 +215,6 @@ impl<X: Ports> Engine<X> {
         for p in &grant.gone {
             self.forget(p);
         }
-        // The call's slots not handed to a job are back: serve them.
-        self.serve_turns();
         if let Some(at) = grant.paced_at {
             self.timers.at(at, Timer::Paced(key.clone()));
         }
@@ -229,9 +246,16 @@ impl<X: Ports> Engine<X> {
         }
         if grant.run.is_empty() {
             self.outage.probe_dropped(&key);
+            self.serve_turns();
             return self.ask_if_ready(&key);
         }
-        self.spawn_run(key, grant.run);
+        self.spawn_run(key.clone(), grant.run);
+        // Back in the turns at once, for its partitions with no job out,
+        // before the call's slots not handed to a job are served: a seller
+        // out of the turns while its jobs run would leave its share to the
+        // others.
+        self.queue_if_ready(&key);
+        self.serve_turns();
     }
 
     /// The seller's job at `origin` (the head the limiter looked at) costs

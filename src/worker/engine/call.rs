@@ -189,7 +189,9 @@ impl<X: Ports> Engine<X> {
         p.slot = None;
         p.attempts += 1;
         let shed = self.learn_concurrency(timing, &outcome);
-        self.serve_turns();
+        // The slot it freed is handed on by the loop, once every answer
+        // that came with this one is in: the turns then choose among all
+        // the slots freed together.
         let now = self.deps.clock.now();
         // What the answer says of the downstream as a whole, whoever owns
         // the job now.
@@ -209,6 +211,10 @@ impl<X: Ports> Engine<X> {
         for seller in self.outage.record(health, now) {
             self.ask_if_ready(&seller);
         }
+        // Its partition may be asked about again, while the rest of the
+        // run is out: in its turn.
+        self.scheduler.returned(&key, &p.origin);
+        self.queue_if_ready(&key);
         if !self.deps.source.owns(&p.origin) {
             // The partition moved on while the call was out: its new owner
             // has the record and decides; no retry, no dead letter from here.
@@ -370,6 +376,9 @@ impl<X: Ports> Engine<X> {
         unused: Vec<Pending>,
         throttled: Vec<Throttle>,
     ) {
+        for p in &unused {
+            self.scheduler.returned(&key, &p.origin);
+        }
         let source = self.deps.source.clone();
         let owns = |o: &Origin| source.owns(o);
         let (unused, gone): (Vec<Pending>, Vec<Pending>) =

@@ -215,7 +215,10 @@ impl<X: Ports> Engine<X> {
             tokio::select! {
                 biased;
                 _ = &mut shutdown => break,
-                Some(ev) = self.rx.recv() => self.on_event(ev),
+                Some(ev) = self.rx.recv() => {
+                    self.on_event(ev);
+                    self.on_events_ready();
+                }
                 Some(pe) = self.deps.partitions.recv() => self.on_partitions(pe),
                 _ = sleep_until(next.unwrap_or(far)), if next.is_some() => self.on_timers(),
                 // Done on the consumer's poll thread, acknowledged there.
@@ -271,6 +274,19 @@ impl<X: Ports> Engine<X> {
                     tracing::warn!(error = %e, "could not share the downstream's 429 through Redis; other replicas learn it from their own calls");
                 }
             }
+        }
+    }
+
+    /// The tasks' reports already in, handled before the turns are
+    /// served: answers that come together free their slots together, and
+    /// the turns share them out at once rather than one by one, each to
+    /// whoever waits at that instant. Bounded, so that the loop still
+    /// looks at its other sources.
+    fn on_events_ready(&mut self) {
+        const MOST: usize = 256;
+        for _ in 0..MOST {
+            let Ok(ev) = self.rx.try_recv() else { break };
+            self.on_event(ev);
         }
     }
 
