@@ -24,24 +24,7 @@ pub fn all(sc: &Scenario, out: &Outcome) -> Vec<String> {
 /// call counts from its arrival to its answer, or to its process's end
 /// when it was never answered.
 pub fn calls_within_concurrency(sc: &Scenario, out: &Outcome) -> Vec<String> {
-    let log = &out.log;
-    let start_of = |t: u64| {
-        log.starts
-            .iter()
-            .copied()
-            .filter(|&s| s <= t)
-            .max()
-            .unwrap_or(0)
-    };
-    let mut steps: Vec<(u64, u64, i64)> = Vec::new();
-    for c in &log.calls {
-        let s = start_of(c.at_ms);
-        steps.push((s, c.at_ms, 1));
-        steps.push((s, c.end_ms, -1));
-    }
-    for &(_, at_ms) in log.unanswered.values() {
-        steps.push((start_of(at_ms), at_ms, 1));
-    }
+    let mut steps = call_steps(&out.log);
     // Ends before starts at one instant: a slot handed over.
     steps.sort_unstable();
     let mut busy: BTreeMap<u64, i64> = BTreeMap::new();
@@ -467,6 +450,32 @@ pub fn no_innocent_dead_letters(sc: &Scenario, out: &Outcome) -> Vec<String> {
 /// went, every slot of its process must have been busy with a call or a
 /// limiter call under way (an ask holds a slot per job it asks about).
 ///
+/// The process (its start) a virtual instant belongs to.
+fn start_of(log: &super::journal::Log, t: u64) -> u64 {
+    log.starts
+        .iter()
+        .copied()
+        .filter(|&s| s <= t)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Calls out at the downstream as a step function, per process: (its
+/// start, ms, +1 or -1). A call never answered is out until its process
+/// ends (the next start).
+fn call_steps(log: &super::journal::Log) -> Vec<(u64, u64, i64)> {
+    let mut steps: Vec<(u64, u64, i64)> = Vec::new();
+    for c in &log.calls {
+        let s = start_of(log, c.at_ms);
+        steps.push((s, c.at_ms, 1));
+        steps.push((s, c.end_ms, -1));
+    }
+    for &(_, at_ms) in log.unanswered.values() {
+        steps.push((start_of(log, at_ms), at_ms, 1));
+    }
+    steps
+}
+
 /// A call holds its slot from the instant it reached the downstream,
 /// whether or not it was answered: one under way when its process was
 /// killed (a downstream that times out holds each call 10 s) is in
@@ -481,25 +490,10 @@ pub fn no_idle_slot_while_granted_waits(sc: &Scenario, out: &Outcome) -> Vec<Str
     // Virtual time is exact; a millisecond covers the µs → ms rounding.
     const SLACK_MS: u64 = 1;
     let log = &out.log;
-    let start_of = |t: u64| {
-        log.starts
-            .iter()
-            .copied()
-            .filter(|&s| s <= t)
-            .max()
-            .unwrap_or(0)
-    };
-    // Slots in use as a step function: (ms, +/- slots), per process start.
-    let mut steps: Vec<(u64, u64, i64)> = Vec::new();
-    for c in &log.calls {
-        let s = start_of(c.at_ms);
-        steps.push((s, c.at_ms, 1));
-        steps.push((s, c.end_ms, -1));
-    }
-    // Never answered: busy until the process ends (the next start).
-    for &(_, at_ms) in log.unanswered.values() {
-        steps.push((start_of(at_ms), at_ms, 1));
-    }
+    let start_of = |t: u64| start_of(log, t);
+    // Slots in use as a step function: (ms, +/- slots), per process start:
+    // the calls', and each ask's.
+    let mut steps = call_steps(log);
     for a in &log.asks {
         let s = start_of(a.from_ms);
         steps.push((s, a.from_ms, a.jobs as i64));
