@@ -8,7 +8,38 @@
 -- ARGV[3]  'k' (v1: a key of its own; also when absent), 'f' (v2: the
 --          `block` field of the seller's hash) or 'F' (v1+v2: both, the
 --          hash's field and the v1 key KEYS[2])
--- Reply: the µs instant the block ends.
+-- ARGV[4]  optional, v2 only ('f', or the hash's part of 'F'): the learn
+--          drop 'decrease:floor:rise:started:rules' (learn.lua): the
+--          seller's learnt factor falls to `decrease` ppm of itself, never
+--          below `floor` ppm, unless it already fell for this 429: the
+--          call that met it started (µs on Redis' clock; '' unknown, then
+--          within a second) at or before the last drop, under the factor
+--          that drop set. `rules` are the seller's rules' fingerprints.
+-- Reply: the µs instant the block ends; with a learn drop,
+--          { until, factor ppm after, 1 when this 429 lowered it else 0 }.
+
+-- Lowers a seller's learnt factor in the hash fields read as `v` (its
+-- `learn`); returns the factor after, whether it moved, and the field's
+-- new value (nil when unchanged).
+local function learn_drop(v, now, terms)
+  local decrease, floor, rise, started, rules =
+    string.match(terms, '^(%d+):(%d+):(%d+):(%d*):(.*)$')
+  if decrease == nil then
+    return nil
+  end
+  decrease, floor, rise, started = tonumber(decrease), tonumber(floor), tonumber(rise), tonumber(started)
+  local f = learn_factor(v, now, rise, rules)
+  local _, at, was = learn_parse(v)
+  if at ~= nil and was == rules and f < LEARN_FULL then
+    local same = (started ~= nil and started <= at) or (started == nil and now - at < 1000000)
+    if same then
+      return f, 0, nil
+    end
+  end
+  f = math.max(floor, fdiv(f * decrease, LEARN_FULL))
+  return f, 1, I(f) .. ':' .. I(now) .. ':' .. rules, cdiv((LEARN_FULL - f) * 1000000, rise)
+end
+
 local function block_call(KEYS, ARGV)
   local now = clock_us(ARGV[1])
   local dur = tonumber(ARGV[2])
@@ -18,26 +49,52 @@ local function block_call(KEYS, ARGV)
   local ms = math.ceil(dur / 1000) + 1000
   if ARGV[3] == 'F' then
     -- Each layout keeps the longer of its block and this one.
-    local v2 = block_call({ KEYS[1] }, { ARGV[1] ~= '' and ARGV[1] or I(now), ARGV[2], 'f' })
+    local v2 = block_call({ KEYS[1] }, { ARGV[1] ~= '' and ARGV[1] or I(now), ARGV[2], 'f', ARGV[4] })
     local v1 = block_call({ KEYS[2] }, { ARGV[1] ~= '' and ARGV[1] or I(now), ARGV[2], 'k' })
+    if type(v2) == 'table' then
+      v2[1] = math.max(v1, v2[1])
+      return v2
+    end
     return math.max(v1, v2)
   end
   if ARGV[3] == 'f' then
-    local v = redis.call('HMGET', KEYS[1], 'block', 'exp')
-    local current = v[1]
-    if current and tonumber(current) >= until_ then
-      return tonumber(current)
+    local v = redis.call('HMGET', KEYS[1], 'block', 'exp', 'learn')
+    local current = tonumber(v[1] or '')
+    local f, dropped, learnt, life = nil, nil, nil, nil
+    if ARGV[4] ~= nil and ARGV[4] ~= '' then
+      f, dropped, learnt, life = learn_drop(v[3], now, ARGV[4])
+      if f == nil then
+        return redis.error_reply('unreadable learn drop ' .. ARGV[4])
+      end
+    end
+    local answer = function(u)
+      if f == nil then
+        return u
+      end
+      return { u, f, dropped }
+    end
+    if current and current >= until_ and learnt == nil then
+      return answer(current)
+    end
+    until_ = math.max(until_, current or 0)
+    local set = { 'block', I(until_) }
+    if learnt ~= nil then
+      set[3], set[4] = 'learn', learnt
+      -- The factor is read until it has risen back whole.
+      ms = math.max(ms, cdiv(life, 1000) + 1000)
     end
     -- The hash holds the rules' state too: its expiry is only lengthened,
     -- and kept in its `exp` field (common.lua's `lengthen`).
     local exp, ttl = lengthen(KEYS[1], v[2], true, ms, real_ms(ARGV[1] == '' and now or nil))
     if exp ~= nil then
-      redis.call('HSET', KEYS[1], 'block', I(until_), 'exp', exp)
-      redis.call('PEXPIRE', KEYS[1], ttl)
-    else
-      redis.call('HSET', KEYS[1], 'block', I(until_))
+      set[#set + 1] = 'exp'
+      set[#set + 1] = exp
     end
-    return until_
+    redis.call('HSET', KEYS[1], unpack(set))
+    if ttl ~= nil then
+      redis.call('PEXPIRE', KEYS[1], ttl)
+    end
+    return answer(until_)
   end
   local current = redis.call('GET', KEYS[1])
   if current and tonumber(current) >= until_ then

@@ -377,6 +377,7 @@ local function read_rules(keys, argv, a, nrules, k, hashes, mixed)
     end
     rules[i] = {
       algo = algo,
+      name = name,
       h = h,
       h1 = h1,
       limit = tonumber(argv[b + 1]),

@@ -30,6 +30,10 @@
 --             common.lua); 'wait' charges every unwritten
 --             place within reach of it a whole use at it (lost_fill,
 --             common.lua), 'admit' only records and reports the loss
+--           then, optionally, the learn terms ('' or absent: none): the
+--             rise of a learnt factor in ppm per second (learn.lua);
+--             requests whose block is the `block` field of the seller's
+--             hash ('f') run on their learnt rules
 -- KEYS      per request: its block key, then one key per rule (v2: the
 --           seller's hash, repeated, and the global rules' hash); in v1+v2
 --           (block token 'F' or '=') the v1 block key after the first, and
@@ -63,10 +67,12 @@
 -- 1: the first to meet a place or slot set the loss emptied.
 -- Reply of 'cancel': one integer per request (see cancel_request).
 
--- The index of the first rule whose capacity `cost` exceeds, else 0.
+-- The index of the first rule whose capacity `cost` exceeds, else 0. A
+-- learnt rule (learn.lua) is judged on its configured capacity, `cap0`.
 local function never_rule(rules, cost)
   for i = 1, #rules do
-    if cost > rules[i].algo.cap(rules[i]) then
+    local r = rules[i]
+    if cost > (r.cap0 or r.algo.cap(r)) then
       return i
     end
   end
@@ -275,6 +281,10 @@ local function run_jobs(KEYS, ARGV, op, now, real)
   if guard ~= '' and guard ~= 'wait' and guard ~= 'admit' then
     return redis.error_reply('unknown loss guard ' .. guard)
   end
+  local rise, lerr = learn_terms(ARGV[a + 3])
+  if lerr ~= nil then
+    return redis.error_reply(lerr)
+  end
   if guard ~= '' and KEYS[k] == nil then
     return redis.error_reply('a call with a loss guard needs the epoch key last')
   end
@@ -315,7 +325,11 @@ local function run_jobs(KEYS, ARGV, op, now, real)
     if cancelled then
       jobs_reply(out, now, 0, 0, 0, 0, 0, now, 0, 0, 1)
     else
-      jobs_request(out, now, charge, r.id, until_, r.rules, r.costs, r.slots, G)
+      local rules = r.rules
+      if rise ~= nil and r.how == 'f' and #rules > 0 then
+        rules = learn_rules(rules, open_hash(hashes, r.block_key), now, rise, r.costs[1])
+      end
+      jobs_request(out, now, charge, r.id, until_, rules, r.costs, r.slots, G)
       -- This request's row: status, then units.
       local units = out[#out - 11]
       if H ~= nil and out[#out - 12] == 1 and units > 0 and #r.rules > 0 then

@@ -63,6 +63,61 @@ pub struct LimitsConfig {
     /// a call still under way never loses its slot. Default 30s.
     #[serde(default = "default_slot_lease", deserialize_with = "human_duration")]
     pub slot_lease: Duration,
+    /// Sellers' limits learnt from the downstream's 429s (see the book's
+    /// "Limits learnt from 429s").
+    #[serde(default)]
+    pub learn: LearnConfig,
+}
+
+/// `[limits.learn]`: a seller whose calls meet 429s has its rules scaled
+/// down, fleet-wide, and back up while no 429 comes; never above its
+/// configured rules.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LearnConfig {
+    /// Off by default: the configured rules hold as written.
+    #[serde(default)]
+    pub enabled: bool,
+    /// A 429 multiplies the seller's effective rate by this (once per
+    /// episode: the calls already under way meet the same limit). In
+    /// (0, 1); default 0.9.
+    #[serde(default = "default_learn_decrease")]
+    pub decrease: f64,
+    /// The effective rate never falls below this fraction of the
+    /// configured rules. In (0, 1); default 0.05.
+    #[serde(default = "default_learn_floor")]
+    pub floor: f64,
+    /// Without a 429 the effective rate rises back linearly, the whole
+    /// configured rate in this time (a 10 % drop comes back in a tenth of
+    /// it). At least 1s; default 5m.
+    #[serde(
+        default = "default_learn_recovery",
+        deserialize_with = "human_duration"
+    )]
+    pub recovery: Duration,
+}
+
+fn default_learn_decrease() -> f64 {
+    0.9
+}
+
+fn default_learn_floor() -> f64 {
+    0.05
+}
+
+fn default_learn_recovery() -> Duration {
+    Duration::from_secs(300)
+}
+
+impl Default for LearnConfig {
+    fn default() -> LearnConfig {
+        LearnConfig {
+            enabled: false,
+            decrease: default_learn_decrease(),
+            floor: default_learn_floor(),
+            recovery: default_learn_recovery(),
+        }
+    }
 }
 
 fn default_slot_lease() -> Duration {
@@ -81,6 +136,7 @@ impl Default for LimitsConfig {
             weight: BTreeMap::new(),
             min_share: BTreeMap::new(),
             slot_lease: default_slot_lease(),
+            learn: LearnConfig::default(),
         }
     }
 }

@@ -56,7 +56,7 @@ pub use downstream::{DownstreamSettings, RetryStatusError, RetryStatuses};
 pub use env::PATH_KEYS;
 pub use error::ConfigError;
 pub use kafka::{tier_label, KafkaSettings, RetryTier, MAX_RETRY_TIER};
-pub use limits::{LimitsConfig, RuleConfig, SellerConfig};
+pub use limits::{LearnConfig, LimitsConfig, RuleConfig, SellerConfig};
 pub use load::{load, load_from, Loaded, DEFAULT_NAME, DEFAULT_TOML};
 pub use redact::{is_secret_property, redact_url};
 pub use renames::{Deprecation, RENAMED};

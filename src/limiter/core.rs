@@ -14,11 +14,12 @@ use crate::config::{OnStateLoss, Topology};
 
 use super::decision::{CannotPass, Decision, Denied, DeniedBy, Granted, Mode};
 use super::keys::{KeySpace, StateLayout};
+use super::learn::{self, Blocked};
 use super::pauses::Pauses;
 use super::policy::{Policy, Resolved, RuleSet};
 use super::reply::Reply;
 use super::rule::Rule;
-use super::script::{BlockAt, Op, ScriptCall, Store};
+use super::script::{BlockAt, BlockCall, BlockRead, Op, ScriptCall, Store};
 
 /// A question for the limiter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -371,6 +372,55 @@ impl<S: Store> Limiter<S> {
         self.store
             .block(&self.keys.block_at(seller), None, dur_us)
             .await
+    }
+
+    /// A downstream 429 for `seller`: holds it for every replica for `dur`
+    /// and, with `limits.learn`, lowers its learnt limit, fleet-wide, once
+    /// per episode: `started` is when the call that met the 429 started
+    /// (a call that started before the last drop met the old limit).
+    pub async fn throttled(
+        &self,
+        seller: &str,
+        dur: Duration,
+        started: Option<tokio::time::Instant>,
+    ) -> Result<Blocked, S::Error> {
+        let started_us = started.and_then(|t| self.store.unix_us_at(t));
+        self.throttled_at(seller, None, dur, started_us).await
+    }
+
+    /// [`Limiter::throttled`] at an explicit time (`None`: Redis' clock),
+    /// the call's start on the same clock: for tests.
+    pub async fn throttled_at(
+        &self,
+        seller: &str,
+        now_us: Option<u64>,
+        dur: Duration,
+        started_us: Option<u64>,
+    ) -> Result<Blocked, S::Error> {
+        let dur_us = u64::try_from(dur.as_micros()).unwrap_or(u64::MAX).max(1);
+        let at = self.keys.block_at(seller);
+        let learn = self.learn_drop(seller, &at, started_us);
+        let call = BlockCall {
+            now_us,
+            dur_us,
+            learn,
+        };
+        self.store.block_learning(&at, &call).await
+    }
+
+    /// The learn drop of a 429 (`lua/block.lua`), when the seller learns:
+    /// learning on, state v2 (the factor lives in the seller's hash), a
+    /// limited seller.
+    fn learn_drop(&self, seller: &str, at: &BlockAt, started_us: Option<u64>) -> Option<String> {
+        let policy = self.policy();
+        let terms = policy.learn()?;
+        if at.read != BlockRead::Field {
+            return None;
+        }
+        let Resolved::Limited { seller: own, .. } = policy.resolve(seller) else {
+            return None;
+        };
+        Some(terms.drop_wire(started_us, &learn::digest(own)))
     }
 
     /// [`Limiter::block`] at an explicit time, for tests.

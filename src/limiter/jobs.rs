@@ -251,6 +251,7 @@ impl<S: Store> Limiter<S> {
             now_us: at_us,
             dry_run,
             guard: self.guard(&requests),
+            learn: policy.learn().map(|t| t.rise_ppm_per_s),
             requests,
         };
         let replies = self.run_jobs_call(&call).await?;
@@ -380,6 +381,7 @@ impl<S: Store> Limiter<S> {
             now_us: q.at_us,
             dry_run: q.dry_run,
             guard: self.guard(std::slice::from_ref(&req)),
+            learn: self.policy().learn().map(|t| t.rise_ppm_per_s),
             requests: vec![req],
         };
         let replies = self.run_jobs_call(&call).await?;

@@ -25,6 +25,9 @@
 //!   never holding a job.
 //! - [`pauses`]: operators' pauses of one seller or of every seller, kept
 //!   in Redis and read by every replica.
+//! - [`learn`]: sellers' limits learnt from the downstream's 429s
+//!   (`limits.learn`): the terms, and the factor's reading; the scripts
+//!   scale the rules (`lua/learn.lua`).
 //! - [`inspect`]: a seller's live state per rule, charging nothing
 //!   (`limits show`).
 //! - [`local`]: the scripts' algorithms in pure Rust (the reference model's
@@ -78,6 +81,7 @@ pub mod inspect;
 pub mod jobs;
 pub mod keys;
 pub mod layout;
+pub mod learn;
 pub mod local;
 pub mod overrides;
 pub mod pauses;
@@ -100,12 +104,13 @@ pub use decision::{
 };
 pub use jobs::{JobsQuery, ListAnswer};
 pub use keys::{KeySpace, StateLayout};
+pub use learn::{Blocked, LearnTerms, Learnt};
 pub use pauses::{Pause, Pauses};
 pub use policy::{Policy, Resolved, Share, SLOT_POLL};
 pub use redis::{RedisError, RedisStore, Scripts};
 pub use reply::{JobsAnswer, JobsReply, MalformedReply, Reply};
 pub use rule::{Algorithm, Rule, RuleError};
 pub use script::{
-    call_life_us, release_args, BlockAt, BlockRead, FunctionLibrary, JobsCall, JobsRequest,
-    KeyedRule, LossGuard, Op, ScriptCall, SlotTerms, StateKey, Store,
+    call_life_us, release_args, BlockAt, BlockCall, BlockRead, FunctionLibrary, JobsCall,
+    JobsRequest, KeyedRule, LossGuard, Op, ScriptCall, SlotTerms, StateKey, Store,
 };

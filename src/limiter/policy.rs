@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use crate::config::{ConfigError, LimitsConfig, Loaded, RuleConfig, SellerConfig};
 
+use super::learn::LearnTerms;
 use super::rule::{Algorithm, Rule};
 
 /// A non-empty, validated list of rules, checked together in one call.
@@ -33,6 +34,8 @@ pub struct Policy {
     default_share: Share,
     /// `limits.slot_lease`.
     slot_lease: Duration,
+    /// `limits.learn`, when enabled.
+    learn: Option<LearnTerms>,
 }
 
 /// A rule list as configured: the rules that hold jobs, and the rules in
@@ -225,7 +228,13 @@ impl Policy {
             default_in_flight: in_flight.get(DEFAULT_TIER).copied(),
             default_share: shares.of(None, None, None),
             slot_lease: cfg.slot_lease,
+            learn: learn_terms(&cfg.learn)?,
         })
+    }
+
+    /// How sellers' limits learn from 429s (`limits.learn`), when they do.
+    pub fn learn(&self) -> Option<LearnTerms> {
+        self.learn
     }
 
     /// The most downstream calls of `seller` under way at once across the
@@ -455,6 +464,42 @@ fn check_weight(w: u32, key: &str) -> Result<(), InvalidLimits> {
 
 /// A `min_share` in [0, 1): all the slots to one seller would starve the
 /// others.
+/// `[limits.learn]` checked, as the scripts' terms (`None`: off).
+fn learn_terms(cfg: &crate::config::LearnConfig) -> Result<Option<LearnTerms>, InvalidLimits> {
+    let fraction = |x: f64, key: &str, what: &str| {
+        if x > 0.0 && x < 1.0 {
+            Ok(())
+        } else {
+            Err(invalid(
+                format!("limits.learn.{key}"),
+                format!("{x} is not a fraction between 0 and 1 (both excluded): {what}"),
+            ))
+        }
+    };
+    fraction(
+        cfg.decrease,
+        "decrease",
+        "a 429 multiplies the effective rate by it",
+    )?;
+    fraction(
+        cfg.floor,
+        "floor",
+        "the least share of the configured rate a seller keeps",
+    )?;
+    if cfg.recovery < Duration::from_secs(1) {
+        return Err(invalid(
+            "limits.learn.recovery".to_owned(),
+            format!(
+                "{} is shorter than 1s: the effective rate would be back whole before the next 429 could say it is too high",
+                humantime::format_duration(cfg.recovery)
+            ),
+        ));
+    }
+    Ok(cfg
+        .enabled
+        .then(|| LearnTerms::new(cfg.floor, cfg.decrease, cfg.recovery)))
+}
+
 fn check_min_share(m: f64, key: &str) -> Result<(), InvalidLimits> {
     if !(0.0..1.0).contains(&m) {
         return Err(invalid(

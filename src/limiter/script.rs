@@ -11,6 +11,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use super::decision::Mode;
+use super::learn::{Blocked, Learnt};
 use super::reply::{JobsReply, Reply};
 use super::rule::Rule;
 use crate::config::OnStateLoss;
@@ -28,6 +29,7 @@ macro_rules! shape_body {
             include_str!("../../lua/leaky_bucket.lua"),
             include_str!("../../lua/burst_fill.lua"),
             include_str!("../../lua/gcra.lua"),
+            include_str!("../../lua/learn.lua"),
             include_str!("../../lua/calls.lua"),
         )
     };
@@ -68,6 +70,7 @@ pub const LIMITER_LUA: &str = concat!(library_body!(), "\nreturn limiter_call(KE
 /// it shares with the limiter).
 pub const BLOCK_LUA: &str = concat!(
     include_str!("../../lua/common.lua"),
+    include_str!("../../lua/learn.lua"),
     include_str!("../../lua/block.lua"),
     "\nreturn block_call(KEYS, ARGV)\n"
 );
@@ -398,6 +401,10 @@ pub struct JobsCall {
     /// limiter's state (`redis.on_state_loss`); `None` reads lost state as
     /// fresh and reports nothing (tests of the algorithms).
     pub guard: Option<LossGuard>,
+    /// The rise of a learnt factor, ppm per second (`limits.learn`): each
+    /// v2 request runs on its seller's learnt rules (`lua/learn.lua`).
+    /// `None`: the configured rules as they are.
+    pub learn: Option<u64>,
 }
 
 /// The loss guard of a jobs call (`lua/jobs.lua`): the epoch key, which
@@ -426,18 +433,21 @@ impl JobsCall {
     }
 
     /// The ARGV that follow [`JobsCall::args`]: the deadline (µs on
-    /// Redis' clock), the life of the call's record (µs), and the loss
-    /// guard, each `''` when absent; nothing when all three are.
+    /// Redis' clock), the life of the call's record (µs), the loss guard
+    /// and the learn terms, each `''` when absent; nothing when all are.
     pub fn tail(&self, deadline_us: Option<i64>, life_us: Option<u64>) -> Vec<String> {
         let guard = self.guard.as_ref().map(|g| g.on_loss.wire());
-        if deadline_us.is_none() && life_us.is_none() && guard.is_none() {
+        if deadline_us.is_none() && life_us.is_none() && guard.is_none() && self.learn.is_none() {
             return Vec::new();
         }
         let mut tail = vec![
             deadline_us.map(|d| d.to_string()).unwrap_or_default(),
             life_us.map(|l| l.to_string()).unwrap_or_default(),
         ];
-        tail.extend(guard.map(str::to_owned));
+        if guard.is_some() || self.learn.is_some() {
+            tail.push(guard.unwrap_or_default().to_owned());
+        }
+        tail.extend(self.learn.map(|rise| rise.to_string()));
         tail
     }
 
@@ -597,4 +607,60 @@ pub trait Store: Clone + Send + Sync + 'static {
         now_us: Option<u64>,
         dur_us: u64,
     ) -> impl Future<Output = Result<u64, Self::Error>> + Send;
+
+    /// [`Store::block`] with the drop of the seller's learnt limit a 429
+    /// brings (`limits.learn`, `lua/block.lua`'s `ARGV[4]`). A store that
+    /// learns nothing blocks only (the default).
+    fn block_learning(
+        &self,
+        at: &BlockAt,
+        call: &BlockCall,
+    ) -> impl Future<Output = Result<Blocked, Self::Error>> + Send {
+        async move {
+            let until_us = self.block(at, call.now_us, call.dur_us).await?;
+            Ok(Blocked {
+                until_us,
+                learnt: None,
+            })
+        }
+    }
+}
+
+/// One downstream block with its learn drop ([`Store::block_learning`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockCall {
+    /// µs since the epoch; `None` reads Redis' clock (production).
+    pub now_us: Option<u64>,
+    pub dur_us: u64,
+    /// `lua/block.lua`'s `ARGV[4]` ([`drop_wire`](super::learn::LearnTerms::drop_wire)); `None`:
+    /// no learning.
+    pub learn: Option<String>,
+}
+
+impl BlockCall {
+    /// ARGV of [`BLOCK_LUA`] for `at`.
+    pub fn args(&self, at: &BlockAt) -> Vec<String> {
+        let mut args = at.block_args(self.now_us, self.dur_us);
+        args.extend(self.learn.clone());
+        args
+    }
+
+    /// Reads the script's reply: the block's end, or with a learn drop
+    /// `[until, factor ppm, dropped]`.
+    pub fn read(&self, reply: &[i64]) -> Option<Blocked> {
+        match (reply, &self.learn) {
+            ([until], None) => Some(Blocked {
+                until_us: u64::try_from(*until).ok()?,
+                learnt: None,
+            }),
+            ([until, factor, dropped], Some(_)) => Some(Blocked {
+                until_us: u64::try_from(*until).ok()?,
+                learnt: Some(Learnt {
+                    factor_ppm: u64::try_from(*factor).ok()?,
+                    dropped: *dropped == 1,
+                }),
+            }),
+            _ => None,
+        }
+    }
 }

@@ -233,7 +233,7 @@ impl Gen {
     fn request(&mut self, s: &Shape) {
         let k = s.rules();
         self.line(
-            "local function shape_request(out, hashes, KEYS, ARGV, a, k, costs, now, G, life, real)",
+            "local function shape_request(out, hashes, KEYS, ARGV, a, k, costs, now, G, life, real, rise)",
         );
         self.line("  local id, key = ARGV[a], KEYS[k]");
         self.line("  local H = open_hash(hashes, key)");
@@ -264,6 +264,7 @@ impl Gen {
         }
         for n in 1..=k {
             let b = 5 * (n - 1);
+            self.line(format!("  Q{n}.name = ARGV[a + {}]", b + 4));
             self.line(format!(
                 "  Q{n}.fp = ARGV[a + {}] .. ':' .. ARGV[a + {}] .. ':' .. ARGV[a + {}] .. ':' .. ARGV[a + {}]",
                 b + 4,
@@ -271,6 +272,30 @@ impl Gen {
                 b + 6,
                 b + 7
             ));
+        }
+        // The rules learnt from 429s (learn.lua), scaled in place: `cap<n>`
+        // stays the configured capacity, on which a job is never.
+        if k > 0 {
+            self.line("  local lv = rise ~= nil and hget(H, 'learn') or nil");
+            self.line("  if lv ~= nil then");
+            let digest = (1..=k)
+                .map(|n| format!("Q{n}.fp"))
+                .collect::<Vec<_>>()
+                .join(" .. ',' .. ");
+            self.line(format!(
+                "    local f = learn_factor(lv, now, rise, {digest})"
+            ));
+            self.line("    if f < LEARN_FULL then");
+            for n in 1..=k {
+                self.line(format!("      local l{n} = learn_rule(Q{n}, f, costs[1])"));
+                self.line(format!(
+                    "      Q{n}.limit, Q{n}.burst, Q{n}.fp = l{n}.limit, l{n}.burst, l{n}.fp"
+                ));
+            }
+            self.line("    end");
+            self.line("  end");
+        }
+        for n in 1..=k {
             // The place written by this very rule (the common case) needs
             // neither a conversion nor the loss guard's fill.
             self.line(format!("  if hget(H, 'r{}:fp') ~= Q{n}.fp then", n - 1));
@@ -427,6 +452,10 @@ impl Gen {
         self.line("  if guard ~= '' and guard ~= 'wait' and guard ~= 'admit' then");
         self.line("    return redis.error_reply('unknown loss guard ' .. guard)");
         self.line("  end");
+        self.line("  local rise, lerr = learn_terms(ARGV[a + 3])");
+        self.line("  if lerr ~= nil then");
+        self.line("    return redis.error_reply(lerr)");
+        self.line("  end");
         self.line("  if guard ~= '' and epoch == nil then");
         self.line(
             "    return redis.error_reply('a call with a loss guard needs the epoch key last')",
@@ -448,7 +477,7 @@ impl Gen {
         self.line("  local out, hashes = { now }, {}");
         self.line("  for q = 1, nreq do");
         self.line(format!(
-            "    shape_request(out, hashes, KEYS, ARGV, 4 + (q - 1) * {}, 1 + (q - 1) * {}, all[q], now, G, life, real)",
+            "    shape_request(out, hashes, KEYS, ARGV, 4 + (q - 1) * {}, 1 + (q - 1) * {}, all[q], now, G, life, real, rise)",
             5 + 5 * k,
             1 + k
         ));
@@ -557,6 +586,7 @@ mod tests {
             dry_run: false,
             requests,
             guard: None,
+            learn: None,
         }
     }
 

@@ -158,6 +158,9 @@ pub struct Metrics {
     /// calls slower than `downstream.latency_tolerance` times unloaded),
     /// `growth` (every slot in use and the downstream kept up).
     pub downstream_concurrency_changes: Family<ReasonLabel, Counter>,
+    /// Drops of a seller's learnt limit on a downstream 429
+    /// (`limits.learn`), fleet-wide, counted by the replica that met it.
+    pub limit_learnt_drops: Counter,
     /// Sellers paused one by one (`limits pause SELLER`), as this replica last
     /// read them.
     pub paused_sellers: Gauge,
@@ -394,6 +397,11 @@ impl Metrics {
                 "downstream_concurrency_changes",
                 "Moves of the adaptive downstream concurrency limit, by reason: overload, latency, growth",
                 Family::default()
+            ),
+            limit_learnt_drops: reg!(
+                "limit_learnt_drops",
+                "Drops of a seller's learnt limit on a downstream 429 (limits.learn), counted by the replica that met it",
+                Counter::default()
             ),
             paused_sellers: reg!(
                 "paused_sellers",

@@ -8,9 +8,11 @@ use rand::Rng;
 
 use crate::backoff::backoff_with;
 use crate::config::OnError;
+use tokio::time::Instant;
+
 use crate::limiter::{
-    BatchDecision, Coalescer, Decision, Denied, DeniedBy, Limiter, Mode, Pause, Resolved, Rule,
-    Share, Store,
+    BatchDecision, Coalescer, Decision, Denied, DeniedBy, Learnt, Limiter, Mode, Pause, Resolved,
+    Rule, Share, Store,
 };
 
 /// Why the limiter gave no answer. Every kind is a fault of the limiter's
@@ -42,12 +44,16 @@ pub trait Permits: Send + Sync + 'static {
         n: u64,
     ) -> impl Future<Output = Result<Decision, PermitError>> + Send;
 
-    /// Holds `seller` for every replica for `dur` (the downstream's 429).
+    /// Holds `seller` for every replica for `dur` (the downstream's 429)
+    /// and, with `limits.learn`, lowers its learnt limit once per episode:
+    /// `started` is when the latest call that met the 429 started. Answers
+    /// what the 429 did to the learnt limit (`None`: nothing learns).
     fn block(
         &self,
         seller: &str,
         dur: Duration,
-    ) -> impl Future<Output = Result<(), PermitError>> + Send;
+        started: Option<Instant>,
+    ) -> impl Future<Output = Result<Option<Learnt>, PermitError>> + Send;
 
     /// The longest prefix of `seller`'s waiting jobs (their costs, in
     /// order) that fits, each job all or nothing, in one call. The default
@@ -202,10 +208,15 @@ impl<S: Store + 'static> Permits for Limiter<S> {
         }
     }
 
-    async fn block(&self, seller: &str, dur: Duration) -> Result<(), PermitError> {
-        Limiter::block(self, seller, dur)
+    async fn block(
+        &self,
+        seller: &str,
+        dur: Duration,
+        started: Option<Instant>,
+    ) -> Result<Option<Learnt>, PermitError> {
+        Limiter::throttled(self, seller, dur, started)
             .await
-            .map(|_| ())
+            .map(|b| b.learnt)
             .map_err(PermitError::unavailable)
     }
 
@@ -255,8 +266,13 @@ impl<S: Store + 'static> Permits for Coalescer<S> {
         Permits::release(&**self.limiter(), seller, leases).await
     }
 
-    async fn block(&self, seller: &str, dur: Duration) -> Result<(), PermitError> {
-        Permits::block(&**self.limiter(), seller, dur).await
+    async fn block(
+        &self,
+        seller: &str,
+        dur: Duration,
+        started: Option<Instant>,
+    ) -> Result<Option<Learnt>, PermitError> {
+        Permits::block(&**self.limiter(), seller, dur, started).await
     }
 
     async fn acquire_jobs(

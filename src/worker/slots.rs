@@ -155,8 +155,13 @@ mod tests {
             Err(PermitError::Unsupported("not asked here".to_owned()))
         }
 
-        async fn block(&self, _: &str, _: Duration) -> Result<(), PermitError> {
-            Ok(())
+        async fn block(
+            &self,
+            _: &str,
+            _: Duration,
+            _: Option<tokio::time::Instant>,
+        ) -> Result<Option<crate::limiter::Learnt>, PermitError> {
+            Ok(None)
         }
 
         async fn release(&self, seller: &str, leases: &[String]) -> Result<(), PermitError> {

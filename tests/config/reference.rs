@@ -93,11 +93,11 @@ fn every_field_of_every_section_is_in_the_reference() {
     for section in SECTIONS {
         fields.extend(fields_of(section));
     }
-    // The sections' own fields: a nested struct's keys have more parts.
+    // The sections' own fields: a nested struct (`limits.learn`) is
+    // listed by its keys, which have more parts.
     let listed: BTreeSet<String> = rows
         .keys()
-        .filter(|k| k.matches('.').count() == 1)
-        .cloned()
+        .map(|k| k.splitn(3, '.').take(2).collect::<Vec<_>>().join("."))
         .collect();
     let missing: Vec<_> = fields.difference(&listed).collect();
     let unknown: Vec<_> = listed.difference(&fields).collect();

@@ -144,6 +144,7 @@ impl Seller {
             now_us: Some(now_us),
             dry_run,
             guard: self.guard.clone(),
+            learn: None,
             requests: vec![JobsRequest {
                 call_id: call_id.to_owned(),
                 block: self.block.clone(),

@@ -64,6 +64,7 @@ impl Bench {
             now_us: Some(now_us),
             dry_run,
             guard: None,
+            learn: None,
             requests: vec![JobsRequest {
                 call_id: id.to_owned(),
                 block: self.keys.block_at(seller),

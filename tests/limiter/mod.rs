@@ -10,6 +10,7 @@ mod in_flight;
 mod isolation;
 mod jobs;
 mod layout;
+mod learn;
 mod noscript;
 mod oracles;
 mod overrides;

@@ -182,6 +182,7 @@ impl Keys {
             now_us: Some(now_us),
             dry_run,
             guard: None,
+            learn: None,
             requests: vec![JobsRequest {
                 call_id: id.to_owned(),
                 block: self.block.clone().into(),

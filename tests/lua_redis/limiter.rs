@@ -5,7 +5,8 @@
 //! `JobsAnswer::from_slice`). Only the transport differs.
 
 use throttle_worker::limiter::{
-    release_args, BlockAt, JobsAnswer, JobsCall, Reply as LimiterReply, ScriptCall,
+    release_args, BlockAt, BlockCall, Blocked, JobsAnswer, JobsCall, Reply as LimiterReply,
+    ScriptCall,
 };
 
 use super::{EmbeddedError, EmbeddedRedis, Reply, Script};
@@ -61,6 +62,22 @@ impl EmbeddedRedis {
     ) -> Result<u64, EmbeddedError> {
         let keys: Vec<&str> = at.keys().collect();
         count(self.invoke(Script::Block, &keys, &at.block_args(now_us, dur_us), at_us)?)
+    }
+
+    /// A block with its learn drop (`RedisStore::block_learning`).
+    pub fn block_learning(
+        &self,
+        at: &BlockAt,
+        call: &BlockCall,
+        at_us: u64,
+    ) -> Result<Blocked, EmbeddedError> {
+        let keys: Vec<&str> = at.keys().collect();
+        let reply = self.invoke(Script::Block, &keys, &call.args(at), at_us)?;
+        let ints = match &reply {
+            Reply::Int(i) => vec![*i],
+            _ => integers(reply.clone())?,
+        };
+        call.read(&ints).ok_or(EmbeddedError::Shape(reply))
     }
 }
 

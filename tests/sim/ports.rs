@@ -13,8 +13,8 @@ use throttle_worker::downstream::{retry_after, Answer};
 use throttle_worker::job::Job;
 use throttle_worker::kafka::{OriginalRecord, Position, RetryHeaders, Verdict};
 use throttle_worker::limiter::{
-    call_life_us, BatchDecision, BlockAt, Coalescer, Decision, JobsCall, JobsReply, JobsRequest,
-    Pause, Reply, Rule, ScriptCall, Store,
+    call_life_us, BatchDecision, BlockAt, BlockCall, Blocked, Coalescer, Decision, JobsCall,
+    JobsReply, JobsRequest, Learnt, Pause, Reply, Rule, ScriptCall, Store,
 };
 use throttle_worker::worker::{
     Caller, Clock, PermitError, Permits, SellerInfo, WriteError, Writer,
@@ -569,6 +569,18 @@ impl Store for SimStore {
             .block(key, now_us, dur_us, at)
             .unwrap_or_else(|e| script_failed(&format!("block {key:?}"), e)))
     }
+
+    async fn block_learning(
+        &self,
+        key: &BlockAt,
+        call: &BlockCall,
+    ) -> Result<Blocked, SimRedisError> {
+        let at = self.reach().await?;
+        Ok(self
+            .redis()
+            .block_learning(key, call, at)
+            .unwrap_or_else(|e| script_failed(&format!("block {key:?} {call:?}"), e)))
+    }
 }
 
 /// The limiter as the engine sees it, recording each of its calls (the
@@ -603,8 +615,13 @@ impl Permits for SimPermits {
         Permits::acquire(&self.inner, seller, n).await
     }
 
-    async fn block(&self, seller: &str, dur: Duration) -> Result<(), PermitError> {
-        Permits::block(&self.inner, seller, dur).await
+    async fn block(
+        &self,
+        seller: &str,
+        dur: Duration,
+        started: Option<tokio::time::Instant>,
+    ) -> Result<Option<Learnt>, PermitError> {
+        Permits::block(&self.inner, seller, dur, started).await
     }
 
     async fn release(&self, seller: &str, leases: &[String]) -> Result<(), PermitError> {

@@ -3,8 +3,11 @@
 //! reply or the error; a timeout gets a single server's connection
 //! replaced. What a failure means is the caller's to decide.
 
-use crate::limiter::reply::{JobsAnswer, JobsReply, Reply};
-use crate::limiter::script::{call_life_us, release_args, BlockAt, JobsCall, ScriptCall, Store};
+use crate::limiter::learn::Blocked;
+use crate::limiter::reply::{JobsAnswer, JobsReply, MalformedReply, Reply};
+use crate::limiter::script::{
+    call_life_us, release_args, BlockAt, BlockCall, JobsCall, ScriptCall, Store,
+};
 use crate::limiter::shape::Shape;
 use crate::telemetry::events::{LimiterStateLost, RedisCalled};
 
@@ -192,5 +195,27 @@ impl Store for RedisStore {
             .call(&self.conn, Entry::Block, &keys, &args)
             .await
             .map_err(|e| self.failed(e))
+    }
+
+    async fn block_learning(&self, at: &BlockAt, call: &BlockCall) -> Result<Blocked, RedisError> {
+        let keys: Vec<&str> = at.keys().collect();
+        let reply: redis::Value = self
+            .scripts
+            .call(&self.conn, Entry::Block, &keys, &call.args(at))
+            .await
+            .map_err(|e| self.failed(e))?;
+        let ints: Vec<i64> = match reply {
+            redis::Value::Int(i) => vec![i],
+            redis::Value::Array(items) => items
+                .iter()
+                .map(|v| match v {
+                    redis::Value::Int(i) => *i,
+                    _ => -1,
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        call.read(&ints)
+            .ok_or(RedisError::Malformed(MalformedReply(ints)))
     }
 }

@@ -176,7 +176,36 @@ impl Event for SellerPaused<'_> {
     }
 }
 
+/// A downstream 429 met a seller whose limit learns (`limits.learn`): its
+/// learnt factor, fleet-wide, after the 429. A drop (once per episode) is
+/// counted and logged; a 429 of the same episode only confirms it.
+#[derive(Debug)]
+pub struct LimitLearnt<'a> {
+    pub seller: &'a str,
+    /// The factor of the configured rules in force after the 429.
+    pub factor: f64,
+    /// Whether this 429 lowered it.
+    pub dropped: bool,
+}
+
+impl Event for LimitLearnt<'_> {
+    const NAME: &'static str = "LimitLearnt";
+
+    fn record(&self) {
+        if !self.dropped {
+            return;
+        }
+        metrics().limit_learnt_drops.inc();
+        tracing::info!(
+            seller = self.seller,
+            factor = self.factor,
+            "the downstream answered 429: this seller's limits now run at this factor of its configured rules, fleet-wide, rising back while no 429 comes (limits.learn)"
+        );
+    }
+}
+
 inherent_emit!(
+    LimitLearnt<'_>,
     LimitsReloaded<'_>,
     LimitsReloadRejected<'_>,
     SharedStateUnreadable<'_>,

@@ -98,7 +98,7 @@ pub use limiter::{
     RedisCalled, ShapesPrepared, SlotsNotReturned,
 };
 pub use limits::{
-    LimitsReloadRejected, LimitsReloaded, PausesRead, SellerPaused, SharedState,
+    LimitLearnt, LimitsReloadRejected, LimitsReloaded, PausesRead, SellerPaused, SharedState,
     SharedStateUnreadable, WaitBoardUnwritable,
 };
 pub use worker::{

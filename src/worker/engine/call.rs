@@ -45,6 +45,9 @@ type Granted = (usize, Option<u64>, Pending);
 pub(super) struct Throttle {
     retry_after: RetryAfter,
     attempts: u32,
+    /// When the call that met it started: a learnt limit drops once for
+    /// the calls under way at a 429 (`limits.learn`).
+    started_at: Instant,
 }
 
 impl<X: Ports> Engine<X> {
@@ -99,6 +102,7 @@ impl<X: Ports> Engine<X> {
                                     t.push(Throttle {
                                         retry_after,
                                         attempts,
+                                        started_at,
                                     });
                                 }
                                 unused.push((i, p));
@@ -418,19 +422,20 @@ impl<X: Ports> Engine<X> {
             .emit();
             let now = self.deps.clock.now();
             self.hold(&key, after(now, wait), HeldBy::Downstream429);
-            self.share_throttle(key.clone(), wait);
+            let started = throttled.iter().map(|t| t.started_at).max();
+            self.share_throttle(key.clone(), wait, started);
         }
         self.ask_if_ready(&key);
     }
 
     /// Shares a 429 with every replica through the limiter, in a task the
     /// drain awaits.
-    fn share_throttle(&mut self, seller: Arc<str>, wait: Duration) {
+    fn share_throttle(&mut self, seller: Arc<str>, wait: Duration, started: Option<Instant>) {
         let (permits, tx) = (self.deps.permits.clone(), self.tx.clone());
         self.tasks += 1;
         tokio::spawn(async move {
-            let result = permits.block(&seller, wait).await;
-            let _ = tx.send(Event::Shared { result });
+            let result = permits.block(&seller, wait, started).await;
+            let _ = tx.send(Event::Shared { seller, result });
         });
     }
 

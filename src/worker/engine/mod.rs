@@ -45,7 +45,8 @@ use crate::config::Settings;
 use crate::downstream::Answer;
 use crate::kafka::consumer::{PartitionEvent, Record, TopicPartition};
 use crate::limiter::BatchDecision;
-use crate::telemetry::events::ConcurrencyConfigured;
+use crate::limiter::Learnt;
+use crate::telemetry::events::{ConcurrencyConfigured, LimitLearnt};
 use crate::telemetry::http::Health;
 
 use super::admission::Admission;
@@ -94,7 +95,10 @@ enum Event {
         result: Result<(), WriteError>,
     },
     /// A downstream 429 shared with the fleet through the limiter.
-    Shared { result: Result<(), PermitError> },
+    Shared {
+        seller: Arc<str>,
+        result: Result<Option<Learnt>, PermitError>,
+    },
 }
 
 /// The worker's dependencies: its ports and the channels the consumer
@@ -268,10 +272,19 @@ impl<X: Ports> Engine<X> {
                 self.tasks -= 1;
                 self.on_written(pending, result);
             }
-            Event::Shared { result } => {
+            Event::Shared { seller, result } => {
                 self.tasks -= 1;
-                if let Err(e) = result {
-                    tracing::warn!(error = %e, "could not share the downstream's 429 through Redis; other replicas learn it from their own calls");
+                match result {
+                    Ok(Some(learnt)) => LimitLearnt {
+                        seller: &seller,
+                        factor: learnt.factor(),
+                        dropped: learnt.dropped,
+                    }
+                    .emit(),
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "could not share the downstream's 429 through Redis; other replicas learn it from their own calls");
+                    }
                 }
             }
         }
