@@ -119,12 +119,10 @@ fn a_shedding_downstream_is_found_and_kept_under() {
         calls: 8,
         shed: true,
     };
-    // 1,500 jobs: the invariants' checks of a run grow with its calls
-    // times its limiter calls, and the fixed run makes many of both.
-    for seed in 0..2 {
-        let fixed_sc = backlog(seed, cap, 32, false, 50, 1500);
+    for seed in 0..4 {
+        let fixed_sc = backlog(seed, cap, 32, false, 50, 3000);
         let fixed = seen(&run(&fixed_sc), 8, 50);
-        let sc = backlog(seed, cap, 32, true, 50, 1500);
+        let sc = backlog(seed, cap, 32, true, 50, 3000);
         let out = run(&sc);
         let broken = check::all(&sc, &out);
         assert!(broken.is_empty(), "seed {seed}:\n{}", broken.join("\n"));
