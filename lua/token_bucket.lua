@@ -12,6 +12,9 @@ ALGO.token_bucket = {
     if c == nil then
       return { c = full }
     end
+    -- A bucket written under a larger rule (a limit learnt from 429s,
+    -- learn.lua, reads the state as it is) holds at most this one's.
+    c = math.min(c, full)
     local elapsed = math.max(0, now - num(ts, now))
     -- Compare before multiplying: a long idle time times the rate could
     -- leave the exact range.

@@ -89,7 +89,8 @@ pub struct LearnConfig {
     pub floor: f64,
     /// Without a 429 the effective rate rises back linearly, the whole
     /// configured rate in this time (a 10 % drop comes back in a tenth of
-    /// it). At least 1s; default 5m.
+    /// it). Shorter finds a raised downstream limit sooner, and meets its
+    /// 429s (and their holds) more often. At least 1s; default 10m.
     #[serde(
         default = "default_learn_recovery",
         deserialize_with = "human_duration"
@@ -106,7 +107,7 @@ fn default_learn_floor() -> f64 {
 }
 
 fn default_learn_recovery() -> Duration {
-    Duration::from_secs(300)
+    Duration::from_secs(600)
 }
 
 impl Default for LearnConfig {

@@ -23,7 +23,7 @@
 
 use std::time::Duration;
 
-use super::rule::Rule;
+use super::rule::{Algorithm, Rule};
 
 /// Parts per million: the factor's unit, as the scripts count it.
 pub const FULL: u64 = 1_000_000;
@@ -145,13 +145,17 @@ impl LearnState {
 }
 
 /// A rule scaled to `factor_ppm` as the scripts scale it for a job of
-/// cost 1: limit and burst times the factor, at least 1.
+/// cost 1: limit and burst times the factor, at least 1; a learnt `gcra`
+/// or `token_bucket` paces evenly (burst 1, `lua/learn.lua` says why).
 pub fn scaled(rule: &Rule, factor_ppm: u64) -> Rule {
+    if factor_ppm >= FULL {
+        return *rule;
+    }
     let scale = |x: u64| (u128::from(x) * u128::from(factor_ppm) / u128::from(FULL)).max(1) as u64;
-    let burst = rule
-        .algorithm()
-        .uses_burst()
-        .then(|| scale(rule.burst().get()));
+    let burst = match rule.algorithm() {
+        Algorithm::Gcra | Algorithm::TokenBucket => Some(1),
+        a => a.uses_burst().then(|| scale(rule.burst().get())),
+    };
     Rule::new(
         rule.algorithm(),
         scale(rule.limit().get()),
@@ -164,7 +168,6 @@ pub fn scaled(rule: &Rule, factor_ppm: u64) -> Rule {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::Algorithm;
 
     #[test]
     fn terms_read_settings_in_ppm() {
@@ -197,8 +200,12 @@ mod tests {
         let s = scaled(&r, 400_000);
         assert_eq!(
             (s.limit().get(), s.burst().get(), s.period()),
-            (20, 4, r.period())
+            (20, 1, r.period())
         );
+        let leaky =
+            Rule::new(Algorithm::LeakyBucket, 50, Duration::from_secs(1), Some(10)).unwrap();
+        assert_eq!(scaled(&leaky, 400_000).burst().get(), 4);
+        assert_eq!(scaled(&leaky, FULL), leaky);
         assert_eq!(scaled(&r, 1).limit().get(), 1);
         assert_eq!(digest(&[r]), "gcra:50:1000000:10");
     }

@@ -289,7 +289,7 @@ impl Gen {
             for n in 1..=k {
                 self.line(format!("      local l{n} = learn_rule(Q{n}, f, costs[1])"));
                 self.line(format!(
-                    "      Q{n}.limit, Q{n}.burst, Q{n}.fp = l{n}.limit, l{n}.burst, l{n}.fp"
+                    "      Q{n}.limit, Q{n}.burst = l{n}.limit, l{n}.burst"
                 ));
             }
             self.line("    end");

@@ -124,6 +124,8 @@ pub struct Reach {
     pub again_without_kill: u64,
     /// A call the downstream shed for its hidden capacity.
     pub shed_calls: u64,
+    /// A seller's learnt limit lowered by a 429 (`limits.learn`).
+    pub learnt_drops: u64,
 }
 
 impl Log {
@@ -147,10 +149,11 @@ impl Reach {
         self.lost_replies += o.lost_replies;
         self.again_without_kill += o.again_without_kill;
         self.shed_calls += o.shed_calls;
+        self.learnt_drops += o.learnt_drops;
     }
 
     /// Each count by name.
-    pub fn named(&self) -> [(&'static str, u64); 9] {
+    pub fn named(&self) -> [(&'static str, u64); 10] {
         [
             ("a limiter refusal", self.denials),
             ("a loss of Redis' data found", self.losses_found),
@@ -164,6 +167,7 @@ impl Reach {
             ),
             ("a reply lost after its script ran", self.lost_replies),
             ("a call shed for the downstream's capacity", self.shed_calls),
+            ("a learnt limit lowered by a 429", self.learnt_drops),
         ]
     }
 }

@@ -32,6 +32,7 @@ mod engine;
 mod fair;
 pub mod fleet;
 pub mod journal;
+mod learn;
 pub mod ports;
 pub mod run;
 pub mod scenario;

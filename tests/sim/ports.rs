@@ -94,6 +94,11 @@ pub struct Faults {
     pub state_losses: Vec<u64>,
     /// How many calls at once the downstream can take (none: any number).
     pub capacity: Option<HiddenCapacity>,
+    /// Sellers the downstream allows fewer calls than their rule: beyond
+    /// this many calls of the seller in a virtual second (aligned windows,
+    /// as many APIs count), it answers 429 with `Retry-After: 1`. A call it
+    /// refuses does not count.
+    pub seller_rates: Vec<(String, u64)>,
 }
 
 /// Per-job behaviour of the downstream, beyond the faults.
@@ -121,6 +126,9 @@ pub struct World {
     pub rng: Mutex<StdRng>,
     /// Calls under way at the downstream (every replica's).
     pub downstream_busy: std::sync::atomic::AtomicUsize,
+    /// Per seller of `faults.seller_rates`: its window (virtual s) and the
+    /// calls it let through in it.
+    pub rate_windows: Mutex<std::collections::HashMap<String, (u64, u64)>>,
 }
 
 impl World {
@@ -136,6 +144,21 @@ impl World {
     fn chance(&self, p: f64) -> bool {
         let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
         rng.random_bool(p.clamp(0.0, 1.0))
+    }
+
+    /// Whether a call of `seller` at `at_ms` is beyond the `per_s` calls
+    /// the downstream allows it in that virtual second; counts it when not.
+    fn over_rate(&self, seller: &str, per_s: u64, at_ms: u64) -> bool {
+        let mut windows = self.rate_windows.lock().unwrap_or_else(|p| p.into_inner());
+        let (window, calls) = windows.entry(seller.to_owned()).or_insert((0, 0));
+        if *window != at_ms / 1000 {
+            (*window, *calls) = (at_ms / 1000, 0);
+        }
+        if *calls >= per_s {
+            return true;
+        }
+        *calls += 1;
+        false
     }
 
     pub fn seeded(seed: u64) -> Mutex<StdRng> {
@@ -173,6 +196,12 @@ impl Caller for SimDownstream {
         let throttle = w.faults.throttles.iter().find(|(win, seller, _)| {
             win.contains(at_ms) && seller.as_ref().is_none_or(|s| *s == job.seller_id.as_str())
         });
+        let rated = w
+            .faults
+            .seller_rates
+            .iter()
+            .find(|(seller, _)| *seller == job.seller_id.as_str())
+            .is_some_and(|(seller, per_s)| w.over_rate(seller, *per_s, at_ms));
         // Calls under way as this one arrives, this one too, until the
         // downstream has served it.
         let busy = w.downstream_busy.fetch_add(1, Ordering::SeqCst) + 1;
@@ -209,6 +238,10 @@ impl Caller for SimDownstream {
                     1,
                 ),
             }
+        } else if rated {
+            let now = std::time::UNIX_EPOCH + Duration::from_micros(w.clock.unix_us());
+            let ra = retry_after(vec!["1"], now, w.faults.max_retry_after);
+            ("429", Answer::Throttled(ra), w.random(lo, hi))
         } else if let Some((_, _, kind)) = throttle {
             let now = std::time::UNIX_EPOCH + Duration::from_micros(w.clock.unix_us());
             let value = match kind {
@@ -576,10 +609,14 @@ impl Store for SimStore {
         call: &BlockCall,
     ) -> Result<Blocked, SimRedisError> {
         let at = self.reach().await?;
-        Ok(self
+        let blocked = self
             .redis()
             .block_learning(key, call, at)
-            .unwrap_or_else(|e| script_failed(&format!("block {key:?} {call:?}"), e)))
+            .unwrap_or_else(|e| script_failed(&format!("block {key:?} {call:?}"), e));
+        if blocked.learnt.is_some_and(|l| l.dropped) {
+            self.world.journal.with(|log| log.reach.learnt_drops += 1);
+        }
+        Ok(blocked)
     }
 }
 

@@ -408,6 +408,7 @@ pub fn world_of(sc: &Scenario) -> (Arc<World>, Vec<bytes::Bytes>) {
         losses: Default::default(),
         rng: World::seeded(sc.seed),
         downstream_busy: Default::default(),
+        rate_windows: Default::default(),
     });
     (world, values)
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use throttle_worker::config::{
-    self, LimitsConfig, OnError, RuleConfig, SellerConfig, Settings, StateLayout,
+    self, LearnConfig, LimitsConfig, OnError, RuleConfig, SellerConfig, Settings, StateLayout,
 };
 
 use super::ports::{Faults, HiddenCapacity, OutageKind, Poison, RetryAfterKind, Window};
@@ -18,6 +18,8 @@ const PAUSE_SALT: u64 = 0x9a05_e5ee_d5a1_7000;
 const IN_FLIGHT_SALT: u64 = 0x1f11_9470_ca95_0000;
 /// Adaptive concurrency and the downstream's hidden capacity too.
 const CAPACITY_SALT: u64 = 0xada9_71fe_ca9a_0000;
+/// Limits learnt from 429s, and sellers the downstream allows less.
+const LEARN_SALT: u64 = 0x1ea7_4290_0000_0000;
 /// Redis' data losses draw from a generator of their own too.
 const LOSS_SALT: u64 = 0x1055_0fda_7a00_0000;
 
@@ -80,6 +82,8 @@ pub struct Scenario {
     pub weights: BTreeMap<usize, u32>,
     /// `limits.sellers.X.min_share` by seller (index): unset, 0.
     pub min_shares: BTreeMap<usize, f64>,
+    /// `limits.learn` (defaults otherwise), when set.
+    pub learn: Option<LearnConfig>,
 }
 
 pub fn rule(algorithm: &str, limit: u64, period: Duration, burst: Option<u64>) -> RuleConfig {
@@ -116,6 +120,7 @@ impl Scenario {
             clock_jumps: Vec::new(),
             concurrency: 8,
             adaptive: false,
+            learn: None,
             max_attempts: 5,
             on_error: OnError::FailClosed,
             state: match seed % 4 {
@@ -293,6 +298,28 @@ impl Scenario {
                 shed: c.random_bool(0.5),
             });
         }
+        // Limits learnt from 429s on a third of the seeds; on half of
+        // those, a limited seller the downstream allows less than its rule.
+        let mut g = StdRng::seed_from_u64(seed ^ LEARN_SALT);
+        if g.random_bool(0.3) {
+            sc.learn = Some(LearnConfig {
+                enabled: true,
+                decrease: g.random_range(0.5..0.95),
+                floor: g.random_range(0.05..0.5),
+                recovery: Duration::from_secs(g.random_range(5..=300)),
+            });
+            let limited: Vec<&SellerSpec> =
+                sc.sellers.iter().filter(|s| s.rule.is_some()).collect();
+            if !limited.is_empty() && g.random_bool(0.5) {
+                let s = limited[g.random_range(0..limited.len())];
+                let per_s = s.rule.as_ref().map_or(1, |r| {
+                    (r.limit * 1000 / r.period.as_millis().max(1) as u64).max(1)
+                });
+                sc.faults
+                    .seller_rates
+                    .push((s.name.clone(), g.random_range(1..=per_s)));
+            }
+        }
         // Redis loses its data: not in v1, which the loss guard does not
         // cover (docs/src/concepts/guarantees.md, "Redis data loss").
         let mut l = StdRng::seed_from_u64(seed ^ LOSS_SALT);
@@ -329,6 +356,7 @@ impl Scenario {
             global: Vec::new(),
             tiers: BTreeMap::new(),
             sellers,
+            learn: self.learn.clone().unwrap_or_default(),
             ..LimitsConfig::default()
         }
     }
