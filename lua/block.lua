@@ -12,9 +12,10 @@
 --          drop 'decrease:floor:rise:started:rules' (learn.lua): the
 --          seller's learnt factor falls to `decrease` ppm of itself, never
 --          below `floor` ppm, unless it already fell for this 429: the
---          call that met it started (µs on Redis' clock; '' unknown, then
---          within a second) at or before the last drop, under the factor
---          that drop set. `rules` are the seller's rules' fingerprints.
+--          call that met it was granted (`started`, µs on Redis' clock;
+--          '' unknown, then within a second) at or before the last drop,
+--          under the factor before it. `rules` are the seller's rules'
+--          fingerprints.
 -- Reply: the µs instant the block ends; with a learn drop,
 --          { until, factor ppm after, 1 when this 429 lowered it else 0 }.
 

@@ -376,20 +376,20 @@ impl<S: Store> Limiter<S> {
 
     /// A downstream 429 for `seller`: holds it for every replica for `dur`
     /// and, with `limits.learn`, lowers its learnt limit, fleet-wide, once
-    /// per episode: `started` is when the call that met the 429 started
-    /// (a call that started before the last drop met the old limit).
+    /// per episode: `decided_us` is when the call that met the 429 was
+    /// granted, on Redis' clock (a call granted before the last drop ran
+    /// on the old limit; `None`: a 429 within a second of it is the same).
     pub async fn throttled(
         &self,
         seller: &str,
         dur: Duration,
-        started: Option<tokio::time::Instant>,
+        decided_us: Option<u64>,
     ) -> Result<Blocked, S::Error> {
-        let started_us = started.and_then(|t| self.store.unix_us_at(t));
-        self.throttled_at(seller, None, dur, started_us).await
+        self.throttled_at(seller, None, dur, decided_us).await
     }
 
-    /// [`Limiter::throttled`] at an explicit time (`None`: Redis' clock),
-    /// the call's start on the same clock: for tests.
+    /// [`Limiter::throttled`] at an explicit time (`None`: Redis' clock):
+    /// for tests.
     pub async fn throttled_at(
         &self,
         seller: &str,

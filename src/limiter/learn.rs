@@ -23,7 +23,11 @@
 
 use std::time::Duration;
 
+use super::core::Limiter;
+use super::policy::Resolved;
+use super::redis::{RedisError, RedisStore};
 use super::rule::{Algorithm, Rule};
+use super::script::BlockRead;
 
 /// Parts per million: the factor's unit, as the scripts count it.
 pub const FULL: u64 = 1_000_000;
@@ -163,6 +167,66 @@ pub fn scaled(rule: &Rule, factor_ppm: u64) -> Rule {
         burst,
     )
     .unwrap_or(*rule)
+}
+
+/// A seller's learnt limit as `limits show` prints it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Learning {
+    /// The factor in force now, ppm of the configured rules.
+    pub factor_ppm: u64,
+    /// When the last 429 lowered it (ms since the epoch).
+    pub dropped_at_ms: u64,
+    /// Until it is back to the configured rules, at the rise in force.
+    pub full_in: Duration,
+    /// The seller's own rules as configured, then as they run now.
+    pub configured: Vec<Rule>,
+    pub effective: Vec<Rule>,
+}
+
+impl Learning {
+    pub fn factor(&self) -> f64 {
+        self.factor_ppm as f64 / FULL as f64
+    }
+}
+
+impl Limiter<RedisStore> {
+    /// `seller`'s learnt limit now (Redis' clock): `None` when learning is
+    /// off, the layout keeps no factor (v1), the seller is unlimited, or
+    /// nothing is learnt for its rules in force.
+    pub async fn learning(&self, seller: &str) -> Result<Option<Learning>, RedisError> {
+        let policy = self.policy();
+        let Some(terms) = policy.learn() else {
+            return Ok(None);
+        };
+        let at = self.keys.block_at(seller);
+        let Resolved::Limited { seller: own, .. } = policy.resolve(seller) else {
+            return Ok(None);
+        };
+        if at.read != BlockRead::Field {
+            return Ok(None);
+        }
+        let Some(state) = self
+            .store
+            .hash_field(&at.key, "learn")
+            .await?
+            .and_then(|v| LearnState::parse(&v))
+        else {
+            return Ok(None);
+        };
+        let now_us = self.store.time_ms().await? * 1000;
+        let factor_ppm = state.factor_at(now_us, terms.rise_ppm_per_s, &digest(own));
+        if factor_ppm >= FULL {
+            return Ok(None);
+        }
+        let missing_us = (FULL - factor_ppm) * 1_000_000 / terms.rise_ppm_per_s;
+        Ok(Some(Learning {
+            factor_ppm,
+            dropped_at_ms: state.at_us / 1000,
+            full_in: Duration::from_micros(missing_us),
+            configured: own.to_vec(),
+            effective: own.iter().map(|r| scaled(r, factor_ppm)).collect(),
+        }))
+    }
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ use super::format::{rfc3339, rule_json, secs, short, table};
 use super::pauses::{pause_json, pause_text};
 use super::{now_ms, open_limiter, OperatorError, Output};
 use crate::limiter::inspect::SellerState;
+use crate::limiter::learn::Learning;
 use crate::limiter::overrides::Override;
 use crate::limiter::waits::{of_seller, Wait};
 use crate::limiter::{Decision, Limiter, Mode, RedisStore, Request};
@@ -49,9 +50,12 @@ pub async fn show(file: Option<&Path>, seller: &str, out: Output) -> Result<Stri
     };
     // What every replica holds of its jobs, from the wait board.
     let waits = of_seller(&limiter.read_waits(now_ms()).await?, seller);
+    let learning = limiter.learning(seller).await?;
+    let learns = limiter.policy().learn().is_some();
     Ok(match out {
         Output::Json => {
             let mut v = show_json(seller, &state, ov.as_ref());
+            v["learnt"] = learning.as_ref().map_or(Value::Null, learnt_json);
             v["waiting"] = waits_json(&waits);
             v["paused"] = pause.as_ref().map_or(Value::Null, pause_json);
             v["in_flight"] = in_flight.map_or(
@@ -71,6 +75,7 @@ pub async fn show(file: Option<&Path>, seller: &str, out: Output) -> Result<Stri
                     "calls in flight: {held} of max_in_flight {max} (slots held across the fleet)\n"
                 ));
             }
+            line.push_str(&learnt_text(learning.as_ref(), learns));
             line.push_str(&waits_text(&waits));
             // After the header line, before the 429 block's.
             let at = s.find('\n').map_or(s.len(), |i| i + 1);
@@ -78,6 +83,45 @@ pub async fn show(file: Option<&Path>, seller: &str, out: Output) -> Result<Stri
             s
         }
     })
+}
+
+/// The seller's learnt limit (`limits.learn`), as `limits show --json`
+/// gives it.
+fn learnt_json(l: &Learning) -> Value {
+    json!({
+        "factor": l.factor(),
+        "last_429": rfc3339(l.dropped_at_ms),
+        "full_in_seconds": secs(l.full_in),
+        "configured": l.configured.iter().map(rule_json).collect::<Vec<_>>(),
+        "effective": l.effective.iter().map(rule_json).collect::<Vec<_>>(),
+    })
+}
+
+/// The seller's learnt limit, one line, and why: the rules it runs on now
+/// against the ones configured.
+fn learnt_text(l: Option<&Learning>, learns: bool) -> String {
+    let Some(l) = l else {
+        return if learns {
+            "learnt from 429s: nothing (runs on its configured rules)\n".to_owned()
+        } else {
+            "learnt from 429s: off (limits.learn.enabled = false)\n".to_owned()
+        };
+    };
+    let list = |rules: &[crate::limiter::Rule]| {
+        rules
+            .iter()
+            .map(|r| r.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    format!(
+        "learnt from 429s: runs at {:.2} of its rules since the downstream's 429 at {}, back whole in {}: {} (configured: {})\n",
+        l.factor(),
+        rfc3339(l.dropped_at_ms),
+        short(l.full_in),
+        list(&l.effective),
+        list(&l.configured),
+    )
 }
 
 /// The seller's waits, by replica, as `limits show --json` gives them.
@@ -306,6 +350,39 @@ mod tests {
             drain_ms,
             held_by: held_by.to_owned(),
         }
+    }
+
+    #[test]
+    fn the_learnt_limit_prints_configured_against_effective_and_why() {
+        use crate::limiter::{Algorithm, Rule};
+        use std::time::Duration;
+        assert_eq!(
+            learnt_text(None, false),
+            "learnt from 429s: off (limits.learn.enabled = false)\n"
+        );
+        assert!(learnt_text(None, true).contains("runs on its configured rules"));
+        let rule = Rule::new(Algorithm::Gcra, 50, Duration::from_secs(1), None).unwrap();
+        let l = Learning {
+            factor_ppm: 400_000,
+            dropped_at_ms: 1_700_000_000_000,
+            full_in: Duration::from_secs(360),
+            configured: vec![rule],
+            effective: vec![crate::limiter::learn::scaled(&rule, 400_000)],
+        };
+        let text = learnt_text(Some(&l), true);
+        assert!(
+            text.starts_with("learnt from 429s: runs at 0.40 of its rules since the downstream's 429 at 2023-11-14T22:13:20Z, back whole in 6m"),
+            "{text}"
+        );
+        assert!(
+            text.contains("gcra 20 per 1s (burst 1)")
+                && text.contains("(configured: gcra 50 per 1s)"),
+            "{text}"
+        );
+        let json = learnt_json(&l);
+        assert_eq!(json["factor"], 0.4);
+        assert_eq!(json["effective"][0]["limit"], 20);
+        assert_eq!(json["configured"][0]["limit"], 50);
     }
 
     #[test]

@@ -8,8 +8,6 @@ use rand::Rng;
 
 use crate::backoff::backoff_with;
 use crate::config::OnError;
-use tokio::time::Instant;
-
 use crate::limiter::{
     BatchDecision, Coalescer, Decision, Denied, DeniedBy, Learnt, Limiter, Mode, Pause, Resolved,
     Rule, Share, Store,
@@ -46,13 +44,15 @@ pub trait Permits: Send + Sync + 'static {
 
     /// Holds `seller` for every replica for `dur` (the downstream's 429)
     /// and, with `limits.learn`, lowers its learnt limit once per episode:
-    /// `started` is when the latest call that met the 429 started. Answers
-    /// what the 429 did to the learnt limit (`None`: nothing learns).
+    /// `decided_us` is when the limiter granted the latest call that met
+    /// the 429 (µs on the store's clock; a call granted before the last
+    /// drop ran on the old limit). Answers what the 429 did to the learnt
+    /// limit (`None`: nothing learns).
     fn block(
         &self,
         seller: &str,
         dur: Duration,
-        started: Option<Instant>,
+        decided_us: Option<u64>,
     ) -> impl Future<Output = Result<Option<Learnt>, PermitError>> + Send;
 
     /// The longest prefix of `seller`'s waiting jobs (their costs, in
@@ -212,9 +212,9 @@ impl<S: Store + 'static> Permits for Limiter<S> {
         &self,
         seller: &str,
         dur: Duration,
-        started: Option<Instant>,
+        decided_us: Option<u64>,
     ) -> Result<Option<Learnt>, PermitError> {
-        Limiter::throttled(self, seller, dur, started)
+        Limiter::throttled(self, seller, dur, decided_us)
             .await
             .map(|b| b.learnt)
             .map_err(PermitError::unavailable)
@@ -270,9 +270,9 @@ impl<S: Store + 'static> Permits for Coalescer<S> {
         &self,
         seller: &str,
         dur: Duration,
-        started: Option<Instant>,
+        decided_us: Option<u64>,
     ) -> Result<Option<Learnt>, PermitError> {
-        Permits::block(&**self.limiter(), seller, dur, started).await
+        Permits::block(&**self.limiter(), seller, dur, decided_us).await
     }
 
     async fn acquire_jobs(

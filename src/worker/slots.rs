@@ -159,7 +159,7 @@ mod tests {
             &self,
             _: &str,
             _: Duration,
-            _: Option<tokio::time::Instant>,
+            _: Option<u64>,
         ) -> Result<Option<crate::limiter::Learnt>, PermitError> {
             Ok(None)
         }

@@ -175,3 +175,27 @@ async fn the_general_driver_scales_the_sellers_rules_and_not_the_global_ones() {
     throttle(&a, T0, None).await;
     assert_eq!(grants(&b, T0 + 10 * MS, 60).await, 25);
 }
+
+/// `limits show`'s reading: the factor in force now, the rules it makes
+/// of the configured ones, and when they are whole again.
+#[tokio::test]
+async fn the_learnt_limit_reads_as_limits_show_prints_it() {
+    let (a, _) = replicas(learning(vec![rule("gcra", 50, "1s", None)], vec![], 0.5)).await;
+    assert_eq!(a.learning("s").await.unwrap(), None);
+    // On Redis' clock, as the worker blocks.
+    a.throttled("s", Duration::from_millis(1), None)
+        .await
+        .unwrap();
+    let l = a.learning("s").await.unwrap().expect("a factor learnt");
+    // Halved, risen by at most a few ms' worth (1 % of the rule per s).
+    assert!((500_000..=500_500).contains(&l.factor_ppm), "{l:?}");
+    assert_eq!(l.configured[0].limit().get(), 50);
+    assert_eq!(l.effective[0].limit().get(), 25);
+    assert_eq!(
+        l.effective[0].burst().get(),
+        1,
+        "a learnt gcra paces evenly"
+    );
+    // Half the rule back at 1 % a second: about 50 s.
+    assert!((49..=50).contains(&l.full_in.as_secs()), "{:?}", l.full_in);
+}

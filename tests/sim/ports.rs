@@ -656,9 +656,9 @@ impl Permits for SimPermits {
         &self,
         seller: &str,
         dur: Duration,
-        started: Option<tokio::time::Instant>,
+        decided_us: Option<u64>,
     ) -> Result<Option<Learnt>, PermitError> {
-        Permits::block(&self.inner, seller, dur, started).await
+        Permits::block(&self.inner, seller, dur, decided_us).await
     }
 
     async fn release(&self, seller: &str, leases: &[String]) -> Result<(), PermitError> {

@@ -45,9 +45,11 @@ type Granted = (usize, Option<u64>, Pending);
 pub(super) struct Throttle {
     retry_after: RetryAfter,
     attempts: u32,
-    /// When the call that met it started: a learnt limit drops once for
-    /// the calls under way at a 429 (`limits.learn`).
+    /// When the call that met it started, and its grant (`X-Granted-At`,
+    /// the limiter's clock; none without a store): a learnt limit drops
+    /// once for the calls granted before a drop (`limits.learn`).
     started_at: Instant,
+    granted_at: Option<u64>,
 }
 
 impl<X: Ports> Engine<X> {
@@ -103,6 +105,7 @@ impl<X: Ports> Engine<X> {
                                         retry_after,
                                         attempts,
                                         started_at,
+                                        granted_at,
                                     });
                                 }
                                 unused.push((i, p));
@@ -422,19 +425,28 @@ impl<X: Ports> Engine<X> {
             .emit();
             let now = self.deps.clock.now();
             self.hold(&key, after(now, wait), HeldBy::Downstream429);
-            let started = throttled.iter().map(|t| t.started_at).max();
-            self.share_throttle(key.clone(), wait, started);
+            // When the latest of them was decided, on the limiter's clock:
+            // its grant, else its start as the store's clock had it.
+            let permits = &self.deps.permits;
+            let decided = throttled
+                .iter()
+                .filter_map(|t| {
+                    t.granted_at
+                        .or_else(|| permits.store_unix_ms(t.started_at).map(|ms| ms * 1000))
+                })
+                .max();
+            self.share_throttle(key.clone(), wait, decided);
         }
         self.ask_if_ready(&key);
     }
 
     /// Shares a 429 with every replica through the limiter, in a task the
     /// drain awaits.
-    fn share_throttle(&mut self, seller: Arc<str>, wait: Duration, started: Option<Instant>) {
+    fn share_throttle(&mut self, seller: Arc<str>, wait: Duration, decided_us: Option<u64>) {
         let (permits, tx) = (self.deps.permits.clone(), self.tx.clone());
         self.tasks += 1;
         tokio::spawn(async move {
-            let result = permits.block(&seller, wait, started).await;
+            let result = permits.block(&seller, wait, decided_us).await;
             let _ = tx.send(Event::Shared { seller, result });
         });
     }
