@@ -1,6 +1,7 @@
 //! A test bench for the worker: an embedded Kafka (librdkafka's mock
 //! cluster), an in-test downstream that records every arrival with its time
-//! and answers as the test says, worker instances in this process, and
+//! and answers as the test says (with a hidden capacity and hidden
+//! per-seller rate limits when told), worker instances in this process, and
 //! helpers to produce jobs and read the dead-letter topic.
 #![allow(dead_code)]
 
@@ -8,7 +9,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -69,6 +70,7 @@ struct DownstreamState {
     /// How long each answer takes, in ms (a slow downstream).
     delay_ms: Arc<AtomicU64>,
     shedding: Arc<Shedding>,
+    rates: Arc<SellerRates>,
 }
 
 /// A hidden capacity: beyond `capacity` calls under way (0: none), a call
@@ -78,6 +80,54 @@ struct Shedding {
     capacity: AtomicU64,
     busy: AtomicU64,
     shed: AtomicU64,
+}
+
+/// Hidden per-seller rate limits, as a real API keeps them: a fixed window
+/// per seller aligned on whole seconds of Unix time (the common
+/// `INCR seller:second` counter), every call counted, answered or not.
+/// Beyond `per_second` calls in the current second a call is answered 429
+/// at once with `Retry-After: 1` (the time left in the window, rounded up
+/// to whole seconds as the header requires: always 1 for a 1-second
+/// window, so a client that obeys it waits up to a second longer than it
+/// had to), and is not recorded as an arrival: `arrivals` holds the calls
+/// served, `throttled` the ones refused.
+#[derive(Default)]
+struct SellerRates(Mutex<HashMap<String, SellerWindow>>);
+
+/// One seller's limit and the counter of its current window.
+struct SellerWindow {
+    per_second: u64,
+    /// The Unix second the counter is for.
+    second: u64,
+    /// Calls of the seller in `second`, served and refused.
+    calls: u64,
+    /// When each call answered 429 arrived, in order.
+    throttled: Vec<Instant>,
+}
+
+impl SellerRates {
+    /// Counts a call of `seller` at `wall`; whether it is beyond the
+    /// seller's limit (then recorded as throttled at `at`).
+    fn over(&self, seller: &str, wall: SystemTime, at: Instant) -> bool {
+        let mut rates = self.0.lock().unwrap();
+        let Some(w) = rates.get_mut(seller) else {
+            return false;
+        };
+        let second = wall
+            .duration_since(UNIX_EPOCH)
+            .expect("the clock is after 1970")
+            .as_secs();
+        if second != w.second {
+            w.second = second;
+            w.calls = 0;
+        }
+        w.calls += 1;
+        if w.calls <= w.per_second {
+            return false;
+        }
+        w.throttled.push(at);
+        true
+    }
 }
 
 /// A call under way at the downstream, until its answer is sent.
@@ -95,6 +145,7 @@ pub struct Downstream {
     arrivals: Arc<Mutex<Vec<Arrival>>>,
     delay_ms: Arc<AtomicU64>,
     shedding: Arc<Shedding>,
+    rates: Arc<SellerRates>,
 }
 
 impl Downstream {
@@ -102,12 +153,14 @@ impl Downstream {
         let arrivals = Arc::new(Mutex::new(Vec::new()));
         let delay_ms = Arc::new(AtomicU64::new(0));
         let shedding = Arc::new(Shedding::default());
+        let rates = Arc::new(SellerRates::default());
         let state = DownstreamState {
             arrivals: arrivals.clone(),
             seen: Arc::default(),
             behaviour,
             delay_ms: delay_ms.clone(),
             shedding: shedding.clone(),
+            rates: rates.clone(),
         };
         let app = Router::new()
             .route("/registrations", post(register))
@@ -122,7 +175,46 @@ impl Downstream {
             arrivals,
             delay_ms,
             shedding,
+            rates,
         }
+    }
+
+    /// Gives `seller` a hidden rate limit of `per_second` calls in each
+    /// second of Unix time, beyond which its calls are answered 429 with
+    /// `Retry-After: 1` and not recorded as arrivals (see [`SellerRates`]).
+    pub fn set_seller_rate(&self, seller: &str, per_second: u64) {
+        self.rates.0.lock().unwrap().insert(
+            seller.to_owned(),
+            SellerWindow {
+                per_second,
+                second: 0,
+                calls: 0,
+                throttled: Vec::new(),
+            },
+        );
+    }
+
+    /// When each call of `seller` answered 429 for its rate limit arrived
+    /// (empty for a seller without one).
+    pub fn throttled(&self, seller: &str) -> Vec<Instant> {
+        self.rates
+            .0
+            .lock()
+            .unwrap()
+            .get(seller)
+            .map(|w| w.throttled.clone())
+            .unwrap_or_default()
+    }
+
+    /// The calls of `seller` served (recorded as arrivals), in order.
+    pub fn served(&self, seller: &str) -> Vec<Arrival> {
+        self.arrivals
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|a| a.seller == seller)
+            .cloned()
+            .collect()
     }
 
     /// Sheds (503 at once, no arrival recorded) every call beyond
@@ -207,6 +299,13 @@ async fn register(
             .unwrap_or("")
             .to_owned()
     };
+    let (at, wall) = (Instant::now(), SystemTime::now());
+    if s.rates.over(&header("x-seller-id"), wall, at) {
+        let mut resp = StatusCode::TOO_MANY_REQUESTS.into_response();
+        resp.headers_mut()
+            .insert("retry-after", HeaderValue::from_static("1"));
+        return resp;
+    }
     let arrival = Arrival {
         job_id: header("idempotency-key"),
         seller: header("x-seller-id"),
@@ -216,8 +315,8 @@ async fn register(
         traceparent: header("traceparent"),
         tracestate: header("tracestate"),
         via: uri.query().unwrap_or("").to_owned(),
-        at: Instant::now(),
-        wall: SystemTime::now(),
+        at,
+        wall,
         body,
     };
     let earlier = {

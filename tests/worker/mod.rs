@@ -12,6 +12,7 @@ mod flow;
 mod handoff;
 mod hostile_downstream;
 mod in_flight;
+mod learn;
 mod memory;
 mod no_leak;
 mod pause;
