@@ -237,6 +237,9 @@ fn rule_of(sc: &Scenario, seller: &str) -> Option<Rule> {
 /// Invariant 1: no seller's calls exceed its rule, judged by the rule's definition
 /// on the grants' instants (`X-Granted-At`, the limiter's clock): each call
 /// spends its own grant, so a call without one, or two calls on one, show.
+/// It is also the invariant of limits learnt from 429s (`limits.learn`, a
+/// third of the seeds): judged on the configured rule, a learnt rule that
+/// ever let more through than the configured one would show here.
 pub fn limits(sc: &Scenario, out: &Outcome) -> Vec<String> {
     let mut by_seller: BTreeMap<&str, Vec<&Call>> = BTreeMap::new();
     for c in &out.log.calls {
