@@ -35,6 +35,8 @@ pub enum DeadLetterKind {
     PayloadTooLarge,
     /// The job's `cost` is not a positive integer up to `worker.max_job_cost`.
     BadCost,
+    /// The job's `priority` is not an integer from 0 to 9.
+    BadPriority,
     /// The worker's own headers on a retry record cannot be read.
     UnreadableHeaders,
     /// The job's cost is above what one of its seller's rules can ever grant.
@@ -49,7 +51,7 @@ pub enum DeadLetterKind {
 
 impl DeadLetterKind {
     /// Every kind, in the order the docs list them.
-    pub const ALL: [DeadLetterKind; 16] = [
+    pub const ALL: [DeadLetterKind; 17] = [
         DeadLetterKind::Empty,
         DeadLetterKind::NotUtf8,
         DeadLetterKind::NotJson,
@@ -61,6 +63,7 @@ impl DeadLetterKind {
         DeadLetterKind::MissingPayload,
         DeadLetterKind::PayloadTooLarge,
         DeadLetterKind::BadCost,
+        DeadLetterKind::BadPriority,
         DeadLetterKind::UnreadableHeaders,
         DeadLetterKind::CostOverCapacity,
         DeadLetterKind::DownstreamRejected,
@@ -82,6 +85,7 @@ impl DeadLetterKind {
             DeadLetterKind::MissingPayload => "missing_payload",
             DeadLetterKind::PayloadTooLarge => "payload_too_large",
             DeadLetterKind::BadCost => "bad_cost",
+            DeadLetterKind::BadPriority => "bad_priority",
             DeadLetterKind::UnreadableHeaders => "unreadable_headers",
             DeadLetterKind::CostOverCapacity => "cost_over_capacity",
             DeadLetterKind::DownstreamRejected => "downstream_rejected",
@@ -104,6 +108,7 @@ impl DeadLetterKind {
             DeadLetterKind::MissingPayload => "The job has no payload member; fix the producer.",
             DeadLetterKind::PayloadTooLarge => "The payload is over worker.max_payload_bytes; raise the limit and replay, or fix the producer.",
             DeadLetterKind::BadCost => "The job's cost is not a positive integer up to worker.max_job_cost; raise the limit and replay, or fix the producer.",
+            DeadLetterKind::BadPriority => "The job's priority is not an integer from 0 (bulk, the default) to 9; fix the producer, then replay.",
             DeadLetterKind::UnreadableHeaders => "A retry record's worker headers could not be read (another writer, or a bug); inspect it, then replay it.",
             DeadLetterKind::CostOverCapacity => "The job's cost is above what one of its seller's rules can ever grant; raise the rule's limit or burst, then replay.",
             DeadLetterKind::DownstreamRejected => "The downstream refused the job with a status not in downstream.retry_statuses; fix the job or the downstream, then replay.",

@@ -91,6 +91,10 @@ pub struct Job {
     pub payload: Bytes,
     /// Units the job weighs: at least 1, at most `worker.max_job_cost`.
     pub cost: u64,
+    /// Which of its seller's ready jobs goes first: 0 (the default, bulk)
+    /// to [`MAX_PRIORITY`]; a job gains a level per `worker.priority_aging`
+    /// it waits, so bulk work never starves (`worker::seller`).
+    pub priority: u8,
     /// Its W3C trace context and span ([`Job::traced`]); a job parsed
     /// without it starts a new trace at each downstream call.
     pub trace: JobTrace,
@@ -142,6 +146,9 @@ pub enum JobError {
     /// `problem` never quotes the value beyond a parsed integer.
     #[error("job has an invalid cost: {problem}")]
     BadCost { problem: String },
+    /// `problem` never quotes the value beyond a parsed integer.
+    #[error("job has an invalid priority: {problem}")]
+    BadPriority { problem: String },
 }
 
 impl JobError {
@@ -164,6 +171,7 @@ impl JobError {
             JobError::MissingPayload => DeadLetterKind::MissingPayload,
             JobError::PayloadTooLarge { .. } => DeadLetterKind::PayloadTooLarge,
             JobError::BadCost { .. } => DeadLetterKind::BadCost,
+            JobError::BadPriority { .. } => DeadLetterKind::BadPriority,
         }
     }
 }
@@ -185,6 +193,9 @@ struct Envelope<'a> {
     /// (serde would accept or round them); `null` is kept too and refused.
     #[serde(default, borrow, deserialize_with = "present")]
     cost: Option<&'a RawValue>,
+    /// Kept raw, as `cost` is.
+    #[serde(default, borrow, deserialize_with = "present")]
+    priority: Option<&'a RawValue>,
 }
 
 fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
@@ -242,6 +253,10 @@ impl Job {
             None => 1,
             Some(raw) => parse_cost(raw.get(), max_job_cost)?,
         };
+        let priority = match envelope.priority {
+            None => 0,
+            Some(raw) => parse_priority(raw.get())?,
+        };
         // `raw` borrows from `text`, which is `value`: its place in it.
         let start = raw.as_ptr() as usize - text.as_ptr() as usize;
         Ok(Job {
@@ -249,6 +264,7 @@ impl Job {
             seller_id,
             payload: value.slice(start..start + size),
             cost,
+            priority,
             trace: JobTrace::default(),
         })
     }
@@ -266,19 +282,45 @@ impl Job {
     }
 }
 
-/// Checks the raw JSON text of `cost`: a plain positive integer within the
-/// cap. Strings are named, never quoted (they could be anything).
-fn parse_cost(raw: &str, max: u64) -> Result<u64, JobError> {
-    let bad = |problem: String| Err(JobError::BadCost { problem });
-    let kind = match raw.as_bytes().first() {
+/// The highest `priority` a job may name.
+pub const MAX_PRIORITY: u8 = 9;
+
+/// Checks the raw JSON text of `priority`: a plain integer from 0 to
+/// [`MAX_PRIORITY`]. Strings are named, never quoted.
+fn parse_priority(raw: &str) -> Result<u8, JobError> {
+    let bad = |problem: String| Err(JobError::BadPriority { problem });
+    let kind = json_kind(raw);
+    if let Some(kind) = kind {
+        return bad(format!(
+            "must be an integer from 0 to {MAX_PRIORITY}, got {kind}"
+        ));
+    }
+    match raw.parse::<u8>() {
+        Ok(p) if p <= MAX_PRIORITY => Ok(p),
+        _ if raw.contains(['e', 'E', '.']) => bad(format!(
+            "must be a plain integer from 0 to {MAX_PRIORITY}, got a fraction or exponent form"
+        )),
+        _ => bad(format!("must be an integer from 0 to {MAX_PRIORITY}")),
+    }
+}
+
+/// What a raw JSON value that is not a number is, to name it in an error.
+fn json_kind(raw: &str) -> Option<&'static str> {
+    match raw.as_bytes().first() {
         Some(b'"') => Some("a string"),
         Some(b't' | b'f') => Some("a boolean"),
         Some(b'n') => Some("null"),
         Some(b'[') => Some("an array"),
         Some(b'{') => Some("an object"),
         _ => None,
-    };
-    if let Some(kind) = kind {
+    }
+}
+
+/// Checks the raw JSON text of `cost`: a plain positive integer within the
+/// cap. Strings are named, never quoted (they could be anything).
+fn parse_cost(raw: &str, max: u64) -> Result<u64, JobError> {
+    let bad = |problem: String| Err(JobError::BadCost { problem });
+    if let Some(kind) = json_kind(raw) {
         return bad(format!("must be a positive integer, got {kind}"));
     }
     if raw.starts_with('-') {
@@ -650,6 +692,42 @@ mod tests {
                     e.to_string()
                 });
             assert_eq!(got, want, "row {row}: {value}");
+        }
+    }
+
+    /// Issue 36 part 5: the optional `priority` member, 0 (bulk, the
+    /// default) to 9; every refusal names what was wrong, never the value.
+    #[test]
+    fn priority_table() {
+        let bad = |problem: &str| Err(format!("job has an invalid priority: {problem}"));
+        let cases: Vec<(&str, Result<u8, String>)> = vec![
+            ("", Ok(0)),
+            (r#","priority":0"#, Ok(0)),
+            (r#","priority":9"#, Ok(9)),
+            (r#","priority":10"#, bad("must be an integer from 0 to 9")),
+            (r#","priority":-1"#, bad("must be an integer from 0 to 9")),
+            (
+                r#","priority":2.5"#,
+                bad("must be a plain integer from 0 to 9, got a fraction or exponent form"),
+            ),
+            (
+                r#","priority":"interactive""#,
+                bad("must be an integer from 0 to 9, got a string"),
+            ),
+            (
+                r#","priority":null"#,
+                bad("must be an integer from 0 to 9, got null"),
+            ),
+        ];
+        for (member, want) in cases {
+            let value = format!(r#"{{"job_id":"j","seller_id":"s","payload":1{member}}}"#);
+            let got = Job::parse(value.as_bytes(), LIMIT)
+                .map(|j| j.priority)
+                .map_err(|e| {
+                    assert_eq!(e.kind(), "bad_priority", "{member}: {e}");
+                    e.to_string()
+                });
+            assert_eq!(got, want, "{member}");
         }
     }
 

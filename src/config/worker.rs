@@ -47,6 +47,12 @@ pub struct WorkerSettings {
     /// Highest `cost` a job may declare; above it the job is dead-lettered.
     /// At least 1. Default 10000.
     pub max_job_cost: u64,
+    /// A waiting job gains one level of `priority` per this much time it
+    /// waits in this replica (0, bulk, to 9), so a seller's bulk work is
+    /// never starved by its urgent jobs: after 9 × this, a bulk job goes
+    /// before any new one. Default 30s.
+    #[serde(deserialize_with = "human_duration")]
+    pub priority_aging: Duration,
 }
 
 impl WorkerSettings {
@@ -59,7 +65,10 @@ impl WorkerSettings {
             ("worker.max_payload_bytes", self.max_payload_bytes as u64),
             ("worker.max_job_cost", self.max_job_cost),
         ])?;
-        error::longer_than_zero(&[("worker.max_head_wait", self.max_head_wait)])?;
+        error::longer_than_zero(&[
+            ("worker.max_head_wait", self.max_head_wait),
+            ("worker.priority_aging", self.priority_aging),
+        ])?;
         // Added to an instant at shutdown; an hour is longer than any
         // orchestrator waits for a process to stop.
         if self.shutdown_timeout > MAX_SHUTDOWN_TIMEOUT {

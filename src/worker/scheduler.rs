@@ -27,7 +27,9 @@ use crate::telemetry::events::{CallAvoided, SellerWaiting};
 use super::fair::Fair;
 use super::pending::Pending;
 use super::pool::{SlotPool, Slots};
-use super::seller::{partition_heads, position, take_granted, Paced, Phase, Seller};
+use super::seller::{
+    partition_heads, position, ranked_heads, take_granted, Paced, Phase, Rank, Seller,
+};
 use super::slots::Lease;
 use super::timers::after;
 use super::waits::{HeldBy, Seen};
@@ -133,6 +135,9 @@ pub(super) struct Scheduler {
     turn: Option<Arc<str>>,
     /// Sellers with a paced job due but no slot.
     paced_waiters: VecDeque<Arc<str>>,
+    /// `worker.priority_aging`: a waiting job's priority rises a level per
+    /// this much waited ([`Rank`]).
+    priority_aging: Duration,
 }
 
 impl Scheduler {
@@ -145,7 +150,14 @@ impl Scheduler {
             fair: Fair::new(limit),
             turn: None,
             paced_waiters: VecDeque::new(),
+            priority_aging: Duration::from_secs(30),
         }
+    }
+
+    /// Sets `worker.priority_aging`.
+    pub(super) fn with_priority_aging(mut self, aging: Duration) -> Scheduler {
+        self.priority_aging = aging;
+        self
     }
 
     fn entry(&mut self, key: &Arc<str>) -> &mut Seller {
@@ -268,7 +280,13 @@ impl Scheduler {
     /// probe size). Each takes a slot, held until the answer, and its cost
     /// is charged to `key`'s share until the answer says what was used.
     /// Returns their costs in queue order (none: nothing to ask).
-    pub(super) fn ask(&mut self, key: &Arc<str>, share: Share, probe: Option<usize>) -> Vec<u64> {
+    pub(super) fn ask(
+        &mut self,
+        key: &Arc<str>,
+        share: Share,
+        probe: Option<usize>,
+        now: Instant,
+    ) -> Vec<u64> {
         let Some(seller) = self.sellers.get_mut(key) else {
             return Vec::new();
         };
@@ -277,10 +295,15 @@ impl Scheduler {
             .min(free)
             .min(self.fair.allowance(key, free))
             .min(probe.unwrap_or(usize::MAX));
-        // The heads in queue order, with their costs: the limiter grants
-        // the longest prefix that fits, so a heavy job that does not fit
-        // yet stops lighter later ones from taking the units it waits for.
-        let heads = partition_heads(&seller.queue, &seller.out, most);
+        // The heads in queue order (by priority when jobs name one), with
+        // their costs: the limiter grants the longest prefix that fits, so
+        // a heavy job that does not fit yet stops lighter later ones from
+        // taking the units it waits for.
+        let rank = Rank {
+            now,
+            aging: self.priority_aging,
+        };
+        let heads = ranked_heads(&seller.queue, &seller.out, most, rank);
         let costs: Vec<u64> = heads.iter().map(|&i| seller.queue[i].job.cost).collect();
         if costs.is_empty() {
             return costs;
@@ -840,7 +863,7 @@ mod tests {
         for &(slots, jobs, probe, costs) in cases {
             let (mut s, _) = queued(slots, jobs);
             assert_eq!(
-                s.ask(&key("s"), Share::default(), probe),
+                s.ask(&key("s"), Share::default(), probe, Instant::now()),
                 costs,
                 "{jobs:?} on {slots}"
             );
@@ -863,7 +886,7 @@ mod tests {
         for (answer, phase, in_flight, runs) in cases {
             let (mut s, now) = queued(4, &[(0, 1, 1), (1, 2, 1), (0, 3, 1)]);
             assert_eq!(s.ready(&s_, now).0, Ready::Waiting);
-            assert_eq!(s.ask(&s_, Share::default(), None).len(), 2);
+            assert_eq!(s.ask(&s_, Share::default(), None, Instant::now()).len(), 2);
             assert_eq!(s.sellers[&s_].phase, Phase::Asking);
             assert_eq!(s.ready(&s_, now).0, Ready::NotNow, "asking: no second call");
             let answered = s.answered(&s_, answer, Vec::new(), now, now, &everything_owned);
@@ -886,7 +909,7 @@ mod tests {
     fn a_grant_runs_the_granted_prefix_and_names_where_it_stopped() {
         let s_ = key("s");
         let (mut s, now) = queued(4, &[(0, 1, 1), (1, 2, 1), (2, 3, 1)]);
-        s.ask(&s_, Share::default(), None);
+        s.ask(&s_, Share::default(), None, Instant::now());
         let mut g = granted(2, 2);
         g.next = Some(NextJob::Wait {
             retry_after: Duration::from_secs(3),
@@ -912,7 +935,7 @@ mod tests {
     fn granted_jobs_revoked_meanwhile_are_handed_back_as_gone() {
         let s_ = key("s");
         let (mut s, now) = queued(4, &[(0, 1, 1), (1, 2, 1)]);
-        s.ask(&s_, Share::default(), None);
+        s.ask(&s_, Share::default(), None, Instant::now());
         let only_partition_0 = |o: &Origin| o.partition == 0;
         let answer = BatchDecision::Granted(granted(2, 2));
         let Answered::Granted(grant) =
@@ -930,7 +953,7 @@ mod tests {
     fn a_pacers_jobs_wait_for_their_go_at_without_a_slot() {
         let s_ = key("s");
         let (mut s, now) = queued(4, &[(0, 1, 1), (1, 2, 1), (2, 3, 1)]);
-        s.ask(&s_, Share::default(), None);
+        s.ask(&s_, Share::default(), None, Instant::now());
         let mut g = granted(3, 3);
         g.pace = Some(Pace {
             first_at_us: 1_000_000,
@@ -979,7 +1002,10 @@ mod tests {
         for seller in ["a", "b", "c"] {
             s.enqueue(&key(seller), pending(seller, 0, 1, 1), now, INLINE);
         }
-        assert_eq!(s.ask(&key("a"), Share::default(), None), [1]);
+        assert_eq!(
+            s.ask(&key("a"), Share::default(), None, Instant::now()),
+            [1]
+        );
         assert!(s.wait_for_slot(&key("b"), Share::default(), false));
         assert!(s.wait_for_slot(&key("c"), Share::default(), false));
         assert!(
@@ -1018,7 +1044,7 @@ mod tests {
             s.enqueue(&key(seller), pending(seller, 0, 1, 1), now, INLINE);
         }
         let sh = Share::default();
-        assert_eq!(s.ask(&key("a"), sh, None), [1]);
+        assert_eq!(s.ask(&key("a"), sh, None, Instant::now()), [1]);
         assert!(s.wait_for_slot(&key("b"), sh, false), "no slot free");
         let answer = BatchDecision::Granted(granted(0, 0));
         drop(s.answered(&key("a"), &answer, Vec::new(), now, now, &everything_owned));
@@ -1041,7 +1067,7 @@ mod tests {
         let s_ = key("s");
         let sh = Share::default();
         let (mut s, now) = queued(8, &[(0, 1, 1), (0, 2, 1), (1, 3, 1), (1, 4, 1)]);
-        assert_eq!(s.ask(&s_, sh, None), [1, 1]);
+        assert_eq!(s.ask(&s_, sh, None, Instant::now()), [1, 1]);
         let answer = BatchDecision::Granted(granted(2, 2));
         let Answered::Granted(grant) =
             s.answered(&s_, &answer, Vec::new(), now, now, &everything_owned)
@@ -1057,7 +1083,11 @@ mod tests {
             Ready::Waiting,
             "running, but partition 0 is free"
         );
-        assert_eq!(s.ask(&s_, sh, None), [1], "partition 0's next job only");
+        assert_eq!(
+            s.ask(&s_, sh, None, Instant::now()),
+            [1],
+            "partition 0's next job only"
+        );
         assert_eq!(s.sellers[&s_].asked[0].offset, 2);
     }
 
@@ -1125,7 +1155,7 @@ mod tests {
     fn a_run_that_ended_puts_what_it_did_not_call_back_first_in_order() {
         let s_ = key("s");
         let (mut s, now) = queued(4, &[(0, 1, 1), (1, 2, 1), (0, 3, 1)]);
-        s.ask(&s_, Share::default(), None);
+        s.ask(&s_, Share::default(), None, Instant::now());
         let answer = BatchDecision::Granted(granted(2, 2));
         let Answered::Granted(grant) =
             s.answered(&s_, &answer, Vec::new(), now, now, &everything_owned)

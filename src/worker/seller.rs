@@ -8,6 +8,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -231,6 +232,61 @@ pub(super) fn partition_heads(
     heads
 }
 
+/// How a seller's ready jobs are ordered when they name a `priority`:
+/// highest first, each job raised one level per `aging` it has waited in
+/// this replica, the earliest in the queue first among equals. So a job
+/// overtakes the jobs of its partition of a lower priority, and no other:
+/// jobs of one priority keep their offset order, and a bulk job that waited
+/// long enough goes before new urgent ones (no starvation). One job per
+/// partition is out at a time, as always.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Rank {
+    pub(super) now: Instant,
+    pub(super) aging: Duration,
+}
+
+impl Rank {
+    /// The job's priority now: its own, plus a level per `aging` waited.
+    fn of(&self, p: &Pending) -> u64 {
+        let waited = self.now.saturating_duration_since(p.received_at);
+        let aged = waited.as_nanos() / self.aging.as_nanos().max(1);
+        u64::from(p.job.priority).saturating_add(u64::try_from(aged).unwrap_or(u64::MAX))
+    }
+}
+
+/// The jobs to ask about, at most `max`, one per partition with no job
+/// out: [`partition_heads`] in queue order while no job within reach names
+/// a priority (every job 0: queue order is age order), else each
+/// partition's first job of the highest [`Rank`], the partitions' picks
+/// ranked the same way.
+pub(super) fn ranked_heads(
+    queue: &VecDeque<Pending>,
+    out: &[(Arc<str>, i32)],
+    max: usize,
+    rank: Rank,
+) -> Vec<usize> {
+    if !queue.iter().take(HEAD_SCAN).any(|p| p.job.priority > 0) {
+        return partition_heads(queue, out, max);
+    }
+    let busy: Vec<(&str, i32)> = out.iter().map(|(t, p)| (&**t, *p)).collect();
+    // Per partition: its best job so far, as (rank, place in the queue).
+    let mut best: Vec<((&str, i32), u64, usize)> = Vec::new();
+    for (i, p) in queue.iter().take(HEAD_SCAN).enumerate() {
+        let part = (&*p.origin.topic, p.origin.partition);
+        if busy.contains(&part) {
+            continue;
+        }
+        let r = rank.of(p);
+        match best.iter_mut().find(|(q, _, _)| *q == part) {
+            Some(b) if r > b.1 => (b.1, b.2) = (r, i),
+            Some(_) => {}
+            None => best.push((part, r, i)),
+        }
+    }
+    best.sort_by_key(|&(_, r, i)| (std::cmp::Reverse(r), i));
+    best.into_iter().take(max).map(|(_, _, i)| i).collect()
+}
+
 /// Where the job at `origin` waits in `queue`, looking no deeper than
 /// the heads a seller asks about can be.
 pub(super) fn position(queue: &VecDeque<Pending>, origin: &Origin) -> Option<usize> {
@@ -292,6 +348,47 @@ mod tests {
         for &(jobs, max, heads) in cases {
             assert_eq!(partition_heads(&queue(jobs), &[], max), heads, "{jobs:?}");
         }
+    }
+
+    /// Issue 36 part 5: a seller's highest priority goes first, past the
+    /// lower ones of its partition and no others; a job that waited gains
+    /// a level per `aging`, so bulk work never starves.
+    #[test]
+    fn heads_go_by_priority_raised_by_waiting() {
+        let t0 = Instant::now();
+        let aging = Duration::from_secs(30);
+        // (partition, offset, priority, waited s)
+        let build = |jobs: &[(i32, i64, u8, u64)]| -> VecDeque<Pending> {
+            jobs.iter()
+                .map(|&(part, offset, prio, waited)| {
+                    let mut p = pending("s", part, offset, 1);
+                    p.job.priority = prio;
+                    p.received_at = t0 - Duration::from_secs(waited);
+                    p
+                })
+                .collect()
+        };
+        let rank = Rank { now: t0, aging };
+        // Bulk on partitions 0 and 1, an urgent job on 2: it goes first.
+        let q = build(&[(0, 1, 0, 5), (1, 2, 0, 5), (2, 3, 5, 0)]);
+        assert_eq!(ranked_heads(&q, &[], 9, rank), [2, 0, 1]);
+        assert_eq!(ranked_heads(&q, &[], 1, rank), [2]);
+        // An urgent job overtakes the bulk ones of its partition; jobs of
+        // one priority keep their order.
+        let q = build(&[(0, 1, 0, 5), (0, 2, 9, 0), (0, 3, 9, 0), (1, 4, 3, 0)]);
+        assert_eq!(ranked_heads(&q, &[], 9, rank), [1, 3]);
+        let q = build(&[(0, 1, 0, 5), (0, 2, 0, 5), (1, 3, 1, 0)]);
+        assert_eq!(ranked_heads(&q, &[], 9, rank), [2, 0]);
+        // A bulk job that waited 6 × 30 s (level 6) goes before a new 5.
+        let q = build(&[(0, 1, 0, 180), (1, 2, 5, 0)]);
+        assert_eq!(ranked_heads(&q, &[], 9, rank), [0, 1]);
+        // No priorities at all: queue order, as before.
+        let q = build(&[(1, 1, 0, 0), (0, 2, 0, 100)]);
+        assert_eq!(ranked_heads(&q, &[], 9, rank), [0, 1]);
+        // A partition with a job out is skipped whatever its priority.
+        let q = build(&[(0, 1, 9, 0), (1, 2, 0, 0)]);
+        let out = [(Arc::from("jobs"), 0)];
+        assert_eq!(ranked_heads(&q, &out, 9, rank), [1]);
     }
 
     #[test]

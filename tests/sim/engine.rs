@@ -343,6 +343,7 @@ fn a_quiet_world_finishes_every_job_within_its_limits() {
     });
     for i in 0..40 {
         sc.jobs.push(super::scenario::JobSpec {
+            priority: 0,
             seller: 0,
             cost: 1,
             at_ms: 0,
@@ -371,6 +372,7 @@ use throttle_worker::config::OnError;
 
 fn job(seller: usize, cost: u64, at_ms: u64, partition: i32) -> JobSpec {
     JobSpec {
+        priority: 0,
         seller,
         cost,
         at_ms,
@@ -554,6 +556,7 @@ fn records_too_large_to_copy_are_dead_lettered_bare_or_kept_in_memory() {
     // 2 minutes, past worker.max_inline_delay, so it is bound for a retry
     // tier; job 2's payload is over worker.max_payload_bytes: a dead letter.
     let big = |pad, at_ms| JobSpec {
+        priority: 0,
         pad,
         ..job(0, 1, at_ms, 0)
     };

@@ -34,5 +34,6 @@ pub mod fleet;
 pub mod journal;
 mod learn;
 pub mod ports;
+mod priority;
 pub mod run;
 pub mod scenario;

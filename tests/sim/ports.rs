@@ -732,3 +732,13 @@ pub fn job_value(id: usize, seller: &str, cost: u64) -> Bytes {
         r#"{{"job_id":"job-{id}","seller_id":"{seller}","payload":{{"n":{id}}},"cost":{cost}}}"#
     ))
 }
+
+/// [`job_value`] naming a `priority` (none when 0: the default).
+pub fn job_value_with(id: usize, seller: &str, cost: u64, priority: u8) -> Bytes {
+    if priority == 0 {
+        return job_value(id, seller, cost);
+    }
+    Bytes::from(format!(
+        r#"{{"job_id":"job-{id}","seller_id":"{seller}","payload":{{"n":{id}}},"cost":{cost},"priority":{priority}}}"#
+    ))
+}

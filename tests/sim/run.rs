@@ -20,7 +20,9 @@ use crate::lua_redis::EmbeddedRedis;
 use super::broker::{deliver, Broker, SharedBroker, SimLedger, SimRecord, SimSource, Tp};
 use super::clock::SimClock;
 use super::journal::{Journal, Log};
-use super::ports::{job_value, sim_redis, SimDownstream, SimPermits, SimStore, SimWriter, World};
+use super::ports::{
+    job_value_with, sim_redis, SimDownstream, SimPermits, SimStore, SimWriter, World,
+};
 use super::scenario::Scenario;
 
 /// The simulation's ports.
@@ -380,7 +382,7 @@ pub fn world_of(sc: &Scenario) -> (Arc<World>, Vec<bytes::Bytes>) {
             if j.malformed {
                 bytes::Bytes::from(format!("not json {i}"))
             } else {
-                let mut v = job_value(i, &sc.sellers[j.seller].name, j.cost);
+                let mut v = job_value_with(i, &sc.sellers[j.seller].name, j.cost, j.priority);
                 if j.pad > 0 {
                     let text = String::from_utf8_lossy(&v).replace(
                         r#""payload":{"#,

@@ -20,6 +20,8 @@ const IN_FLIGHT_SALT: u64 = 0x1f11_9470_ca95_0000;
 const CAPACITY_SALT: u64 = 0xada9_71fe_ca9a_0000;
 /// Limits learnt from 429s, and sellers the downstream allows less.
 const LEARN_SALT: u64 = 0x1ea7_4290_0000_0000;
+/// Jobs that name a priority, and how fast waiting raises it.
+const PRIORITY_SALT: u64 = 0x9210_7170_0000_0000;
 /// Redis' data losses draw from a generator of their own too.
 const LOSS_SALT: u64 = 0x1055_0fda_7a00_0000;
 
@@ -44,6 +46,8 @@ pub struct JobSpec {
     pub poison: Poison,
     /// Padding in the payload, bytes.
     pub pad: usize,
+    /// The job's `priority` (0: none named, bulk).
+    pub priority: u8,
 }
 
 #[derive(Debug, Clone)]
@@ -84,6 +88,8 @@ pub struct Scenario {
     pub min_shares: BTreeMap<usize, f64>,
     /// `limits.learn` (defaults otherwise), when set.
     pub learn: Option<LearnConfig>,
+    /// `worker.priority_aging`, when not its default.
+    pub priority_aging: Option<Duration>,
 }
 
 pub fn rule(algorithm: &str, limit: u64, period: Duration, burst: Option<u64>) -> RuleConfig {
@@ -121,6 +127,7 @@ impl Scenario {
             concurrency: 8,
             adaptive: false,
             learn: None,
+            priority_aging: None,
             max_attempts: 5,
             on_error: OnError::FailClosed,
             state: match seed % 4 {
@@ -188,6 +195,7 @@ impl Scenario {
                 _ => 1,
             };
             sc.jobs.push(JobSpec {
+                priority: 0,
                 seller,
                 cost,
                 at_ms: r.random_range(0..=horizon),
@@ -320,6 +328,17 @@ impl Scenario {
                     .push((s.name.clone(), g.random_range(1..=per_s)));
             }
         }
+        // Priorities on a third of the seeds: some jobs urgent, waiting
+        // raising every job from 1 to 30 s per level.
+        let mut q = StdRng::seed_from_u64(seed ^ PRIORITY_SALT);
+        if q.random_bool(0.3) {
+            sc.priority_aging = Some(Duration::from_secs(q.random_range(1..=30)));
+            for j in &mut sc.jobs {
+                if q.random_bool(0.3) {
+                    j.priority = q.random_range(1..=9);
+                }
+            }
+        }
         // Redis loses its data: not in v1, which the loss guard does not
         // cover (docs/src/concepts/guarantees.md, "Redis data loss").
         let mut l = StdRng::seed_from_u64(seed ^ LOSS_SALT);
@@ -378,6 +397,9 @@ impl Scenario {
         s.redis.on_error = self.on_error;
         s.redis.state = Some(self.state);
         s.worker.shutdown_timeout = Duration::from_secs(5);
+        if let Some(aging) = self.priority_aging {
+            s.worker.priority_aging = aging;
+        }
         s.limits = self.limits();
         s
     }

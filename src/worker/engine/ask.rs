@@ -75,7 +75,7 @@ impl<X: Ports> Engine<X> {
             Ok(probe) => probe,
             Err(until) => return self.timers.at(until, Timer::Seller(key.clone())),
         };
-        let costs = self.scheduler.ask(key, share, probe);
+        let costs = self.scheduler.ask(key, share, probe, now);
         if !costs.is_empty() {
             self.spawn_ask(key.clone(), costs);
         }

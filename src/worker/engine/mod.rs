@@ -186,7 +186,8 @@ impl<X: Ports> Engine<X> {
         .emit();
         Engine {
             adaptive,
-            scheduler: Scheduler::new(d.concurrency, limit),
+            scheduler: Scheduler::new(d.concurrency, limit)
+                .with_priority_aging(settings.worker.priority_aging),
             admission: Admission::new(&settings, deps.clock.clone()),
             tiers: RetryTiers::new(&settings),
             partitions: Partitions::new(&settings.kafka.topic, deps.jobs_partitions),
