@@ -40,6 +40,15 @@ pub struct Report {
     pub sellers: Vec<Wait>,
 }
 
+/// Whether the report written at `at_ms` also sweeps the stale ones: the
+/// first of each [`STALE`] span, so a replica reads the whole board once
+/// per span rather than at each write (every replica's read grows with the
+/// fleet). Readers skip stale reports meanwhile; the hash expires whole
+/// after [`BOARD_LIFE`] without writes.
+pub fn sweeps(at_ms: u64) -> bool {
+    at_ms % (STALE.as_millis() as u64) < EVERY.as_millis() as u64
+}
+
 /// The fresh reports of a board, by worker id, and the stale fields.
 pub fn fresh(
     fields: &HashMap<String, String>,
@@ -73,13 +82,17 @@ pub fn of_seller(reports: &[(String, Report)], seller: &str) -> Vec<(String, Wai
 }
 
 impl Limiter<RedisStore> {
-    /// Writes this replica's report, and deletes the reports gone stale.
+    /// Writes this replica's report and, once per [`STALE`] (see
+    /// [`sweeps`]), deletes the reports gone stale.
     pub async fn publish_waits(&self, worker: &str, report: &Report) -> Result<(), RedisError> {
         let key = self.keys().waits();
         let json = serde_json::to_string(report).unwrap_or_default();
         self.store()
             .set_hash_fields(&key, &[(worker.to_owned(), json)], BOARD_LIFE)
             .await?;
+        if !sweeps(report.at_ms) {
+            return Ok(());
+        }
         let fields = self.store().read_hash(&key).await?;
         let (_, stale) = fresh(&fields, report.at_ms);
         if !stale.is_empty() {
@@ -115,6 +128,18 @@ mod tests {
                 .collect(),
         })
         .unwrap()
+    }
+
+    #[test]
+    fn one_write_in_each_stale_span_sweeps() {
+        let every = EVERY.as_millis() as u64;
+        // A replica writing every 5 s from any phase sweeps once per 30 s.
+        for phase in [0, 1_234, 4_999] {
+            let sweeps = (0..60)
+                .filter(|i| sweeps(1_700_000_000_000 + phase + i * every))
+                .count();
+            assert_eq!(sweeps, 10, "phase {phase}");
+        }
     }
 
     #[test]
