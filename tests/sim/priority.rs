@@ -26,42 +26,58 @@ struct Waits {
     dead: usize,
 }
 
-/// One seller at 10/s, 400 bulk jobs produced at once on 4 partitions,
-/// then one urgent job every 500 ms for 20 s (`urgent` its priority; 0:
-/// none named), on the same partitions.
-fn world(seed: u64, urgent: u8) -> Scenario {
+/// A job of seller 0 on partition `n % partitions`.
+fn job(n: usize, partitions: usize, at_ms: u64, priority: u8) -> JobSpec {
+    JobSpec {
+        priority,
+        seller: 0,
+        cost: 1,
+        at_ms,
+        partition: (n % partitions) as i32,
+        malformed: false,
+        poison: Poison::None,
+        pad: 0,
+    }
+}
+
+/// A world of one seller at 10/s (`fixed_window`) on `partitions`.
+fn one_seller(seed: u64, partitions: i32) -> Scenario {
     let mut sc = Scenario::quiet(seed);
-    sc.partitions = 4;
+    sc.partitions = partitions;
     sc.sellers.push(SellerSpec {
         name: "seller-0".to_owned(),
         rule: Some(rule("fixed_window", 10, Duration::from_secs(1), None)),
         max_in_flight: None,
     });
-    let job = |n: usize, at_ms: u64, priority: u8| JobSpec {
-        priority,
-        seller: 0,
-        cost: 1,
-        at_ms,
-        partition: (n % 4) as i32,
-        malformed: false,
-        poison: Poison::None,
-        pad: 0,
-    };
-    for n in 0..400 {
-        sc.jobs.push(job(n, 0, 0));
-    }
-    for n in 0..40 {
-        sc.jobs.push(job(n, 1_000 + 500 * n as u64, urgent));
-    }
     sc
 }
 
-fn waits(sc: &Scenario, out: &Outcome) -> Waits {
+/// When the downstream first received each job (virtual ms).
+fn first_calls(out: &Outcome) -> BTreeMap<usize, u64> {
     let mut first: BTreeMap<usize, u64> = BTreeMap::new();
     for c in &out.log.calls {
         let at = first.entry(c.job).or_insert(c.at_ms);
         *at = (*at).min(c.at_ms);
     }
+    first
+}
+
+/// One seller at 10/s, 400 bulk jobs produced at once on 4 partitions,
+/// then one urgent job every 500 ms for 20 s (`urgent` its priority; 0:
+/// none named), on the same partitions.
+fn world(seed: u64, urgent: u8) -> Scenario {
+    let mut sc = one_seller(seed, 4);
+    for n in 0..400 {
+        sc.jobs.push(job(n, 4, 0, 0));
+    }
+    for n in 0..40 {
+        sc.jobs.push(job(n, 4, 1_000 + 500 * n as u64, urgent));
+    }
+    sc
+}
+
+fn waits(sc: &Scenario, out: &Outcome) -> Waits {
+    let first = first_calls(out);
     let of = |urgent: bool| -> Vec<u64> {
         first
             .iter()
@@ -123,41 +139,21 @@ fn urgent_jobs_overtake_their_sellers_bulk_backlog() {
 /// 2 s × (5 − 0) + a window behind a stream of priority 5.
 #[test]
 fn waiting_raises_bulk_work_so_it_never_starves() {
-    let mut sc = Scenario::quiet(11);
-    sc.partitions = 2;
+    let mut sc = one_seller(11, 2);
     sc.priority_aging = Some(Duration::from_secs(2));
-    sc.sellers.push(SellerSpec {
-        name: "seller-0".to_owned(),
-        rule: Some(rule("fixed_window", 10, Duration::from_secs(1), None)),
-        max_in_flight: None,
-    });
-    let job = |n: usize, at_ms: u64, priority: u8| JobSpec {
-        priority,
-        seller: 0,
-        cost: 1,
-        at_ms,
-        partition: (n % 2) as i32,
-        malformed: false,
-        poison: Poison::None,
-        pad: 0,
-    };
     // 20 bulk jobs, then 12 urgent ones a second for 30 s: more than the
     // rule's 10 a second, so without aging the bulk would wait for the
     // stream to end.
     for n in 0..20 {
-        sc.jobs.push(job(n, 0, 0));
+        sc.jobs.push(job(n, 2, 0, 0));
     }
     for n in 0..360 {
-        sc.jobs.push(job(n, 500 + n as u64 * 1000 / 12, 5));
+        sc.jobs.push(job(n, 2, 500 + n as u64 * 1000 / 12, 5));
     }
     let out = run(&sc);
     let broken = check::all(&sc, &out);
     assert!(broken.is_empty(), "{}", broken.join("\n"));
-    let mut first: BTreeMap<usize, u64> = BTreeMap::new();
-    for c in &out.log.calls {
-        let at = first.entry(c.job).or_insert(c.at_ms);
-        *at = (*at).min(c.at_ms);
-    }
+    let first = first_calls(&out);
     let bulk_last = (0..20).filter_map(|j| first.get(&j)).max().copied();
     let urgent_last = (20..380).filter_map(|j| first.get(&j)).max().copied();
     println!(
