@@ -200,6 +200,7 @@ impl Scheduler {
                 return Some((pending, until - now));
             }
         }
+        seller.ranked |= pending.job.priority > 0;
         seller.queue.push_back(pending);
         None
     }
@@ -303,7 +304,13 @@ impl Scheduler {
             now,
             aging: self.priority_aging,
         };
-        let heads = ranked_heads(&seller.queue, &seller.out, most, rank);
+        let heads = if seller.ranked {
+            let (heads, ranked) = ranked_heads(&seller.queue, &seller.out, most, rank);
+            seller.ranked = ranked;
+            heads
+        } else {
+            partition_heads(&seller.queue, &seller.out, most)
+        };
         let costs: Vec<u64> = heads.iter().map(|&i| seller.queue[i].job.cost).collect();
         if costs.is_empty() {
             return costs;

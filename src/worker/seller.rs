@@ -69,6 +69,11 @@ pub(super) struct Seller {
     pub(super) in_flight_bound: bool,
     /// What `blocked_until` is for (a rule, a 429, ...), for the operator.
     pub(super) held_by: Option<HeldBy>,
+    /// Its queue may hold a job that names a `priority` (set when one
+    /// arrives, cleared by the look that finds none): its jobs are then
+    /// ranked over the whole queue ([`ranked_heads`]), else read in queue
+    /// order within [`HEAD_SCAN`].
+    pub(super) ranked: bool,
     /// The partition of each granted job not yet answered (called, or
     /// about to be): the seller may ask again while these run, but never
     /// for a job of one of these partitions, so one seller's jobs of a
@@ -102,6 +107,7 @@ impl Seller {
             paused_since: None,
             in_flight_bound: false,
             held_by: None,
+            ranked: false,
             out: Vec::new(),
         }
     }
@@ -255,23 +261,25 @@ impl Rank {
 }
 
 /// The jobs to ask about, at most `max`, one per partition with no job
-/// out: [`partition_heads`] in queue order while no job within reach names
-/// a priority (every job 0: queue order is age order), else each
+/// out, for a seller whose queue may hold jobs that name a priority: each
 /// partition's first job of the highest [`Rank`], the partitions' picks
-/// ranked the same way.
+/// ranked the same way. The whole queue is read, not [`HEAD_SCAN`] of it:
+/// an urgent job behind a deep bulk backlog is the one that must be seen.
+/// Also says whether any job still names a priority; when none does, the
+/// picks are [`partition_heads`]' (every job 0: queue order is age order).
 pub(super) fn ranked_heads(
     queue: &VecDeque<Pending>,
     out: &[(Arc<str>, i32)],
     max: usize,
     rank: Rank,
-) -> Vec<usize> {
-    if !queue.iter().take(HEAD_SCAN).any(|p| p.job.priority > 0) {
-        return partition_heads(queue, out, max);
+) -> (Vec<usize>, bool) {
+    if !queue.iter().any(|p| p.job.priority > 0) {
+        return (partition_heads(queue, out, max), false);
     }
     let busy: Vec<(&str, i32)> = out.iter().map(|(t, p)| (&**t, *p)).collect();
     // Per partition: its best job so far, as (rank, place in the queue).
     let mut best: Vec<((&str, i32), u64, usize)> = Vec::new();
-    for (i, p) in queue.iter().take(HEAD_SCAN).enumerate() {
+    for (i, p) in queue.iter().enumerate() {
         let part = (&*p.origin.topic, p.origin.partition);
         if busy.contains(&part) {
             continue;
@@ -284,16 +292,17 @@ pub(super) fn ranked_heads(
         }
     }
     best.sort_by_key(|&(_, r, i)| (std::cmp::Reverse(r), i));
-    best.into_iter().take(max).map(|(_, _, i)| i).collect()
+    (
+        best.into_iter().take(max).map(|(_, _, i)| i).collect(),
+        true,
+    )
 }
 
-/// Where the job at `origin` waits in `queue`, looking no deeper than
-/// the heads a seller asks about can be.
+/// Where the job at `origin` waits in `queue`: near the front for the
+/// heads of [`partition_heads`], anywhere for a job that names a priority,
+/// which [`ranked_heads`] may pick from deep in the queue.
 pub(super) fn position(queue: &VecDeque<Pending>, origin: &Origin) -> Option<usize> {
-    queue
-        .iter()
-        .take(HEAD_SCAN)
-        .position(|p| p.origin == *origin)
+    queue.iter().position(|p| p.origin == *origin)
 }
 
 /// Removes and returns the granted jobs, in the order asked, each with
@@ -371,24 +380,34 @@ mod tests {
         let rank = Rank { now: t0, aging };
         // Bulk on partitions 0 and 1, an urgent job on 2: it goes first.
         let q = build(&[(0, 1, 0, 5), (1, 2, 0, 5), (2, 3, 5, 0)]);
-        assert_eq!(ranked_heads(&q, &[], 9, rank), [2, 0, 1]);
-        assert_eq!(ranked_heads(&q, &[], 1, rank), [2]);
+        assert_eq!(ranked_heads(&q, &[], 9, rank).0, [2, 0, 1]);
+        assert_eq!(ranked_heads(&q, &[], 1, rank).0, [2]);
         // An urgent job overtakes the bulk ones of its partition; jobs of
         // one priority keep their order.
         let q = build(&[(0, 1, 0, 5), (0, 2, 9, 0), (0, 3, 9, 0), (1, 4, 3, 0)]);
-        assert_eq!(ranked_heads(&q, &[], 9, rank), [1, 3]);
+        assert_eq!(ranked_heads(&q, &[], 9, rank).0, [1, 3]);
         let q = build(&[(0, 1, 0, 5), (0, 2, 0, 5), (1, 3, 1, 0)]);
-        assert_eq!(ranked_heads(&q, &[], 9, rank), [2, 0]);
+        assert_eq!(ranked_heads(&q, &[], 9, rank).0, [2, 0]);
         // A bulk job that waited 6 × 30 s (level 6) goes before a new 5.
         let q = build(&[(0, 1, 0, 180), (1, 2, 5, 0)]);
-        assert_eq!(ranked_heads(&q, &[], 9, rank), [0, 1]);
+        assert_eq!(ranked_heads(&q, &[], 9, rank).0, [0, 1]);
         // No priorities at all: queue order, as before.
         let q = build(&[(1, 1, 0, 0), (0, 2, 0, 100)]);
-        assert_eq!(ranked_heads(&q, &[], 9, rank), [0, 1]);
+        assert_eq!(ranked_heads(&q, &[], 9, rank).0, [0, 1]);
+        // Deep behind a bulk backlog (past the 512 jobs read in queue
+        // order), an urgent job is still seen.
+        let mut jobs: Vec<(i32, i64, u8, u64)> = (0..600).map(|i| (0, i, 0, 1)).collect();
+        jobs.push((1, 600, 5, 0));
+        let q = build(&jobs);
+        assert_eq!(ranked_heads(&q, &[], 1, rank), (vec![600], true));
+        assert_eq!(position(&q, &q[600].origin), Some(600));
+        // None left that names one: the flag clears.
+        let q = build(&[(0, 1, 0, 0)]);
+        assert_eq!(ranked_heads(&q, &[], 9, rank), (vec![0], false));
         // A partition with a job out is skipped whatever its priority.
         let q = build(&[(0, 1, 9, 0), (1, 2, 0, 0)]);
         let out = [(Arc::from("jobs"), 0)];
-        assert_eq!(ranked_heads(&q, &out, 9, rank), [1]);
+        assert_eq!(ranked_heads(&q, &out, 9, rank).0, [1]);
     }
 
     #[test]
