@@ -672,6 +672,25 @@ pub fn job(job_id: &str, seller: &str) -> (Option<String>, Vec<u8>) {
     )
 }
 
+/// A job record like [`job`] whose `"priority"` member is `priority`, any
+/// JSON (a level from 0 to 9, or an invalid one such as `"high"` or 12).
+pub fn job_of_priority(
+    job_id: &str,
+    seller: &str,
+    priority: serde_json::Value,
+) -> (Option<String>, Vec<u8>) {
+    let value = serde_json::json!({
+        "job_id": job_id,
+        "seller_id": seller,
+        "priority": priority,
+        "payload": { "sku": job_id, "title": "a product" }
+    });
+    (
+        Some(format!("product-{}", rand::random::<u32>())),
+        value.to_string().into_bytes(),
+    )
+}
+
 pub fn policy(rules: Vec<RuleConfig>) -> Policy {
     super::policy(rules, vec![])
 }

@@ -17,6 +17,7 @@ mod memory;
 mod no_leak;
 mod pause;
 mod poison_at_scale;
+mod priority;
 mod processes;
 mod rebalance;
 mod reload;
