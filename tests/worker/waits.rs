@@ -23,13 +23,15 @@ async fn a_seller_held_by_its_rule_shows_its_oldest_wait_drain_and_hold() {
     let down = Downstream::start(always_ok()).await;
     let mut settings = bench.settings(&down.url);
     settings.worker.max_inline_delay = Duration::from_secs(60);
-    // 5 a minute for the busy seller; the quick one is free.
+    // 5 a minute for the busy seller; the quick one is free. A sliding
+    // log, not a fixed window: a run that crossed a minute boundary got 5
+    // more jobs of a fresh window, and its board said 15 waiting, not 20.
     let policy = policy_with_sellers(
         vec![rule("gcra", 10_000, "1s", None)],
         vec![(
             "busy",
             SellerConfig {
-                rules: Some(vec![rule("fixed_window", 5, "1m", None)]),
+                rules: Some(vec![rule("sliding_window_log", 5, "1m", None)]),
                 ..Default::default()
             },
         )],
