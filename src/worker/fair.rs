@@ -23,7 +23,7 @@
 //!   `min_share` guarantees takes the next free slot before weights are
 //!   looked at (lowest virtual time first among those).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use crate::limiter::Share;
@@ -40,6 +40,11 @@ const ACTIVE_POOLS: u64 = 8;
 /// of its limiter call must be for a freed slot to wait for its answer.
 const HOLD_MARGIN_UNITS: u64 = 1;
 
+/// A turn's quantum is the pool over this many units (weight 1), so that
+/// one turn takes at most about a quarter of the slots ahead of its fair
+/// place, times its weight ([`Fair::allowance`]).
+const QUANTUM_OF_POOL: usize = 4;
+
 /// One seller's place in the shares.
 #[derive(Debug, Clone)]
 struct Account {
@@ -55,11 +60,22 @@ struct Account {
     waiting_since: Option<u64>,
 }
 
-/// The turns at the downstream slots.
+/// The turns at the downstream slots. Every operation is logarithmic in
+/// the sellers here, or linear in the few it must look at (those with a
+/// `min_share`, those with a limiter call under way): a replica with
+/// thousands of sellers pays for each turn what one with three does.
 #[derive(Debug)]
 pub(super) struct Fair {
     /// Every seller with work here. Ordered, so that a seed replays.
     accounts: BTreeMap<Arc<str>, Account>,
+    /// The sellers in the turns, by (virtual time, waiting since): the
+    /// next turn is the first. Always the accounts whose `waiting_since`
+    /// is set, with their current `vtime`.
+    waiting: BTreeSet<(u64, u64, Arc<str>)>,
+    /// The waiting sellers whose share guarantees slots (`min_share`).
+    guaranteed: BTreeSet<Arc<str>>,
+    /// The sellers with a limiter call under way (`asked > 0`).
+    asking: BTreeSet<Arc<str>>,
     /// The virtual time of the last seller served: a seller that joins
     /// starts no earlier than this less one pool.
     virtual_now: u64,
@@ -74,6 +90,9 @@ impl Fair {
     pub(super) fn new(size: usize) -> Fair {
         Fair {
             accounts: BTreeMap::new(),
+            waiting: BTreeSet::new(),
+            guaranteed: BTreeSet::new(),
+            asking: BTreeSet::new(),
             virtual_now: 0,
             joins: 0,
             size,
@@ -97,6 +116,30 @@ impl Fair {
         ((share.min_share * self.size as f64) as usize).max(1)
     }
 
+    /// Sets `key`'s virtual time, keeping its place in the turns in step.
+    fn set_vtime(&mut self, key: &Arc<str>, vtime: u64) {
+        let Some(a) = self.accounts.get_mut(key) else {
+            return;
+        };
+        if let Some(since) = a.waiting_since {
+            let was = self.waiting.remove(&(a.vtime, since, key.clone()));
+            debug_assert!(was, "{key} waits but was not in the turns");
+            self.waiting.insert((vtime, since, key.clone()));
+        }
+        a.vtime = vtime;
+    }
+
+    /// The account of `key`, opened at the fleet's virtual time.
+    fn open(&mut self, key: &Arc<str>, share: Share) -> &mut Account {
+        let now = self.virtual_now;
+        self.accounts.entry(key.clone()).or_insert(Account {
+            share,
+            vtime: now,
+            asked: 0,
+            waiting_since: None,
+        })
+    }
+
     /// `key` waits for a slot, with its share as the config says now (a
     /// reload applies at the next join). A seller new here, or `away`
     /// (nothing of it out: back after a while), starts at most one pool of
@@ -106,30 +149,47 @@ impl Fair {
     pub(super) fn join(&mut self, key: &Arc<str>, share: Share, away: bool) {
         let pools = if away { 1 } else { ACTIVE_POOLS };
         let (now, size) = (self.virtual_now, self.size as u64 * pools);
-        let account = self.accounts.entry(key.clone()).or_insert(Account {
-            share,
-            vtime: now,
-            asked: 0,
-            waiting_since: None,
-        });
-        account.share = share;
+        let a = self.open(key, share);
+        a.share = share;
         let credit = size
             .max(1)
             .saturating_mul(SCALE)
             .checked_div(u64::from(share.weight))
             .unwrap_or(0);
-        account.vtime = account.vtime.max(now.saturating_sub(credit));
-        if account.waiting_since.is_none() {
+        let vtime = a.vtime.max(now.saturating_sub(credit));
+        self.set_vtime(key, vtime);
+        let Some(a) = self.accounts.get_mut(key) else {
+            return;
+        };
+        if a.waiting_since.is_none() {
             self.joins += 1;
-            account.waiting_since = Some(self.joins);
+            a.waiting_since = Some(self.joins);
+            self.waiting.insert((a.vtime, self.joins, key.clone()));
+        }
+        if share.min_share > 0.0 {
+            self.guaranteed.insert(key.clone());
+        } else {
+            self.guaranteed.remove(key);
         }
     }
 
     /// Whether anyone but `key` waits for a slot.
     pub(super) fn others_wait(&self, key: &str) -> bool {
-        self.accounts
-            .iter()
-            .any(|(k, a)| a.waiting_since.is_some() && &**k != key)
+        let mine = self
+            .accounts
+            .get(key)
+            .is_some_and(|a| a.waiting_since.is_some());
+        self.waiting.len() > usize::from(mine)
+    }
+
+    /// Takes `key` out of the turns.
+    fn leave(&mut self, key: &Arc<str>) {
+        if let Some(a) = self.accounts.get_mut(key) {
+            if let Some(since) = a.waiting_since.take() {
+                self.waiting.remove(&(a.vtime, since, key.clone()));
+            }
+        }
+        self.guaranteed.remove(key);
     }
 
     /// Takes the next seller out of the turns: one below its guaranteed
@@ -148,108 +208,113 @@ impl Fair {
         held: &dyn Fn(&str) -> usize,
         asking_for_more: &dyn Fn(&str) -> bool,
     ) -> Option<Arc<str>> {
-        let (pick, owed, vtime, share) = self
-            .accounts
+        let owed = self
+            .guaranteed
             .iter()
-            .filter_map(|(k, a)| a.waiting_since.map(|since| (k, a, since)))
-            .map(|(k, a, since)| {
-                let owed = held(k) < self.guaranteed(a.share);
-                ((!owed, a.vtime, since), k, a.share)
-            })
-            .min_by_key(|(order, _, _)| *order)
-            .map(|((not_owed, vtime, _), k, share)| (k.clone(), !not_owed, vtime, share))?;
+            .filter_map(|k| self.accounts.get(k).map(|a| (k, a)))
+            .filter(|(k, a)| held(k) < self.guaranteed(a.share))
+            .filter_map(|(k, a)| a.waiting_since.map(|since| (a.vtime, since, k.clone())))
+            .min();
+        let (vtime, _, pick) = match owed.clone() {
+            Some(o) => o,
+            None => self.waiting.first()?.clone(),
+        };
+        let share = self.accounts.get(&pick).map(|a| a.share)?;
         // Held only for a seller behind by more than a unit of the next
         // one's: a tie is evened out by the turns to come, and a slot held
         // for it would idle for nothing.
         let margin = charge(HOLD_MARGIN_UNITS, share);
-        let ahead = self.accounts.iter().any(|(k, a)| {
-            a.asked > 0 && a.vtime.saturating_add(margin) < vtime && asking_for_more(k)
+        let ahead = self.asking.iter().any(|k| {
+            self.accounts.get(k).is_some_and(|a| {
+                a.asked > 0 && a.vtime.saturating_add(margin) < vtime && asking_for_more(k)
+            })
         });
-        if ahead && !owed {
+        if ahead && owed.is_none() {
             return None;
         }
-        if let Some(a) = self.accounts.get_mut(&pick) {
-            a.waiting_since = None;
-            self.virtual_now = self.virtual_now.max(a.vtime);
-        }
+        self.leave(&pick);
+        self.virtual_now = self.virtual_now.max(vtime);
         Some(pick)
     }
 
-    /// How many of `free` slots `key` may ask for now: its turns among
-    /// the sellers still waiting, if each slot went to the lowest virtual
-    /// time in turn (a unit each); at least one. All of them when no one
-    /// else waits.
+    /// How many of `free` slots `key` may ask for now, in cost units (at
+    /// least one; all of them when no one else waits): what takes its
+    /// virtual time up to the next waiting seller's, plus a quantum of
+    /// [`QUANTUM_OF_POOL`]'s share of the pool times its weight. This is
+    /// deficit round robin: a turn takes several slots at once, so that
+    /// its jobs travel in one limiter ask (a turn of one unit each made
+    /// a limiter call per job: issue 49), and each unit taken is charged,
+    /// so over any stretch of backlog the weights hold all the same.
     pub(super) fn allowance(&self, key: &str, free: usize) -> usize {
         let Some(mine) = self.accounts.get(key) else {
             return free;
         };
-        let mut others: Vec<(u64, u64)> = self
-            .accounts
+        let lowest = self
+            .waiting
             .iter()
-            .filter(|(k, a)| a.waiting_since.is_some() && &***k != key)
-            .map(|(_, a)| (a.vtime, step(a.share)))
-            .collect();
-        if others.is_empty() {
+            .find(|(_, _, k)| &**k != key)
+            .map(|(v, _, _)| *v);
+        let Some(lowest) = lowest else {
             return free;
-        }
-        let (mut v, my_step) = (mine.vtime, step(mine.share));
-        let mut taken = 0;
-        for _ in 0..free {
-            let lowest = others.iter_mut().min_by_key(|(ov, _)| *ov);
-            match lowest {
-                Some((ov, s)) if *ov < v => *ov = ov.saturating_add(*s),
-                _ => {
-                    taken += 1;
-                    v = v.saturating_add(my_step);
-                }
-            }
-        }
-        taken.max(1).min(free)
+        };
+        let quantum = (self.size / QUANTUM_OF_POOL).max(1) as u64;
+        let reach = lowest.saturating_add(quantum.saturating_mul(SCALE));
+        let units = reach.saturating_sub(mine.vtime) / step(mine.share);
+        usize::try_from(units)
+            .unwrap_or(usize::MAX)
+            .clamp(1, free.max(1))
     }
 
     /// `key` asks the limiter for jobs of these `units`, in its turn or
     /// with no one else waiting: charged now, refunded by [`Fair::answered`]
     /// when the answer comes.
     pub(super) fn asked(&mut self, key: &Arc<str>, share: Share, units: u64) {
-        let now = self.virtual_now;
-        let a = self.accounts.entry(key.clone()).or_insert(Account {
-            share,
-            vtime: now,
-            asked: 0,
-            waiting_since: None,
-        });
+        let a = self.open(key, share);
         debug_assert_eq!(a.asked, 0, "{key} asked twice at once");
         a.share = share;
-        self.virtual_now = now.max(a.vtime);
         a.asked = units;
-        a.vtime = a.vtime.saturating_add(charge(units, a.share));
+        let vtime = a.vtime;
+        self.virtual_now = self.virtual_now.max(vtime);
+        self.set_vtime(key, vtime.saturating_add(charge(units, share)));
+        if units > 0 {
+            self.asking.insert(key.clone());
+        }
     }
 
     /// `key`'s limiter call answered: what it asked for is refunded (what
     /// was granted is charged again by [`Fair::charge`]).
-    pub(super) fn answered(&mut self, key: &str) {
-        if let Some(a) = self.accounts.get_mut(key) {
-            a.vtime = a.vtime.saturating_sub(charge(a.asked, a.share));
-            a.asked = 0;
-        }
+    pub(super) fn answered(&mut self, key: &Arc<str>) {
+        let Some(a) = self.accounts.get_mut(key) else {
+            return;
+        };
+        let vtime = a.vtime.saturating_sub(charge(a.asked, a.share));
+        a.asked = 0;
+        self.asking.remove(key);
+        self.set_vtime(key, vtime);
     }
 
     /// `key` was granted jobs of these `units`: they use slots.
-    pub(super) fn charge(&mut self, key: &str, units: u64) {
-        if let Some(a) = self.accounts.get_mut(key) {
-            a.vtime = a.vtime.saturating_add(charge(units, a.share));
+    pub(super) fn charge(&mut self, key: &Arc<str>, units: u64) {
+        if let Some(a) = self.accounts.get(key) {
+            let vtime = a.vtime.saturating_add(charge(units, a.share));
+            self.set_vtime(key, vtime);
         }
     }
 
     /// `key` has nothing here any more: out of the turns, its account
     /// closed (it comes back as new).
-    pub(super) fn forget(&mut self, key: &str) {
+    pub(super) fn forget(&mut self, key: &Arc<str>) {
+        self.leave(key);
+        self.asking.remove(key);
         self.accounts.remove(key);
     }
 
     /// Shutdown: every account closed.
     pub(super) fn clear(&mut self) {
         self.accounts.clear();
+        self.waiting.clear();
+        self.guaranteed.clear();
+        self.asking.clear();
     }
 }
 
@@ -402,13 +467,22 @@ mod tests {
 
     #[test]
     fn the_allowance_splits_free_slots_by_weight() {
+        // On a pool of 8 (a quantum of 2 units at weight 1), everyone
+        // at the same virtual time:
         // (weight of "me", weights of the others waiting, free, allowance)
         let cases: &[(u32, &[u32], usize, usize)] = &[
+            // 1. Alone: every free slot.
             (1, &[], 4, 4),
+            // 2. A quantum of 2 units at weight 1.
             (1, &[1], 4, 2),
-            (4, &[1, 2], 7, 4),
-            (1, &[4], 5, 1),
-            (1, &[1, 1, 1], 1, 1), // always at least one
+            // 3. Weight 2: twice the quantum.
+            (2, &[1], 8, 4),
+            // 4. Weight 4: 8 units, capped by the free slots.
+            (4, &[1, 2], 7, 7),
+            // 5. The others' weights do not shrink it.
+            (1, &[4], 5, 2),
+            // 6. Always at least one, never more than free.
+            (1, &[1, 1, 1], 1, 1),
         ];
         for (i, &(mine, others, free, want)) in cases.iter().enumerate() {
             let mut fair = Fair::new(8);
@@ -433,7 +507,7 @@ mod tests {
             Some(a.clone()),
             "a joined first"
         );
-        fair.forget("b");
+        fair.forget(&b);
         assert!(!fair.others_wait("a"));
         assert_eq!(fair.next(&|_| 0, &|_| false), None);
     }
