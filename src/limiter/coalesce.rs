@@ -7,8 +7,12 @@
 //! together and sends them as one [`Limiter::check_jobs_many`] call, one
 //! decision per seller, decided in order inside one script.
 //!
-//! A call takes what is queued when it starts (the asks of one event-loop
-//! turn), or waits up to `window` (at most a millisecond) for more. While
+//! A call takes what is queued when it starts, or waits up to `window` (at
+//! most a millisecond) for more. Asks sent together as one group
+//! ([`Coalescer::acquire_jobs_many`]: the worker's asks of one turn of its
+//! loop) go in one call, up to `max`, whatever the timing of the tasks: on
+//! a multi-threaded runtime the coalescer could otherwise take the first of
+//! them before the others were queued. While
 //! `in_flight` calls are out, new asks queue behind them, so the batches grow
 //! with the load by themselves: under light load a call carries one ask and
 //! adds no wait; under heavy load it carries up to `max` asks. With
@@ -17,6 +21,7 @@
 //! answered when its own call is: one seller's failed or slow call is that
 //! seller's alone.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -77,7 +82,7 @@ struct Ask<E: std::error::Error + 'static> {
 /// background task stops when the last clone is dropped.
 pub struct Coalescer<S: Store> {
     limiter: Arc<Limiter<S>>,
-    tx: mpsc::UnboundedSender<Ask<S::Error>>,
+    tx: mpsc::UnboundedSender<Vec<Ask<S::Error>>>,
 }
 
 impl<S: Store> Clone for Coalescer<S> {
@@ -109,15 +114,7 @@ impl<S: Store + 'static> Coalescer<S> {
         seller: &str,
         costs: &[u64],
     ) -> Result<BatchDecision, CoalesceError<S::Error>> {
-        // Checked here, so that one bad ask cannot fail the others'.
-        let bad = if costs.is_empty() {
-            Some(LimiterError::NoJobs)
-        } else if costs.contains(&0) {
-            Some(LimiterError::ZeroCost)
-        } else {
-            None
-        };
-        if let Some(e) = bad {
+        if let Some(e) = check_costs(costs) {
             return Err(CoalesceError::Limiter(Arc::new(e)));
         }
         let (reply, answer) = oneshot::channel();
@@ -126,41 +123,94 @@ impl<S: Store + 'static> Coalescer<S> {
             costs: costs.to_vec(),
             reply,
         };
-        self.tx.send(ask).map_err(|_| CoalesceError::Stopped)?;
+        self.tx
+            .send(vec![ask])
+            .map_err(|_| CoalesceError::Stopped)?;
         answer.await.unwrap_or(Err(CoalesceError::Stopped))
+    }
+
+    /// [`Coalescer::acquire_jobs`] for several sellers at once: the asks
+    /// go as one group, in one call (in calls of `max` when there are
+    /// more), with whatever else is queued. One answer per ask, in order.
+    pub async fn acquire_jobs_many(
+        &self,
+        asks: &[(Arc<str>, Vec<u64>)],
+    ) -> Vec<Result<BatchDecision, CoalesceError<S::Error>>> {
+        let mut group = Vec::with_capacity(asks.len());
+        let mut answers = Vec::with_capacity(asks.len());
+        for (seller, costs) in asks {
+            let (reply, answer) = oneshot::channel();
+            match check_costs(costs) {
+                Some(e) => {
+                    let _ = reply.send(Err(CoalesceError::Limiter(Arc::new(e))));
+                }
+                None => group.push(Ask {
+                    seller: seller.to_string(),
+                    costs: costs.clone(),
+                    reply,
+                }),
+            }
+            answers.push(answer);
+        }
+        // A send fails only once the task stopped: every answer then says so.
+        if !group.is_empty() {
+            let _ = self.tx.send(group);
+        }
+        let mut out = Vec::with_capacity(answers.len());
+        for answer in answers {
+            out.push(answer.await.unwrap_or(Err(CoalesceError::Stopped)));
+        }
+        out
+    }
+}
+
+/// Why an ask cannot be sent: checked before it joins a call, so that one
+/// bad ask cannot fail the others'.
+fn check_costs<E: std::error::Error + 'static>(costs: &[u64]) -> Option<LimiterError<E>> {
+    if costs.is_empty() {
+        Some(LimiterError::NoJobs)
+    } else if costs.contains(&0) {
+        Some(LimiterError::ZeroCost)
+    } else {
+        None
     }
 }
 
 async fn run<S: Store + 'static>(
     limiter: Arc<Limiter<S>>,
-    mut rx: mpsc::UnboundedReceiver<Ask<S::Error>>,
+    mut rx: mpsc::UnboundedReceiver<Vec<Ask<S::Error>>>,
     settings: CoalesceSettings,
 ) {
     let max = settings.max.max(1);
     let slots = Arc::new(Semaphore::new(settings.in_flight.max(1)));
+    // Asks received but not yet sent: the rest of a group larger than what
+    // one call could carry goes first in the next call.
+    let mut queued: VecDeque<Ask<S::Error>> = VecDeque::new();
     loop {
         // A call slot first: while every slot is taken, asks pile up in
         // the channel and the next batch takes them all.
         let Ok(slot) = slots.clone().acquire_owned().await else {
             return;
         };
-        let Some(first) = rx.recv().await else {
-            return;
-        };
-        let mut batch = vec![first];
-        // Let the tasks woken with the first one queue their asks too.
-        tokio::task::yield_now().await;
-        while batch.len() < max {
+        if queued.is_empty() {
+            let Some(group) = rx.recv().await else {
+                return;
+            };
+            queued.extend(group);
+            // Let the tasks woken with the first one queue their asks too.
+            tokio::task::yield_now().await;
+        }
+        while queued.len() < max {
             match rx.try_recv() {
-                Ok(ask) => batch.push(ask),
+                Ok(group) => queued.extend(group),
                 Err(_) => break,
             }
         }
         if settings.window >= TIMER_GRAIN {
             let deadline = tokio::time::Instant::now() + settings.window;
-            while batch.len() < max {
+            while queued.len() < max {
                 match tokio::time::timeout_at(deadline, rx.recv()).await {
-                    Ok(Some(ask)) => batch.push(ask),
+                    Ok(Some(group)) => queued.extend(group),
                     _ => break,
                 }
             }
@@ -171,14 +221,15 @@ async fn run<S: Store + 'static>(
             // when a window is configured). std's clock, as tokio's stands
             // still under a paused test clock while tasks keep running.
             let deadline = std::time::Instant::now() + settings.window;
-            while batch.len() < max && std::time::Instant::now() < deadline {
+            while queued.len() < max && std::time::Instant::now() < deadline {
                 match rx.try_recv() {
-                    Ok(ask) => batch.push(ask),
+                    Ok(group) => queued.extend(group),
                     Err(mpsc::error::TryRecvError::Empty) => tokio::task::yield_now().await,
                     Err(mpsc::error::TryRecvError::Disconnected) => break,
                 }
             }
         }
+        let batch: Vec<Ask<S::Error>> = queued.drain(..queued.len().min(max)).collect();
         let limiter = limiter.clone();
         tokio::spawn(async move {
             decide(&limiter, batch, slot).await;

@@ -2,6 +2,7 @@
 //! failure (Redis down, timed out) becomes a decision.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use rand::Rng;
@@ -74,6 +75,21 @@ pub trait Permits: Send + Sync + 'static {
             }
             self.acquire(seller, n).await.map(BatchDecision::from_units)
         }
+    }
+
+    /// Many sellers' job lists asked together: one answer per ask, in
+    /// order. The engine sends the asks of one turn of its loop this way,
+    /// so that they travel to Redis in one call whatever the timing of the
+    /// tasks ([`Coalescer`] keeps a group together); by default each ask
+    /// goes through [`Permits::acquire_jobs`] on its own, side by side.
+    fn acquire_jobs_many(
+        &self,
+        asks: &[(Arc<str>, Vec<u64>)],
+    ) -> impl Future<Output = Vec<Result<BatchDecision, PermitError>>> + Send {
+        futures::future::join_all(
+            asks.iter()
+                .map(|(seller, costs)| self.acquire_jobs(seller, costs)),
+        )
     }
 
     /// Gives back slots of `seller`'s `max_in_flight` that a grant took
@@ -283,6 +299,17 @@ impl<S: Store + 'static> Permits for Coalescer<S> {
         Coalescer::acquire_jobs(self, seller, costs)
             .await
             .map_err(PermitError::unavailable)
+    }
+
+    async fn acquire_jobs_many(
+        &self,
+        asks: &[(Arc<str>, Vec<u64>)],
+    ) -> Vec<Result<BatchDecision, PermitError>> {
+        Coalescer::acquire_jobs_many(self, asks)
+            .await
+            .into_iter()
+            .map(|a| a.map_err(PermitError::unavailable))
+            .collect()
     }
 }
 

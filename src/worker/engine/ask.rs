@@ -81,21 +81,38 @@ impl<X: Ports> Engine<X> {
         }
     }
 
+    /// Queues an ask for this turn of the loop; [`Engine::flush_asks`]
+    /// sends the turn's asks together.
     fn spawn_ask(&mut self, seller: Arc<str>, costs: Vec<u64>) {
+        self.tasks += 1;
+        LimiterCalled.emit();
+        self.asks.push((seller, costs));
+    }
+
+    /// Sends the asks of this turn of the loop as one group, in one
+    /// limiter call (`Permits::acquire_jobs_many`): the sellers handed
+    /// turns together travel together, whatever the timing of the tasks.
+    /// Each answer comes back as its own event.
+    pub(super) fn flush_asks(&mut self) {
+        if self.asks.is_empty() {
+            return;
+        }
+        let asks = std::mem::take(&mut self.asks);
         let (permits, tx, clock) = (
             self.deps.permits.clone(),
             self.tx.clone(),
             self.deps.clock.clone(),
         );
-        self.tasks += 1;
-        LimiterCalled.emit();
         tokio::spawn(async move {
-            let result = permits.acquire_jobs(&seller, &costs).await;
-            let _ = tx.send(Event::Permit {
-                seller,
-                result,
-                answered_at: clock.now(),
-            });
+            let answers = permits.acquire_jobs_many(&asks).await;
+            let answered_at = clock.now();
+            for ((seller, _), result) in asks.into_iter().zip(answers) {
+                let _ = tx.send(Event::Permit {
+                    seller,
+                    result,
+                    answered_at,
+                });
+            }
         });
     }
 

@@ -27,12 +27,18 @@ impl<X: Ports> Engine<X> {
         );
         // Waiting jobs stay uncommitted: whoever owns their partitions next
         // gets them. Only work already under way is awaited.
+        self.flush_asks();
         let waiting_at_stop = self.scheduler.clear_waiting();
         let parked_at_stop = self.tiers.clear();
         let deadline = after(self.deps.clock.now(), self.settings.worker.shutdown_timeout);
         while self.tasks > 0 {
             match tokio::time::timeout_at(deadline, self.rx.recv()).await {
-                Ok(Some(ev)) => self.on_event_draining(ev),
+                Ok(Some(ev)) => {
+                    self.on_event_draining(ev);
+                    // An ask made while draining is answered, and its
+                    // slots given back, like any other under way.
+                    self.flush_asks();
+                }
                 Ok(None) | Err(_) => break,
             }
         }

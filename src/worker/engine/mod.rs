@@ -162,6 +162,9 @@ pub struct Engine<X: Ports> {
     /// (`downstream.adaptive_concurrency`); none: always
     /// `downstream.concurrency`.
     adaptive: Option<AdaptiveLimit>,
+    /// Limiter asks of this turn of the loop, sent together at its end
+    /// ([`Engine::flush_asks`]); counted in `tasks` already.
+    asks: Vec<(Arc<str>, Vec<u64>)>,
 }
 
 impl<X: Ports> Engine<X> {
@@ -204,6 +207,7 @@ impl<X: Ports> Engine<X> {
             tx,
             rx,
             slots: FleetSlots::new(),
+            asks: Vec::new(),
         }
     }
 
@@ -239,6 +243,7 @@ impl<X: Ports> Engine<X> {
             // serve them at once; this is the loop's guarantee).
             self.serve_turns();
             self.backpressure();
+            self.flush_asks();
         }
         self.drain().await
     }
