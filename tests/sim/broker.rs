@@ -439,12 +439,12 @@ impl Source for SimSource {
 
 /// Hands records to the engine while the incarnation lives: in small
 /// batches, waiting on `wake` when there is nothing to deliver.
-pub async fn deliver(source: Arc<SimSource>, tx: mpsc::Sender<Record>) {
+pub async fn deliver(source: Arc<SimSource>, tx: mpsc::Sender<Record>, fetch: usize) {
     loop {
         if source.dead.load(Ordering::SeqCst) {
             return;
         }
-        let batch = source.poll(8);
+        let batch = source.poll(fetch);
         if batch.is_empty() {
             // A wake-up may come for nothing; the timeout covers a wake
             // that raced the check.

@@ -52,6 +52,12 @@ pub struct Log {
     pub unanswered: BTreeMap<u64, (JobId, u64)>,
     /// The engine's limiter calls.
     pub asks: Vec<Ask>,
+    /// Charged job-list script calls Redis ran (one coalesced call of many
+    /// sellers' asks is one): what the batching guard counts.
+    pub jobs_calls: u64,
+    /// The engine's requests to the limiter port: each carries the asks
+    /// of one turn of its loop, sent as one group.
+    pub limiter_requests: u64,
     /// Virtual ms of each process start (a restart has slots of its own).
     pub starts: Vec<u64>,
     /// When a process was killed (kill -9), in virtual ms.

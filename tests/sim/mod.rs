@@ -17,6 +17,8 @@
 //!   calls built and its replies read by the product's own code.
 //! - [`journal`]: what the world saw.
 //! - [`check`]: the invariants, judged after every run.
+//! - `batching`: limiter calls per admitted job in fixed worlds, the
+//!   guard that catches asks no longer coalesced.
 //! - `fair`: weighted fair shares of the downstream slots, measured in
 //!   hand-made worlds where the downstream is the bottleneck.
 //! - [`run`]: one run of a scenario.
@@ -25,6 +27,7 @@
 //!   membership protocol.
 
 mod adaptive;
+mod batching;
 pub mod broker;
 pub mod check;
 pub mod clock;

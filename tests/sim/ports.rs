@@ -99,6 +99,11 @@ pub struct Faults {
     /// as many APIs count), it answers 429 with `Retry-After: 1`. A call it
     /// refuses does not count.
     pub seller_rates: Vec<(String, u64)>,
+    /// A downstream that answers in bunches: each answer waits for the
+    /// next multiple of this many virtual ms after its latency (a batching
+    /// API; or a replica so busy that many answers wait for each turn of
+    /// its loop, as a CPU-bound one does). None: each as it comes.
+    pub answer_tick_ms: Option<u64>,
 }
 
 /// Per-job behaviour of the downstream, beyond the faults.
@@ -298,6 +303,11 @@ impl Caller for SimDownstream {
             },
         );
         tokio::time::sleep(Duration::from_millis(took)).await;
+        if let Some(tick) = w.faults.answer_tick_ms.filter(|&t| t > 0) {
+            let us = w.clock.true_unix_us();
+            let tick_us = tick * 1_000;
+            tokio::time::sleep(Duration::from_micros((tick_us - us % tick_us) % tick_us)).await;
+        }
         // Served: the downstream is done with it, whoever waits for it.
         w.downstream_busy.fetch_sub(1, Ordering::SeqCst);
         if self.dead.load(Ordering::SeqCst) {
@@ -555,6 +565,7 @@ impl Store for SimStore {
             .unwrap_or_else(|e| script_failed(&format!("{call:?}"), e));
         if !call.dry_run {
             self.world.journal.with(|log| {
+                log.jobs_calls += 1;
                 for (q, r) in call.requests.iter().zip(&answer.replies) {
                     if r.head.status == 1 && r.head.granted > 0 {
                         log.released.push(released(q, r));
@@ -673,6 +684,7 @@ impl Permits for SimPermits {
         let w = &self.world;
         let from_ms = w.now_ms();
         let index = w.journal.with(|log| {
+            log.limiter_requests += 1;
             log.asks.push(Ask {
                 from_ms,
                 to_ms: None,
@@ -685,6 +697,36 @@ impl Permits for SimPermits {
         let answer = Permits::acquire_jobs(&self.inner, seller, costs).await;
         drop(guard);
         answer
+    }
+
+    /// One request of the engine (its asks of one turn), journalled as
+    /// such and ask by ask.
+    async fn acquire_jobs_many(
+        &self,
+        asks: &[(Arc<str>, Vec<u64>)],
+    ) -> Vec<Result<BatchDecision, PermitError>> {
+        let w = &self.world;
+        let from_ms = w.now_ms();
+        let guards: Vec<AskGuard<'_>> = w.journal.with(|log| {
+            log.limiter_requests += 1;
+            asks.iter()
+                .map(|(seller, costs)| {
+                    log.asks.push(Ask {
+                        from_ms,
+                        to_ms: None,
+                        jobs: costs.len(),
+                        seller: seller.to_string(),
+                    });
+                    AskGuard {
+                        world: w,
+                        index: log.asks.len() - 1,
+                    }
+                })
+                .collect()
+        });
+        let answers = Permits::acquire_jobs_many(&self.inner, asks).await;
+        drop(guards);
+        answers
     }
 
     fn rules_of(&self, seller: &str) -> Option<(Vec<Rule>, Vec<Rule>)> {

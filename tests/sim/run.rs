@@ -324,7 +324,7 @@ pub fn start(
         let _ = stop_rx.await;
     }));
     source.assign(initial, &part_tx);
-    tokio::spawn(deliver(source.clone(), rec_tx));
+    tokio::spawn(deliver(source.clone(), rec_tx, sc.fetch));
     Incarnation {
         world: world.clone(),
         dead,

@@ -66,6 +66,8 @@ pub struct Scenario {
     /// (at, by µs): the worker host's wall clock steps.
     pub clock_jumps: Vec<(u64, i64)>,
     pub concurrency: usize,
+    /// Records the consumer hands over per virtual ms (a fetch).
+    pub fetch: usize,
     /// `downstream.adaptive_concurrency`, from `downstream.min_concurrency`
     /// = 1.
     pub adaptive: bool,
@@ -125,6 +127,7 @@ impl Scenario {
             rebalances: Vec::new(),
             clock_jumps: Vec::new(),
             concurrency: 8,
+            fetch: 8,
             adaptive: false,
             learn: None,
             priority_aging: None,
