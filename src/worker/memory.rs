@@ -55,6 +55,11 @@ impl Memory {
         self.bytes
     }
 
+    /// At either bound: no more records should be taken in this turn.
+    pub fn is_full(&self) -> bool {
+        self.jobs >= self.max_jobs || self.bytes >= self.max_bytes
+    }
+
     pub fn is_paused(&self) -> bool {
         self.paused
     }

@@ -237,7 +237,10 @@ impl<X: Ports> Engine<X> {
                     self.report_backlog();
                     self.deps.health.beat();
                 }
-                Some(rec) = self.deps.records.recv() => self.on_record(rec),
+                Some(rec) = self.deps.records.recv() => {
+                    self.on_record(rec);
+                    self.on_records_ready();
+                }
             }
             // Slots given back anywhere above go on in turn (the handlers
             // serve them at once; this is the loop's guarantee).
@@ -306,6 +309,25 @@ impl<X: Ports> Engine<X> {
         for _ in 0..MOST {
             let Ok(ev) = self.rx.try_recv() else { break };
             self.on_event(ev);
+        }
+    }
+
+    /// The records already handed over, taken in this turn too: the
+    /// asks they make go to the limiter as one group at the turn's end
+    /// (one record a turn made a limiter request per record). Bounded,
+    /// so that the loop still looks at its other sources, and stopped at
+    /// a memory bound (the loop then pauses fetching, as it did with one
+    /// record a turn; the rest wait in the channel).
+    fn on_records_ready(&mut self) {
+        const MOST: usize = 64;
+        for _ in 0..MOST {
+            if self.memory.is_full() {
+                break;
+            }
+            let Ok(rec) = self.deps.records.try_recv() else {
+                break;
+            };
+            self.on_record(rec);
         }
     }
 
