@@ -18,6 +18,16 @@
 //!     cargo bench --bench baseline -- 685ee49 3f8c1ee          # 20,000 jobs, 3 rounds
 //!     cargo bench --bench baseline -- --quick --rounds 2 3f8c1ee
 //!
+//! `--baseline REV` names a commit too. With `--perf DIR`, each worker
+//! process runs under `perf record -F 999 --call-graph dwarf` (from its
+//! start to the last job's arrival, when it is killed) into
+//! `DIR/BUILD-on|off-rROUND.data`; perf slows the worker, so read that
+//! run's profiles, not its jobs/s. `scripts/perf-shares.py` reads them
+//! (BENCHMARKS.md, "Per-job costs since 1b610e5"):
+//!
+//!     cargo bench --bench baseline -- --perf /tmp/tw-perf 685ee49
+//!     scripts/perf-shares.py --jobs 20000 /tmp/tw-perf/head-on-r*.data
+//!
 //! A commit's binary is built once, with the `bench` profile the head's is
 //! built with, from `git archive REV` into `target/baseline/REV/src`, its
 //! target directory `target/baseline/REV` (the first build takes minutes on
@@ -26,6 +36,7 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -139,7 +150,55 @@ struct Outcome {
     calls_per_job: f64,
 }
 
-async fn one_run(bin: &Path, redis: &RedisServer, jobs: usize, limited: bool) -> Outcome {
+/// The worker's command line, under `perf record` when `perf` names its
+/// output (perf starts it, so every thread is sampled from the first).
+fn worker_command(bin: &Path, perf: Option<&Path>) -> Command {
+    let Some(out) = perf else {
+        return Command::new(bin);
+    };
+    let mut cmd = Command::new("perf");
+    cmd.args([
+        "record",
+        "-q",
+        "-F",
+        "999",
+        "--call-graph",
+        "dwarf,16384",
+        "-o",
+    ])
+    .arg(out)
+    .arg("--")
+    .arg(bin);
+    cmd
+}
+
+/// Ends a profiled run: SIGKILL to the worker (perf's child, as without
+/// perf at the end of a run), after which perf writes its file and exits
+/// by the worker's signal.
+async fn stop_perf(perf: &mut Proc) {
+    let children =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children", pid = perf.pid()))
+            .expect("perf record's children");
+    for child in children.split_whitespace() {
+        let _ = Command::new("kill").args(["-KILL", child]).status();
+    }
+    let status = perf
+        .wait_exit("perf record", Duration::from_secs(120))
+        .await;
+    assert!(
+        status.success() || status.signal() == Some(9),
+        "perf record failed ({status}; log: {})",
+        perf.log.display()
+    );
+}
+
+async fn one_run(
+    bin: &Path,
+    redis: &RedisServer,
+    jobs: usize,
+    limited: bool,
+    perf: Option<&Path>,
+) -> Outcome {
     let bench = Bench::new("baseline", PARTITIONS);
     let downstream = Downstream::start(always_ok()).await;
     let records: Vec<_> = (0..jobs)
@@ -154,13 +213,13 @@ async fn one_run(bin: &Path, redis: &RedisServer, jobs: usize, limited: bool) ->
         .args(["-p", &redis.port.to_string(), "CONFIG", "RESETSTAT"])
         .output()
         .expect("redis-cli");
-    let mut cmd = Command::new(bin);
+    let mut cmd = worker_command(bin, perf);
     cmd.arg("run")
         .arg("--config")
         .arg(&file)
         .env("RUST_LOG", "warn")
         .env("THROTTLE__DOWNSTREAM__URL", &downstream.url);
-    let worker = Proc::spawn("worker", cmd, &dir, false);
+    let mut worker = Proc::spawn("worker", cmd, &dir, false);
     let started = Instant::now();
     while downstream.count() < jobs {
         assert!(
@@ -176,11 +235,33 @@ async fn one_run(bin: &Path, redis: &RedisServer, jobs: usize, limited: bool) ->
     let first = arrivals.iter().map(|a| a.at).min().expect("arrivals");
     let last = arrivals.iter().map(|a| a.at).max().expect("arrivals");
     let calls = limiter_calls(redis.port);
+    if perf.is_some() {
+        stop_perf(&mut worker).await;
+    }
     drop(worker);
     let _ = std::fs::remove_dir_all(&dir);
     Outcome {
         jobs_per_s: jobs as f64 / (last - first).as_secs_f64().max(1e-6),
         calls_per_job: calls as f64 / jobs as f64,
+    }
+}
+
+/// The commit the head's binary was built from, and whether `src/`, `lua/`
+/// or `Cargo.lock` had changes not committed (the head is the work tree).
+fn head_state() -> String {
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .current_dir(root())
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+            .unwrap_or_default()
+    };
+    let rev = git(&["rev-parse", "--short", "HEAD"]);
+    if git(&["status", "--porcelain", "--", "src", "lua", "Cargo.lock"]).is_empty() {
+        rev
+    } else {
+        format!("{rev} with uncommitted changes in src/, lua/ or Cargo.lock")
     }
 }
 
@@ -198,11 +279,21 @@ async fn main() {
         .position(|a| a == "--rounds")
         .and_then(|i| args.get(i + 1))
         .map_or(3, |n| n.parse().expect("--rounds N"));
+    let perf_dir: Option<PathBuf> = args
+        .iter()
+        .position(|a| a == "--perf")
+        .map(|i| PathBuf::from(args.get(i + 1).expect("--perf DIR")));
+    if let Some(dir) = &perf_dir {
+        std::fs::create_dir_all(dir).expect("--perf DIR");
+    }
+    // Every other word is a commit (`--baseline` before one is a flag here).
     let revs: Vec<&String> = args
         .iter()
         .enumerate()
         .filter(|(i, a)| {
-            !a.starts_with("--") && (*i == 0 || args[i - 1] != "--rounds") && *a != "--bench"
+            !a.starts_with("--")
+                && (*i == 0 || !["--rounds", "--perf"].contains(&args[i - 1].as_str()))
+                && *a != "--bench"
         })
         .map(|(_, a)| a)
         .collect();
@@ -215,6 +306,7 @@ async fn main() {
         revs.iter().map(|r| (r.to_string(), build(r))).collect();
     builds.push(("head".to_owned(), PathBuf::from(BIN)));
     let redis = RedisServer::start();
+    println!("# head: {}", head_state());
     println!("# baseline: one replica per run, mock broker ({PARTITIONS} partitions), private redis-server, local downstream; {jobs} jobs over {SELLERS} sellers; {rounds} rounds\n");
     // [build][limited] -> jobs/s per round, calls per job per round.
     let mut rates = vec![[Vec::new(), Vec::new()]; builds.len()];
@@ -222,7 +314,11 @@ async fn main() {
     for round in 1..=rounds {
         for limited in [false, true] {
             for (b, (name, bin)) in builds.iter().enumerate() {
-                let r = one_run(bin, &redis, jobs, limited).await;
+                let out = perf_dir.as_ref().map(|d| {
+                    let limiter = if limited { "on" } else { "off" };
+                    d.join(format!("{name}-{limiter}-r{round}.data"))
+                });
+                let r = one_run(bin, &redis, jobs, limited, out.as_deref()).await;
                 eprintln!(
                     "round {round}: {name}, limiter {}: {:.0} jobs/s, {:.3} limiter calls per job",
                     if limited { "on" } else { "off" },
