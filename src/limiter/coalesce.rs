@@ -25,6 +25,8 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::stream::FuturesUnordered;
+use std::future::Future;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
 use super::core::{Limiter, LimiterError};
@@ -130,15 +132,17 @@ impl<S: Store + 'static> Coalescer<S> {
     }
 
     /// [`Coalescer::acquire_jobs`] for several sellers at once: the asks
-    /// go as one group, in one call (in calls of `max` when there are
-    /// more), with whatever else is queued. One answer per ask, in order.
-    pub async fn acquire_jobs_many(
+    /// go as one group, now, in one call (in calls of `max` when there
+    /// are more), with whatever else is queued. Each answer comes with its
+    /// ask's index as soon as its call answers (in cluster topology, each
+    /// seller's call is its own).
+    pub fn acquire_jobs_many(
         &self,
         asks: &[(Arc<str>, Vec<u64>)],
-    ) -> Vec<Result<BatchDecision, CoalesceError<S::Error>>> {
+    ) -> FuturesUnordered<impl Future<Output = (usize, Answer<S::Error>)> + Send + 'static> {
         let mut group = Vec::with_capacity(asks.len());
-        let mut answers = Vec::with_capacity(asks.len());
-        for (seller, costs) in asks {
+        let answers = FuturesUnordered::new();
+        for (i, (seller, costs)) in asks.iter().enumerate() {
             let (reply, answer) = oneshot::channel();
             match check_costs(costs) {
                 Some(e) => {
@@ -150,17 +154,14 @@ impl<S: Store + 'static> Coalescer<S> {
                     reply,
                 }),
             }
-            answers.push(answer);
+            answers.push(async move { (i, answer.await.unwrap_or(Err(CoalesceError::Stopped))) });
         }
-        // A send fails only once the task stopped: every answer then says so.
+        // A send fails only once the task stopped: every answer then says
+        // so (its reply was dropped).
         if !group.is_empty() {
             let _ = self.tx.send(group);
         }
-        let mut out = Vec::with_capacity(answers.len());
-        for answer in answers {
-            out.push(answer.await.unwrap_or(Err(CoalesceError::Stopped)));
-        }
-        out
+        answers
     }
 }
 

@@ -3,6 +3,8 @@
 
 use std::future::Future;
 use std::sync::Arc;
+
+use futures::stream::{FuturesUnordered, Stream, StreamExt};
 use std::time::Duration;
 
 use rand::Rng;
@@ -77,19 +79,22 @@ pub trait Permits: Send + Sync + 'static {
         }
     }
 
-    /// Many sellers' job lists asked together: one answer per ask, in
-    /// order. The engine sends the asks of one turn of its loop this way,
-    /// so that they travel to Redis in one call whatever the timing of the
-    /// tasks ([`Coalescer`] keeps a group together); by default each ask
-    /// goes through [`Permits::acquire_jobs`] on its own, side by side.
-    fn acquire_jobs_many(
-        &self,
-        asks: &[(Arc<str>, Vec<u64>)],
-    ) -> impl Future<Output = Vec<Result<BatchDecision, PermitError>>> + Send {
-        futures::future::join_all(
-            asks.iter()
-                .map(|(seller, costs)| self.acquire_jobs(seller, costs)),
-        )
+    /// Many sellers' job lists asked together: each answer, with the
+    /// ask's index, as soon as it is decided (one seller's slow call holds
+    /// back no other seller's grant: a grant that waited would reach the
+    /// downstream late). The engine sends the asks of one turn of its loop
+    /// this way, so that they travel to Redis in one call whatever the
+    /// timing of the tasks ([`Coalescer`] keeps a group together); by
+    /// default each ask goes through [`Permits::acquire_jobs`] on its own,
+    /// side by side.
+    fn acquire_jobs_many<'a>(
+        &'a self,
+        asks: &'a [(Arc<str>, Vec<u64>)],
+    ) -> impl Stream<Item = (usize, Result<BatchDecision, PermitError>)> + Send + 'a {
+        asks.iter()
+            .enumerate()
+            .map(|(i, (seller, costs))| async move { (i, self.acquire_jobs(seller, costs).await) })
+            .collect::<FuturesUnordered<_>>()
     }
 
     /// Gives back slots of `seller`'s `max_in_flight` that a grant took
@@ -301,15 +306,12 @@ impl<S: Store + 'static> Permits for Coalescer<S> {
             .map_err(PermitError::unavailable)
     }
 
-    async fn acquire_jobs_many(
-        &self,
-        asks: &[(Arc<str>, Vec<u64>)],
-    ) -> Vec<Result<BatchDecision, PermitError>> {
+    fn acquire_jobs_many<'a>(
+        &'a self,
+        asks: &'a [(Arc<str>, Vec<u64>)],
+    ) -> impl Stream<Item = (usize, Result<BatchDecision, PermitError>)> + Send + 'a {
         Coalescer::acquire_jobs_many(self, asks)
-            .await
-            .into_iter()
-            .map(|a| a.map_err(PermitError::unavailable))
-            .collect()
+            .map(|(i, answer)| (i, answer.map_err(PermitError::unavailable)))
     }
 }
 

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures::stream::{Stream, StreamExt};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use throttle_worker::downstream::{retry_after, Answer};
@@ -700,14 +701,15 @@ impl Permits for SimPermits {
     }
 
     /// One request of the engine (its asks of one turn), journalled as
-    /// such and ask by ask.
-    async fn acquire_jobs_many(
-        &self,
-        asks: &[(Arc<str>, Vec<u64>)],
-    ) -> Vec<Result<BatchDecision, PermitError>> {
+    /// such and ask by ask; each ask ends when its answer comes (or the
+    /// request is dropped: a kill).
+    fn acquire_jobs_many<'a>(
+        &'a self,
+        asks: &'a [(Arc<str>, Vec<u64>)],
+    ) -> impl Stream<Item = (usize, Result<BatchDecision, PermitError>)> + Send + 'a {
         let w = &self.world;
         let from_ms = w.now_ms();
-        let guards: Vec<AskGuard<'_>> = w.journal.with(|log| {
+        let mut guards: Vec<Option<AskGuard<'a>>> = w.journal.with(|log| {
             log.limiter_requests += 1;
             asks.iter()
                 .map(|(seller, costs)| {
@@ -717,16 +719,17 @@ impl Permits for SimPermits {
                         jobs: costs.len(),
                         seller: seller.to_string(),
                     });
-                    AskGuard {
+                    Some(AskGuard {
                         world: w,
                         index: log.asks.len() - 1,
-                    }
+                    })
                 })
                 .collect()
         });
-        let answers = Permits::acquire_jobs_many(&self.inner, asks).await;
-        drop(guards);
-        answers
+        Permits::acquire_jobs_many(&self.inner, asks).map(move |(i, answer)| {
+            drop(guards.get_mut(i).and_then(Option::take));
+            (i, answer)
+        })
     }
 
     fn rules_of(&self, seller: &str) -> Option<(Vec<Rule>, Vec<Rule>)> {

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use tokio::time::Instant;
 
 use crate::dead_letter::DeadLetterKind;
@@ -92,7 +93,7 @@ impl<X: Ports> Engine<X> {
     /// Sends the asks of this turn of the loop as one group, in one
     /// limiter call (`Permits::acquire_jobs_many`): the sellers handed
     /// turns together travel together, whatever the timing of the tasks.
-    /// Each answer comes back as its own event.
+    /// Each answer comes back as its own event as soon as it is decided.
     pub(super) fn flush_asks(&mut self) {
         if self.asks.is_empty() {
             return;
@@ -104,13 +105,12 @@ impl<X: Ports> Engine<X> {
             self.deps.clock.clone(),
         );
         tokio::spawn(async move {
-            let answers = permits.acquire_jobs_many(&asks).await;
-            let answered_at = clock.now();
-            for ((seller, _), result) in asks.into_iter().zip(answers) {
+            let mut answers = std::pin::pin!(permits.acquire_jobs_many(&asks));
+            while let Some((i, result)) = answers.next().await {
                 let _ = tx.send(Event::Permit {
-                    seller,
+                    seller: asks[i].0.clone(),
                     result,
-                    answered_at,
+                    answered_at: clock.now(),
                 });
             }
         });
