@@ -57,6 +57,11 @@ pub enum LimiterError<E: std::error::Error + 'static> {
     NoJobs,
     #[error(transparent)]
     Store(E),
+    /// The script answered fewer (or more) replies than the call had
+    /// requests: a defect of the scripts or of the store, not of a job.
+    /// What the call charged is given back, as for a lost reply.
+    #[error("the limiter's script answered {got} replies to a call of {sent} requests")]
+    ShortReply { sent: usize, got: usize },
 }
 
 pub(super) use super::script::KeyedRule;

@@ -61,7 +61,19 @@ impl<S: Store> Limiter<S> {
         call: &JobsCall,
     ) -> Result<Vec<JobsReply>, LimiterError<S::Error>> {
         match self.store.run_jobs(call).await {
-            Ok(replies) => Ok(replies),
+            Ok(replies) if replies.len() == call.requests.len() => Ok(replies),
+            // Read as it stands, a short reply would leave lists with no
+            // answer: the call fails whole, and what it charged (nobody
+            // can tell which) is given back.
+            Ok(replies) => {
+                if !call.dry_run {
+                    cancel_in_background(self.store.clone(), call.clone());
+                }
+                Err(LimiterError::ShortReply {
+                    sent: call.requests.len(),
+                    got: replies.len(),
+                })
+            }
             Err(e) => {
                 if !call.dry_run && S::may_have_run(&e) {
                     cancel_in_background(self.store.clone(), call.clone());
@@ -385,8 +397,8 @@ impl<S: Store> Limiter<S> {
             requests: vec![req],
         };
         let replies = self.run_jobs_call(&call).await?;
-        // One request went in, and the script answers one reply per
-        // request (`JobsReply::many_from_slice` refuses an empty answer).
+        // One request went in, and `run_jobs_call` answers one reply per
+        // request or fails.
         let req = call
             .requests
             .into_iter()

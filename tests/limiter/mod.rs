@@ -19,4 +19,5 @@ mod refund;
 mod reset;
 mod rolling;
 mod shadow;
+mod short_reply;
 mod tables;
