@@ -62,7 +62,7 @@ pub use redact::{is_secret_property, redact_url};
 pub use renames::{Deprecation, RENAMED};
 pub use settings::{HttpSettings, Settings, COPY_OVERHEAD_BYTES};
 pub use size::{parse_size, SizeError};
-pub use worker::WorkerSettings;
+pub use worker::{OrderingKey, OrderingMode, WorkerSettings};
 // `self::`: there is a `redis` crate too.
 pub use self::redis::{
     OnError, OnStateLoss, RedisSettings, StateLayout, Topology, MAX_COALESCE_WINDOW,

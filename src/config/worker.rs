@@ -53,6 +53,99 @@ pub struct WorkerSettings {
     /// before any new one. Default 30s.
     #[serde(deserialize_with = "human_duration")]
     pub priority_aging: Duration,
+    /// Which of a seller's jobs reach the downstream one at a time, in
+    /// offset order: those of one ordering key (`key`, the default), all
+    /// of one partition (`seller`), or none (`none`).
+    pub ordering: OrderingMode,
+    /// Where a job's ordering key is read (`worker.ordering = "key"`): a
+    /// JSON pointer into the record value (default `/payload/sku`),
+    /// `record_key`, or `header:<name>`. A job without one falls back to
+    /// its record key, then to its partition.
+    pub ordering_key: OrderingKey,
+}
+
+/// `worker.ordering`: the unit whose jobs go one at a time, in offset order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OrderingMode {
+    /// The jobs of one ordering key (within a partition).
+    Key,
+    /// The jobs of one seller within a partition.
+    Seller,
+    /// No order: every job may run beside any other.
+    None,
+}
+
+/// `worker.ordering_key`: where a job's ordering key is read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OrderingKey {
+    /// The Kafka record key.
+    RecordKey,
+    /// The value of the record header of this name.
+    Header(String),
+    /// The member of the record value at this JSON pointer (RFC 6901),
+    /// held as its unescaped reference tokens.
+    Field {
+        pointer: String,
+        tokens: Vec<String>,
+    },
+}
+
+impl OrderingKey {
+    /// Reads `record_key`, `header:<name>` or a JSON pointer.
+    pub fn parse(s: &str) -> Result<OrderingKey, String> {
+        let s = s.trim();
+        if s == "record_key" {
+            return Ok(OrderingKey::RecordKey);
+        }
+        if let Some(name) = s.strip_prefix("header:") {
+            let name = name.trim();
+            if name.is_empty() {
+                return Err("\"header:\" needs a header name, e.g. \"header:product-id\"".into());
+            }
+            return Ok(OrderingKey::Header(name.to_owned()));
+        }
+        if let Some(rest) = s.strip_prefix('/') {
+            let mut tokens = Vec::new();
+            for raw in rest.split('/') {
+                tokens.push(unescape_token(raw).ok_or_else(|| {
+                    format!("JSON pointer {s:?}: \"~\" must be followed by 0 or 1 (RFC 6901)")
+                })?);
+            }
+            return Ok(OrderingKey::Field {
+                pointer: s.to_owned(),
+                tokens,
+            });
+        }
+        Err(format!(
+            "{s:?} is not an ordering key source: write \"record_key\", \"header:<name>\" or a JSON pointer into the record value such as \"/payload/sku\""
+        ))
+    }
+}
+
+/// A JSON pointer's reference token with `~1` and `~0` undone.
+fn unescape_token(raw: &str) -> Option<String> {
+    let mut out = String::with_capacity(raw.len());
+    let mut chars = raw.chars();
+    while let Some(c) = chars.next() {
+        if c != '~' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('0') => out.push('~'),
+            Some('1') => out.push('/'),
+            _ => return None,
+        }
+    }
+    Some(out)
+}
+
+impl<'de> Deserialize<'de> for OrderingKey {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<OrderingKey, D::Error> {
+        let s = String::deserialize(d)?;
+        OrderingKey::parse(&s).map_err(serde::de::Error::custom)
+    }
 }
 
 impl WorkerSettings {

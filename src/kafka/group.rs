@@ -65,11 +65,16 @@ impl Consumers {
         self.retries.subscribe(tiers)
     }
 
-    /// Starts both poll threads; returns the records of both. Call once.
-    pub fn start(&self) -> Result<mpsc::Receiver<Record>, ConsumerError> {
+    /// Starts both poll threads; returns the records of both, each with
+    /// the value of its header `ordering_header`, if named. Call once.
+    pub fn start(
+        &self,
+        ordering_header: Option<&str>,
+    ) -> Result<mpsc::Receiver<Record>, ConsumerError> {
         let (tx, rx) = mpsc::channel(RECORD_CHANNEL);
-        self.jobs.start(tx.clone())?;
-        self.retries.start(tx)?;
+        let header: Option<Arc<str>> = ordering_header.map(Arc::from);
+        self.jobs.start(tx.clone(), header.clone())?;
+        self.retries.start(tx, header)?;
         Ok(rx)
     }
 

@@ -43,6 +43,9 @@ pub struct Record {
     /// The worker's own headers (`x-not-before`, `x-attempts`, …), or why
     /// they are unreadable.
     pub headers: Result<RetryHeaders, HeaderError>,
+    /// The value of the header the ordering key is read from
+    /// (`worker.ordering_key = "header:<name>"`), when the record has it.
+    pub ordering_header: Option<Vec<u8>>,
 }
 
 /// A partition's first unfinished record and how many finished records

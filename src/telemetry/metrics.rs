@@ -112,6 +112,12 @@ pub struct Metrics {
     /// Retry or dead-letter copies the broker refused as too large, by what was
     /// done instead: `dead_letter_without_payload`, `kept_in_memory`.
     pub records_too_large: Family<ReasonLabel, Counter>,
+    /// Jobs whose ordering key (`worker.ordering_key`) was not in the record,
+    /// by what ordered them instead: `record_key`, or `partition` (no record
+    /// key either: the job went one at a time with its seller's others of
+    /// its partition). A steady count means the key is read from the wrong
+    /// place.
+    pub ordering_key_missing: Family<ReasonLabel, Counter>,
     /// Job records whose `traceparent` is not valid W3C trace context (`shape`,
     /// `not_hex`, `version`, `zero_trace_id`, `zero_parent_id`); each job went
     /// on in a new trace (see [Tracing](../operate/observability.md#tracing)).
@@ -321,6 +327,11 @@ impl Metrics {
             records_too_large: reg!(
                 "records_too_large",
                 "Records the broker refused as too large to copy, by what the worker did instead: dead_letter_without_payload, kept_in_memory",
+                Family::default()
+            ),
+            ordering_key_missing: reg!(
+                "ordering_key_missing",
+                "Jobs whose ordering key (worker.ordering_key) was not in the record, by what ordered them instead: record_key, partition",
                 Family::default()
             ),
             trace_context_invalid: reg!(

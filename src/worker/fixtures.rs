@@ -55,3 +55,23 @@ pub(super) fn pending(seller: &str, partition: i32, offset: i64, cost: u64) -> P
         Instant::now(),
     )
 }
+
+/// The lane of the jobs of `partition` keyed `key` (`worker.ordering =
+/// "key"`, the key read from the record key).
+pub(super) fn lane(partition: i32, key: &str) -> super::ordering::Lane {
+    use super::ordering::{Ordering, Read};
+    use crate::config::{OrderingKey, OrderingMode};
+    let ordering = Ordering::new(OrderingMode::Key, OrderingKey::RecordKey);
+    let o = Position {
+        topic: "jobs".to_owned(),
+        partition,
+        offset: 0,
+    };
+    let read = Read {
+        origin: &o,
+        record_key: Some(key.as_bytes()),
+        header: None,
+        value: b"{}",
+    };
+    ordering.lane(read).0
+}

@@ -25,7 +25,9 @@
 //! - `timers`: the timer heap and saturating time arithmetic.
 //! - [`waits`]: each seller's wait as an operator reads it (oldest job,
 //!   predicted drain, what holds it).
-//! - [`pending`]: a job in memory, as the components pass it around.
+//! - [`pending`]: a job in memory, as the components pass it around;
+//!   [`ordering`]: the lane it runs in (`worker.ordering`): one job of a
+//!   lane is out at a time, in offset order.
 //!
 //! Around the engine:
 //! - [`ports`]: the traits through which the engine reaches its world
@@ -50,6 +52,7 @@ mod fair;
 mod fixtures;
 pub mod ledger;
 pub mod memory;
+pub mod ordering;
 mod outage;
 mod partitions;
 pub mod pending;

@@ -7,6 +7,7 @@ use crate::job::Job;
 use crate::kafka::consumer::Origin;
 use crate::kafka::OriginalRecord;
 
+use super::ordering::{partition_lane, Lane};
 use super::pool::Slots;
 use super::slots::Lease;
 
@@ -15,6 +16,9 @@ use super::slots::Lease;
 pub struct Pending {
     pub job: Job,
     pub origin: Origin,
+    /// Its unit of order ([`super::ordering`]): no other job of its lane is
+    /// out while it is, nor before it.
+    pub lane: Lane,
     pub original: OriginalRecord,
     /// Downstream calls made so far, across retry-topic round trips.
     pub attempts: u32,
@@ -42,7 +46,8 @@ pub struct Pending {
 }
 
 impl Pending {
-    /// A job just taken from its record (or parsed again from it).
+    /// A job just taken from its record (or parsed again from it), in its
+    /// partition's lane until [`Pending::in_lane`] says otherwise.
     pub fn new(
         job: Job,
         origin: Origin,
@@ -53,6 +58,7 @@ impl Pending {
     ) -> Pending {
         Pending {
             job,
+            lane: partition_lane(&original.origin),
             origin,
             original,
             attempts,
@@ -64,6 +70,12 @@ impl Pending {
             lease: None,
             slot: None,
         }
+    }
+
+    /// The job, in `lane`.
+    pub fn in_lane(mut self, lane: Lane) -> Pending {
+        self.lane = lane;
+        self
     }
 
     /// Not called (a 429 put it back, a pause took it, a revoke): its

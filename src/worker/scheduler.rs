@@ -5,10 +5,10 @@
 //! and the engine does it.
 //!
 //! A seller asks only for as many jobs as there are free downstream slots,
-//! one per partition head, so a grant is used at once: a grant that waited
+//! one per lane head (`super::ordering`), so a grant is used at once: a grant that waited
 //! for capacity would reach the downstream late and bunch up with the next
-//! window's. It may ask again while its jobs run, for partitions with no
-//! job out. Sellers that are ready while every slot is taken (or while
+//! window's. It may ask again while its jobs run, for lanes with no job
+//! out. Sellers that are ready while every slot is taken (or while
 //! others wait for one) wait for their turn, without asking Redis; turns go
 //! by weighted fair shares (`super::fair`). A pacer's granted jobs wait for
 //! their go-at without a slot, and take one when they can go; they are
@@ -25,11 +25,10 @@ use crate::limiter::{BatchDecision, BatchGranted, DeniedBy, NextJob, Share};
 use crate::telemetry::events::{CallAvoided, SellerWaiting};
 
 use super::fair::Fair;
+use super::ordering::Lane;
 use super::pending::Pending;
 use super::pool::{SlotPool, Slots};
-use super::seller::{
-    partition_heads, position, ranked_heads, take_granted, Paced, Phase, Rank, Seller,
-};
+use super::seller::{lane_heads, position, ranked_heads, take_granted, Paced, Phase, Rank, Seller};
 use super::slots::Lease;
 use super::timers::after;
 use super::waits::{HeldBy, Seen};
@@ -229,9 +228,9 @@ impl Scheduler {
         seller.blocked_until = None;
         let next = seller.wake_delayed(now);
         if !seller.queue.is_empty() {
-            if partition_heads(&seller.queue, &seller.out, 1).is_empty() {
-                // Each of its partitions has a job out: the answers ready
-                // it again.
+            if lane_heads(&seller.queue, &seller.busy(), 1).is_empty() {
+                // Each of its lanes has a job out or backing off: the
+                // answers and the backoffs' ends ready it again.
                 return (Ready::NotNow, next);
             }
             return (Ready::Waiting, next);
@@ -304,12 +303,13 @@ impl Scheduler {
             now,
             aging: self.priority_aging,
         };
+        let busy = seller.busy();
         let heads = if seller.ranked {
-            let (heads, ranked) = ranked_heads(&seller.queue, &seller.out, most, rank);
+            let (heads, ranked) = ranked_heads(&seller.queue, &busy, most, rank);
             seller.ranked = ranked;
             heads
         } else {
-            partition_heads(&seller.queue, &seller.out, most)
+            lane_heads(&seller.queue, &busy, most)
         };
         let costs: Vec<u64> = heads.iter().map(|&i| seller.queue[i].job.cost).collect();
         if costs.is_empty() {
@@ -320,6 +320,7 @@ impl Scheduler {
             .iter()
             .map(|&i| seller.queue[i].origin.clone())
             .collect();
+        seller.asked_lanes = heads.iter().map(|&i| seller.queue[i].lane).collect();
         let slots = self.pool.take_up_to(costs.len());
         debug_assert_eq!(slots.len(), costs.len(), "asked for more than is free");
         seller.asking = Some(slots);
@@ -373,6 +374,7 @@ impl Scheduler {
         seller.in_flight_bound = in_flight_bound(decision);
         let mut slots = seller.asking.take();
         let asked = std::mem::take(&mut seller.asked);
+        seller.asked_lanes.clear();
         let g = match decision {
             BatchDecision::Granted(g) => g,
             BatchDecision::Denied(_) => {
@@ -403,7 +405,7 @@ impl Scheduler {
         for (granted_at, go_at, mut p) in schedule(g, batch, answered_at) {
             if go_at <= now {
                 p.slot = slots.as_mut().and_then(Slots::split_one);
-                seller.sent(&p.origin);
+                seller.sent(p.lane);
                 run.push((granted_at, p));
             } else {
                 seller.paced.push_back(Paced {
@@ -518,7 +520,7 @@ impl Scheduler {
             };
             if let Some(mut q) = seller.paced.pop_front() {
                 q.pending.slot = Some(slot);
-                seller.sent(&q.pending.origin);
+                seller.sent(q.pending.lane);
                 seller.runs += 1;
                 due.run.push((q.granted_at_us, q.pending));
             }
@@ -541,11 +543,11 @@ impl Scheduler {
         seller.settle_phase();
     }
 
-    /// `key`'s job at `origin` is back from a run (answered, or not
-    /// called): its partition may be asked about again.
-    pub(super) fn returned(&mut self, key: &Arc<str>, origin: &Origin) {
+    /// `key`'s job of `lane` is back from a run (answered, or not
+    /// called): its lane may be asked about again.
+    pub(super) fn returned(&mut self, key: &Arc<str>, lane: Lane) {
         if let Some(seller) = self.sellers.get_mut(key) {
-            seller.returned(origin);
+            seller.returned(lane);
         }
     }
 
@@ -1083,8 +1085,7 @@ mod tests {
         };
         // Both partitions have a job out: nothing to ask for yet.
         assert_eq!(s.ready(&s_, now).0, Ready::NotNow);
-        let first = &grant.run[0].1.origin;
-        s.returned(&s_, first);
+        s.returned(&s_, grant.run[0].1.lane);
         assert_eq!(
             s.ready(&s_, now).0,
             Ready::Waiting,
@@ -1191,9 +1192,11 @@ mod tests {
     fn backoffs_end_first_in_offset_order() {
         let s_ = key("s");
         let (mut s, now) = queued(4, &[(0, 5, 1)]);
-        s.back_off(&s_, now + 2 * MS, pending("s", 0, 3, 1));
-        s.back_off(&s_, now + MS, pending("s", 0, 2, 1));
-        s.back_off(&s_, now + 9 * MS, pending("s", 0, 1, 1));
+        // Three partitions: on one, a job backing off holds the later
+        // ones of its lane (below).
+        s.back_off(&s_, now + 2 * MS, pending("s", 3, 3, 1));
+        s.back_off(&s_, now + MS, pending("s", 2, 2, 1));
+        s.back_off(&s_, now + 9 * MS, pending("s", 1, 1, 1));
         let (ready, next) = s.ready(&s_, now + 2 * MS);
         assert_eq!(ready, Ready::Waiting);
         assert_eq!(next, Some(now + 9 * MS));
@@ -1203,6 +1206,12 @@ mod tests {
             .map(|p| p.origin.offset)
             .collect();
         assert_eq!(queue, [2, 3, 5]);
+        // A job backing off holds back the later jobs of its lane only.
+        let (mut s, now) = queued(4, &[(0, 5, 1), (1, 6, 1)]);
+        s.back_off(&s_, now + MS, pending("s", 0, 4, 1));
+        assert_eq!(s.ask(&s_, Share::default(), None, now), [1]);
+        let asked: Vec<i64> = s.sellers[&s_].asked.iter().map(|o| o.offset).collect();
+        assert_eq!(asked, [6], "partition 0's job 5 waits for job 4");
     }
 
     #[test]

@@ -7,7 +7,6 @@
 //! about them.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -15,12 +14,13 @@ use tokio::time::Instant;
 use crate::kafka::consumer::Origin;
 use crate::limiter::BatchGranted;
 
+use super::ordering::{Lane, LaneMap, LaneSet};
 use super::pending::Pending;
 use super::pool::Slots;
 use super::waits::HeldBy;
 
 /// How deep into a seller's queue to look for the next job of each
-/// partition; bounds the work per limiter call for a seller with a deep
+/// lane; bounds the work per limiter call for a seller with a deep
 /// backlog on few partitions.
 const HEAD_SCAN: usize = 512;
 
@@ -51,6 +51,8 @@ pub(super) struct Seller {
     /// meanwhile (a revoke, `unstick`): a "never" names the job it was
     /// about, and a grant takes only jobs that were asked for.
     pub(super) asked: Vec<Origin>,
+    /// The lanes of the jobs in `asked`.
+    pub(super) asked_lanes: Vec<Lane>,
     /// 429s in a row that named no useful wait (none, zero, a past date):
     /// each one backs off longer, so "Retry-After: 0" cannot loop.
     pub(super) throttles_in_a_row: u32,
@@ -74,11 +76,11 @@ pub(super) struct Seller {
     /// ranked over the whole queue ([`ranked_heads`]), else read in queue
     /// order within [`HEAD_SCAN`].
     pub(super) ranked: bool,
-    /// The partition of each granted job not yet answered (called, or
-    /// about to be): the seller may ask again while these run, but never
-    /// for a job of one of these partitions, so one seller's jobs of a
-    /// partition still reach the downstream one at a time, in order.
-    pub(super) out: Vec<(Arc<str>, i32)>,
+    /// The lane of each granted job not yet answered (called, or about to
+    /// be): the seller may ask again while these run, but never for a job
+    /// of one of these lanes, so a lane's jobs reach the downstream one at
+    /// a time, in order.
+    pub(super) out: Vec<Lane>,
 }
 
 /// A granted job of a pacer (`leaky_bucket`), waiting for its go-at.
@@ -100,6 +102,7 @@ impl Seller {
             asking: None,
             wants_capacity: false,
             asked: Vec::new(),
+            asked_lanes: Vec::new(),
             throttles_in_a_row: 0,
             paced: VecDeque::new(),
             runs: 0,
@@ -117,28 +120,41 @@ impl Seller {
         self.out.len() + self.asking.as_ref().map_or(0, Slots::len)
     }
 
+    /// What it may not ask about now: lanes with a job out, and the jobs
+    /// behind one that waits out a backoff in their lane.
+    pub(super) fn busy(&self) -> Busy {
+        let mut busy = Busy {
+            out: self.out.iter().copied().collect(),
+            backing_off: LaneMap::default(),
+        };
+        for (_, p) in &self.delayed {
+            let offset = p.original.origin.offset;
+            let first = busy.backing_off.entry(p.lane).or_insert(offset);
+            *first = (*first).min(offset);
+        }
+        busy
+    }
+
     /// Whether, while its limiter call is under way, it has jobs waiting
-    /// on partitions that call did not ask about and with no job out:
-    /// what it could ask for next.
+    /// in lanes that call did not ask about and that are not busy: what it
+    /// could ask for next.
     pub(super) fn more_heads(&self) -> bool {
-        let mut busy = self.out.clone();
-        busy.extend(self.asked.iter().map(|o| (o.topic.clone(), o.partition)));
-        !partition_heads(&self.queue, &busy, 1).is_empty()
+        let mut busy = self.busy();
+        busy.out.extend(self.asked_lanes.iter().copied());
+        !lane_heads(&self.queue, &busy, 1).is_empty()
     }
 
-    /// A job of `origin`'s partition is out.
-    pub(super) fn sent(&mut self, origin: &Origin) {
-        self.out.push((origin.topic.clone(), origin.partition));
+    /// A job of `lane` is out.
+    pub(super) fn sent(&mut self, lane: Lane) {
+        debug_assert!(!self.out.contains(&lane), "two jobs of {lane:?} out");
+        self.out.push(lane);
     }
 
-    /// The job at `origin` is back (answered, or not called): its
-    /// partition may be asked about again.
-    pub(super) fn returned(&mut self, origin: &Origin) {
-        let at = self
-            .out
-            .iter()
-            .position(|(t, p)| *t == origin.topic && *p == origin.partition);
-        debug_assert!(at.is_some(), "{origin:?} came back but was not out");
+    /// The job of `lane` out is back (answered, or not called): its lane
+    /// may be asked about again.
+    pub(super) fn returned(&mut self, lane: Lane) {
+        let at = self.out.iter().position(|l| *l == lane);
+        debug_assert!(at.is_some(), "{lane:?} came back but was not out");
         if let Some(i) = at {
             self.out.swap_remove(i);
         }
@@ -212,26 +228,43 @@ fn drop_bytes(dropped: &mut Vec<usize>, p: &Pending) -> bool {
     false
 }
 
-/// Indexes (ascending) of the first waiting job of each partition that
-/// has no job `out` already, at most `max` of them. A seller asks the limiter for exactly these: each can be
-/// called the moment it is granted (the jobs behind it in its partition
-/// must wait for it, to keep their order), so a grant reaches the downstream
-/// within one call of being made, and the downstream's view of the rate is
-/// the limiter's.
-pub(super) fn partition_heads(
-    queue: &VecDeque<Pending>,
-    out: &[(Arc<str>, i32)],
-    max: usize,
-) -> Vec<usize> {
-    let mut seen: Vec<(&str, i32)> = out.iter().map(|(t, p)| (&**t, *p)).collect();
+/// What a seller may not ask about now ([`Seller::busy`]).
+#[derive(Debug, Default)]
+pub(super) struct Busy {
+    /// Lanes with a job out (or asked about).
+    pub(super) out: LaneSet,
+    /// Per lane, the first (original) offset waiting out a backoff: the
+    /// later jobs of the lane wait for it. (A lane is one original
+    /// partition's, so its offsets compare.) Earlier ones, such as a
+    /// retry-tier record held a moment, are not held back by it.
+    pub(super) backing_off: LaneMap<i64>,
+}
+
+impl Busy {
+    fn holds(&self, p: &Pending) -> bool {
+        self.out.contains(&p.lane)
+            || self
+                .backing_off
+                .get(&p.lane)
+                .is_some_and(|&first| first < p.original.origin.offset)
+    }
+}
+
+/// Indexes (ascending) of the first waiting job of each lane that `busy`
+/// does not hold, at most `max` of them. A seller asks the limiter for exactly these: each can be called
+/// the moment it is granted (the jobs behind it in its lane must wait for
+/// it, to keep their order), so a grant reaches the downstream within one
+/// call of being made, and the downstream's view of the rate is the
+/// limiter's.
+pub(super) fn lane_heads(queue: &VecDeque<Pending>, busy: &Busy, max: usize) -> Vec<usize> {
+    let mut seen = LaneSet::default();
     let mut heads = Vec::new();
     for (i, p) in queue.iter().take(HEAD_SCAN).enumerate() {
         if heads.len() == max {
             break;
         }
-        let part = (&*p.origin.topic, p.origin.partition);
-        if !seen.contains(&part) {
-            seen.push(part);
+        // A lane's first job here decides for the lane: held, or its head.
+        if seen.insert(p.lane) && !busy.holds(p) {
             heads.push(i);
         }
     }
@@ -240,11 +273,11 @@ pub(super) fn partition_heads(
 
 /// How a seller's ready jobs are ordered when they name a `priority`:
 /// highest first, each job raised one level per `aging` it has waited in
-/// this replica, the earliest in the queue first among equals. So a job
-/// overtakes the jobs of its partition of a lower priority, and no other:
-/// jobs of one priority keep their offset order, and a bulk job that waited
-/// long enough goes before new urgent ones (no starvation). One job per
-/// partition is out at a time, as always.
+/// this replica, the earliest in the queue first among equals. Priority
+/// ranks lanes, never the jobs within one: a lane's first job goes first,
+/// carrying the rank of the most urgent job of its lane (which waits for
+/// it). So an urgent job overtakes the jobs of other lanes, and a bulk job
+/// that waited long enough goes before new urgent ones (no starvation).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Rank {
     pub(super) now: Instant,
@@ -260,42 +293,38 @@ impl Rank {
     }
 }
 
-/// The jobs to ask about, at most `max`, one per partition with no job
-/// out, for a seller whose queue may hold jobs that name a priority: each
-/// partition's first job of the highest [`Rank`], the partitions' picks
-/// ranked the same way. The whole queue is read, not [`HEAD_SCAN`] of it:
-/// an urgent job behind a deep bulk backlog is the one that must be seen.
-/// Also says whether any job still names a priority; when none does, the
-/// picks are [`partition_heads`]' (every job 0: queue order is age order).
+/// The jobs to ask about, at most `max`, one per lane not `busy`, for a
+/// seller whose queue may hold jobs that name a priority: each lane's
+/// first job, the lanes ranked by their most urgent job ([`Rank`]). The
+/// whole queue is read, not [`HEAD_SCAN`] of it: an urgent job behind a
+/// deep bulk backlog is the one that must be seen. Also says whether any
+/// job still names a priority; when none does, the picks are
+/// [`lane_heads`]' (every job 0: queue order is age order).
 pub(super) fn ranked_heads(
     queue: &VecDeque<Pending>,
-    out: &[(Arc<str>, i32)],
+    busy: &Busy,
     max: usize,
     rank: Rank,
 ) -> (Vec<usize>, bool) {
     if !queue.iter().any(|p| p.job.priority > 0) {
-        return (partition_heads(queue, out, max), false);
+        return (lane_heads(queue, busy, max), false);
     }
-    let busy: Vec<(&str, i32)> = out.iter().map(|(t, p)| (&**t, *p)).collect();
-    // Per partition: its best job so far, as (rank, place in the queue).
-    let mut best: Vec<((&str, i32), u64, usize)> = Vec::new();
+    // Per lane: its first job's place (none: held), and the best rank in
+    // it so far.
+    let mut lanes: LaneMap<(Option<usize>, u64)> = LaneMap::default();
     for (i, p) in queue.iter().enumerate() {
-        let part = (&*p.origin.topic, p.origin.partition);
-        if busy.contains(&part) {
-            continue;
-        }
         let r = rank.of(p);
-        match best.iter_mut().find(|(q, _, _)| *q == part) {
-            Some(b) if r > b.1 => (b.1, b.2) = (r, i),
-            Some(_) => {}
-            None => best.push((part, r, i)),
-        }
+        lanes
+            .entry(p.lane)
+            .and_modify(|b| b.1 = b.1.max(r))
+            .or_insert(((!busy.holds(p)).then_some(i), r));
     }
-    best.sort_by_key(|&(_, r, i)| (std::cmp::Reverse(r), i));
-    (
-        best.into_iter().take(max).map(|(_, _, i)| i).collect(),
-        true,
-    )
+    let mut best: Vec<(usize, u64)> = lanes
+        .into_values()
+        .filter_map(|(i, r)| Some((i?, r)))
+        .collect();
+    best.sort_by_key(|&(i, r)| (std::cmp::Reverse(r), i));
+    (best.into_iter().take(max).map(|(i, _)| i).collect(), true)
 }
 
 /// Where the job at `origin` waits in `queue`: near the front for the
@@ -335,7 +364,7 @@ mod tests {
     use super::*;
     use crate::limiter::local::granted;
 
-    use super::super::fixtures::{origin, pending};
+    use super::super::fixtures::{lane, origin, pending};
 
     fn queue(jobs: &[(i32, i64, u64)]) -> VecDeque<Pending> {
         jobs.iter()
@@ -355,7 +384,11 @@ mod tests {
             (&[(0, 1, 1)], 0, &[]),
         ];
         for &(jobs, max, heads) in cases {
-            assert_eq!(partition_heads(&queue(jobs), &[], max), heads, "{jobs:?}");
+            assert_eq!(
+                lane_heads(&queue(jobs), &Busy::default(), max),
+                heads,
+                "{jobs:?}"
+            );
         }
     }
 
@@ -378,36 +411,84 @@ mod tests {
                 .collect()
         };
         let rank = Rank { now: t0, aging };
+        let none = Busy::default();
         // Bulk on partitions 0 and 1, an urgent job on 2: it goes first.
         let q = build(&[(0, 1, 0, 5), (1, 2, 0, 5), (2, 3, 5, 0)]);
-        assert_eq!(ranked_heads(&q, &[], 9, rank).0, [2, 0, 1]);
-        assert_eq!(ranked_heads(&q, &[], 1, rank).0, [2]);
-        // An urgent job overtakes the bulk ones of its partition; jobs of
-        // one priority keep their order.
+        assert_eq!(ranked_heads(&q, &none, 9, rank).0, [2, 0, 1]);
+        assert_eq!(ranked_heads(&q, &none, 1, rank).0, [2]);
+        // An urgent job never overtakes the jobs of its own lane (here its
+        // partition): it lends its rank to the lane's first job, which
+        // goes first for it.
         let q = build(&[(0, 1, 0, 5), (0, 2, 9, 0), (0, 3, 9, 0), (1, 4, 3, 0)]);
-        assert_eq!(ranked_heads(&q, &[], 9, rank).0, [1, 3]);
+        assert_eq!(ranked_heads(&q, &none, 9, rank).0, [0, 3]);
+        // In lanes of their own (one product each), the urgent job goes
+        // first, past the bulk ones of its partition.
+        let mut q = build(&[(0, 1, 0, 5), (0, 2, 0, 5), (0, 3, 9, 0)]);
+        for (p, key) in q.iter_mut().zip(["a", "a", "b"]) {
+            p.lane = lane(0, key);
+        }
+        assert_eq!(ranked_heads(&q, &none, 9, rank).0, [2, 0]);
         let q = build(&[(0, 1, 0, 5), (0, 2, 0, 5), (1, 3, 1, 0)]);
-        assert_eq!(ranked_heads(&q, &[], 9, rank).0, [2, 0]);
+        assert_eq!(ranked_heads(&q, &none, 9, rank).0, [2, 0]);
         // A bulk job that waited 6 × 30 s (level 6) goes before a new 5.
         let q = build(&[(0, 1, 0, 180), (1, 2, 5, 0)]);
-        assert_eq!(ranked_heads(&q, &[], 9, rank).0, [0, 1]);
+        assert_eq!(ranked_heads(&q, &none, 9, rank).0, [0, 1]);
         // No priorities at all: queue order, as before.
         let q = build(&[(1, 1, 0, 0), (0, 2, 0, 100)]);
-        assert_eq!(ranked_heads(&q, &[], 9, rank).0, [0, 1]);
+        assert_eq!(ranked_heads(&q, &none, 9, rank).0, [0, 1]);
         // Deep behind a bulk backlog (past the 512 jobs read in queue
         // order), an urgent job is still seen.
         let mut jobs: Vec<(i32, i64, u8, u64)> = (0..600).map(|i| (0, i, 0, 1)).collect();
         jobs.push((1, 600, 5, 0));
         let q = build(&jobs);
-        assert_eq!(ranked_heads(&q, &[], 1, rank), (vec![600], true));
+        assert_eq!(ranked_heads(&q, &none, 1, rank), (vec![600], true));
         assert_eq!(position(&q, &q[600].origin), Some(600));
         // None left that names one: the flag clears.
         let q = build(&[(0, 1, 0, 0)]);
-        assert_eq!(ranked_heads(&q, &[], 9, rank), (vec![0], false));
-        // A partition with a job out is skipped whatever its priority.
+        assert_eq!(ranked_heads(&q, &none, 9, rank), (vec![0], false));
+        // A lane with a job out is skipped whatever its priority.
         let q = build(&[(0, 1, 9, 0), (1, 2, 0, 0)]);
-        let out = [(Arc::from("jobs"), 0)];
-        assert_eq!(ranked_heads(&q, &out, 9, rank).0, [1]);
+        let busy = Busy {
+            out: [q[0].lane].into_iter().collect(),
+            ..Busy::default()
+        };
+        assert_eq!(ranked_heads(&q, &busy, 9, rank).0, [1]);
+    }
+
+    /// Issue 50: the heads are each lane's first job; a lane with a job
+    /// out or backing off has none, so a key's jobs go one at a time and in
+    /// order, while other keys of the same partition go beside it.
+    #[test]
+    fn the_heads_are_each_lanes_first_job_and_busy_lanes_wait() {
+        let keyed = |offset: i64, key: &str| {
+            let mut p = pending("s", 0, offset, 1);
+            p.lane = lane(0, key);
+            p
+        };
+        let mut s = Seller::new();
+        s.queue = ["a", "b", "a", "c", "b"]
+            .iter()
+            .zip(1..)
+            .map(|(k, o)| keyed(o, k))
+            .collect();
+        assert_eq!(lane_heads(&s.queue, &s.busy(), 9), [0, 1, 3]);
+        // "a" out: its next job waits; "b" and "c" go.
+        s.sent(lane(0, "a"));
+        assert_eq!(lane_heads(&s.queue, &s.busy(), 9), [1, 3]);
+        s.returned(lane(0, "a"));
+        // "b" backing off: its later job waits for it too; an earlier one
+        // of its lane (a retry-tier record held a moment) does not.
+        let b = s.queue.remove(1).unwrap();
+        s.delayed.push((Instant::now(), b));
+        assert_eq!(lane_heads(&s.queue, &s.busy(), 9), [0, 2]);
+        s.queue.push_front(keyed(0, "b"));
+        assert_eq!(lane_heads(&s.queue, &s.busy(), 9), [0, 1, 3]);
+        s.queue.pop_front();
+        // While asking about "a" and "c", nothing else may be asked for.
+        s.asked_lanes = vec![lane(0, "a"), lane(0, "c")];
+        assert!(!s.more_heads());
+        s.delayed.clear();
+        assert!(s.more_heads());
     }
 
     #[test]

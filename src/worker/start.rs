@@ -21,6 +21,7 @@ use crate::telemetry::trace::Export;
 
 use super::engine::{Deps, Engine, Summary};
 use super::ledger::RedisLedger;
+use super::ordering::Ordering;
 use super::ports::{Live, SystemClock};
 use super::{refresh, reload};
 
@@ -216,7 +217,10 @@ impl Kafka {
         consumer
             .subscribe(&topics[1..topics.len() - 1])
             .map_err(StartError::Subscribe)?;
-        let records = consumer.start().map_err(StartError::Consumer)?;
+        let ordering = Ordering::from_settings(&settings.worker);
+        let records = consumer
+            .start(ordering.header())
+            .map_err(StartError::Consumer)?;
         Ok(Kafka {
             consumer: Arc::new(consumer),
             sink: Arc::new(sink),

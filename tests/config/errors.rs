@@ -92,3 +92,46 @@ bulk = [{ algorithm = "token_bucket", limit = 600, period = "1m", burst = 50 },
         other => panic!("{other:?}"),
     }
 }
+
+/// Issue 50: an ordering key source that is none of the three forms, or
+/// an unknown ordering, stops startup naming the file and the key.
+#[test]
+fn a_bad_ordering_names_its_key() {
+    // (row, [worker] body, key that must be named, words the problem must contain)
+    let rows: &[(u32, &str, &str, &str)] = &[
+        (
+            1,
+            r#"ordering_key = "payload.sku""#,
+            "worker.ordering_key",
+            "JSON pointer",
+        ),
+        (
+            2,
+            r#"ordering_key = "header:""#,
+            "worker.ordering_key",
+            "needs a header name",
+        ),
+        (
+            3,
+            r#"ordering_key = "/payload/~2""#,
+            "worker.ordering_key",
+            "RFC 6901",
+        ),
+        (4, r#"ordering = "product""#, "worker.ordering", "product"),
+    ];
+    for &(row, body, key, problem) in rows {
+        let (result, path) = load(&format!("[worker]\n{body}\n"));
+        let text = result
+            .err()
+            .unwrap_or_else(|| panic!("row {row}: {body} must be refused"))
+            .to_string();
+        for want in [key, problem, path.as_str()] {
+            assert!(
+                text.contains(want),
+                "row {row}: error must say {want:?}: {text}"
+            );
+        }
+    }
+    let (ok, _) = load("[worker]\nordering = \"seller\"\nordering_key = \"header:product-id\"\n");
+    assert!(ok.is_ok(), "{:?}", ok.err());
+}

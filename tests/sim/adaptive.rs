@@ -56,6 +56,7 @@ fn backlog(
     }
     for n in 0..jobs {
         sc.jobs.push(JobSpec {
+            sku: None,
             priority: 0,
             seller: n % sellers,
             cost: 1,

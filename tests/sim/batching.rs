@@ -63,6 +63,7 @@ fn many_sellers(seed: u64, sellers: usize, per_seller: usize, rule: RuleConfig) 
     for _ in 0..per_seller {
         for seller in 0..sellers {
             sc.jobs.push(JobSpec {
+                sku: None,
                 priority: 0,
                 seller,
                 cost: 1,

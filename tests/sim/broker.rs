@@ -358,6 +358,7 @@ impl SimSource {
                         trace: Default::default(),
                     },
                     headers: Ok(rec.headers.clone()),
+                    ordering_header: None,
                 });
             }
         }

@@ -16,6 +16,91 @@ pub fn all(sc: &Scenario, out: &Outcome) -> Vec<String> {
     let mut v = fleet(sc, out);
     v.extend(no_idle_slot_while_granted_waits(sc, out));
     v.extend(calls_within_concurrency(sc, out));
+    v.extend(ordered_by_key(sc, out));
+    v
+}
+
+/// The answered calls of each unit of order ([`Scenario::order_key`]), by
+/// arrival.
+fn calls_by_key<'a>(
+    sc: &Scenario,
+    out: &'a Outcome,
+) -> BTreeMap<(usize, i32, String), Vec<&'a Call>> {
+    let mut by_key: BTreeMap<(usize, i32, String), Vec<&Call>> = BTreeMap::new();
+    for c in &out.log.calls {
+        if let Some(k) = sc.order_key(c.job) {
+            by_key.entry(k).or_default().push(c);
+        }
+    }
+    for calls in by_key.values_mut() {
+        calls.sort_by_key(|c| (c.at_ms, c.end_ms, c.job));
+    }
+    by_key
+}
+
+/// Instants a partition changed hands (a rebalance, a kill): a call under
+/// way then may overlap its successor's (issue 53), and is excused here.
+fn handoffs(sc: &Scenario, out: &Outcome) -> Vec<u64> {
+    let mut at: Vec<u64> = sc.rebalances.iter().map(|r| r.0).collect();
+    at.extend(out.log.kills.iter().copied());
+    at.extend(sc.crashes.iter().map(|c| c.0));
+    at
+}
+
+/// Invariant 15 (issue 50): two jobs of one ordering key (`worker.ordering`:
+/// one product, or one seller's partition) are never at the downstream
+/// together, and they first reach it in offset order. Excused: a job that
+/// went round a retry tier before the later one's call (order across a
+/// tier is not kept: docs/src/concepts/ordering.md), and calls on either
+/// side of a handoff (a rebalance or a kill).
+pub fn ordered_by_key(sc: &Scenario, out: &Outcome) -> Vec<String> {
+    let log = &out.log;
+    let handoffs = handoffs(sc, out);
+    let handoff_within = |from: u64, to: u64| handoffs.iter().any(|&h| from <= h && h <= to);
+    let mut retried: BTreeMap<JobId, u64> = BTreeMap::new();
+    for &(at, j) in &log.retried_at {
+        let first = retried.entry(j).or_insert(at);
+        *first = (*first).min(at);
+    }
+    let mut v = Vec::new();
+    for (key, calls) in calls_by_key(sc, out) {
+        // The call seen so far that ends last: whatever starts before its
+        // end overlaps it.
+        let mut open: Option<&Call> = None;
+        for &c in &calls {
+            if let Some(p) = open {
+                if p.job != c.job && c.at_ms < p.end_ms && !handoff_within(p.at_ms, c.at_ms) {
+                    v.push(format!(
+                        "15. jobs {} and {} of one ordering key {key:?} at the downstream together at {} ms ({} ms to {} ms)",
+                        p.job, c.job, c.at_ms, p.at_ms, p.end_ms
+                    ));
+                    break;
+                }
+            }
+            if open.is_none_or(|p| c.end_ms > p.end_ms) {
+                open = Some(c);
+            }
+        }
+        // First calls in offset order (a job's index is its offset order
+        // within its partition: jobs are produced in index order).
+        let mut first: BTreeMap<JobId, u64> = BTreeMap::new();
+        for c in &calls {
+            first.entry(c.job).or_insert(c.at_ms);
+        }
+        let firsts: Vec<(JobId, u64)> = first.into_iter().collect();
+        'jobs: for (i, &(b, b_at)) in firsts.iter().enumerate() {
+            for &(a, a_at) in &firsts[..i] {
+                let excused =
+                    retried.get(&a).is_some_and(|&r| r <= b_at) || handoff_within(b_at, a_at);
+                if a_at > b_at && !excused {
+                    v.push(format!(
+                        "15. job {b} of ordering key {key:?} reached the downstream at {b_at} ms, before job {a}, earlier in its partition, at {a_at} ms"
+                    ));
+                    break 'jobs;
+                }
+            }
+        }
+    }
     v
 }
 
@@ -164,7 +249,48 @@ pub fn reach(sc: &Scenario, out: &Outcome) -> Reach {
     r.calls_cut_by_kill = log.unanswered.len() as u64;
     r.again_without_kill = second_successes_without_a_kill(out) as u64;
     r.shed_calls = log.calls.iter().filter(|c| c.class == "shed").count() as u64;
+    let (side_by_side, held) = lanes_reached(sc, out);
+    r.partition_side_by_side = side_by_side;
+    r.key_held_while_others_ran = held;
     r
+}
+
+/// Issue 50's reach counts: calls of one seller and partition that were
+/// at the downstream together (jobs of different keys side by side), and
+/// jobs whose key held them (produced while an earlier job of their key
+/// was out) while a job of another key of their seller started.
+fn lanes_reached(sc: &Scenario, out: &Outcome) -> (u64, u64) {
+    let mut by_part: BTreeMap<(usize, i32), Vec<&Call>> = BTreeMap::new();
+    for c in &out.log.calls {
+        let j = &sc.jobs[c.job];
+        by_part.entry((j.seller, j.partition)).or_default().push(c);
+    }
+    let mut side_by_side = 0;
+    for calls in by_part.values_mut() {
+        calls.sort_by_key(|c| (c.at_ms, c.end_ms));
+        let mut end = 0;
+        for c in calls.iter() {
+            side_by_side += u64::from(c.at_ms < end);
+            end = end.max(c.end_ms);
+        }
+    }
+    let mut held = 0;
+    for (key, calls) in calls_by_key(sc, out) {
+        for pair in calls.windows(2) {
+            let (a, b) = (pair[0], pair[1]);
+            let produced = sc.jobs[b.job].at_ms;
+            if a.job == b.job || produced >= a.end_ms {
+                continue;
+            }
+            let others_ran = by_part[&(key.0, key.1)].iter().any(|c| {
+                sc.order_key(c.job).as_ref() != Some(&key)
+                    && c.at_ms >= produced.max(a.at_ms)
+                    && c.at_ms < a.end_ms
+            });
+            held += u64::from(others_ran);
+        }
+    }
+    (side_by_side, held)
 }
 
 /// Invariant 9: a seller whose calls in flight are capped

@@ -343,6 +343,7 @@ fn a_quiet_world_finishes_every_job_within_its_limits() {
     });
     for i in 0..40 {
         sc.jobs.push(super::scenario::JobSpec {
+            sku: None,
             priority: 0,
             seller: 0,
             cost: 1,
@@ -372,6 +373,7 @@ use throttle_worker::config::OnError;
 
 fn job(seller: usize, cost: u64, at_ms: u64, partition: i32) -> JobSpec {
     JobSpec {
+        sku: None,
         priority: 0,
         seller,
         cost,
@@ -556,6 +558,7 @@ fn records_too_large_to_copy_are_dead_lettered_bare_or_kept_in_memory() {
     // 2 minutes, past worker.max_inline_delay, so it is bound for a retry
     // tier; job 2's payload is over worker.max_payload_bytes: a dead letter.
     let big = |pad, at_ms| JobSpec {
+        sku: None,
         priority: 0,
         pad,
         ..job(0, 1, at_ms, 0)

@@ -40,6 +40,7 @@ pub fn weighted(seed: u64, jobs: [usize; 3], cost: u64, weights: bool) -> Scenar
         for (seller, &of) in jobs.iter().enumerate() {
             if k < of {
                 sc.jobs.push(JobSpec {
+                    sku: None,
                     priority: 0,
                     seller,
                     cost,
@@ -284,6 +285,7 @@ fn a_min_share_guarantees_its_slots_against_many_equal_sellers() {
         for seller in 0..5 {
             if seller == 0 || k < 200 {
                 sc.jobs.push(JobSpec {
+                    sku: None,
                     priority: 0,
                     seller,
                     cost: 1,

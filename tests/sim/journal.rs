@@ -132,6 +132,12 @@ pub struct Reach {
     pub shed_calls: u64,
     /// A seller's learnt limit lowered by a 429 (`limits.learn`).
     pub learnt_drops: u64,
+    /// A call of a seller's partition that started while another of the
+    /// same seller and partition was out (keys side by side, issue 50).
+    pub partition_side_by_side: u64,
+    /// A job held by its key (an earlier job of its key out) while a job
+    /// of another key of its seller and partition started.
+    pub key_held_while_others_ran: u64,
 }
 
 impl Log {
@@ -156,10 +162,12 @@ impl Reach {
         self.again_without_kill += o.again_without_kill;
         self.shed_calls += o.shed_calls;
         self.learnt_drops += o.learnt_drops;
+        self.partition_side_by_side += o.partition_side_by_side;
+        self.key_held_while_others_ran += o.key_held_while_others_ran;
     }
 
     /// Each count by name.
-    pub fn named(&self) -> [(&'static str, u64); 10] {
+    pub fn named(&self) -> [(&'static str, u64); 12] {
         [
             ("a limiter refusal", self.denials),
             ("a loss of Redis' data found", self.losses_found),
@@ -174,6 +182,14 @@ impl Reach {
             ("a reply lost after its script ran", self.lost_replies),
             ("a call shed for the downstream's capacity", self.shed_calls),
             ("a learnt limit lowered by a 429", self.learnt_drops),
+            (
+                "calls of one seller and partition side by side",
+                self.partition_side_by_side,
+            ),
+            (
+                "a key held while another of its seller ran",
+                self.key_held_while_others_ran,
+            ),
         ]
     }
 }

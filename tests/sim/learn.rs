@@ -62,6 +62,7 @@ fn world(seed: u64, algorithm: &str, learn: Option<Duration>, jobs: usize) -> Sc
     });
     for n in 0..jobs {
         sc.jobs.push(JobSpec {
+            sku: None,
             priority: 0,
             seller: 0,
             cost: 1,

@@ -778,12 +778,24 @@ pub fn job_value(id: usize, seller: &str, cost: u64) -> Bytes {
     ))
 }
 
-/// [`job_value`] naming a `priority` (none when 0: the default).
-pub fn job_value_with(id: usize, seller: &str, cost: u64, priority: u8) -> Bytes {
-    if priority == 0 {
+/// [`job_value`] naming a `priority` (none when 0: the default) and a
+/// product (`payload.sku`), if any.
+pub fn job_value_with(
+    id: usize,
+    seller: &str,
+    cost: u64,
+    priority: u8,
+    sku: Option<&str>,
+) -> Bytes {
+    if priority == 0 && sku.is_none() {
         return job_value(id, seller, cost);
     }
+    let sku = sku.map_or(String::new(), |s| format!(r#","sku":"{s}""#));
+    let priority = match priority {
+        0 => String::new(),
+        p => format!(r#","priority":{p}"#),
+    };
     Bytes::from(format!(
-        r#"{{"job_id":"job-{id}","seller_id":"{seller}","payload":{{"n":{id}}},"cost":{cost},"priority":{priority}}}"#
+        r#"{{"job_id":"job-{id}","seller_id":"{seller}","payload":{{"n":{id}{sku}}},"cost":{cost}{priority}}}"#
     ))
 }

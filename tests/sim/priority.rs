@@ -26,9 +26,11 @@ struct Waits {
     dead: usize,
 }
 
-/// A job of seller 0 on partition `n % partitions`.
+/// A job of seller 0 on partition `n % partitions`, for a product of its
+/// own (so priority may rank it past the jobs of other products).
 fn job(n: usize, partitions: usize, at_ms: u64, priority: u8) -> JobSpec {
     JobSpec {
+        sku: Some(format!("p{n}-{at_ms}")),
         priority,
         seller: 0,
         cost: 1,

@@ -382,7 +382,8 @@ pub fn world_of(sc: &Scenario) -> (Arc<World>, Vec<bytes::Bytes>) {
             if j.malformed {
                 bytes::Bytes::from(format!("not json {i}"))
             } else {
-                let mut v = job_value_with(i, &sc.sellers[j.seller].name, j.cost, j.priority);
+                let seller = &sc.sellers[j.seller].name;
+                let mut v = job_value_with(i, seller, j.cost, j.priority, j.sku.as_deref());
                 if j.pad > 0 {
                     let text = String::from_utf8_lossy(&v).replace(
                         r#""payload":{"#,

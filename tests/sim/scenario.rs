@@ -6,7 +6,8 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use throttle_worker::config::{
-    self, LearnConfig, LimitsConfig, OnError, RuleConfig, SellerConfig, Settings, StateLayout,
+    self, LearnConfig, LimitsConfig, OnError, OrderingMode, RuleConfig, SellerConfig, Settings,
+    StateLayout,
 };
 
 use super::ports::{Faults, HiddenCapacity, OutageKind, Poison, RetryAfterKind, Window};
@@ -24,6 +25,8 @@ const LEARN_SALT: u64 = 0x1ea7_4290_0000_0000;
 const PRIORITY_SALT: u64 = 0x9210_7170_0000_0000;
 /// Redis' data losses draw from a generator of their own too.
 const LOSS_SALT: u64 = 0x1055_0fda_7a00_0000;
+/// What orders jobs (`worker.ordering`), and how their keys spread.
+const ORDER_SALT: u64 = 0x0de2_5a17_0000_0000;
 
 #[derive(Debug, Clone)]
 pub struct SellerSpec {
@@ -48,6 +51,9 @@ pub struct JobSpec {
     pub pad: usize,
     /// The job's `priority` (0: none named, bulk).
     pub priority: u8,
+    /// The product it names (`payload.sku`, the default ordering key);
+    /// none: its record key (its seller's name) orders it.
+    pub sku: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -92,6 +98,8 @@ pub struct Scenario {
     pub learn: Option<LearnConfig>,
     /// `worker.priority_aging`, when not its default.
     pub priority_aging: Option<Duration>,
+    /// `worker.ordering` (the ordering key is the default `/payload/sku`).
+    pub ordering: OrderingMode,
 }
 
 pub fn rule(algorithm: &str, limit: u64, period: Duration, burst: Option<u64>) -> RuleConfig {
@@ -131,6 +139,7 @@ impl Scenario {
             adaptive: false,
             learn: None,
             priority_aging: None,
+            ordering: OrderingMode::Key,
             max_attempts: 5,
             on_error: OnError::FailClosed,
             state: match seed % 4 {
@@ -198,6 +207,7 @@ impl Scenario {
                 _ => 1,
             };
             sc.jobs.push(JobSpec {
+                sku: None,
                 priority: 0,
                 seller,
                 cost,
@@ -350,7 +360,46 @@ impl Scenario {
                 sc.faults.state_losses.push(l.random_range(0..horizon));
             }
         }
+        // What orders the jobs, and how their keys spread: one product per
+        // job, a few hot products per seller, or none named (the record
+        // key, the seller's name, orders them: one lane per seller and
+        // partition). From a generator of its own.
+        let mut o = StdRng::seed_from_u64(seed ^ ORDER_SALT);
+        sc.ordering = match o.random_range(0..4) {
+            0 => OrderingMode::Seller,
+            1 => OrderingMode::None,
+            _ => OrderingMode::Key,
+        };
+        let spread = o.random_range(0..3);
+        for (i, j) in sc.jobs.iter_mut().enumerate() {
+            j.sku = match spread {
+                0 => Some(format!("p{i}")),
+                1 => Some(format!("hot{}", o.random_range(0..3))),
+                _ => None,
+            };
+        }
         sc
+    }
+
+    /// The unit of order `job` belongs to (the invariant's own reading of
+    /// `worker.ordering`, not the engine's): seller, partition and key; none
+    /// under `none`.
+    pub fn order_key(&self, job: usize) -> Option<(usize, i32, String)> {
+        let j = &self.jobs[job];
+        if j.malformed {
+            return None;
+        }
+        match self.ordering {
+            OrderingMode::None => None,
+            OrderingMode::Seller => Some((j.seller, j.partition, String::new())),
+            OrderingMode::Key => Some((
+                j.seller,
+                j.partition,
+                j.sku
+                    .clone()
+                    .unwrap_or_else(|| self.sellers[j.seller].name.clone()),
+            )),
+        }
     }
 
     pub fn limits(&self) -> LimitsConfig {
@@ -403,6 +452,7 @@ impl Scenario {
         if let Some(aging) = self.priority_aging {
             s.worker.priority_aging = aging;
         }
+        s.worker.ordering = self.ordering;
         s.limits = self.limits();
         s
     }

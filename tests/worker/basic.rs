@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::common::rule;
 use crate::common::worker::{always_ok, job, policy, Bench, Downstream, Running};
 use axum::http::StatusCode;
+use throttle_worker::config::OrderingMode;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn poison_records_are_dead_lettered_with_their_reason_and_good_jobs_are_done() {
@@ -540,10 +541,11 @@ async fn unreadable_worker_headers_are_dead_lettered() {
     );
 }
 
-/// One seller's jobs of one partition reach the downstream in offset order,
-/// though the partitions run side by side and a grant covers many jobs
-/// (each answer takes 20 ms, so calls of different partitions overlap).
-/// Judged by the order the downstream recorded them in, not by a clock.
+/// Under `worker.ordering = "seller"`, one seller's jobs of one partition
+/// reach the downstream in offset order, though the partitions run side by
+/// side and a grant covers many jobs (each answer takes 20 ms, so calls of
+/// different partitions overlap). Judged by the order the downstream
+/// recorded them in, not by a clock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_sellers_jobs_of_one_partition_arrive_in_offset_order() {
     let bench = Bench::new("order", 3);
@@ -563,10 +565,9 @@ async fn a_sellers_jobs_of_one_partition_arrive_in_offset_order() {
             (j["job_id"].as_str().unwrap().to_owned(), *pos)
         })
         .collect();
-    let w = Running::start(
-        bench.settings(&down.url),
-        policy(vec![rule("gcra", 1000, "1s", Some(100))]),
-    );
+    let mut settings = bench.settings(&down.url);
+    settings.worker.ordering = OrderingMode::Seller;
+    let w = Running::start(settings, policy(vec![rule("gcra", 1000, "1s", Some(100))]));
     down.wait_for("all 120 jobs", Duration::from_secs(30), |a| {
         a.iter()
             .map(|x| x.job_id.as_str())
@@ -596,4 +597,67 @@ async fn a_sellers_jobs_of_one_partition_arrive_in_offset_order() {
         );
     }
     assert_eq!(partitions.len(), 3, "the jobs spread over every partition");
+}
+
+/// Issue 50, under the default ordering (`key`, read from `payload.sku`):
+/// one seller's records keyed by the seller (so all in one partition) for
+/// three products. Each product's jobs reach the downstream one at a time
+/// (each answer takes 20 ms: the next of a product cannot arrive before
+/// it) and in offset order, while the products run side by side.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_products_jobs_arrive_one_at_a_time_in_order_beside_other_products() {
+    const CALL: Duration = Duration::from_millis(20);
+    let bench = Bench::new("by-key", 3);
+    let down = Downstream::start(always_ok()).await;
+    down.set_delay(CALL);
+    let products = ["red", "green", "blue"];
+    let records: Vec<_> = (0..60)
+        .map(|i| {
+            let value = serde_json::json!({
+                "job_id": format!("j-{i}"),
+                "seller_id": "s",
+                "payload": { "sku": products[i % 3], "n": i }
+            });
+            (Some("s".to_owned()), value.to_string().into_bytes())
+        })
+        .collect();
+    let produced = bench.produce(&records).await;
+    assert!(
+        produced.iter().all(|p| p.0 == produced[0].0),
+        "keyed by seller: one partition"
+    );
+    let w = Running::start(
+        bench.settings(&down.url),
+        policy(vec![rule("gcra", 1000, "1s", Some(100))]),
+    );
+    down.wait_for("all 60 jobs", Duration::from_secs(30), |a| a.len() >= 60)
+        .await;
+    w.stop().await;
+    let mut arrivals = down.arrivals();
+    arrivals.sort_by_key(|a| a.at);
+    assert_eq!(arrivals.len(), 60, "each job called once");
+    let index = |id: &str| id.trim_start_matches("j-").parse::<usize>().unwrap();
+    let mut last: HashMap<usize, (usize, std::time::Instant)> = HashMap::new();
+    let mut side_by_side = 0;
+    for (k, a) in arrivals.iter().enumerate() {
+        let i = index(&a.job_id);
+        if let Some((prev, at)) = last.insert(i % 3, (i, a.at)) {
+            assert!(
+                prev < i,
+                "{}: job {i} called after job {prev}",
+                products[i % 3]
+            );
+            assert!(
+                a.at >= at + CALL,
+                "{}: job {i} arrived {:?} after job {prev}, before its answer",
+                products[i % 3],
+                a.at - at
+            );
+        }
+        side_by_side += usize::from(k > 0 && a.at < arrivals[k - 1].at + CALL);
+    }
+    assert!(
+        side_by_side > 10,
+        "the products' calls ran side by side ({side_by_side} overlapping)"
+    );
 }

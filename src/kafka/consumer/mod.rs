@@ -245,9 +245,17 @@ impl Consumer {
     /// Starts the poll thread, which delivers the records it receives into
     /// `tx` (two consumers share one), each already tracked as unfinished.
     /// Rebalance callbacks run on that thread. Call once.
-    pub fn start(&self, tx: mpsc::Sender<Record>) -> Result<(), ConsumerError> {
-        self.poll
-            .start(self.inner.clone(), self.session.clone(), tx)
+    pub fn start(
+        &self,
+        tx: mpsc::Sender<Record>,
+        ordering_header: Option<Arc<str>>,
+    ) -> Result<(), ConsumerError> {
+        self.poll.start(
+            self.inner.clone(),
+            self.session.clone(),
+            tx,
+            ordering_header,
+        )
     }
 
     /// Asks the poll thread for a commit of every partition that moved since

@@ -68,6 +68,7 @@ impl PollThread {
         inner: Arc<WorkerConsumer>,
         session: SharedSession,
         records: mpsc::Sender<Record>,
+        ordering_header: Option<Arc<str>>,
     ) -> Result<(), ConsumerError> {
         let commands = lock_opt(&self.commands_rx)
             .take()
@@ -81,6 +82,7 @@ impl PollThread {
             commit_queued: self.commit_queued.clone(),
             stop: self.stop.clone(),
             answers: CommitQueue::new(inner),
+            ordering_header,
         };
         let handle = std::thread::Builder::new()
             .name(format!("kafka-poll-{}", role.as_str()))
@@ -145,6 +147,8 @@ struct Poller {
     stop: Arc<AtomicBool>,
     /// Where the periodic commits' answers arrive.
     answers: CommitQueue,
+    /// The header a record's ordering key is read from, if any.
+    ordering_header: Option<Arc<str>>,
 }
 
 impl Poller {
@@ -185,6 +189,16 @@ impl Poller {
             Some(h) => RetryHeaders::from_headers(header_pairs(h)),
             None => Ok(RetryHeaders::default()),
         };
+        // The last of that name, as for the worker's own headers.
+        let ordering_header = self.ordering_header.as_deref().and_then(|name| {
+            msg.headers().and_then(|h| {
+                header_pairs(h)
+                    .filter(|(n, _)| *n == name)
+                    .filter_map(|(_, v)| v)
+                    .last()
+                    .map(<[u8]>::to_vec)
+            })
+        });
         Some(Record {
             origin: Origin {
                 topic,
@@ -194,6 +208,7 @@ impl Poller {
             },
             original: OriginalRecord::from_message(msg),
             headers,
+            ordering_header,
         })
     }
 

@@ -20,6 +20,24 @@ impl Event for RecordReceived {
     }
 }
 
+/// A job whose ordering key (`worker.ordering_key`) was not in its record:
+/// it was ordered by `by` (`record_key` or `partition`) instead.
+#[derive(Debug)]
+pub struct OrderingKeyMissing {
+    pub by: &'static str,
+}
+
+impl Event for OrderingKeyMissing {
+    const NAME: &'static str = "OrderingKeyMissing";
+
+    fn record(&self) {
+        metrics()
+            .ordering_key_missing
+            .get_or_create(&ReasonLabel { reason: self.by })
+            .inc();
+    }
+}
+
 /// A job the downstream accepted.
 #[derive(Debug)]
 pub struct JobDone<'a> {
@@ -158,6 +176,7 @@ impl Event for TraceContextInvalid {
 
 inherent_emit!(
     RecordReceived,
+    OrderingKeyMissing,
     JobDone<'_>,
     JobDeadLettered<'_>,
     JobDeferred<'_>,

@@ -87,7 +87,8 @@ pub use downstream::{
     DownstreamOutage, DownstreamThrottled, RetryAfterClamped,
 };
 pub use jobs::{
-    JobDeadLettered, JobDeferred, JobDone, RecordReceived, RecordTooLarge, TraceContextInvalid,
+    JobDeadLettered, JobDeferred, JobDone, OrderingKeyMissing, RecordReceived, RecordTooLarge,
+    TraceContextInvalid,
 };
 pub use kafka::{
     AlreadyDone, CommitFailed, ConsumerLag, HandoffLedgerFailed, HeadMoved, KafkaPollFailed,

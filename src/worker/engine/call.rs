@@ -11,12 +11,13 @@ use tokio::time::Instant;
 use crate::backoff::backoff_with;
 use crate::dead_letter::DeadLetterKind;
 use crate::downstream::{Answer, RetryAfter};
-use crate::kafka::consumer::{Origin, TopicPartition};
+use crate::kafka::consumer::Origin;
 use crate::telemetry::events::{
     ConcurrencyLimit, DownstreamFailed, DownstreamThrottled, JobDone, RevokedWorkDropped,
 };
 
 use super::super::concurrency::{Reason, Sample};
+use super::super::ordering::Lane;
 use super::super::outage::Health;
 use super::super::pending::Pending;
 use super::super::pool::Slots;
@@ -53,9 +54,10 @@ pub(super) struct Throttle {
 }
 
 impl<X: Ports> Engine<X> {
-    /// Runs granted jobs: the jobs of each partition one after the other
-    /// (so one seller's jobs of a partition reach the downstream in offset
-    /// order), the partitions side by side (so every job is called close to
+    /// Runs granted jobs: the jobs of each lane one after the other (so a
+    /// lane's jobs reach the downstream in offset order; a grant holds one
+    /// job per lane, so each chain is one call today), the lanes side by
+    /// side (so every job is called close to
     /// its grant, which is what keeps the downstream's view of the rate
     /// exact). Each job comes with its slot and its grant's instant on the
     /// limiter's clock (`X-Granted-At`; none when no store decided:
@@ -220,7 +222,7 @@ impl<X: Ports> Engine<X> {
         }
         // Its partition may be asked about again, while the rest of the
         // run is out: in its turn.
-        self.scheduler.returned(&key, &p.origin);
+        self.scheduler.returned(&key, p.lane);
         self.queue_if_ready(&key);
         if !self.deps.source.owns(&p.origin) {
             // The partition moved on while the call was out: its new owner
@@ -384,7 +386,7 @@ impl<X: Ports> Engine<X> {
         throttled: Vec<Throttle>,
     ) {
         for p in &unused {
-            self.scheduler.returned(&key, &p.origin);
+            self.scheduler.returned(&key, p.lane);
         }
         let source = self.deps.source.clone();
         let owns = |o: &Origin| source.owns(o);
@@ -490,15 +492,15 @@ impl<X: Ports> Engine<X> {
     }
 }
 
-/// A run's jobs by partition, each with its place in the run (to put back
+/// A run's jobs by lane, each with its place in the run (to put back
 /// in order what a 429 left).
 fn chains(batch: Vec<(Option<u64>, Pending)>) -> Vec<Vec<Granted>> {
-    let mut chains: Vec<(TopicPartition, Vec<Granted>)> = Vec::new();
+    let mut chains: Vec<(Lane, Vec<Granted>)> = Vec::new();
     for (i, (granted_at, p)) in batch.into_iter().enumerate() {
-        let part = TopicPartition::new(p.origin.topic.clone(), p.origin.partition);
-        match chains.iter_mut().find(|(k, _)| *k == part) {
+        let lane = p.lane;
+        match chains.iter_mut().find(|(k, _)| *k == lane) {
             Some((_, chain)) => chain.push((i, granted_at, p)),
-            None => chains.push((part, vec![(i, granted_at, p)])),
+            None => chains.push((lane, vec![(i, granted_at, p)])),
         }
     }
     chains.into_iter().map(|(_, chain)| chain).collect()

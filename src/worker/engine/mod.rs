@@ -52,6 +52,7 @@ use crate::telemetry::http::Health;
 use super::admission::Admission;
 use super::concurrency::{AdaptiveLimit, AdaptiveSettings};
 use super::memory::Memory;
+use super::ordering::Ordering;
 use super::outage::Outage;
 use super::partitions::Partitions;
 use super::pending::Pending;
@@ -165,6 +166,8 @@ pub struct Engine<X: Ports> {
     /// Limiter asks of this turn of the loop, sent together at its end
     /// ([`Engine::flush_asks`]); counted in `tasks` already.
     asks: Vec<(Arc<str>, Vec<u64>)>,
+    /// Which jobs go one at a time (`worker.ordering`): each job's lane.
+    ordering: Ordering,
 }
 
 impl<X: Ports> Engine<X> {
@@ -187,6 +190,7 @@ impl<X: Ports> Engine<X> {
             adaptive: adaptive.is_some(),
         }
         .emit();
+        let ordering = Ordering::from_settings(&settings.worker);
         Engine {
             adaptive,
             scheduler: Scheduler::new(d.concurrency, limit)
@@ -208,6 +212,7 @@ impl<X: Ports> Engine<X> {
             rx,
             slots: FleetSlots::new(),
             asks: Vec::new(),
+            ordering,
         }
     }
 

@@ -8,9 +8,10 @@ use std::time::Duration;
 use crate::dead_letter::DeadLetterKind;
 use crate::job::Job;
 use crate::kafka::consumer::{Record, TopicPartition};
-use crate::telemetry::events::RecordReceived;
+use crate::telemetry::events::{OrderingKeyMissing, RecordReceived};
 
 use super::super::memory;
+use super::super::ordering::{KeyFrom, Read};
 use super::super::pending::Pending;
 use super::super::ports::{Clock, Ports, Source};
 use super::super::tiers::{Parked, Target};
@@ -46,7 +47,17 @@ impl<X: Ports> Engine<X> {
             }
         };
         let now = self.deps.clock.now();
-        let pending = Pending::new(job, rec.origin, rec.original, headers.attempts, bytes, now);
+        let (lane, from) = self.ordering.lane(Read {
+            origin: &rec.original.origin,
+            record_key: rec.original.key.as_deref(),
+            header: rec.ordering_header.as_deref(),
+            value: &rec.original.value,
+        });
+        if matches!(from, KeyFrom::RecordKey | KeyFrom::Partition) {
+            OrderingKeyMissing { by: from.label() }.emit();
+        }
+        let pending =
+            Pending::new(job, rec.origin, rec.original, headers.attempts, bytes, now).in_lane(lane);
         let now_ms = self.fleet_ms();
         match headers.release_at_unix_ms {
             // Held for its tier's delay. A release further off than the

@@ -9,6 +9,7 @@ use crate::kafka::consumer::Origin;
 use crate::kafka::{OriginalRecord, Verdict};
 use crate::telemetry::events::{JobDeadLettered, JobDeferred, RecordTooLarge, RevokedWorkDropped};
 
+use super::super::ordering::Lane;
 use super::super::pending::Pending;
 use super::super::ports::{Clock, Ports, Source, WriteError, Writer};
 use super::super::tiers::Target;
@@ -25,6 +26,9 @@ pub(super) struct PendingWrite {
     job_id: Option<String>,
     /// The job's seller, when the record parsed as a job.
     seller: Option<String>,
+    /// The job's lane, when the record parsed as a job: a retry copy the
+    /// broker refuses waits in memory in it.
+    lane: Option<Lane>,
     attempts: u32,
     target: Target,
     /// A dead letter carries the record's value, unless the broker refused
@@ -32,11 +36,13 @@ pub(super) struct PendingWrite {
     with_value: bool,
 }
 
-/// The ids a dead letter names in its headers, when the record parsed.
+/// What is known of a record that parsed as a job: the ids a dead letter
+/// names in its headers, and its lane.
 #[derive(Debug)]
 pub(super) struct Named {
     job_id: String,
     seller: String,
+    lane: Lane,
 }
 
 impl<X: Ports> Engine<X> {
@@ -62,6 +68,7 @@ impl<X: Ports> Engine<X> {
             original,
             attempts,
             bytes,
+            lane,
             ..
         } = p;
         let (outcome, detail) = match &target {
@@ -72,6 +79,7 @@ impl<X: Ports> Engine<X> {
         let named = Named {
             job_id: job.job_id,
             seller: job.seller_id.as_str().to_owned(),
+            lane,
         };
         self.write(bytes, origin, original, Some(named), attempts, target);
     }
@@ -94,13 +102,16 @@ impl<X: Ports> Engine<X> {
             }
             .emit();
         }
-        let (job_id, seller) = named.map_or((None, None), |n| (Some(n.job_id), Some(n.seller)));
+        let (job_id, seller, lane) = named.map_or((None, None, None), |n| {
+            (Some(n.job_id), Some(n.seller), Some(n.lane))
+        });
         let pending = PendingWrite {
             bytes,
             origin,
             original,
             job_id,
             seller,
+            lane,
             attempts,
             target,
             with_value: true,
@@ -157,6 +168,7 @@ impl<X: Ports> Engine<X> {
                     origin,
                     original,
                     attempts,
+                    lane,
                     ..
                 } = pending;
                 match Job::parse_shared(&original.value, &self.settings.worker) {
@@ -164,6 +176,9 @@ impl<X: Ports> Engine<X> {
                         let now = self.deps.clock.now();
                         let job = job.traced(&original.trace);
                         let mut p = Pending::new(job, origin, original, attempts, bytes, now);
+                        if let Some(lane) = lane {
+                            p = p.in_lane(lane);
+                        }
                         p.too_large_to_copy = true;
                         self.keep_in_memory(p, wait);
                     }
