@@ -18,6 +18,11 @@
 //!
 //!     cargo bench --bench fair_shares               # 4 slots, 3 rounds
 //!     cargo bench --bench fair_shares -- --quick    # 1 round
+//!     cargo bench --bench fair_shares -- --replicas 2   # a fleet of 2
+//!
+//! With `--replicas N`, N replicas share the group (each with its 4
+//! slots, so slots busy is judged against N × 4): each seller's shares are
+//! kept per replica, on the partitions it holds (issue 50's fleet case).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -67,12 +72,14 @@ struct Outcome {
     /// Calls per seller on the stretch judged.
     calls: BTreeMap<String, u64>,
     stretch: Duration,
+    /// Slots of every replica.
+    slots: usize,
 }
 
 impl Outcome {
     fn busy(&self) -> f64 {
         let calls: u64 = self.calls.values().sum();
-        calls as f64 * CALL.as_secs_f64() / (self.stretch.as_secs_f64() * SLOTS as f64)
+        calls as f64 * CALL.as_secs_f64() / (self.stretch.as_secs_f64() * self.slots as f64)
     }
 
     /// Each seller's calls against w1's.
@@ -96,6 +103,7 @@ async fn one_run(
     jobs: [usize; 3],
     weighted: bool,
     judged: &[&str],
+    replicas: usize,
 ) -> Outcome {
     let bench = Bench::new("fair", PARTITIONS);
     let down = Downstream::start(always_ok()).await;
@@ -114,7 +122,9 @@ async fn one_run(
     }
     let total = records.len();
     bench.produce(&records).await;
-    let worker = Running::start(settings, policy(weighted));
+    let workers: Vec<Running> = (0..replicas)
+        .map(|_| Running::start(settings.clone(), policy(weighted)))
+        .collect();
     let started = Instant::now();
     while down.count() < total {
         assert!(
@@ -124,7 +134,9 @@ async fn one_run(
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    worker.stop().await;
+    for w in workers {
+        w.stop().await;
+    }
     let arrivals: Vec<Arrival> = down.arrivals();
     let first = arrivals.iter().map(|a| a.at).min().expect("arrivals");
     let last = |s: &str| {
@@ -144,15 +156,23 @@ async fn one_run(
     Outcome {
         calls,
         stretch: to - from,
+        slots: SLOTS * replicas,
     }
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let replicas: usize = args
+        .iter()
+        .position(|a| a == "--replicas")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1);
     let rounds = if quick { 1 } else { 3 };
     let redis = RedisServer::start();
-    println!("# fair_shares: one replica, {SLOTS} slots, calls of {} ms, mock broker ({PARTITIONS} partitions), private redis-server\n", CALL.as_millis());
+    println!("# fair_shares: {replicas} replica(s), {SLOTS} slots each, calls of {} ms, mock broker ({PARTITIONS} partitions), private redis-server\n", CALL.as_millis());
     println!("| round | run | w1 : w2 : w4 calls (target) | calls w1, w2, w4 | slots busy |");
     println!("|---:|---|---|---|---:|");
     let all = ["w1", "w2", "w4"];
@@ -163,7 +183,7 @@ async fn main() {
         ] {
             // Backlogs 1 : 2 : 4 whatever the weights: the stretch ends
             // when the first seller runs dry.
-            let r = one_run(&redis, [150, 300, 600], weighted, &all).await;
+            let r = one_run(&redis, [150, 300, 600], weighted, &all, replicas).await;
             println!(
                 "| {round} | {name} | {} ({target}) | {:?} | {:.3} |",
                 r.ratios(&all),
@@ -172,7 +192,7 @@ async fn main() {
             );
         }
         // w4 runs dry a third of the way in; judged on w1 and w2 after.
-        let r = one_run(&redis, [300, 600, 150], true, &["w1", "w2"]).await;
+        let r = one_run(&redis, [300, 600, 150], true, &["w1", "w2"], replicas).await;
         let after = r.ratios(&["w1", "w2"]);
         println!(
             "| {round} | weights 1, 2, 4, w4 dry early (whole stretch) | w1 : w2 {after} (1 : 2) | {:?} | {:.3} |",
