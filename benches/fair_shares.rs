@@ -121,10 +121,21 @@ async fn one_run(
         }
     }
     let total = records.len();
-    bench.produce(&records).await;
-    let workers: Vec<Running> = (0..replicas)
-        .map(|_| Running::start(settings.clone(), policy(weighted)))
-        .collect();
+    let workers: Vec<Running> = if replicas == 1 {
+        bench.produce(&records).await;
+        vec![Running::start(settings, policy(weighted))]
+    } else {
+        // A fleet first settles its group (the mock holds each rebalance
+        // for session.timeout − 1 s, and every replica's two consumers
+        // join): a stretch judged across a rebalance measures the
+        // rebalance, not the shares.
+        let workers = (0..replicas)
+            .map(|_| Running::start(settings.clone(), policy(weighted)))
+            .collect();
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        bench.produce(&records).await;
+        workers
+    };
     let started = Instant::now();
     while down.count() < total {
         assert!(

@@ -15,7 +15,12 @@
 //! cargo bench --bench memory             # up to 40,000 waiting jobs
 //! cargo bench --bench memory -- --quick  # up to 10,000
 //! cargo test --bench memory -- --redis-only  # part 1 only, no release build
+//! cargo bench --bench memory -- --quick --bin target/baseline/REV/release/throttle-worker
 //! ```
+//!
+//! `--bin PATH` runs part 2 with an earlier build's binary too (built by
+//! `cargo bench --bench baseline -- REV`), before the head's, in the same
+//! run: memory per waiting job before and after a change.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -136,7 +141,7 @@ async fn settle(worker: &Proc, http: &reqwest::Client, port: u16, want: usize) -
     }
 }
 
-async fn rss_per_waiting_job(redis: &RedisServer, steps: &[usize]) {
+async fn rss_per_waiting_job(redis: &RedisServer, steps: &[usize], bin: &str) {
     let dir = Scratch::new("bench-memory");
     let id = format!("{:08x}", rand::random::<u32>());
     let topics = Topics {
@@ -162,7 +167,7 @@ async fn rss_per_waiting_job(redis: &RedisServer, steps: &[usize]) {
     .write(dir.path(), "worker");
     let port = free_port();
     let top = *steps.last().expect("steps");
-    let mut cmd = Command::new(BIN);
+    let mut cmd = Command::new(bin);
     cmd.arg("run")
         .arg("--config")
         .arg(&config)
@@ -195,7 +200,7 @@ async fn rss_per_waiting_job(redis: &RedisServer, steps: &[usize]) {
     )
     .await;
     let base = settle(&worker, &http, port, 0).await;
-    println!("## Worker RSS per 1,000 waiting jobs\n");
+    println!("## Worker RSS per 1,000 waiting jobs ({bin})\n");
     println!(
         "One worker process (release), jobs of {size} bytes over {SELLERS} sellers, each refused for 10 minutes.\n"
     );
@@ -235,5 +240,13 @@ async fn main() {
     if std::env::args().any(|a| a == "--redis-only") {
         return;
     }
-    rss_per_waiting_job(&redis, steps).await;
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(earlier) = args
+        .iter()
+        .position(|a| a == "--bin")
+        .and_then(|i| args.get(i + 1))
+    {
+        rss_per_waiting_job(&redis, steps, earlier).await;
+    }
+    rss_per_waiting_job(&redis, steps, BIN).await;
 }

@@ -5,9 +5,11 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use crate::common::rule;
-use crate::common::worker::{always_ok, job, policy, Bench, Downstream, Running};
+use crate::common::worker::{
+    always_ok, job, policy, produce_with_headers, Bench, Downstream, Running,
+};
 use axum::http::StatusCode;
-use throttle_worker::config::OrderingMode;
+use throttle_worker::config::{OrderingKey, OrderingMode};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn poison_records_are_dead_lettered_with_their_reason_and_good_jobs_are_done() {
@@ -633,7 +635,17 @@ async fn a_products_jobs_arrive_one_at_a_time_in_order_beside_other_products() {
     down.wait_for("all 60 jobs", Duration::from_secs(30), |a| a.len() >= 60)
         .await;
     w.stop().await;
-    let mut arrivals = down.arrivals();
+    assert_products_in_order(down.arrivals(), &products, CALL);
+}
+
+/// Each product's jobs (job `j-i` is product `i % 3`) arrived one at a
+/// time (none before the previous one's answer, `call` after it) and in
+/// order, each once, while the products' calls overlapped.
+fn assert_products_in_order(
+    mut arrivals: Vec<crate::common::worker::Arrival>,
+    products: &[&str],
+    call: Duration,
+) {
     arrivals.sort_by_key(|a| a.at);
     assert_eq!(arrivals.len(), 60, "each job called once");
     let index = |id: &str| id.trim_start_matches("j-").parse::<usize>().unwrap();
@@ -648,16 +660,47 @@ async fn a_products_jobs_arrive_one_at_a_time_in_order_beside_other_products() {
                 products[i % 3]
             );
             assert!(
-                a.at >= at + CALL,
+                a.at >= at + call,
                 "{}: job {i} arrived {:?} after job {prev}, before its answer",
                 products[i % 3],
                 a.at - at
             );
         }
-        side_by_side += usize::from(k > 0 && a.at < arrivals[k - 1].at + CALL);
+        side_by_side += usize::from(k > 0 && a.at < arrivals[k - 1].at + call);
     }
     assert!(
         side_by_side > 10,
         "the products' calls ran side by side ({side_by_side} overlapping)"
     );
+}
+
+/// The same, the ordering key read from a header
+/// (`worker.ordering_key = "header:product-id"`): the records name no
+/// product in their value and have no key, all on one partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_ordering_key_can_come_from_a_header() {
+    const CALL: Duration = Duration::from_millis(20);
+    let bench = Bench::new("by-header", 1);
+    let down = Downstream::start(always_ok()).await;
+    down.set_delay(CALL);
+    let products = ["red", "green", "blue"];
+    for i in 0..60 {
+        let value =
+            serde_json::json!({"job_id": format!("j-{i}"), "seller_id": "s", "payload": {"n": i}});
+        produce_with_headers(
+            &bench.bootstrap(),
+            &bench.topics.jobs,
+            0,
+            value.to_string().as_bytes(),
+            &[("product-id", products[i % 3].to_owned())],
+        )
+        .await;
+    }
+    let mut settings = bench.settings(&down.url);
+    settings.worker.ordering_key = OrderingKey::parse("header:product-id").unwrap();
+    let w = Running::start(settings, policy(vec![rule("gcra", 1000, "1s", Some(100))]));
+    down.wait_for("all 60 jobs", Duration::from_secs(30), |a| a.len() >= 60)
+        .await;
+    w.stop().await;
+    assert_products_in_order(down.arrivals(), &products, CALL);
 }
