@@ -57,11 +57,7 @@ pub fn ordered_by_key(sc: &Scenario, out: &Outcome) -> Vec<String> {
     let log = &out.log;
     let handoffs = handoffs(sc, out);
     let handoff_within = |from: u64, to: u64| handoffs.iter().any(|&h| from <= h && h <= to);
-    let mut retried: BTreeMap<JobId, u64> = BTreeMap::new();
-    for &(at, j) in &log.retried_at {
-        let first = retried.entry(j).or_insert(at);
-        *first = (*first).min(at);
-    }
+    let retried = &log.retry_begun;
     let mut v = Vec::new();
     for (key, calls) in calls_by_key(sc, out) {
         // The call seen so far that ends last: whatever starts before its
@@ -90,6 +86,10 @@ pub fn ordered_by_key(sc: &Scenario, out: &Outcome) -> Vec<String> {
         let firsts: Vec<(JobId, u64)> = first.into_iter().collect();
         'jobs: for (i, &(b, b_at)) in firsts.iter().enumerate() {
             for &(a, a_at) in &firsts[..i] {
+                // `a` had left for a retry tier when `b` was called: from
+                // when its copy's write began, not when it landed (seed
+                // 4842: a head sent round after max_head_wait, its
+                // successor called 4 ms before the copy's ack).
                 let excused =
                     retried.get(&a).is_some_and(|&r| r <= b_at) || handoff_within(b_at, a_at);
                 if a_at > b_at && !excused {

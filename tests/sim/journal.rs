@@ -82,6 +82,8 @@ pub struct Log {
     pub retried: BTreeMap<JobId, Vec<u64>>,
     /// Retry copies written: (virtual ms, job).
     pub retried_at: Vec<(u64, JobId)>,
+    /// When each job's first retry copy began to be written (virtual ms).
+    pub retry_begun: BTreeMap<JobId, u64>,
     /// Last delivery of each position: its sequence number.
     pub delivered: BTreeMap<(Tp, i64), u64>,
     /// Every call that reached the downstream, answered or not (a kill
@@ -370,6 +372,18 @@ impl Journal {
             log.trace.push(format!("x{job}"));
             Journal::next(log);
             log.dead.push((job, reason.to_owned()));
+        });
+    }
+
+    /// A retry copy's write began (it lands, or fails and is tried again,
+    /// later): the job has left its process's memory for a tier. Only the
+    /// first is kept. Touches no sequence number (a seed's replay digest
+    /// is what it was).
+    pub fn retry_begun(&self, value: &Bytes, at_ms: u64) {
+        self.with(|log| {
+            if let Some(&job) = log.by_value.get(value) {
+                log.retry_begun.entry(job).or_insert(at_ms);
+            }
         });
     }
 

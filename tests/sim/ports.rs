@@ -395,6 +395,9 @@ impl Writer for SimWriter {
         release_at_unix_ms: u64,
         attempts: u32,
     ) -> Result<(), WriteError> {
+        self.world
+            .journal
+            .retry_begun(&original.value, self.world.now_ms());
         self.ack(topic, wire_bytes(original, 200)).await?;
         let key = original.key.clone();
         let partition = key
