@@ -19,15 +19,8 @@
 //! downstream): each replica joins first, the group settles, then the jobs
 //! are produced.
 //!
-//! The state layout is `redis.state` left unset, so a new install's
-//! default (v2); `E2E_STATE=v1` (or `v1+v2`, `v2`) sets it. `--layouts`
-//! runs only the limiter-on/off ratio, in v1 and in v2 by turns (three
-//! rounds, each layout's baseline beside its limited run), for comparing
-//! the layouts on one noisy machine.
-//!
 //!     cargo bench --bench end_to_end             # 20,000 jobs per run
 //!     cargo bench --bench end_to_end -- --quick  # 10,000
-//!     cargo bench --bench end_to_end -- --layouts
 //!     cargo bench --bench end_to_end -- --shapes   # general function vs generated shapes
 
 #[path = "../tests/common/mod.rs"]
@@ -39,7 +32,7 @@ use std::time::{Duration, Instant};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
 
-use throttle_worker::config::{LimitsConfig, RuleConfig, SellerConfig, StateLayout};
+use throttle_worker::config::{LimitsConfig, RuleConfig, SellerConfig};
 use throttle_worker::limiter::Policy;
 
 use common::redis_server::{limiter_calls, limiter_usec, RedisServer};
@@ -102,7 +95,6 @@ async fn one_run(
     unlimited: bool,
     max_coalesced: usize,
     downstream_concurrency: Option<usize>,
-    state: Option<StateLayout>,
 ) -> Outcome {
     let bench = Bench::new("e2e", PARTITIONS);
     let downstream = Downstream::start(always_ok()).await;
@@ -111,7 +103,6 @@ async fn one_run(
     let mut settings = bench.settings(&downstream.url);
     settings.redis.url = redis.url();
     settings.redis.max_coalesced = max_coalesced;
-    settings.redis.state = state;
     if let Some(n) = downstream_concurrency {
         settings.downstream.concurrency = n;
     }
@@ -156,11 +147,11 @@ async fn shapes(redis: &RedisServer, jobs: usize) {
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
     for round in 1..=3 {
         std::env::remove_var("THROTTLE_LIMITER_SHAPES");
-        let base = one_run(redis, jobs, true, 128, None, None).await;
+        let base = one_run(redis, jobs, true, 128, None).await;
         std::env::set_var("THROTTLE_LIMITER_SHAPES", "off");
-        let general = one_run(redis, jobs, false, 128, None, None).await;
+        let general = one_run(redis, jobs, false, 128, None).await;
         std::env::remove_var("THROTTLE_LIMITER_SHAPES");
-        let shaped = one_run(redis, jobs, false, 128, None, None).await;
+        let shaped = one_run(redis, jobs, false, 128, None).await;
         println!(
             "| {round} | {:.0} | {:.0} | {:.2} | {:.2} | {:.0} | {:.2} | {:.2} |",
             base.jobs_per_s,
@@ -174,36 +165,6 @@ async fn shapes(redis: &RedisServer, jobs: usize) {
     }
 }
 
-/// `E2E_STATE`: `v1`, `v2` or `v1+v2`; unset leaves `redis.state` unset.
-fn state_from_env() -> Option<StateLayout> {
-    let v = std::env::var("E2E_STATE").ok()?;
-    Some(match v.as_str() {
-        "v1" => StateLayout::V1,
-        "v2" => StateLayout::V2,
-        "v1+v2" => StateLayout::V1V2,
-        other => panic!("E2E_STATE={other:?}: use v1, v2 or v1+v2"),
-    })
-}
-
-/// `--layouts`: limiter on against off, in v1 and v2 by turns.
-async fn layouts(redis: &RedisServer, jobs: usize) {
-    println!("| round | layout | unlimited jobs/s | limited jobs/s | limited / unlimited | Redis limiter calls/job (limited) |");
-    println!("|---:|---|---:|---:|---:|---:|");
-    for round in 1..=3 {
-        for (name, state) in [("v1", StateLayout::V1), ("v2", StateLayout::V2)] {
-            let base = one_run(redis, jobs, true, 128, None, Some(state)).await;
-            let r = one_run(redis, jobs, false, 128, None, Some(state)).await;
-            println!(
-                "| {round} | {name} | {:.0} | {:.0} | {:.2} | {:.3} |",
-                base.jobs_per_s,
-                r.jobs_per_s,
-                r.jobs_per_s / base.jobs_per_s,
-                r.calls_per_job
-            );
-        }
-    }
-}
-
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
@@ -214,16 +175,10 @@ async fn main() {
         shapes(&redis, jobs).await;
         return;
     }
-    if std::env::args().any(|a| a == "--layouts") {
-        println!("# end_to_end --layouts: one replica, mock broker ({PARTITIONS} partitions), private redis-server, local downstream; {jobs} jobs over {SELLERS} sellers\n");
-        layouts(&redis, jobs).await;
-        return;
-    }
-    let state = state_from_env();
     println!("# end_to_end: one replica, mock broker ({PARTITIONS} partitions), private redis-server, local downstream; {jobs} jobs over {SELLERS} sellers\n");
     println!("| run | jobs/s | vs unlimited | Redis limiter calls/job |");
     println!("|---|---:|---:|---:|");
-    let base = one_run(&redis, jobs, true, 128, None, state).await;
+    let base = one_run(&redis, jobs, true, 128, None).await;
     println!(
         "| every seller unlimited (baseline) | {:.0} | 1.00 | {:.3} |",
         base.jobs_per_s, base.calls_per_job
@@ -232,7 +187,7 @@ async fn main() {
         ("never-refusing rule, coalesced (default)", 128),
         ("never-refusing rule, max_coalesced = 1", 1),
     ] {
-        let r = one_run(&redis, jobs, false, max, None, state).await;
+        let r = one_run(&redis, jobs, false, max, None).await;
         println!(
             "| {name} | {:.0} | {:.2} | {:.3} |",
             r.jobs_per_s,
@@ -253,7 +208,7 @@ async fn main() {
             Some(512),
         ),
     ] {
-        let r = one_run(&redis, jobs, true, 128, concurrency, state).await;
+        let r = one_run(&redis, jobs, true, 128, concurrency).await;
         println!(
             "| {name} | {:.0} | {:.3} |",
             r.jobs_per_s,

@@ -98,7 +98,11 @@ async fn ours(
     )
 }
 
-/// The same script, the same rule, driven by redis-benchmark.
+/// The same script, the same rule, driven by redis-benchmark: one jobs
+/// call of one job of cost 1 (`lua/jobs.lua`), as [`Limiter::acquire`]
+/// sends it, the rule at place r0 of the seller's hash. (redis-benchmark
+/// draws each `__rand_int__` apart, so its call names two sellers' hashes,
+/// the block's and the rule's, where ours names one.)
 fn baseline(
     host: &str,
     port: &str,
@@ -112,21 +116,20 @@ fn baseline(
     let n = ((rate_hint * env_u64("BENCH_SECONDS", 3) as f64) as u64)
         .max(20_000)
         .to_string();
-    let fp = rule.fingerprint();
     let out = Command::new("redis-benchmark")
         .args([
             "-h", host, "-p", port, "-c", &callers, "-n", &n, "-r", &sellers, "-q",
         ])
         .args(["EVALSHA", sha, "2"])
-        .arg(format!("{prefix}:{{s__rand_int__}}:block"))
-        .arg(format!("{prefix}:{{s__rand_int__}}:{fp}"))
+        .arg(format!("{prefix}:{{s__rand_int__}}:v2"))
+        .arg(format!("{prefix}:{{s__rand_int__}}:v2"))
         .args([
-            "acquire",
+            "jobs",
             "",
             "1",
-            "all",
             "b__rand_int__",
-            "k",
+            "1",
+            "f",
             "1",
             rule.algorithm().name(),
         ])
@@ -134,6 +137,7 @@ fn baseline(
             rule.limit().to_string(),
             rule.period_us().to_string(),
             rule.burst().to_string(),
+            "r0".to_owned(),
             String::new(),
         ])
         .output();
@@ -170,7 +174,21 @@ async fn main() {
     let store = RedisStore::connect(&url, Duration::from_secs(5))
         .await
         .expect("Redis for the benchmark");
-    let sha = store.limiter_sha().to_owned();
+    // The store calls the limiter as a Function where Redis has them and
+    // loads the EVAL script only on a NOSCRIPT: load it for the baseline's
+    // EVALSHA.
+    let mut conn = redis::Client::open(url.as_str())
+        .expect("Redis URL")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("Redis for the benchmark");
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(throttle_worker::limiter::script::LIMITER_LUA)
+        .query_async(&mut conn)
+        .await
+        .expect("SCRIPT LOAD of the limiter");
+    assert_eq!(sha, store.limiter_sha(), "the store's SHA of the limiter");
     let run = format!("{:06x}", rand::random::<u32>() & 0xff_ffff);
     println!(
         "limiter benchmark: {} callers, {} sellers, {} s per measurement, Redis {}:{}",

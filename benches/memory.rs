@@ -1,9 +1,9 @@
 //! Memory (issue 10, target 6), in one run against a private `redis-server`:
 //!
-//! 1. Bytes per seller in Redis for each algorithm: `MEMORY USAGE` of one
-//!    seller's rule key with the rule's state full (limit 100 per minute),
-//!    and of a seller's 429 block key; in state v2, of the seller's one
-//!    hash (the rule's state, its fingerprint, the hash's expiry field).
+//! 1. Bytes per seller in Redis for each algorithm: `MEMORY USAGE` of the
+//!    seller's one hash (the rule's state, its fingerprint, the hash's
+//!    expiry field) with the rule's state full (limit 100 per minute), and
+//!    of the same hash once it holds a 429 block too.
 //! 2. Worker RSS per 1,000 waiting jobs: one worker process (the release
 //!    binary) on the mock broker, its resident set with nothing waiting
 //!    (the baseline, measured in the same run), then after each step of
@@ -29,9 +29,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use throttle_worker::config::{LimitsConfig, RuleConfig, Topology};
-use throttle_worker::limiter::{
-    Algorithm, KeySpace, Limiter, Mode, Policy, RedisStore, Rule, StateLayout,
-};
+use throttle_worker::limiter::{Algorithm, KeySpace, Limiter, Mode, Policy, RedisStore};
 
 use common::procs::{BrokerProc, Proc, Scratch, TaggedDownstream, WorkerConfig, BIN};
 use common::redis_server::RedisServer;
@@ -46,40 +44,35 @@ async fn bytes_per_seller(redis: &RedisServer) {
         .await
         .expect("private Redis");
     println!("## Bytes per seller in Redis (MEMORY USAGE), state full, limit 100 per minute\n");
-    println!("| algorithm | v1: the rule's key, bytes | v2: the seller's hash, bytes |");
+    println!("| algorithm | the seller's hash, bytes | with a 429 block, bytes |");
     println!("|---|---:|---:|");
     for algorithm in Algorithm::ALL {
-        let rule = Rule::new(algorithm, 100, Duration::from_secs(60), None).expect("rule");
-        let limiter = |layout: StateLayout| {
-            Limiter::new(
-                store.clone(),
-                KeySpace::with_layout(format!("mem-{algorithm}-{layout:?}"), layout),
-                Policy::from_config(&LimitsConfig {
-                    default: vec![RuleConfig {
-                        algorithm: algorithm.name().to_owned(),
-                        limit: 100,
-                        period: Duration::from_secs(60),
-                        burst: None,
-                        shadow: false,
-                    }],
-                    ..Default::default()
-                })
-                .expect("rule"),
-                Topology::Single,
-            )
-        };
-        let (lim, v2) = (limiter(StateLayout::V1), limiter(StateLayout::V2));
-        for l in [&lim, &v2] {
-            while l
-                .acquire("m", 1, Mode::AllOrNothing)
-                .await
-                .expect("limiter call")
-                .granted()
-                > 0
-            {}
-        }
-        let usage = |key: String| {
+        let lim = Limiter::new(
+            store.clone(),
+            KeySpace::new(format!("mem-{algorithm}")),
+            Policy::from_config(&LimitsConfig {
+                default: vec![RuleConfig {
+                    algorithm: algorithm.name().to_owned(),
+                    limit: 100,
+                    period: Duration::from_secs(60),
+                    burst: None,
+                    shadow: false,
+                }],
+                ..Default::default()
+            })
+            .expect("rule"),
+            Topology::Single,
+        );
+        while lim
+            .acquire("m", 1, Mode::AllOrNothing)
+            .await
+            .expect("limiter call")
+            .granted()
+            > 0
+        {}
+        let usage = || {
             let store = store.clone();
+            let key = lim.keys().seller_state("m");
             async move {
                 store
                     .memory_usage(&key)
@@ -88,20 +81,12 @@ async fn bytes_per_seller(redis: &RedisServer) {
                     .unwrap_or(0)
             }
         };
-        let bytes = usage(lim.keys().rule("m", &rule)).await;
-        let hash = usage(v2.keys().seller_state("m")).await;
-        println!("| {} | {bytes} | {hash} |", algorithm.name());
-        if algorithm == Algorithm::Gcra {
-            lim.block("m", Duration::from_secs(60))
-                .await
-                .expect("block");
-            let block = store
-                .memory_usage(&lim.keys().block("m"))
-                .await
-                .expect("MEMORY USAGE")
-                .unwrap_or(0);
-            eprintln!("(a 429 block key: {block} bytes)");
-        }
+        let hash = usage().await;
+        lim.block("m", Duration::from_secs(60))
+            .await
+            .expect("block");
+        let blocked = usage().await;
+        println!("| {} | {hash} | {blocked} |", algorithm.name());
     }
     println!();
 }

@@ -9,8 +9,9 @@
 //!    `redis-benchmark -c 50 -P 16 -r 10000` (50 connections, pipelines of
 //!    16, 10,000 random sellers; see `usec_per_call`) drives a minimal
 //!    one-algorithm script (the baselines in
-//!    `benches/minimal/`), the limiter as a Functions library (FCALL), and the
-//!    limiter as an EVAL script (EVALSHA). Redis' CPU per call is
+//!    `benches/minimal/`), and one decision of the limiter (a jobs call of
+//!    one job of cost 1, without the loss guard) as a Functions library
+//!    (FCALL) and as an EVAL script (EVALSHA). Redis' CPU per call is
 //!    `usec_per_call` from `INFO commandstats`.
 //! 2. Per admitted job through the Rust limiter, 10,000 sellers, many
 //!    concurrent callers each asking for one job: without coalescing (one
@@ -39,11 +40,12 @@
 //! (unset: a CPU list for `taskset -cp`; the private redis-server is moved
 //! there once started), BENCH_BEFORE_LUA (unset: a directory holding an
 //! earlier `lua/`, e.g. `git archive HEAD~3 lua | tar -x -C /tmp/before`;
-//! part 1 adds its v1 and v2 as columns, measured in the same run),
+//! parts 1 and 1c add it as a column, measured in the same run),
 //! BENCH_ONLY=jobs (unset: run only part 1c, the product's jobs call,
-//! general and generated; `coalesced`: only part 2 in state v2, through
-//! the general function and through the generated shapes), BENCH_CPU (unset: part 1 reads redis-server's CPU per call instead of
-//! `usec_per_call`; see `usec_per_call`).
+//! general and generated; `coalesced`: only part 2, through the general
+//! function and through the generated shapes), BENCH_CPU (unset: part 1
+//! reads redis-server's CPU per call instead of `usec_per_call`; see
+//! `usec_per_call`).
 //!
 //! On a shared machine, pin Redis and the load to different cores, so that
 //! the figures repeat (BENCHMARKS.md 1a):
@@ -65,7 +67,7 @@ use throttle_worker::config::{LimitsConfig, RuleConfig, Topology};
 use throttle_worker::limiter::shape::{Shape, ShapeLibrary};
 use throttle_worker::limiter::{
     Algorithm, BatchDecision, CoalesceSettings, Coalescer, KeySpace, Limiter, Policy, RedisStore,
-    Rule, StateLayout,
+    Rule,
 };
 
 const SELLERS: u64 = 10_000;
@@ -112,7 +114,7 @@ fn commandstat(port: u16, command: &str) -> (u64, u64) {
 /// calls in all (redis-benchmark's `-c 50 -P 16`). In each call every
 /// `__rand_int__` stands for the same random seller out of 10,000 and
 /// `__id__` for a number unique in the run. (redis-benchmark draws each
-/// `__rand_int__` of a command apart, so a v2 call named two sellers'
+/// `__rand_int__` of a command apart, so a call named two sellers'
 /// hashes, the block's and the rule's: two HGETALLs a call.) Panics when a
 /// call failed.
 ///
@@ -305,43 +307,29 @@ fn minimal(port: u16, algorithm: Algorithm, rule: &Rule) -> (&'static str, Vec<S
     }
 }
 
-/// The limiter's KEYS and ARGV for one acquire of one unit (state v1: a
-/// block key and the rule's own key).
+/// The limiter's KEYS and ARGV for one decision of one unit: a jobs call
+/// of one job of cost 1 (`lua/jobs.lua`) over the seller's one hash, the
+/// rule at place r0, on Redis' clock, without the loss guard (part 1c has
+/// the call as the product sends it).
 fn ours(rule: &Rule) -> Vec<String> {
-    let rule_key = format!("{PREFIX}:{{s__rand_int__}}:{}", rule.fingerprint());
-    acquire_args(
-        &format!("{PREFIX}:{{s__rand_int__}}:block"),
-        &rule_key,
-        "k",
-        "",
-        rule,
-    )
-}
-
-/// The same in state v2: the seller's one hash, the rule at place r0.
-fn ours_v2(rule: &Rule) -> Vec<String> {
     let hash = format!("{PREFIX}:{{s__rand_int__}}:v2");
-    acquire_args(&hash, &hash, "f", "r0", rule)
-}
-
-/// KEYS and ARGV of one acquire of one unit (`lua/limiter.lua`).
-fn acquire_args(first: &str, rule_key: &str, block: &str, place: &str, rule: &Rule) -> Vec<String> {
     vec![
         s(2),
-        s(first),
-        s(rule_key),
-        s("acquire"),
+        s(&hash),
+        s(&hash),
+        s("jobs"),
         s(""),
         s(1),
-        s("all"),
         s("b__id__"),
-        s(block),
+        s(1),
+        s("f"),
         s(1),
         s(rule.algorithm().name()),
         s(rule.limit()),
         s(rule.period_us()),
         s(rule.burst()),
-        s(place),
+        s("r0"),
+        s(""),
     ]
 }
 
@@ -363,7 +351,7 @@ fn cell_args(key: &str) -> Vec<String> {
 /// (about 5 in 6 at 60,000 requests over 10,000 sellers). Each figure is
 /// the least of `rounds` runs, the rows of an algorithm run in turn.
 /// `before`: the FCALL name of an earlier library (`BENCH_BEFORE_LUA`),
-/// whose v1 and v2 get columns of their own.
+/// which gets a column of its own.
 fn script_cost(
     port: u16,
     store_fn: &str,
@@ -387,18 +375,14 @@ fn script_cost(
         }
     );
     let extra = if before.is_some() {
-        " before v1 µs | ratio | before v2 µs | ratio |"
+        " before µs | ratio |"
     } else {
         ""
     };
-    println!("| algorithm | minimal script (baseline) | µs | ours v1, FCALL µs | ratio | ours v1, EVALSHA µs | ratio | ours v2, FCALL µs | ratio |{extra}");
+    println!("| algorithm | minimal script (baseline) | µs | ours, FCALL µs | ratio | ours, EVALSHA µs | ratio |{extra}");
     println!(
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|{}",
-        if before.is_some() {
-            "---:|---:|---:|---:|"
-        } else {
-            ""
-        }
+        "|---|---|---:|---:|---:|---:|---:|{}",
+        if before.is_some() { "---:|---:|" } else { "" }
     );
     let eval_sha = script_load(port, throttle_worker::limiter::script::LIMITER_LUA);
     let mut gcra = f64::NAN;
@@ -424,11 +408,9 @@ fn script_cost(
             ("evalsha", [vec![s("EVALSHA")], min_args].concat()),
             fcall(store_fn, ours(&rule)),
             ("evalsha", evalsha),
-            fcall(store_fn, ours_v2(&rule)),
         ];
         if let Some(before) = before {
             rows.push(fcall(before, ours(&rule)));
-            rows.push(fcall(before, ours_v2(&rule)));
         }
         let mut best = vec![f64::INFINITY; rows.len()];
         for _ in 0..rounds.max(1) {
@@ -449,9 +431,10 @@ fn script_cost(
     gcra
 }
 
-/// KEYS and ARGV of a jobs call as the product sends it in state v2 (one
-/// job of cost 1; the seller's hash, the loss guard's epoch), on Redis' clock, with the record's life and the guard `wait`.
-fn jobs_v2_args(rule: &Rule) -> Vec<String> {
+/// KEYS and ARGV of a jobs call as the product sends it (one job of cost
+/// 1; the seller's hash, the loss guard's epoch), on Redis' clock, with the
+/// record's life and the guard `wait`.
+fn jobs_args(rule: &Rule) -> Vec<String> {
     let hash = format!("{PREFIX}:{{s__rand_int__}}:v2");
     vec![
         s(3),
@@ -477,22 +460,22 @@ fn jobs_v2_args(rule: &Rule) -> Vec<String> {
     ]
 }
 
-/// [`jobs_v2_args`] as versions before issue 37 took them: the seller's
+/// [`jobs_args`] as versions before issue 37 took them: the seller's
 /// call records' key after the hash.
-fn jobs_v2_args_before(rule: &Rule) -> Vec<String> {
-    let mut args = jobs_v2_args(rule);
+fn jobs_args_before(rule: &Rule) -> Vec<String> {
+    let mut args = jobs_args(rule);
     args[0] = s(4);
     args.insert(3, format!("{PREFIX}:{{s__rand_int__}}:calls"));
     args
 }
 
-/// Part 1c: the jobs call as the product sends it (state v2, its record,
-/// the loss guard), through the general function and through the
+/// Part 1c: the jobs call as the product sends it (its record, the loss
+/// guard), through the general function and through the
 /// generated function of its shape (`limiter::shape`), beside the minimal
 /// script of the same algorithm; allow and deny paths. Each figure the
 /// least of `rounds` runs, the rows of an algorithm in turn.
 fn jobs_cost(port: u16, general: &str, before: Option<&str>, requests: u64, rounds: u64) {
-    println!("\n## 1c. The product's jobs call (state v2, call record, loss guard), general function and generated shape\n");
+    println!("\n## 1c. The product's jobs call (call record, loss guard), general function and generated shape\n");
     println!("50 connections, pipelines of 16, 10,000 random sellers, {requests} calls, least of {rounds} run(s); Redis `usec_per_call`.\n");
     let (head, rule) = if before.is_some() {
         (" before µs | ratio |", "---:|---:|")
@@ -518,7 +501,7 @@ fn jobs_cost(port: u16, general: &str, before: Option<&str>, requests: u64, roun
             cli(port, &["FUNCTION", "LOAD", "REPLACE", &lib.code]);
             let fcall = |function: &str| {
                 let mut call = vec![s("FCALL"), s(function)];
-                call.extend(jobs_v2_args(&rule));
+                call.extend(jobs_args(&rule));
                 call
             };
             let mut rows = vec![
@@ -529,7 +512,7 @@ fn jobs_cost(port: u16, general: &str, before: Option<&str>, requests: u64, roun
             if let Some(before) = before {
                 // The version before named the records' key too.
                 let mut call = vec![s("FCALL"), s(before)];
-                call.extend(jobs_v2_args_before(&rule));
+                call.extend(jobs_args_before(&rule));
                 rows.push(("fcall", call));
             }
             let mut best = vec![f64::INFINITY; rows.len()];
@@ -841,7 +824,7 @@ fn units(d: BatchDecision) -> u64 {
 
 /// The limiter of parts 2 and 3: every seller one gcra rule that never
 /// refuses at the bench's rates.
-fn never_refusing(store: &RedisStore, layout: StateLayout) -> Arc<Limiter<RedisStore>> {
+fn never_refusing(store: &RedisStore) -> Arc<Limiter<RedisStore>> {
     let policy = Policy::from_config(&LimitsConfig {
         default: vec![rule_config(
             Algorithm::Gcra,
@@ -853,7 +836,7 @@ fn never_refusing(store: &RedisStore, layout: StateLayout) -> Arc<Limiter<RedisS
     .expect("bench policy");
     Arc::new(Limiter::new(
         store.clone(),
-        KeySpace::with_layout(PREFIX, layout),
+        KeySpace::new(PREFIX),
         policy,
         Topology::Single,
     ))
@@ -866,8 +849,7 @@ async fn coalescing(
     secs: u64,
     cell: bool,
 ) {
-    let layout = limiter.keys().layout();
-    println!("\n## 2. Redis per admitted job, {SELLERS} sellers, {callers} concurrent callers, state {layout:?}\n");
+    println!("\n## 2. Redis per admitted job, {SELLERS} sellers, {callers} concurrent callers\n");
     println!("Each caller asks for one job of a random seller (gcra, never refusing), {secs} s per row.\n");
     println!(
         "| mode | jobs/s | ratio | Redis calls/job | Redis µs/job | ratio | p50 µs | p99 µs |"
@@ -953,8 +935,8 @@ async fn main() {
     let limiter = &store.library().limiter;
     let before = before.as_deref();
     if std::env::var("BENCH_ONLY").as_deref() == Ok("coalesced") {
-        // Part 2 in state v2 twice: the general function, then the
-        // generated shapes (each store reads the switch when it connects).
+        // Part 2 twice: the general function, then the generated shapes
+        // (each store reads the switch when it connects).
         for (name, switch) in [("general function", "off"), ("generated shapes", "on")] {
             std::env::set_var("THROTTLE_LIMITER_SHAPES", switch);
             let store = RedisStore::connect(&redis.url(), Duration::from_secs(5))
@@ -962,8 +944,8 @@ async fn main() {
                 .expect("the private redis-server");
             println!("\n# part 2 through the {name} (THROTTLE_LIMITER_SHAPES={switch})");
             cli(redis.port, &["FLUSHALL"]);
-            let v2 = never_refusing(&store, StateLayout::V2);
-            coalescing(redis.port, &v2, callers, secs, cell.is_some()).await;
+            let limiter = never_refusing(&store);
+            coalescing(redis.port, &limiter, callers, secs, cell.is_some()).await;
         }
         return;
     }
@@ -979,10 +961,7 @@ async fn main() {
         cell_cost(redis.port, requests, ours_gcra);
     }
     cli(redis.port, &["FLUSHALL"]);
-    let v2 = never_refusing(&store, StateLayout::V2);
-    coalescing(redis.port, &v2, callers, secs, false).await;
-    cli(redis.port, &["FLUSHALL"]);
-    let limiter = never_refusing(&store, StateLayout::V1);
+    let limiter = never_refusing(&store);
     coalescing(redis.port, &limiter, callers, secs, cell.is_some()).await;
     cli(redis.port, &["FLUSHALL"]);
     let rates: &[u64] = if quick {

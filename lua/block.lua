@@ -2,13 +2,12 @@
 -- every replica. limiter.lua refuses the seller while the block lasts.
 -- A shorter block never shortens a longer one.
 --
--- KEYS[1]  the seller's block key (v1) or the seller's hash (v2)
+-- KEYS[1]  the seller's hash
 -- ARGV[1]  now in µs, or '' for Redis' clock
 -- ARGV[2]  block duration in µs (>= 1)
--- ARGV[3]  'k' (v1: a key of its own; also when absent), 'f' (v2: the
---          `block` field of the seller's hash) or 'F' (v1+v2: both, the
---          hash's field and the v1 key KEYS[2])
--- ARGV[4]  optional, v2 only ('f', or the hash's part of 'F'): the learn
+-- ARGV[3]  'f': the block is the `block` field of the seller's hash (the
+--          token a jobs call reads it by)
+-- ARGV[4]  optional: the learn
 --          drop 'decrease:floor:rise:started:rules' (learn.lua): the
 --          seller's learnt factor falls to `decrease` ppm of itself, never
 --          below `floor` ppm, unless it already fell for this 429: the
@@ -48,17 +47,10 @@ local function block_call(KEYS, ARGV)
   -- One second of slack, as every limiter key has: the value says when the
   -- block ends, so a key that outlives it is read as "not blocked".
   local ms = math.ceil(dur / 1000) + 1000
-  if ARGV[3] == 'F' then
-    -- Each layout keeps the longer of its block and this one.
-    local v2 = block_call({ KEYS[1] }, { ARGV[1] ~= '' and ARGV[1] or I(now), ARGV[2], 'f', ARGV[4] })
-    local v1 = block_call({ KEYS[2] }, { ARGV[1] ~= '' and ARGV[1] or I(now), ARGV[2], 'k' })
-    if type(v2) == 'table' then
-      v2[1] = math.max(v1, v2[1])
-      return v2
-    end
-    return math.max(v1, v2)
+  if ARGV[3] ~= 'f' then
+    return redis.error_reply('a block is the field of the seller\'s hash (token f), not ' .. tostring(ARGV[3]))
   end
-  if ARGV[3] == 'f' then
+  do
     local v = redis.call('HMGET', KEYS[1], 'block', 'exp', 'learn')
     local current = tonumber(v[1] or '')
     local f, dropped, learnt, life = nil, nil, nil, nil
@@ -97,10 +89,4 @@ local function block_call(KEYS, ARGV)
     end
     return answer(until_)
   end
-  local current = redis.call('GET', KEYS[1])
-  if current and tonumber(current) >= until_ then
-    return tonumber(current)
-  end
-  redis.call('SET', KEYS[1], string.format('%d', until_), 'PX', ms)
-  return until_
 end

@@ -4,7 +4,7 @@
 -- 'cancel' with the same requests (jobs.lua), which gives them back.
 --
 -- Each charged request records `;id,now,units` in the field `rec` of the
--- seller's hash (v2 and v1+v2: block token 'f' or 'F'), which the call
+-- seller's hash (block token 'f'), which the call
 -- reads (HGETALL) and writes (HSET) anyway: a record costs no command of
 -- its own (issue 37; it was a ZADD to a sorted set of its own, a third of
 -- the commands of a plain call). The field keeps the newest records, in
@@ -32,12 +32,9 @@
 -- CALL_LIFE_US when it does not): older ones are ignored, and the hash is
 -- kept at least that long (`calls_hold`).
 --
--- Not covered: v1 (no seller hash; the legacy layout, see
--- docs/src/internals/limiter-state.md) and requests whose block token is '-' or '='
--- (the global rules' own call in cluster topology, shadow rules). Their
--- cancel answers 0 and writes nothing. (Versions before issue 37 kept
--- the records in a sorted set of the seller's own, `prefix:{seller}:calls`,
--- named in every jobs call; `limits reset` still deletes it.)
+-- Not covered: requests whose block token is '-' (the global rules' own
+-- call in cluster topology, shadow rules). Their cancel answers 0 and
+-- writes nothing.
 -- `src/limiter/testkit/calls.rs` is the twin.
 
 local REC_BYTES = 256
@@ -47,7 +44,7 @@ local CALL_LIFE_US = 5000000
 -- Whether a request's calls are recorded (its block token), and so
 -- whether it carries the key of its records.
 local function calls_covered(how)
-  return how == 'f' or how == 'F'
+  return how == 'f'
 end
 
 -- The hash (and its held expiry) outlives what it holds for the records

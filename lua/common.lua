@@ -72,31 +72,23 @@ local function num(v, default)
 end
 
 -- Where one rule's state lives: a handle `h` that every algorithm reads
--- and writes through, never a key directly.
+-- and writes through, never a key directly: h = { key = the seller's hash,
+-- p = 'r0:', hash = H }, the fields of one place of one hash that holds the
+-- seller's block and the state of every rule, by place (`r<i>:` enforced,
+-- `s<i>:` shadow; global rules in a hash of their own). H is read once per
+-- call (HGETALL) and written once at its end (`flush`), so a dry run
+-- writes nothing and a call touches one key per seller (with
+-- max_in_flight, two: slots.lua). `r<i>:fp` names the rule that wrote the
+-- place; another rule there converts the state first (`settle`).
 --
---   v1: h = { key = the rule's own key, p = '' }. A hash (a sorted set for
---       sliding_window_log) with a TTL of its own; every access is a Redis
---       command at once. The key's name carries the rule's fingerprint, so an
---       edited rule starts fresh (the layout of state v1).
---   v2: h = { key = the seller's hash, p = 'r0:', hash = H }. The fields of
---       one place of one hash that holds the seller's block and the state of
---       every rule, by place (`r<i>:` enforced, `s<i>:` shadow; global rules
---       in a hash of their own). H is read once per call (HGETALL) and
---       written once at its end (`flush`), so a dry run writes nothing and a
---       call touches one key per seller (a charged jobs call also adds its
---       record to the seller's `calls` key: calls.lua). `r<i>:fp` names
---       the rule that wrote the place; another rule there converts the
---       state first (`settle`).
---
---       H has two forms. The common one (every call that drops no place):
---       `raw`, HGETALL's array as it came, and `w`, the writes as HSET's
---       arguments in order; a read looks in `w` (newest first), then in
---       `raw`. No table is built per field and the end of the call is one
---       HSET of `w`: for a hash of a few fields a scan is cheaper than a
---       table. The other, built by `widen` when a place is dropped (a
---       conversion, a refund that empties burst_fill) or when the hash has
---       many fields: `t`, every field by name, and `dirty`, the fields
---       changed (set or deleted).
+-- H has two forms. The common one (every call that drops no place): `raw`,
+-- HGETALL's array as it came, and `w`, the writes as HSET's arguments in
+-- order; a read looks in `w` (newest first), then in `raw`. No table is
+-- built per field and the end of the call is one HSET of `w`: for a hash
+-- of a few fields a scan is cheaper than a table. The other, built by
+-- `widen` when a place is dropped (a conversion, a refund that empties
+-- burst_fill) or when the hash has many fields: `t`, every field by name,
+-- and `dirty`, the fields changed (set or deleted).
 --
 -- Values are Redis' strings in both: `num` reads them.
 
@@ -106,19 +98,17 @@ end
 -- state is stale, which would otherwise differ from the state a caller with
 -- an explicit clock expects; every algorithm reads stale state correctly, so
 -- the slack only costs an idle seller's bytes for one more second.
--- A v2 hash is shared: it keeps the longest expiry any of its places asks
+-- A hash is shared: it keeps the longest expiry any of its places asks
 -- for (`flush` never shortens it).
 local EXPIRY_SLACK_MS = 1000
 local function expire_in(h, us)
   local ms = math.max(0, cdiv(us, 1000)) + EXPIRY_SLACK_MS
-  if h.hash == nil then
-    redis.call('PEXPIRE', h.key, ms)
-  elseif ms > h.hash.ttl then
+  if ms > h.hash.ttl then
     h.hash.ttl = ms
   end
 end
 
--- v2: a hash keeps the instant it expires in its field `exp` (ms on Redis'
+-- A hash keeps the instant it expires in its field `exp` (ms on Redis'
 -- clock, at or before the key's real expiry), so a write learns without a
 -- `PTTL` whether the expiry must move. When it must, it moves one more
 -- grain than asked, so a busy seller's hash is lengthened about once a
@@ -155,7 +145,7 @@ local function real_ms(real)
   return fdiv(real or clock_us(''), 1000)
 end
 
--- A field of a v2 hash as this call sees it (nil when absent).
+-- A field of a hash as this call sees it (nil when absent).
 local function hget(H, f)
   if H.t ~= nil then
     return H.t[f]
@@ -175,7 +165,7 @@ local function hget(H, f)
   return nil
 end
 
--- Sets a field of a v2 hash.
+-- Sets a field of a hash.
 local function hset(H, f, v)
   if H.t ~= nil then
     H.t[f] = v
@@ -187,7 +177,7 @@ local function hset(H, f, v)
   w[#w + 1] = v
 end
 
--- Turns a v2 hash into its table form (see above), its writes kept.
+-- Turns a hash into its table form (see above), its writes kept.
 local function widen(H)
   if H.t ~= nil then
     return
@@ -206,9 +196,6 @@ end
 -- The values of up to three fields of a state, as HMGET answers them
 -- (false when absent), as values, not a table.
 local function fields(h, ...)
-  if h.hash == nil then
-    return unpack(redis.call('HMGET', h.key, ...))
-  end
   local H, p = h.hash, h.p
   local n, a, b, c = select('#', ...), ...
   a = hget(H, p .. a) or false
@@ -224,10 +211,6 @@ end
 
 -- Sets up to three fields of a state: put(h, name, value, name, value, ...).
 local function put(h, ...)
-  if h.hash == nil then
-    redis.call('HSET', h.key, ...)
-    return
-  end
   local H, p = h.hash, h.p
   local a, x, b, y, c, z = ...
   hset(H, p .. a, x)
@@ -241,20 +224,12 @@ end
 
 -- Adds n to an integer field.
 local function incr(h, name, n)
-  if h.hash == nil then
-    redis.call('HINCRBY', h.key, name, I(n))
-    return
-  end
   local f = h.p .. name
   hset(h.hash, f, I(num(hget(h.hash, f), 0) + n))
 end
 
--- Forgets a state: its key (v1) or every field of its place (v2).
+-- Forgets a state: every field of its place.
 local function drop(h)
-  if h.hash == nil then
-    redis.call('DEL', h.key)
-    return
-  end
   local H, p = h.hash, h.p
   widen(H)
   for f in pairs(H.t) do
@@ -265,11 +240,11 @@ local function drop(h)
   end
 end
 
--- Past this many fields a v2 hash is read as a table from the start: a
+-- Past this many fields a hash is read as a table from the start: a
 -- scan per field would cost more than building it.
 local SCAN_FIELDS = 12
 
--- A v2 hash as one call sees it; `hashes` caches them per call, so every
+-- A hash as one call sees it; `hashes` caches them per call, so every
 -- request of a call sees what the ones before it decided.
 local function open_hash(hashes, key)
   local H = hashes[key]
@@ -285,7 +260,7 @@ local function open_hash(hashes, key)
   return H
 end
 
--- Writes what a call changed in its v2 hashes: the set fields, the dropped
+-- Writes what a call changed in its hashes: the set fields, the dropped
 -- ones, and the expiry, lengthened only (see `lengthen`). `real` is the
 -- call's `now` when it is Redis' clock (nil when the caller passed a time).
 local function flush(hashes, real)
@@ -325,36 +300,22 @@ local function flush(hashes, real)
   end
 end
 
--- A seller's 429 block: the µs instant it ends, 0 when none. `how` is 'k'
--- (v1: a key of its own), 'f' (v2: the `block` field of the seller's hash)
--- or '-' (none: shadow rules, the global rules' own call); 'F' and '=' are
--- 'f' and '-' in v1+v2, where `key1` is the seller's v1 block key, read too
--- (replicas still on v1 write only that one).
-local function blocked_until(hashes, key, how, key1)
-  if how == 'k' then
-    return num(redis.call('GET', key), 0)
-  elseif how == 'f' then
+-- A seller's 429 block: the µs instant it ends, 0 when none. `how` is 'f'
+-- (the `block` field of the seller's hash) or '-' (none: shadow rules,
+-- the global rules' own call).
+local function blocked_until(hashes, key, how)
+  if how == 'f' then
     return num(hget(open_hash(hashes, key), 'block'), 0)
-  elseif how == 'F' then
-    return math.max(num(hget(open_hash(hashes, key), 'block'), 0), num(redis.call('GET', key1), 0))
   end
   return 0
 end
 
--- Whether a request's block token says v1+v2 (two keys per rule).
-local function mixed_request(how)
-  return how == 'F' or how == '='
-end
-
 -- The rules of a request: `nrules` groups of argv (algorithm, limit,
--- period_us, burst, place) from argv[a], with their keys from keys[k]. An
--- empty place is a v1 key of the rule's own; else the rule's place in the
--- v2 hash at its key. With `mixed` (v1+v2) each rule has two keys, its
--- place's hash and its v1 key (`h1`). Returns nil and a message for an
--- algorithm no script implements.
-local function read_rules(keys, argv, a, nrules, k, hashes, mixed)
+-- period_us, burst, place) from argv[a], with their keys from keys[k]:
+-- each rule's place in the hash at its key. Returns nil and a message for
+-- an algorithm no script implements, or a rule without a place.
+local function read_rules(keys, argv, a, nrules, k, hashes)
   local rules = {}
-  local per = mixed and 2 or 1
   for i = 1, nrules do
     local b = a + (i - 1) * 5
     local name = argv[b]
@@ -362,28 +323,18 @@ local function read_rules(keys, argv, a, nrules, k, hashes, mixed)
     if algo == nil then
       return nil, 'unknown algorithm ' .. tostring(name)
     end
-    local key, place = keys[k + (i - 1) * per], argv[b + 4]
-    local h = { key = key, p = '' }
-    if place ~= nil and place ~= '' then
-      h = { key = key, p = place .. ':', hash = open_hash(hashes, key) }
-    end
-    local h1, fp = nil, nil
-    if mixed then
-      h1 = { key = keys[k + (i - 1) * per + 1], p = '' }
-    end
-    if h.hash ~= nil then
-      -- Only a v2 place records its rule (v1 never reads it).
-      fp = name .. ':' .. argv[b + 1] .. ':' .. argv[b + 2] .. ':' .. argv[b + 3]
+    local place = argv[b + 4]
+    if place == nil or place == '' then
+      return nil, 'rule ' .. i .. ' has no place'
     end
     rules[i] = {
       algo = algo,
       name = name,
-      h = h,
-      h1 = h1,
+      h = { key = keys[k + i - 1], p = place .. ':', hash = open_hash(hashes, keys[k + i - 1]) },
       limit = tonumber(argv[b + 1]),
       period = tonumber(argv[b + 2]),
       burst = tonumber(argv[b + 3]),
-      fp = fp,
+      fp = name .. ':' .. argv[b + 1] .. ':' .. argv[b + 2] .. ':' .. argv[b + 3],
     }
   end
   return rules
@@ -400,7 +351,7 @@ local function parse_rule(fp)
     burst = tonumber(burst), fp = fp }
 end
 
--- v2: makes the state at a rule's place the rule's own, before the rule
+-- Makes the state at a rule's place the rule's own, before the rule
 -- reads it. The place's `fp` names the rule that wrote it. When another
 -- rule is there now (a limit edit, an override starting or ending, a tier
 -- change, a new algorithm), what the old rule admitted still counts:
@@ -412,13 +363,10 @@ end
 --     at most its capacity. Charged at the edit, not when admitted, so they
 --     drain later than they would have: conservative, never over.
 -- An old rule that does not parse (written by a newer version) leaves
--- nothing. `src/limiter/model/convert.rs` is the specification.
+-- nothing. `src/limiter/local/convert.rs` is the specification.
 -- Returns nothing; the place's `fp` is written with the state (`stamp`).
 local function settle(r, now)
   local h = r.h
-  if h.hash == nil then
-    return
-  end
   local fp = hget(h.hash, h.p .. 'fp')
   if fp == nil or fp == r.fp then
     return
@@ -443,18 +391,18 @@ local function settle(r, now)
   end
 end
 
--- v2: names the rule that wrote a place, after a take.
+-- Names the rule that wrote a place, after a take.
 local function stamp(r)
   local h = r.h
-  if h.hash ~= nil and hget(h.hash, h.p .. 'fp') ~= r.fp then
+  if hget(h.hash, h.p .. 'fp') ~= r.fp then
     put(h, 'fp', r.fp)
   end
 end
 
--- v2: whether a refund may touch a rule's place: only the rule that took
--- the units is still there (after an edit, the units were converted).
+-- Whether a refund may touch a rule's place: only the rule that took the
+-- units is still there (after an edit, the units were converted).
 local function owns(r)
-  return r.h.hash == nil or hget(r.h.hash, r.h.p .. 'fp') == r.fp
+  return hget(r.h.hash, r.h.p .. 'fp') == r.fp
 end
 
 -- The instant (µs) the limiter's state was last lost, and whether this
@@ -477,7 +425,7 @@ end
 -- The loss guard of a call (jobs.lua), or nil: `key` the epoch key,
 -- `wait` whether a loss holds unwritten places ('wait') or is only
 -- reported ('admit'), `charge` whether the call may write the epoch. The
--- epoch is read at the first need only (a v2 place no rule has written,
+-- epoch is read at the first need only (a place no rule has written,
 -- an empty slot set), not on every call: a seller whose places are all
 -- written needs nothing of it (issue 37). `found` is 1 once this call
 -- found the epoch gone and wrote it.
@@ -498,7 +446,7 @@ local function guard_lost(G, now)
 end
 
 -- State lost (the epoch of jobs.lua is gone: Redis restarted empty, or
--- failed over to a replica that missed writes): a v2 place that no rule has
+-- failed over to a replica that missed writes): a place that no rule has
 -- written (no `fp`), read while a whole use at the loss instant `lost`
 -- would still count, is charged that whole use at `lost`. That is the most
 -- the lost state can have held: every unit it counted was taken at or
@@ -509,7 +457,7 @@ end
 -- the specification.
 local function lost_fill(r, G, now)
   local h = r.h
-  if h.hash == nil or hget(h.hash, h.p .. 'fp') ~= nil then
+  if hget(h.hash, h.p .. 'fp') ~= nil then
     return
   end
   local lost = guard_lost(G, now)
@@ -529,48 +477,28 @@ local function lost_fill(r, G, now)
   put(h, 'fp', r.fp)
 end
 
--- A rule's state as the decision reads it. In v1+v2 both states are read
--- (`r.st`, `r.st1`) and the more used one decides (fewer units admissible
--- now; v2's on a tie): replicas still on v1 charge only the v1 key, these
--- charge both, so neither layout alone need hold every admission. `lost`:
--- the instant the limiter's state was lost, when a call guards against it
--- (see lost_fill).
+-- A rule's state as the decision reads it, its place first made its own
+-- (settle) and, when a call guards against a loss (G), filled as lost_fill
+-- says.
 local function load_rule(r, now, G)
   settle(r, now)
   if G ~= nil then
     lost_fill(r, G, now)
   end
-  local st = r.algo.load(r.h, r, now)
-  if r.h1 == nil then
-    return st
-  end
-  local st1 = r.algo.load(r.h1, r, now)
-  r.st, r.st1 = st, st1
-  if r.algo.avail(st1, r, now) < r.algo.avail(st, r, now) then
-    return st1
-  end
-  return st
+  return r.algo.load(r.h, r, now)
 end
 
--- Charges n units to a rule (both layouts in v1+v2, each from its own
--- state) and names the rule at its place.
+-- Charges n units to a rule and names the rule at its place.
 local function take_rule(r, st, now, n, id)
-  if r.h1 ~= nil then
-    r.algo.take(r.h, r.st, r, now, n, id)
-    r.algo.take(r.h1, r.st1, r, now, n, id)
-  else
-    r.algo.take(r.h, st, r, now, n, id)
-  end
+  r.algo.take(r.h, st, r, now, n, id)
   stamp(r)
 end
 
--- Gives back units of a call to a rule, in each layout it was charged in.
+-- Gives back units of a call to a rule, while the rule that took them is
+-- still at its place.
 local function refund_rule(r, at, n, id, skip, taken)
   if owns(r) then
     r.algo.refund(r.h, r, at, n, id, skip, taken)
-  end
-  if r.h1 ~= nil then
-    r.algo.refund(r.h1, r, at, n, id, skip, taken)
   end
 end
 

@@ -13,9 +13,11 @@
 -- ARGV[3]   number of requests (>= 1); then per request:
 --             call id (unique per call; names sliding-log members),
 --             the job costs 'c1,c2,...' (each >= 1, at least one),
---             how its block is read ('k', 'f' or '-', as in limiter.lua),
+--             how its block is read ('f': the `block` field of the
+--             seller's hash; '-': not at all, for the global rules' own
+--             call in cluster topology),
 --             number of rules, then per rule: algorithm, limit, period_us,
---             burst, place ('' for v1, see common.lua), then its slot
+--             burst, place (see common.lua), then its slot
 --             terms ('' without max_in_flight; see slots.lua)
 --           then, optionally, a deadline in µs on Redis' clock (or ''):
 --             a call that runs after it charges nothing and fails with
@@ -26,7 +28,7 @@
 --             'wait' or 'admit', with the epoch key last in KEYS. The
 --             epoch is the instant this install's state was last found
 --             lost (see state_epoch), read only when the call first meets
---             an unwritten v2 place or an empty slot set (guard_lost,
+--             an unwritten place or an empty slot set (guard_lost,
 --             common.lua); 'wait' charges every unwritten
 --             place within reach of it a whole use at it (lost_fill,
 --             common.lua), 'admit' only records and reports the loss
@@ -34,10 +36,8 @@
 --             rise of a learnt factor in ppm per second (learn.lua);
 --             requests whose block is the `block` field of the seller's
 --             hash ('f') run on their learnt rules
--- KEYS      per request: its block key, then one key per rule (v2: the
---           seller's hash, repeated, and the global rules' hash); in v1+v2
---           (block token 'F' or '=') the v1 block key after the first, and
---           two keys per rule: its place's hash, then its v1 key; then,
+-- KEYS      per request: the seller's hash, then one key per rule (the
+--           seller's hash, repeated, and the global rules' hash); then,
 --           with slot terms, the seller's slots (slots.lua); then, with
 --           a loss guard,
 --           the epoch key (one per Redis Cluster slot: in the slot of
@@ -255,21 +255,21 @@ local function run_jobs(KEYS, ARGV, op, now, real)
     end
     local how = ARGV[a + 2]
     local nrules = tonumber(ARGV[a + 3])
-    -- v1+v2: the v1 block key after the first, two keys per rule.
-    local mixed = mixed_request(how)
-    local nblock, per = mixed and 2 or 1, mixed and 2 or 1
-    local rules, err = read_rules(KEYS, ARGV, a + 4, nrules, k + nblock, hashes, mixed)
+    if how ~= 'f' and how ~= '-' then
+      return redis.error_reply('unknown block token ' .. tostring(how))
+    end
+    local rules, err = read_rules(KEYS, ARGV, a + 4, nrules, k + 1, hashes)
     if rules == nil then
       return redis.error_reply(err)
     end
-    local slots_key = k + nblock + per * nrules
+    local slots_key = k + 1 + nrules
     local slots, serr = slots_terms(ARGV[a + 4 + 5 * nrules], KEYS[slots_key])
     if serr ~= nil then
       return redis.error_reply(serr)
     end
     local next_k = slots_key + (slots ~= nil and 1 or 0)
     reqs[q] = { id = id, rules = rules, costs = costs, block_key = KEYS[k], how = how,
-      block_key1 = KEYS[k + 1], slots = slots }
+      slots = slots }
     a = a + 5 + 5 * nrules
     k = next_k
   end
@@ -317,7 +317,7 @@ local function run_jobs(KEYS, ARGV, op, now, real)
   local out = {}
   for q = 1, nreq do
     local r = reqs[q]
-    local until_ = blocked_until(hashes, r.block_key, r.how, r.block_key1)
+    local until_ = blocked_until(hashes, r.block_key, r.how)
     local cancelled, H = false, nil
     if charge then
       cancelled, H = calls_before(hashes, r.how, r.block_key, r.id, now, life)

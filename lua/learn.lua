@@ -4,7 +4,7 @@
 -- replica and both drivers (jobs.lua and the generated shapes) see the
 -- same effective rule.
 --
--- State (v2 only): the field `learn` of the seller's hash,
+-- State: the field `learn` of the seller's hash,
 --   'f:at:rules'  the factor f in ppm of the configured rules, set at µs
 --                 `at` (the last drop, on Redis' clock), for the rules
 --                 `rules` (their fingerprints, comma-separated).
@@ -85,7 +85,7 @@ local function learn_rule(r, f, first)
     burst = 1
   end
   local cap0 = r.algo.cap(r)
-  local s = { algo = r.algo, h = r.h, h1 = r.h1, period = r.period, name = r.name, cap0 = cap0,
+  local s = { algo = r.algo, h = r.h, period = r.period, name = r.name, cap0 = cap0,
     limit = limit, burst = burst }
   if r.algo.cap(s) < first and first <= cap0 then
     s.limit = math.min(r.limit, math.max(limit, cdiv(r.limit * first, cap0)))

@@ -11,8 +11,7 @@
 //! A section is a file: its types, as written and documented (the doc
 //! comments are the config reference), and its `validate`, for what serde's
 //! types cannot express. A value that needs parsing is parsed once, by its
-//! type's `Deserialize`: durations in human form, [`RetryStatuses`],
-//! [`StateLayout`].
+//! type's `Deserialize`: durations in human form, [`RetryStatuses`].
 //!
 //! - `settings.rs`: [`Settings`], every section together; `[http]`; the
 //!   check across sections (the producer carries the largest job's copy).
@@ -64,9 +63,7 @@ pub use settings::{HttpSettings, Settings, COPY_OVERHEAD_BYTES};
 pub use size::{parse_size, SizeError};
 pub use worker::{OrderingKey, OrderingMode, WorkerSettings};
 // `self::`: there is a `redis` crate too.
-pub use self::redis::{
-    OnError, OnStateLoss, RedisSettings, StateLayout, Topology, MAX_COALESCE_WINDOW,
-};
+pub use self::redis::{OnError, OnStateLoss, RedisSettings, Topology, MAX_COALESCE_WINDOW};
 pub use self::tracing::TracingSettings;
 
 #[cfg(test)]

@@ -5,7 +5,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer};
+use serde::Deserialize;
 
 use super::duration::human_duration;
 use super::error::{self, Invalid};
@@ -29,14 +29,6 @@ pub struct RedisSettings {
     /// they are checked in a second call that refunds the seller's units when
     /// the global rule refuses.
     pub topology: Topology,
-    /// The layout of the limiter's state in Redis: `v1` (a key per rule,
-    /// named by its fingerprint: an edited rule starts fresh), `v2` (one
-    /// hash per seller, rules by place: an edited rule converts what the
-    /// old one admitted) or `v1+v2` (a rolling deploy's step). Unset:
-    /// `v2`, unless the install's marker says a replica runs `v1`, which
-    /// refuses to start (`limiter::layout`). See [Limiter state](../internals/limiter-state.md).
-    #[serde(default)]
-    pub state: Option<StateLayout>,
     /// Longest a limiter call may take before it counts as a Redis failure.
     #[serde(deserialize_with = "human_duration")]
     pub timeout: Duration,
@@ -87,7 +79,6 @@ impl fmt::Debug for RedisSettings {
             .field("url", &redact_url(&self.url))
             .field("key_prefix", &self.key_prefix)
             .field("topology", &self.topology)
-            .field("state", &self.state)
             .field("timeout", &self.timeout)
             .field("unready_after_failures", &self.unready_after_failures)
             .field("on_error", &self.on_error)
@@ -105,36 +96,6 @@ impl fmt::Debug for RedisSettings {
             .field("tls_cert_file", &self.tls_cert_file)
             .field("tls_key_file", &self.tls_key_file)
             .finish()
-    }
-}
-
-/// Which layout the limiter's calls use (`redis.state`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StateLayout {
-    /// A key per rule, named by its fingerprint; a block key per seller.
-    V1,
-    /// One hash per seller, rules by place.
-    V2,
-    /// The step of a rolling deploy from v1 to v2: every call reads both
-    /// layouts, decides on the more used state of each rule and charges
-    /// both, so replicas still on v1 and replicas on v2 never over-admit
-    /// together.
-    V1V2,
-}
-
-impl<'de> Deserialize<'de> for StateLayout {
-    // By hand: the derived error ("does not have variant constructor")
-    // does not say which values are allowed.
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        match s.as_str() {
-            "v1" => Ok(StateLayout::V1),
-            "v2" => Ok(StateLayout::V2),
-            "v1+v2" => Ok(StateLayout::V1V2),
-            other => Err(serde::de::Error::custom(format!(
-                "{other:?} is not a state layout: use \"v1\", \"v1+v2\" or \"v2\""
-            ))),
-        }
     }
 }
 
@@ -266,23 +227,23 @@ pub(super) enum RedisProblem {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use crate::config::load_from;
     use crate::config::testing::file;
 
     #[test]
-    fn an_unknown_state_layout_names_the_key_and_the_choices() {
-        let f = file("[redis]\nstate = \"v3\"\n");
-        let err = load_from(Some(f.path()), Vec::new())
-            .err()
-            .expect("must fail");
-        let text = err.to_string();
-        assert!(text.contains("redis.state"), "{text}");
-        assert!(text.contains("v1") && text.contains("v2"), "{text}");
-        for (text, want) in [("v2", StateLayout::V2), ("v1+v2", StateLayout::V1V2)] {
-            let f = file(&format!("[redis]\nstate = \"{text}\"\n"));
-            let s = load_from(Some(f.path()), Vec::new()).unwrap().settings;
-            assert_eq!(s.redis.state, Some(want));
+    fn the_removed_state_key_names_the_file_the_key_and_the_one_layout() {
+        for value in ["v1", "v2", "v1+v2"] {
+            let f = file(&format!("[redis]\nstate = \"{value}\"\n"));
+            let err = load_from(Some(f.path()), Vec::new())
+                .err()
+                .expect("a removed key must stop startup");
+            let text = err.to_string();
+            assert!(text.contains("redis.state was removed"), "{text}");
+            assert!(text.contains("one state layout"), "{text}");
+            assert!(
+                text.contains(&f.path().display().to_string()),
+                "names the file: {text}"
+            );
         }
     }
 

@@ -31,6 +31,14 @@ pub const RENAMED: &[(&str, &str)] = &[
     ("kafka.retry_topic", "kafka.retry_topic_prefix"),
 ];
 
+/// Keys this release no longer reads, with what to do instead. Unlike a
+/// rename, nothing can carry their value over: a layer that sets one is an
+/// error naming the file, the key and why it went.
+pub const REMOVED: &[(&str, &str)] = &[(
+    "redis.state",
+    "this release has one state layout (one hash per seller, what was \"v2\"): remove the key (docs/src/operate/upgrading.md)",
+)];
+
 /// The old name of `key`, if it was renamed.
 pub(super) fn old_name(key: &str) -> Option<&'static str> {
     RENAMED
@@ -86,6 +94,18 @@ pub(super) fn apply(
     merged: &mut config::Map<String, config::Value>,
     layers: &[Layer],
 ) -> Result<Vec<Deprecation>, ConfigError> {
+    for &(key, why) in REMOVED {
+        let layer = layers
+            .iter()
+            .find(|(_, layer)| layer.get::<config::Value>(key).is_ok());
+        if let Some((name, _)) = layer {
+            return Err(ConfigError {
+                file: source_name(name, key),
+                key: key.to_owned(),
+                problem: format!("{key} was removed: {why}"),
+            });
+        }
+    }
     let mut found = Vec::new();
     for &(old, new) in RENAMED {
         let set = |key: &str| -> Vec<&str> {

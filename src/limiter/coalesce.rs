@@ -29,10 +29,11 @@ use futures::stream::FuturesUnordered;
 use std::future::Future;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
+use super::core::JobsQuery;
 use super::core::{Limiter, LimiterError};
 use super::decision::BatchDecision;
-use super::jobs::{granted_units, JobsQuery};
-use super::script::Store;
+use super::jobs::granted_units;
+use super::store::Store;
 use crate::config::Topology;
 use crate::telemetry::events::LimiterCallCoalesced;
 

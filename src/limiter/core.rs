@@ -1,9 +1,8 @@
 //! [`Limiter`]: the answer to "may this seller's job go now?".
 //!
-//! Resolves the seller's rules from the current [`Policy`], builds one
-//! [`ScriptCall`] and reads the reply as a [`Decision`]. Costs no rule can
-//! ever hold are answered without a round trip; unlimited sellers cost one
-//! that reads only their downstream block.
+//! The struct, the policy, overrides and pauses in force, and the single
+//! decision ([`Limiter::check`]), which is a jobs call of one job
+//! (`jobs.rs`): every decision takes the same road to Redis.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,14 +11,14 @@ use std::time::Duration;
 
 use crate::config::{OnStateLoss, Topology};
 
-use super::decision::{CannotPass, Decision, Denied, DeniedBy, Granted, Mode};
-use super::keys::{KeySpace, StateLayout};
+use super::decision::{BatchDecision, Decision, Granted, Mode};
+use super::keys::KeySpace;
 use super::learn::{self, Blocked};
 use super::pauses::Pauses;
 use super::policy::{Policy, Resolved, RuleSet};
-use super::reply::Reply;
 use super::rule::Rule;
-use super::script::{BlockAt, BlockCall, BlockRead, Op, ScriptCall, Store};
+use super::script::{BlockCall, RefundCall};
+use super::store::Store;
 
 /// A question for the limiter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +41,31 @@ impl<'a> Request<'a> {
             seller,
             cost,
             mode,
+            dry_run: false,
+            at_us: None,
+        }
+    }
+}
+
+/// A list of jobs for the limiter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JobsQuery<'a> {
+    pub seller: &'a str,
+    /// The jobs' costs in queue order; at least one, each >= 1.
+    pub costs: &'a [u64],
+    /// Decide without charging.
+    pub dry_run: bool,
+    /// Explicit time in µs since the epoch, for deterministic tests; `None`
+    /// uses Redis' clock.
+    pub at_us: Option<u64>,
+}
+
+impl<'a> JobsQuery<'a> {
+    /// The production form: charge, on Redis' clock.
+    pub fn new(seller: &'a str, costs: &'a [u64]) -> JobsQuery<'a> {
+        JobsQuery {
+            seller,
+            costs,
             dry_run: false,
             at_us: None,
         }
@@ -164,34 +188,13 @@ impl<S: Store> Limiter<S> {
         &self.keys
     }
 
-    /// Every key that holds `seller`'s own state: its 429 block and one per
-    /// rule it is held to now, shadow rules included (global rules' keys are
-    /// shared, not its own); in state v2, its one hash, which also holds
-    /// what rules it was held to before, and the records of its charged
-    /// calls (`lua/calls.lua`). All in the seller's hash slot.
+    /// Every key that holds `seller`'s own state: its one hash (its 429
+    /// block, every rule it is held to now or was held to before, shadow
+    /// rules included, the records of its charged calls) and its slots of
+    /// `max_in_flight`. All in the seller's hash slot; the global rules'
+    /// hash is shared, not its own.
     pub fn seller_keys(&self, seller: &str) -> Vec<String> {
-        let layout = self.keys.layout();
-        let mut keys = Vec::new();
-        if layout != StateLayout::V1 {
-            keys.push(self.keys.seller_state(seller));
-            keys.push(self.keys.calls(seller));
-        }
-        if layout == StateLayout::V2 {
-            return keys;
-        }
-        let policy = self.policy();
-        keys.push(self.keys.block(seller));
-        if let Resolved::Limited { seller: own, .. } = policy.resolve(seller) {
-            keys.extend(own.iter().map(|r| self.keys.rule(seller, r)));
-        }
-        keys.extend(
-            policy
-                .shadow(seller)
-                .0
-                .iter()
-                .map(|r| self.keys.rule(seller, r)),
-        );
-        keys
+        vec![self.keys.seller_state(seller), self.keys.slots(seller)]
     }
 
     /// The seller's rules and the global rules, each with its key.
@@ -217,157 +220,57 @@ impl<S: Store> Limiter<S> {
         self.check(Request::new(seller, cost, mode)).await
     }
 
-    /// The general form of [`Limiter::acquire`].
+    /// The general form of [`Limiter::acquire`]: a jobs call
+    /// ([`Limiter::check_jobs`]) of one job of the whole cost, or, up to
+    /// the cost, of jobs of one unit each (as many as the seller's smallest
+    /// capacity, more than which nothing is ever granted), read as one
+    /// [`Decision`].
     pub async fn check(&self, req: Request<'_>) -> Result<Decision, LimiterError<S::Error>> {
-        let decision = self.check_enforced(req).await?;
-        if let (Decision::Granted(g), false) = (&decision, req.dry_run) {
-            self.shadow(req.seller, g.granted, req.at_us).await;
-        }
-        Ok(decision)
-    }
-
-    /// [`Limiter::check`] without the shadow rules.
-    async fn check_enforced(&self, req: Request<'_>) -> Result<Decision, LimiterError<S::Error>> {
         if req.cost == 0 {
             return Err(LimiterError::ZeroCost);
         }
-        let policy = self.policy();
-        let (own, global) = match policy.resolve(req.seller) {
-            Resolved::Unlimited => return self.check_unlimited(req).await,
-            Resolved::Limited { seller, global } => (seller, global),
+        let costs = match req.mode {
+            Mode::AllOrNothing => vec![req.cost],
+            Mode::UpTo => {
+                let smallest = match self.policy().resolve(req.seller) {
+                    Resolved::Unlimited => None,
+                    Resolved::Limited { seller, global } => {
+                        seller.iter().chain(global).map(Rule::capacity).min()
+                    }
+                };
+                match smallest {
+                    // No rule cuts a cost: one job of all of it.
+                    None => vec![req.cost],
+                    Some(cap) => vec![1; usize::try_from(req.cost.min(cap)).unwrap_or(usize::MAX)],
+                }
+            }
         };
-        if let Some(never) = never(own.iter().chain(global), req) {
-            return Ok(never);
-        }
-        let op = if req.dry_run { Op::Peek } else { Op::Acquire };
-        let (mut seller_rules, global_rules) = self.keyed(req.seller, own, global);
-        if self.topology == Topology::Single || global_rules.is_empty() {
-            seller_rules.extend(global_rules);
-            let call = self.call(op, req, self.keys.block_at(req.seller), seller_rules);
-            let reply = self.store.run(&call).await.map_err(LimiterError::Store)?;
-            let rules: Vec<Rule> = call.rules.iter().map(|(_, r)| *r).collect();
-            return Ok(reply.decision(&rules, req.cost));
-        }
-        self.check_split(op, req, seller_rules, global_rules).await
-    }
-
-    /// An unlimited seller has no rules, but a downstream 429 written by any
-    /// replica still holds it: the script runs with no rules, which reads
-    /// only the block key (and the clock) and writes nothing.
-    async fn check_unlimited(&self, req: Request<'_>) -> Result<Decision, LimiterError<S::Error>> {
-        let op = if req.dry_run { Op::Peek } else { Op::Acquire };
-        let call = self.call(op, req, self.keys.block_at(req.seller), Vec::new());
-        let reply = self.store.run(&call).await.map_err(LimiterError::Store)?;
-        Ok(match reply.decision(&[], req.cost) {
-            Decision::Granted(g) => unlimited(req.cost, g.decided_at_us),
-            blocked => blocked,
+        let decision = self
+            .check_jobs(JobsQuery {
+                seller: req.seller,
+                costs: &costs,
+                dry_run: req.dry_run,
+                at_us: req.at_us,
+            })
+            .await?;
+        Ok(match decision {
+            BatchDecision::Granted(g) => Decision::Granted(Granted {
+                granted: g.units,
+                remaining: g.remaining,
+                reset_after: g.reset_after,
+                pace: g.pace,
+                decided_at_us: g.decided_at_us,
+            }),
+            BatchDecision::Denied(d) => Decision::Denied(d),
+            BatchDecision::Never(c) => Decision::Never(c),
         })
     }
 
-    /// Redis Cluster: the global keys live in another slot than the seller's,
-    /// so one script cannot hold both. The seller's rules are charged first
-    /// (most refusals are per seller, and they then never touch the shared
-    /// global key); the global rules are asked for what the seller got; what
-    /// the global rules refuse is refunded to the seller. Between the two
-    /// calls another replica may see the seller's units as taken (the seller
-    /// can be refused early for that instant) or take after them; the refund
-    /// then gives back only what no later call can have used, so the rules
-    /// never admit more than if the refused units had not been asked for.
-    async fn check_split(
-        &self,
-        op: Op,
-        req: Request<'_>,
-        seller_rules: Vec<KeyedRule>,
-        global_rules: Vec<KeyedRule>,
-    ) -> Result<Decision, LimiterError<S::Error>> {
-        let n_own = seller_rules.len();
-        let first = self.call(op, req, self.keys.block_at(req.seller), seller_rules);
-        let own_reply = self.store.run(&first).await.map_err(LimiterError::Store)?;
-        let own_rules: Vec<Rule> = first.rules.iter().map(|(_, r)| *r).collect();
-        let granted = match own_reply.decision(&own_rules, req.cost) {
-            Decision::Granted(g) => g,
-            other => return Ok(other),
-        };
-        // The seller's grant already respects the mode; the global rules may
-        // still cut an up-to grant down. The global keys' node reads its own
-        // clock (or the test's explicit time).
-        let second_req = Request {
-            cost: granted.granted,
-            ..req
-        };
-        let second = self.call(op, second_req, self.keys.global_block_at(), global_rules);
-        let global_rules: Vec<Rule> = second.rules.iter().map(|(_, r)| *r).collect();
-        let global = match self.store.run(&second).await {
-            Ok(reply) => reply.decision(&global_rules, granted.granted),
-            Err(e) => {
-                self.refund(&first, &own_reply, granted.granted, 0).await;
-                return Err(LimiterError::Store(e));
-            }
-        };
-        match global {
-            Decision::Granted(g) => {
-                if g.granted < granted.granted {
-                    self.refund(&first, &own_reply, granted.granted - g.granted, g.granted)
-                        .await;
-                }
-                Ok(Decision::Granted(Granted {
-                    granted: g.granted,
-                    remaining: g.remaining.min(granted.remaining),
-                    reset_after: g.reset_after.max(granted.reset_after),
-                    pace: match (granted.pace, g.pace) {
-                        (Some(a), Some(b)) if b.first_at_us > a.first_at_us => Some(b),
-                        (a, b) => a.or(b),
-                    },
-                    decided_at_us: granted.decided_at_us,
-                }))
-            }
-            Decision::Denied(d) => {
-                self.refund(&first, &own_reply, granted.granted, 0).await;
-                Ok(Decision::Denied(Denied {
-                    by: match d.by {
-                        DeniedBy::Rule(i) => DeniedBy::Rule(n_own + i),
-                        other => other,
-                    },
-                    ..d
-                }))
-            }
-            Decision::Never(c) => {
-                self.refund(&first, &own_reply, granted.granted, 0).await;
-                Ok(Decision::Never(CannotPass {
-                    rule: n_own + c.rule,
-                    ..c
-                }))
-            }
-        }
-    }
-
-    /// Gives back units of an earlier call: the units, less what other calls
-    /// may have made use of since (see `lua/common.lua`), so a refund never
-    /// lets the seller's rules admit more than if the units had never been
-    /// taken. A failed refund leaves the seller charged for units it did not
-    /// use: the safe direction, so it is logged and not retried.
-    async fn refund(&self, call: &ScriptCall, reply: &Reply, units: u64, skip: u64) {
-        if call.op != Op::Acquire || units == 0 {
-            return;
-        }
-        // The refund runs on the clock of the acquire's call: Redis' own in
-        // production (after every call that moved the seller since), the
-        // test's explicit time otherwise.
-        let refund = ScriptCall {
-            op: Op::Refund {
-                skip,
-                taken_at_us: reply.now_us as u64,
-            },
-            cost: units,
-            ..call.clone()
-        };
-        self.run_refund(&refund, units).await;
-    }
-
-    /// Runs a refund; a failure is logged (see [`Limiter::refund`]).
-    pub(super) async fn run_refund(&self, refund: &ScriptCall, units: u64) {
-        if let Err(e) = self.store.run(refund).await {
-            tracing::warn!(error = %e, units, "refund of seller units after a global refusal failed; the seller stays charged until its window passes");
+    /// Runs a refund; a failure is logged: it leaves the seller charged for
+    /// units it did not use, the safe direction, so it is not retried.
+    pub(super) async fn run_refund(&self, refund: &RefundCall) {
+        if let Err(e) = self.store.refund(refund).await {
+            tracing::warn!(error = %e, units = refund.units, "refund of seller units after a global refusal failed; the seller stays charged until its window passes");
         }
     }
 
@@ -404,7 +307,7 @@ impl<S: Store> Limiter<S> {
     ) -> Result<Blocked, S::Error> {
         let dur_us = u64::try_from(dur.as_micros()).unwrap_or(u64::MAX).max(1);
         let at = self.keys.block_at(seller);
-        let learn = self.learn_drop(seller, &at, started_us);
+        let learn = self.learn_drop(seller, started_us);
         let call = BlockCall {
             now_us,
             dur_us,
@@ -414,14 +317,11 @@ impl<S: Store> Limiter<S> {
     }
 
     /// The learn drop of a 429 (`lua/block.lua`), when the seller learns:
-    /// learning on, state v2 (the factor lives in the seller's hash), a
-    /// limited seller.
-    fn learn_drop(&self, seller: &str, at: &BlockAt, started_us: Option<u64>) -> Option<String> {
+    /// learning on, a limited seller (the factor lives in the seller's
+    /// hash, beside the block).
+    fn learn_drop(&self, seller: &str, started_us: Option<u64>) -> Option<String> {
         let policy = self.policy();
         let terms = policy.learn()?;
-        if at.read != BlockRead::Field {
-            return None;
-        }
         let Resolved::Limited { seller: own, .. } = policy.resolve(seller) else {
             return None;
         };
@@ -440,47 +340,6 @@ impl<S: Store> Limiter<S> {
             .block(&self.keys.block_at(seller), Some(now_us), dur_us)
             .await
     }
-
-    fn call(&self, op: Op, req: Request<'_>, block: BlockAt, rules: Vec<KeyedRule>) -> ScriptCall {
-        ScriptCall {
-            op,
-            now_us: req.at_us,
-            cost: req.cost,
-            mode: req.mode,
-            call_id: self.ids.next(),
-            block,
-            rules,
-        }
-    }
-}
-
-/// A grant that costs nothing: for sellers configured `unlimited` and not
-/// blocked by the downstream.
-fn unlimited(cost: u64, decided_at_us: u64) -> Decision {
-    Decision::Granted(Granted {
-        granted: cost,
-        remaining: u64::MAX,
-        reset_after: Duration::ZERO,
-        pace: None,
-        decided_at_us,
-    })
-}
-
-/// A whole cost above some rule's capacity can never pass: no need to ask.
-fn never<'r>(rules: impl Iterator<Item = &'r Rule>, req: Request<'_>) -> Option<Decision> {
-    if req.mode != Mode::AllOrNothing {
-        return None;
-    }
-    rules.enumerate().find_map(|(i, r)| {
-        (req.cost > r.capacity()).then(|| {
-            Decision::Never(CannotPass {
-                cost: req.cost,
-                capacity: r.capacity(),
-                rule: i,
-                limit: Some(*r),
-            })
-        })
-    })
 }
 
 /// Call ids unique across replicas and restarts: a random instance part and

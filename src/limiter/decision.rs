@@ -21,15 +21,6 @@ pub enum Mode {
     UpTo,
 }
 
-impl Mode {
-    pub(crate) fn wire(self) -> &'static str {
-        match self {
-            Mode::AllOrNothing => "all",
-            Mode::UpTo => "upto",
-        }
-    }
-}
-
 /// The limiter's answer for one seller and one cost.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {

@@ -1,14 +1,16 @@
 //! A seller's live state, rule by rule, charging nothing: what
-//! `limits show` prints. Each rule is read on its own with a dry run, so an
-//! operator sees which rule holds the seller and for how long.
+//! `limits show` prints. Each rule is read on its own with a dry-run jobs
+//! call of one unit, so an operator sees which rule holds the seller and
+//! for how long.
 
 use std::time::Duration;
 
-use super::core::Limiter;
-use super::decision::{Decision, Mode};
+use super::core::{Limiter, LimiterError};
+use super::decision::BatchDecision;
 use super::policy::Resolved;
 use super::rule::Rule;
-use super::script::{BlockAt, KeyedRule, Op, ScriptCall, StateKey, Store};
+use super::script::{BlockAt, StateKey};
+use super::store::Store;
 
 /// Which list a rule comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,7 +65,11 @@ impl<S: Store> Limiter<S> {
     /// Reads `seller`'s state under every rule it is held to now (its own,
     /// the global ones, the shadow ones) and its 429 block, on Redis' clock
     /// (or `at_us`), writing nothing.
-    pub async fn inspect(&self, seller: &str, at_us: Option<u64>) -> Result<SellerState, S::Error> {
+    pub async fn inspect(
+        &self,
+        seller: &str,
+        at_us: Option<u64>,
+    ) -> Result<SellerState, LimiterError<S::Error>> {
         let policy = self.policy();
         // Each rule with the key of its state and the block key of a call
         // that reads it alone: one nothing writes, so the 429 block (read
@@ -104,50 +110,34 @@ impl<S: Store> Limiter<S> {
         }
         let mut rules = Vec::with_capacity(listed.len());
         for (rule, kind, key, block_key) in listed {
-            let keyed = vec![(key, rule)];
-            // As many units as it admits now (the largest cost it can ever
-            // grant, up to what is left).
-            let all = self.peek(
-                at_us,
-                rule.capacity(),
-                Mode::UpTo,
-                block_key.clone(),
-                keyed.clone(),
-            );
-            let state = match all.await? {
-                Decision::Granted(g) if g.granted >= rule.capacity() => RuleState {
-                    rule,
-                    kind,
-                    remaining: g.granted,
-                    retry_after: Duration::ZERO,
-                    reset_after: Duration::ZERO,
-                },
-                Decision::Granted(g) => {
-                    // Partly used: when it is full again, read after one
-                    // more unit (the dry run of a grant reports the state
-                    // after it).
-                    let one = self.peek(at_us, 1, Mode::AllOrNothing, block_key, keyed);
-                    let reset_after = match one.await? {
-                        Decision::Granted(o) => o.reset_after,
-                        Decision::Denied(d) => d.reset_after,
-                        Decision::Never(_) => Duration::ZERO,
-                    };
+            // One unit, dry: a grant reports what is left after it and
+            // when the rule is full again after it, so what it admits now
+            // is one more, and a rule with all of its capacity left is
+            // full now.
+            let one = self.dry_run(at_us, block_key, vec![(key, rule)], &[1]);
+            let state = match one.await? {
+                BatchDecision::Granted(g) => {
+                    let remaining = g.remaining.saturating_add(1).min(rule.capacity());
                     RuleState {
                         rule,
                         kind,
-                        remaining: g.granted,
+                        remaining,
                         retry_after: Duration::ZERO,
-                        reset_after,
+                        reset_after: if remaining >= rule.capacity() {
+                            Duration::ZERO
+                        } else {
+                            g.reset_after
+                        },
                     }
                 }
-                Decision::Denied(d) => RuleState {
+                BatchDecision::Denied(d) => RuleState {
                     rule,
                     kind,
                     remaining: 0,
                     retry_after: d.retry_after,
                     reset_after: d.reset_after,
                 },
-                Decision::Never(_) => RuleState {
+                BatchDecision::Never(_) => RuleState {
                     rule,
                     kind,
                     remaining: 0,
@@ -157,16 +147,10 @@ impl<S: Store> Limiter<S> {
             };
             rules.push(state);
         }
-        // No rules and the seller's block key: refused only by a 429 block.
-        let block = self.peek(
-            at_us,
-            1,
-            Mode::AllOrNothing,
-            self.keys.block_at(seller),
-            Vec::new(),
-        );
+        // No rules and the seller's block: refused only by a 429 block.
+        let block = self.dry_run(at_us, self.keys.block_at(seller), Vec::new(), &[1]);
         let blocked_for = match block.await? {
-            Decision::Denied(d) => Some(d.retry_after),
+            BatchDecision::Denied(d) => Some(d.retry_after),
             _ => None,
         };
         Ok(SellerState {
@@ -175,26 +159,5 @@ impl<S: Store> Limiter<S> {
             rules,
             blocked_for,
         })
-    }
-
-    async fn peek(
-        &self,
-        at_us: Option<u64>,
-        cost: u64,
-        mode: Mode,
-        block: BlockAt,
-        rules: Vec<KeyedRule>,
-    ) -> Result<Decision, S::Error> {
-        let call = ScriptCall {
-            op: Op::Peek,
-            now_us: at_us,
-            cost,
-            mode,
-            call_id: self.ids.next(),
-            block,
-            rules,
-        };
-        let plain: Vec<Rule> = call.rules.iter().map(|(_, r)| *r).collect();
-        Ok(self.store.run(&call).await?.decision(&plain, cost))
     }
 }

@@ -9,48 +9,21 @@
 
 use std::sync::Arc;
 
-use super::core::{Limiter, LimiterError};
-use super::decision::{BatchDecision, BatchGranted, CannotPass, Denied, DeniedBy, Mode, NextJob};
-use super::keys::StateLayout;
+use super::core::{JobsQuery, Limiter, LimiterError};
+use super::decision::{BatchDecision, BatchGranted, CannotPass, Denied, DeniedBy, NextJob};
 use super::policy::Resolved;
 use super::policy::SLOT_POLL;
 use super::reply::JobsReply;
 use super::rule::Rule;
-use super::script::{
-    BlockAt, JobsCall, JobsRequest, KeyedRule, LossGuard, Op, ScriptCall, SlotTerms, Store,
-};
+use super::script::{BlockAt, JobsCall, JobsRequest, KeyedRule, LossGuard, RefundCall, SlotTerms};
 use super::shape::Shape;
+use super::store::Store;
 use crate::config::Topology;
 use crate::telemetry::events::JobsCallCancelled;
 
 /// One list's answer from [`Limiter::check_jobs_many`]; an error is shared
 /// by every list of the call that failed.
 pub type ListAnswer<E> = Result<BatchDecision, Arc<LimiterError<E>>>;
-
-/// A list of jobs for the limiter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct JobsQuery<'a> {
-    pub seller: &'a str,
-    /// The jobs' costs in queue order; at least one, each >= 1.
-    pub costs: &'a [u64],
-    /// Decide without charging.
-    pub dry_run: bool,
-    /// Explicit time in µs since the epoch, for deterministic tests; `None`
-    /// uses Redis' clock.
-    pub at_us: Option<u64>,
-}
-
-impl<'a> JobsQuery<'a> {
-    /// The production form: charge, on Redis' clock.
-    pub fn new(seller: &'a str, costs: &'a [u64]) -> JobsQuery<'a> {
-        JobsQuery {
-            seller,
-            costs,
-            dry_run: false,
-            at_us: None,
-        }
-    }
-}
 
 impl<S: Store> Limiter<S> {
     /// Runs `call`. A failure after which the script may have run all the
@@ -327,13 +300,11 @@ impl<S: Store> Limiter<S> {
     /// the policy in force names (the default, each tier, each named
     /// seller), so that no call waits for a `FUNCTION LOAD`: called at
     /// startup and after each reload. A call of a shape not named here
-    /// (an override made later) loads its own. Only state v2 has shapes,
-    /// and with global rules in single topology no request is plain.
+    /// (an override made later) loads its own. With global rules in
+    /// single topology no request is plain.
     pub async fn prepare_shapes(&self) -> Result<(), S::Error> {
         let policy = self.policy();
-        if self.keys.layout() != StateLayout::V2
-            || (self.topology == Topology::Single && !policy.global().is_empty())
-        {
+        if self.topology == Topology::Single && !policy.global().is_empty() {
             return Ok(());
         }
         let mut shapes: Vec<Shape> = Vec::new();
@@ -371,6 +342,48 @@ impl<S: Store> Limiter<S> {
             .release(&self.keys.slots(seller), leases)
             .await
             .map_err(LimiterError::Store)
+    }
+
+    /// A dry run of one request over `rules` (no loss guard, no learnt
+    /// limits, no slots): what shadow rules and `limits show` ask, read as
+    /// a decision. Writes nothing.
+    pub(super) async fn dry_run(
+        &self,
+        at_us: Option<u64>,
+        block: BlockAt,
+        rules: Vec<KeyedRule>,
+        costs: &[u64],
+    ) -> Result<BatchDecision, LimiterError<S::Error>> {
+        self.request_alone(at_us, true, block, rules, costs).await
+    }
+
+    /// One request over `rules` alone (no loss guard, no learnt limits,
+    /// no slots), charging unless `dry_run`: shadow rules' trials.
+    pub(super) async fn request_alone(
+        &self,
+        at_us: Option<u64>,
+        dry_run: bool,
+        block: BlockAt,
+        rules: Vec<KeyedRule>,
+        costs: &[u64],
+    ) -> Result<BatchDecision, LimiterError<S::Error>> {
+        let req = self.jobs_request(block, rules, costs);
+        let call = JobsCall {
+            now_us: at_us,
+            dry_run,
+            guard: None,
+            learn: None,
+            requests: vec![req],
+        };
+        let replies = self.run_jobs_call(&call).await?;
+        let (Some(req), Some(reply)) = (call.requests.first(), replies.first()) else {
+            return Err(LimiterError::ShortReply {
+                sent: 1,
+                got: replies.len(),
+            });
+        };
+        let rules: Vec<Rule> = req.rules.iter().map(|(_, r)| *r).collect();
+        Ok(read(reply, req, &rules, !dry_run))
     }
 
     /// Runs one request; its reply, read.
@@ -471,19 +484,16 @@ impl<S: Store> Limiter<S> {
             Err(e) => (Err(e), (mine.units, 0)),
         };
         if !q.dry_run && refund.0 > 0 {
-            let call = ScriptCall {
-                op: Op::Refund {
-                    skip: refund.1,
-                    taken_at_us: own_reply.head.now_us as u64,
-                },
+            let call = RefundCall {
                 now_us: q.at_us,
-                cost: refund.0,
-                mode: Mode::AllOrNothing,
+                units: refund.0,
+                skip: refund.1,
+                taken_at_us: own_reply.head.now_us as u64,
                 call_id: first.call_id.clone(),
                 block: first.block.clone(),
                 rules: first.rules.clone(),
             };
-            self.run_refund(&call, refund.0).await;
+            self.run_refund(&call).await;
         }
         // The slots of the jobs the global rules cut go back with their units.
         let kept = match &global {

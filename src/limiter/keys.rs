@@ -1,22 +1,17 @@
-//! Redis key names, in the two layouts of the limiter's state.
+//! Redis key names.
 //!
 //! Every key of one seller carries the seller in one hash tag (`{…}`), so a
 //! Redis Cluster puts all of them in one slot and one script can touch them
 //! all.
 //!
-//! - **v1**: a key per rule whose name includes the rule's fingerprint, and
-//!   a key for the 429 block. An edited rule starts from fresh state, on
-//!   top of what the old rule admitted (issue 21).
-//! - **v2**: one hash per seller, `prefix:{seller}:v2`, holding the block
-//!   and every rule's state by its place in the seller's rule list
-//!   (`r<i>` enforced, `s<i>` shadow); the global rules in
-//!   `prefix:{*global*}:v2`. An edited rule converts what it finds at its
-//!   place (`lua/common.lua`, `settle`), and a slot migration moves a
-//!   seller whole. Beside it, `prefix:{seller}:calls`, the records of its
-//!   charged jobs calls (`lua/calls.lua`), and with `max_in_flight`,
-//!   `prefix:{seller}:slots`.
-
-pub use crate::config::StateLayout;
+//! The limiter's state is one hash per seller, `prefix:{seller}:v2`,
+//! holding the 429 block and every rule's state by its place in the
+//! seller's rule list (`r<i>` enforced, `s<i>` shadow); the global rules in
+//! `prefix:{*global*}:v2`. An edited rule converts what it finds at its
+//! place (`lua/common.lua`, `settle`), and a slot migration moves a seller
+//! whole. Beside it, with `max_in_flight`, `prefix:{seller}:slots`. (The
+//! `v2` in the name is the layout's name from before it was the only one;
+//! the name stays so that state written under it is read.)
 
 use std::sync::OnceLock;
 
@@ -30,7 +25,6 @@ use super::script::{BlockAt, BlockRead, KeyedRule, StateKey};
 pub struct KeySpace {
     /// Validated by config: contains no `{` or `}`.
     prefix: String,
-    layout: StateLayout,
 }
 
 /// The hash tag of the global rules, which belong to no seller. It cannot
@@ -38,180 +32,63 @@ pub struct KeySpace {
 const GLOBAL_TAG: &str = "*global*";
 
 impl KeySpace {
-    /// Keys of state v1.
     pub fn new(prefix: impl Into<String>) -> KeySpace {
-        KeySpace::with_layout(prefix, StateLayout::V1)
-    }
-
-    pub fn with_layout(prefix: impl Into<String>, layout: StateLayout) -> KeySpace {
         KeySpace {
             prefix: prefix.into(),
-            layout,
         }
     }
 
-    pub fn layout(&self) -> StateLayout {
-        self.layout
-    }
-
-    /// v2: the hash that holds everything of one seller.
+    /// The hash that holds everything of one seller.
     pub fn seller_state(&self, seller: &str) -> String {
         format!("{}:{{{}}}:v2", self.prefix, tag(seller))
     }
 
-    /// The sorted set of `seller`'s slots of `max_in_flight` (every
-    /// layout; see `lua/slots.lua`).
+    /// The sorted set of `seller`'s slots of `max_in_flight` (see
+    /// `lua/slots.lua`).
     pub fn slots(&self, seller: &str) -> String {
         format!("{}:{{{}}}:slots", self.prefix, tag(seller))
     }
 
-    /// v2 and v1+v2: the sorted set where versions before issue 37 kept
-    /// `seller`'s recent charged jobs calls for their cancel. The records
-    /// now live in the field `rec` of the seller's hash (`lua/calls.lua`);
-    /// the key still travels with every jobs call (one wire format across
-    /// a rolling deploy) and `limits reset` still deletes it.
-    pub fn calls(&self, seller: &str) -> String {
-        format!("{}:{{{}}}:calls", self.prefix, tag(seller))
-    }
-
-    /// v2: the hash of the global rules' state.
+    /// The hash of the global rules' state.
     pub fn global_state(&self) -> String {
         format!("{}:{{{}}}:v2", self.prefix, GLOBAL_TAG)
     }
 
-    /// Where a call finds the seller's 429 block.
+    /// Where a call finds the seller's 429 block: the `block` field of its
+    /// hash.
     pub fn block_at(&self, seller: &str) -> BlockAt {
-        self.block_of(self.seller_state(seller), BlockRead::Field, || {
-            self.block(seller)
-        })
+        BlockAt::new(self.seller_state(seller), BlockRead::Field)
     }
 
     /// The first key of a call over the seller's rules that must not see
     /// its 429 block (shadow rules, `limits show`'s reads of one rule).
     pub fn unblocked_at(&self, seller: &str) -> BlockAt {
-        self.block_of(self.seller_state(seller), BlockRead::Ignore, || {
-            self.no_block(seller)
-        })
+        BlockAt::new(self.seller_state(seller), BlockRead::Ignore)
     }
 
     /// The first key of a call over the global rules alone (Redis Cluster).
     pub fn global_block_at(&self) -> BlockAt {
-        self.block_of(self.global_state(), BlockRead::Ignore, || {
-            self.global_block()
-        })
-    }
-
-    /// v1: the key `v1` names, read as a block key (never set for the
-    /// unblocked and global ones); v2: the hash, read as `read` says;
-    /// v1+v2: both.
-    fn block_of(&self, hash: String, read: BlockRead, v1: impl Fn() -> String) -> BlockAt {
-        match self.layout {
-            StateLayout::V1 => BlockAt::key(v1()),
-            StateLayout::V2 => BlockAt {
-                key: hash,
-                read,
-                also: None,
-            },
-            StateLayout::V1V2 => BlockAt {
-                key: hash,
-                read,
-                also: Some(v1()),
-            },
-        }
+        BlockAt::new(self.global_state(), BlockRead::Ignore)
     }
 
     /// The seller's enforced rules with where their state lives.
     pub fn own_rules(&self, seller: &str, rules: &[Rule]) -> Vec<KeyedRule> {
-        self.placed(
-            rules,
-            "r",
-            || self.seller_state(seller),
-            |r| self.rule(seller, r),
-        )
+        placed(rules, "r", self.seller_state(seller))
     }
 
     /// The seller's shadow rules with where their state lives.
     pub fn shadow_rules(&self, seller: &str, rules: &[Rule]) -> Vec<KeyedRule> {
-        self.placed(
-            rules,
-            "s",
-            || self.seller_state(seller),
-            |r| self.rule(seller, r),
-        )
+        placed(rules, "s", self.seller_state(seller))
     }
 
     /// The global enforced rules with where their state lives.
     pub fn global_rules(&self, rules: &[Rule]) -> Vec<KeyedRule> {
-        self.placed(rules, "r", || self.global_state(), |r| self.global_rule(r))
+        placed(rules, "r", self.global_state())
     }
 
     /// The global shadow rules with where their state lives.
     pub fn global_shadow_rules(&self, rules: &[Rule]) -> Vec<KeyedRule> {
-        self.placed(rules, "s", || self.global_state(), |r| self.global_rule(r))
-    }
-
-    fn placed(
-        &self,
-        rules: &[Rule],
-        kind: &str,
-        hash: impl Fn() -> String,
-        own_key: impl Fn(&Rule) -> String,
-    ) -> Vec<KeyedRule> {
-        match self.layout {
-            StateLayout::V1 => rules
-                .iter()
-                .map(|r| (StateKey::own(own_key(r)), *r))
-                .collect(),
-            StateLayout::V1V2 => {
-                let key = hash();
-                rules
-                    .iter()
-                    .enumerate()
-                    .map(|(i, r)| {
-                        (
-                            StateKey::both(key.clone(), format!("{kind}{i}"), own_key(r)),
-                            *r,
-                        )
-                    })
-                    .collect()
-            }
-            StateLayout::V2 => {
-                let key = hash();
-                rules
-                    .iter()
-                    .enumerate()
-                    .map(|(i, r)| (StateKey::place(key.clone(), format!("{kind}{i}")), *r))
-                    .collect()
-            }
-        }
-    }
-
-    /// v1: where a downstream 429 holds a seller for every replica.
-    pub fn block(&self, seller: &str) -> String {
-        format!("{}:{{{}}}:block", self.prefix, tag(seller))
-    }
-
-    /// A key in the seller's hash slot that nothing writes: the block key
-    /// of calls that must not see a 429 block (shadow rules, the per-rule
-    /// state `limits show` reads).
-    pub fn no_block(&self, seller: &str) -> String {
-        format!("{}:{{{}}}:unblocked", self.prefix, tag(seller))
-    }
-
-    /// v1: the state of one of a seller's rules.
-    pub fn rule(&self, seller: &str, rule: &Rule) -> String {
-        format!("{}:{{{}}}:{}", self.prefix, tag(seller), rule.fingerprint())
-    }
-
-    /// v1: the state of a global rule.
-    pub fn global_rule(&self, rule: &Rule) -> String {
-        format!("{}:{{{}}}:{}", self.prefix, GLOBAL_TAG, rule.fingerprint())
-    }
-
-    /// The block key that goes with global rules checked in a call of their
-    /// own (Redis Cluster): never set, read as "not blocked".
-    pub fn global_block(&self) -> String {
-        format!("{}:{{{}}}:block", self.prefix, GLOBAL_TAG)
+        placed(rules, "s", self.global_state())
     }
 
     /// The hash of temporary overrides: one field per seller.
@@ -251,6 +128,15 @@ impl KeySpace {
     pub fn dlq_replay(&self, topic: &str) -> String {
         format!("{}:{{dlq-replay}}:{topic}", self.prefix)
     }
+}
+
+/// Each rule at its place (`{kind}{i}`) in `hash`.
+fn placed(rules: &[Rule], kind: &str, hash: String) -> Vec<KeyedRule> {
+    rules
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (StateKey::new(hash.clone(), format!("{kind}{i}")), *r))
+        .collect()
 }
 
 /// Escapes a seller id so that it is exactly one hash tag: `{`, `}`, `%` and
@@ -320,27 +206,27 @@ pub fn hash_tag(key: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::Algorithm;
-    use std::time::Duration;
 
     #[test]
     fn all_keys_of_a_seller_share_one_tag_even_with_braces_in_the_id() {
         let ks = KeySpace::new("tw");
-        let r = Rule::new(Algorithm::Gcra, 10, Duration::from_secs(1), Some(5)).unwrap();
         for seller in ["s1", "a{b}c", "}", "{", "%7B", "*global*", "sel ler"] {
-            let tag = hash_tag(&ks.block(seller)).to_owned();
-            assert_eq!(hash_tag(&ks.rule(seller, &r)), tag, "seller {seller:?}");
+            let tag = hash_tag(&ks.seller_state(seller)).to_owned();
+            assert_eq!(hash_tag(&ks.slots(seller)), tag, "seller {seller:?}");
             assert_ne!(
                 tag, GLOBAL_TAG,
                 "seller {seller:?} must not share the global tag"
             );
         }
-        assert_ne!(hash_tag(&ks.block("{")), hash_tag(&ks.block("%7B")));
+        assert_ne!(
+            hash_tag(&ks.seller_state("{")),
+            hash_tag(&ks.seller_state("%7B"))
+        );
     }
 
     #[test]
     fn a_cluster_epoch_lies_in_the_slot_of_the_call_and_a_single_one_is_shared() {
-        let ks = KeySpace::with_layout("tw", StateLayout::V2);
+        let ks = KeySpace::new("tw");
         for seller in ["s1", "a{b}c", "seller-42", "", "*"] {
             let key = ks.seller_state(seller);
             let epoch = ks.epoch(Topology::Cluster, &key);
@@ -352,14 +238,5 @@ mod tests {
         assert_eq!(slot_of("123456789"), 12739);
         assert_eq!(slot_of("foo"), 12182);
         assert_eq!(slot_of("{user1000}.following"), slot_of("user1000"));
-    }
-
-    #[test]
-    fn rule_keys_change_with_the_rule() {
-        let ks = KeySpace::new("tw");
-        let a = Rule::new(Algorithm::Gcra, 10, Duration::from_secs(1), None).unwrap();
-        let b = Rule::new(Algorithm::Gcra, 11, Duration::from_secs(1), None).unwrap();
-        assert_ne!(ks.rule("s", &a), ks.rule("s", &b));
-        assert_eq!(ks.rule("s", &a), "tw:{s}:gcra:10:1000000:10");
     }
 }

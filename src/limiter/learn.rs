@@ -2,7 +2,7 @@
 //!
 //! A seller whose calls keep meeting 429s has its rules scaled down
 //! multiplicatively, fleet-wide, and scaled back up additively in time
-//! while no 429 comes. The state is one field of the seller's v2 hash
+//! while no 429 comes. The state is one field of the seller's hash
 //! (`learn`, see `lua/learn.lua`), so every replica reads the same
 //! effective rule in the same script call that decides: a drop one replica
 //! makes holds every replica at once, and no replica can run on an older
@@ -18,16 +18,13 @@
 //!   edit, an override or a tier change starts afresh.
 //!
 //! This file holds the terms as data, the fingerprints that name a
-//! seller's rules, and the factor's reading for `limits show`; Redis runs
-//! the same reading in `lua/learn.lua`.
+//! seller's rules, and the factor's reading; Redis runs the same reading in
+//! `lua/learn.lua`, and `refresh.rs` reads a seller's factor for
+//! `limits show`.
 
 use std::time::Duration;
 
-use super::core::Limiter;
-use super::policy::Resolved;
-use super::redis::{RedisError, RedisStore};
 use super::rule::{Algorithm, Rule};
-use super::script::BlockRead;
 
 /// Parts per million: the factor's unit, as the scripts count it.
 pub const FULL: u64 = 1_000_000;
@@ -186,46 +183,6 @@ pub struct Learning {
 impl Learning {
     pub fn factor(&self) -> f64 {
         self.factor_ppm as f64 / FULL as f64
-    }
-}
-
-impl Limiter<RedisStore> {
-    /// `seller`'s learnt limit now (Redis' clock): `None` when learning is
-    /// off, the layout keeps no factor (v1), the seller is unlimited, or
-    /// nothing is learnt for its rules in force.
-    pub async fn learning(&self, seller: &str) -> Result<Option<Learning>, RedisError> {
-        let policy = self.policy();
-        let Some(terms) = policy.learn() else {
-            return Ok(None);
-        };
-        let at = self.keys.block_at(seller);
-        let Resolved::Limited { seller: own, .. } = policy.resolve(seller) else {
-            return Ok(None);
-        };
-        if at.read != BlockRead::Field {
-            return Ok(None);
-        }
-        let Some(state) = self
-            .store
-            .hash_field(&at.key, "learn")
-            .await?
-            .and_then(|v| LearnState::parse(&v))
-        else {
-            return Ok(None);
-        };
-        let now_us = self.store.time_ms().await? * 1000;
-        let factor_ppm = state.factor_at(now_us, terms.rise_ppm_per_s, &digest(own));
-        if factor_ppm >= FULL {
-            return Ok(None);
-        }
-        let missing_us = (FULL - factor_ppm) * 1_000_000 / terms.rise_ppm_per_s;
-        Ok(Some(Learning {
-            factor_ppm,
-            dropped_at_ms: state.at_us / 1000,
-            full_in: Duration::from_micros(missing_us),
-            configured: own.to_vec(),
-            effective: own.iter().map(|r| scaled(r, factor_ppm)).collect(),
-        }))
     }
 }
 

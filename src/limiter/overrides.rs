@@ -101,28 +101,6 @@ pub fn in_force(fields: &HashMap<String, String>, now_ms: u64) -> HashMap<String
         .collect()
 }
 
-impl super::Limiter<super::RedisStore> {
-    /// Reads the temporary overrides from Redis and puts those in force now
-    /// in place; returns how many there are.
-    pub async fn refresh_overrides(&self) -> Result<usize, super::RedisError> {
-        let fields = self.store.read_hash(&self.keys.overrides()).await?;
-        // Ends are on Redis' clock (the CLI counts `--for` from its
-        // `TIME`): every replica drops an override at the same moment.
-        let live = in_force(&fields, self.store.time_ms().await?);
-        let n = live.len();
-        self.set_overrides(live);
-        Ok(n)
-    }
-}
-
-/// Now on this host's clock, in Unix ms (a pause's end moved onto it is
-/// judged with it; see `pauses`).
-pub(super) fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

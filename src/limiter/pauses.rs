@@ -124,22 +124,6 @@ impl Pauses {
     }
 }
 
-impl super::Limiter<super::RedisStore> {
-    /// Reads the operators' pauses from Redis and holds those in force
-    /// now; returns them. On an error the last ones read stay (a pause is
-    /// not lifted because Redis did not answer).
-    pub async fn refresh_pauses(&self) -> Result<std::sync::Arc<Pauses>, super::RedisError> {
-        let fields = self.store.read_hash(&self.keys.pauses()).await?;
-        let redis_ms = self.store.time_ms().await?;
-        self.set_pauses(Pauses::in_force_at(
-            &fields,
-            redis_ms,
-            super::overrides::unix_ms(),
-        ));
-        Ok(self.pauses())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,17 +1,19 @@
-//! The limiter script's raw reply, and its reading as a typed [`Decision`].
+//! The limiter script's raw reply, and its reading as a typed
+//! [`BatchDecision`].
 //!
-//! Both the Redis glue and the reference models produce a [`Reply`], so the
-//! two can be compared field by field, and there is one place that turns the
-//! script's integers into types.
+//! Both the Redis glue and the reference model produce [`JobsReply`]s, so
+//! the two can be compared field by field, and there is one place that
+//! turns the script's integers into types.
 
 use std::time::Duration;
 
 use super::decision::{
-    BatchDecision, BatchGranted, CannotPass, Decision, Denied, DeniedBy, Granted, NextJob, Pace,
+    BatchDecision, BatchGranted, CannotPass, Denied, DeniedBy, Granted, NextJob, Pace,
 };
 use super::rule::Rule;
 
-/// The ten integers `lua/limiter.lua` returns, in order.
+/// The first ten integers of a request's row in a jobs reply
+/// (`lua/jobs.lua`), in order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Reply {
     /// 1 granted, 0 denied, -1 never.
@@ -59,18 +61,8 @@ impl Reply {
         })
     }
 
-    /// Reads the reply for a call over `rules` (in the order they were sent)
-    /// with `cost`.
-    pub fn decision(&self, rules: &[Rule], cost: u64) -> Decision {
-        match self.status {
-            1 => Decision::Granted(self.grant(rules)),
-            0 => Decision::Denied(self.refusal()),
-            _ => Decision::Never(cannot_pass(rules, self.rule_index(), cost)),
-        }
-    }
-
     /// `by` as an index into the rules sent (1-based on the wire).
-    fn rule_index(&self) -> usize {
+    pub(crate) fn rule_index(&self) -> usize {
         (self.by.max(1) - 1) as usize
     }
 
@@ -83,7 +75,7 @@ impl Reply {
         }
     }
 
-    fn grant(&self, rules: &[Rule]) -> Granted {
+    pub(crate) fn grant(&self, rules: &[Rule]) -> Granted {
         let pace =
             rules
                 .iter()
@@ -105,7 +97,7 @@ impl Reply {
         }
     }
 
-    fn refusal(&self) -> Denied {
+    pub(crate) fn refusal(&self) -> Denied {
         Denied {
             retry_after: Duration::from_micros(self.retry_after_us as u64),
             remaining: self.remaining as u64,
@@ -116,7 +108,7 @@ impl Reply {
     }
 }
 
-fn cannot_pass(rules: &[Rule], rule: usize, cost: u64) -> CannotPass {
+pub(crate) fn cannot_pass(rules: &[Rule], rule: usize, cost: u64) -> CannotPass {
     let limit = rules.get(rule).copied();
     CannotPass {
         cost,

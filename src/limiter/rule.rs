@@ -238,9 +238,9 @@ impl Rule {
             .filter(|r| r.fingerprint() == fp)
     }
 
-    /// A stable, human-readable identity: in v1 Redis key names, so that a
-    /// changed rule starts with fresh state instead of misreading old state;
-    /// in v2 the `fp` of a rule's place, so that a changed rule converts it.
+    /// A stable, human-readable identity: the `fp` of a rule's place in the
+    /// seller's hash, so that a changed rule converts the state it finds
+    /// there instead of misreading it.
     pub fn fingerprint(&self) -> String {
         format!(
             "{}:{}:{}:{}",

@@ -1,18 +1,15 @@
 //! One call of the limiter script, as data.
 //!
-//! The call is built here, in plain Rust, and run by a [`Store`]: Redis
+//! The call is built here, in plain Rust, and run by a [`Store`](super::Store): Redis
 //! ([`RedisStore`](super::RedisStore)) in the product. Tests run the same
 //! calls on the reference model (`limiter::testkit` and `limiter::local`,
 //! e.g. the simulation's store). The local fallback does not go through a
-//! [`Store`]: it decides job by job in memory (`limiter::local`). Nothing in
+//! [`Store`](super::Store): it decides job by job in memory (`limiter::local`). Nothing in
 //! this file knows how Redis is reached.
 
-use std::future::Future;
 use std::time::Duration;
 
-use super::decision::Mode;
 use super::learn::{Blocked, Learnt};
-use super::reply::{JobsReply, Reply};
 use super::rule::Rule;
 use crate::config::OnStateLoss;
 
@@ -36,7 +33,7 @@ macro_rules! shape_body {
 }
 
 /// The limiter's Lua, as one library: [`SHAPE_BODY`], the slots, the
-/// job-list driver, the single-call driver, then the block. It only
+/// job-list driver, the entry point (`limiter_call`), then the block. It only
 /// defines functions (`limiter_call`, `block_call`); the tails below run
 /// them.
 macro_rules! library_body {
@@ -127,124 +124,66 @@ pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
-/// What a call does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Op {
-    /// Decide and charge.
-    Acquire,
-    /// Decide, charge nothing (operators' dry run).
-    Peek,
-    /// Give back `cost` units of an earlier call, skipping its first `skip`.
-    /// The call's `now_us` is the refund's own time (at or after every
-    /// call since the take; `None` = Redis' clock); `taken_at_us` is the
-    /// `now_us` the acquire replied with. Only what is provably unused comes
-    /// back (see `lua/common.lua`).
-    Refund { skip: u64, taken_at_us: u64 },
-}
-
-/// Where one rule's state lives (see `lua/common.lua`).
+/// Where one rule's state lives (see `lua/common.lua`): the fields
+/// `<place>:…` of the hash `key`, which holds the seller's block and every
+/// rule's state (`r<i>` enforced, `s<i>` shadow rules).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct StateKey {
     pub key: String,
-    /// `None`: state v1, a key of the rule's own whose name carries the
-    /// rule's fingerprint. `Some(place)`: state v2, the fields `<place>:…`
-    /// of the hash `key`, which holds the seller's block and every rule's
-    /// state (`r<i>` enforced, `s<i>` shadow rules).
-    pub place: Option<String>,
-    /// State v1+v2 (a rolling deploy): the rule's v1 key, read beside the
-    /// place and charged with it. `None` otherwise.
-    pub also: Option<String>,
+    pub place: String,
 }
 
 impl StateKey {
-    /// A v1 key of the rule's own.
-    pub fn own(key: impl Into<String>) -> StateKey {
+    pub fn new(key: impl Into<String>, place: impl Into<String>) -> StateKey {
         StateKey {
             key: key.into(),
-            place: None,
-            also: None,
+            place: place.into(),
         }
     }
 
-    /// A place in a v2 hash.
-    pub fn place(key: impl Into<String>, place: impl Into<String>) -> StateKey {
-        StateKey {
-            key: key.into(),
-            place: Some(place.into()),
-            also: None,
-        }
-    }
-
-    /// A place in a v2 hash with the rule's v1 key beside it (v1+v2).
-    pub fn both(
-        key: impl Into<String>,
-        place: impl Into<String>,
-        v1: impl Into<String>,
-    ) -> StateKey {
-        StateKey {
-            also: Some(v1.into()),
-            ..StateKey::place(key, place)
-        }
-    }
-
-    /// One name for the state, unique across layouts: the key (v1), or
-    /// `key#place` (v2; a place never holds `#`). The reference model
-    /// stores each state under it.
+    /// One name for the state: `key#place` (a place never holds `#`).
+    /// The reference model stores each state under it.
     pub fn address(&self) -> String {
-        match &self.place {
-            None => self.key.clone(),
-            Some(place) => format!("{}#{place}", self.key),
-        }
-    }
-}
-
-impl From<String> for StateKey {
-    fn from(key: String) -> StateKey {
-        StateKey::own(key)
-    }
-}
-
-impl From<&str> for StateKey {
-    fn from(key: &str) -> StateKey {
-        StateKey::own(key)
+        format!("{}#{}", self.key, self.place)
     }
 }
 
 /// How a call reads the seller's downstream 429 block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum BlockRead {
-    /// v1: a key of its own holds the block's end.
-    Key,
-    /// v2: the `block` field of the seller's hash.
+    /// The `block` field of the seller's hash.
     Field,
     /// Not read: shadow rules, `limits show`'s per-rule reads, the global
     /// rules' own call.
     Ignore,
 }
 
+/// The key a call names first (the seller's hash, or the global rules'),
+/// and whether the block is read there.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct BlockAt {
+    pub key: String,
+    pub read: BlockRead,
+}
+
 impl BlockAt {
-    /// The request's block token (`lua/limiter.lua`): upper case (`F`,
-    /// `=`) when a v1 block key follows the first key (v1+v2).
-    pub(crate) fn wire(&self) -> &'static str {
-        match (self.read, self.also.is_some()) {
-            (BlockRead::Key, _) => "k",
-            (BlockRead::Field, false) => "f",
-            (BlockRead::Field, true) => "F",
-            (BlockRead::Ignore, false) => "-",
-            (BlockRead::Ignore, true) => "=",
+    pub fn new(key: impl Into<String>, read: BlockRead) -> BlockAt {
+        BlockAt {
+            key: key.into(),
+            read,
         }
     }
 
-    /// The first key, then the v1 block key in v1+v2: a limiter call's
-    /// first KEYS, and the KEYS of [`BLOCK_LUA`].
-    pub fn keys(&self) -> impl Iterator<Item = &str> {
-        std::iter::once(self.key.as_str()).chain(self.also.as_deref())
+    /// The request's block token (`lua/jobs.lua`).
+    pub(crate) fn wire(&self) -> &'static str {
+        match self.read {
+            BlockRead::Field => "f",
+            BlockRead::Ignore => "-",
+        }
     }
 
     /// ARGV of [`BLOCK_LUA`] (`lua/block.lua`): `now_us` (`''`: Redis'
-    /// clock), the duration (at least 1 µs), the block token. It names the
-    /// block with the same token and keys as a limiter call does, so it
-    /// writes both layouts in v1+v2.
+    /// clock), the duration (at least 1 µs), the block token.
     pub fn block_args(&self, now_us: Option<u64>, dur_us: u64) -> Vec<String> {
         vec![
             now_us.map(|n| n.to_string()).unwrap_or_default(),
@@ -252,96 +191,59 @@ impl BlockAt {
             self.wire().to_owned(),
         ]
     }
-}
-
-/// The key a call names first (its block key, or the seller's hash), and
-/// how the block is read there.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct BlockAt {
-    pub key: String,
-    pub read: BlockRead,
-    /// v1+v2: the seller's v1 block key, read (and written) beside the
-    /// hash's field.
-    pub also: Option<String>,
-}
-
-impl BlockAt {
-    /// A v1 block key.
-    pub fn key(key: impl Into<String>) -> BlockAt {
-        BlockAt {
-            key: key.into(),
-            read: BlockRead::Key,
-            also: None,
-        }
-    }
 
     /// The model's name for the block: `None` when it is not read.
     pub fn address(&self) -> Option<String> {
         match self.read {
-            BlockRead::Key => Some(self.key.clone()),
             BlockRead::Field => Some(format!("{}#block", self.key)),
             BlockRead::Ignore => None,
         }
     }
 }
 
-impl From<String> for BlockAt {
-    fn from(key: String) -> BlockAt {
-        BlockAt::key(key)
-    }
-}
-
-impl From<&str> for BlockAt {
-    fn from(key: &str) -> BlockAt {
-        BlockAt::key(key)
-    }
-}
-
 /// A rule with where its state lives.
 pub type KeyedRule = (StateKey, Rule);
 
-/// One invocation of [`LIMITER_LUA`].
+/// A refund of units an earlier jobs request charged (`lua/limiter.lua`,
+/// 'refund'): Redis Cluster, where the global rules cut the prefix the
+/// seller's rules granted. Only what is provably unused comes back (see
+/// `lua/common.lua`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ScriptCall {
-    pub op: Op,
-    /// µs since the epoch; `None` reads Redis' clock (production).
+pub struct RefundCall {
+    /// The refund's own time: at or after every call since the take
+    /// (`None` = Redis' clock, production).
     pub now_us: Option<u64>,
-    pub cost: u64,
-    pub mode: Mode,
-    /// Unique per call across all replicas; names sliding-log entries.
+    /// Units to give back (>= 1).
+    pub units: u64,
+    /// How many of the request's units to skip (they stay charged).
+    pub skip: u64,
+    /// The `now_us` the jobs call replied with.
+    pub taken_at_us: u64,
+    /// The request's call id, its block and its rules.
     pub call_id: String,
     pub block: BlockAt,
-    /// Each rule with where its state lives.
     pub rules: Vec<KeyedRule>,
 }
 
-impl ScriptCall {
-    /// KEYS of the script: the block key (and v1's in v1+v2), then one
-    /// per rule (two in v1+v2: the place's hash and the v1 key).
+impl RefundCall {
+    /// KEYS: the request's first key, then one per rule.
     pub fn keys(&self) -> impl Iterator<Item = &str> {
-        self.block.keys().chain(rule_keys(&self.rules))
+        std::iter::once(self.block.key.as_str()).chain(rule_keys(&self.rules))
     }
 
-    /// ARGV of the script, as `lua/limiter.lua` documents it.
+    /// ARGV, as `lua/limiter.lua` documents it.
     pub fn args(&self) -> Vec<String> {
-        let (op, mode) = match self.op {
-            Op::Acquire => ("acquire", self.mode.wire().to_owned()),
-            Op::Peek => ("peek", self.mode.wire().to_owned()),
-            Op::Refund { skip, .. } => ("refund", skip.to_string()),
-        };
         let mut args = vec![
-            op.to_owned(),
+            "refund".to_owned(),
             self.now_us.map(|n| n.to_string()).unwrap_or_default(),
-            self.cost.to_string(),
-            mode,
+            self.units.to_string(),
+            self.skip.to_string(),
             self.call_id.clone(),
             self.block.wire().to_owned(),
             self.rules.len().to_string(),
         ];
         push_rules(&mut args, &self.rules);
-        if let Op::Refund { taken_at_us, .. } = self.op {
-            args.push(taken_at_us.to_string());
-        }
+        args.push(self.taken_at_us.to_string());
         args
     }
 }
@@ -424,8 +326,7 @@ impl JobsCall {
         self.requests
             .iter()
             .flat_map(|q| {
-                q.block
-                    .keys()
+                std::iter::once(q.block.key.as_str())
                     .chain(rule_keys(&q.rules))
                     .chain(q.slots.as_ref().map(|s| s.key.as_str()))
             })
@@ -522,111 +423,23 @@ pub fn release_args(leases: &[String]) -> Vec<String> {
     args
 }
 
-/// Per rule its key, and its v1 key in v1+v2.
+/// Per rule the key of its hash.
 fn rule_keys(rules: &[KeyedRule]) -> impl Iterator<Item = &str> {
-    rules
-        .iter()
-        .flat_map(|(k, _)| std::iter::once(k.key.as_str()).chain(k.also.as_deref()))
+    rules.iter().map(|(k, _)| k.key.as_str())
 }
 
-/// Per rule: algorithm, limit, period_us, burst, place ('' for v1).
+/// Per rule: algorithm, limit, period_us, burst, place.
 fn push_rules(args: &mut Vec<String>, rules: &[KeyedRule]) {
     for (at, r) in rules {
         args.push(r.algorithm().name().to_owned());
         args.push(r.limit().to_string());
         args.push(r.period_us().to_string());
         args.push(r.burst().to_string());
-        args.push(at.place.clone().unwrap_or_default());
+        args.push(at.place.clone());
     }
 }
 
-/// Where the limiter's state lives.
-pub trait Store: Clone + Send + Sync + 'static {
-    type Error: std::error::Error + Send + Sync + 'static;
-
-    /// Whether a failed call may have run on the server all the same, its
-    /// reply lost on the way back (a timeout, a dropped connection): the
-    /// limiter then gives back what a jobs call charged
-    /// ([`cancel_jobs`](Self::cancel_jobs)). A store whose failures always
-    /// come before the script runs says no (the default).
-    fn may_have_run(_e: &Self::Error) -> bool {
-        false
-    }
-
-    /// Runs one limiter call.
-    fn run(&self, call: &ScriptCall) -> impl Future<Output = Result<Reply, Self::Error>> + Send;
-
-    /// Runs one jobs call: one reply per request, in order.
-    fn run_jobs(
-        &self,
-        call: &JobsCall,
-    ) -> impl Future<Output = Result<Vec<JobsReply>, Self::Error>> + Send;
-
-    /// Gives back slots of `max_in_flight` (`leases` of the sorted set at
-    /// `key`); returns how many were still held (not lapsed or given back).
-    fn release(
-        &self,
-        key: &str,
-        leases: &[String],
-    ) -> impl Future<Output = Result<u64, Self::Error>> + Send;
-    /// Cancels a jobs call whose answer never reached its caller (see
-    /// [`JobsCall::cancel_args`]): one integer per request, the units given
-    /// back, -1 for a tombstone left before the call ran, 0 for nothing
-    /// done. A store that records no calls cancels nothing (the default).
-    fn cancel_jobs(
-        &self,
-        call: &JobsCall,
-    ) -> impl Future<Output = Result<Vec<i64>, Self::Error>> + Send {
-        let n = call.requests.len();
-        async move { Ok(vec![0; n]) }
-    }
-
-    /// Makes ready the generated functions of `shapes` (`limiter::shape`)
-    /// before a call needs one: at startup and after a reload of the
-    /// limits. A store without them does nothing (the default).
-    fn prepare_shapes(
-        &self,
-        _shapes: &[super::shape::Shape],
-    ) -> impl Future<Output = Result<(), Self::Error>> + Send {
-        async { Ok(()) }
-    }
-
-    /// The store's clock at `now` (this host's monotonic instant), as last
-    /// learnt: Redis' `TIME` run forward on the monotonic clock, which no
-    /// step of the host's wall clock moves. `None` until learnt, and for a
-    /// store with no clock of its own (the default).
-    fn unix_us_at(&self, _now: tokio::time::Instant) -> Option<u64> {
-        None
-    }
-
-    /// Blocks the seller whose block is at `at` for `dur_us` from now
-    /// (never shortening a longer block); returns when the block ends (µs).
-    fn block(
-        &self,
-        at: &BlockAt,
-        now_us: Option<u64>,
-        dur_us: u64,
-    ) -> impl Future<Output = Result<u64, Self::Error>> + Send;
-
-    /// [`Store::block`] with the drop of the seller's learnt limit a 429
-    /// brings (`limits.learn`, `lua/block.lua`'s `ARGV[4]`). A store that
-    /// learns nothing blocks only (the default).
-    fn block_learning(
-        &self,
-        at: &BlockAt,
-        call: &BlockCall,
-    ) -> impl Future<Output = Result<Blocked, Self::Error>> + Send {
-        async move {
-            let until_us = self.block(at, call.now_us, call.dur_us).await?;
-            Ok(Blocked {
-                until_us,
-                learnt: None,
-            })
-        }
-    }
-}
-
-/// One downstream block with its learn drop ([`Store::block_learning`]).
+/// One downstream block with its learn drop ([`Store::block_learning`](super::Store::block_learning)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BlockCall {
     /// µs since the epoch; `None` reads Redis' clock (production).

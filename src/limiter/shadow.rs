@@ -14,10 +14,9 @@ use crate::config::Topology;
 use crate::telemetry::events::ShadowDecided;
 
 use super::core::{KeyedRule, Limiter};
-use super::decision::{Decision, DeniedBy, Mode};
-use super::rule::Rule;
+use super::decision::{BatchDecision, DeniedBy};
 use super::script::BlockAt;
-use super::script::{Op, ScriptCall, Store};
+use super::store::Store;
 
 impl<S: Store> Limiter<S> {
     /// Runs `seller`'s shadow rules over `units` the enforced rules just
@@ -90,30 +89,22 @@ impl<S: Store> Limiter<S> {
         rules: Vec<KeyedRule>,
         offset: usize,
     ) {
-        let call = ScriptCall {
-            op: Op::Acquire,
-            now_us: at_us,
-            cost: units,
-            mode: Mode::UpTo,
-            call_id: self.ids.next(),
-            block,
-            rules,
-        };
-        let plain: Vec<Rule> = call.rules.iter().map(|(_, r)| *r).collect();
-        // Up to `units`, limited by the smallest capacity: a cost above it
-        // is granted in part, not refused as impossible.
-        let (denied, by) = match self.store.run(&call).await {
-            Ok(reply) => match reply.decision(&plain, units) {
-                Decision::Granted(g) => (units - g.granted, None),
-                Decision::Denied(d) => (
-                    units,
-                    match d.by {
-                        DeniedBy::Rule(i) => Some(offset + i),
-                        _ => None,
-                    },
-                ),
-                Decision::Never(c) => (units, Some(offset + c.rule)),
-            },
+        // Up to `units`, as jobs of one unit each, no more of them than
+        // the smallest capacity: a cost above it is granted in part, not
+        // refused as impossible.
+        let smallest = rules.iter().map(|(_, r)| r.capacity()).min();
+        let n = smallest.map_or(units, |cap| units.min(cap));
+        let costs = vec![1; usize::try_from(n).unwrap_or(usize::MAX)];
+        let (denied, by) = match self.request_alone(at_us, false, block, rules, &costs).await {
+            Ok(BatchDecision::Granted(g)) => (units - g.units, None),
+            Ok(BatchDecision::Denied(d)) => (
+                units,
+                match d.by {
+                    DeniedBy::Rule(i) => Some(offset + i),
+                    _ => None,
+                },
+            ),
+            Ok(BatchDecision::Never(c)) => (units, Some(offset + c.rule)),
             Err(e) => {
                 ShadowDecided {
                     seller,

@@ -4,7 +4,7 @@
 //! tables, dispatches per algorithm through them, loops over the rules for
 //! every figure and answers 13 integers per request, whatever the call
 //! needs. Most calls have one of a few shapes: a charging jobs call of
-//! sellers in state v2, each with the same algorithms in its own hash, and
+//! sellers, each with the same algorithms in its own hash, and
 //! no shadow rule, no global rule, no `max_in_flight` in the request. For
 //! such a shape this module writes one function whose rules are unrolled
 //! (the algorithm of each place is bound when the library loads, the
@@ -19,7 +19,7 @@
 //! that hold the general driver to the Rust model hold each shape too (the
 //! product sends every call of a shape through it, tests included).
 //!
-//! Anything else (a dry run, a cancel, state v1 or v1+v2, slots, global
+//! Anything else (a dry run, a cancel, a request that does not read the block, slots, global
 //! rules, more than [`MAX_RULES`] rules, a call mixing shapes) runs the
 //! general function: [`Shape::of_call`] says `None`.
 
@@ -62,18 +62,16 @@ impl Shape {
             .then_some(shape)
     }
 
-    /// A request in state v2 (the block in the seller's hash, where its
-    /// calls are recorded too), with no slots, and every rule at place `r<i>` of that
-    /// hash (global rules live in a hash of their own: not this shape).
+    /// A request that reads the block in the seller's hash (where its calls
+    /// are recorded too), with no slots, and every rule at place `r<i>` of
+    /// that hash (global rules live in a hash of their own: not this shape).
     fn of_request(q: &JobsRequest) -> Option<Shape> {
         let plain = q.block.read == BlockRead::Field
-            && q.block.also.is_none()
             && q.slots.is_none()
-            && q.rules.iter().enumerate().all(|(i, (at, _))| {
-                at.key == q.block.key
-                    && at.also.is_none()
-                    && at.place.as_deref() == Some(format!("r{i}").as_str())
-            });
+            && q.rules
+                .iter()
+                .enumerate()
+                .all(|(i, (at, _))| at.key == q.block.key && at.place == format!("r{i}"));
         if !plain {
             return None;
         }
@@ -572,7 +570,6 @@ mod tests {
             block: BlockAt {
                 key: "h".into(),
                 read: BlockRead::Field,
-                also: None,
             },
             rules,
             costs: vec![1],
@@ -597,8 +594,8 @@ mod tests {
         let gcra = rule(Algorithm::Gcra);
         let tb = rule(Algorithm::TokenBucket);
         let plain = request(vec![
-            (StateKey::place("h", "r0"), gcra),
-            (StateKey::place("h", "r1"), tb),
+            (StateKey::new("h", "r0"), gcra),
+            (StateKey::new("h", "r1"), tb),
         ]);
         assert_eq!(
             Shape::of_call(&call(vec![plain.clone()])).map(|s| s.name()),
@@ -613,11 +610,11 @@ mod tests {
             dry_run: true,
             ..call(vec![plain.clone()])
         };
-        let global = request(vec![(StateKey::place("global", "r0"), gcra)]);
-        let shadow = request(vec![(StateKey::place("h", "s0"), gcra)]);
-        let v1 = JobsRequest {
-            block: BlockAt::key("block"),
-            ..request(vec![(StateKey::own("rule"), gcra)])
+        let global = request(vec![(StateKey::new("global", "r0"), gcra)]);
+        let shadow = request(vec![(StateKey::new("h", "s0"), gcra)]);
+        let unblocked = JobsRequest {
+            block: BlockAt::new("h", BlockRead::Ignore),
+            ..plain.clone()
         };
         let slots = JobsRequest {
             slots: Some(SlotTerms {
@@ -628,12 +625,12 @@ mod tests {
             }),
             ..plain.clone()
         };
-        let many = request(vec![(StateKey::place("h", "r0"), gcra); MAX_RULES + 1]);
+        let many = request(vec![(StateKey::new("h", "r0"), gcra); MAX_RULES + 1]);
         for (what, c) in [
             ("a dry run", dry),
             ("a global rule", call(vec![global])),
             ("a shadow place", call(vec![shadow])),
-            ("state v1", call(vec![v1])),
+            ("a block not read", call(vec![unblocked])),
             ("slots", call(vec![slots])),
             ("too many rules", call(vec![many])),
             ("two shapes", call(vec![plain.clone(), unlimited])),

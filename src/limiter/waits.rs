@@ -11,8 +11,6 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Limiter, RedisError, RedisStore};
-
 /// How often a replica writes its report.
 pub const EVERY: Duration = Duration::from_secs(5);
 /// A report older than this is a replica gone.
@@ -79,33 +77,6 @@ pub fn of_seller(reports: &[(String, Report)], seller: &str) -> Vec<(String, Wai
                 .map(|w| (worker.clone(), w.clone()))
         })
         .collect()
-}
-
-impl Limiter<RedisStore> {
-    /// Writes this replica's report and, once per [`STALE`] (see
-    /// [`sweeps`]), deletes the reports gone stale.
-    pub async fn publish_waits(&self, worker: &str, report: &Report) -> Result<(), RedisError> {
-        let key = self.keys().waits();
-        let json = serde_json::to_string(report).unwrap_or_default();
-        self.store()
-            .set_hash_fields(&key, &[(worker.to_owned(), json)], BOARD_LIFE)
-            .await?;
-        if !sweeps(report.at_ms) {
-            return Ok(());
-        }
-        let fields = self.store().read_hash(&key).await?;
-        let (_, stale) = fresh(&fields, report.at_ms);
-        if !stale.is_empty() {
-            self.store().delete_fields(&key, &stale).await?;
-        }
-        Ok(())
-    }
-
-    /// Every fresh report on the board, by worker id.
-    pub async fn read_waits(&self, now_ms: u64) -> Result<Vec<(String, Report)>, RedisError> {
-        let fields = self.store().read_hash(&self.keys().waits()).await?;
-        Ok(fresh(&fields, now_ms).0)
-    }
 }
 
 #[cfg(test)]

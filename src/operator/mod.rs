@@ -53,8 +53,6 @@ pub enum OperatorError {
     #[error(transparent)]
     Redis(#[from] crate::limiter::RedisError),
     #[error(transparent)]
-    Layout(#[from] crate::limiter::layout::LayoutError),
-    #[error(transparent)]
     Limiter(#[from] crate::limiter::LimiterError<crate::limiter::RedisError>),
     #[error(transparent)]
     Json(#[from] serde_json::Error),
@@ -97,11 +95,9 @@ pub async fn open_limiter(file: Option<&Path>) -> Result<Limiter<RedisStore>, Op
     let (settings, policy) = load(file)?;
     let store = RedisStore::open(&settings.redis).await?;
     let prefix = &settings.redis.key_prefix;
-    let layout =
-        crate::limiter::layout::resolve(&store, prefix, settings.redis.state, false).await?;
     let limiter = Limiter::new(
         store,
-        KeySpace::with_layout(prefix.clone(), layout),
+        KeySpace::new(prefix.clone()),
         policy,
         settings.redis.topology,
     );

@@ -33,8 +33,6 @@ pub enum StartError {
     Downstream(#[source] crate::downstream::DownstreamError),
     #[error("redis.url: Redis must answer PING and accept the limiter scripts")]
     Redis(#[source] crate::limiter::RedisError),
-    #[error("redis.state")]
-    Layout(#[source] crate::limiter::layout::LayoutError),
     #[error("kafka settings")]
     Kafka(#[source] crate::kafka::consumer::ConsumerError),
     #[error("kafka.brokers / topics")]
@@ -155,8 +153,7 @@ fn downstream(settings: &Settings, worker_id: &str) -> Result<Downstream, StartE
         .with_worker_id(worker_id))
 }
 
-/// The limiter on Redis (its scripts loaded, its state's layout resolved)
-/// and the consumers' handoff ledger beside it.
+/// The limiter on Redis (its scripts loaded) and the consumers' handoff ledger beside it.
 async fn limiter(
     settings: &Settings,
     policy: Policy,
@@ -168,11 +165,8 @@ async fn limiter(
     // counted together, so /metrics stays small with any number of sellers.
     crate::telemetry::metrics::name_sellers(policy.named_sellers().map(str::to_owned));
     let prefix = &settings.redis.key_prefix;
-    let layout = crate::limiter::layout::resolve(&store, prefix, settings.redis.state, true)
-        .await
-        .map_err(StartError::Layout)?;
     let ledger = RedisLedger::new(store.clone(), prefix, &settings.kafka.group_id);
-    let keys = KeySpace::with_layout(prefix.clone(), layout);
+    let keys = KeySpace::new(prefix.clone());
     let limiter = Limiter::new(store, keys, policy, settings.redis.topology)
         .with_state_loss(settings.redis.on_state_loss);
     // Not fatal: a shape not loaded now loads with its first call.

@@ -176,10 +176,6 @@ fn inner_graphs(src: &Path) -> BTreeMap<String, Graph> {
 /// else, and for one of these once its cycle is gone, so the list only
 /// shrinks. `worker` is not one of them.
 const KNOWN: &[&str] = &[
-    // redis/admin.rs writes layout.rs's marker; layout.rs reads the store.
-    "limiter",
-    // decide.rs converts a state; convert.rs decides with the new rule.
-    "limiter::local",
     // trace.rs counts an invalid traceparent (an event); the events of a
     // seller's waits note them on the job's span.
     "telemetry",

@@ -1,13 +1,16 @@
 //! The Lua scripts against their reference models, step by step, on a real
-//! Redis: for the same keys, time and arguments, `lua/limiter.lua` (through
-//! [`RedisStore`]) and [`local::run`] must give the same ten integers, and
+//! Redis: for the same keys, time and arguments, `lua/jobs.lua` (through
+//! [`RedisStore`]) and [`testkit::run_guarded`] must give the same replies,
+//! a refund the same state after it (the next calls compare it), and
 //! `lua/block.lua` and [`testkit::block`] the same end of block. The other
 //! side is a [`Twin`]: the models here, the embedded Redis of the
 //! simulation in `embedded.rs`, on the same random cases.
 //!
 //! - `lua_and_model_agree_on_random_sequences`: random rule sets of 1–3 mixed
 //!   algorithms (50 µs periods, fractional intervals), random non-decreasing
-//!   times, costs within and above capacity, both modes, acquires, dry runs,
+//!   times, costs within and above capacity, single decisions as the
+//!   limiter asks them (one job of the cost, or up to it as unit jobs),
+//!   dry runs, job lists,
 //!   refunds of earlier acquires (at their own time or later), and downstream
 //!   blocks.
 //!   256 cases by default (about a second); `PROPTEST_CASES=20000` runs more.
@@ -32,7 +35,7 @@ use throttle_worker::limiter::local::{self, ModelStore};
 use throttle_worker::limiter::testkit;
 use throttle_worker::limiter::{
     Algorithm, BlockAt, BlockRead, JobsCall, JobsReply, JobsRequest, KeyedRule, LossGuard, Mode,
-    Op, RedisStore, Reply, Rule, ScriptCall, SlotTerms, StateKey, StateLayout, Store,
+    RedisStore, RefundCall, Reply, Rule, SlotTerms, StateKey, Store,
 };
 
 /// Cases the property test runs unless `PROPTEST_CASES` says otherwise:
@@ -45,11 +48,10 @@ const MAX_STEPS: usize = 40;
 // ---------------------------------------------------------------------------
 // Running one call on both sides
 
-/// One seller's keys, all new: in state v1 the block key and one key per
-/// rule; in v2 one hash.
+/// One seller's keys, all new: its hash (its block and every rule's
+/// place), its slots and its loss guard's epoch.
 struct Seller {
     prefix: String,
-    layout: StateLayout,
     block: BlockAt,
     rules: Vec<KeyedRule>,
     /// The seller's `max_in_flight`, when the case caps it.
@@ -58,32 +60,21 @@ struct Seller {
     guard: Option<LossGuard>,
 }
 
+/// A single decision as [`Limiter::check`](throttle_worker::limiter::Limiter::check)
+/// asks it: charged, or a dry run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CallOp {
+    Acquire,
+    Peek,
+}
+
 impl Seller {
     fn new(test: &str, rules: &[Rule]) -> Seller {
-        Seller::in_layout(test, rules, StateLayout::V1)
-    }
-
-    fn in_layout(test: &str, rules: &[Rule], layout: StateLayout) -> Seller {
         let prefix = unique_prefix(test);
         let hash = format!("{prefix}:{{s}}:v2");
-        let v1_block = format!("{prefix}:{{s}}:block");
-        let block = match layout {
-            StateLayout::V1 => BlockAt::key(v1_block),
-            StateLayout::V2 => BlockAt {
-                key: hash,
-                read: BlockRead::Field,
-                also: None,
-            },
-            StateLayout::V1V2 => BlockAt {
-                key: hash,
-                read: BlockRead::Field,
-                also: Some(v1_block),
-            },
-        };
         let mut seller = Seller {
             prefix,
-            layout,
-            block,
+            block: BlockAt::new(hash, BlockRead::Field),
             rules: Vec::new(),
             slots: None,
             guard: None,
@@ -92,29 +83,52 @@ impl Seller {
         seller
     }
 
-    /// Where rule `i` of the seller keeps its state.
+    /// Where rule `i` of the seller keeps its state: its place in the hash.
     fn at(&self, i: usize, rule: &Rule) -> KeyedRule {
-        let v1 = format!("{}:{{s}}:r{}:{}", self.prefix, i + 1, rule.fingerprint());
-        let at = match self.layout {
-            StateLayout::V1 => StateKey::own(v1),
-            StateLayout::V2 => StateKey::place(self.block.key.clone(), format!("r{i}")),
-            StateLayout::V1V2 => StateKey::both(self.block.key.clone(), format!("r{i}"), v1),
-        };
-        (at, *rule)
+        (
+            StateKey::new(self.block.key.clone(), format!("r{i}")),
+            *rule,
+        )
     }
 
-    /// The operator edits rule `i`: in v1 its state is a new key, in v2 the
-    /// same place, converted by the next call.
+    /// The operator edits rule `i`: the same place, converted by the next
+    /// call.
     fn edit(&mut self, i: usize, rule: &Rule) {
         self.rules[i] = self.at(i, rule);
     }
 
-    fn call(&self, op: Op, now_us: u64, cost: u64, mode: Mode, call_id: &str) -> ScriptCall {
-        ScriptCall {
-            op,
+    /// A single decision as the limiter asks it: one job of the whole cost,
+    /// or up to it as jobs of one unit, no more of them than the smallest
+    /// capacity (more is never granted). Without slots: the limiter's single
+    /// decision is the operator's and the demo's, not the worker's.
+    fn single(&self, op: CallOp, now_us: u64, cost: u64, mode: Mode, call_id: &str) -> JobsCall {
+        let costs = match mode {
+            Mode::AllOrNothing => vec![cost],
+            Mode::UpTo => {
+                let cap = self.rules.iter().map(|(_, r)| r.capacity()).min();
+                vec![1; cap.map_or(cost, |c| cost.min(c)) as usize]
+            }
+        };
+        let mut call = self.jobs(now_us, &costs, op == CallOp::Peek, call_id);
+        call.requests[0].slots = None;
+        call
+    }
+
+    /// Gives back `units` of call `call_id` (taken at `taken_at_us`),
+    /// skipping its first `skip`, at `now_us`.
+    fn refund(
+        &self,
+        now_us: u64,
+        units: u64,
+        skip: u64,
+        taken_at_us: u64,
+        call_id: &str,
+    ) -> RefundCall {
+        RefundCall {
             now_us: Some(now_us),
-            cost,
-            mode,
+            units,
+            skip,
+            taken_at_us,
             call_id: call_id.to_owned(),
             block: self.block.clone(),
             rules: self.rules.clone(),
@@ -127,11 +141,9 @@ impl Seller {
         let mut del = redis::cmd("DEL");
         del.arg(&self.block.key);
         del.arg(self.slots.as_ref().map(|s| s.key.as_str()));
-        del.arg(self.block.also.as_deref());
         del.arg(self.guard.as_ref().map(|g| g.epoch.as_str()));
         for (at, _) in &self.rules {
             del.arg(&at.key);
-            del.arg(at.also.as_deref());
         }
         let _: i64 = del
             .query_async(conn)
@@ -172,14 +184,6 @@ impl Seller {
             })
             .collect();
         rules.join("; ")
-    }
-}
-
-fn model_op(op: Op) -> local::Op {
-    match op {
-        Op::Acquire => local::Op::Acquire,
-        Op::Peek => local::Op::Peek,
-        Op::Refund { skip, taken_at_us } => local::Op::Refund { skip, taken_at_us },
     }
 }
 
@@ -231,7 +235,8 @@ pub(super) trait Twin {
     const NAME: &'static str;
     /// A twin with no data, for a new case (or after Redis lost its data).
     fn fresh() -> Self;
-    fn run(&mut self, call: &ScriptCall) -> Result<Reply, String>;
+    /// Gives back units of an earlier request; the units asked back.
+    fn refund(&mut self, call: &RefundCall) -> Result<u64, String>;
     /// The replies, and the loss guard's epoch after the call (`None`
     /// without a guard, or when the epoch is gone).
     fn run_jobs(&mut self, call: &JobsCall) -> Result<(Vec<JobsReply>, Option<i128>), String>;
@@ -249,18 +254,22 @@ impl Twin for ModelStore {
         ModelStore::new()
     }
 
-    fn run(&mut self, call: &ScriptCall) -> Result<Reply, String> {
+    fn refund(&mut self, call: &RefundCall) -> Result<u64, String> {
         let now_us = call.now_us.expect("agreement calls carry an explicit time");
-        Ok(local::run(
+        local::run(
             self,
-            model_op(call.op),
+            local::Op::Refund {
+                skip: call.skip,
+                taken_at_us: call.taken_at_us,
+            },
             now_us,
-            call.cost,
-            call.mode,
+            call.units,
+            Mode::AllOrNothing,
             &call.call_id,
             &call.block,
             &call.rules,
-        ))
+        );
+        Ok(call.units)
     }
 
     fn run_jobs(&mut self, call: &JobsCall) -> Result<(Vec<JobsReply>, Option<i128>), String> {
@@ -294,38 +303,46 @@ impl Twin for ModelStore {
     }
 }
 
-/// Runs `call` on Redis and on the model; the reply when both agree, else
-/// a message with the step, the inputs and both replies.
+/// A single decision on Redis and on the model: its reply's head when
+/// both agree.
 async fn both<T: Twin>(
     redis: &RedisStore,
     model: &mut T,
     seller: &Seller,
     step: &str,
-    call: &ScriptCall,
+    call: &JobsCall,
 ) -> Result<Reply, String> {
+    Ok(both_jobs(redis, model, seller, step, call).await?.head)
+}
+
+/// Runs a refund on Redis and on the model; the units when both agree
+/// (what it left behind, the calls after it compare).
+async fn both_refund<T: Twin>(
+    redis: &RedisStore,
+    model: &mut T,
+    seller: &Seller,
+    step: &str,
+    call: &RefundCall,
+) -> Result<u64, String> {
     let now_us = call.now_us.expect("agreement calls carry an explicit time");
     let inputs = format!(
-        "{step}: {:?} at T0+{}µs ({now_us}), cost {}, {:?}, id {:?}; rules [{}]",
-        call.op,
-        now_us - T0,
-        call.cost,
-        call.mode,
+        "{step}: refund {} of {:?} (skip {}, taken at T0+{}µs) at T0+{}µs ({now_us}); rules [{}]",
+        call.units,
         call.call_id,
+        call.skip,
+        call.taken_at_us - T0,
+        now_us - T0,
         seller.describe_rules()
     );
     let lua = redis
-        .run(call)
+        .refund(call)
         .await
         .map_err(|e| format!("{inputs}\n  lua failed: {e}"))?;
     let want = model
-        .run(call)
+        .refund(call)
         .map_err(|e| format!("{inputs}\n  {} failed: {e}", T::NAME))?;
     if lua != want {
-        return Err(format!(
-            "{inputs}\n  differ: {}\n  lua:   {lua:?}\n  {}: {want:?}",
-            differing(&lua, &want, T::NAME),
-            T::NAME
-        ));
+        return Err(format!("{inputs}\n  lua {lua} ≠ {} {want}", T::NAME));
     }
     Ok(lua)
 }
@@ -485,10 +502,11 @@ async fn both_block<T: Twin>(
 /// What one step does.
 #[derive(Debug, Clone)]
 enum Step {
-    /// Acquire or peek `gap` µs after the previous step.
+    /// A single decision (charged, or a dry run) `gap` µs after the
+    /// previous step.
     Call {
         gap: u64,
-        op: Op,
+        op: CallOp,
         cost: u64,
         mode: Mode,
     },
@@ -625,7 +643,7 @@ fn gap() -> impl Strategy<Value = u64> {
 
 fn any_step() -> impl Strategy<Value = Step> {
     let mode = prop_oneof![Just(Mode::AllOrNothing), Just(Mode::UpTo)];
-    let op = prop_oneof![3 => Just(Op::Acquire), 1 => Just(Op::Peek)];
+    let op = prop_oneof![3 => Just(CallOp::Acquire), 1 => Just(CallOp::Peek)];
     prop_oneof![
         // Mostly within a small rule's capacity (1..=8), sometimes above,
         // sometimes at the scale of a large rule.
@@ -758,9 +776,8 @@ async fn agree<T: Twin>(
     conn: &MultiplexedConnection,
     case: &Case,
     seen: &RefCell<Seen>,
-    layout: StateLayout,
 ) -> Result<(), String> {
-    let mut seller = Seller::in_layout("agree", &case.rules, layout);
+    let mut seller = Seller::new("agree", &case.rules);
     seller.slots = case.slots.map(|(max, lease_us)| SlotTerms {
         key: format!("{}:{{s}}:slots", seller.prefix),
         max,
@@ -809,10 +826,12 @@ async fn steps<T: Twin>(
             } => {
                 now += gap;
                 let call_id = format!("c{i}");
-                let call = seller.call(*op, now, *cost, *mode, &call_id);
-                let reply = both(redis, &mut model, &*seller, &label, &call).await?;
+                let call = seller.single(*op, now, *cost, *mode, &call_id);
+                let reply = both_jobs(redis, &mut model, &*seller, &label, &call)
+                    .await?
+                    .head;
                 seen.borrow_mut().reply(*cost, &reply);
-                if *op == Op::Acquire && reply.status == 1 && reply.granted > 0 {
+                if *op == CallOp::Acquire && reply.status == 1 && reply.granted > 0 {
                     taken.push(Taken {
                         call_id,
                         now_us: now,
@@ -832,17 +851,9 @@ async fn steps<T: Twin>(
                 let t = taken.remove(pick.index(taken.len()));
                 let skip = skip.index(t.granted as usize) as u64;
                 let cost = 1 + len.index((t.granted - skip) as usize) as u64;
-                let call = seller.call(
-                    Op::Refund {
-                        skip,
-                        taken_at_us: t.now_us,
-                    },
-                    if *at_take { t.now_us } else { now },
-                    cost,
-                    Mode::AllOrNothing,
-                    &t.call_id,
-                );
-                both(redis, &mut model, &*seller, &label, &call).await?;
+                let at = if *at_take { t.now_us } else { now };
+                let call = seller.refund(at, cost, skip, t.now_us, &t.call_id);
+                both_refund(redis, &mut model, &*seller, &label, &call).await?;
                 seen.borrow_mut().refunds += 1;
             }
             Step::Block { gap, dur_us } => {
@@ -862,11 +873,7 @@ async fn steps<T: Twin>(
                 if *cancel_first {
                     let cancel = seller.jobs(now, costs, false, &call_id);
                     let done = both_cancel(redis, &mut model, &*seller, &label, &cancel).await?;
-                    let want = if seller.layout == StateLayout::V1 {
-                        0
-                    } else {
-                        -1
-                    };
+                    let want = -1;
                     if done != [want] {
                         return Err(format!(
                             "{label}: a cancel before its call answered {done:?}, not [{want}]"
@@ -881,7 +888,7 @@ async fn steps<T: Twin>(
                     seen.borrow_mut().coalesced += 1;
                 }
                 let r = both_jobs(redis, &mut model, &*seller, &label, &call).await?;
-                if *cancel_first && !*dry_run && seller.layout != StateLayout::V1 {
+                if *cancel_first && !*dry_run {
                     if r.head.status != 0 || r.head.granted != 0 {
                         return Err(format!(
                             "{label}: a call cancelled before it ran answered {r:?}"
@@ -960,33 +967,15 @@ fn cases() -> u32 {
 }
 
 /// Property test of the issue: "random arrival sequences, Lua vs reference
-/// model, identical decisions".
+/// model, identical decisions", with the edits that convert a place's
+/// state (the Lua's `settle` against `local::convert`).
 #[test]
 fn lua_and_model_agree_on_random_sequences() {
-    agree_on_random_sequences(StateLayout::V1);
-}
-
-/// The same in state v2 (one hash per seller, rules by place), where an
-/// edit converts the state at its place: the Lua's `settle` against
-/// `local::convert`.
-#[test]
-fn lua_and_model_agree_on_random_sequences_in_state_v2() {
-    agree_on_random_sequences(StateLayout::V2);
-}
-
-/// The same in v1+v2 (a rolling deploy's middle step): both states read,
-/// the more used one decides, both charged, both blocks read and written.
-#[test]
-fn lua_and_model_agree_on_random_sequences_in_state_v1_v2() {
-    agree_on_random_sequences(StateLayout::V1V2);
-}
-
-fn agree_on_random_sequences(layout: StateLayout) {
-    agree_on_random_sequences_with::<ModelStore>(layout);
+    agree_on_random_sequences_with::<ModelStore>();
 }
 
 /// The property test with Redis' replies held to `T`.
-pub(super) fn agree_on_random_sequences_with<T: Twin>(layout: StateLayout) {
+pub(super) fn agree_on_random_sequences_with<T: Twin>() {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -1008,7 +997,7 @@ pub(super) fn agree_on_random_sequences_with<T: Twin>(layout: StateLayout) {
     let started = Instant::now();
     let mut runner = TestRunner::new(config.clone());
     let result = runner.run(&any_case(), |case| {
-        rt.block_on(agree::<T>(&redis, &conn, &case, &seen, layout))
+        rt.block_on(agree::<T>(&redis, &conn, &case, &seen))
             .map_err(TestCaseError::fail)
     });
     match result {
@@ -1023,7 +1012,7 @@ pub(super) fn agree_on_random_sequences_with<T: Twin>(layout: StateLayout) {
     }
     let seen = seen.into_inner();
     eprintln!(
-        "lua == {} ({layout:?}) on {} cases of up to {MAX_STEPS} steps in {:?}: {seen:?}",
+        "lua == {} on {} cases of up to {MAX_STEPS} steps in {:?}: {seen:?}",
         T::NAME,
         config.cases,
         started.elapsed(),
@@ -1062,19 +1051,11 @@ pub(super) fn agree_on_random_sequences_with<T: Twin>(layout: StateLayout) {
                     "losses of Redis' data under a loss guard",
                     seen.guarded_losses,
                 ),
+                ("cancels that gave units back", seen.cancels_refunded),
+                ("calls cancelled before they ran", seen.cancels_before),
             ],
             &seen,
         );
-        if layout != StateLayout::V1 {
-            crate::common::assert_covered(
-                "lua == model",
-                &[
-                    ("cancels that gave units back", seen.cancels_refunded),
-                    ("calls cancelled before they ran", seen.cancels_before),
-                ],
-                &seen,
-            );
-        }
     }
 }
 
@@ -1115,14 +1096,14 @@ async fn a_block_does_not_hide_a_longer_rule_wait() {
     );
     let mut model = ModelStore::new();
     let all = Mode::AllOrNothing;
-    let run = |op, at: u64, id: &str| seller.call(op, T0 + at, 1, all, id);
+    let run = |op, at: u64, id: &str| seller.single(op, T0 + at, 1, all, id);
 
     let first = ok(both(
         &redis,
         &mut model,
         &seller,
         "acquire",
-        &run(Op::Acquire, 0, "c1"),
+        &run(CallOp::Acquire, 0, "c1"),
     )
     .await);
     assert_eq!(first.status, 1, "{first:?}");
@@ -1133,7 +1114,7 @@ async fn a_block_does_not_hide_a_longer_rule_wait() {
         &mut model,
         &seller,
         "while blocked",
-        &run(Op::Acquire, 100_000, "c2"),
+        &run(CallOp::Acquire, 100_000, "c2"),
     )
     .await);
     assert_eq!(
@@ -1146,7 +1127,7 @@ async fn a_block_does_not_hide_a_longer_rule_wait() {
         &mut model,
         &seller,
         "retry",
-        &run(Op::Peek, 1_000_000, "c3"),
+        &run(CallOp::Peek, 1_000_000, "c3"),
     )
     .await);
     assert_eq!(
@@ -1168,7 +1149,7 @@ async fn a_block_does_not_hide_a_longer_rule_wait() {
         &mut model,
         &seller,
         "while blocked",
-        &run(Op::Acquire, 1_500_000, "c4"),
+        &run(CallOp::Acquire, 1_500_000, "c4"),
     )
     .await);
     assert_eq!(brief(&got), [0, 0, 0, 1_500_000, 1_500_000, 0], "{got:?}");
@@ -1187,25 +1168,16 @@ async fn token_bucket_refund_after_a_later_call_does_not_refill_twice() {
     let mut model = ModelStore::new();
     let s = 1_000_000;
 
-    let c1 = seller.call(Op::Acquire, T0, 4, Mode::AllOrNothing, "c1");
+    let c1 = seller.single(CallOp::Acquire, T0, 4, Mode::AllOrNothing, "c1");
     let got = ok(both(&redis, &mut model, &seller, "empty the bucket", &c1).await);
     assert_eq!((got.status, got.granted), (1, 4), "{got:?}");
     // At 1 s two tokens have come back; take one, which moves ts to 1 s.
-    let c2 = seller.call(Op::Acquire, T0 + s, 1, Mode::AllOrNothing, "c2");
+    let c2 = seller.single(CallOp::Acquire, T0 + s, 1, Mode::AllOrNothing, "c2");
     let got = ok(both(&redis, &mut model, &seller, "later call", &c2).await);
     assert_eq!((got.status, got.remaining), (1, 1), "{got:?}");
     // Give back one of c1's tokens, at c1's time.
-    let refund = seller.call(
-        Op::Refund {
-            skip: 0,
-            taken_at_us: T0,
-        },
-        T0,
-        1,
-        Mode::AllOrNothing,
-        "c1",
-    );
-    ok(both(
+    let refund = seller.refund(T0, 1, 0, T0, "c1");
+    ok(both_refund(
         &redis,
         &mut model,
         &seller,
@@ -1217,53 +1189,46 @@ async fn token_bucket_refund_after_a_later_call_does_not_refill_twice() {
     // second since c1 may hold its refunded one, and c2 may have used it.
     // With ts moved back to 0 the span 0..1 s would refill again and 4
     // would pass; crediting the whole token, 2.
-    let peek = seller.call(Op::Peek, T0 + s, 9, Mode::UpTo, "c3");
+    let peek = seller.single(CallOp::Peek, T0 + s, 9, Mode::UpTo, "c3");
     let got = ok(both(&redis, &mut model, &seller, "peek", &peek).await);
     assert_eq!(got.granted, 1, "{got:?}");
 }
 
 /// Regression, limiter.lua: cost 0 used to be "granted" 0 units (and start
-/// a burst_fill period). Now the script refuses it with an error reply and
-/// writes nothing; the model panics (see `local::run`).
+/// a burst_fill period). Now the script refuses a job of cost 0, charged or
+/// dry, and a refund of 0 units with an error reply and writes nothing; the
+/// model panics (see `testkit::run_jobs` and `local::run`).
 #[tokio::test]
 async fn cost_zero_is_refused_by_both() {
     let redis = store().await;
     let r = rule(Algorithm::BurstFill, 3, Duration::from_secs(1), None);
     let seller = Seller::new("agree-cost-zero", &[r]);
-    for op in [
-        Op::Acquire,
-        Op::Peek,
-        Op::Refund {
-            skip: 0,
-            taken_at_us: T0,
-        },
-    ] {
-        let call = seller.call(op, T0, 0, Mode::AllOrNothing, "c1");
-        let lua = redis.run(&call).await;
-        let err = lua.expect_err(&format!("{op:?} cost 0: the script must refuse"));
-        assert!(
-            err.to_string().contains("must be at least 1"),
-            "{op:?} cost 0: {err}"
-        );
+    for dry_run in [false, true] {
+        let call = seller.jobs(T0, &[0], dry_run, "c1");
+        let err = redis
+            .run_jobs(&call)
+            .await
+            .expect_err("a job of cost 0: the script must refuse");
+        assert!(err.to_string().contains("must be at least 1"), "{err}");
         let mut model = ModelStore::new();
         let refused = catch_unwind(AssertUnwindSafe(|| {
-            local::run(
-                &mut model,
-                model_op(op),
-                T0,
-                0,
-                Mode::AllOrNothing,
-                "c1",
-                &seller.block,
-                &seller.rules,
-            )
+            testkit::run_jobs(&mut model, T0, dry_run, &call.requests)
         }));
-        assert!(
-            refused.is_err(),
-            "{op:?} cost 0: the model must refuse, got {refused:?}"
-        );
-        assert_eq!(model, ModelStore::new(), "{op:?} cost 0: the model wrote");
+        assert!(refused.is_err(), "the model must refuse, got {refused:?}");
+        assert_eq!(model, ModelStore::new(), "cost 0: the model wrote");
     }
+    let refund = seller.refund(T0, 0, 0, T0, "c1");
+    let err = redis
+        .refund(&refund)
+        .await
+        .expect_err("a refund of 0 units: the script must refuse");
+    assert!(err.to_string().contains("must be at least 1"), "{err}");
+    let mut model = ModelStore::new();
+    let refused = catch_unwind(AssertUnwindSafe(|| {
+        model.refund(&refund).expect("the model panics or refunds")
+    }));
+    assert!(refused.is_err(), "the model must refuse, got {refused:?}");
+    assert_eq!(model, ModelStore::new(), "refund of 0: the model wrote");
     assert_eq!(
         keys_under(&seller.prefix).await,
         Vec::<String>::new(),
@@ -1279,18 +1244,18 @@ async fn no_rules_reads_only_the_block() {
     let seller = Seller::new("agree-no-rules", &[]);
     let mut model = ModelStore::new();
     for mode in [Mode::AllOrNothing, Mode::UpTo] {
-        let call = seller.call(Op::Acquire, T0, 5, mode, "c1");
+        let call = seller.single(CallOp::Acquire, T0, 5, mode, "c1");
         let got = ok(both(&redis, &mut model, &seller, "unblocked", &call).await);
         assert_eq!((got.status, got.granted), (1, 5), "{got:?}");
     }
     ok(both_block(&redis, &mut model, &seller, "block", T0, 2_000).await);
-    let call = seller.call(Op::Acquire, T0 + 500, 5, Mode::UpTo, "c2");
+    let call = seller.single(CallOp::Acquire, T0 + 500, 5, Mode::UpTo, "c2");
     let got = ok(both(&redis, &mut model, &seller, "blocked", &call).await);
     assert_eq!(brief(&got), [0, 0, 0, 1_500, 1_500, 0], "{got:?}");
     assert_eq!(
         keys_under(&seller.prefix).await,
         vec![seller.block.key.clone()],
-        "only the block key"
+        "only the seller's hash, for the block"
     );
 }
 
@@ -1317,7 +1282,7 @@ async fn a_wait_near_2_pow_53_is_exact() {
             &[rule(algorithm, 3, period, Some(284))],
         );
         let mut model = ModelStore::new();
-        let fill = seller.call(Op::Acquire, T0, 284, Mode::AllOrNothing, "fill");
+        let fill = seller.single(CallOp::Acquire, T0, 284, Mode::AllOrNothing, "fill");
         let got = ok(both(&redis, &mut model, &seller, "fill", &fill).await);
         assert_eq!(
             (got.status, got.granted),
@@ -1326,7 +1291,7 @@ async fn a_wait_near_2_pow_53_is_exact() {
         );
         // Several instants, as rounding to even hides some of them.
         for dt in 1..=8 {
-            let ask = seller.call(Op::Peek, T0 + dt, 2, Mode::AllOrNothing, "ask");
+            let ask = seller.single(CallOp::Peek, T0 + dt, 2, Mode::AllOrNothing, "ask");
             let got = ok(both(&redis, &mut model, &seller, "ask", &ask).await);
             assert_eq!(
                 (got.status, got.retry_after_us),
@@ -1344,7 +1309,7 @@ async fn a_wait_near_2_pow_53_is_exact() {
 /// make the boundary right (a random run needed ~5,000 cases to catch an
 /// off-by-one here).
 #[tokio::test]
-async fn a_v2_log_entry_one_period_old_has_left_the_window() {
+async fn a_log_entry_one_period_old_has_left_the_window() {
     let redis = store().await;
     let log = rule(
         Algorithm::SlidingWindowLog,
@@ -1352,40 +1317,30 @@ async fn a_v2_log_entry_one_period_old_has_left_the_window() {
         Duration::from_millis(1),
         None,
     );
-    let mut seller = Seller::in_layout("agree-v2-log", &[log], StateLayout::V2);
+    let mut seller = Seller::new("agree-log", &[log]);
     let mut model = ModelStore::new();
     let all = Mode::AllOrNothing;
     let step =
-        |seller: &Seller, op, at: u64, cost, id: &str| seller.call(op, T0 + at, cost, all, id);
+        |seller: &Seller, op, at: u64, cost, id: &str| seller.single(op, T0 + at, cost, all, id);
     // Two at T0, one at T0 + 400 µs: full.
     for (at, cost, id) in [(0, 2, "a"), (400, 1, "b")] {
-        let call = step(&seller, Op::Acquire, at, cost, id);
+        let call = step(&seller, CallOp::Acquire, at, cost, id);
         let got = ok(both(&redis, &mut model, &seller, id, &call).await);
         assert_eq!(got.granted, cost as i64, "{id}: {got:?}");
     }
     // 1 µs before T0's entries leave: refused until then.
-    let call = step(&seller, Op::Acquire, 999, 1, "c");
+    let call = step(&seller, CallOp::Acquire, 999, 1, "c");
     let got = ok(both(&redis, &mut model, &seller, "c", &call).await);
     assert_eq!((got.status, got.retry_after_us), (0, 1), "{got:?}");
     // At exactly T0 + period they have left: two free.
-    let call = step(&seller, Op::Peek, 1_000, 2, "d");
+    let call = step(&seller, CallOp::Peek, 1_000, 2, "d");
     let got = ok(both(&redis, &mut model, &seller, "d", &call).await);
     assert_eq!((got.status, got.granted), (1, 2), "{got:?}");
     // A refund of b's unit at its instant frees it; one of another instant
     // frees nothing.
-    let back = |seller: &Seller, taken: u64, id: &str| {
-        seller.call(
-            Op::Refund {
-                skip: 0,
-                taken_at_us: T0 + taken,
-            },
-            T0 + 1_001,
-            1,
-            all,
-            id,
-        )
-    };
-    ok(both(
+    let back =
+        |seller: &Seller, taken: u64, id: &str| seller.refund(T0 + 1_001, 1, 0, T0 + taken, id);
+    ok(both_refund(
         &redis,
         &mut model,
         &seller,
@@ -1393,10 +1348,10 @@ async fn a_v2_log_entry_one_period_old_has_left_the_window() {
         &back(&seller, 401, "b"),
     )
     .await);
-    let call = step(&seller, Op::Peek, 1_002, 3, "e");
+    let call = step(&seller, CallOp::Peek, 1_002, 3, "e");
     let got = ok(both(&redis, &mut model, &seller, "e", &call).await);
     assert_eq!(got.status, 0, "b's entry still counts: {got:?}");
-    ok(both(
+    ok(both_refund(
         &redis,
         &mut model,
         &seller,
@@ -1409,7 +1364,7 @@ async fn a_v2_log_entry_one_period_old_has_left_the_window() {
     // An edit to a longer window keeps nothing it cannot read: log → gcra
     // charges the units in use (none now) and the place is the new rule's.
     seller.edit(0, &rule(Algorithm::Gcra, 3, Duration::from_millis(1), None));
-    let call = step(&seller, Op::Acquire, 1_003, 3, "f");
+    let call = step(&seller, CallOp::Acquire, 1_003, 3, "f");
     let got = ok(both(&redis, &mut model, &seller, "f", &call).await);
     assert_eq!((got.status, got.granted), (1, 3), "{got:?}");
     seller.forget(&mut raw().await).await;

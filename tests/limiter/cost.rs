@@ -19,7 +19,7 @@ use std::time::Duration;
 use crate::common::redis_server::RedisServer;
 use crate::common::{policy, policy_with_sellers, rule};
 use throttle_worker::config::{OnStateLoss, SellerConfig, Topology};
-use throttle_worker::limiter::{BatchDecision, KeySpace, Limiter, Policy, RedisStore, StateLayout};
+use throttle_worker::limiter::{BatchDecision, KeySpace, Limiter, Policy, RedisStore};
 
 const SELLERS: usize = 10;
 const CALLS_PER_SELLER: usize = 20;
@@ -65,13 +65,8 @@ async fn limiter(port: u16, prefix: &str, policy: Policy) -> Limiter<RedisStore>
     let store = RedisStore::connect(&format!("redis://127.0.0.1:{port}"), Duration::from_secs(5))
         .await
         .expect("the private redis-server");
-    Limiter::new(
-        store,
-        KeySpace::with_layout(prefix, StateLayout::V2),
-        policy,
-        Topology::Single,
-    )
-    .with_state_loss(OnStateLoss::Wait)
+    Limiter::new(store, KeySpace::new(prefix), policy, Topology::Single)
+        .with_state_loss(OnStateLoss::Wait)
 }
 
 /// Commands per decision for `policy`: the whole count and by command.

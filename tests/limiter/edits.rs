@@ -19,7 +19,6 @@ use crate::common::{policy, policy_with_sellers, raw, rule, store, unique_prefix
 use throttle_worker::config::{RuleConfig, SellerConfig, Topology};
 use throttle_worker::limiter::{
     BatchDecision, Decision, JobsQuery, KeySpace, Limiter, Mode, Policy, RedisStore, Request, Rule,
-    StateLayout,
 };
 
 /// A multiple of 10 s (fixed windows are aligned to the epoch), so the
@@ -34,9 +33,9 @@ enum Path {
     Jobs,
 }
 
-async fn limiter(layout: StateLayout, policy: Policy) -> (Limiter<RedisStore>, String) {
+async fn limiter(policy: Policy) -> (Limiter<RedisStore>, String) {
     let prefix = unique_prefix("edits");
-    let keys = KeySpace::with_layout(prefix.clone(), layout);
+    let keys = KeySpace::new(prefix.clone());
     let limiter = Limiter::new(store().await, keys, policy, Topology::Single);
     (limiter, prefix)
 }
@@ -78,8 +77,8 @@ fn fixed(limit: u64) -> Policy {
 
 /// The issue's example: `fixed_window` 30 per 10 s, 20 used early in a
 /// window, then the limit raised to 40 by a config reload.
-async fn raised_in_a_window(layout: StateLayout, path: Path) -> u64 {
-    let (lim, _) = limiter(layout, fixed(30)).await;
+async fn raised_in_a_window(path: Path) -> u64 {
+    let (lim, _) = limiter(fixed(30)).await;
     let before = ask(&lim, path, T0, 20).await;
     assert_eq!(before, 20);
     lim.set_policy(fixed(40));
@@ -89,20 +88,10 @@ async fn raised_in_a_window(layout: StateLayout, path: Path) -> u64 {
 #[tokio::test]
 async fn a_raised_limit_counts_what_the_old_one_admitted() {
     for path in [Path::Single, Path::Jobs] {
-        let mixed = raised_in_a_window(StateLayout::V1V2, path).await;
+        let got = raised_in_a_window(path).await;
         assert_eq!(
-            mixed, 40,
-            "{path:?}: v1+v2 decides on the converted v2 state"
-        );
-        let v2 = raised_in_a_window(StateLayout::V2, path).await;
-        assert_eq!(
-            v2, 40,
-            "{path:?}: v2 admits the new limit in the window, no more"
-        );
-        let v1 = raised_in_a_window(StateLayout::V1, path).await;
-        assert_eq!(
-            v1, 60,
-            "{path:?}: v1 starts the edited rule fresh (old + new)"
+            got, 40,
+            "{path:?}: the new limit in the window, no more (a fresh rule would admit old + new, 60)"
         );
     }
 }
@@ -110,7 +99,7 @@ async fn a_raised_limit_counts_what_the_old_one_admitted() {
 #[tokio::test]
 async fn a_lowered_limit_admits_nothing_more_in_the_window() {
     for path in [Path::Single, Path::Jobs] {
-        let (lim, _) = limiter(StateLayout::V2, fixed(30)).await;
+        let (lim, _) = limiter(fixed(30)).await;
         assert_eq!(ask(&lim, path, T0, 20).await, 20);
         lim.set_policy(fixed(10));
         assert_eq!(ask(&lim, path, T0 + 100 * MS, 30).await, 0, "{path:?}");
@@ -122,7 +111,7 @@ async fn a_lowered_limit_admits_nothing_more_in_the_window() {
 #[tokio::test]
 async fn an_override_starting_and_ending_stays_within_the_larger_limit() {
     for path in [Path::Single, Path::Jobs] {
-        let (lim, _) = limiter(StateLayout::V2, fixed(30)).await;
+        let (lim, _) = limiter(fixed(30)).await;
         let mut total = ask(&lim, path, T0, 20).await;
         let raised = Rule::new(
             throttle_worker::limiter::Algorithm::FixedWindow,
@@ -163,7 +152,7 @@ async fn a_tier_change_counts_what_the_old_tier_admitted() {
         Policy::from_config(&cfg).expect("valid policy")
     };
     for path in [Path::Single, Path::Jobs] {
-        let (lim, _) = limiter(StateLayout::V2, fixed(30)).await;
+        let (lim, _) = limiter(fixed(30)).await;
         let mut total = ask(&lim, path, T0, 25).await;
         lim.set_policy(bulk());
         total += ask(&lim, path, T0 + 100 * MS, 60).await;
@@ -178,24 +167,21 @@ async fn a_new_algorithm_takes_over_the_units_in_use() {
     let gcra = policy(vec![rule("gcra", 10, "1s", Some(10))], vec![]);
     let bucket = policy(vec![rule("token_bucket", 10, "1s", Some(10))], vec![]);
     for path in [Path::Single, Path::Jobs] {
-        let (v2, _) = limiter(StateLayout::V2, gcra.clone()).await;
-        let (v1, _) = limiter(StateLayout::V1, gcra.clone()).await;
-        for lim in [&v2, &v1] {
-            assert_eq!(ask(lim, path, T0, 10).await, 10);
-            lim.set_policy(bucket.clone());
-        }
-        // 20 ms after the last take: not one token has come back (100 ms each).
-        assert_eq!(ask(&v2, path, T0 + 30 * MS, 10).await, 0, "{path:?} v2");
-        assert_eq!(ask(&v1, path, T0 + 30 * MS, 10).await, 10, "{path:?} v1");
+        let (lim, _) = limiter(gcra.clone()).await;
+        assert_eq!(ask(&lim, path, T0, 10).await, 10);
+        lim.set_policy(bucket.clone());
+        // 20 ms after the last take: not one token has come back (100 ms
+        // each); a fresh bucket would grant all 10.
+        assert_eq!(ask(&lim, path, T0 + 30 * MS, 10).await, 0, "{path:?}");
         // Then one every 100 ms, counted from the edit's first call.
-        assert_eq!(ask(&v2, path, T0 + 135 * MS, 1).await, 1, "{path:?} v2");
+        assert_eq!(ask(&lim, path, T0 + 135 * MS, 1).await, 1, "{path:?}");
     }
 }
 
 /// A seller's block, every rule's state, shadow rules included, and its
 /// charged jobs calls' records (`lua/calls.lua`), in one key with an
-/// expiry; `limits reset` deletes it, and the records' key of versions
-/// before issue 37.
+/// expiry; `limits reset` deletes it (and the seller's slots of
+/// `max_in_flight`, which it has none of here).
 #[tokio::test]
 async fn one_key_holds_a_seller() {
     let rules = vec![
@@ -217,7 +203,7 @@ async fn one_key_holds_a_seller() {
             },
         )],
     );
-    let (lim, prefix) = limiter(StateLayout::V2, p).await;
+    let (lim, prefix) = limiter(p).await;
     assert_eq!(ask(&lim, Path::Single, T0, 3).await, 3);
     assert_eq!(ask(&lim, Path::Jobs, T0 + 10 * MS, 3).await, 2);
     lim.block_at("s", T0 + 20 * MS, Duration::from_secs(5))
@@ -236,7 +222,7 @@ async fn one_key_holds_a_seller() {
         .unwrap();
     keys.sort();
     let hash = format!("{prefix}:{{s}}:v2");
-    let calls = format!("{prefix}:{{s}}:calls");
+    let slots = format!("{prefix}:{{s}}:slots");
     assert_eq!(keys, vec![hash.clone()], "one key for the seller");
     let fields: Vec<String> = redis::cmd("HKEYS")
         .arg(&hash)
@@ -267,5 +253,5 @@ async fn one_key_holds_a_seller() {
         Some(Duration::from_millis(3_420)),
         "{state:?}"
     );
-    assert_eq!(lim.seller_keys("s"), vec![hash, calls]);
+    assert_eq!(lim.seller_keys("s"), vec![hash, slots]);
 }

@@ -1,7 +1,7 @@
 //! The simulation's embedded Redis (`tests/lua_redis/`) held to a real
 //! one: the same random cases as `agreement.rs` (rules of every algorithm,
 //! costs, times, edits, refunds, blocks, cancels, slots, losses under a
-//! loss guard, in each state layout) run on Redis and on the embedded
+//! loss guard) run on Redis and on the embedded
 //! Redis, which must reply the very same integers at every step, with the
 //! scripts run as a Functions library (FCALL, the simulation's) and as
 //! EVAL scripts. Both sides run the same Lua, so a difference is the
@@ -10,9 +10,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use throttle_worker::limiter::{
-    BlockAt, JobsCall, JobsReply, Reply as LimiterReply, ScriptCall, StateLayout,
-};
+use throttle_worker::limiter::{BlockAt, JobsCall, JobsReply, RefundCall};
 
 use super::agreement::{agree_on_random_sequences_with, Twin};
 use crate::lua_redis::{EmbeddedRedis, Mode, Reply};
@@ -43,8 +41,8 @@ impl<const FCALL: bool> Twin for Embedded<FCALL> {
         Embedded(EmbeddedRedis::new(mode).unwrap_or_else(|e| panic!("embedded Redis: {e}")))
     }
 
-    fn run(&mut self, call: &ScriptCall) -> Result<LimiterReply, String> {
-        self.0.run(call, wall_us()).map_err(|e| e.to_string())
+    fn refund(&mut self, call: &RefundCall) -> Result<u64, String> {
+        self.0.refund(call, wall_us()).map_err(|e| e.to_string())
     }
 
     fn run_jobs(&mut self, call: &JobsCall) -> Result<(Vec<JobsReply>, Option<i128>), String> {
@@ -97,32 +95,12 @@ impl<const FCALL: bool> Twin for Embedded<FCALL> {
 
 #[test]
 fn redis_and_embedded_functions_agree_on_random_sequences() {
-    agree_on_random_sequences_with::<Embedded<true>>(StateLayout::V1);
-}
-
-#[test]
-fn redis_and_embedded_functions_agree_on_random_sequences_in_state_v2() {
-    agree_on_random_sequences_with::<Embedded<true>>(StateLayout::V2);
-}
-
-#[test]
-fn redis_and_embedded_functions_agree_on_random_sequences_in_state_v1_v2() {
-    agree_on_random_sequences_with::<Embedded<true>>(StateLayout::V1V2);
+    agree_on_random_sequences_with::<Embedded<true>>();
 }
 
 #[test]
 fn redis_and_embedded_eval_agree_on_random_sequences() {
-    agree_on_random_sequences_with::<Embedded<false>>(StateLayout::V1);
-}
-
-#[test]
-fn redis_and_embedded_eval_agree_on_random_sequences_in_state_v2() {
-    agree_on_random_sequences_with::<Embedded<false>>(StateLayout::V2);
-}
-
-#[test]
-fn redis_and_embedded_eval_agree_on_random_sequences_in_state_v1_v2() {
-    agree_on_random_sequences_with::<Embedded<false>>(StateLayout::V1V2);
+    agree_on_random_sequences_with::<Embedded<false>>();
 }
 
 // ---------------------------------------------------------------------------

@@ -10,8 +10,8 @@ use std::time::Duration;
 use crate::common::{rule, unique_prefix};
 use throttle_worker::config::{LimitsConfig, RuleConfig, Topology};
 use throttle_worker::limiter::{
-    BatchDecision, CoalesceSettings, Coalescer, JobsCall, JobsReply, KeySpace, Limiter,
-    LimiterError, Policy, RedisError, RedisStore, Reply, ScriptCall, Store,
+    BatchDecision, BlockRead, CoalesceSettings, Coalescer, JobsCall, JobsReply, KeySpace, Limiter,
+    LimiterError, Policy, RedisError, RedisStore, RefundCall, Store,
 };
 
 /// What [`Faulty`] fails with.
@@ -34,8 +34,9 @@ impl std::fmt::Display for FaultyError {
 impl std::error::Error for FaultyError {}
 
 /// Redis, except that a call with a key containing `fail` fails without
-/// reaching Redis (its master is down), and single calls (`Store::run`,
-/// what shadow rules use) first sleep `slow_run`.
+/// reaching Redis (its master is down), and calls over shadow rules alone
+/// (a request whose block is not read and whose places are `s<i>`) first
+/// sleep `slow_run`.
 #[derive(Clone)]
 struct Faulty {
     inner: RedisStore,
@@ -58,14 +59,20 @@ impl Faulty {
 impl Store for Faulty {
     type Error = FaultyError;
 
-    async fn run(&self, call: &ScriptCall) -> Result<Reply, FaultyError> {
+    async fn refund(&self, call: &RefundCall) -> Result<u64, FaultyError> {
         self.check(call.keys())?;
-        tokio::time::sleep(self.slow_run).await;
-        self.inner.run(call).await.map_err(FaultyError::Redis)
+        self.inner.refund(call).await.map_err(FaultyError::Redis)
     }
 
     async fn run_jobs(&self, call: &JobsCall) -> Result<Vec<JobsReply>, FaultyError> {
         self.check(call.keys())?;
+        let shadow = call.requests.iter().all(|q| {
+            q.block.read == BlockRead::Ignore
+                && q.rules.iter().all(|(at, _)| at.place.starts_with('s'))
+        });
+        if shadow {
+            tokio::time::sleep(self.slow_run).await;
+        }
         self.inner.run_jobs(call).await.map_err(FaultyError::Redis)
     }
 
@@ -252,23 +259,18 @@ async fn a_slow_shadow_rule_does_not_delay_the_grant() {
             took < slow / 2,
             "{topology:?}: the grants took {took:?}, with a shadow call of {slow:?}"
         );
-        // The shadow rule was asked all the same, once the grant was out.
-        let shadow_rule = throttle_worker::limiter::Rule::new(
-            throttle_worker::limiter::Algorithm::FixedWindow,
-            1,
-            Duration::from_secs(3600),
-            None,
-        )
-        .expect("a valid rule");
-        let key = KeySpace::new(&prefix).rule("s2", &shadow_rule);
+        // The shadow rule was asked all the same, once the grant was out:
+        // its place `s0` in the seller's hash names it.
+        let key = KeySpace::new(&prefix).seller_state("s2");
         let mut conn = crate::common::raw().await;
         let deadline = std::time::Instant::now() + slow * 3;
         loop {
-            let exists: bool = redis::cmd("EXISTS")
+            let exists: bool = redis::cmd("HEXISTS")
                 .arg(&key)
+                .arg("s0:fp")
                 .query_async(&mut conn)
                 .await
-                .expect("EXISTS");
+                .expect("HEXISTS");
             if exists {
                 break;
             }

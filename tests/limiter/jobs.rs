@@ -22,7 +22,8 @@ use throttle_worker::config::{SellerConfig, Topology};
 use throttle_worker::limiter::local::ModelStore;
 use throttle_worker::limiter::testkit;
 use throttle_worker::limiter::{
-    Algorithm, BatchDecision, DeniedBy, JobsQuery, JobsRequest, Mode, NextJob, Request, Rule,
+    Algorithm, BatchDecision, BlockAt, BlockRead, DeniedBy, JobsQuery, JobsRequest, Mode, NextJob,
+    Request, Rule, StateKey,
 };
 
 fn at<'a>(seller: &'a str, t: u64, costs: &'a [u64]) -> JobsQuery<'a> {
@@ -257,13 +258,16 @@ async fn a_bad_request_refuses_the_whole_call_and_charges_nobody() {
     let mut keys = Vec::new();
     let mut args: Vec<String> = vec!["jobs".into(), T0.to_string(), "2".into()];
     for (seller, costs) in [("first", "1,1"), ("second", "1,0")] {
-        keys.push(format!("{prefix}:{{{seller}}}:block"));
-        keys.push(format!("{prefix}:{{{seller}}}:gcra"));
+        keys.push(format!("{prefix}:{{{seller}}}:v2"));
+        keys.push(format!("{prefix}:{{{seller}}}:v2"));
         args.extend(
-            // Rule place '' (v1), slot terms '' (no max_in_flight).
-            [seller, costs, "k", "1", "gcra", "5", "1000000", "5", "", ""]
-                .iter()
-                .map(|a| a.to_string()),
+            // The block in the hash, one rule at place r0, slot terms ''
+            // (no max_in_flight).
+            [
+                seller, costs, "f", "1", "gcra", "5", "1000000", "5", "r0", "",
+            ]
+            .iter()
+            .map(|a| a.to_string()),
         );
     }
     let reply: redis::RedisResult<redis::Value> = redis::cmd("FCALL")
@@ -344,13 +348,10 @@ async fn a_jobs_call_past_its_deadline_charges_nothing() {
             .expect("TIME");
         s * 1_000_000 + us
     };
-    let keys = [
-        format!("{prefix}:{{s}}:block"),
-        format!("{prefix}:{{s}}:gcra"),
-    ];
+    let keys = [format!("{prefix}:{{s}}:v2"), format!("{prefix}:{{s}}:v2")];
     let call = |now: String, deadline: u64| {
         let args: Vec<String> = [
-            "jobs", &now, "1", "c1", "1,1", "k", "1", "gcra", "5", "1000000", "5", "", "",
+            "jobs", &now, "1", "c1", "1,1", "f", "1", "gcra", "5", "1000000", "5", "r0", "",
         ]
         .iter()
         .map(|a| a.to_string())
@@ -413,11 +414,11 @@ fn small_rule() -> impl Strategy<Value = Rule> {
 fn request(rules: &[Rule], costs: &[u64], id: &str) -> JobsRequest {
     JobsRequest {
         call_id: id.to_owned(),
-        block: "m:{s}:block".into(),
+        block: BlockAt::new("m:{s}", BlockRead::Field),
         rules: rules
             .iter()
             .enumerate()
-            .map(|(i, r)| (format!("m:{{s}}:r{i}").into(), *r))
+            .map(|(i, r)| (StateKey::new("m:{s}", format!("r{i}")), *r))
             .collect(),
         costs: costs.to_vec(),
         slots: None,

@@ -12,7 +12,7 @@ use std::time::Duration;
 use crate::common::{rule, store, unique_prefix};
 use throttle_worker::config::{LearnConfig, LimitsConfig, RuleConfig, Topology};
 use throttle_worker::limiter::{
-    BatchDecision, JobsQuery, KeySpace, Learnt, Limiter, Policy, RedisStore, StateLayout,
+    BatchDecision, JobsQuery, KeySpace, Learnt, Limiter, Policy, RedisStore,
 };
 
 /// A multiple of 10 s: fixed windows are aligned to the epoch.
@@ -40,7 +40,7 @@ fn learning(rules: Vec<RuleConfig>, global: Vec<RuleConfig>, decrease: f64) -> P
 async fn replicas(policy: Policy) -> (Limiter<RedisStore>, Limiter<RedisStore>) {
     let prefix = unique_prefix("learn");
     let one = || {
-        let keys = KeySpace::with_layout(prefix.clone(), StateLayout::V2);
+        let keys = KeySpace::new(prefix.clone());
         let policy = policy.clone();
         async move { Limiter::new(store().await, keys, policy, Topology::Single) }
     };

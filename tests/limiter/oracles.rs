@@ -42,8 +42,8 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
 use redis::aio::MultiplexedConnection;
 use throttle_worker::limiter::{
-    Algorithm, JobsCall, JobsRequest, Mode, Op, RedisStore, Reply, Rule, ScriptCall, StateKey,
-    Store,
+    Algorithm, BlockAt, BlockRead, JobsCall, JobsRequest, Mode, RedisStore, RefundCall, Reply,
+    Rule, StateKey, Store,
 };
 
 #[derive(Debug, Clone)]
@@ -148,31 +148,46 @@ struct Seen {
 
 struct Keys {
     prefix: String,
-    block: String,
+    /// The seller's hash: its block and the rule's place `r0`.
+    hash: String,
     rule: (StateKey, Rule),
 }
 
 impl Keys {
     fn new(rule: Rule) -> Keys {
         let prefix = unique_prefix("oracle");
+        let hash = format!("{prefix}:{{s}}:v2");
         Keys {
-            block: format!("{prefix}:{{s}}:block"),
-            rule: (
-                format!("{prefix}:{{s}}:r0:{}", rule.fingerprint()).into(),
-                rule,
-            ),
+            rule: (StateKey::new(hash.clone(), "r0"), rule),
+            hash,
             prefix,
         }
     }
 
-    fn call(&self, op: Op, now_us: u64, cost: u64, mode: Mode, id: &str) -> ScriptCall {
-        ScriptCall {
-            op,
+    fn block(&self) -> BlockAt {
+        BlockAt::new(self.hash.clone(), BlockRead::Field)
+    }
+
+    /// One cost as the limiter asks it: one job of the whole cost, or up
+    /// to it as jobs of one unit.
+    fn single(&self, now_us: u64, dry_run: bool, cost: u64, mode: Mode, id: &str) -> JobsCall {
+        let costs = match mode {
+            Mode::AllOrNothing => vec![cost],
+            Mode::UpTo => vec![1; cost as usize],
+        };
+        self.jobs(now_us, dry_run, &costs, id)
+    }
+
+    /// Gives back `units` of call `id` (taken at `taken_at_us`), skipping
+    /// its first `skip`.
+    fn refund(&self, now_us: u64, units: u64, skip: u64, taken_at_us: u64, id: &str) -> RefundCall {
+        RefundCall {
             now_us: Some(now_us),
-            cost,
-            mode,
+            units,
+            skip,
+            taken_at_us,
             call_id: id.to_owned(),
-            block: self.block.clone().into(),
+            block: self.block(),
             rules: vec![self.rule.clone()],
         }
     }
@@ -185,7 +200,7 @@ impl Keys {
             learn: None,
             requests: vec![JobsRequest {
                 call_id: id.to_owned(),
-                block: self.block.clone().into(),
+                block: self.block(),
                 rules: vec![self.rule.clone()],
                 costs: costs.to_vec(),
                 slots: None,
@@ -195,8 +210,7 @@ impl Keys {
 
     async fn forget(&self, conn: &mut MultiplexedConnection) {
         let _: i64 = redis::cmd("DEL")
-            .arg(&self.block)
-            .arg(&self.rule.0.key)
+            .arg(&self.hash)
             .query_async(conn)
             .await
             .unwrap_or_else(|e| panic!("DEL under {}: {e}", self.prefix));
@@ -211,10 +225,6 @@ struct Answer {
     partial: bool,
 }
 
-async fn run(redis: &RedisStore, call: &ScriptCall) -> Result<Reply, String> {
-    redis.run(call).await.map_err(|e| format!("{call:?}: {e}"))
-}
-
 async fn run_jobs(redis: &RedisStore, call: &JobsCall) -> Result<(Reply, i64), String> {
     let r = redis
         .run_jobs(call)
@@ -222,6 +232,10 @@ async fn run_jobs(redis: &RedisStore, call: &JobsCall) -> Result<(Reply, i64), S
         .map_err(|e| format!("{call:?}: {e}"))?;
     Ok((r[0].head, r[0].jobs))
 }
+
+/// How long a charged call's record stays in the seller's hash for its
+/// cancel when the caller sends no life of its own (`lua/calls.lua`).
+const CALL_LIFE_US: u64 = 5_000_000;
 
 /// The longest a key's state can matter after a write, from the definition.
 fn useful_life_us(rule: &Rule) -> u64 {
@@ -266,7 +280,7 @@ async fn exercise(
         let answer = match step {
             Step::Block { dur_us } => {
                 let until = redis
-                    .block(&keys.block.clone().into(), Some(now), *dur_us)
+                    .block(&keys.block(), Some(now), *dur_us)
                     .await
                     .map_err(|e| format!("block: {e}"))?;
                 log.push(format!("+{} block {dur_us}µs -> +{}", now - T0, until - T0));
@@ -287,20 +301,11 @@ async fn exercise(
                     continue;
                 };
                 let units = 1 + n % h.units;
-                run(
-                    redis,
-                    &keys.call(
-                        Op::Refund {
-                            skip: h.units - units,
-                            taken_at_us: h.at,
-                        },
-                        now,
-                        units,
-                        Mode::AllOrNothing,
-                        &h.id,
-                    ),
-                )
-                .await?;
+                let call = keys.refund(now, units, h.units - units, h.at, &h.id);
+                redis
+                    .refund(&call)
+                    .await
+                    .map_err(|e| format!("{call:?}: {e}"))?;
                 log.push(format!(
                     "+{} refund {units} of {}'s {}",
                     now - T0,
@@ -312,7 +317,8 @@ async fn exercise(
                 None
             }
             Step::Acquire { cost, mode } => {
-                let reply = run(redis, &keys.call(Op::Acquire, now, *cost, *mode, &id)).await?;
+                let (reply, _) =
+                    run_jobs(redis, &keys.single(now, false, *cost, *mode, &id)).await?;
                 Some(Answer {
                     reply,
                     asked: *cost,
@@ -383,8 +389,9 @@ async fn exercise(
                 let later = now + retry;
                 let ok = match step {
                     Step::Acquire { cost, mode } => {
-                        let p =
-                            run(redis, &keys.call(Op::Peek, later, *cost, *mode, "retry")).await?;
+                        let (p, _) =
+                            run_jobs(redis, &keys.single(later, true, *cost, *mode, "retry"))
+                                .await?;
                         p.status == 1 && (*mode == Mode::UpTo || p.granted as u64 == *cost)
                     }
                     Step::Jobs { costs } => {
@@ -405,20 +412,23 @@ async fn exercise(
                 seen.retries_checked += 1;
             }
         }
-        // Every key written has a TTL, none longer than its use + 1 s, and
-        // none shorter than the 1 s of slack a write gives (less the time
-        // run since the case's first write, rounded to Redis' ms).
-        for (key, life_us) in [
-            (&keys.rule.0.key, useful_life_us(&rule)),
-            (&keys.block, longest_block_us),
-        ] {
+        // The hash has a TTL, none longer than the longest use of what it
+        // holds (the rule's state, the block, the records of charged calls)
+        // + 1 s of slack + 1 s of the expiry's grain (`lua/common.lua`),
+        // and none shorter than the 1 s of slack a write gives (less the
+        // time run since the case's first write, rounded to Redis' ms).
+        {
+            let key = &keys.hash;
+            let life_us = useful_life_us(&rule)
+                .max(longest_block_us)
+                .max(CALL_LIFE_US);
             let ttl = pttl(conn, key).await;
             // Read after the PTTL's answer: a bound on its run-down.
             let ran_ms = first_write.elapsed().as_millis() as i64 + 1;
             if ttl == -2 {
                 continue; // never written
             }
-            let bound = life_us.div_ceil(1000) as i64 + 1000;
+            let bound = life_us.div_ceil(1000) as i64 + 2000;
             let floor = (1000 - ran_ms).max(0);
             if ttl < 0 || ttl > bound || ttl < floor {
                 return Err(format!(
@@ -703,8 +713,12 @@ fn token_bucket_and_gcra_answer_alike() {
                 let id = format!("c{n}");
                 let (g, t) = match step {
                     Step::Acquire { cost, mode } => (
-                        run(&redis, &kg.call(Op::Acquire, now, *cost, *mode, &id)).await?,
-                        run(&redis, &kt.call(Op::Acquire, now, *cost, *mode, &id)).await?,
+                        run_jobs(&redis, &kg.single(now, false, *cost, *mode, &id))
+                            .await?
+                            .0,
+                        run_jobs(&redis, &kt.single(now, false, *cost, *mode, &id))
+                            .await?
+                            .0,
                     ),
                     Step::Jobs { costs } => (
                         run_jobs(&redis, &kg.jobs(now, false, costs, &id)).await?.0,
@@ -713,7 +727,7 @@ fn token_bucket_and_gcra_answer_alike() {
                     Step::Block { dur_us } => {
                         for k in [&kg, &kt] {
                             redis
-                                .block(&k.block.clone().into(), Some(now), *dur_us)
+                                .block(&k.block(), Some(now), *dur_us)
                                 .await
                                 .map_err(|e| e.to_string())?;
                         }

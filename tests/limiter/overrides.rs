@@ -59,7 +59,7 @@ async fn an_override_applies_until_it_expires_or_is_cleared() {
     std::fs::write(
         &config,
         format!(
-            "[redis]\nurl = \"{}\"\nkey_prefix = \"{prefix}\"\nstate = \"v1\"\n\n[limits]\ndefault = [{{ algorithm = \"fixed_window\", limit = 2, period = \"1m\" }}]\n",
+            "[redis]\nurl = \"{}\"\nkey_prefix = \"{prefix}\"\n\n[limits]\ndefault = [{{ algorithm = \"fixed_window\", limit = 2, period = \"1m\" }}]\n",
             crate::common::redis_url()
         ),
     )
@@ -121,13 +121,15 @@ async fn an_override_applies_until_it_expires_or_is_cleared() {
         "others keep the config's"
     );
 
-    // Past its expiry it no longer applies: the configured rule is back.
+    // Past its expiry it no longer applies: the configured rule is back,
+    // and what the override admitted in this window still counts (the
+    // same algorithm and period keep the place's state: 6 used of 2).
     tokio::time::sleep(Duration::from_millis(3100)).await;
     assert_eq!(limiter.refresh_overrides().await.unwrap(), 0);
     assert_eq!(
         grants(&limiter, "vip").await,
-        2,
-        "back to the config's limit"
+        0,
+        "back to the config's limit, the window's 6 grants still counted"
     );
     assert_eq!(cli(&config, &["list"]), "no overrides in force\n");
 

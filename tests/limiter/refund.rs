@@ -35,7 +35,8 @@ use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
 use redis::aio::MultiplexedConnection;
 use throttle_worker::limiter::local::{self, burst_fill, ModelStore, Params, State};
 use throttle_worker::limiter::{
-    Algorithm, KeyedRule, Mode, Op, RedisStore, Reply, Rule, ScriptCall, Store,
+    Algorithm, BlockAt, BlockRead, JobsCall, JobsRequest, KeyedRule, Mode, RedisStore, RefundCall,
+    Reply, Rule, StateKey, Store,
 };
 
 /// One call by a replica other than A: `gap` µs after the previous step.
@@ -126,48 +127,55 @@ struct Kept {
 
 struct Keys {
     prefix: String,
-    block: String,
+    /// The seller's hash: its block and every rule's place.
+    hash: String,
     rules: Vec<KeyedRule>,
 }
 
 impl Keys {
     fn new(rules: &[Rule]) -> Keys {
         let prefix = unique_prefix("refund");
+        let hash = format!("{prefix}:{{s}}:v2");
         Keys {
-            block: format!("{prefix}:{{s}}:block"),
             rules: rules
                 .iter()
                 .enumerate()
-                .map(|(i, r)| {
-                    (
-                        format!("{prefix}:{{s}}:r{i}:{}", r.fingerprint()).into(),
-                        *r,
-                    )
-                })
+                .map(|(i, r)| (StateKey::new(hash.clone(), format!("r{i}")), *r))
                 .collect(),
+            hash,
             prefix,
         }
     }
 
-    fn call(&self, op: Op, now_us: u64, cost: u64, mode: Mode, id: &str) -> ScriptCall {
-        ScriptCall {
-            op,
+    fn block(&self) -> BlockAt {
+        BlockAt::new(self.hash.clone(), BlockRead::Field)
+    }
+
+    /// One cost as the limiter asks it: one job of the whole cost, or up
+    /// to it as jobs of one unit.
+    fn acquire(&self, now_us: u64, cost: u64, mode: Mode, id: &str) -> JobsCall {
+        let costs = match mode {
+            Mode::AllOrNothing => vec![cost],
+            Mode::UpTo => vec![1; cost as usize],
+        };
+        JobsCall {
             now_us: Some(now_us),
-            cost,
-            mode,
-            call_id: id.to_owned(),
-            block: self.block.clone().into(),
-            rules: self.rules.clone(),
+            dry_run: false,
+            guard: None,
+            learn: None,
+            requests: vec![JobsRequest {
+                call_id: id.to_owned(),
+                block: self.block(),
+                rules: self.rules.clone(),
+                costs,
+                slots: None,
+            }],
         }
     }
 
     async fn forget(&self, conn: &mut MultiplexedConnection) {
-        let mut del = redis::cmd("DEL");
-        del.arg(&self.block);
-        for (k, _) in &self.rules {
-            del.arg(&k.key);
-        }
-        let _: i64 = del
+        let _: i64 = redis::cmd("DEL")
+            .arg(&self.hash)
             .query_async(conn)
             .await
             .unwrap_or_else(|e| panic!("DEL under {}: {e}", self.prefix));
@@ -176,17 +184,16 @@ impl Keys {
 
 /// The refund of A's last `units` (of `granted`) taken at `taken_at`,
 /// sent at `now` (after every call so far).
-fn refund_call(keys: &Keys, taken_at: u64, now: u64, granted: u64, units: u64) -> ScriptCall {
-    keys.call(
-        Op::Refund {
-            skip: granted - units,
-            taken_at_us: taken_at,
-        },
-        now,
+fn refund_call(keys: &Keys, taken_at: u64, now: u64, granted: u64, units: u64) -> RefundCall {
+    RefundCall {
+        now_us: Some(now),
         units,
-        Mode::AllOrNothing,
-        "A",
-    )
+        skip: granted - units,
+        taken_at_us: taken_at,
+        call_id: "A".to_owned(),
+        block: keys.block(),
+        rules: keys.rules.clone(),
+    }
 }
 
 /// What one case saw, for the coverage line.
@@ -226,11 +233,7 @@ async fn exercise(
     .await?;
     now += case.a.gap;
     let a_at = now;
-    let a = run(
-        redis,
-        &keys.call(Op::Acquire, a_at, case.a.cost, case.a.mode, "A"),
-    )
-    .await?;
+    let a = run(redis, &keys.acquire(a_at, case.a.cost, case.a.mode, "A")).await?;
     log.push(format!(
         "A at +{} cost {} {:?}: {}",
         a_at - T0,
@@ -256,7 +259,11 @@ async fn exercise(
         let granted = a.granted as u64;
         let units = 1 + case.refund % granted;
         now += case.refund_gap;
-        run(redis, &refund_call(keys, a_at, now, granted, units)).await?;
+        let refund = refund_call(keys, a_at, now, granted, units);
+        redis
+            .refund(&refund)
+            .await
+            .map_err(|e| format!("{refund:?}: {e}"))?;
         log.push(format!("refund {units} of A's {granted} at +{}", now - T0));
         let a_kept = granted - units;
         kept.push(Kept {
@@ -324,7 +331,7 @@ async fn others(
         *now += o.gap;
         *n += 1;
         let (at, id) = (*now, format!("B{n}"));
-        let r = run(redis, &keys.call(Op::Acquire, at, o.cost, o.mode, &id)).await?;
+        let r = run(redis, &keys.acquire(at, o.cost, o.mode, &id)).await?;
         log.push(format!(
             "{id} at +{} cost {} {:?}: {}",
             at - T0,
@@ -363,7 +370,7 @@ fn replay(keys: &Keys, kept: &[Kept], a_opened: bool) -> Result<(), String> {
             k.units,
             Mode::AllOrNothing,
             &format!("replay-{}", k.who),
-            &keys.block.clone().into(),
+            &keys.block(),
             &keys.rules,
         );
         if r.status != 1 || r.granted as u64 != k.units {
@@ -437,8 +444,13 @@ fn pacing_violation(rules: &[KeyedRule], kept: &[Kept]) -> Option<String> {
     None
 }
 
-async fn run(redis: &RedisStore, call: &ScriptCall) -> Result<Reply, String> {
-    redis.run(call).await.map_err(|e| format!("{call:?}: {e}"))
+/// A jobs call of one request: its reply's head.
+async fn run(redis: &RedisStore, call: &JobsCall) -> Result<Reply, String> {
+    let replies = redis
+        .run_jobs(call)
+        .await
+        .map_err(|e| format!("{call:?}: {e}"))?;
+    Ok(replies[0].head)
 }
 
 fn brief(r: &Reply) -> String {

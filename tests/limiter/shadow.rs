@@ -142,7 +142,11 @@ async fn a_shadow_rule_counts_what_it_would_refuse_and_holds_nothing() {
 
     // Reset clears the shadow rule's state with the rest.
     let keys = limiter.seller_keys("s");
-    assert_eq!(keys.len(), 3, "block, rule, shadow rule: {keys:?}");
+    assert_eq!(
+        keys,
+        vec![limiter.keys().seller_state("s"), limiter.keys().slots("s")],
+        "the hash (block, rule, shadow rule) and the slots: {keys:?}"
+    );
     limiter.store().delete(&keys).await.unwrap();
     let state = limiter.inspect("s", None).await.unwrap();
     assert!(state

@@ -12,7 +12,7 @@ use crate::common::{policy, rule, store, unique_prefix};
 use throttle_worker::config::Topology;
 use throttle_worker::limiter::{
     BatchDecision, BlockAt, JobsCall, JobsReply, KeySpace, Limiter, LimiterError, RedisError,
-    RedisStore, Reply, ScriptCall, StateLayout, Store,
+    RedisStore, RefundCall, Store,
 };
 
 /// Redis, except that a jobs call's reply loses its last entry.
@@ -25,8 +25,8 @@ struct Short {
 impl Store for Short {
     type Error = RedisError;
 
-    async fn run(&self, call: &ScriptCall) -> Result<Reply, RedisError> {
-        self.inner.run(call).await
+    async fn refund(&self, call: &RefundCall) -> Result<u64, RedisError> {
+        self.inner.refund(call).await
     }
 
     async fn run_jobs(&self, call: &JobsCall) -> Result<Vec<JobsReply>, RedisError> {
@@ -57,7 +57,7 @@ impl Store for Short {
 #[tokio::test]
 async fn a_short_reply_fails_every_list_of_its_call_and_charges_nothing() {
     let prefix = unique_prefix("short-reply");
-    let keys = || KeySpace::with_layout(prefix.clone(), StateLayout::V2);
+    let keys = || KeySpace::new(prefix.clone());
     let rules = || policy(vec![rule("fixed_window", 5, "1h", None)], vec![]);
     let short = Short {
         inner: store().await,

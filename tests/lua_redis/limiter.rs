@@ -1,22 +1,20 @@
 //! The limiter's calls on the embedded Redis, as the product makes them
 //! on a real one (`RedisStore` in src/limiter/redis/store.rs): the same
 //! KEYS, the same ARGV (`JobsCall::wire_args`, `BlockAt::block_args`, ...)
-//! and the same reading of the raw reply (`Reply::from_slice`,
-//! `JobsAnswer::from_slice`). Only the transport differs.
+//! and the same reading of the raw reply (`JobsAnswer::from_slice`). Only the transport differs.
 
 use throttle_worker::limiter::{
-    release_args, BlockAt, BlockCall, Blocked, JobsAnswer, JobsCall, Reply as LimiterReply,
-    ScriptCall,
+    release_args, BlockAt, BlockCall, Blocked, JobsAnswer, JobsCall, RefundCall,
 };
 
 use super::{EmbeddedError, EmbeddedRedis, Reply, Script};
 
 impl EmbeddedRedis {
-    /// One acquire, peek or refund (`RedisStore::run`).
-    pub fn run(&self, call: &ScriptCall, at_us: u64) -> Result<LimiterReply, EmbeddedError> {
+    /// A refund of an earlier jobs request (`RedisStore::refund`): the
+    /// units asked back.
+    pub fn refund(&self, call: &RefundCall, at_us: u64) -> Result<u64, EmbeddedError> {
         let keys: Vec<&str> = call.keys().collect();
-        let raw = integers(self.invoke(Script::Limiter, &keys, &call.args(), at_us)?)?;
-        Ok(LimiterReply::from_slice(&raw)?)
+        count(self.invoke(Script::Limiter, &keys, &call.args(), at_us)?)
     }
 
     /// One jobs call (`RedisStore::run_jobs`), with the life of its
@@ -60,7 +58,7 @@ impl EmbeddedRedis {
         dur_us: u64,
         at_us: u64,
     ) -> Result<u64, EmbeddedError> {
-        let keys: Vec<&str> = at.keys().collect();
+        let keys = [at.key.as_str()];
         count(self.invoke(Script::Block, &keys, &at.block_args(now_us, dur_us), at_us)?)
     }
 
@@ -71,7 +69,7 @@ impl EmbeddedRedis {
         call: &BlockCall,
         at_us: u64,
     ) -> Result<Blocked, EmbeddedError> {
-        let keys: Vec<&str> = at.keys().collect();
+        let keys = [at.key.as_str()];
         let reply = self.invoke(Script::Block, &keys, &call.args(at), at_us)?;
         let ints = match &reply {
             Reply::Int(i) => vec![*i],

@@ -13,7 +13,7 @@ use crate::common::rule;
 use throttle_worker::config::{load_from, Topology};
 use throttle_worker::limiter::overrides::Override;
 use throttle_worker::limiter::{
-    BatchDecision, Decision, KeySpace, Limiter, Mode, RedisStore, StateLayout,
+    BatchDecision, Decision, KeySpace, Limiter, Mode, RedisStore,
 };
 
 const PASSWORD: &str = "acl-s3cret-Pw";
@@ -89,19 +89,13 @@ async fn the_readme_acl_user_runs_the_worker_and_nothing_more() {
         ],
         vec![rule("gcra", 100, "1s", None)],
     );
-    // Both state layouts: v2 reads and writes the seller's hash whole.
-    for layout in [StateLayout::V1, StateLayout::V2] {
-        let keys = KeySpace::with_layout(prefix, layout);
-        let limiter = Limiter::new(store.clone(), keys, policy.clone(), Topology::Single);
-        limiter_commands(&limiter).await;
-    }
-
-    // A worker's start: the layout marker read and written.
-    let fresh = format!("{prefix}:new");
-    let layout = throttle_worker::limiter::layout::resolve(&store, &fresh, None, true)
-        .await
-        .expect("the book's user may read and write the layout marker");
-    assert_eq!(layout_of(layout), "v2", "redis.state unset");
+    let limiter = Limiter::new(
+        store.clone(),
+        KeySpace::new(prefix),
+        policy.clone(),
+        Topology::Single,
+    );
+    limiter_commands(&limiter).await;
 
     // Nothing more: keys outside the prefix are refused...
     let outside = Limiter::new(
@@ -180,8 +174,4 @@ async fn limiter_commands(limiter: &Limiter<RedisStore>) {
         .unwrap();
     let d = limiter.acquire("s", 1, Mode::AllOrNothing).await.unwrap();
     assert!(matches!(d, Decision::Granted(_)), "after the reset: {d:?}");
-}
-
-fn layout_of(l: StateLayout) -> &'static str {
-    throttle_worker::limiter::layout::marker_value(l)
 }

@@ -9,7 +9,7 @@ use crate::common::cluster::RedisCluster;
 use crate::common::{policy, rule, unique_prefix, T0};
 use throttle_worker::config::Topology;
 use throttle_worker::limiter::{
-    Decision, KeySpace, Limiter, Mode, Policy, RedisStore, Request, StateLayout,
+    Decision, KeySpace, Limiter, Mode, Policy, RedisStore, Request,
 };
 
 fn at(seller: &str, t_us: u64) -> Request<'_> {
@@ -183,14 +183,14 @@ async fn a_master_that_loses_its_data_holds_its_own_sellers_alone() {
     use throttle_worker::limiter::{BatchDecision, JobsQuery};
 
     let cluster = RedisCluster::start(3);
-    let keys = KeySpace::with_layout(unique_prefix("cluster-loss"), StateLayout::V2);
+    let keys = KeySpace::new(unique_prefix("cluster-loss"));
     let limits = || policy(vec![rule("fixed_window", 4, "1h", None)], vec![]);
     let limiter = |store, on_loss| {
         Limiter::new(store, keys.clone(), limits(), Topology::Cluster).with_state_loss(on_loss)
     };
     let sellers: Vec<String> = (0..50).map(|i| format!("loss-{i}")).collect();
     let (lost, kept) = {
-        let owner = |s: &String| cluster.owner(cluster.keyslot(&keys.block(s)));
+        let owner = |s: &String| cluster.owner(cluster.keyslot(&keys.seller_state(s)));
         let lost = sellers[0].clone();
         let kept = sellers
             .iter()
@@ -215,7 +215,7 @@ async fn a_master_that_loses_its_data_holds_its_own_sellers_alone() {
         let d = wait.check_jobs(ask(s, &[1, 1], 1)).await.expect("second call");
         assert!(matches!(d, BatchDecision::Granted(ref g) if g.jobs == 2), "{d:?}");
     }
-    let master = cluster.owner(cluster.keyslot(&keys.block(lost)));
+    let master = cluster.owner(cluster.keyslot(&keys.seller_state(lost)));
     assert_eq!(cluster.cli(master, &["FLUSHALL"]).trim(), "OK");
 
     let d = wait.check_jobs(ask(lost, &[1], 2)).await.expect("after the loss");
@@ -252,8 +252,6 @@ async fn the_worker_runs_on_a_cluster() {
     settings.redis.topology = Topology::Cluster;
     settings.redis.url = cluster.url(0);
     settings.redis.cluster_nodes = vec![cluster.url(2)];
-    // The layout these tests were written for (a new install's default is v2).
-    settings.redis.state = Some(StateLayout::V1);
     let limit = 20;
     let worker = Running::start(
         settings,
@@ -310,7 +308,7 @@ fn sellers_on_distinct_slots(
 ) -> Vec<(String, u16)> {
     let mut picked: Vec<(String, u16)> = Vec::new();
     for s in sellers {
-        let slot = cluster.keyslot(&keys.block(s));
+        let slot = cluster.keyslot(&keys.seller_state(s));
         if picked.iter().all(|(_, other)| *other != slot) {
             picked.push((s.clone(), slot));
         }
@@ -326,7 +324,7 @@ fn sellers_on_distinct_slots(
 /// many sellers; 16384 slots and a million sellers make ~60 a slot), so
 /// that moving the slot takes a while and its live keys move in between.
 fn fill_slot(cluster: &RedisCluster, keys: &KeySpace, seller: &str, n: usize) {
-    let block = keys.block(seller);
+    let block = keys.seller_state(seller);
     let tag = &block[block.find('{').unwrap()..=block.find('}').unwrap()];
     let fillers: Vec<String> = (0..n).map(|i| format!("filler:{tag}:{i}")).collect();
     let mut args = vec!["MSET"];
@@ -409,21 +407,11 @@ fn print_migrations(migrations: &[crate::common::cluster::Migration], join_took:
 /// (fail_closed): every retried error is counted, none may last (20 s), and
 /// every decision equals the one a single Redis makes for the same
 /// arrivals, so nothing was lost or charged twice, and no seller's busiest
-/// minute holds more grants than its limit.
+/// minute holds more grants than its limit. A call names one key, the
+/// seller's hash, so a migrating slot answers ASK for a moved seller and
+/// never TRYAGAIN.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slots_move_under_live_traffic_and_admissions_stay_those_of_one_redis() {
-    slots_move_under_live_traffic(StateLayout::V1).await;
-}
-
-/// The same in state v2 (issue 21, part 1): a call names one key, the
-/// seller's hash, so a migrating slot answers ASK for a moved seller and
-/// never TRYAGAIN (v1's calls name a block key that usually does not exist).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn in_state_v2_a_moving_slot_never_answers_tryagain() {
-    slots_move_under_live_traffic(StateLayout::V2).await;
-}
-
-async fn slots_move_under_live_traffic(layout: StateLayout) {
     use std::collections::BTreeMap;
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Arc, Mutex};
@@ -442,7 +430,7 @@ async fn slots_move_under_live_traffic(layout: StateLayout) {
     };
     let cluster = RedisCluster::start(3);
     let prefix = unique_prefix("cluster-migrate");
-    let keys = KeySpace::with_layout(&prefix, layout);
+    let keys = KeySpace::new(&prefix);
     let single = Arc::new(Limiter::new(
         crate::common::store().await,
         keys.clone(),
@@ -565,19 +553,17 @@ async fn slots_move_under_live_traffic(layout: StateLayout) {
     let seen_by_servers = cluster.error_stats();
     print_migrations(&migrations, join_took);
     println!(
-        "state {layout:?}: {calls} calls by 16 sellers, {granted} granted; every decision equal \
+        "{calls} calls by 16 sellers, {granted} granted; every decision equal \
          to one Redis's; retried errors by kind {seen_by_client:?}; error replies counted by the \
          masters {seen_by_servers:?}; longest call including retries {longest:?}; busiest minute \
          of a seller {busiest} grants (limit {WINDOW_LIMIT}); keys per master {:?}",
         cluster.keys_per_node()
     );
-    if layout == StateLayout::V2 {
-        assert_eq!(
-            seen_by_servers.get("TRYAGAIN").copied().unwrap_or(0),
-            0,
-            "one key per call: a moving slot never answers TRYAGAIN"
-        );
-    }
+    assert_eq!(
+        seen_by_servers.get("TRYAGAIN").copied().unwrap_or(0),
+        0,
+        "one key per call: a moving slot never answers TRYAGAIN"
+    );
     assert!(
         busiest <= WINDOW_LIMIT as usize,
         "a seller's minute holds {busiest} grants"
@@ -611,8 +597,8 @@ async fn slots_move_under_live_traffic(layout: StateLayout) {
     // The sellers moved to the joined master were served there after the
     // move (their rule keys live there now): it got the limiter's script
     // or function on demand.
-    // v1: a key per rule; v2: the seller's one hash.
-    let want = if layout == StateLayout::V2 { 1 } else { 3 };
+    // The seller's one hash.
+    let want = 1;
     for (seller, _) in &moving[2..] {
         let on_new = keys_of(&cluster, 3, &prefix, seller);
         assert!(
@@ -628,7 +614,7 @@ async fn slots_move_under_live_traffic(layout: StateLayout) {
 /// How many of `seller`'s keys under `prefix` the node holds.
 fn keys_of(cluster: &RedisCluster, node: usize, prefix: &str, seller: &str) -> usize {
     let keys = KeySpace::new(prefix);
-    let block = keys.block(seller);
+    let block = keys.seller_state(seller);
     let pattern = format!("{}*", &block[..=block.find('}').unwrap()]);
     cluster
         .cli(node, &["KEYS", &pattern])
@@ -658,9 +644,6 @@ async fn the_worker_keeps_its_limits_while_slots_move() {
     settings.redis.topology = Topology::Cluster;
     settings.redis.url = cluster.url(0);
     settings.redis.cluster_nodes = vec![cluster.url(1)];
-    // The slots are filled with v1 state; the worker runs v1 beside it (a
-    // new install's default is v2).
-    settings.redis.state = Some(StateLayout::V1);
     let limit = 10;
     let per_seller = 150;
     let total = per_seller * sellers.len();
@@ -759,7 +742,7 @@ async fn limits_show_and_reset_work_on_a_cluster() {
         &config,
         format!(
             "[redis]\ntopology = \"cluster\"\nurl = \"{}\"\ncluster_nodes = [\"{}\"]\n\
-             key_prefix = \"{prefix}\"\nstate = \"v1\"\n\n[limits]\n\
+             key_prefix = \"{prefix}\"\n\n[limits]\n\
              default = [{{ algorithm = \"fixed_window\", limit = 5, period = \"1h\" }}]\n",
             cluster.url(0),
             cluster.url(1)
@@ -787,7 +770,7 @@ async fn limits_show_and_reset_work_on_a_cluster() {
     let sellers: Vec<String> = (0..9).map(|i| format!("op-{i}")).collect();
     let mut masters = std::collections::BTreeSet::new();
     for (i, s) in sellers.iter().enumerate() {
-        masters.insert(cluster.owner(cluster.keyslot(&limiter.keys().block(s))));
+        masters.insert(cluster.owner(cluster.keyslot(&limiter.keys().seller_state(s))));
         let d = limiter
             .acquire(s, i as u64 % 4 + 1, Mode::AllOrNothing)
             .await
@@ -818,8 +801,8 @@ async fn limits_show_and_reset_work_on_a_cluster() {
             .await
             .expect("limits reset on the cluster");
         let reset: serde_json::Value = serde_json::from_str(&out).unwrap();
-        let held = if i % 3 == 0 { 2 } else { 1 };
-        assert_eq!(reset["held_state"], held, "{s}: {reset}");
+        // The seller's hash (its rules and its block); it has no slots.
+        assert_eq!(reset["held_state"], 1, "{s}: {reset}");
         let shown = show(s.clone()).await;
         assert_eq!(
             shown["rules"][0]["remaining"], 5,
@@ -854,7 +837,7 @@ async fn a_failover_keeps_the_library_and_the_state() {
         Topology::Cluster,
     );
     let seller = "failover-seller";
-    let slot = cluster.keyslot(&limiter.keys().block(seller));
+    let slot = cluster.keyslot(&limiter.keys().seller_state(seller));
     let master = cluster.owner(slot);
     for t in 0..5 {
         let d = limiter.check(at(seller, t)).await.expect("before failover");
@@ -948,7 +931,7 @@ async fn a_hung_master_fails_its_sellers_alone_and_charges_only_what_was_told() 
     let sellers: Vec<String> = (0..24).map(|i| format!("iso-{i}")).collect();
     let owners: Vec<usize> = sellers
         .iter()
-        .map(|s| cluster.owner(cluster.keyslot(&limiter.keys().block(s))))
+        .map(|s| cluster.owner(cluster.keyslot(&limiter.keys().seller_state(s))))
         .collect();
     let hung = owners[0];
     assert!(

@@ -17,7 +17,6 @@ use super::journal::Call;
 use super::ports::Poison;
 use super::run::{run, Outcome};
 use super::scenario::{rule, JobSpec, Scenario, SellerSpec};
-use throttle_worker::config::StateLayout;
 
 /// The downstream allows the seller this many calls a second.
 const ALLOWED: u64 = 20;
@@ -43,7 +42,6 @@ struct Seen {
 /// the test below; 5 min measured 0.42 % 429s and 0.89–0.93 of 20/s).
 fn world(seed: u64, algorithm: &str, learn: Option<Duration>, jobs: usize) -> Scenario {
     let mut sc = Scenario::quiet(seed);
-    sc.state = StateLayout::V2;
     sc.partitions = 4;
     sc.concurrency = 16;
     sc.faults.latency_ms = (20, 40);

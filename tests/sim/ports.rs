@@ -15,7 +15,7 @@ use throttle_worker::job::Job;
 use throttle_worker::kafka::{OriginalRecord, Position, RetryHeaders, Verdict};
 use throttle_worker::limiter::{
     call_life_us, BatchDecision, BlockAt, BlockCall, Blocked, Coalescer, Decision, JobsCall,
-    JobsReply, JobsRequest, Learnt, Pause, Reply, Rule, ScriptCall, Store,
+    JobsReply, JobsRequest, Learnt, Pause, RefundCall, Rule, Store,
 };
 use throttle_worker::worker::{
     Caller, Clock, PermitError, Permits, SellerInfo, WriteError, Writer,
@@ -546,11 +546,11 @@ impl Store for SimStore {
         Some(self.world.clock.true_unix_us_at(now))
     }
 
-    async fn run(&self, call: &ScriptCall) -> Result<Reply, SimRedisError> {
+    async fn refund(&self, call: &RefundCall) -> Result<u64, SimRedisError> {
         let at = self.reach().await?;
         Ok(self
             .redis()
-            .run(call, at)
+            .refund(call, at)
             .unwrap_or_else(|e| script_failed(&format!("{call:?}"), e)))
     }
 

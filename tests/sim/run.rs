@@ -119,7 +119,7 @@ impl End {
 /// abandonment, loss or Redis fault. A lease that outlives that and the
 /// end was not given back by a process that stopped gracefully.
 pub fn held_slots(sc: &Scenario, world: &World, policy: &Policy) -> Vec<(String, i64)> {
-    let keys = KeySpace::with_layout("sim", sc.state);
+    let keys = KeySpace::new("sim");
     let lease_us = policy.slot_lease().as_micros() as u64;
     let last_us = |ms: Option<u64>| ms.map_or(0, |ms| super::clock::EPOCH_US + ms * 1_000);
     let kill = last_us(
@@ -276,7 +276,7 @@ pub fn start(
     };
     let limiter = Limiter::new(
         store,
-        KeySpace::with_layout("sim", sc.state),
+        KeySpace::new("sim"),
         policy.clone(),
         Topology::Single,
     )
@@ -422,8 +422,7 @@ pub fn world_of(sc: &Scenario) -> (Arc<World>, Vec<bytes::Bytes>) {
 fn installed() -> EmbeddedRedis {
     let redis = sim_redis();
     let day_us = 86_400_000_000u64;
-    let epoch = KeySpace::with_layout("sim", throttle_worker::limiter::StateLayout::V2)
-        .epoch(Topology::Single, "");
+    let epoch = KeySpace::new("sim").epoch(Topology::Single, "");
     let at = (super::clock::EPOCH_US - day_us).to_string();
     redis
         .command(&["SET", &epoch, &at], super::clock::EPOCH_US)

@@ -7,7 +7,6 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use throttle_worker::config::{
     self, LearnConfig, LimitsConfig, OnError, OrderingMode, RuleConfig, SellerConfig, Settings,
-    StateLayout,
 };
 
 use super::ports::{Faults, HiddenCapacity, OutageKind, Poison, RetryAfterKind, Window};
@@ -79,10 +78,6 @@ pub struct Scenario {
     pub adaptive: bool,
     pub max_attempts: u32,
     pub on_error: OnError,
-    /// The limiter's state layout: v1 on even seeds, v2 on seeds 1 mod 4,
-    /// v1+v2 on seeds 3 mod 4 (from the seed, not the seed's draws, so
-    /// every other choice of a seed is what it was).
-    pub state: StateLayout,
     /// Replicas the fleet pretends to have: this one holds 1/fleet of the
     /// jobs topic's partitions as far as the local fallback's share goes.
     pub fleet: usize,
@@ -142,11 +137,6 @@ impl Scenario {
             ordering: OrderingMode::Key,
             max_attempts: 5,
             on_error: OnError::FailClosed,
-            state: match seed % 4 {
-                1 => StateLayout::V2,
-                3 => StateLayout::V1V2,
-                _ => StateLayout::V1,
-            },
             fleet: 1,
             faults_end_ms: 0,
             // Long enough for every hold to end: a parked record waits at most
@@ -352,10 +342,9 @@ impl Scenario {
                 }
             }
         }
-        // Redis loses its data: not in v1, which the loss guard does not
-        // cover (docs/src/concepts/guarantees.md, "Redis data loss").
+        // Redis loses its data, on about 30 % of the seeds.
         let mut l = StdRng::seed_from_u64(seed ^ LOSS_SALT);
-        if sc.state != StateLayout::V1 && l.random_bool(0.3) {
+        if l.random_bool(0.3) {
             for _ in 0..l.random_range(1..=2) {
                 sc.faults.state_losses.push(l.random_range(0..horizon));
             }
@@ -447,7 +436,6 @@ impl Scenario {
         s.downstream.timeout = self.faults.timeout;
         s.downstream.max_retry_after = self.faults.max_retry_after;
         s.redis.on_error = self.on_error;
-        s.redis.state = Some(self.state);
         s.worker.shutdown_timeout = Duration::from_secs(5);
         if let Some(aging) = self.priority_aging {
             s.worker.priority_aging = aging;

@@ -13,7 +13,7 @@ use crate::common::worker::{
 use crate::common::{busiest_window, rule, unix_us};
 use axum::http::StatusCode;
 use throttle_worker::config::{LimitsConfig, SellerConfig};
-use throttle_worker::limiter::{KeySpace, Policy, StateLayout};
+use throttle_worker::limiter::{KeySpace, Policy};
 use throttle_worker::telemetry::metrics::metrics;
 
 // These tests time the worker: each runs alone on the machine
@@ -392,9 +392,10 @@ async fn waiting_jobs_go_when_due_never_early() {
 /// rate-limited API would); once a replica got the 429, no replica calls
 /// for that seller until the block is over.
 ///
-/// Judged on Redis' clock, exactly: the test watches the seller's block key
-/// (its value is the instant the block ends), so it knows when the first
-/// block was written (that end less the 2 s) and when the last one ends.
+/// Judged on Redis' clock, exactly: the test watches the seller's block
+/// (the `block` field of its hash: the instant the block ends), so it
+/// knows when the first block was written (that end less the 2 s) and when
+/// the last one ends.
 /// No call may have been granted (`X-Granted-At`) in between. Calls
 /// granted before the block was written were in flight and cannot be
 /// recalled; they are counted, not failed.
@@ -420,31 +421,27 @@ async fn a_429_holds_the_seller_on_every_replica() {
     }))
     .await;
     let rules = || policy(vec![rule("gcra", 20, "1s", Some(5))]);
-    // State v1, where the block is a key of its own (a new install's
-    // default, v2, keeps it in the seller's hash).
     let workers: Vec<Running> = (0..2)
-        .map(|_| {
-            let mut settings = bench.settings(&down.url);
-            settings.redis.state = Some(StateLayout::V1);
-            Running::start(settings, rules())
-        })
+        .map(|_| Running::start(bench.settings(&down.url), rules()))
         .collect();
     wait_all_calling(&bench, &down, 2, Duration::from_secs(30)).await;
-    // Every value the seller's block key takes (the block's end, µs on
-    // Redis' clock), read every 2 ms: the first block lasts the first
-    // 429's 2 s, later 429s may only lengthen it.
-    let block_key = KeySpace::new(bench.prefix.clone()).block("touchy");
+    // Every value the seller's block takes (the `block` field of its
+    // hash: the block's end, µs on Redis' clock), read every 2 ms: the
+    // first block lasts the first 429's 2 s, later 429s may only lengthen
+    // it.
+    let state_key = KeySpace::new(bench.prefix.clone()).seller_state("touchy");
     let block_ends: Arc<std::sync::Mutex<BTreeSet<u64>>> = Arc::default();
     let watcher = {
         let ends = block_ends.clone();
         let mut conn = crate::common::raw().await;
         tokio::spawn(async move {
             loop {
-                let end: Option<u64> = redis::cmd("GET")
-                    .arg(&block_key)
+                let end: Option<u64> = redis::cmd("HGET")
+                    .arg(&state_key)
+                    .arg("block")
                     .query_async(&mut conn)
                     .await
-                    .expect("GET the block key");
+                    .expect("HGET the seller's block");
                 if let Some(end) = end {
                     ends.lock().unwrap().insert(end);
                 }

@@ -12,7 +12,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use throttle_worker::config::{LearnConfig, LimitsConfig, StateLayout};
+use throttle_worker::config::{LearnConfig, LimitsConfig};
 use throttle_worker::limiter::Policy;
 use tracing::field::{Field, Visit};
 use tracing_subscriber::layer::{Context, SubscriberExt};
@@ -126,11 +126,8 @@ async fn run(name: &str, learn: bool) -> Run {
     let drops = Drops::default();
     let workers: Vec<Running> = (0..2)
         .map(|_| {
-            let mut s = bench.settings(&down.url);
-            // Learning lives in the v2 hash (the default of a new install).
-            s.redis.state = Some(StateLayout::V2);
             Running::start_with_subscriber(
-                s,
+                bench.settings(&down.url),
                 policy(learn),
                 tracing::Dispatch::new(tracing_subscriber::registry().with(drops.clone())),
             )

@@ -68,12 +68,9 @@ pub async fn limiter_demo(redis_url: &str) -> Result<(), LimiterDemoError> {
             let d = limiter.acquire(&seller, 1, Mode::AllOrNothing).await?;
             println!("  after {:?}: {}", started.elapsed(), describe(&d));
         }
-        let policy = limiter.policy();
-        if let crate::limiter::Resolved::Limited { seller: rules, .. } = policy.resolve(&seller) {
-            let key = limiter.keys().rule(&seller, &rules[0]);
-            let bytes = store.memory_usage(&key).await?.unwrap_or(0);
-            println!("  state: {bytes} bytes in Redis for this seller\n");
-        }
+        let key = limiter.keys().seller_state(&seller);
+        let bytes = store.memory_usage(&key).await?.unwrap_or(0);
+        println!("  state: {bytes} bytes in Redis for this seller\n");
     }
     Ok(())
 }

@@ -2,12 +2,12 @@
 //! replaces it at the same place of a seller's rule set, so that what the
 //! old rule admitted still counts.
 //!
-//! Today a rule's key carries its fingerprint (`keys.rs`), so an edited
-//! rule starts fresh: `fixed_window` 30 per 10 s with 20 used, raised to 40,
-//! admits 40 more in the same window, 60 in all. In state v2 the key names
-//! the rule's place, and the new rule's first call converts what it finds
-//! there with [`convert`]. This model is the specification the Lua of v2 is
-//! to follow (see `docs/src/internals/limiter-state.md`).
+//! A rule's state lives at its place in the seller's hash, named by its
+//! fingerprint (`fp`); the new rule's first call converts what it finds
+//! there with [`convert`]. A fresh start instead would let `fixed_window`
+//! 30 per 10 s with 20 used, raised to 40, admit 40 more in the same
+//! window, 60 in all. This model is the specification the Lua follows
+//! (`settle`, see `docs/src/internals/limiter-state.md`).
 //!
 //! What an edit does, per case:
 //! - **The same window algorithm and period** (`fixed_window`,
@@ -49,7 +49,7 @@ pub fn convert(store: &mut ModelStore, key: &str, old: &Rule, new: &Rule, now_us
     let used = units_in_use(store, key, old, now);
     store.remove(key);
     let r = Params::from(new);
-    let charge = used.min(super::decide::cap_of(new));
+    let charge = used.min(i128::from(new.capacity()));
     if charge > 0 {
         with_algo!(new.algorithm(), A => {
             let view = A::load(store, key, &r, now);
@@ -88,10 +88,25 @@ pub(crate) mod tests {
     use super::*;
     use crate::limiter::decision::Mode;
     use crate::limiter::local::{cdiv, fdiv, run, Op};
+    use crate::limiter::script::{BlockAt, BlockRead, StateKey};
 
     const T0: u64 = 1_700_000_000_000_000;
-    const KEY: &str = "m:{s}:rule:0";
-    const BLOCK: &str = "m:{s}:block";
+    /// The rule's place, and its address in the model's store.
+    fn at() -> StateKey {
+        StateKey::new("m:{s}", "r0")
+    }
+    const KEY: &str = "m:{s}#r0";
+
+    fn block() -> BlockAt {
+        BlockAt::new("m:{s}", BlockRead::Field)
+    }
+
+    /// The conversion as a call makes it (`settle`): the new rule then
+    /// names the place, so the next call converts nothing more.
+    fn converted(store: &mut ModelStore, key: &str, old: &Rule, new: &Rule, now: u64) {
+        convert(store, key, old, new, now);
+        store.set_mark(key, new.fingerprint());
+    }
 
     /// How the state goes from the old rule to the new one.
     type Edit = fn(&mut ModelStore, &str, &Rule, &Rule, u64);
@@ -115,7 +130,7 @@ pub(crate) mod tests {
         let mut now = T0;
         let mut grants = Vec::new();
         let mut ask = |store: &mut ModelStore, now: u64, rule: &Rule, cost: u64, i: usize| {
-            let rules = [(KEY.into(), *rule)];
+            let rules = [(at(), *rule)];
             let reply = run(
                 store,
                 Op::Acquire,
@@ -123,7 +138,7 @@ pub(crate) mod tests {
                 cost,
                 Mode::UpTo,
                 &format!("c{i}"),
-                &BLOCK.into(),
+                &block(),
                 &rules,
             );
             if reply.status == 1 && reply.granted > 0 {
@@ -203,7 +218,7 @@ pub(crate) mod tests {
             }
             return Ok(());
         }
-        let cap = super::super::decide::cap_of(old).max(super::super::decide::cap_of(new));
+        let cap = i128::from(old.capacity().max(new.capacity()));
         let starts: Vec<i128> = grants
             .iter()
             .map(|(t, _)| *t)
@@ -274,7 +289,7 @@ pub(crate) mod tests {
             before in arrivals(),
             after in arrivals(),
         ) {
-            let (t_edit, grants) = simulate(&old, &new, &before, &after, convert);
+            let (t_edit, grants) = simulate(&old, &new, &before, &after, converted);
             let verdict = windows_within_the_larger_rule(&old, &new, t_edit, &grants);
             prop_assert!(verdict.is_ok(), "{old:?} -> {new:?}: {verdict:?}\ngrants {grants:?}");
         }
@@ -287,7 +302,7 @@ pub(crate) mod tests {
             before in arrivals(),
             after in arrivals(),
         ) {
-            let (t_edit, grants) = simulate(&old, &old, &before, &after, convert);
+            let (t_edit, grants) = simulate(&old, &old, &before, &after, converted);
             let verdict = windows_within_the_larger_rule(&old, &old, t_edit, &grants);
             prop_assert!(verdict.is_ok(), "{old:?}: {verdict:?}\ngrants {grants:?}");
         }
@@ -320,7 +335,7 @@ pub(crate) mod tests {
         let (t, today) = simulate(&old, &new, &before, &after, fresh);
         assert_eq!(today.iter().map(|g| g.1).sum::<i128>(), 60);
         assert!(windows_within_the_larger_rule(&old, &new, t, &today).is_err());
-        let (t, v2) = simulate(&old, &new, &before, &after, convert);
+        let (t, v2) = simulate(&old, &new, &before, &after, converted);
         assert_eq!(v2, vec![(v2[0].0, 20), (v2[1].0, 20)]);
         assert!(windows_within_the_larger_rule(&old, &new, t, &v2).is_ok());
     }
@@ -340,7 +355,7 @@ pub(crate) mod tests {
                 windows_within_the_larger_rule(&old, &new, t, &today).is_err(),
                 "{alg:?} fresh: {today:?}"
             );
-            let (t, v2) = simulate(&old, &new, &before, &after, convert);
+            let (t, v2) = simulate(&old, &new, &before, &after, converted);
             assert_eq!(v2.len(), 1, "{alg:?}: nothing left after the edit: {v2:?}");
             assert!(windows_within_the_larger_rule(&old, &new, t, &v2).is_ok());
         }
@@ -365,7 +380,7 @@ pub(crate) mod tests {
                 for (limit, left) in [(5, 0), (10, 4), (30, 24)] {
                     let new = rule_of(b, limit, 10, 0);
                     let mut store = ModelStore::new();
-                    let rules = [(KEY.into(), old)];
+                    let rules = [(at(), old)];
                     let r = run(
                         &mut store,
                         Op::Acquire,
@@ -373,17 +388,17 @@ pub(crate) mod tests {
                         6,
                         Mode::UpTo,
                         "c",
-                        &BLOCK.into(),
+                        &block(),
                         &rules,
                     );
                     assert_eq!(r.granted, 6, "{a:?}");
-                    convert(&mut store, KEY, &old, &new, T0 + 1);
+                    converted(&mut store, KEY, &old, &new, T0 + 1);
                     let in_use = units_in_use(&store, KEY, &new, i128::from(T0 + 1));
                     assert!(
                         in_use >= 6.min(i128::from(limit)),
                         "{a:?} -> {b:?} {limit}: {in_use} in use"
                     );
-                    let rules = [(KEY.into(), new)];
+                    let rules = [(at(), new)];
                     let r = run(
                         &mut store,
                         Op::Peek,
@@ -391,7 +406,7 @@ pub(crate) mod tests {
                         100,
                         Mode::UpTo,
                         "p",
-                        &BLOCK.into(),
+                        &block(),
                         &rules,
                     );
                     assert!(

@@ -1,173 +1,23 @@
-//! `lua/limiter.lua` and the algorithm contract of `lua/common.lua`, in
-//! Rust: one decision for one seller over all of its rules ([`run`]), each
-//! algorithm behind [`Algo`]. The local fallback decides with it
-//! ([`ModelLimiter`](super::ModelLimiter)); the tests hold the scripts to it.
+//! One decision for one seller over all of its rules ([`run`]), each
+//! algorithm behind [`Algo`](super::Algo) (`algo.rs`), with the helpers of
+//! `lua/common.lua` the job-list driver of the test kit shares (`settle`,
+//! `lost_fill`, `stamp`, `owns`, refunds). The local fallback decides with
+//! it ([`ModelLimiter`](super::ModelLimiter)).
 //!
 //! All arithmetic is exact `i128`; the scripts use integer-valued doubles,
 //! which agree as long as every product stays below 2^53.
 
+use super::algo::{cdiv, Bound, LoadedRule, Params};
 use super::convert;
 use super::store::ModelStore;
 use super::{
-    sliding_window_log, BurstFill, FixedWindow, Gcra, LeakyBucket, SlidingWindowCounter,
-    SlidingWindowLog, TokenBucket,
+    Algo, BurstFill, FixedWindow, Gcra, LeakyBucket, SlidingWindowCounter, SlidingWindowLog,
+    TokenBucket,
 };
 use crate::limiter::decision::Mode;
 use crate::limiter::reply::Reply;
 use crate::limiter::rule::{Algorithm, Rule};
 use crate::limiter::script::{BlockAt, KeyedRule, StateKey};
-
-/// `floor(a / b)` for `b > 0`: the script's `fdiv`.
-pub fn fdiv(a: i128, b: i128) -> i128 {
-    a.div_euclid(b)
-}
-
-/// `ceil(a / b)` for `b > 0`: the script's `cdiv`.
-pub fn cdiv(a: i128, b: i128) -> i128 {
-    -fdiv(-a, b)
-}
-
-/// A rule as the scripts see it: `r = { limit, period, burst }`, period in µs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Params {
-    pub limit: i128,
-    pub period: i128,
-    pub burst: i128,
-}
-
-impl From<&Rule> for Params {
-    fn from(rule: &Rule) -> Params {
-        Params {
-            limit: i128::from(rule.limit().get()),
-            period: i128::from(rule.period_us()),
-            burst: i128::from(rule.burst().get()),
-        }
-    }
-}
-
-/// One algorithm, function for function as in the contract of
-/// `lua/common.lua`. `View` is what `load` reads; only `take` and `refund`
-/// write. Times are µs since the epoch, `r.period` is in µs.
-pub trait Algo {
-    type View;
-    /// The largest cost one call can ever be granted.
-    fn cap(r: &Params) -> i128;
-    /// The state as of `now` (no writes).
-    fn load(store: &ModelStore, key: &str, r: &Params, now: i128) -> Self::View;
-    /// Units admissible now.
-    fn avail(st: &Self::View, r: &Params, now: i128) -> i128;
-    /// µs until `need` more units are admissible after `taken` are taken
-    /// now; only called when `avail - taken < need <= cap`, and then
-    /// always > 0.
-    fn wait(st: &Self::View, r: &Params, now: i128, need: i128, taken: i128) -> i128;
-    /// Units still admissible after taking `n`.
-    fn left(st: &Self::View, r: &Params, now: i128, n: i128) -> i128;
-    /// µs until the state is back to fresh after taking `n`.
-    fn reset(st: &Self::View, r: &Params, now: i128, n: i128) -> i128;
-    /// Pacers only: the µs instant the next unit may leave.
-    fn go(_st: &Self::View, _r: &Params, _now: i128) -> Option<i128> {
-        None
-    }
-    /// Write the state for `n` units taken by call `id`.
-    fn take(
-        store: &mut ModelStore,
-        key: &str,
-        st: &Self::View,
-        r: &Params,
-        now: i128,
-        n: i128,
-        id: &str,
-    );
-    /// Give back `n` units of call `id`, skipping its first `skip`; `taken`
-    /// is the time of the acquire that took them, `at` (>= taken) the
-    /// refund's own time, at or after every take since. Only what is
-    /// provably unused comes back (`drained_refund`, the leaky bucket's
-    /// end-of-queue rule).
-    #[allow(clippy::too_many_arguments)]
-    fn refund(
-        store: &mut ModelStore,
-        key: &str,
-        r: &Params,
-        at: i128,
-        n: i128,
-        id: &str,
-        skip: i128,
-        taken: i128,
-    );
-}
-
-/// One rule's loaded state, with the algorithm erased so the driver can
-/// hold a rule set of mixed algorithms.
-trait LoadedRule {
-    fn avail(&self, now: i128) -> i128;
-    fn wait(&self, now: i128, need: i128, taken: i128) -> i128;
-    fn left(&self, now: i128, n: i128) -> i128;
-    fn reset(&self, now: i128, n: i128) -> i128;
-    fn go(&self, now: i128) -> Option<i128>;
-    fn take(&self, store: &mut ModelStore, key: &str, now: i128, n: i128, id: &str);
-}
-
-struct Bound<A: Algo> {
-    view: A::View,
-    r: Params,
-}
-
-impl<A: Algo> LoadedRule for Bound<A> {
-    fn avail(&self, now: i128) -> i128 {
-        A::avail(&self.view, &self.r, now)
-    }
-    fn wait(&self, now: i128, need: i128, taken: i128) -> i128 {
-        A::wait(&self.view, &self.r, now, need, taken)
-    }
-    fn left(&self, now: i128, n: i128) -> i128 {
-        A::left(&self.view, &self.r, now, n)
-    }
-    fn reset(&self, now: i128, n: i128) -> i128 {
-        A::reset(&self.view, &self.r, now, n)
-    }
-    fn go(&self, now: i128) -> Option<i128> {
-        A::go(&self.view, &self.r, now)
-    }
-    fn take(&self, store: &mut ModelStore, key: &str, now: i128, n: i128, id: &str) {
-        A::take(store, key, &self.view, &self.r, now, n, id)
-    }
-}
-
-/// Runs `$body` with `$A` bound to the model type of `$alg`.
-macro_rules! with_algo {
-    ($alg:expr, $A:ident => $body:expr) => {
-        match $alg {
-            Algorithm::FixedWindow => {
-                type $A = FixedWindow;
-                $body
-            }
-            Algorithm::SlidingWindowLog => {
-                type $A = SlidingWindowLog;
-                $body
-            }
-            Algorithm::SlidingWindowCounter => {
-                type $A = SlidingWindowCounter;
-                $body
-            }
-            Algorithm::TokenBucket => {
-                type $A = TokenBucket;
-                $body
-            }
-            Algorithm::LeakyBucket => {
-                type $A = LeakyBucket;
-                $body
-            }
-            Algorithm::BurstFill => {
-                type $A = BurstFill;
-                $body
-            }
-            Algorithm::Gcra => {
-                type $A = Gcra;
-                $body
-            }
-        }
-    };
-}
 
 pub(crate) fn cap_of(rule: &Rule) -> i128 {
     with_algo!(rule.algorithm(), A => A::cap(&Params::from(rule)))
@@ -196,56 +46,42 @@ fn refund_rule(
     with_algo!(rule.algorithm(), A => A::refund(store, key, &r, at, n, id, skip, taken))
 }
 
-/// `load_rule` and `take_rule` of common.lua: a rule's state at its
-/// address, and in v1+v2 also at its v1 key; the more used one decides
-/// (fewer units admissible now, v2's on a tie), every one is charged.
-pub(crate) struct Both {
-    all: Vec<(String, Box<dyn LoadedRule>)>,
-    pick: usize,
+/// `load_rule` and `take_rule` of common.lua: a rule's state at its place.
+pub(crate) struct Placed {
+    addr: String,
+    st: Box<dyn LoadedRule>,
 }
 
-impl Both {
-    pub(crate) fn load(store: &ModelStore, at: &StateKey, rule: &Rule, now: i128) -> Both {
-        let mut all = vec![(at.address(), load_rule(store, &at.address(), rule, now))];
-        if let Some(v1) = &at.also {
-            all.push((v1.clone(), load_rule(store, v1, rule, now)));
-        }
-        let pick = usize::from(all.len() == 2 && all[1].1.avail(now) < all[0].1.avail(now));
-        Both { all, pick }
-    }
-
-    fn st(&self) -> &dyn LoadedRule {
-        self.all[self.pick].1.as_ref()
+impl Placed {
+    pub(crate) fn load(store: &ModelStore, at: &StateKey, rule: &Rule, now: i128) -> Placed {
+        let addr = at.address();
+        let st = load_rule(store, &addr, rule, now);
+        Placed { addr, st }
     }
 
     pub(crate) fn avail(&self, now: i128) -> i128 {
-        self.st().avail(now)
+        self.st.avail(now)
     }
     pub(crate) fn wait(&self, now: i128, need: i128, taken: i128) -> i128 {
-        self.st().wait(now, need, taken)
+        self.st.wait(now, need, taken)
     }
     pub(crate) fn left(&self, now: i128, n: i128) -> i128 {
-        self.st().left(now, n)
+        self.st.left(now, n)
     }
     pub(crate) fn reset(&self, now: i128, n: i128) -> i128 {
-        self.st().reset(now, n)
+        self.st.reset(now, n)
     }
     pub(crate) fn go(&self, now: i128) -> Option<i128> {
-        self.st().go(now)
+        self.st.go(now)
     }
     pub(crate) fn take(&self, store: &mut ModelStore, now: i128, n: i128, id: &str) {
-        for (addr, st) in &self.all {
-            st.take(store, addr, now, n, id);
-        }
+        self.st.take(store, &self.addr, now, n, id);
     }
 }
 
-/// `settle` of common.lua (state v2): makes the state at a rule's place the
+/// `settle` of common.lua: makes the state at a rule's place the
 /// rule's own, converting what another rule left there ([`convert`]).
 pub(crate) fn settle(store: &mut ModelStore, at: &StateKey, rule: &Rule, now: i128) {
-    if at.place.is_none() {
-        return;
-    }
     let addr = at.address();
     let fp = rule.fingerprint();
     let Some(old) = store.mark(&addr).map(str::to_owned) else {
@@ -266,14 +102,11 @@ pub(crate) fn settle(store: &mut ModelStore, at: &StateKey, rule: &Rule, now: i1
 }
 
 /// `lost_fill` of common.lua: after Redis lost the limiter's state (at
-/// `lost`, the epoch), a v2 place that no rule has written is charged a
+/// `lost`, the epoch), a place that no rule has written is charged a
 /// whole use at `lost` (the most the lost state can have held), as long as
 /// that use would still count at `now`.
 #[cfg(any(test, feature = "testkit"))]
 pub(crate) fn lost_fill(store: &mut ModelStore, at: &StateKey, rule: &Rule, lost: i128, now: i128) {
-    if at.place.is_none() {
-        return;
-    }
     let addr = at.address();
     if store.mark(&addr).is_some() {
         return;
@@ -295,32 +128,29 @@ pub(crate) fn lost_fill(store: &mut ModelStore, at: &StateKey, rule: &Rule, lost
     }
 }
 
-/// The call id a loss's charge is written under (`sliding_window_log` v1
-/// names its members by call id; v2 places do not).
+/// The call id a loss's charge is written under.
 #[cfg(any(test, feature = "testkit"))]
 const LOST_CALL_ID: &str = "lost";
 
 /// `stamp` of common.lua: a take names its rule at the place.
 pub(crate) fn stamp(store: &mut ModelStore, at: &StateKey, rule: &Rule) {
-    if at.place.is_some() {
-        store.set_mark(&at.address(), rule.fingerprint());
-    }
+    store.set_mark(&at.address(), rule.fingerprint());
 }
 
-/// `owns` of common.lua: a v2 refund touches a place only while the rule
+/// `owns` of common.lua: a refund touches a place only while the rule
 /// that took the units is still there.
 pub(crate) fn owns(store: &ModelStore, at: &StateKey, rule: &Rule) -> bool {
-    at.place.is_none() || store.mark(&at.address()) == Some(rule.fingerprint().as_str())
+    store.mark(&at.address()) == Some(rule.fingerprint().as_str())
 }
 
-/// A dry run works on a copy when a v2 place may be converted (the script
+/// A dry run works on a copy when a place may be converted (the script
 /// converts in its buffered hash and writes nothing).
 pub(crate) fn scratch_for(
     store: &ModelStore,
     dry: bool,
     rules: &[KeyedRule],
 ) -> Option<ModelStore> {
-    (dry && rules.iter().any(|(at, _)| at.place.is_some())).then(|| store.clone())
+    (dry && !rules.is_empty()).then(|| store.clone())
 }
 
 /// `drained_refund` of common.lua: the debt (µs * limit) a refund of `n`
@@ -464,9 +294,9 @@ pub fn run(
     let need = if all { cost } else { 1 };
     let mut n = cost;
     let (mut wait, mut by) = (0, 0);
-    let states: Vec<Both> = rules
+    let states: Vec<Placed> = rules
         .iter()
-        .map(|(key, rule)| Both::load(store, key, rule, now))
+        .map(|(key, rule)| Placed::load(store, key, rule, now))
         .collect();
     for (i, st) in states.iter().enumerate() {
         let av = st.avail(now);
@@ -540,16 +370,7 @@ pub(crate) fn refund_request(
 ) {
     for (key, rule) in rules {
         if owns(store, key, rule) {
-            let addr = key.address();
-            if key.place.is_some() && rule.algorithm() == Algorithm::SlidingWindowLog {
-                sliding_window_log::refund_v2(store, &addr, n, taken);
-            } else {
-                refund_rule(store, &addr, rule, at, n, call_id, skip, taken);
-            }
-        }
-        // v1+v2: the v1 key was charged too.
-        if let Some(v1) = &key.also {
-            refund_rule(store, v1, rule, at, n, call_id, skip, taken);
+            refund_rule(store, &key.address(), rule, at, n, call_id, skip, taken);
         }
     }
 }

@@ -5,8 +5,9 @@
 use super::decide::{run, Op};
 use super::store::ModelStore;
 use crate::limiter::decision::{Decision, Mode};
+use crate::limiter::reply::cannot_pass;
 use crate::limiter::rule::Rule;
-use crate::limiter::script::{BlockAt, KeyedRule, StateKey};
+use crate::limiter::script::{BlockAt, BlockRead, KeyedRule, StateKey};
 
 /// Where the model limiter reads the time.
 pub trait Clock {
@@ -43,8 +44,8 @@ pub struct ModelLimiter<C: Clock> {
 }
 
 impl<C: Clock> ModelLimiter<C> {
-    /// The key of the seller's downstream block.
-    pub const BLOCK_KEY: &'static str = "model:{seller}:block";
+    /// The hash that holds the seller's downstream block.
+    pub const BLOCK_KEY: &'static str = "model:{seller}";
 
     pub fn new(clock: C) -> ModelLimiter<C> {
         ModelLimiter {
@@ -54,7 +55,9 @@ impl<C: Clock> ModelLimiter<C> {
         }
     }
 
-    /// The key a rule's state lives under.
+    /// The key a rule's state lives under: one per rule, named by its
+    /// fingerprint, so that a rule's state is its own whatever the list
+    /// around it (an edited rule starts fresh; nothing converts).
     pub fn rule_key(rule: &Rule) -> String {
         format!("model:{{seller}}:{}", rule.fingerprint())
     }
@@ -81,7 +84,7 @@ impl<C: Clock> ModelLimiter<C> {
         self.calls += 1;
         let keyed: Vec<KeyedRule> = rules
             .iter()
-            .map(|r| (StateKey::own(Self::rule_key(r)), *r))
+            .map(|r| (StateKey::new(Self::rule_key(r), "r0"), *r))
             .collect();
         let reply = run(
             &mut self.store,
@@ -90,9 +93,13 @@ impl<C: Clock> ModelLimiter<C> {
             cost,
             mode,
             &format!("call{}", self.calls),
-            &BlockAt::key(Self::BLOCK_KEY),
+            &BlockAt::new(Self::BLOCK_KEY, BlockRead::Field),
             &keyed,
         );
-        reply.decision(rules, cost)
+        match reply.status {
+            1 => Decision::Granted(reply.grant(rules)),
+            0 => Decision::Denied(reply.refusal()),
+            _ => Decision::Never(cannot_pass(rules, reply.rule_index(), cost)),
+        }
     }
 }

@@ -20,7 +20,7 @@
 //!   ([`Algo`]: cap, load, avail, wait, left, reset, go, take, refund).
 //! - `store`: the keyspace in memory ([`ModelStore`], [`State`]).
 //! - one file per algorithm, each implementing [`Algo`];
-//! - [`convert`]: what a rule edit does to the state it finds (state v2).
+//! - [`convert`]: what a rule edit does to the state it finds at its place.
 //!
 //! All arithmetic is exact `i128`; the scripts use integer-valued doubles,
 //! which agree as long as every product stays below 2^53. The model and the
@@ -32,10 +32,11 @@
 //! TTLs and reads stale state as if the key were gone, so the decisions are
 //! the same.
 
-// `with_algo!`, defined in `decide`, is used by `convert` below it.
+// `with_algo!`, defined in `algo`, is used by the files below it.
 #[macro_use]
-pub(crate) mod decide;
+mod algo;
 pub mod convert;
+pub(crate) mod decide;
 
 pub mod burst_fill;
 pub mod fixed_window;
@@ -48,8 +49,9 @@ pub mod sliding_window_log;
 mod store;
 pub mod token_bucket;
 
+pub use algo::{cdiv, fdiv, Algo, Params};
 pub use burst_fill::BurstFill;
-pub use decide::{cdiv, drained_refund, fdiv, run, Algo, Op, Params};
+pub use decide::{drained_refund, run, Op};
 pub use fixed_window::FixedWindow;
 pub use gcra::Gcra;
 pub use leaky_bucket::LeakyBucket;
@@ -57,11 +59,10 @@ pub use limiter::{Clock, ModelLimiter};
 pub use share::{granted, scaled, LocalShare, WallClock};
 pub use sliding_window_counter::SlidingWindowCounter;
 pub use sliding_window_log::{Log, SlidingWindowLog};
+#[cfg(any(test, feature = "testkit"))]
+pub use store::CallsFields;
 pub use store::{tat_debt, tat_store, ModelStore, State, Tat};
 pub use token_bucket::TokenBucket;
 
 #[cfg(test)]
 pub(crate) mod tables;
-
-#[cfg(test)]
-mod tests;

@@ -31,9 +31,8 @@ impl Log {
         }
     }
 
-    /// `ZREMRANGEBYSCORE -inf max`.
-    /// Removes up to `n` entries of score `score` (state v2, whose log
-    /// names no calls: entries of one instant are interchangeable).
+    /// Removes up to `n` entries of score `score` (the script's log names
+    /// no calls: entries of one instant are interchangeable).
     pub fn remove_at(&mut self, score: i128, n: i128) {
         let members: Vec<String> = self
             .ordered
@@ -47,6 +46,7 @@ impl Log {
         }
     }
 
+    /// `ZREMRANGEBYSCORE -inf max`.
     pub fn remove_up_to(&mut self, max: i128) {
         while let Some((score, member)) = self.ordered.first().cloned() {
             if score > max {
@@ -158,38 +158,26 @@ impl Algo for SlidingWindowLog {
         }
     }
 
+    /// Up to `n` entries written at `taken`, whichever call wrote them
+    /// (the script's log names no calls).
     fn refund(
         store: &mut ModelStore,
         key: &str,
         _r: &Params,
         _at: i128,
         n: i128,
-        id: &str,
-        skip: i128,
-        _taken: i128,
+        _id: &str,
+        _skip: i128,
+        taken: i128,
     ) {
         let Some(log) = log_mut(store, key) else {
             return;
         };
-        for u in skip + 1..=skip + n {
-            log.remove(&format!("{id}:{u}"));
-        }
+        log.remove_at(taken, n);
         if log.is_empty() {
-            store.remove(key);
+            // The script writes the log back empty: its `fp` stays.
+            store.empty(key);
         }
-    }
-}
-
-/// The v2 refund (`lua/sliding_window_log.lua`): up to `n` entries written
-/// at `taken`, whichever call wrote them.
-pub fn refund_v2(store: &mut ModelStore, key: &str, n: i128, taken: i128) {
-    let Some(log) = log_mut(store, key) else {
-        return;
-    };
-    log.remove_at(taken, n);
-    if log.is_empty() {
-        // The script writes the log back empty: its `fp` stays.
-        store.empty(key);
     }
 }
 
@@ -228,14 +216,15 @@ mod tests {
             // Dry run.
             (11, 3 * S, Step::Peek(Mode::AllOrNothing), 3, [1, 3, 0, 0, S, 0]),
             (12, 3 * S, Step::Peek(Mode::AllOrNothing), 3, [1, 3, 0, 0, S, 0]),
-            // Refund names the call's units: skip 1 of row 10's two.
+            // Refund one of row 10's two units.
             (13, 1_400_000, Step::Refund { skip: 1, call: 10 }, 1, [1, 1, 0, 0, 0, 0]),
             (14, 1_500_000, all(), 1, [1, 1, 0, 0, S, 0]),
             (15, 1_500_001, all(), 1, [0, 0, 0, 499_999, S - 1, 0]),
-            // The oldest live entry is now t=1s's. A refund of units that are
-            // no longer there changes nothing.
+            // The log names no calls: entries of the take's instant are
+            // interchangeable, so a second refund of row 10 takes its other
+            // entry at 1.4 s (the limiter refunds a call once).
             (16, 1_400_000, Step::Refund { skip: 1, call: 10 }, 1, [1, 1, 0, 0, 0, 0]),
-            (17, 1_500_002, Step::Peek(Mode::UpTo), 1, [0, 0, 0, 499_998, S - 2, 0]),
+            (17, 1_500_002, Step::Peek(Mode::UpTo), 1, [1, 1, 0, 0, S, 0]),
         ];
         check(&r, &rows);
     }

@@ -72,14 +72,25 @@ pub struct ModelStore {
     /// takes and gives back slots, so the fallback's store has no field.
     #[cfg(any(test, feature = "testkit"))]
     pub(crate) slots: HashMap<String, std::collections::BTreeMap<String, i128>>,
-    /// State v2: per seller hash, its fields of `lua/calls.lua` (charged
-    /// calls' records, cancels' tombstones).
+    /// Per seller hash, its fields of `lua/calls.lua` (charged calls'
+    /// records, cancels' tombstones), which the test kit's jobs driver
+    /// writes.
     #[cfg(any(test, feature = "testkit"))]
-    pub(crate) calls: HashMap<String, crate::limiter::testkit::calls::CallsFields>,
+    pub(crate) calls: HashMap<String, CallsFields>,
     /// The epoch keys of `lua/jobs.lua`'s loss guard: µs the state was
     /// last found lost. Cleared with everything else by a loss.
     #[cfg(any(test, feature = "testkit"))]
     pub(crate) epochs: HashMap<String, i128>,
+}
+
+#[cfg(any(test, feature = "testkit"))]
+/// What the seller's hash holds for its calls, oldest first: the field
+/// `tomb` (tombstones: call id and the cancel's µs instant) and the field
+/// `rec` (records: call id, the µs instant it charged, its units).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CallsFields {
+    pub tombs: Vec<(String, i128)>,
+    pub recs: Vec<(String, i128, i128)>,
 }
 
 impl ModelStore {
@@ -132,17 +143,11 @@ impl ModelStore {
         self.epochs.insert(key.to_owned(), at_us);
     }
 
-    /// The block as the limiter reads it (`None`: not read, or none); in
-    /// v1+v2 the later of the hash's and the v1 key's.
+    /// The block as the limiter reads it (`None`: not read, or none).
     pub(crate) fn block_until(&self, at: &BlockAt) -> Option<i128> {
-        let read = |addr: &str| match self.get(addr) {
+        match self.get(&at.address()?) {
             Some(State::Block(until)) => Some(*until),
             _ => None,
-        };
-        let v2 = read(&at.address()?);
-        match &at.also {
-            Some(v1) => v2.max(read(v1)),
-            None => v2,
         }
     }
 }

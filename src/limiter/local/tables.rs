@@ -3,14 +3,20 @@
 use std::time::Duration;
 
 use super::{run, ModelStore, Op};
+use crate::limiter::script::{BlockAt, BlockRead, StateKey};
 use crate::limiter::{Algorithm, Mode, Reply, Rule};
 
 /// 2023-11-15T00:00:00Z in µs: aligned to every period that divides a day,
 /// so fixed windows in the tables start at row time 0.
 pub(crate) const T0: u64 = 1_700_006_400_000_000;
 
-pub(crate) const KEY: &str = "model-test:{seller}:r1";
-pub(crate) const BLOCK: &str = "model-test:{seller}:block";
+/// The hash of the tables' seller: its block and its rule's place `r0`.
+pub(crate) const HASH: &str = "model-test:{seller}";
+
+/// Where the tables' seller's block is read.
+pub(crate) fn block_at() -> BlockAt {
+    BlockAt::new(HASH, BlockRead::Field)
+}
 
 /// What a table row does.
 #[derive(Debug, Clone, Copy)]
@@ -54,8 +60,8 @@ pub(crate) fn call(
     mode: Mode,
     id: &str,
 ) -> Reply {
-    let rules = [(KEY.into(), *rule)];
-    run(store, op, T0 + at, cost, mode, id, &BLOCK.into(), &rules)
+    let rules = [(StateKey::new(HASH, "r0"), *rule)];
+    run(store, op, T0 + at, cost, mode, id, &block_at(), &rules)
 }
 
 /// Runs the rows in order against one store and checks every field, plus

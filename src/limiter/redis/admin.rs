@@ -1,5 +1,5 @@
 //! The reads and writes beside the limiter's Lua, one plain command each:
-//! the overrides and pauses hashes, `limits reset`, the layout marker,
+//! the overrides and pauses hashes, `limits reset`,
 //! the slot leases `limits show` counts, Redis' clock (`TIME`) and a key's
 //! memory. Operators' commands and the replicas' refreshes use them.
 //!
@@ -8,9 +8,6 @@
 
 use std::collections::HashMap;
 use std::time::Duration;
-
-use crate::config::StateLayout;
-use crate::limiter::layout::{marker_key, marker_value};
 
 use super::clock::local_us;
 use super::{RedisError, RedisStore};
@@ -195,28 +192,6 @@ impl RedisStore {
             }
         }
         Ok(out)
-    }
-
-    /// The install's layout marker under `prefix` (`None` when there is
-    /// none), for [`choose`](crate::limiter::layout::choose).
-    pub async fn layout_marker(&self, prefix: &str) -> Result<Option<String>, RedisError> {
-        let mut conn = self.conn.get();
-        redis::cmd("GET")
-            .arg(marker_key(prefix))
-            .query_async(&mut conn)
-            .await
-            .map_err(RedisError::Script)
-    }
-
-    /// Records the layout this replica runs in the install's marker.
-    pub async fn mark_layout(&self, prefix: &str, layout: StateLayout) -> Result<(), RedisError> {
-        let mut conn = self.conn.get();
-        redis::cmd("SET")
-            .arg(marker_key(prefix))
-            .arg(marker_value(layout))
-            .query_async::<()>(&mut conn)
-            .await
-            .map_err(RedisError::Script)
     }
 
     /// `MEMORY USAGE key`: bytes a key takes, for the book's per-seller

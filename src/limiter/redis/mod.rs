@@ -14,7 +14,7 @@
 //!   (EVALSHA), loaded again when the server lost it.
 //! - `store`: the limiter's calls, [`Store`](super::Store) on Redis.
 //! - `admin`: plain commands beside the Lua: overrides and pauses hashes,
-//!   `limits reset`, the layout marker, `TIME`, memory usage.
+//!   `limits reset`, `TIME`, memory usage.
 
 mod admin;
 mod clock;

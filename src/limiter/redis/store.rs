@@ -4,11 +4,12 @@
 //! replaced. What a failure means is the caller's to decide.
 
 use crate::limiter::learn::Blocked;
-use crate::limiter::reply::{JobsAnswer, JobsReply, MalformedReply, Reply};
+use crate::limiter::reply::{JobsAnswer, JobsReply, MalformedReply};
 use crate::limiter::script::{
-    call_life_us, release_args, BlockAt, BlockCall, JobsCall, ScriptCall, Store,
+    call_life_us, release_args, BlockAt, BlockCall, JobsCall, RefundCall,
 };
 use crate::limiter::shape::Shape;
+use crate::limiter::store::Store;
 use crate::telemetry::events::{LimiterStateLost, RedisCalled};
 
 use super::clock::local_us;
@@ -124,9 +125,12 @@ impl Store for RedisStore {
 
     type Error = RedisError;
 
-    async fn run(&self, call: &ScriptCall) -> Result<Reply, RedisError> {
-        let raw = self.invoke(call.keys(), call.args()).await?;
-        Ok(Reply::from_slice(&raw)?)
+    async fn refund(&self, call: &RefundCall) -> Result<u64, RedisError> {
+        let keys: Vec<&str> = call.keys().collect();
+        self.scripts
+            .call(&self.conn, Entry::Limiter, &keys, &call.args())
+            .await
+            .map_err(|e| self.failed(e))
     }
 
     async fn run_jobs(&self, call: &JobsCall) -> Result<Vec<JobsReply>, RedisError> {
@@ -189,7 +193,7 @@ impl Store for RedisStore {
         now_us: Option<u64>,
         dur_us: u64,
     ) -> Result<u64, RedisError> {
-        let keys: Vec<&str> = at.keys().collect();
+        let keys = [at.key.as_str()];
         let args = at.block_args(now_us, dur_us);
         self.scripts
             .call(&self.conn, Entry::Block, &keys, &args)
@@ -198,7 +202,7 @@ impl Store for RedisStore {
     }
 
     async fn block_learning(&self, at: &BlockAt, call: &BlockCall) -> Result<Blocked, RedisError> {
-        let keys: Vec<&str> = at.keys().collect();
+        let keys = [at.key.as_str()];
         let reply: redis::Value = self
             .scripts
             .call(&self.conn, Entry::Block, &keys, &call.args(at))

@@ -2,9 +2,9 @@
 //! kept a short while in the field `rec` of the seller's hash (its newest
 //! few, within [`REC_BYTES`]), so that the cancel of a call whose answer
 //! was lost gives it back, or, sent before the call ran, makes it charge
-//! nothing (a tombstone, in the field `tomb` of the seller's hash). State
-//! v2 and v1+v2 only (a request whose block is the `block` field of the
-//! seller's hash); v1 records nothing.
+//! nothing (a tombstone, in the field `tomb` of the seller's hash). Only a
+//! request whose block is the `block` field of the seller's hash records
+//! (not the global rules' own call, nor shadow rules).
 
 use crate::limiter::local::ModelStore;
 use crate::limiter::script::{BlockRead, JobsRequest};
@@ -19,15 +19,6 @@ pub const TOMB_BYTES: usize = 512;
 /// (`CALL_LIFE_US` of calls.lua; `RedisStore` sends a few timeouts).
 pub const CALL_LIFE_US: i128 = 5_000_000;
 
-/// What the seller's hash holds for its calls, oldest first: the field
-/// `tomb` (tombstones: call id and the cancel's µs instant) and the field
-/// `rec` (records: call id, the µs instant it charged, its units).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct CallsFields {
-    pub tombs: Vec<(String, i128)>,
-    pub recs: Vec<(String, i128, i128)>,
-}
-
 /// What a cancel found for its request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Cancelled {
@@ -35,7 +26,7 @@ pub enum Cancelled {
     Refund { at: i128, units: i128 },
     /// No record: a tombstone now makes the call charge nothing.
     Tombstone,
-    /// Cancelled already, or not recorded (v1, the global rules' call).
+    /// Cancelled already, or not recorded (the global rules' call).
     Nothing,
 }
 

@@ -7,9 +7,9 @@
 use super::calls;
 use crate::config::OnStateLoss;
 use crate::limiter::local::decide::{
-    cap_of, cdiv, field, lost_fill, refund_request, scratch_for, settle, stamp, Both, Out, Params,
+    cap_of, field, lost_fill, refund_request, scratch_for, settle, stamp, Out, Placed,
 };
-use crate::limiter::local::ModelStore;
+use crate::limiter::local::{cdiv, ModelStore, Params};
 use crate::limiter::reply::JobsReply;
 use crate::limiter::rule::Algorithm;
 use crate::limiter::script::{JobsRequest, KeyedRule, LossGuard, SlotTerms};
@@ -87,7 +87,7 @@ pub fn run_guarded(
 /// `cancel` of `lua/calls.lua`: per request, the units of its recorded
 /// jobs call given back (each rule's refund, taken at the recorded time),
 /// -1 when a tombstone was left (no record), 0 when nothing was done
-/// (cancelled already, or v1: not recorded).
+/// (cancelled already, or not recorded).
 pub fn cancel(store: &mut ModelStore, now_us: u64, requests: &[JobsRequest]) -> Vec<i64> {
     let now = i128::from(now_us);
     for q in requests {
@@ -194,17 +194,17 @@ fn jobs_request(
     for (key, rule) in &q.rules {
         settle(store, key, rule, now);
         // A v2 place no rule has written: the guard reads the epoch.
-        let unwritten = key.place.is_some() && store.mark(&key.address()).is_none();
+        let unwritten = store.mark(&key.address()).is_none();
         if let Some(g) = guard.as_deref_mut().filter(|_| unwritten) {
             if let Some(lost) = g.lost(store, now) {
                 lost_fill(store, key, rule, lost, now);
             }
         }
     }
-    let states: Vec<Both> = q
+    let states: Vec<Placed> = q
         .rules
         .iter()
-        .map(|(key, rule)| Both::load(store, key, rule, now))
+        .map(|(key, rule)| Placed::load(store, key, rule, now))
         .collect();
     let avail: Vec<i128> = states.iter().map(|st| st.avail(now)).collect();
     let n = avail.iter().copied().min();
@@ -347,9 +347,8 @@ mod tests {
             block: BlockAt {
                 key: "m:{s}:v2".to_owned(),
                 read: BlockRead::Field,
-                also: None,
             },
-            rules: vec![(StateKey::place("m:{s}:v2", "r0"), *rule)],
+            rules: vec![(StateKey::new("m:{s}:v2", "r0"), *rule)],
             costs: vec![cost],
             slots: None,
         }

@@ -14,9 +14,13 @@
 //! - `slots`: the leases of `lua/slots.lua` (`max_in_flight`).
 //! - this file: [`block`] (`lua/block.lua`), [`ManualClock`], and
 //!   [`ModelStore::keys`].
+//! - `model_tests`: the unit tests of the fallback's half (`local::run`,
+//!   `ModelLimiter`), here because they use this half.
 
 pub mod calls;
 pub mod jobs;
+#[cfg(test)]
+mod model_tests;
 mod slots;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,28 +44,26 @@ impl ModelStore {
 
 /// `lua/block.lua`: hold the seller until `now_us + dur_us`; a shorter block
 /// never shortens a longer one. Returns the µs instant the block ends.
+///
+/// # Panics
+///
+/// If the block is not read from the seller's hash (`BlockRead::Field`):
+/// the script refuses any other token with an error reply.
 pub fn block(store: &mut ModelStore, at: &BlockAt, now_us: u64, dur_us: u64) -> u64 {
+    assert_eq!(
+        at.read,
+        BlockRead::Field,
+        "a block lives in the seller's hash"
+    );
     let until = i128::from(now_us) + i128::from(dur_us);
-    // Each layout keeps the longer of its block and this one.
-    let mut one = |addr: String| -> i128 {
-        match store.get(&addr) {
-            Some(State::Block(current)) if *current >= until => *current,
-            _ => {
-                store.put(&addr, State::Block(until));
-                until
-            }
+    let addr = format!("{}#block", at.key);
+    match store.get(&addr) {
+        Some(State::Block(current)) if *current >= until => *current as u64,
+        _ => {
+            store.put(&addr, State::Block(until));
+            until as u64
         }
-    };
-    let v2 = match at.read {
-        BlockRead::Field => one(format!("{}#block", at.key)),
-        _ => one(at.key.clone()),
-    };
-    // v1+v2 writes the v1 key too: replicas still on v1 read only that.
-    let v1 = match (&at.also, at.read) {
-        (Some(v1), BlockRead::Field) => one(v1.clone()),
-        _ => v2,
-    };
-    v2.max(v1) as u64
+    }
 }
 
 /// A clock that moves only when told; clones share the same time, so a test
@@ -102,7 +104,7 @@ impl<C: Clock> ModelLimiter<C> {
         let now_us = self.clock().now_us();
         block(
             &mut self.store,
-            &BlockAt::key(Self::BLOCK_KEY),
+            &BlockAt::new(Self::BLOCK_KEY, BlockRead::Field),
             now_us,
             dur_us,
         )

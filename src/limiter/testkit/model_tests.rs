@@ -1,12 +1,14 @@
-//! Tests of the driver (`run`, `block`) and of [`ModelLimiter`].
+//! Tests of the model's single decision (`local::run`), of the block
+//! ([`block`]) and of [`ModelLimiter`]: here, beside the test kit they
+//! use, so that the product's half of the model never imports it.
 
 use std::time::Duration;
 
 use proptest::prelude::*;
 
-use super::tables::{drive, rule, BLOCK, T0};
-use super::{run, ModelLimiter, ModelStore, Op, State};
-use crate::limiter::script::KeyedRule;
+use crate::limiter::local::tables::{block_at, drive, rule, HASH, T0};
+use crate::limiter::local::{run, ModelLimiter, ModelStore, Op, State};
+use crate::limiter::script::{KeyedRule, StateKey};
 use crate::limiter::testkit::{block, ManualClock};
 use crate::limiter::{Algorithm, Decision, DeniedBy, Mode, Reply, Rule};
 
@@ -16,7 +18,7 @@ fn keyed(rules: &[Rule]) -> Vec<KeyedRule> {
     rules
         .iter()
         .enumerate()
-        .map(|(i, r)| (format!("model-test:{{seller}}:r{}", i + 1).into(), *r))
+        .map(|(i, r)| (StateKey::new(HASH, format!("r{i}")), *r))
         .collect()
 }
 
@@ -36,7 +38,7 @@ fn go(
         cost,
         mode,
         id,
-        &BLOCK.into(),
+        &block_at(),
         &keyed(rules),
     )
 }
@@ -88,11 +90,13 @@ fn all_or_nothing_across_rules() {
         assert_eq!(brief(&got), want, "row {row}: {got:?}");
     }
     assert_eq!(
-        store.get("model-test:{seller}:r1"),
-        Some(&State::FixedWindow(super::fixed_window::Stored {
-            w: (T0 / S) as i128 * S as i128,
-            n: 3
-        })),
+        store.get("model-test:{seller}#r0"),
+        Some(&State::FixedWindow(
+            crate::limiter::local::fixed_window::Stored {
+                w: (T0 / S) as i128 * S as i128,
+                n: 3
+            }
+        )),
         "the window counts rows 1 and 3 only"
     );
 }
@@ -161,10 +165,7 @@ fn pacer_sets_go_at_for_the_whole_call() {
         (T0 + S) as i64,
         "behind two units at 0.5 s each"
     );
-    let Decision::Granted(g) = second.decision(&rules, 1) else {
-        panic!("{second:?}");
-    };
-    let pace = g.pace.expect("a pacer took part");
+    let pace = second.grant(&rules).pace.expect("a pacer took part");
     assert_eq!((pace.first_at_us, pace.interval_us), (T0 + S, 500_000));
 }
 
@@ -214,10 +215,14 @@ fn refund_returns_what_the_call_took_under_every_rule() {
     assert_eq!(refund.now_us, (T0 + at) as i64);
     assert_eq!(refund.go_at_us, (T0 + at) as i64);
     // The leaky bucket also names the call that queued last; its queue is
-    // back where it was.
+    // back where it was. The sliding log names no calls: its entries'
+    // times are back where they were.
     let queue = |s: Option<&State>| match s {
-        Some(State::Queue(t, _)) => Some(State::Tat(*t)),
-        other => other.cloned(),
+        Some(State::Queue(t, _)) => format!("{:?}", State::Tat(*t)),
+        Some(State::SlidingWindowLog(log)) => {
+            format!("{:?}", log.scores_above(i128::MIN).collect::<Vec<_>>())
+        }
+        other => format!("{other:?}"),
     };
     for (key, _) in keyed(&rules) {
         let key = key.address();
@@ -232,23 +237,20 @@ fn refund_returns_what_the_call_took_under_every_rule() {
 #[test]
 fn a_shorter_block_never_shortens_a_longer_one() {
     let mut store = ModelStore::new();
-    assert_eq!(block(&mut store, &BLOCK.into(), T0, 300_000), T0 + 300_000);
+    assert_eq!(block(&mut store, &block_at(), T0, 300_000), T0 + 300_000);
+    assert_eq!(block(&mut store, &block_at(), T0 + 1, 1_000), T0 + 300_000);
     assert_eq!(
-        block(&mut store, &BLOCK.into(), T0 + 1, 1_000),
-        T0 + 300_000
-    );
-    assert_eq!(
-        block(&mut store, &BLOCK.into(), T0 + 2, 400_000),
+        block(&mut store, &block_at(), T0 + 2, 400_000),
         T0 + 400_002
     );
-    assert_eq!(store.keys(), vec![BLOCK.to_owned()]);
+    assert_eq!(store.keys(), vec![format!("{HASH}#block")]);
 }
 
 #[test]
 fn a_block_refuses_with_its_own_time() {
     let rules = [rule(Algorithm::Gcra, 2, Duration::from_secs(1), None)];
     let mut store = ModelStore::new();
-    block(&mut store, &BLOCK.into(), T0, 300_000);
+    block(&mut store, &block_at(), T0, 300_000);
     let got = go(
         &mut store,
         Op::Acquire,
@@ -303,7 +305,7 @@ fn a_block_does_not_hide_a_longer_wait() {
         .status,
         1
     );
-    block(&mut store, &BLOCK.into(), T0, 300_000);
+    block(&mut store, &block_at(), T0, 300_000);
     let got = go(
         &mut store,
         Op::Acquire,
@@ -370,8 +372,8 @@ fn model_limiter_gives_three_kinds_of_answer() {
     assert_eq!(
         limiter.store().keys(),
         vec![
-            ModelLimiter::<ManualClock>::BLOCK_KEY.to_owned(),
-            ModelLimiter::<ManualClock>::rule_key(&rules[0])
+            format!("{}#block", ModelLimiter::<ManualClock>::BLOCK_KEY),
+            format!("{}#r0", ModelLimiter::<ManualClock>::rule_key(&rules[0]))
         ]
     );
 }
