@@ -70,8 +70,8 @@ impl Turns {
         if has_turn {
             self.turn = None;
         }
-        let free = self.pool.free() > 0;
-        !(free && !queue_only && (has_turn || !self.fair.others_wait(key)))
+        let full = self.pool.free() == 0;
+        full || queue_only || (!has_turn && self.fair.others_wait(key))
     }
 
     /// `key` joins the turns with its `share` (see [`Fair::join`]).
