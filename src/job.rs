@@ -17,6 +17,7 @@ use serde_json::value::RawValue;
 
 use crate::config::WorkerSettings;
 use crate::dead_letter::DeadLetterKind;
+use crate::telemetry::events::TraceContextInvalid;
 use crate::telemetry::trace::JobTrace;
 use crate::telemetry::traceparent::TraceHeaders;
 
@@ -272,7 +273,12 @@ impl Job {
     /// The job in the trace its record's headers name (a new trace if
     /// they name none, or an invalid one: counted, never an error).
     pub fn traced(mut self, headers: &TraceHeaders) -> Job {
-        self.trace = JobTrace::start(headers, &self.job_id, self.seller_id.as_str(), self.cost);
+        let (trace, invalid) =
+            JobTrace::start(headers, &self.job_id, self.seller_id.as_str(), self.cost);
+        if let Some(kind) = invalid {
+            TraceContextInvalid { kind }.emit();
+        }
+        self.trace = trace;
         self
     }
 

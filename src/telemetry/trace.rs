@@ -41,7 +41,6 @@ use opentelemetry::{Context, KeyValue};
 use opentelemetry_otlp::{Protocol, WithExportConfig as _};
 use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider, Span, Tracer};
 
-use super::events::TraceContextInvalid;
 use super::traceparent::{to_hex, TraceHeaders};
 
 /// How long one OTLP export may take.
@@ -288,15 +287,19 @@ fn random_span_id() -> SpanId {
 
 impl JobTrace {
     /// Continues the record's trace (or starts one) for the job `job_id`
-    /// of `seller`. An invalid traceparent is counted and logged (its kind,
-    /// never its text) and replaced by a new trace; it never fails the job.
-    pub fn start(headers: &TraceHeaders, job_id: &str, seller: &str, cost: u64) -> JobTrace {
-        let parent = match headers.parent() {
-            Ok(p) => p,
-            Err(e) => {
-                TraceContextInvalid { kind: e.kind() }.emit();
-                None
-            }
+    /// of `seller`. An invalid traceparent is replaced by a new trace (it
+    /// never fails the job) and its kind returned beside it, for the caller
+    /// to count: this module emits no event, since the events note a
+    /// seller's waits here (an import each way was a cycle).
+    pub fn start(
+        headers: &TraceHeaders,
+        job_id: &str,
+        seller: &str,
+        cost: u64,
+    ) -> (JobTrace, Option<&'static str>) {
+        let (parent, invalid) = match headers.parent() {
+            Ok(p) => (p, None),
+            Err(e) => (None, Some(e.kind())),
         };
         let remote = parent.as_ref().map(|(tp, state)| {
             SpanContext::new(
@@ -360,7 +363,7 @@ impl JobTrace {
         if let Some(s) = inner.span.as_mut() {
             s.add_event("received", Vec::new());
         }
-        JobTrace(Some(Box::new(Mutex::new(inner))))
+        (JobTrace(Some(Box::new(Mutex::new(inner)))), invalid)
     }
 
     /// The trace id, as 32 lowercase hex digits; `None` for a job parsed
@@ -561,7 +564,7 @@ mod tests {
     #[test]
     fn a_call_continues_the_records_trace_with_a_new_parent_id() {
         let given = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-        let t = JobTrace::start(&headers(given), "j1", "s1", 1);
+        let (t, _) = JobTrace::start(&headers(given), "j1", "s1", 1);
         let call = t.call();
         let sent = TraceParent::parse(call.traceparent.as_bytes()).expect("valid");
         let got = TraceParent::parse(given.as_bytes()).unwrap();
@@ -586,7 +589,7 @@ mod tests {
             ),
             (3, headers("garbage")),
         ] {
-            let t = JobTrace::start(&h, "j1", "s1", 1);
+            let (t, _) = JobTrace::start(&h, "j1", "s1", 1);
             let a = t.call();
             let sent = TraceParent::parse(a.traceparent.as_bytes())
                 .unwrap_or_else(|e| panic!("row {row}: {e}: {}", a.traceparent));
@@ -594,7 +597,7 @@ mod tests {
                 a.tracestate, None,
                 "row {row}: no tracestate without a parent"
             );
-            let other_job = JobTrace::start(&h, "j2", "s1", 1);
+            let (other_job, _) = JobTrace::start(&h, "j2", "s1", 1);
             let b = other_job.call();
             let other = TraceParent::parse(b.traceparent.as_bytes()).unwrap();
             assert_ne!(sent.trace_id, other.trace_id, "row {row}: a new trace each");

@@ -55,6 +55,11 @@ struct Account {
     /// Units charged for the limiter call under way, refunded in part
     /// when it answers.
     asked: u64,
+    /// The virtual time that charge added, given back exactly when the
+    /// call answers (not recomputed from `share`, which a reload may
+    /// change in between): so `vtime >= charged` always holds, since
+    /// nothing else takes virtual time back.
+    charged: u64,
     /// In the turns since then (a sequence number: ties go to the
     /// longest waiting).
     waiting_since: Option<u64>,
@@ -136,6 +141,7 @@ impl Fair {
             share,
             vtime: now,
             asked: 0,
+            charged: 0,
             waiting_since: None,
         })
     }
@@ -274,8 +280,10 @@ impl Fair {
         a.share = share;
         a.asked = units;
         let vtime = a.vtime;
+        let after = vtime.saturating_add(charge(units, share));
+        a.charged = after - vtime;
         self.virtual_now = self.virtual_now.max(vtime);
-        self.set_vtime(key, vtime.saturating_add(charge(units, share)));
+        self.set_vtime(key, after);
         if units > 0 {
             self.asking.insert(key.clone());
         }
@@ -287,8 +295,15 @@ impl Fair {
         let Some(a) = self.accounts.get_mut(key) else {
             return;
         };
-        let vtime = a.vtime.saturating_sub(charge(a.asked, a.share));
+        debug_assert!(
+            a.vtime >= a.charged,
+            "{key} refunded {} of virtual time at {}",
+            a.charged,
+            a.vtime
+        );
+        let vtime = a.vtime - a.charged;
         a.asked = 0;
+        a.charged = 0;
         self.asking.remove(key);
         self.set_vtime(key, vtime);
     }
@@ -363,6 +378,27 @@ mod tests {
         fair.asked(k, sh, asked);
         fair.answered(k);
         fair.charge(k, used);
+    }
+
+    /// Regression (issue 51): the refund was recomputed from the share at
+    /// the answer, so a reload between ask and answer (weight 1 to 4)
+    /// gave back a quarter of the charge and clamped to zero the other
+    /// way; now the answer gives back exactly what the ask charged.
+    #[test]
+    fn an_answer_refunds_exactly_what_its_ask_charged_across_a_reload() {
+        for (row, (at_ask, at_answer)) in [(1, 4), (4, 1), (3, 3)].into_iter().enumerate() {
+            let mut fair = Fair::new(4);
+            let k = key("a");
+            fair.join(&k, share(at_ask, 0.0), true);
+            let before = fair.accounts[&k].vtime;
+            fair.asked(&k, share(at_ask, 0.0), 5);
+            fair.join(&k, share(at_answer, 0.0), false);
+            fair.answered(&k);
+            assert_eq!(
+                fair.accounts[&k].vtime, before,
+                "row {row}: weight {at_ask} at the ask, {at_answer} at the answer"
+            );
+        }
     }
 
     #[test]

@@ -41,10 +41,20 @@ impl Memory {
         self.bytes += bytes;
     }
 
-    /// A job of `bytes` left memory (finished, dropped or handed on).
+    /// A job of `bytes` left memory (finished, dropped or handed on): the
+    /// same `bytes` its [`Memory::add`] counted (a `Pending` carries them).
+    /// Removing more than was added is a bookkeeping bug: a debug build
+    /// fails here rather than clamp it to zero, which would hide a job
+    /// counted twice and let memory grow past its bound.
     pub fn remove(&mut self, bytes: usize) {
-        self.jobs = self.jobs.saturating_sub(1);
-        self.bytes = self.bytes.saturating_sub(bytes);
+        debug_assert!(
+            self.jobs > 0 && self.bytes >= bytes,
+            "a job of {bytes} bytes left memory holding {} jobs of {} bytes",
+            self.jobs,
+            self.bytes
+        );
+        self.jobs -= 1;
+        self.bytes -= bytes;
     }
 
     pub fn jobs(&self) -> usize {
@@ -117,5 +127,26 @@ mod tests {
         m.remove(5_000);
         assert_eq!(m.pressure(), Some(Pressure::Resume));
         assert_eq!((m.jobs(), m.bytes()), (1, 5_000));
+    }
+
+    #[test]
+    fn every_add_removed_leaves_nothing() {
+        let mut m = Memory::new(10, 10_000);
+        for b in [1, 300, 7_000] {
+            m.add(b);
+        }
+        for b in [300, 7_000, 1] {
+            m.remove(b);
+        }
+        assert_eq!((m.jobs(), m.bytes()), (0, 0));
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "left memory holding 1 jobs of 100 bytes")]
+    fn removing_more_than_was_added_fails_loudly() {
+        let mut m = Memory::new(10, 10_000);
+        m.add(100);
+        m.remove(200);
     }
 }

@@ -8,11 +8,12 @@
 //! - [`engine`]: the event loop; it alone touches the ports, spawns tasks
 //!   and holds channels. Its files follow a job's path (records, ask,
 //!   call, write, pause, partitions, drain).
-//! - `scheduler`: every seller with work here, their phases and holds, and
-//!   the downstream slot pool's turns; `seller`: one seller's queues and
-//!   the heads it asks about; `pool`: the downstream slots, given back when
-//!   dropped; `fair`: whose turn it is at a free slot (weighted fair
-//!   shares, `limits.weight` and `limits.min_share`).
+//! - `scheduler`: every seller with work here, their phases and holds;
+//!   `seller`: one seller's queues, the heads it asks about and what the
+//!   wait report reads of it; `turns`: the downstream slot pool and whose
+//!   turn is next at it; `pool`: the downstream slots, given back when
+//!   dropped; `fair`: the turns' weighted fair shares (`limits.weight` and
+//!   `limits.min_share`).
 //! - [`concurrency`]: how many downstream calls may be out at once,
 //!   learnt from the downstream's answers (`downstream.adaptive_concurrency`).
 //! - `admission`: the limiter's health and the failure policy
@@ -67,6 +68,7 @@ pub mod slots;
 mod start;
 mod tiers;
 mod timers;
+mod turns;
 pub mod waits;
 
 pub use engine::{Deps, Engine, Summary};

@@ -128,13 +128,18 @@ impl Slots {
         })
     }
 
-    /// Joins `other`'s slots to these (of the same pool).
+    /// Joins `other`'s slots to these (of the same pool). Slots of
+    /// another pool are a bug (a debug build fails here); a release build
+    /// lets them go back to their own pool as they are dropped, so that
+    /// neither pool's count goes wrong: each pool's `taken` is always the
+    /// sum of its live [`Slots`], which is why the `fetch_sub` in `drop`
+    /// cannot go below zero.
     pub(crate) fn join(&mut self, mut other: Slots) {
-        debug_assert!(
-            Arc::ptr_eq(&self.pool, &other.pool),
-            "slots of two pools joined"
-        );
-        self.n += std::mem::take(&mut other.n);
+        let same = Arc::ptr_eq(&self.pool, &other.pool);
+        debug_assert!(same, "slots of two pools joined");
+        if same {
+            self.n += std::mem::take(&mut other.n);
+        }
     }
 }
 
@@ -235,6 +240,24 @@ mod tests {
         assert_eq!(none.len(), 0);
         assert!(none.split_one().is_none());
         assert_eq!(pool.free(), 1);
+    }
+
+    /// Regression (issue 51): a join across two pools moved one pool's
+    /// slots into the other's count, so one `fetch_sub` wrapped in a
+    /// release build and its `free()` read 0 for good.
+    #[test]
+    #[cfg_attr(debug_assertions, should_panic(expected = "two pools joined"))]
+    fn slots_of_two_pools_never_mix_their_counts() {
+        let (one, two) = (SlotPool::new(2, 2), SlotPool::new(2, 2));
+        let mut a = one.take_up_to(1);
+        a.join(two.take_up_to(2));
+        assert_eq!(
+            (one.taken(), two.taken()),
+            (1, 0),
+            "the other pool's slots went home"
+        );
+        drop(a);
+        assert_eq!((one.free(), two.free()), (2, 2));
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The scheduler: every seller with work here, their phases and holds,
-//! and the downstream slot pool with its turns. It does no I/O: each
+//! and the turns at the downstream slots (`super::turns`). It does no I/O: each
 //! method takes `now` and plain data and says what should happen (ask the
 //! limiter for these costs, run these jobs, defer these, arm a timer at),
 //! and the engine does it.
@@ -9,12 +9,13 @@
 //! for capacity would reach the downstream late and bunch up with the next
 //! window's. It may ask again while its jobs run, for lanes with no job
 //! out. Sellers that are ready while every slot is taken (or while
-//! others wait for one) wait for their turn, without asking Redis; turns go
-//! by weighted fair shares (`super::fair`). A pacer's granted jobs wait for
-//! their go-at without a slot, and take one when they can go; they are
-//! served before any seller asks, since their units are spent already.
+//! others wait for one) wait for their turn, without asking Redis; the
+//! slots and the turns at them are `super::turns`'s, by weighted fair
+//! shares (`super::fair`). A pacer's granted jobs wait for their go-at
+//! without a slot, and take one when they can go; they are served before
+//! any seller asks, since their units are spent already.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,13 +25,13 @@ use crate::kafka::consumer::Origin;
 use crate::limiter::{BatchDecision, BatchGranted, DeniedBy, NextJob, Share};
 use crate::telemetry::events::{CallAvoided, SellerWaiting};
 
-use super::fair::Fair;
 use super::ordering::Lane;
 use super::pending::Pending;
-use super::pool::{SlotPool, Slots};
+use super::pool::Slots;
 use super::seller::{lane_heads, position, ranked_heads, take_granted, Paced, Phase, Rank, Seller};
 use super::slots::Lease;
 use super::timers::after;
+use super::turns::{Turn, Turns};
 use super::waits::{HeldBy, Seen};
 
 /// The most units one limiter call asks for.
@@ -48,15 +49,6 @@ pub(super) enum Ready {
     Empty,
     /// Jobs wait, and it may ask once a slot is free.
     Waiting,
-}
-
-/// Whose turn it is when a slot is free.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Turn {
-    /// A pacer's due job, granted already.
-    Paced(Arc<str>),
-    /// A seller that waits to ask.
-    Ask(Arc<str>),
 }
 
 /// What a limiter answer does to its seller.
@@ -125,15 +117,8 @@ pub(super) struct Scheduler {
     /// Ordered, so that every walk over the sellers is the same for the
     /// same history (the simulation replays a seed exactly).
     sellers: BTreeMap<Arc<str>, Seller>,
-    pool: SlotPool,
-    /// Sellers ready to ask but waiting for a slot, and whose turn is
-    /// next: weighted fair shares.
-    fair: Fair,
-    /// The seller [`Scheduler::next_turn`] named last: it asks without
-    /// joining the turns again.
-    turn: Option<Arc<str>>,
-    /// Sellers with a paced job due but no slot.
-    paced_waiters: VecDeque<Arc<str>>,
+    /// The downstream slots and whose turn is next at them.
+    turns: Turns,
     /// `worker.priority_aging`: a waiting job's priority rises a level per
     /// this much waited ([`Rank`]).
     priority_aging: Duration,
@@ -145,10 +130,7 @@ impl Scheduler {
     pub(super) fn new(ceiling: usize, limit: usize) -> Scheduler {
         Scheduler {
             sellers: BTreeMap::new(),
-            pool: SlotPool::new(ceiling, limit),
-            fair: Fair::new(limit),
-            turn: None,
-            paced_waiters: VecDeque::new(),
+            turns: Turns::new(ceiling, limit),
             priority_aging: Duration::from_secs(30),
         }
     }
@@ -165,17 +147,16 @@ impl Scheduler {
 
     /// Slots held by calls out or about to go out.
     pub(super) fn in_flight(&self) -> usize {
-        self.pool.taken()
+        self.turns.in_flight()
     }
 
     /// How many calls may be out at once from now (the adaptive limit).
     pub(super) fn set_concurrency(&mut self, limit: usize) {
-        self.pool.set_limit(limit);
-        self.fair.resize(limit);
+        self.turns.set_concurrency(limit);
     }
 
     pub(super) fn concurrency(&self) -> usize {
-        self.pool.limit()
+        self.turns.concurrency()
     }
 
     /// A job ready to run, queued behind its seller's others; or, when its
@@ -237,7 +218,7 @@ impl Scheduler {
         }
         if seller.is_empty() {
             self.sellers.remove(key);
-            self.fair.forget(key);
+            self.turns.forget(key);
         }
         (Ready::Empty, next)
     }
@@ -255,12 +236,7 @@ impl Scheduler {
     /// (once) with its `share`, without asking Redis. A seller that
     /// arrives while others wait does not jump ahead of them.
     pub(super) fn wait_for_slot(&mut self, key: &Arc<str>, share: Share, queue_only: bool) -> bool {
-        let has_turn = self.turn.as_ref() == Some(key);
-        if has_turn {
-            self.turn = None;
-        }
-        let free = self.pool.free() > 0;
-        if free && !queue_only && (has_turn || !self.fair.others_wait(key)) {
+        if !self.turns.must_wait(key, queue_only) {
             return false;
         }
         if let Some(seller) = self.sellers.get_mut(key) {
@@ -269,7 +245,7 @@ impl Scheduler {
                 seller.wants_capacity = true;
             }
             let away = seller.held() == 0 && seller.runs == 0;
-            self.fair.join(key, share, away);
+            self.turns.join(key, share, away);
         }
         true
     }
@@ -290,11 +266,9 @@ impl Scheduler {
         let Some(seller) = self.sellers.get_mut(key) else {
             return Vec::new();
         };
-        let free = self.pool.free();
-        let most = MAX_BATCH
-            .min(free)
-            .min(self.fair.allowance(key, free))
-            .min(probe.unwrap_or(usize::MAX));
+        let most = self
+            .turns
+            .most(key, MAX_BATCH.min(probe.unwrap_or(usize::MAX)));
         // The heads in queue order (by priority when jobs name one), with
         // their costs: the limiter grants the longest prefix that fits, so
         // a heavy job that does not fit yet stops lighter later ones from
@@ -315,15 +289,12 @@ impl Scheduler {
         if costs.is_empty() {
             return costs;
         }
-        self.fair.asked(key, share, costs.iter().sum());
         seller.asked = heads
             .iter()
             .map(|&i| seller.queue[i].origin.clone())
             .collect();
         seller.asked_lanes = heads.iter().map(|&i| seller.queue[i].lane).collect();
-        let slots = self.pool.take_up_to(costs.len());
-        debug_assert_eq!(slots.len(), costs.len(), "asked for more than is free");
-        seller.asking = Some(slots);
+        seller.asking = Some(self.turns.asked(key, share, &costs));
         seller.phase = Phase::Asking;
         costs
     }
@@ -369,7 +340,7 @@ impl Scheduler {
             return Answered::Gone;
         };
         // What was asked for is charged until the grant says what is used.
-        self.fair.answered(key);
+        self.turns.answered(key);
         seller.phase = Phase::Idle;
         seller.in_flight_bound = in_flight_bound(decision);
         let mut slots = seller.asking.take();
@@ -400,7 +371,7 @@ impl Scheduler {
                 })
                 .partition(|p| owns(&p.origin));
         let (jobs, units) = (batch.len(), batch.iter().map(|p| p.job.cost).sum());
-        self.fair.charge(key, units);
+        self.turns.charge(key, units);
         let mut run = Vec::new();
         for (granted_at, go_at, mut p) in schedule(g, batch, answered_at) {
             if go_at <= now {
@@ -511,11 +482,8 @@ impl Scheduler {
                 due.gone.extend(seller.paced.pop_front().map(|q| q.pending));
                 continue;
             }
-            let Some(slot) = self.pool.take_one() else {
-                if !seller.wants_paced_slot {
-                    seller.wants_paced_slot = true;
-                    self.paced_waiters.push_back(key.clone());
-                }
+            let Some(slot) = self.turns.paced_slot(key, seller.wants_paced_slot) else {
+                seller.wants_paced_slot = true;
                 break;
             };
             if let Some(mut q) = seller.paced.pop_front() {
@@ -604,15 +572,6 @@ impl Scheduler {
     /// The next seller to serve while a slot is free: due paced jobs
     /// first, then sellers waiting to ask, by their fair shares.
     pub(super) fn next_turn(&mut self) -> Option<Turn> {
-        if self.pool.free() == 0 {
-            return None;
-        }
-        if let Some(key) = self.paced_waiters.pop_front() {
-            if let Some(seller) = self.sellers.get_mut(&key) {
-                seller.wants_paced_slot = false;
-            }
-            return Some(Turn::Paced(key));
-        }
         let sellers = &self.sellers;
         let held = |k: &str| sellers.get(k).map_or(0, Seller::held);
         let asking_for_more = |k: &str| {
@@ -620,12 +579,20 @@ impl Scheduler {
                 .get(k)
                 .is_some_and(|s| s.phase == Phase::Asking && s.more_heads())
         };
-        let key = self.fair.next(&held, &asking_for_more)?;
-        if let Some(seller) = self.sellers.get_mut(&key) {
-            seller.wants_capacity = false;
+        let turn = self.turns.next(&held, &asking_for_more)?;
+        match &turn {
+            Turn::Paced(key) => {
+                if let Some(seller) = self.sellers.get_mut(key) {
+                    seller.wants_paced_slot = false;
+                }
+            }
+            Turn::Ask(key) => {
+                if let Some(seller) = self.sellers.get_mut(key) {
+                    seller.wants_capacity = false;
+                }
+            }
         }
-        self.turn = Some(key.clone());
-        Some(Turn::Ask(key))
+        Some(turn)
     }
 
     /// Drops what waits of partitions this replica no longer owns; returns
@@ -636,10 +603,10 @@ impl Scheduler {
         for seller in self.sellers.values_mut() {
             dropped.extend(seller.retain(&keep));
         }
-        let fair = &mut self.fair;
+        let turns = &mut self.turns;
         self.sellers.retain(|k, s| {
             if s.is_empty() {
-                fair.forget(k);
+                turns.forget(k);
             }
             !s.is_empty()
         });
@@ -696,9 +663,7 @@ impl Scheduler {
     /// back in the pool.
     pub(super) fn forget_all(&mut self) {
         self.sellers.clear();
-        self.fair.clear();
-        self.turn = None;
-        self.paced_waiters.clear();
+        self.turns.clear();
     }
 
     /// Every seller with work here, as the wait report reads it
@@ -706,33 +671,7 @@ impl Scheduler {
     pub(super) fn seen(&self, now: Instant) -> Vec<Seen> {
         self.sellers
             .iter()
-            .map(|(key, s)| {
-                let jobs = s
-                    .queue
-                    .iter()
-                    .chain(s.delayed.iter().map(|(_, p)| p))
-                    .chain(s.paced.iter().map(|q| &q.pending));
-                let (mut units, mut oldest) = (0u64, None::<Instant>);
-                for p in jobs {
-                    units = units.saturating_add(p.job.cost);
-                    oldest = Some(oldest.map_or(p.received_at, |o| o.min(p.received_at)));
-                }
-                let held = s.blocked_until.is_some_and(|t| t > now).then(|| {
-                    if s.paused_since.is_some() {
-                        HeldBy::Pause
-                    } else {
-                        s.held_by.unwrap_or(HeldBy::LimiterUnavailable)
-                    }
-                });
-                Seen {
-                    seller: key.clone(),
-                    jobs: s.waiting(),
-                    units,
-                    oldest,
-                    held,
-                    wants_slot: s.wants_capacity || s.wants_paced_slot,
-                }
-            })
+            .map(|(key, s)| s.seen(key, now))
             .collect()
     }
 
@@ -743,20 +682,8 @@ impl Scheduler {
     pub(super) fn waiting_by_cause(&self, now: Instant) -> HashMap<(&'static str, Arc<str>), i64> {
         let mut waiting: HashMap<(&'static str, Arc<str>), i64> = HashMap::new();
         for (key, seller) in &self.sellers {
-            let n = (seller.queue.len() + seller.delayed.len()) as i64;
-            if n > 0 {
-                let held = seller.blocked_until.is_some_and(|t| t > now);
-                let cause = if held && seller.paused_since.is_some() {
-                    "paused"
-                } else if held && !seller.in_flight_bound {
-                    "limit"
-                } else {
-                    "capacity"
-                };
+            for (cause, n) in seller.waiting_by_cause(now) {
                 *waiting.entry((cause, key.clone())).or_default() += n;
-            }
-            if !seller.paced.is_empty() {
-                *waiting.entry(("limit", key.clone())).or_default() += seller.paced.len() as i64;
             }
         }
         waiting

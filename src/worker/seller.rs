@@ -7,6 +7,7 @@
 //! about them.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -17,7 +18,7 @@ use crate::limiter::BatchGranted;
 use super::ordering::{Lane, LaneMap, LaneSet};
 use super::pending::Pending;
 use super::pool::Slots;
-use super::waits::HeldBy;
+use super::waits::{HeldBy, Seen};
 
 /// How deep into a seller's queue to look for the next job of each
 /// lane; bounds the work per limiter call for a seller with a deep
@@ -357,6 +358,62 @@ pub(super) fn take_granted(
         out.extend(queue.remove(i).map(|p| (k, p)));
     }
     out
+}
+
+/// What the wait report and the backlog gauge read of a seller.
+impl Seller {
+    /// This seller (`key`) as the wait report reads it
+    /// ([`super::waits`]).
+    pub(super) fn seen(&self, key: &Arc<str>, now: Instant) -> Seen {
+        let jobs = self
+            .queue
+            .iter()
+            .chain(self.delayed.iter().map(|(_, p)| p))
+            .chain(self.paced.iter().map(|q| &q.pending));
+        let (mut units, mut oldest) = (0u64, None::<Instant>);
+        for p in jobs {
+            units = units.saturating_add(p.job.cost);
+            oldest = Some(oldest.map_or(p.received_at, |o| o.min(p.received_at)));
+        }
+        let held = self.blocked_until.is_some_and(|t| t > now).then(|| {
+            if self.paused_since.is_some() {
+                HeldBy::Pause
+            } else {
+                self.held_by.unwrap_or(HeldBy::LimiterUnavailable)
+            }
+        });
+        Seen {
+            seller: key.clone(),
+            jobs: self.waiting(),
+            units,
+            oldest,
+            held,
+            wants_slot: self.wants_capacity || self.wants_paced_slot,
+        }
+    }
+
+    /// Its jobs waiting, by cause (see `Scheduler::waiting_by_cause`):
+    /// its queue and backoffs under one cause, its pacer's jobs under
+    /// "limit"; a cause with no job is left out.
+    pub(super) fn waiting_by_cause(&self, now: Instant) -> Vec<(&'static str, i64)> {
+        let mut out = Vec::new();
+        let n = (self.queue.len() + self.delayed.len()) as i64;
+        if n > 0 {
+            let held = self.blocked_until.is_some_and(|t| t > now);
+            let cause = if held && self.paused_since.is_some() {
+                "paused"
+            } else if held && !self.in_flight_bound {
+                "limit"
+            } else {
+                "capacity"
+            };
+            out.push((cause, n));
+        }
+        if !self.paced.is_empty() {
+            out.push(("limit", self.paced.len() as i64));
+        }
+        out
+    }
 }
 
 #[cfg(test)]

@@ -11,12 +11,19 @@
 //! part ways, under their deepest common module `D`, the child of `D` on
 //! the importer's side imports the child of `D` on the other side. A child
 //! naming its parent's own items (`super::Engine`) is no edge: a module's
-//! children read what it declares.
+//! children read what it declares. But an item the parent only re-exports
+//! (`pub use engine::Engine;` in `worker/mod.rs`) is followed to the file
+//! that defines it: `super::Engine` from `worker::scheduler` is an import
+//! of `worker::engine`, else a cycle through a re-export would hide.
+//!
+//! Every cycle is found (the strongly connected components of each graph,
+//! not the first cycle a walk meets), and [`KNOWN`] names each allowed one
+//! by its exact set of modules.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use super::module_graph::{find_cycle, picture, rust_files, Graph};
+use super::module_graph::{find_cycles, picture, rust_files, Graph};
 
 type ModPath = Vec<String>;
 
@@ -126,6 +133,120 @@ fn resolve(module: &[String], path: &[String]) -> ModPath {
     out
 }
 
+/// Every `pub use` (of any visibility) in `code`, the code of `module`:
+/// the name it makes visible in `module` and the absolute path it names.
+/// A path that is neither `crate::`, `super::`, `self::` nor a child
+/// module of `module` names another crate and is left out; so are globs.
+fn reexports_of(
+    module: &[String],
+    code: &str,
+    modules: &BTreeSet<ModPath>,
+) -> Vec<(String, ModPath)> {
+    let mut out = Vec::new();
+    let mut rest = code;
+    while let Some(i) = rest.find("pub") {
+        let before = code[..code.len() - rest.len() + i].chars().next_back();
+        rest = &rest[i + "pub".len()..];
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            continue;
+        }
+        let mut tail = rest.trim_start();
+        if let Some(vis) = tail.strip_prefix('(') {
+            let Some(end) = vis.find(')') else { continue };
+            tail = vis[end + 1..].trim_start();
+        }
+        let Some(stmt) = tail.strip_prefix("use ") else {
+            continue;
+        };
+        let stmt = &stmt[..stmt.find(';').unwrap_or(stmt.len())];
+        for (path, name) in use_items(stmt) {
+            let local = match path.first().map(String::as_str) {
+                Some("crate" | "super" | "self") => true,
+                Some(first) => {
+                    let mut child = module.to_vec();
+                    child.push(first.to_owned());
+                    modules.contains(&child)
+                }
+                None => false,
+            };
+            if local && name != "*" && name != "self" {
+                let mut path = path;
+                if !matches!(path[0].as_str(), "crate" | "super" | "self") {
+                    path.insert(0, "self".to_owned());
+                }
+                out.push((name, resolve(module, &path)));
+            }
+        }
+    }
+    out
+}
+
+/// The paths of a `use` tree (`a::{b as c, d::e}`), each with the name it
+/// binds.
+fn use_items(tree: &str) -> Vec<(ModPath, String)> {
+    let tree = tree.trim();
+    let (first, rest) = ident(tree);
+    if first.is_empty() {
+        return if tree.starts_with('*') {
+            vec![(Vec::new(), "*".to_owned())]
+        } else {
+            Vec::new()
+        };
+    }
+    let rest = rest.trim_start();
+    if let Some(rest) = rest.strip_prefix("::") {
+        let subs = match rest.trim_start().strip_prefix('{') {
+            Some(g) => group(g).0.into_iter().flat_map(use_items).collect(),
+            None => use_items(rest),
+        };
+        return subs
+            .into_iter()
+            .map(|(mut path, name)| {
+                path.insert(0, first.to_owned());
+                (path, name)
+            })
+            .collect();
+    }
+    let name = match rest.strip_prefix("as ") {
+        Some(alias) => ident(alias.trim_start()).0.to_owned(),
+        None => first.to_owned(),
+    };
+    vec![(vec![first.to_owned()], name)]
+}
+
+/// Re-exports: (module, name) → the path it stands for.
+type Reexports = BTreeMap<(ModPath, String), ModPath>;
+
+/// `path` with every re-exported step replaced by what it re-exports,
+/// until it names a module, or an item of the module that defines it.
+fn follow(mut path: ModPath, modules: &BTreeSet<ModPath>, reexports: &Reexports) -> ModPath {
+    // A re-export of a re-export is followed too; the bound stops a loop
+    // of them (which the compiler would refuse anyway).
+    for _ in 0..16 {
+        let mut changed = false;
+        for i in 0..path.len() {
+            let prefix = path[..i].to_vec();
+            if i > 0 && !modules.contains(&prefix) {
+                break;
+            }
+            if modules.contains(&path[..=i]) {
+                continue;
+            }
+            if let Some(target) = reexports.get(&(prefix, path[i].clone())) {
+                let mut next = target.clone();
+                next.extend(path[i + 1..].iter().cloned());
+                changed = next != path;
+                path = next;
+            }
+            break;
+        }
+        if !changed {
+            break;
+        }
+    }
+    path
+}
+
 /// Each module's graph of its children (keyed by the module, `""` the
 /// crate), from the source under `src`.
 fn inner_graphs(src: &Path) -> BTreeMap<String, Graph> {
@@ -139,18 +260,27 @@ fn inner_graphs(src: &Path) -> BTreeMap<String, Graph> {
             m.pop();
         }
     }
-    let mut graphs: BTreeMap<String, Graph> = BTreeMap::new();
-    for f in &files {
-        let from = module_of(f.strip_prefix(src).unwrap());
+    let code_of = |f: &Path| -> String {
         let text = std::fs::read_to_string(f).unwrap();
-        let code: String = text
-            .lines()
+        text.lines()
             .filter(|l| !l.trim_start().starts_with("//"))
             .map(|l| l.split(" //").next().unwrap_or(l))
             .collect::<Vec<_>>()
-            .join(" ");
+            .join(" ")
+    };
+    let mut reexports = Reexports::new();
+    for f in &files {
+        let from = module_of(f.strip_prefix(src).unwrap());
+        for (name, to) in reexports_of(&from, &code_of(f), &modules) {
+            reexports.insert((from.clone(), name), to);
+        }
+    }
+    let mut graphs: BTreeMap<String, Graph> = BTreeMap::new();
+    for f in &files {
+        let from = module_of(f.strip_prefix(src).unwrap());
+        let code = code_of(f);
         for path in named_paths(&code) {
-            let to = resolve(&from, &path);
+            let to = follow(resolve(&from, &path), &modules, &reexports);
             let Some(k) = (0..from.len().min(to.len())).find(|&k| from[k] != to[k]) else {
                 continue;
             };
@@ -171,30 +301,65 @@ fn inner_graphs(src: &Path) -> BTreeMap<String, Graph> {
     graphs
 }
 
-/// Modules that held a cycle when this check was written, each to be
-/// broken (see the note of issue 34): the check fails for a cycle anywhere
-/// else, and for one of these once its cycle is gone, so the list only
-/// shrinks. `worker` is not one of them.
-const KNOWN: &[&str] = &[
-    // trace.rs counts an invalid traceparent (an event); the events of a
-    // seller's waits note them on the job's span.
-    "telemetry",
+/// The cycles allowed for now, each as (the module whose children form
+/// it, its exact set of children): each to be broken (see the note of
+/// issue 34 and issue 51, item 4). The check fails for any other cycle,
+/// for one of these that grew or shrank, and for one of these once it is
+/// gone, so the list only shrinks.
+const KNOWN: &[(&str, &[&str])] = &[
+    // Through the unit tests only: those of downstream, env, kafka,
+    // redis, settings and tracing build their settings with
+    // `load_from` (re-exported from load.rs), and load.rs reads
+    // settings.rs, which reads them. Broken by moving those tests beside
+    // the loader (a `config/tests.rs`).
+    (
+        "config",
+        &[
+            "downstream",
+            "env",
+            "kafka",
+            "load",
+            "redis",
+            "settings",
+            "tracing",
+        ],
+    ),
 ];
 
-fn cycles(graphs: &BTreeMap<String, Graph>) -> Vec<String> {
+/// One cycle: the module whose children form it, and its children (a
+/// strongly connected component of more than one of them).
+type Cycle = (String, BTreeSet<String>);
+
+fn cycles(graphs: &BTreeMap<String, Graph>) -> Vec<Cycle> {
     graphs
         .iter()
-        .filter_map(|(module, graph)| {
-            find_cycle(graph).map(|c| {
-                let name = if module.is_empty() { "crate" } else { module };
-                format!(
-                    "inside {name}: {}\nits imports:\n{}",
-                    c.join(" -> "),
-                    picture(graph)
-                )
-            })
+        .flat_map(|(module, graph)| {
+            find_cycles(graph)
+                .into_iter()
+                .map(move |c| (module.clone(), c))
         })
         .collect()
+}
+
+/// A cycle as a failure names it, with the imports among its members.
+fn describe((module, members): &Cycle, graphs: &BTreeMap<String, Graph>) -> String {
+    let name = if module.is_empty() { "crate" } else { module };
+    let inside: Graph = graphs[module]
+        .iter()
+        .filter(|(m, _)| members.contains(*m))
+        .map(|(m, to)| (m.clone(), to.intersection(members).cloned().collect()))
+        .collect();
+    format!(
+        "inside {name}: {{{}}}\nits imports among them:\n{}",
+        members.iter().cloned().collect::<Vec<_>>().join(", "),
+        picture(&inside)
+    )
+}
+
+fn is_known((module, members): &Cycle) -> bool {
+    KNOWN.iter().any(|(m, set)| {
+        m == module && set.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>() == *members
+    })
 }
 
 #[test]
@@ -211,25 +376,22 @@ fn the_modules_inside_every_module_import_one_another_without_a_cycle() {
     );
     assert!(graphs.contains_key("worker::engine") || graphs.len() > 5);
     let found = cycles(&graphs);
-    let (known, new): (Vec<&String>, Vec<&String>) = found.iter().partition(|c| {
-        KNOWN
-            .iter()
-            .any(|k| c.starts_with(&format!("inside {k}: ")))
-    });
+    let new: Vec<String> = found
+        .iter()
+        .filter(|c| !is_known(c))
+        .map(|c| describe(c, &graphs))
+        .collect();
     assert!(
         new.is_empty(),
-        "import cycles:\n{}",
-        new.iter()
-            .map(|c| c.as_str())
-            .collect::<Vec<_>>()
-            .join("\n\n")
+        "import cycles ({} of them):\n{}",
+        new.len(),
+        new.join("\n\n")
     );
-    for k in KNOWN {
+    for (module, set) in KNOWN {
+        let set: BTreeSet<String> = set.iter().map(|s| s.to_string()).collect();
         assert!(
-            known
-                .iter()
-                .any(|c| c.starts_with(&format!("inside {k}: "))),
-            "{k} has no import cycle any more: take it off KNOWN"
+            found.contains(&(module.to_string(), set.clone())),
+            "{module} has no import cycle of exactly {set:?} any more: take it off KNOWN"
         );
     }
 }
@@ -261,10 +423,12 @@ fn a_planted_cycle_inside_a_module_is_found() {
         std::fs::write(path, text).unwrap();
     }
     let clean = inner_graphs(&dir);
-    assert_eq!(cycles(&clean), Vec::<String>::new(), "{clean:?}");
+    assert_eq!(cycles(&clean), Vec::<Cycle>::new(), "{clean:?}");
     let worker = &clean["worker"];
     assert!(worker["engine"].contains("scheduler") && worker["engine"].contains("pool"));
     assert!(worker["scheduler"].contains("pool"));
+    let set =
+        |names: &[&str]| -> BTreeSet<String> { names.iter().map(|n| n.to_string()).collect() };
     // The scheduler now reaches back into the engine, inline.
     std::fs::write(
         dir.join("worker/scheduler.rs"),
@@ -272,13 +436,64 @@ fn a_planted_cycle_inside_a_module_is_found() {
     )
     .unwrap();
     let found = cycles(&inner_graphs(&dir));
-    let _ = std::fs::remove_dir_all(&dir);
-    assert_eq!(found.len(), 1, "{found:?}");
-    assert!(
-        found[0].starts_with("inside worker: engine -> scheduler -> engine"),
-        "{}",
-        found[0]
+    assert_eq!(
+        found,
+        vec![("worker".to_owned(), set(&["engine", "scheduler"]))]
     );
+    assert!(
+        describe(&found[0], &inner_graphs(&dir)).starts_with("inside worker: {engine, scheduler}"),
+        "{}",
+        describe(&found[0], &inner_graphs(&dir))
+    );
+    // A second cycle, elsewhere, through a re-export: `super::Link` is
+    // `b`'s item, re-exported by `links`, so `a` imports `b`.
+    for (path, text) in [
+        ("lib.rs", "pub mod worker; pub mod links;"),
+        ("links/mod.rs", "mod a; mod b;\npub use b::Link;"),
+        ("links/a.rs", "use super::Link;\npub struct A;"),
+        ("links/b.rs", "pub struct Link(crate::links::a::A);"),
+    ] {
+        let path = dir.join(path);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    }
+    let found = cycles(&inner_graphs(&dir));
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(
+        found,
+        vec![
+            ("links".to_owned(), set(&["a", "b"])),
+            ("worker".to_owned(), set(&["engine", "scheduler"])),
+        ],
+        "every cycle, the re-exported one too"
+    );
+}
+
+/// Two cycles that share no module, and one of three, are each found
+/// whole (the first walk found one cycle and stopped).
+#[test]
+fn every_cycle_is_found_whole() {
+    let mut graph = Graph::new();
+    for (from, to) in [
+        ("a", "b"),
+        ("b", "a"),
+        ("c", "d"),
+        ("d", "e"),
+        ("e", "c"),
+        ("f", "a"),
+    ] {
+        graph
+            .entry(from.to_owned())
+            .or_default()
+            .insert(to.to_owned());
+        graph.entry(to.to_owned()).or_default();
+    }
+    let found = find_cycles(&graph);
+    let sets: Vec<Vec<&str>> = found
+        .iter()
+        .map(|c| c.iter().map(String::as_str).collect())
+        .collect();
+    assert_eq!(sets, vec![vec!["a", "b"], vec!["c", "d", "e"]]);
 }
 
 #[test]

@@ -12,6 +12,7 @@
 use crate::limiter::rule::Algorithm;
 use crate::limiter::rule::Rule;
 
+use super::state::{State, Tat};
 use super::store::ModelStore;
 
 /// `floor(a / b)` for `b > 0`: the script's `fdiv`.
@@ -164,4 +165,34 @@ macro_rules! with_algo {
             }
         }
     };
+}
+
+/// `drained_refund` of common.lua: the debt (µs * limit) a refund of `n`
+/// units taken at `taken` may give back at `at`, when other calls may have
+/// taken since: `n * period` less what has drained in between.
+pub fn drained_refund(r: &Params, n: i128, at: i128, taken: i128) -> i128 {
+    (n * r.period - (at - taken) * r.limit).max(0)
+}
+
+/// `tat_debt` of common.lua: how far `tat + f/limit` lies beyond `now`, in
+/// µs * limit; 0 once it has passed (or for a missing key).
+pub fn tat_debt(stored: Option<Tat>, limit: i128, now: i128) -> i128 {
+    let Tat { tat, f } = stored.unwrap_or(Tat { tat: 0, f: 0 });
+    if tat < now {
+        0
+    } else {
+        (tat - now) * limit + f
+    }
+}
+
+/// `tat_store` of common.lua: the TAT `now + debt/limit`.
+pub fn tat_store(store: &mut ModelStore, key: &str, debt: i128, limit: i128, now: i128) {
+    let whole = fdiv(debt, limit);
+    store.put(
+        key,
+        State::Tat(Tat {
+            tat: now + whole,
+            f: debt - whole * limit,
+        }),
+    );
 }

@@ -9,12 +9,7 @@
 
 use super::{Algo, ModelStore, Params, State};
 
-/// Hash `{ s, n }`: the period's start (µs) and the tokens left in it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Stored {
-    pub s: i128,
-    pub n: i128,
-}
+pub use super::state::BurstFillStored as Stored;
 
 #[derive(Debug, Clone, Copy)]
 pub struct View {

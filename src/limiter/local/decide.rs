@@ -153,13 +153,6 @@ pub(crate) fn scratch_for(
     (dry && !rules.is_empty()).then(|| store.clone())
 }
 
-/// `drained_refund` of common.lua: the debt (µs * limit) a refund of `n`
-/// units taken at `taken` may give back at `at`, when other calls may have
-/// taken since: `n * period` less what has drained in between.
-pub fn drained_refund(r: &Params, n: i128, at: i128, taken: i128) -> i128 {
-    (n * r.period - (at - taken) * r.limit).max(0)
-}
-
 /// What the limiter is asked to do (`ARGV[1]`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {

@@ -4,12 +4,7 @@
 
 use super::{fdiv, Algo, ModelStore, Params, State};
 
-/// Hash `{ w, n }`: the window start (µs) and the count taken in it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Stored {
-    pub w: i128,
-    pub n: i128,
-}
+pub use super::state::FixedWindowStored as Stored;
 
 #[derive(Debug, Clone, Copy)]
 pub struct View {

@@ -46,12 +46,13 @@ mod limiter;
 pub mod share;
 pub mod sliding_window_counter;
 pub mod sliding_window_log;
+mod state;
 mod store;
 pub mod token_bucket;
 
-pub use algo::{cdiv, fdiv, Algo, Params};
+pub use algo::{cdiv, drained_refund, fdiv, tat_debt, tat_store, Algo, Params};
 pub use burst_fill::BurstFill;
-pub use decide::{drained_refund, run, Op};
+pub use decide::{run, Op};
 pub use fixed_window::FixedWindow;
 pub use gcra::Gcra;
 pub use leaky_bucket::LeakyBucket;
@@ -61,7 +62,7 @@ pub use sliding_window_counter::SlidingWindowCounter;
 pub use sliding_window_log::{Log, SlidingWindowLog};
 #[cfg(any(test, feature = "testkit"))]
 pub use store::CallsFields;
-pub use store::{tat_debt, tat_store, ModelStore, State, Tat};
+pub use store::{ModelStore, State, Tat};
 pub use token_bucket::TokenBucket;
 
 #[cfg(test)]

@@ -7,14 +7,7 @@
 
 use super::{fdiv, Algo, ModelStore, Params, State};
 
-/// Hash `{ w, cur, prev }`: the window start of `cur`, its count, and the
-/// count of the window before it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Stored {
-    pub w: i128,
-    pub cur: i128,
-    pub prev: i128,
-}
+pub use super::state::SlidingWindowCounterStored as Stored;
 
 #[derive(Debug, Clone, Copy)]
 pub struct View {

@@ -3,76 +3,9 @@
 //! set member per admitted unit, named `<call id>:<unit>` (1-based), so two
 //! admissions in the same µs never collapse. Refused calls are not logged.
 
-use std::collections::{BTreeSet, HashMap};
-
 use super::{Algo, ModelStore, Params, State};
 
-/// A Redis sorted set: score (µs) per member, ordered by (score, member).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Log {
-    /// Member → score; the same pairs as `ordered`.
-    scores: HashMap<String, i128>,
-    ordered: BTreeSet<(i128, String)>,
-}
-
-impl Log {
-    /// `ZADD`: a member already present moves to the new score.
-    pub fn add(&mut self, score: i128, member: String) {
-        if let Some(old) = self.scores.insert(member.clone(), score) {
-            self.ordered.remove(&(old, member.clone()));
-        }
-        self.ordered.insert((score, member));
-    }
-
-    /// `ZREM` of one member.
-    pub fn remove(&mut self, member: &str) {
-        if let Some(score) = self.scores.remove(member) {
-            self.ordered.remove(&(score, member.to_owned()));
-        }
-    }
-
-    /// Removes up to `n` entries of score `score` (the script's log names
-    /// no calls: entries of one instant are interchangeable).
-    pub fn remove_at(&mut self, score: i128, n: i128) {
-        let members: Vec<String> = self
-            .ordered
-            .range((score, String::new())..)
-            .take_while(|(s, _)| *s == score)
-            .take(usize::try_from(n.max(0)).unwrap_or(usize::MAX))
-            .map(|(_, m)| m.clone())
-            .collect();
-        for m in members {
-            self.remove(&m);
-        }
-    }
-
-    /// `ZREMRANGEBYSCORE -inf max`.
-    pub fn remove_up_to(&mut self, max: i128) {
-        while let Some((score, member)) = self.ordered.first().cloned() {
-            if score > max {
-                break;
-            }
-            self.ordered.pop_first();
-            self.scores.remove(&member);
-        }
-    }
-
-    /// Scores above `lo` (exclusive), ascending.
-    pub fn scores_above(&self, lo: i128) -> impl Iterator<Item = i128> + '_ {
-        self.ordered
-            .iter()
-            .map(|(score, _)| *score)
-            .filter(move |&score| score > lo)
-    }
-
-    pub fn len(&self) -> usize {
-        self.ordered.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.ordered.is_empty()
-    }
-}
+pub use super::state::Log;
 
 #[derive(Debug, Clone)]
 pub struct View {

@@ -4,58 +4,8 @@
 
 use std::collections::HashMap;
 
-use super::{burst_fill, fdiv, fixed_window, sliding_window_counter, token_bucket, Log};
+pub use super::state::{State, Tat};
 use crate::limiter::script::BlockAt;
-
-/// What one Redis key holds. Each algorithm reads only its own variant and
-/// treats any other as a missing key (rule keys carry the rule's
-/// fingerprint, so one key never serves two algorithms).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum State {
-    FixedWindow(fixed_window::Stored),
-    SlidingWindowLog(Log),
-    SlidingWindowCounter(sliding_window_counter::Stored),
-    TokenBucket(token_bucket::Stored),
-    /// gcra: a theoretical arrival time `tat + f/limit`.
-    Tat(Tat),
-    /// leaky_bucket: the TAT at which the queue drains, and the call that
-    /// queued last (hash `{ tat, f, id }`).
-    Queue(Tat, String),
-    BurstFill(burst_fill::Stored),
-    /// The downstream block: the µs instant it ends.
-    Block(i128),
-}
-
-/// A TAT stored exactly as whole µs and a remainder in 1/limit µs
-/// (hash `{ tat, f }`); invariant `0 <= f < limit`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Tat {
-    pub tat: i128,
-    pub f: i128,
-}
-
-/// `tat_debt` of common.lua: how far `tat + f/limit` lies beyond `now`, in
-/// µs * limit; 0 once it has passed (or for a missing key).
-pub fn tat_debt(stored: Option<Tat>, limit: i128, now: i128) -> i128 {
-    let Tat { tat, f } = stored.unwrap_or(Tat { tat: 0, f: 0 });
-    if tat < now {
-        0
-    } else {
-        (tat - now) * limit + f
-    }
-}
-
-/// `tat_store` of common.lua: the TAT `now + debt/limit`.
-pub fn tat_store(store: &mut ModelStore, key: &str, debt: i128, limit: i128, now: i128) {
-    let whole = fdiv(debt, limit);
-    store.put(
-        key,
-        State::Tat(Tat {
-            tat: now + whole,
-            f: debt - whole * limit,
-        }),
-    );
-}
 
 /// The Redis keyspace of the scripts, in memory.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

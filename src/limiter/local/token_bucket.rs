@@ -4,13 +4,7 @@
 
 use super::{cdiv, drained_refund, fdiv, Algo, ModelStore, Params, State};
 
-/// Hash `{ c, ts }`: `tokens * period` at time `ts` (µs);
-/// invariant `0 <= c <= burst * period`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Stored {
-    pub c: i128,
-    pub ts: i128,
-}
+pub use super::state::TokenBucketStored as Stored;
 
 #[derive(Debug, Clone, Copy)]
 pub struct View {

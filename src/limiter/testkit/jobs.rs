@@ -332,11 +332,11 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::limiter::local::convert::tests::{
-        arrivals, rule_pair, windows_within_the_larger_rule,
-    };
     use crate::limiter::rule::Rule;
     use crate::limiter::script::{BlockAt, BlockRead, StateKey};
+    use crate::limiter::testkit::convert_tests::{
+        arrivals, rule_pair, windows_within_the_larger_rule,
+    };
 
     const T0: i128 = 1_700_000_000_000_000;
     const EPOCH: &str = "m:{epoch}";

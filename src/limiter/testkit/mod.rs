@@ -18,6 +18,8 @@
 //!   `ModelLimiter`), here because they use this half.
 
 pub mod calls;
+#[cfg(test)]
+pub(crate) mod convert_tests;
 pub mod jobs;
 #[cfg(test)]
 mod model_tests;

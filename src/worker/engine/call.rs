@@ -338,7 +338,7 @@ impl<X: Ports> Engine<X> {
         // One of the calls too many for the downstream's capacity (see
         // `learn_concurrency`): the downstream's load, not the job.
         if unreached || shed {
-            p.attempts = p.attempts.saturating_sub(1);
+            give_back_attempt(&mut p);
         }
         if p.attempts >= max {
             let reason = format!(
@@ -368,7 +368,7 @@ impl<X: Ports> Engine<X> {
     /// keeps its attempt and waits for the outage to end (its seller waits
     /// on the breaker).
     fn hold_for_outage(&mut self, key: Arc<str>, mut p: Pending) {
-        p.attempts = p.attempts.saturating_sub(1);
+        give_back_attempt(&mut p);
         p.last_failed_at = None;
         p.failures_in_a_row = 0;
         let now = self.deps.clock.now();
@@ -494,6 +494,19 @@ impl<X: Ports> Engine<X> {
 
 /// A run's jobs by lane, each with its place in the run (to put back
 /// in order what a 429 left).
+/// Gives back the attempt [`Engine::on_called`] counted for this answer
+/// (it counts one before routing any answer, so a job here has at least
+/// one): not clamped, since a job with none to give back would be a job
+/// whose answer was routed twice.
+fn give_back_attempt(p: &mut Pending) {
+    debug_assert!(
+        p.attempts > 0,
+        "job {} gave back an attempt it never spent",
+        p.job.job_id
+    );
+    p.attempts -= 1;
+}
+
 fn chains(batch: Vec<(Option<u64>, Pending)>) -> Vec<Vec<Granted>> {
     let mut chains: Vec<(Lane, Vec<Granted>)> = Vec::new();
     for (i, (granted_at, p)) in batch.into_iter().enumerate() {

@@ -58,10 +58,11 @@ use super::partitions::Partitions;
 use super::pending::Pending;
 use super::pool::Slots;
 use super::ports::{Clock, PermitError, Ports, Source, WriteError};
-use super::scheduler::{Scheduler, Turn};
+use super::scheduler::Scheduler;
 use super::slots::FleetSlots;
 use super::tiers::RetryTiers;
 use super::timers::{after, Timer, Timers};
+use super::turns::Turn;
 
 use call::{Throttle, Timing};
 use write::PendingWrite;
