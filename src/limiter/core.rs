@@ -241,7 +241,7 @@ impl<S: Store> Limiter<S> {
                 match smallest {
                     // No rule cuts a cost: one job of all of it.
                     None => vec![req.cost],
-                    Some(cap) => vec![1; usize::try_from(req.cost.min(cap)).unwrap_or(usize::MAX)],
+                    Some(cap) => unit_jobs(req.cost, cap),
                 }
             }
         };
@@ -340,6 +340,13 @@ impl<S: Store> Limiter<S> {
             .block(&self.keys.block_at(seller), Some(now_us), dur_us)
             .await
     }
+}
+
+/// Up to `units` as jobs of one unit each, no more of them than `cap` (the
+/// smallest capacity of the rules asked, more than which is never granted):
+/// an up-to ask as a job list, for a single decision and for shadow rules.
+pub(super) fn unit_jobs(units: u64, cap: u64) -> Vec<u64> {
+    vec![1; usize::try_from(units.min(cap)).unwrap_or(usize::MAX)]
 }
 
 /// Call ids unique across replicas and restarts: a random instance part and

@@ -13,7 +13,7 @@
 use crate::config::Topology;
 use crate::telemetry::events::ShadowDecided;
 
-use super::core::{KeyedRule, Limiter};
+use super::core::{unit_jobs, KeyedRule, Limiter};
 use super::decision::{BatchDecision, DeniedBy};
 use super::script::BlockAt;
 use super::store::Store;
@@ -93,8 +93,7 @@ impl<S: Store> Limiter<S> {
         // the smallest capacity: a cost above it is granted in part, not
         // refused as impossible.
         let smallest = rules.iter().map(|(_, r)| r.capacity()).min();
-        let n = smallest.map_or(units, |cap| units.min(cap));
-        let costs = vec![1; usize::try_from(n).unwrap_or(usize::MAX)];
+        let costs = unit_jobs(units, smallest.unwrap_or(units));
         let (denied, by) = match self.request_alone(at_us, false, block, rules, &costs).await {
             Ok(BatchDecision::Granted(g)) => (units - g.units, None),
             Ok(BatchDecision::Denied(d)) => (
