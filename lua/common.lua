@@ -406,38 +406,67 @@ local function owns(r)
 end
 
 -- The instant (µs) the limiter's state was last lost, and whether this
--- call is the one that found it lost. The epoch key never expires, so
--- only a loss of Redis' data removes it; a charging call then writes it
--- with its own time, which is at or after the loss. A dry run reads it
--- as lost now and writes nothing.
-local function state_epoch(key, now, charge)
+-- call is the one that found it lost (1), or found this install new (2).
+-- The epoch key never expires, so only a loss of Redis' data removes it;
+-- a charging call then writes it with its own time, which is at or after
+-- the loss. A new install (`fresh`: the worker's consumer group has never
+-- committed an offset, so there was no state to lose) writes 0 instead:
+-- nothing was lost, and no seller waits. A dry run reads a missing epoch
+-- as a loss now (or, fresh, as none) and writes nothing.
+local function state_epoch(key, now, charge, fresh)
   local v = redis.call('GET', key)
   if v then
     return tonumber(v), 0
   end
+  local at = fresh and 0 or now
   if not charge then
-    return now, 0
+    return at, 0
   end
-  redis.call('SET', key, I(now))
-  return now, 1
+  redis.call('SET', key, I(at))
+  return at, fresh and 2 or 1
+end
+
+-- Reads a call's loss guard token (jobs.lua, ARGV): 'wait' or 'admit',
+-- then optionally '+new' (a new install: a missing epoch is not a loss)
+-- and '~<µs>' (the longest a 'wait' holds a seller that no fill can
+-- cover: redis.state_loss_wait). Returns how, fresh, max, or nil and an
+-- error.
+local function parse_guard(token)
+  local how, rest = string.match(token, '^(%a+)(.*)$')
+  if how ~= 'wait' and how ~= 'admit' then
+    return nil, 'unknown loss guard ' .. token
+  end
+  local fresh, max = false, nil
+  if string.sub(rest, 1, 4) == '+new' then
+    fresh, rest = true, string.sub(rest, 5)
+  end
+  if rest ~= '' then
+    max = tonumber(string.match(rest, '^~(%d+)$') or '')
+    if max == nil or max < 1 then
+      return nil, 'unknown loss guard ' .. token
+    end
+  end
+  return how, fresh, max
 end
 
 -- The loss guard of a call (jobs.lua), or nil: `key` the epoch key,
--- `wait` whether a loss holds unwritten places ('wait') or is only
--- reported ('admit'), `charge` whether the call may write the epoch. The
--- epoch is read at the first need only (a place no rule has written,
--- an empty slot set), not on every call: a seller whose places are all
--- written needs nothing of it (issue 37). `found` is 1 once this call
--- found the epoch gone and wrote it.
-local function new_guard(key, how, charge)
-  return { key = key, wait = how == 'wait', charge = charge, found = 0 }
+-- `how` whether a loss holds unwritten places ('wait') or is only
+-- reported ('admit'), `charge` whether the call may write the epoch,
+-- `fresh` whether this install is new, `max` the longest hold (µs; nil:
+-- a whole use). The epoch is read at the first need only (a place no
+-- rule has written, an empty slot set), not on every call: a seller
+-- whose places are all written needs nothing of it (issue 37). `found`
+-- is 1 once this call found the epoch gone and wrote it, 2 when it wrote
+-- it for a new install.
+local function new_guard(key, how, charge, fresh, max)
+  return { key = key, wait = how == 'wait', charge = charge, fresh = fresh, max = max, found = 0 }
 end
 
 -- The instant the state was lost, when the guard holds places ('wait');
 -- nil for 'admit'. Reads (and, charging, writes) the epoch once per call.
 local function guard_lost(G, now)
   if G.at == nil then
-    G.at, G.found = state_epoch(G.key, now, G.charge)
+    G.at, G.found = state_epoch(G.key, now, G.charge, G.fresh)
   end
   if G.wait then
     return G.at
@@ -453,16 +482,21 @@ end
 -- before the loss. So no seller passes its limit across a loss; a seller
 -- first seen after it waits up to one period (a bucket: until a full one
 -- would have drained). Past that reach the charge would be spent anyway,
--- so nothing is written. `src/limiter/local/decide.rs` (`lost_fill`) is
--- the specification.
+-- so nothing is written.
+--
+-- With a bound (G.max, redis.state_loss_wait) a use that would count
+-- longer than the bound is not charged: the place is held, unwritten,
+-- until `lost + max`, and starts fresh after. Returns that instant while
+-- it holds, else nil. `src/limiter/local/decide.rs` (`lost_fill`) is the
+-- specification.
 local function lost_fill(r, G, now)
   local h = r.h
   if hget(h.hash, h.p .. 'fp') ~= nil then
-    return
+    return nil
   end
   local lost = guard_lost(G, now)
   if lost == nil then
-    return
+    return nil
   end
   -- An epoch ahead of this call's clock (a failover to a node whose
   -- clock is behind) counts as now: no algorithm reads a take it has not
@@ -470,22 +504,32 @@ local function lost_fill(r, G, now)
   lost = math.min(lost, now)
   local cap = r.algo.cap(r)
   local st = r.algo.load(h, r, lost)
-  if now >= lost + r.algo.reset(st, r, lost, cap) then
-    return
+  local reach = r.algo.reset(st, r, lost, cap)
+  if now >= lost + reach then
+    return nil
+  end
+  if G.max ~= nil and reach > G.max then
+    if now < lost + G.max then
+      return lost + G.max
+    end
+    return nil
   end
   r.algo.take(h, st, r, lost, cap, 'lost')
   put(h, 'fp', r.fp)
+  return nil
 end
 
 -- A rule's state as the decision reads it, its place first made its own
 -- (settle) and, when a call guards against a loss (G), filled as lost_fill
--- says.
+-- says; second, the instant a bounded loss holds the place until (nil:
+-- none).
 local function load_rule(r, now, G)
   settle(r, now)
+  local hold = nil
   if G ~= nil then
-    lost_fill(r, G, now)
+    hold = lost_fill(r, G, now)
   end
-  return r.algo.load(r.h, r, now)
+  return r.algo.load(r.h, r, now), hold
 end
 
 -- Charges n units to a rule and names the rule at its place.

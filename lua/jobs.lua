@@ -25,13 +25,16 @@
 --           then, optionally, how long (µs) the call's record lives
 --             for a cancel (calls.lua; CALL_LIFE_US when absent or '')
 --           then, optionally, the loss guard ('' or absent: none):
---             'wait' or 'admit', with the epoch key last in KEYS. The
+--             'wait' or 'admit', then '+new' on a new install and
+--             '~<µs>' with a bound on the wait (parse_guard, common.lua),
+--             with the epoch key last in KEYS. The
 --             epoch is the instant this install's state was last found
 --             lost (see state_epoch), read only when the call first meets
 --             an unwritten place or an empty slot set (guard_lost,
 --             common.lua); 'wait' charges every unwritten
---             place within reach of it a whole use at it (lost_fill,
---             common.lua), 'admit' only records and reports the loss
+--             place within reach of it a whole use at it, or holds it
+--             unwritten until the bound (lost_fill, common.lua), 'admit'
+--             only records and reports the loss
 --           then, optionally, the learn terms ('' or absent: none): the
 --             rise of a learnt factor in ppm per second (learn.lua);
 --             requests whose block is the `block` field of the seller's
@@ -62,9 +65,10 @@
 --   A request cancelled before it ran (calls.lua) charges nothing and
 --   answers status 0, by 0, next 1, every wait 0.
 -- With a loss guard, one more integer ends the reply: 1 when this call
--- read the epoch, found it gone and wrote it (the state was lost, or this
--- is a new install), else 0. Exactly one charging call per loss answers
--- 1: the first to meet a place or slot set the loss emptied.
+-- read the epoch, found it gone and wrote it (the state was lost), 2 when
+-- it wrote it for a new install ('+new'), else 0. Exactly one charging
+-- call per loss answers 1 or 2: the first to meet a place or slot set the
+-- loss emptied.
 -- Reply of 'cancel': one integer per request (see cancel_request).
 
 -- The index of the first rule whose capacity `cost` exceeds, else 0. A
@@ -131,25 +135,34 @@ local function jobs_request(out, now, charge, id, until_, rules, costs, slots, G
 
   local states, avail = {}, {}
   local n = nil
+  -- A bounded loss (lost_fill) holds the list until `hold`, by rule `hby`.
+  local hold, hby = 0, 0
   for i = 1, #rules do
     local r = rules[i]
-    states[i] = load_rule(r, now, G)
+    local held
+    states[i], held = load_rule(r, now, G)
+    if held ~= nil and held > hold then
+      hold, hby = held, i
+    end
     avail[i] = r.algo.avail(states[i], r, now)
     if n == nil or avail[i] < n then
       n = avail[i]
     end
   end
 
-  -- A downstream block refuses the whole list; as in limiter.lua the wait
-  -- is the longer of the block and the first job's own.
-  if until_ > now then
-    local block = until_ - now
+  -- A downstream block, or a loss's hold, refuses the whole list; the wait
+  -- is the longest of the block, the hold and the first job's own.
+  if until_ > now or hold > now then
+    local block = math.max(0, until_ - now)
     local wait, by = jobs_wait_for(rules, states, avail, now, costs[1], 0)
     local _, reset = jobs_summary(rules, states, now, 0)
-    if block >= wait then
+    if hold - now > wait then
+      wait, by = hold - now, hby
+    end
+    if block > 0 and block >= wait then
       wait, by = block, 0
     end
-    return jobs_reply(out, now, 0, 0, 0, wait, math.max(block, reset), now, by, 0, 1)
+    return jobs_reply(out, now, 0, 0, 0, wait, math.max(block, hold - now, reset), now, by, 0, 1)
   end
 
   -- Every algorithm admits `taken + c` units exactly when it admits `c`
@@ -278,8 +291,12 @@ local function run_jobs(KEYS, ARGV, op, now, real)
   local deadline = tonumber(ARGV[a] or '')
   local life = tonumber(ARGV[a + 1] or '') or CALL_LIFE_US
   local guard = ARGV[a + 2] or ''
-  if guard ~= '' and guard ~= 'wait' and guard ~= 'admit' then
-    return redis.error_reply('unknown loss guard ' .. guard)
+  local how, fresh, max = nil, false, nil
+  if guard ~= '' then
+    how, fresh, max = parse_guard(guard)
+    if how == nil then
+      return redis.error_reply(fresh)
+    end
   end
   local rise, lerr = learn_terms(ARGV[a + 3])
   if lerr ~= nil then
@@ -312,7 +329,7 @@ local function run_jobs(KEYS, ARGV, op, now, real)
   end
   local G = nil
   if guard ~= '' then
-    G = new_guard(KEYS[k], guard, charge)
+    G = new_guard(KEYS[k], how, charge, fresh, max)
   end
   local out = {}
   for q = 1, nreq do

@@ -29,3 +29,23 @@ pub(super) fn human_durations<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Dur
         })
         .collect()
 }
+
+/// `"period"` (`None`: as long as a rule's own period asks) or one
+/// duration in human form, above zero.
+pub(super) fn period_or_duration<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Duration>, D::Error> {
+    let s = String::deserialize(d)?;
+    if s.trim() == "period" {
+        return Ok(None);
+    }
+    match humantime::parse_duration(s.trim()) {
+        Ok(d) if !d.is_zero() => Ok(Some(d)),
+        Ok(_) => Err(serde::de::Error::custom(format!(
+            "invalid duration {s:?}: it must be above zero (or \"period\")"
+        ))),
+        Err(e) => Err(serde::de::Error::custom(format!(
+            "invalid duration {s:?}: {e} (write \"period\" or e.g. \"5s\", \"1m\")"
+        ))),
+    }
+}

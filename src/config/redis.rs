@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::duration::human_duration;
+use super::duration::{human_duration, period_or_duration};
 use super::error::{self, Invalid};
 use super::redact::redact_url;
 
@@ -42,14 +42,22 @@ pub struct RedisSettings {
     pub on_error: OnError,
     /// What a replica does when Redis has lost the limiter's state (a
     /// restart without persistence, a failover to a replica that missed
-    /// writes, an eviction; a new install looks the same): `wait` (no
-    /// seller passes its limit across the loss: a seller whose state is
-    /// gone waits up to one period per rule) or `admit` (the lost state
-    /// counts as fresh: each seller may get one extra window). Either way
-    /// the loss is logged once and counted
-    /// (`throttle_limiter_state_lost_total`).
+    /// writes, an eviction): `wait` (no seller passes its limit across the
+    /// loss: a seller whose state is gone waits up to one period per rule,
+    /// or `state_loss_wait`) or `admit` (the lost state counts as fresh:
+    /// each seller may get one extra window). Either way the loss is
+    /// logged once and counted (`throttle_limiter_state_lost_total`). A
+    /// new install (a consumer group that has never committed) is not a
+    /// loss: nobody waits.
     #[serde(default)]
     pub on_state_loss: OnStateLoss,
+    /// With `on_state_loss = "wait"`: the longest a loss holds a seller.
+    /// `"period"` (the default) holds it as long as a whole use of each
+    /// rule would count (up to a day with a daily rule); a duration such as
+    /// `"5s"` holds it at most that long, after which the seller starts
+    /// fresh and may get one extra window of a rule longer than it.
+    #[serde(default, deserialize_with = "period_or_duration")]
+    pub state_loss_wait: Option<Duration>,
     /// Most sellers' asks carried by one limiter call (coalescing); 1
     /// sends each ask on its own.
     pub max_coalesced: usize,
@@ -82,6 +90,8 @@ impl fmt::Debug for RedisSettings {
             .field("timeout", &self.timeout)
             .field("unready_after_failures", &self.unready_after_failures)
             .field("on_error", &self.on_error)
+            .field("on_state_loss", &self.on_state_loss)
+            .field("state_loss_wait", &self.state_loss_wait)
             .field("max_coalesced", &self.max_coalesced)
             .field("coalesce_window", &self.coalesce_window)
             .field(

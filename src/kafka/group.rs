@@ -58,6 +58,23 @@ impl Consumers {
         self.jobs.check_topics(topics, timeout)
     }
 
+    /// Whether the group has never committed an offset on any of the jobs
+    /// topic's `partitions`: a new install, which Redis cannot have held
+    /// limiter state for. An offset committed on any partition, or no
+    /// answer from the broker (an error), says it is not new: a missing
+    /// state is then read as lost, the safe side. Blocks.
+    pub fn never_committed(
+        &self,
+        partitions: usize,
+        timeout: std::time::Duration,
+    ) -> Result<bool, ConsumerError> {
+        let parts: Vec<TopicPartition> = (0..partitions)
+            .map(|p| TopicPartition::new(&*self.jobs_topic, p as i32))
+            .collect();
+        let committed = self.jobs.committed(&parts, timeout)?;
+        Ok(committed.iter().all(|(_, offset)| offset.is_none()))
+    }
+
     /// Subscribes the jobs consumer to the jobs topic and the retry consumer
     /// to `tiers`.
     pub fn subscribe(&self, tiers: &[&str]) -> Result<(), ConsumerError> {

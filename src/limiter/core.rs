@@ -5,7 +5,7 @@
 //! (`jobs.rs`): every decision takes the same road to Redis.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -107,6 +107,13 @@ pub struct Limiter<S> {
     /// `redis.on_state_loss`; `None` (tests of the algorithms) sends no
     /// loss guard.
     pub(super) on_state_loss: Option<OnStateLoss>,
+    /// `redis.state_loss_wait`: the longest a loss holds a seller.
+    pub(super) state_loss_wait: Option<Duration>,
+    /// This install is new (its consumer group never committed an offset):
+    /// the first guarded call that finds no epoch writes it as "never
+    /// lost". Cleared by this replica's first charging guarded call, after
+    /// which the epoch exists in Redis and a missing one is a loss.
+    pub(super) new_install: AtomicBool,
 }
 
 impl<S: Store> Limiter<S> {
@@ -120,6 +127,8 @@ impl<S: Store> Limiter<S> {
             topology,
             ids: CallIds::new(),
             on_state_loss: None,
+            state_loss_wait: None,
+            new_install: AtomicBool::new(false),
         }
     }
 
@@ -128,6 +137,26 @@ impl<S: Store> Limiter<S> {
     pub fn with_state_loss(mut self, on_loss: OnStateLoss) -> Limiter<S> {
         self.on_state_loss = Some(on_loss);
         self
+    }
+
+    /// Bounds how long a loss of Redis' data holds a seller
+    /// (`redis.state_loss_wait`; `None`: up to a whole use of each rule).
+    pub fn with_state_loss_wait(mut self, wait: Option<Duration>) -> Limiter<S> {
+        self.state_loss_wait = wait;
+        self
+    }
+
+    /// Tells the limiter whether this install is new: the worker's
+    /// consumer group has never committed an offset, so Redis had no
+    /// state to lose and an epoch found gone is not a loss. Holds until
+    /// this replica's first charging call has written or read the epoch.
+    pub fn set_new_install(&self, new: bool) {
+        self.new_install.store(new, Ordering::Relaxed);
+    }
+
+    /// Whether this replica still reads a missing state as a new install.
+    pub fn new_install(&self) -> bool {
+        self.new_install.load(Ordering::Relaxed)
     }
 
     /// The policy in force.

@@ -7,6 +7,7 @@
 //! job never overtakes a heavy one. Exactly the granted jobs' units are
 //! charged.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::core::{JobsQuery, Limiter, LimiterError};
@@ -34,7 +35,14 @@ impl<S: Store> Limiter<S> {
         call: &JobsCall,
     ) -> Result<Vec<JobsReply>, LimiterError<S::Error>> {
         match self.store.run_jobs(call).await {
-            Ok(replies) if replies.len() == call.requests.len() => Ok(replies),
+            Ok(replies) if replies.len() == call.requests.len() => {
+                // The epoch exists in Redis now (read or written by this
+                // call or one before it): from here a missing one is a loss.
+                if !call.dry_run && call.guard.as_ref().is_some_and(|g| g.new_install) {
+                    self.new_install.store(false, Ordering::Relaxed);
+                }
+                Ok(replies)
+            }
             // Read as it stands, a short reply would leave lists with no
             // answer: the call fails whole, and what it charged (nobody
             // can tell which) is given back.
@@ -429,6 +437,10 @@ impl<S: Store> Limiter<S> {
         Some(LossGuard {
             epoch: self.keys.epoch(self.topology, key),
             on_loss,
+            new_install: self.new_install.load(Ordering::Relaxed),
+            max_wait_us: self
+                .state_loss_wait
+                .map(|w| u64::try_from(w.as_micros()).unwrap_or(u64::MAX)),
         })
     }
 

@@ -110,7 +110,7 @@ pub use learn::{Blocked, LearnTerms, Learnt};
 pub use pauses::{Pause, Pauses};
 pub use policy::{Policy, Resolved, Share, SLOT_POLL};
 pub use redis::{RedisError, RedisStore, Scripts};
-pub use reply::{JobsAnswer, JobsReply, MalformedReply, Reply};
+pub use reply::{EpochFound, JobsAnswer, JobsReply, MalformedReply, Reply};
 pub use rule::{Algorithm, Rule, RuleError};
 pub use script::{
     call_life_us, release_args, BlockAt, BlockCall, BlockRead, FunctionLibrary, JobsCall,

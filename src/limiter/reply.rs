@@ -212,30 +212,56 @@ impl JobsReply {
 pub struct JobsAnswer {
     /// One per request of the call, in order.
     pub replies: Vec<JobsReply>,
-    /// The call found the limiter's state lost (the guard's epoch gone) and
-    /// wrote the epoch: exactly one charging call per loss says so. Always
-    /// false without a guard.
-    pub found_loss: bool,
+    /// What the call did with the loss guard's epoch: exactly one charging
+    /// call per loss (or per new install) found it gone and wrote it.
+    /// Always [`EpochFound::Kept`] without a guard.
+    pub epoch: EpochFound,
+}
+
+/// What a guarded jobs call found of the epoch (`state_epoch` of
+/// `lua/common.lua`): the reply's last integer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EpochFound {
+    /// There, or not needed (0).
+    #[default]
+    Kept,
+    /// Gone: Redis lost the limiter's state, and this call wrote the
+    /// epoch at its own time (1).
+    Lost,
+    /// Gone on a new install: this call wrote the epoch as "never lost"
+    /// (2; the call said `+new`).
+    NewInstall,
+}
+
+impl EpochFound {
+    /// The reply's flag, or `None` for an integer the script never sends.
+    pub fn from_flag(flag: i64) -> Option<EpochFound> {
+        match flag {
+            0 => Some(EpochFound::Kept),
+            1 => Some(EpochFound::Lost),
+            2 => Some(EpochFound::NewInstall),
+            _ => None,
+        }
+    }
 }
 
 impl JobsAnswer {
     /// Reads the reply of a call that carried a loss guard (`guarded`) or
-    /// not; a flag other than 0 or 1, or rows of the wrong shape, are
+    /// not; a flag other than 0, 1 or 2, or rows of the wrong shape, are
     /// malformed.
     pub fn from_slice(raw: &[i64], guarded: bool) -> Result<JobsAnswer, MalformedReply> {
-        let (rows, found_loss) = if guarded {
+        let (rows, epoch) = if guarded {
             let (rows, flag) = raw.split_at(raw.len().saturating_sub(1));
-            match flag {
-                [0] => (rows, false),
-                [1] => (rows, true),
-                _ => return Err(MalformedReply(raw.to_vec())),
+            match flag.first().copied().and_then(EpochFound::from_flag) {
+                Some(epoch) => (rows, epoch),
+                None => return Err(MalformedReply(raw.to_vec())),
             }
         } else {
-            (raw, false)
+            (raw, EpochFound::Kept)
         };
         Ok(JobsAnswer {
             replies: JobsReply::many_from_slice(rows)?,
-            found_loss,
+            epoch,
         })
     }
 }
@@ -249,30 +275,34 @@ mod tests {
         vec![1, 3, 0, 0, 0, 100, 0, 0, 100, 1, 2, 0, 1]
     }
 
-    /// Case 1: unguarded, every integer is a row. Cases 2 and 3: guarded,
-    /// the last integer is the flag, 0 or 1. Case 4: a flag of 2 is
-    /// malformed. Case 5: a guarded reply without its flag leaves a short
+    /// Case 1: unguarded, every integer is a row. Cases 2 to 4: guarded,
+    /// the last integer is the flag, 0, 1 or 2. Case 5: a flag of 3 is
+    /// malformed. Case 6: a guarded reply without its flag leaves a short
     /// row, malformed.
     #[test]
     fn the_loss_guard_trailer_is_split_off_only_when_the_call_carried_one() {
         let one = JobsAnswer::from_slice(&row(), false).expect("1: a row");
-        assert_eq!((one.replies.len(), one.found_loss), (1, false), "1");
-        for (n, flag, found) in [(2, 0, false), (3, 1, true)] {
+        assert_eq!((one.replies.len(), one.epoch), (1, EpochFound::Kept), "1");
+        for (n, flag, found) in [
+            (2, 0, EpochFound::Kept),
+            (3, 1, EpochFound::Lost),
+            (4, 2, EpochFound::NewInstall),
+        ] {
             let mut raw = row();
             raw.push(flag);
             let got = JobsAnswer::from_slice(&raw, true).unwrap_or_else(|e| panic!("{n}: {e}"));
             assert_eq!(
-                (got.replies, got.found_loss),
+                (got.replies, got.epoch),
                 (one.replies.clone(), found),
                 "{n}"
             );
         }
         let mut raw = row();
-        raw.push(2);
-        assert!(JobsAnswer::from_slice(&raw, true).is_err(), "4: flag 2");
+        raw.push(3);
+        assert!(JobsAnswer::from_slice(&raw, true).is_err(), "5: flag 3");
         assert!(
             JobsAnswer::from_slice(&row(), true).is_err(),
-            "5: no trailer"
+            "6: no trailer"
         );
     }
 }

@@ -317,6 +317,29 @@ pub struct LossGuard {
     /// ([`KeySpace::epoch`](super::keys::KeySpace::epoch)).
     pub epoch: String,
     pub on_loss: OnStateLoss,
+    /// This install is new (its consumer group never committed): an epoch
+    /// found gone is written as "never lost", and no seller waits.
+    pub new_install: bool,
+    /// The longest a loss holds a seller, µs (`redis.state_loss_wait`):
+    /// a rule whose whole use would count longer is held unwritten until
+    /// the loss plus this, then starts fresh. `None`: a whole use.
+    pub max_wait_us: Option<u64>,
+}
+
+impl LossGuard {
+    /// The guard's token in ARGV (`parse_guard` of `lua/common.lua`):
+    /// `wait` or `admit`, then `+new`, then `~<µs>`.
+    pub fn wire(&self) -> String {
+        let mut token = self.on_loss.wire().to_owned();
+        if self.new_install {
+            token.push_str("+new");
+        }
+        if let Some(max) = self.max_wait_us {
+            token.push('~');
+            token.push_str(&max.to_string());
+        }
+        token
+    }
 }
 
 impl JobsCall {
@@ -337,7 +360,7 @@ impl JobsCall {
     /// Redis' clock), the life of the call's record (µs), the loss guard
     /// and the learn terms, each `''` when absent; nothing when all are.
     pub fn tail(&self, deadline_us: Option<i64>, life_us: Option<u64>) -> Vec<String> {
-        let guard = self.guard.as_ref().map(|g| g.on_loss.wire());
+        let guard = self.guard.as_ref().map(LossGuard::wire);
         if deadline_us.is_none() && life_us.is_none() && guard.is_none() && self.learn.is_none() {
             return Vec::new();
         }
@@ -346,7 +369,7 @@ impl JobsCall {
             life_us.map(|l| l.to_string()).unwrap_or_default(),
         ];
         if guard.is_some() || self.learn.is_some() {
-            tail.push(guard.unwrap_or_default().to_owned());
+            tail.push(guard.unwrap_or_default());
         }
         tail.extend(self.learn.map(|rise| rise.to_string()));
         tail

@@ -23,7 +23,7 @@
 //! rules, more than [`MAX_RULES`] rules, a call mixing shapes) runs the
 //! general function: [`Shape::of_call`] says `None`.
 
-use super::reply::{JobsAnswer, JobsReply, MalformedReply, Reply};
+use super::reply::{EpochFound, JobsAnswer, JobsReply, MalformedReply, Reply};
 use super::rule::Algorithm;
 use super::script::{BlockRead, JobsCall, JobsRequest, SHAPE_BODY};
 
@@ -293,12 +293,19 @@ impl Gen {
             self.line("    end");
             self.line("  end");
         }
+        // A bounded loss (lost_fill) holds the list until `hold`, by rule `hby`.
+        self.line("  local hold, hby = 0, 0");
         for n in 1..=k {
             // The place written by this very rule (the common case) needs
             // neither a conversion nor the loss guard's fill.
             self.line(format!("  if hget(H, 'r{}:fp') ~= Q{n}.fp then", n - 1));
             self.line(format!("    settle(Q{n}, now)"));
-            self.line(format!("    if G ~= nil then lost_fill(Q{n}, G, now) end"));
+            self.line("    if G ~= nil then");
+            self.line(format!("      local held = lost_fill(Q{n}, G, now)"));
+            self.line(format!(
+                "      if held ~= nil and held > hold then hold, hby = held, {n} end"
+            ));
+            self.line("    end");
             self.line("  end");
             self.line(format!("  local s{n} = A{n}.load(H{n}, Q{n}, now)"));
             self.line(format!("  local v{n} = A{n}.avail(s{n}, Q{n}, now)"));
@@ -314,15 +321,16 @@ impl Gen {
                     .join(", ")
             )),
         }
-        // A downstream block refuses the whole list; the wait is the longer
-        // of the block and the first job's own.
-        self.line("  if until_ > now then");
-        self.line("    local block = until_ - now");
+        // A downstream block, or a loss's hold, refuses the whole list; the
+        // wait is the longest of the block, the hold and the first job's own.
+        self.line("  if until_ > now or hold > now then");
+        self.line("    local block = math.max(0, until_ - now)");
         self.wait_for(s, "costs[1]", "0", "    ");
         self.summary(s, "0", "    ");
-        self.line("    if block >= wait then wait, wby = block, 0 end");
+        self.line("    if hold - now > wait then wait, wby = hold - now, hby end");
+        self.line("    if block > 0 and block >= wait then wait, wby = block, 0 end");
         self.line(
-            "    return shape_row(out, 0, 0, 0, wait, math.max(block, reset), now, wby, 0, 1, 0)",
+            "    return shape_row(out, 0, 0, 0, wait, math.max(block, hold - now, reset), now, wby, 0, 1, 0)",
         );
         self.line("  end");
         // The longest prefix that fits the tightest rule; a job above a
@@ -447,8 +455,10 @@ impl Gen {
         self.line("  local life = tonumber(ARGV[a + 1] or '') or CALL_LIFE_US");
         self.line("  local guard = ARGV[a + 2] or ''");
         self.line(format!("  local epoch = KEYS[nreq * {} + 1]", 1 + k));
-        self.line("  if guard ~= '' and guard ~= 'wait' and guard ~= 'admit' then");
-        self.line("    return redis.error_reply('unknown loss guard ' .. guard)");
+        self.line("  local how, fresh, max = nil, false, nil");
+        self.line("  if guard ~= '' then");
+        self.line("    how, fresh, max = parse_guard(guard)");
+        self.line("    if how == nil then return redis.error_reply(fresh) end");
         self.line("  end");
         self.line("  local rise, lerr = learn_terms(ARGV[a + 3])");
         self.line("  if lerr ~= nil then");
@@ -471,7 +481,7 @@ impl Gen {
         // The epoch is read at the first need only (common.lua,
         // `guard_lost`): a seller whose places are written needs none.
         self.line("  local G = nil");
-        self.line("  if guard ~= '' then G = new_guard(epoch, guard, true) end");
+        self.line("  if guard ~= '' then G = new_guard(epoch, how, true, fresh, max) end");
         self.line("  local out, hashes = { now }, {}");
         self.line("  for q = 1, nreq do");
         self.line(format!(
@@ -503,11 +513,10 @@ impl JobsAnswer {
             return Err(malformed());
         }
         let now_us = raw[0];
-        let found_loss = match (guarded, raw.last()) {
-            (false, _) => false,
-            (true, Some(0)) => false,
-            (true, Some(1)) => true,
-            _ => return Err(malformed()),
+        let epoch = match (guarded, raw.last()) {
+            (false, _) => EpochFound::Kept,
+            (true, Some(&flag)) => EpochFound::from_flag(flag).ok_or_else(malformed)?,
+            (true, None) => return Err(malformed()),
         };
         let replies = raw[1..1 + ROW * requests]
             .chunks(ROW)
@@ -541,10 +550,7 @@ impl JobsAnswer {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(JobsAnswer {
-            replies,
-            found_loss,
-        })
+        Ok(JobsAnswer { replies, epoch })
     }
 }
 
@@ -651,10 +657,11 @@ mod tests {
         assert_eq!((r.head.reset_after_ms, r.head.go_at_us), (2, 150));
         assert_eq!((r.head.now_us, r.jobs, r.next, r.tight), (100, 2, 1, 1));
         let guarded = [&raw[..], &[1]].concat();
-        assert!(
+        assert_eq!(
             JobsAnswer::from_compact(&guarded, 1, true)
                 .expect("reads")
-                .found_loss
+                .epoch,
+            EpochFound::Lost
         );
         for bad in [
             &raw[..10],

@@ -218,7 +218,7 @@ pub struct Metrics {
     pub handoff_ledger_errors: Counter,
     /// Losses of the limiter's state in Redis that this replica found (a
     /// restart without persistence, a failover to a replica that missed writes,
-    /// an eviction, a new install): one per loss across the fleet, one per hash
+    /// an eviction; not a new install): one per loss across the fleet, one per hash
     /// slot in a cluster; see [Redis data
     /// loss](../concepts/guarantees.md#redis-data-loss).
     pub limiter_state_lost: Counter,
@@ -482,7 +482,7 @@ impl Metrics {
             ),
             limiter_state_lost: reg!(
                 "limiter_state_lost",
-                "Losses of the limiter's state in Redis found by this replica (a restart without persistence, a failover, an eviction, a new install): one per loss fleet-wide, per hash slot in a cluster",
+                "Losses of the limiter's state in Redis found by this replica (a restart without persistence, a failover, an eviction; not a new install): one per loss fleet-wide, per hash slot in a cluster",
                 Counter::default()
             ),
             kafka_errors: reg!(

@@ -104,6 +104,7 @@ pub async fn run_watching(
         "worker started"
     );
     let limiter = Arc::new(limiter);
+    let install = new_install(&kafka, &limiter, &settings);
     let watching = watch(config_file, &limiter, &settings)?;
     // Overrides and pauses live in Redis: read now, then on a timer.
     let overrides = refresh::overrides(limiter.clone()).await;
@@ -134,13 +135,49 @@ pub async fn run_watching(
         seed: rand::random(),
     };
     let summary = Engine::new(settings.clone(), deps).run(shutdown).await;
-    for task in watching.into_iter().chain([overrides, pauses, waits]) {
+    for task in watching
+        .into_iter()
+        .chain([overrides, pauses, waits])
+        .chain(install)
+    {
         task.abort();
     }
     close(kafka.consumer, kafka.sink, traces).await;
     health.set_ready(false);
     tracing::info!(?summary, "worker stopped");
     Ok(summary)
+}
+
+/// Tells the limiter whether this install is new (its consumer group had
+/// never committed when this replica started). While it is, a task reads
+/// the group's offsets again every commit interval: a replica that has not
+/// called yet (no partition of its own) must stop reading a missing state
+/// as new once the fleet has committed, or a loss of Redis' data after
+/// that would pass for a first deploy.
+fn new_install(
+    kafka: &Kafka,
+    limiter: &Arc<Limiter<RedisStore>>,
+    settings: &Settings,
+) -> Option<tokio::task::JoinHandle<()>> {
+    if !kafka.new_install {
+        return None;
+    }
+    limiter.set_new_install(true);
+    let (consumer, limiter) = (kafka.consumer.clone(), limiter.clone());
+    let (every, partitions) = (settings.kafka.commit_interval, kafka.jobs_partitions);
+    Some(tokio::spawn(async move {
+        while limiter.new_install() {
+            tokio::time::sleep(every).await;
+            let c = consumer.clone();
+            let read = tokio::task::spawn_blocking(move || {
+                c.never_committed(partitions, METADATA_TIMEOUT)
+            })
+            .await;
+            if let Ok(Ok(false)) = read {
+                limiter.set_new_install(false);
+            }
+        }
+    }))
 }
 
 /// The downstream client, as the settings configure it.
@@ -168,7 +205,8 @@ async fn limiter(
     let ledger = RedisLedger::new(store.clone(), prefix, &settings.kafka.group_id);
     let keys = KeySpace::new(prefix.clone());
     let limiter = Limiter::new(store, keys, policy, settings.redis.topology)
-        .with_state_loss(settings.redis.on_state_loss);
+        .with_state_loss(settings.redis.on_state_loss)
+        .with_state_loss_wait(settings.redis.state_loss_wait);
     // Not fatal: a shape not loaded now loads with its first call.
     let prepared = limiter.prepare_shapes().await;
     crate::telemetry::events::ShapesPrepared {
@@ -187,6 +225,8 @@ struct Kafka {
     partitions: mpsc::UnboundedReceiver<PartitionEvent>,
     /// Partitions of the jobs topic.
     jobs_partitions: usize,
+    /// The consumer group had never committed when this replica started.
+    new_install: bool,
 }
 
 impl Kafka {
@@ -200,6 +240,17 @@ impl Kafka {
         let check =
             tokio::task::block_in_place(|| consumer.check_topics(&topics, METADATA_TIMEOUT));
         let counts = check.map_err(StartError::Topics)?;
+        // Read before this fleet commits anything: a group that never
+        // committed is a new install, not a loss of Redis' data.
+        let never_committed =
+            tokio::task::block_in_place(|| consumer.never_committed(counts[0], METADATA_TIMEOUT));
+        let new_install = match never_committed {
+            Ok(new) => new,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read the group's committed offsets: a missing limiter state will be read as lost (redis.on_state_loss)");
+                false
+            }
+        };
         debug_assert_eq!(
             topics[0], k.topic,
             "all_topics() starts with the jobs topic"
@@ -221,6 +272,7 @@ impl Kafka {
             records,
             partitions,
             jobs_partitions: counts[0],
+            new_install,
         })
     }
 }

@@ -426,10 +426,8 @@ commit_interval = "200ms"
 [redis]
 url = "{redis}"
 key_prefix = "{prefix}"
-# A key prefix of its own is a new install, which `wait` (the default)
-# cannot tell from a loss of Redis' data: each seller's first period would
-# wait. Tests of the guard set THROTTLE__REDIS__ON_STATE_LOSS=wait.
-on_state_loss = "admit"
+# A key prefix and a group of its own: a new install, run under the default
+# on_state_loss = "wait" as a first deploy is.
 
 [downstream]
 timeout = "5s"

@@ -448,10 +448,9 @@ impl Bench {
         }
         s.redis.url = super::redis_url();
         s.redis.key_prefix = self.prefix.clone();
-        // A key prefix of its own is a new install, which the default
-        // (`wait`) cannot tell from a loss of Redis' data: each seller's
-        // first period would wait. Tests of the guard set `wait`.
-        s.redis.on_state_loss = throttle_worker::config::OnStateLoss::Admit;
+        // A key prefix and a group of its own: a new install, which runs
+        // under the default `redis.on_state_loss = "wait"` as a first
+        // deploy does (a group that never committed is not a loss).
         s.downstream.url = downstream_url.to_owned();
         s.downstream.timeout = Duration::from_secs(5);
         s.downstream.backoff_base = Duration::from_millis(50);

@@ -135,3 +135,34 @@ fn a_bad_ordering_names_its_key() {
     let (ok, _) = load("[worker]\nordering = \"seller\"\nordering_key = \"header:product-id\"\n");
     assert!(ok.is_ok(), "{:?}", ok.err());
 }
+
+/// Issue 52: `redis.state_loss_wait` is `"period"` or a duration above
+/// zero; anything else stops startup naming the file and the key.
+#[test]
+fn a_bad_state_loss_wait_names_its_key() {
+    let rows: &[(u32, &str, &str)] = &[
+        (1, r#"state_loss_wait = "0s""#, "above zero"),
+        (
+            2,
+            r#"state_loss_wait = "periodic""#,
+            "invalid duration \"periodic\"",
+        ),
+    ];
+    for &(row, body, problem) in rows {
+        let (result, path) = load(&format!("[redis]\n{body}\n"));
+        let text = result
+            .err()
+            .unwrap_or_else(|| panic!("row {row}: {body} must be refused"))
+            .to_string();
+        for want in ["redis.state_loss_wait", problem, path.as_str()] {
+            assert!(
+                text.contains(want),
+                "row {row}: error must say {want:?}: {text}"
+            );
+        }
+    }
+    for ok in [r#"state_loss_wait = "period""#, r#"state_loss_wait = "5s""#] {
+        let (loaded, _) = load(&format!("[redis]\n{ok}\n"));
+        assert!(loaded.is_ok(), "{ok}: {:?}", loaded.err());
+    }
+}

@@ -564,9 +564,11 @@ struct Case {
     slots: Option<(u32, u64)>,
     /// µs after T0 of the first step, so windows do not all start aligned.
     start: u64,
-    /// The jobs calls' loss guard, and the epoch an earlier run left
-    /// (µs before the first step; `None`: a new install).
-    guard: Option<(OnStateLoss, Option<u64>)>,
+    /// The jobs calls' loss guard, the epoch an earlier run left (µs
+    /// before the first step; `None`: none, a loss or a new install),
+    /// whether the calls say the install is new, and the longest hold
+    /// (µs; `redis.state_loss_wait`).
+    guard: Option<(OnStateLoss, Option<u64>, bool, Option<u64>)>,
     steps: Vec<Step>,
 }
 
@@ -698,6 +700,8 @@ fn any_case() -> impl Strategy<Value = Case> {
             (
                 prop_oneof![Just(OnStateLoss::Wait), Just(OnStateLoss::Admit)],
                 prop::option::weighted(0.5, 0u64..2_000_000),
+                prop::bool::weighted(0.25),
+                prop::option::weighted(0.5, 1u64..3_000_000),
             ),
         ),
     )
@@ -798,7 +802,7 @@ async fn steps<T: Twin>(
 ) -> Result<(), String> {
     let mut model = T::fresh();
     let mut now = T0 + case.start;
-    if let Some((on_loss, before)) = case.guard {
+    if let Some((on_loss, before, new_install, max_wait_us)) = case.guard {
         let epoch = format!("{}:{{epoch}}", seller.prefix);
         if let Some(before) = before {
             let at = now - before;
@@ -810,7 +814,12 @@ async fn steps<T: Twin>(
                 .map_err(|e| format!("SET {epoch}: {e}"))?;
             model.set_epoch(&epoch, at);
         }
-        seller.guard = Some(LossGuard { epoch, on_loss });
+        seller.guard = Some(LossGuard {
+            epoch,
+            on_loss,
+            new_install,
+            max_wait_us,
+        });
     }
     let mut taken: Vec<Taken> = Vec::new();
     // Slots granted and not given back yet (they may have lapsed).

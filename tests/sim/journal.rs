@@ -112,6 +112,9 @@ pub struct Reach {
     pub denials: u64,
     /// A loss of Redis' data found by the loss guard (its epoch gone).
     pub losses_found: u64,
+    /// A first deploy's first call found no epoch and wrote it as never
+    /// lost (issue 52): no seller waited.
+    pub new_installs: u64,
     /// A job held past `worker.max_inline_delay`: sent round a retry tier.
     pub held_past_inline: u64,
     /// A limiter call under way when its partition was revoked.
@@ -155,6 +158,7 @@ impl Reach {
     pub fn add(&mut self, o: &Reach) {
         self.denials += o.denials;
         self.losses_found += o.losses_found;
+        self.new_installs += o.new_installs;
         self.held_past_inline += o.held_past_inline;
         self.revoked_during_ask += o.revoked_during_ask;
         self.paced_calls += o.paced_calls;
@@ -169,10 +173,11 @@ impl Reach {
     }
 
     /// Each count by name.
-    pub fn named(&self) -> [(&'static str, u64); 12] {
+    pub fn named(&self) -> [(&'static str, u64); 13] {
         [
             ("a limiter refusal", self.denials),
             ("a loss of Redis' data found", self.losses_found),
+            ("a new install's first call", self.new_installs),
             ("a hold past max_inline_delay", self.held_past_inline),
             ("a revoke during a limiter call", self.revoked_during_ask),
             ("a paced call", self.paced_calls),

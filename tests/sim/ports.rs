@@ -14,8 +14,8 @@ use throttle_worker::downstream::{retry_after, Answer};
 use throttle_worker::job::Job;
 use throttle_worker::kafka::{OriginalRecord, Position, RetryHeaders, Verdict};
 use throttle_worker::limiter::{
-    call_life_us, BatchDecision, BlockAt, BlockCall, Blocked, Coalescer, Decision, JobsCall,
-    JobsReply, JobsRequest, Learnt, Pause, RefundCall, Rule, Store,
+    call_life_us, BatchDecision, BlockAt, BlockCall, Blocked, Coalescer, Decision, EpochFound,
+    JobsCall, JobsReply, JobsRequest, Learnt, Pause, RefundCall, Rule, Store,
 };
 use throttle_worker::worker::{
     Caller, Clock, PermitError, Permits, SellerInfo, WriteError, Writer,
@@ -577,7 +577,8 @@ impl Store for SimStore {
                         log.reach.denials += 1;
                     }
                 }
-                log.reach.losses_found += u64::from(answer.found_loss);
+                log.reach.losses_found += u64::from(answer.epoch == EpochFound::Lost);
+                log.reach.new_installs += u64::from(answer.epoch == EpochFound::NewInstall);
                 log.reach.lost_replies += u64::from(lost);
             });
         }

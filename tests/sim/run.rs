@@ -281,12 +281,46 @@ pub fn start(
         Topology::Single,
     )
     .with_state_loss(OnStateLoss::Wait);
+    // As `worker::start` reads it: a group that never committed on the
+    // jobs topic is a new install, read again every commit interval while
+    // the limiter says so (a replica that has not called yet must not take
+    // a later loss for a first deploy).
+    let limiter = Arc::new(limiter);
+    let topic = settings.kafka.topic.clone();
+    let committed = {
+        let world = world.clone();
+        move || {
+            world
+                .broker
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .committed
+                .keys()
+                .any(|(t, _)| *t == topic)
+        }
+    };
+    if sc.fresh_install && !committed() {
+        limiter.set_new_install(true);
+        let (limiter, dead, every) = (
+            limiter.clone(),
+            dead.clone(),
+            settings.kafka.commit_interval,
+        );
+        tokio::spawn(async move {
+            while limiter.new_install() && !dead.load(Ordering::SeqCst) {
+                tokio::time::sleep(every).await;
+                if committed() {
+                    limiter.set_new_install(false);
+                }
+            }
+        });
+    }
     let (rec_tx, rec_rx) = mpsc::channel(64);
     let (part_tx, part_rx) = mpsc::unbounded_channel();
     let deps: Deps<SimPorts> = Deps {
         permits: Arc::new(SimPermits {
             inner: Coalescer::start(
-                Arc::new(limiter),
+                limiter,
                 CoalesceSettings {
                     max: settings.redis.max_coalesced,
                     window: settings.redis.coalesce_window,
@@ -407,7 +441,11 @@ pub fn world_of(sc: &Scenario) -> (Arc<World>, Vec<bytes::Bytes>) {
         broker,
         faults: sc.faults.clone(),
         poison: sc.jobs.iter().map(|j| j.poison).collect(),
-        redis: Mutex::new(installed()),
+        redis: Mutex::new(if sc.fresh_install {
+            sim_redis()
+        } else {
+            installed()
+        }),
         losses: Default::default(),
         rng: World::seeded(sc.seed),
         downstream_busy: Default::default(),

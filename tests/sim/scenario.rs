@@ -26,6 +26,8 @@ const PRIORITY_SALT: u64 = 0x9210_7170_0000_0000;
 const LOSS_SALT: u64 = 0x1055_0fda_7a00_0000;
 /// What orders jobs (`worker.ordering`), and how their keys spread.
 const ORDER_SALT: u64 = 0x0de2_5a17_0000_0000;
+/// A first deploy: Redis and the consumer group both empty.
+const INSTALL_SALT: u64 = 0x0f12_e5b1_0000_0000;
 
 #[derive(Debug, Clone)]
 pub struct SellerSpec {
@@ -95,6 +97,10 @@ pub struct Scenario {
     pub priority_aging: Option<Duration>,
     /// `worker.ordering` (the ordering key is the default `/payload/sku`).
     pub ordering: OrderingMode,
+    /// A first deploy (issue 52): Redis holds no epoch, and the replica
+    /// tells the limiter the install is new while the group has never
+    /// committed. Otherwise the install ran before (an epoch a day old).
+    pub fresh_install: bool,
 }
 
 pub fn rule(algorithm: &str, limit: u64, period: Duration, burst: Option<u64>) -> RuleConfig {
@@ -135,6 +141,7 @@ impl Scenario {
             learn: None,
             priority_aging: None,
             ordering: OrderingMode::Key,
+            fresh_install: false,
             max_attempts: 5,
             on_error: OnError::FailClosed,
             fleet: 1,
@@ -367,6 +374,11 @@ impl Scenario {
                 _ => None,
             };
         }
+        // A first deploy on a third of the seeds, from a generator of its
+        // own: Redis starts without the loss guard's epoch, as an empty
+        // Redis does, and a loss may follow the first calls.
+        let mut n = StdRng::seed_from_u64(seed ^ INSTALL_SALT);
+        sc.fresh_install = n.random_bool(1.0 / 3.0);
         sc
     }
 

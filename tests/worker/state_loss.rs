@@ -109,3 +109,112 @@ async fn a_redis_that_loses_its_data_lets_no_seller_past_its_limit() {
         admit.excess
     );
 }
+
+/// The issue 52 run: two replicas, one seller streaming 20 jobs a second
+/// under rules that never bind at that rate (gcra 200/s and 100,000 an
+/// hour in a fixed window), on a Redis of the test's own that starts
+/// empty (a first deploy) and restarts empty, down for 3 s, a third of
+/// the way in.
+struct Stream {
+    /// From the first record produced to the first call.
+    first_call: Option<Duration>,
+    /// From Redis' return to the first call after it.
+    resumed_after: Option<Duration>,
+    produced: usize,
+    /// Distinct jobs the downstream received.
+    called: usize,
+}
+
+async fn stream_across_a_restart(state_loss_wait: Option<Duration>) -> Stream {
+    let mut redis = RedisServer::start();
+    let bench = Bench::new("state-loss-stream", 4);
+    let down = Downstream::start(always_ok()).await;
+    let mut settings = bench.settings(&down.url);
+    settings.redis.url = redis.url();
+    // The default on_state_loss (wait), on a first deploy.
+    settings.redis.state_loss_wait = state_loss_wait;
+    let rules = || {
+        policy(vec![
+            rule("gcra", 200, "1s", None),
+            rule("fixed_window", 100_000, "1h", None),
+        ])
+    };
+    let workers = [
+        Running::start(settings.clone(), rules()),
+        Running::start(settings, rules()),
+    ];
+    let (secs, per_second) = (45, 20);
+    let mut produced = 0;
+    let mut started = None;
+    let mut restarted = None;
+    for s in 0..secs {
+        let batch: Vec<_> = (0..per_second)
+            .map(|i| job(&format!("s{s}-{i}"), "stream"))
+            .collect();
+        bench.produce(&batch).await;
+        started.get_or_insert_with(Instant::now);
+        produced += batch.len();
+        if s == secs / 3 {
+            redis.stop();
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            redis.restart();
+            restarted = Some(Instant::now());
+        } else {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+    // Every job, once Redis lets them go.
+    down.wait_distinct("every job", produced, Duration::from_secs(40))
+        .await;
+    for w in workers {
+        w.stop().await;
+    }
+    let mut at: Vec<Instant> = down.arrivals().iter().map(|a| a.at).collect();
+    at.sort();
+    let distinct: std::collections::HashSet<String> =
+        down.arrivals().into_iter().map(|a| a.job_id).collect();
+    let (started, restarted) = (started.expect("produced"), restarted.expect("restarted"));
+    Stream {
+        first_call: at.first().map(|&t| t.saturating_duration_since(started)),
+        resumed_after: at.iter().find(|&&t| t > restarted).map(|&t| t - restarted),
+        produced,
+        called: distinct.len(),
+    }
+}
+
+/// Issue 52, items 1 and 4, judged at the downstream. A first deploy is
+/// not a loss: the first job is called at once under the default `wait`
+/// (before, the empty Redis read as a loss and the hourly rule held the
+/// seller for the rest of its hour). A restart of Redis without its data
+/// is a loss: the seller is held, and with `redis.state_loss_wait = "3s"`
+/// for about that long, not the hour; every job is called.
+///
+/// ```sh
+/// cargo nextest run -E 'test(worker::state_loss::a_first_deploy)' --no-capture
+/// ```
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_first_deploy_calls_at_once_and_a_bounded_wait_resumes_after_a_loss() {
+    let bound = Duration::from_secs(3);
+    let run = stream_across_a_restart(Some(bound)).await;
+    println!(
+        "state_loss_wait 3s: first call {:?} after the first record, calls resumed {:?} after Redis' return, {} of {} jobs called",
+        run.first_call, run.resumed_after, run.called, run.produced
+    );
+    let first = run.first_call.expect("a call");
+    assert!(
+        first < Duration::from_secs(10),
+        "a first deploy waited {first:?} for its first call (an hourly rule read the empty Redis as a loss)"
+    );
+    let resumed = run.resumed_after.expect("calls after Redis' return");
+    // The guard held (a loss read as fresh resumes within a poll) ...
+    assert!(
+        resumed >= bound - Duration::from_millis(500),
+        "calls resumed {resumed:?} after Redis lost its data: no hold"
+    );
+    // ... for about the bound, not the hourly rule's hour.
+    assert!(
+        resumed < bound + Duration::from_secs(10),
+        "calls resumed only {resumed:?} after Redis' return (state_loss_wait {bound:?})"
+    );
+    assert_eq!(run.called, run.produced, "every job called");
+}

@@ -104,28 +104,39 @@ pub(crate) fn settle(store: &mut ModelStore, at: &StateKey, rule: &Rule, now: i1
 /// `lost_fill` of common.lua: after Redis lost the limiter's state (at
 /// `lost`, the epoch), a place that no rule has written is charged a
 /// whole use at `lost` (the most the lost state can have held), as long as
-/// that use would still count at `now`.
+/// that use would still count at `now`. With a bound (`max`,
+/// `redis.state_loss_wait`), a use that would count longer than it is not
+/// charged: the place stays unwritten and is held until `lost + max`,
+/// which is returned while it holds.
 #[cfg(any(test, feature = "testkit"))]
-pub(crate) fn lost_fill(store: &mut ModelStore, at: &StateKey, rule: &Rule, lost: i128, now: i128) {
+pub(crate) fn lost_fill(
+    store: &mut ModelStore,
+    at: &StateKey,
+    rule: &Rule,
+    lost: i128,
+    max: Option<i128>,
+    now: i128,
+) -> Option<i128> {
     let addr = at.address();
     if store.mark(&addr).is_some() {
-        return;
+        return None;
     }
     let lost = lost.min(now);
     let r = Params::from(rule);
-    let filled = with_algo!(rule.algorithm(), A => {
+    with_algo!(rule.algorithm(), A => {
         let view = A::load(store, &addr, &r, lost);
         let cap = A::cap(&r);
-        if now >= lost + A::reset(&view, &r, lost, cap) {
-            false
-        } else {
-            A::take(store, &addr, &view, &r, lost, cap, LOST_CALL_ID);
-            true
+        let reach = A::reset(&view, &r, lost, cap);
+        if now >= lost + reach {
+            return None;
         }
+        if let Some(max) = max.filter(|&max| reach > max) {
+            return (now < lost + max).then_some(lost + max);
+        }
+        A::take(store, &addr, &view, &r, lost, cap, LOST_CALL_ID);
     });
-    if filled {
-        store.set_mark(&addr, rule.fingerprint());
-    }
+    store.set_mark(&addr, rule.fingerprint());
+    None
 }
 
 /// The call id a loss's charge is written under.

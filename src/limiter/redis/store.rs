@@ -3,14 +3,16 @@
 //! reply or the error; a timeout gets a single server's connection
 //! replaced. What a failure means is the caller's to decide.
 
+use std::time::Duration;
+
 use crate::limiter::learn::Blocked;
-use crate::limiter::reply::{JobsAnswer, JobsReply, MalformedReply};
+use crate::limiter::reply::{EpochFound, JobsAnswer, JobsReply, MalformedReply};
 use crate::limiter::script::{
     call_life_us, release_args, BlockAt, BlockCall, JobsCall, RefundCall,
 };
 use crate::limiter::shape::Shape;
 use crate::limiter::store::Store;
-use crate::telemetry::events::{LimiterStateLost, RedisCalled};
+use crate::telemetry::events::{LimiterStateLost, LimiterStateStarted, RedisCalled};
 
 use super::clock::local_us;
 use super::scripts::Entry;
@@ -162,12 +164,18 @@ impl Store for RedisStore {
                 call.guard.is_some(),
             )?,
         };
-        if let (true, Some(guard)) = (answer.found_loss, &call.guard) {
-            LimiterStateLost {
+        match (answer.epoch, &call.guard) {
+            (EpochFound::Lost, Some(guard)) => LimiterStateLost {
                 epoch: &guard.epoch,
                 on_loss: guard.on_loss.wire(),
+                max_wait: guard.max_wait_us.map(Duration::from_micros),
             }
-            .emit();
+            .emit(),
+            (EpochFound::NewInstall, Some(guard)) => LimiterStateStarted {
+                epoch: &guard.epoch,
+            }
+            .emit(),
+            _ => {}
         }
         if let (true, Some(first)) = (on_redis_clock, answer.replies.first()) {
             self.clock.observe(first.head.now_us, local_us());

@@ -10,7 +10,7 @@ use crate::limiter::local::decide::{
     cap_of, field, lost_fill, refund_request, scratch_for, settle, stamp, Out, Placed,
 };
 use crate::limiter::local::{cdiv, ModelStore, Params};
-use crate::limiter::reply::JobsReply;
+use crate::limiter::reply::{EpochFound, JobsReply};
 use crate::limiter::rule::Algorithm;
 use crate::limiter::script::{JobsRequest, KeyedRule, LossGuard, SlotTerms};
 
@@ -39,7 +39,7 @@ pub fn run_guarded(
     dry_run: bool,
     requests: &[JobsRequest],
     guard: Option<&LossGuard>,
-) -> (Vec<JobsReply>, bool) {
+) -> (Vec<JobsReply>, EpochFound) {
     assert!(
         requests
             .iter()
@@ -81,7 +81,7 @@ pub fn run_guarded(
             reply
         })
         .collect();
-    (replies, guard.is_some_and(|g| g.found))
+    (replies, guard.map_or(EpochFound::Kept, |g| g.found))
 }
 
 /// `cancel` of `lua/calls.lua`: per request, the units of its recorded
@@ -120,7 +120,7 @@ struct Guard<'a> {
     guard: &'a LossGuard,
     charge: bool,
     read: Option<i128>,
-    found: bool,
+    found: EpochFound,
 }
 
 impl<'a> Guard<'a> {
@@ -129,11 +129,12 @@ impl<'a> Guard<'a> {
             guard,
             charge,
             read: None,
-            found: false,
+            found: EpochFound::Kept,
         }
     }
 
     /// The instant the state was lost, with 'wait'; `None` with 'admit'.
+    /// A new install writes a missing epoch as 0: never lost.
     fn lost(&mut self, store: &mut ModelStore, now: i128) -> Option<i128> {
         let at = match self.read {
             Some(at) => at,
@@ -141,11 +142,16 @@ impl<'a> Guard<'a> {
                 let at = match store.epochs.get(&self.guard.epoch) {
                     Some(&at) => at,
                     None => {
-                        self.found = self.charge;
+                        let at = if self.guard.new_install { 0 } else { now };
                         if self.charge {
-                            store.epochs.insert(self.guard.epoch.clone(), now);
+                            self.found = if self.guard.new_install {
+                                EpochFound::NewInstall
+                            } else {
+                                EpochFound::Lost
+                            };
+                            store.epochs.insert(self.guard.epoch.clone(), at);
                         }
-                        now
+                        at
                     }
                 };
                 self.read = Some(at);
@@ -191,13 +197,19 @@ fn jobs_request(
         return reply(out(-1, 0, 0, 0, 0, now, first_never), 0, 2);
     }
 
-    for (key, rule) in &q.rules {
+    // A bounded loss holds the list until `hold`, by rule `hby` (1-based).
+    let (mut hold, mut hby) = (0, 0);
+    for (i, (key, rule)) in q.rules.iter().enumerate() {
         settle(store, key, rule, now);
-        // A v2 place no rule has written: the guard reads the epoch.
+        // A place no rule has written: the guard reads the epoch.
         let unwritten = store.mark(&key.address()).is_none();
         if let Some(g) = guard.as_deref_mut().filter(|_| unwritten) {
-            if let Some(lost) = g.lost(store, now) {
-                lost_fill(store, key, rule, lost, now);
+            let max = g.guard.max_wait_us.map(i128::from);
+            let held = g
+                .lost(store, now)
+                .and_then(|lost| lost_fill(store, key, rule, lost, max, now));
+            if let Some(held) = held.filter(|&h| h > hold) {
+                (hold, hby) = (held, i as i128 + 1);
             }
         }
     }
@@ -233,16 +245,21 @@ fn jobs_request(
     };
 
     let blocked_until = store.block_until(&q.block).unwrap_or(0);
-    if blocked_until > now {
-        let block = blocked_until - now;
-        let (wait, by) = wait_for(costs[0], 0);
+    if blocked_until > now || hold > now {
+        let block = (blocked_until - now).max(0);
+        let (mut wait, mut by) = wait_for(costs[0], 0);
         let (_, reset, _) = summary(0);
-        let (retry, by) = if block >= wait {
-            (block, 0)
-        } else {
-            (wait, by)
-        };
-        return reply(out(0, 0, 0, retry, block.max(reset), now, by), 0, 1);
+        if hold - now > wait {
+            (wait, by) = (hold - now, hby);
+        }
+        if block > 0 && block >= wait {
+            (wait, by) = (block, 0);
+        }
+        return reply(
+            out(0, 0, 0, wait, block.max(hold - now).max(reset), now, by),
+            0,
+            1,
+        );
     }
 
     let free = q.slots.as_ref().map(|s| {
@@ -367,6 +384,8 @@ mod tests {
         let guard = LossGuard {
             epoch: EPOCH.to_owned(),
             on_loss,
+            new_install: false,
+            max_wait_us: None,
         };
         let mut store = ModelStore::new();
         store.set_epoch(EPOCH, T0 - 3_600_000_000);
@@ -437,5 +456,101 @@ mod tests {
         let admitted: i128 = grants.iter().map(|(_, n)| n).sum();
         assert_eq!(admitted, 5, "wait: nothing more until the window ends");
         windows_within_the_larger_rule(&rule, &rule, lost, &grants).expect("within the rule");
+    }
+
+    fn guard(new_install: bool, max_wait_us: Option<u64>) -> LossGuard {
+        LossGuard {
+            epoch: EPOCH.to_owned(),
+            on_loss: OnStateLoss::Wait,
+            new_install,
+            max_wait_us,
+        }
+    }
+
+    fn rule(algorithm: crate::limiter::Algorithm, limit: u64, secs: u64) -> Rule {
+        Rule::new(algorithm, limit, std::time::Duration::from_secs(secs), None)
+            .expect("a valid rule")
+    }
+
+    /// Issue 52, item 1: on an empty Redis, a call that says the install
+    /// is new (its group never committed) is granted at once and writes
+    /// the epoch as "never lost"; the same call without the flag reads
+    /// the empty Redis as a loss and holds the seller for its window.
+    #[test]
+    fn a_new_install_is_not_a_loss() {
+        let hourly = rule(crate::limiter::Algorithm::FixedWindow, 100, 3_600);
+        let call = |store: &mut ModelStore, now: i128, g: &LossGuard| {
+            let q = request(&hourly, &format!("c{now}"), 1);
+            let (replies, found) = run_guarded(store, now as u64, false, &[q], Some(g));
+            (replies[0].head.status, found)
+        };
+        let mut store = ModelStore::new();
+        assert_eq!(
+            call(&mut store, T0, &guard(true, None)),
+            (1, EpochFound::NewInstall)
+        );
+        assert_eq!(store.epochs.get(EPOCH), Some(&0), "written as never lost");
+        // Written once: later calls, new or not, find it kept.
+        assert_eq!(
+            call(&mut store, T0 + 1, &guard(false, None)),
+            (1, EpochFound::Kept)
+        );
+
+        let mut store = ModelStore::new();
+        assert_eq!(
+            call(&mut store, T0, &guard(false, None)),
+            (0, EpochFound::Lost)
+        );
+        // A new install's flag cannot undo a loss already written.
+        assert_eq!(
+            call(&mut store, T0 + 1, &guard(true, None)),
+            (0, EpochFound::Kept)
+        );
+    }
+
+    /// Issue 52, item 4: with `redis.state_loss_wait`, a rule whose whole
+    /// use would count longer than the bound (an hourly window) is held,
+    /// unwritten, until the loss plus the bound, by that rule, and then
+    /// starts fresh; a rule that drains within the bound (gcra 10/s) is
+    /// charged its whole use at the loss as before.
+    #[test]
+    fn a_bounded_wait_holds_a_seller_at_most_the_bound() {
+        let hourly = rule(crate::limiter::Algorithm::FixedWindow, 100, 3_600);
+        let bound = guard(false, Some(5_000_000));
+        let call = |store: &mut ModelStore, now: i128, r: &Rule| {
+            let q = request(r, &format!("c{now}"), 1);
+            run_guarded(store, now as u64, false, &[q], Some(&bound)).0[0]
+        };
+        // Redis lost everything (the epoch too); the first call finds it at T0.
+        let mut store = ModelStore::new();
+        let first = call(&mut store, T0, &hourly);
+        assert_eq!(
+            (first.head.status, first.head.by),
+            (0, 1),
+            "held by the rule"
+        );
+        assert_eq!(first.head.retry_after_us, 5_000_000, "until the bound");
+        let later = call(&mut store, T0 + 4_000_000, &hourly);
+        assert_eq!(later.head.retry_after_us, 1_000_000, "the same end");
+        assert_eq!(
+            call(&mut store, T0 + 5_000_000, &hourly).head.status,
+            1,
+            "fresh after"
+        );
+
+        let gcra = Rule::new(
+            crate::limiter::Algorithm::Gcra,
+            10,
+            std::time::Duration::from_secs(1),
+            None,
+        )
+        .expect("a valid rule");
+        let mut store = ModelStore::new();
+        let first = call(&mut store, T0, &gcra);
+        assert_eq!(first.head.status, 0, "a whole use at the loss");
+        assert!(
+            first.head.retry_after_us <= 100_000,
+            "drains as before: {first:?}"
+        );
     }
 }

@@ -134,14 +134,16 @@ impl Event for LimiterUnavailable<'_> {
 }
 
 /// A limiter call found the state's epoch gone: Redis lost the limiter's
-/// state (or this is a new install). One call per loss fleet-wide finds
-/// it (per hash slot in a cluster).
+/// state. One call per loss fleet-wide finds it (per hash slot in a
+/// cluster).
 #[derive(Debug)]
 pub struct LimiterStateLost<'a> {
     /// The epoch key, which names the hash slot in a cluster.
     pub epoch: &'a str,
     /// `redis.on_state_loss`.
     pub on_loss: &'static str,
+    /// `redis.state_loss_wait`: the longest a seller is held.
+    pub max_wait: Option<Duration>,
 }
 
 impl Event for LimiterStateLost<'_> {
@@ -152,18 +154,41 @@ impl Event for LimiterStateLost<'_> {
         static LOG: Every = Every::new(Duration::from_secs(10));
         metrics().limiter_state_lost.inc();
         if let Some(more) = LOG.tick() {
-            let what = if self.on_loss == "wait" {
-                "sellers whose state is gone wait up to one period per rule (redis.on_state_loss = wait)"
-            } else {
-                "sellers whose state is gone start fresh and may get one extra window (redis.on_state_loss = admit)"
+            let what = match (self.on_loss, self.max_wait) {
+                ("wait", None) => "sellers whose state is gone wait up to one period per rule (redis.on_state_loss = wait)".to_owned(),
+                ("wait", Some(max)) => format!(
+                    "sellers whose state is gone wait up to one period per rule, and at most {} (redis.state_loss_wait)",
+                    humantime::format_duration(max)
+                ),
+                _ => "sellers whose state is gone start fresh and may get one extra window (redis.on_state_loss = admit)".to_owned(),
             };
             tracing::warn!(
                 epoch = self.epoch,
                 on_state_loss = self.on_loss,
                 more_since_last_line = more,
-                "Redis has lost the limiter's state (a restart without persistence, a failover, an eviction, or a new install): {what}"
+                "Redis has lost the limiter's state (a restart without persistence, a failover, an eviction, or a new key_prefix): {what}"
             );
         }
+    }
+}
+
+/// A new install's first limiter call found no epoch and wrote it as
+/// "never lost": the consumer group has never committed, so there was no
+/// state to lose, and no seller waits. One call per install finds it.
+#[derive(Debug)]
+pub struct LimiterStateStarted<'a> {
+    /// The epoch key, which names the hash slot in a cluster.
+    pub epoch: &'a str,
+}
+
+impl Event for LimiterStateStarted<'_> {
+    const NAME: &'static str = "LimiterStateStarted";
+
+    fn record(&self) {
+        tracing::info!(
+            epoch = self.epoch,
+            "a new install: the consumer group has never committed, so the limiter's state starts empty and no seller waits"
+        );
     }
 }
 
@@ -223,5 +248,6 @@ inherent_emit!(
     LimiterCallCoalesced,
     LimiterUnavailable<'_>,
     LimiterStateLost<'_>,
+    LimiterStateStarted<'_>,
     SlotsNotReturned<'_>
 );

@@ -95,8 +95,8 @@ pub use kafka::{
     OffsetsCommitted, PartitionsAssigned, RevokedJobsDropped, RevokedWorkDropped,
 };
 pub use limiter::{
-    JobsCallCancelled, LimiterCallCoalesced, LimiterCalled, LimiterStateLost, LimiterUnavailable,
-    RedisCalled, ShapesPrepared, SlotsNotReturned,
+    JobsCallCancelled, LimiterCallCoalesced, LimiterCalled, LimiterStateLost, LimiterStateStarted,
+    LimiterUnavailable, RedisCalled, ShapesPrepared, SlotsNotReturned,
 };
 pub use limits::{
     LimitLearnt, LimitsReloadRejected, LimitsReloaded, PausesRead, SellerPaused, SharedState,
