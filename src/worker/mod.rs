@@ -46,6 +46,7 @@
 //!   engine until the shutdown future resolves, and closes the clients.
 
 mod admission;
+mod answers;
 pub mod concurrency;
 pub mod engine;
 mod fair;
