@@ -143,6 +143,13 @@ impl Outage {
         }
     }
 
+    /// Whether a seller with `runs` under way waits for them to end before
+    /// it asks: during an outage a second call at once could be a second
+    /// probe.
+    pub(super) fn waits_for_run(&self, runs: usize) -> bool {
+        self.is_open() && runs > 0
+    }
+
     /// `seller`'s probe ended without a call (refused by the limiter, its
     /// job gone): the next seller may probe.
     pub(super) fn probe_dropped(&mut self, seller: &Arc<str>) {
@@ -298,6 +305,28 @@ mod tests {
         let again = o.record(Health::Answered, later);
         assert_eq!(again, Recorded::default(), "closed already: nothing turned");
         assert_eq!(o.admit(&b, later), Ok(None));
+    }
+
+    #[test]
+    fn during_an_outage_a_seller_waits_for_its_run_to_end() {
+        let mut o = outage();
+        // (row, open, runs under way, waits)
+        let rows = [
+            (1, false, 0, false),
+            (2, false, 3, false),
+            (3, true, 0, false),
+            (4, true, 1, true),
+        ];
+        for (row, open, runs, waits) in rows {
+            if open && !o.is_open() {
+                let down = Health::Down {
+                    retry_after: Duration::from_secs(1),
+                };
+                o.record(down, Instant::now());
+            }
+            assert_eq!(o.is_open(), open, "row {row}");
+            assert_eq!(o.waits_for_run(runs), waits, "row {row}");
+        }
     }
 
     #[test]
