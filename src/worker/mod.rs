@@ -1,8 +1,9 @@
 //! The worker: Kafka consumer group → per-seller permit → downstream API.
 //!
 //! The engine and its components, each owning its state. The components do
-//! no I/O: each takes `now` and plain data and says what should happen; the
-//! engine carries it out. Imports form a tree: the engine imports the
+//! no I/O, read no clock and emit no event: each takes `now` and plain data
+//! and says what should happen and what happened; the engine carries it
+//! out and reports it. Imports form a tree: the engine imports the
 //! components, the components import [`pending`], `pool`, `seller` and
 //! `timers`, none imports the engine.
 //! - [`engine`]: the event loop; it alone touches the ports, spawns tasks
@@ -20,7 +21,12 @@
 //!   (`redis.on_error`).
 //! - `tiers`: which retry tier a job goes to, and the records parked on
 //!   them.
+//! - `answers`: what a downstream answer does to its job (done, retry at,
+//!   held for the outage, dead-lettered) and a run's 429s to its seller.
 //! - `outage`: a downstream outage told apart from a job's own failure.
+//! - `arrival`: where a record taken up goes (parked on its tier, queued,
+//!   delayed in memory, deferred); `oversize`: a copy the broker refused
+//!   as too large; `paused`: an operator pause's intervals.
 //! - `partitions`: the jobs topic's partitions held here (the local share).
 //! - [`memory`]: jobs and bytes held, and when fetching pauses.
 //! - `timers`: the timer heap and saturating time arithmetic.
@@ -46,6 +52,8 @@
 //!   engine until the shutdown future resolves, and closes the clients.
 
 mod admission;
+mod answers;
+mod arrival;
 pub mod concurrency;
 pub mod engine;
 mod fair;
@@ -55,7 +63,9 @@ pub mod ledger;
 pub mod memory;
 pub mod ordering;
 mod outage;
+mod oversize;
 mod partitions;
+mod paused;
 pub mod pending;
 pub mod permit;
 mod pool;

@@ -12,8 +12,12 @@
 //! Sound because it only ever delays: it never lets a call through that
 //! the limiter did not grant, and a job it holds back keeps its attempts.
 //! A job whose failures came while the downstream answered nothing else is
-//! not dead-lettered either ([`Outage::answered_since`]): alone, it cannot
-//! be told from a dead downstream, and waiting is what loses nothing.
+//! not dead-lettered either ([`Outage::last_answer`], judged in
+//! `super::answers`): alone, it cannot be told from a dead downstream, and
+//! waiting is what loses nothing.
+//!
+//! It returns what happened (the breaker opened or closed, who to wake);
+//! the engine emits the events.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -22,7 +26,6 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::config::DownstreamSettings;
-use crate::telemetry::events::DownstreamOutage;
 
 use super::timers::after;
 
@@ -59,6 +62,26 @@ pub(super) struct Outage {
     pub(super) waiting: BTreeSet<Arc<str>>,
 }
 
+/// What recording an answer did to the breaker.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(super) struct Recorded {
+    /// It opened or closed.
+    pub(super) turned: Option<Turned>,
+    /// The sellers to wake: it closed.
+    pub(super) woken: Vec<Arc<str>>,
+}
+
+/// The breaker opened or closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Turned {
+    Opened,
+    /// After `lasted`, and `probes` failed probes.
+    Closed {
+        lasted: Duration,
+        probes: u32,
+    },
+}
+
 /// What a call's answer says of the downstream.
 pub(super) enum Health<'a> {
     /// It answered (2xx, 4xx, 429): it is up.
@@ -87,9 +110,9 @@ impl Outage {
         matches!(self.state, State::Open { .. })
     }
 
-    /// Whether the downstream answered any call after `since`.
-    pub(super) fn answered_since(&self, since: Instant) -> bool {
-        self.last_answer.is_some_and(|at| at > since)
+    /// When the downstream last answered (anything but a failure).
+    pub(super) fn last_answer(&self) -> Option<Instant> {
+        self.last_answer
     }
 
     /// May `seller` ask for a call now? Closed: yes. Open: only as the next
@@ -120,6 +143,13 @@ impl Outage {
         }
     }
 
+    /// Whether a seller with `runs` under way waits for them to end before
+    /// it asks: during an outage a second call at once could be a second
+    /// probe.
+    pub(super) fn waits_for_run(&self, runs: usize) -> bool {
+        self.is_open() && runs > 0
+    }
+
     /// `seller`'s probe ended without a call (refused by the limiter, its
     /// job gone): the next seller may probe.
     pub(super) fn probe_dropped(&mut self, seller: &Arc<str>) {
@@ -130,25 +160,27 @@ impl Outage {
         }
     }
 
-    /// Records an answer. Returns the sellers to wake when it closed the
-    /// breaker.
-    pub(super) fn record(&mut self, health: Health<'_>, now: Instant) -> Vec<Arc<str>> {
+    /// Records an answer: whether the breaker opened or closed, and the
+    /// sellers to wake when it closed.
+    pub(super) fn record(&mut self, health: Health<'_>, now: Instant) -> Recorded {
         match health {
             Health::Answered => {
                 self.last_answer = Some(now);
-                if let State::Open { since, probes, .. } = &self.state {
-                    DownstreamOutage {
-                        open: false,
+                let turned = match &self.state {
+                    State::Open { since, probes, .. } => Some(Turned::Closed {
                         lasted: now.saturating_duration_since(*since),
                         probes: *probes,
-                    }
-                    .emit();
-                }
+                    }),
+                    State::Closed { .. } => None,
+                };
                 self.state = State::Closed {
                     failures: 0,
                     jobs: BTreeSet::new(),
                 };
-                std::mem::take(&mut self.waiting).into_iter().collect()
+                Recorded {
+                    turned,
+                    woken: std::mem::take(&mut self.waiting).into_iter().collect(),
+                }
             }
             Health::Failed { job_id } => {
                 match &mut self.state {
@@ -158,7 +190,7 @@ impl Outage {
                             jobs.insert(job_id.to_owned());
                         }
                         if *failures >= self.after && jobs.len() >= 2 {
-                            self.open(now, PROBE_BASE);
+                            return self.open(now, PROBE_BASE);
                         }
                     }
                     State::Open {
@@ -174,36 +206,32 @@ impl Outage {
                         *prober = None;
                     }
                 }
-                Vec::new()
+                Recorded::default()
             }
-            Health::Down { retry_after } => {
-                match &mut self.state {
-                    State::Open {
-                        next_probe, prober, ..
-                    } => {
-                        *next_probe = (*next_probe).max(after(now, retry_after));
-                        *prober = None;
-                    }
-                    State::Closed { .. } => self.open(now, retry_after),
+            Health::Down { retry_after } => match &mut self.state {
+                State::Open {
+                    next_probe, prober, ..
+                } => {
+                    *next_probe = (*next_probe).max(after(now, retry_after));
+                    *prober = None;
+                    Recorded::default()
                 }
-                Vec::new()
-            }
+                State::Closed { .. } => self.open(now, retry_after),
+            },
         }
     }
 
-    fn open(&mut self, now: Instant, first_probe: Duration) {
-        DownstreamOutage {
-            open: true,
-            lasted: Duration::ZERO,
-            probes: 0,
-        }
-        .emit();
+    fn open(&mut self, now: Instant, first_probe: Duration) -> Recorded {
         self.state = State::Open {
             since: now,
             next_probe: after(now, first_probe),
             probes: 0,
             prober: None,
         };
+        Recorded {
+            turned: Some(Turned::Opened),
+            woken: Vec::new(),
+        }
     }
 }
 
@@ -249,8 +277,9 @@ mod tests {
         o.record(Health::Failed { job_id: "j1" }, now);
         o.record(Health::Failed { job_id: "j2" }, now);
         assert!(!o.is_open(), "an answer between failures resets the count");
-        o.record(Health::Failed { job_id: "j2" }, now);
+        let opened = o.record(Health::Failed { job_id: "j2" }, now);
         assert!(o.is_open());
+        assert_eq!(opened.turned, Some(Turned::Opened), "{opened:?}");
         // Before the first probe is due nobody calls; then one seller does.
         assert_eq!(o.admit(&a, now), Err(now + PROBE_BASE));
         let due = now + PROBE_BASE;
@@ -260,10 +289,44 @@ mod tests {
         o.record(Health::Failed { job_id: "j1" }, due);
         let later = o.admit(&b, due).expect_err("waits");
         assert!(later > due);
-        let woken = o.record(Health::Answered, later);
+        let closed = o.record(Health::Answered, later);
         assert!(!o.is_open());
-        assert!(woken.contains(&b), "the waiting sellers go on: {woken:?}");
+        assert!(
+            closed.woken.contains(&b),
+            "the waiting sellers go on: {closed:?}"
+        );
+        let lasted = later - now;
+        assert_eq!(
+            closed.turned,
+            Some(Turned::Closed { lasted, probes: 1 }),
+            "it says how long it lasted and how many probes failed"
+        );
+        assert_eq!(o.last_answer(), Some(later));
+        let again = o.record(Health::Answered, later);
+        assert_eq!(again, Recorded::default(), "closed already: nothing turned");
         assert_eq!(o.admit(&b, later), Ok(None));
+    }
+
+    #[test]
+    fn during_an_outage_a_seller_waits_for_its_run_to_end() {
+        let mut o = outage();
+        // (row, open, runs under way, waits)
+        let rows = [
+            (1, false, 0, false),
+            (2, false, 3, false),
+            (3, true, 0, false),
+            (4, true, 1, true),
+        ];
+        for (row, open, runs, waits) in rows {
+            if open && !o.is_open() {
+                let down = Health::Down {
+                    retry_after: Duration::from_secs(1),
+                };
+                o.record(down, Instant::now());
+            }
+            assert_eq!(o.is_open(), open, "row {row}");
+            assert_eq!(o.waits_for_run(runs), waits, "row {row}");
+        }
     }
 
     #[test]
@@ -277,13 +340,15 @@ mod tests {
     fn a_retry_after_on_a_5xx_holds_the_whole_downstream() {
         let mut o = outage();
         let now = Instant::now();
-        o.record(
-            Health::Down {
-                retry_after: Duration::from_secs(30),
-            },
-            now,
-        );
+        let down = Health::Down {
+            retry_after: Duration::from_secs(30),
+        };
+        assert_eq!(o.record(down, now).turned, Some(Turned::Opened));
         assert!(o.is_open());
+        let down = Health::Down {
+            retry_after: Duration::from_secs(30),
+        };
+        assert_eq!(o.record(down, now).turned, None, "open already");
         let a: Arc<str> = Arc::from("a");
         assert_eq!(o.admit(&a, now), Err(now + Duration::from_secs(30)));
     }

@@ -1,8 +1,9 @@
 //! The scheduler: every seller with work here, their phases and holds,
-//! and the turns at the downstream slots (`super::turns`). It does no I/O: each
-//! method takes `now` and plain data and says what should happen (ask the
-//! limiter for these costs, run these jobs, defer these, arm a timer at),
-//! and the engine does it.
+//! and the turns at the downstream slots (`super::turns`). It does no I/O
+//! and emits no event: each method takes `now` and plain data and says
+//! what should happen (ask the limiter for these costs, run these jobs,
+//! defer these, arm a timer at) and what happened (a seller began waiting
+//! for a slot, a call was avoided), and the engine does it and reports it.
 //!
 //! A seller asks only for as many jobs as there are free downstream slots,
 //! one per lane head (`super::ordering`), so a grant is used at once: a grant that waited
@@ -23,7 +24,6 @@ use tokio::time::Instant;
 
 use crate::kafka::consumer::Origin;
 use crate::limiter::{BatchDecision, BatchGranted, DeniedBy, NextJob, Share};
-use crate::telemetry::events::{CallAvoided, SellerWaiting};
 
 use super::ordering::Lane;
 use super::pending::Pending;
@@ -49,6 +49,26 @@ pub(super) enum Ready {
     Empty,
     /// Jobs wait, and it may ask once a slot is free.
     Waiting,
+}
+
+/// What [`Scheduler::enqueue`] did with a job.
+#[derive(Debug)]
+pub(super) struct Enqueued {
+    /// Its seller is held: had the job asked for itself, the limiter would
+    /// have refused it (a call avoided).
+    pub(super) held: bool,
+    /// Its seller is held for longer than `max_inline`: the job, back with
+    /// the wait, for the retry tiers.
+    pub(super) defer: Option<(Pending, Duration)>,
+}
+
+/// What [`Scheduler::wait_for_slot`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum SlotWait {
+    /// A slot is free and it is the seller's turn: it asks now.
+    Go,
+    /// It waits in the turns; `began`: it was not waiting for one before.
+    Wait { began: bool },
 }
 
 /// What a limiter answer does to its seller.
@@ -168,21 +188,18 @@ impl Scheduler {
         pending: Pending,
         now: Instant,
         max_inline: Duration,
-    ) -> Option<(Pending, Duration)> {
+    ) -> Enqueued {
         let seller = self.entry(key);
-        if let Some(until) = seller.blocked_until {
-            if until > now {
-                // A job that asked for itself would go to Redis here, only
-                // to be refused.
-                CallAvoided { seller: key }.emit();
-            }
-            if until > after(now, max_inline) {
-                return Some((pending, until - now));
-            }
+        // A job that asked for itself would go to Redis here, only to be
+        // refused.
+        let held = seller.blocked_until.is_some_and(|until| until > now);
+        if let Some(until) = seller.blocked_until.filter(|&u| u > after(now, max_inline)) {
+            let defer = Some((pending, until - now));
+            return Enqueued { held, defer };
         }
         seller.ranked |= pending.job.priority > 0;
         seller.queue.push_back(pending);
-        None
+        Enqueued { held, defer: None }
     }
 
     /// A job that waits until `at` (a backoff, a short retry-tier wait),
@@ -235,19 +252,22 @@ impl Scheduler {
     /// (it waits for the loop to serve the turns), so it joins the turns
     /// (once) with its `share`, without asking Redis. A seller that
     /// arrives while others wait does not jump ahead of them.
-    pub(super) fn wait_for_slot(&mut self, key: &Arc<str>, share: Share, queue_only: bool) -> bool {
+    pub(super) fn wait_for_slot(
+        &mut self,
+        key: &Arc<str>,
+        share: Share,
+        queue_only: bool,
+    ) -> SlotWait {
         if !self.turns.must_wait(key, queue_only) {
-            return false;
+            return SlotWait::Go;
         }
-        if let Some(seller) = self.sellers.get_mut(key) {
-            if !seller.wants_capacity {
-                SellerWaiting::capacity(key).emit();
-                seller.wants_capacity = true;
-            }
-            let away = seller.held() == 0 && seller.runs == 0;
-            self.turns.join(key, share, away);
-        }
-        true
+        let Some(seller) = self.sellers.get_mut(key) else {
+            return SlotWait::Wait { began: false };
+        };
+        let began = !std::mem::replace(&mut seller.wants_capacity, true);
+        let away = seller.held() == 0 && seller.runs == 0;
+        self.turns.join(key, share, away);
+        SlotWait::Wait { began }
     }
 
     /// Starts a limiter call for `key`'s partition heads (of partitions
@@ -780,7 +800,7 @@ mod tests {
         let now = Instant::now();
         for &(part, offset, cost) in jobs {
             let p = pending("s", part, offset, cost);
-            assert!(s.enqueue(&key("s"), p, now, INLINE).is_none());
+            assert!(s.enqueue(&key("s"), p, now, INLINE).defer.is_none());
         }
         (s, now)
     }
@@ -942,11 +962,13 @@ mod tests {
             s.ask(&key("a"), Share::default(), None, Instant::now()),
             [1]
         );
-        assert!(s.wait_for_slot(&key("b"), Share::default(), false));
-        assert!(s.wait_for_slot(&key("c"), Share::default(), false));
-        assert!(
+        let began = SlotWait::Wait { began: true };
+        assert_eq!(s.wait_for_slot(&key("b"), Share::default(), false), began);
+        assert_eq!(s.wait_for_slot(&key("c"), Share::default(), false), began);
+        assert_eq!(
             s.wait_for_slot(&key("b"), Share::default(), false),
-            "once in the turns"
+            SlotWait::Wait { began: false },
+            "once in the turns, and reported once"
         );
         // A pacer whose due job found no slot.
         s.entry(&key("p")).paced.push_back(Paced {
@@ -981,20 +1003,25 @@ mod tests {
         }
         let sh = Share::default();
         assert_eq!(s.ask(&key("a"), sh, None, Instant::now()), [1]);
-        assert!(s.wait_for_slot(&key("b"), sh, false), "no slot free");
+        let waits = |w: SlotWait| w != SlotWait::Go;
+        assert!(waits(s.wait_for_slot(&key("b"), sh, false)), "no slot free");
         let answer = BatchDecision::Granted(granted(0, 0));
         drop(s.answered(&key("a"), &answer, Vec::new(), now, now, &everything_owned));
         // A slot is free, but b waits for it: c queues behind b.
         assert!(
-            s.wait_for_slot(&key("c"), sh, false),
+            waits(s.wait_for_slot(&key("c"), sh, false)),
             "c does not jump ahead"
         );
         assert_eq!(s.next_turn(), Some(Turn::Ask(key("b"))));
-        assert!(!s.wait_for_slot(&key("b"), sh, false), "b's turn: it asks");
+        assert_eq!(
+            s.wait_for_slot(&key("b"), sh, false),
+            SlotWait::Go,
+            "b's turn: it asks"
+        );
         // (case, queue_only): a seller whose own answer freed the slot
         // queues even when no one else waits.
         let (mut s, _) = queued(2, &[(0, 1, 1)]);
-        assert!(s.wait_for_slot(&key("s"), sh, true));
+        assert!(waits(s.wait_for_slot(&key("s"), sh, true)));
         assert_eq!(s.next_turn(), Some(Turn::Ask(key("s"))));
     }
 
@@ -1058,7 +1085,8 @@ mod tests {
             assert_eq!(s.ready(&key("s"), now).0, Ready::NotNow, "held");
             // A new job of a seller held beyond the inline delay is deferred.
             let new = s.enqueue(&key("s"), pending("s", 0, 3, 1), now, INLINE);
-            assert_eq!(new.is_some(), deferred);
+            assert_eq!(new.defer.is_some(), deferred);
+            assert!(new.held, "a call avoided: the limiter would refuse it");
         }
     }
 

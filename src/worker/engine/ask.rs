@@ -17,7 +17,7 @@ use crate::telemetry::events::{
 
 use super::super::admission::Failed;
 use super::super::ports::{Clock, PermitError, Permits, Ports, Source};
-use super::super::scheduler::{Answered, Grant, Ready};
+use super::super::scheduler::{Answered, Grant, Ready, SlotWait};
 use super::super::tiers::Target;
 use super::super::timers::{after, Timer};
 use super::super::waits::HeldBy;
@@ -59,14 +59,18 @@ impl<X: Ports> Engine<X> {
             return self.hold_paused(key, pause);
         }
         self.scheduler.unpaused(key);
-        // During an outage a seller with a run under way waits for it to
-        // end: a second call at once could be a second probe.
-        if self.outage.is_open() && self.scheduler.runs(key) > 0 {
+        if self.outage.waits_for_run(self.scheduler.runs(key)) {
             return;
         }
         let share = self.deps.permits.share(key);
-        if self.scheduler.wait_for_slot(key, share, queue_only) {
-            return;
+        match self.scheduler.wait_for_slot(key, share, queue_only) {
+            SlotWait::Go => {}
+            SlotWait::Wait { began } => {
+                if began {
+                    SellerWaiting::capacity(key).emit();
+                }
+                return;
+            }
         }
         // During a downstream outage only one probe call goes out at a
         // time. The probe is claimed here, where the limiter is asked at

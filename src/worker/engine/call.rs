@@ -8,22 +8,22 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backoff::backoff_with;
-use crate::dead_letter::DeadLetterKind;
 use crate::downstream::{Answer, RetryAfter};
 use crate::kafka::consumer::Origin;
 use crate::telemetry::events::{
-    ConcurrencyLimit, DownstreamFailed, DownstreamThrottled, JobDone, RevokedWorkDropped,
+    ConcurrencyLimit, DownstreamFailed, DownstreamOutage, DownstreamThrottled, JobDone,
+    RevokedWorkDropped,
 };
 
+use super::super::answers::{self, Action, Met429, Policy, Seen, Tries};
 use super::super::concurrency::{Reason, Sample};
 use super::super::ordering::Lane;
-use super::super::outage::Health;
+use super::super::outage::{Health, Turned};
 use super::super::pending::Pending;
 use super::super::pool::Slots;
 use super::super::ports::{Caller, Clock, Permits, Ports, Source};
 use super::super::tiers::Target;
-use super::super::timers::{after, Timer};
+use super::super::timers::Timer;
 use super::super::waits::HeldBy;
 use super::{Engine, Event};
 
@@ -204,20 +204,8 @@ impl<X: Ports> Engine<X> {
         let now = self.deps.clock.now();
         // What the answer says of the downstream as a whole, whoever owns
         // the job now.
-        let health = match &outcome {
-            Answer::Unreachable { .. } => Health::Failed {
-                job_id: &p.job.job_id,
-            },
-            Answer::Unavailable { retry_after, .. } => Health::Down {
-                retry_after: *retry_after,
-            },
-            Answer::Done
-            | Answer::Retryable { .. }
-            | Answer::Fatal { .. }
-            | Answer::Throttled(_) => Health::Answered,
-        };
-        let reached_nothing = matches!(outcome, Answer::Unreachable { .. });
-        for seller in self.outage.record(health, now) {
+        let health = answers::health(&outcome, &p.job.job_id);
+        for seller in self.record_health(health, now) {
             self.ask_if_ready(&seller);
         }
         // Its partition may be asked about again, while the rest of the
@@ -235,8 +223,40 @@ impl<X: Ports> Engine<X> {
             .emit();
         }
         self.scheduler.called(&key, matches!(outcome, Answer::Done));
-        match outcome {
-            Answer::Done => {
+        self.carry_out(key, p, outcome, shed, now);
+    }
+
+    /// What [`answers::decide`] makes of a call's answer, carried out: the
+    /// job done, dead-lettered, held for the outage, or backed off.
+    fn carry_out(
+        &mut self,
+        key: Arc<str>,
+        mut p: Pending,
+        outcome: Answer,
+        shed: bool,
+        now: Instant,
+    ) {
+        let tries = Tries {
+            attempts: p.attempts,
+            failures_in_a_row: p.failures_in_a_row,
+            last_failed_at: p.last_failed_at,
+        };
+        let seen = Seen {
+            outage: self.outage.is_open(),
+            last_answer: self.outage.last_answer(),
+            shed,
+        };
+        let policy = Policy::of(&self.settings.downstream);
+        let decision = answers::decide(outcome, tries, seen, &policy, now, &mut self.rng);
+        let Tries {
+            attempts,
+            failures_in_a_row,
+            last_failed_at,
+        } = decision.tries;
+        (p.attempts, p.failures_in_a_row, p.last_failed_at) =
+            (attempts, failures_in_a_row, last_failed_at);
+        match decision.action {
+            Action::Done => {
                 JobDone {
                     job_id: &p.job.job_id,
                     attempts: p.attempts,
@@ -245,23 +265,50 @@ impl<X: Ports> Engine<X> {
                 self.deps.source.finish(&p.origin);
                 self.forget(&p);
             }
-            Answer::Fatal { status, reason } => {
-                let reason = match status {
-                    Some(s) => format!("downstream refused the job with HTTP {s}: {reason}"),
-                    None => format!("downstream refused the job: {reason}"),
-                };
-                let kind = DeadLetterKind::DownstreamRejected.name();
+            Action::DeadLetter { kind, reason } => {
                 self.write_pending(p, Target::DeadLetter { kind, reason });
             }
-            Answer::Unavailable { .. } => self.hold_for_outage(key, p),
-            Answer::Unreachable { .. } if self.outage.is_open() => self.hold_for_outage(key, p),
-            Answer::Retryable { reason } | Answer::Unreachable { reason } => {
-                self.failed(key, p, reached_nothing, shed, &reason)
+            // Its seller waits on the breaker.
+            Action::HoldForOutage => {
+                self.scheduler.back_off(&key, now, p);
+                self.ask_if_ready(&key);
             }
-            Answer::Throttled(_) => {
-                unreachable!("a run ends at a 429 and returns the job as unused")
+            Action::RetryAt {
+                at, wait, reason, ..
+            } => {
+                DownstreamFailed {
+                    job_id: &p.job.job_id,
+                    attempts: p.attempts,
+                    reason: &reason,
+                    backoff: wait,
+                }
+                .emit();
+                self.scheduler.back_off(&key, at, p);
+                self.timers.at(at, Timer::Seller(key));
             }
         }
+    }
+
+    /// Records what an answer says of the downstream with the outage, and
+    /// reports the breaker opening or closing. Returns the sellers to wake.
+    fn record_health(&mut self, health: Health<'_>, now: Instant) -> Vec<Arc<str>> {
+        let recorded = self.outage.record(health, now);
+        match recorded.turned {
+            Some(Turned::Opened) => DownstreamOutage {
+                open: true,
+                lasted: Duration::ZERO,
+                probes: 0,
+            }
+            .emit(),
+            Some(Turned::Closed { lasted, probes }) => DownstreamOutage {
+                open: false,
+                lasted,
+                probes,
+            }
+            .emit(),
+            None => {}
+        }
+        recorded.woken
     }
 
     /// What a call's answer says of how many calls the downstream can take
@@ -283,13 +330,10 @@ impl<X: Ports> Engine<X> {
             started_at: timing.started_at,
             latency: timing.latency,
             in_flight: timing.in_flight,
-            overload: matches!(
-                outcome,
-                Answer::Unreachable { .. } | Answer::Unavailable { .. }
-            ),
+            overload: answers::overload(outcome),
         };
         let change = adaptive.on_sample(self.deps.clock.now(), sample);
-        let shed = sample.overload && timing.in_flight > adaptive.slots();
+        let shed = answers::shed(sample.overload, timing.in_flight, adaptive.slots());
         let Some(change) = change else {
             return shed;
         };
@@ -312,68 +356,6 @@ impl<X: Ports> Engine<X> {
         }
         .emit();
         shed
-    }
-
-    /// A call that failed in a way another attempt may fix: backed off, or
-    /// dead-lettered once `downstream.max_attempts` are spent.
-    fn failed(
-        &mut self,
-        key: Arc<str>,
-        mut p: Pending,
-        reached_nothing: bool,
-        shed: bool,
-        reason: &str,
-    ) {
-        let now = self.deps.clock.now();
-        let max = self.settings.downstream.max_attempts;
-        // A call that reached nothing, when the downstream answered
-        // nothing else since this job's previous failure, cannot be told
-        // from a dead downstream: it spends no attempt (the job waits with
-        // its backoff). Judged against the previous failure, not the
-        // first: answers between two outages (a 429, say) do not make the
-        // attempts of the first one count.
-        let previous = p.last_failed_at.replace(now);
-        let unreached =
-            reached_nothing && previous.is_some_and(|at| !self.outage.answered_since(at));
-        // One of the calls too many for the downstream's capacity (see
-        // `learn_concurrency`): the downstream's load, not the job.
-        if unreached || shed {
-            give_back_attempt(&mut p);
-        }
-        if p.attempts >= max {
-            let reason = format!(
-                "downstream failed {} times (downstream.max_attempts = {max}); last: {reason}",
-                p.attempts
-            );
-            let kind = DeadLetterKind::AttemptsExhausted.name();
-            return self.write_pending(p, Target::DeadLetter { kind, reason });
-        }
-        p.failures_in_a_row += 1;
-        let d = &self.settings.downstream;
-        let step = p.failures_in_a_row.max(p.attempts);
-        let wait = backoff_with(step, d.backoff_base, d.max_backoff, &mut self.rng);
-        DownstreamFailed {
-            job_id: &p.job.job_id,
-            attempts: p.attempts,
-            reason,
-            backoff: wait,
-        }
-        .emit();
-        let at = after(now, wait);
-        self.scheduler.back_off(&key, at, p);
-        self.timers.at(at, Timer::Seller(key));
-    }
-
-    /// A job whose call failed while the downstream is out of service: it
-    /// keeps its attempt and waits for the outage to end (its seller waits
-    /// on the breaker).
-    fn hold_for_outage(&mut self, key: Arc<str>, mut p: Pending) {
-        give_back_attempt(&mut p);
-        p.last_failed_at = None;
-        p.failures_in_a_row = 0;
-        let now = self.deps.clock.now();
-        self.scheduler.back_off(&key, now, p);
-        self.ask_if_ready(&key);
     }
 
     /// A run ended: what it did not call waits again (every slot of the
@@ -413,20 +395,20 @@ impl<X: Ports> Engine<X> {
         self.outage.probe_dropped(&key);
         if !throttled.is_empty() {
             let now = self.deps.clock.now();
-            for seller in self.outage.record(Health::Answered, now) {
+            for seller in self.record_health(Health::Answered, now) {
                 if seller != key {
                     self.ask_if_ready(&seller);
                 }
             }
         }
-        if let Some(wait) = self.throttle_wait(&key, &throttled) {
+        if let Some(hold) = self.hold_for_429s(&key, &throttled) {
+            let wait = hold.wait;
             DownstreamThrottled {
                 seller: &key,
                 retry_after: wait,
             }
             .emit();
-            let now = self.deps.clock.now();
-            self.hold(&key, after(now, wait), HeldBy::Downstream429);
+            self.hold(&key, hold.until, HeldBy::Downstream429);
             // When the latest of them was decided, on the limiter's clock:
             // its grant, else its start as the store's clock had it.
             let permits = &self.deps.permits;
@@ -453,26 +435,27 @@ impl<X: Ports> Engine<X> {
         });
     }
 
-    /// The hold a run's 429s ask for: the longest. A 429 that names no
-    /// useful wait (none, garbage, zero, a date in the past) gets the
-    /// worker's own backoff, growing with the seller's 429s in a row and
-    /// jittered so that replicas do not come back in lockstep: without it
-    /// "Retry-After: 0" is a tight loop (a 429 never spends an attempt).
-    fn throttle_wait(&mut self, key: &Arc<str>, throttled: &[Throttle]) -> Option<Duration> {
+    /// The hold a run's 429s ask for ([`answers::hold_for_429s`]), each
+    /// one more 429 in a row for the seller.
+    fn hold_for_429s(
+        &mut self,
+        key: &Arc<str>,
+        throttled: &[Throttle],
+    ) -> Option<answers::Hold429> {
         if throttled.is_empty() {
             return None;
         }
-        let d = &self.settings.downstream;
-        let (base, max) = (d.backoff_base, d.max_backoff);
         let in_a_row = self.scheduler.throttled(key);
-        let rng = &mut self.rng;
-        throttled
+        let met: Vec<Met429> = throttled
             .iter()
-            .map(|t| match t.retry_after {
-                RetryAfter::Wait(wait) if !wait.is_zero() => wait,
-                _ => backoff_with(in_a_row.max(t.attempts + 1), base, max, rng),
+            .map(|t| Met429 {
+                retry_after: t.retry_after,
+                attempts: t.attempts,
             })
-            .max()
+            .collect();
+        let policy = Policy::of(&self.settings.downstream);
+        let now = self.deps.clock.now();
+        answers::hold_for_429s(&met, in_a_row, &policy, now, &mut self.rng)
     }
 
     /// Refuses a seller until `until` (never shortening a longer hold). A
@@ -494,19 +477,6 @@ impl<X: Ports> Engine<X> {
 
 /// A run's jobs by lane, each with its place in the run (to put back
 /// in order what a 429 left).
-/// Gives back the attempt [`Engine::on_called`] counted for this answer
-/// (it counts one before routing any answer, so a job here has at least
-/// one): not clamped, since a job with none to give back would be a job
-/// whose answer was routed twice.
-fn give_back_attempt(p: &mut Pending) {
-    debug_assert!(
-        p.attempts > 0,
-        "job {} gave back an attempt it never spent",
-        p.job.job_id
-    );
-    p.attempts -= 1;
-}
-
 fn chains(batch: Vec<(Option<u64>, Pending)>) -> Vec<Vec<Granted>> {
     let mut chains: Vec<(Lane, Vec<Granted>)> = Vec::new();
     for (i, (granted_at, p)) in batch.into_iter().enumerate() {

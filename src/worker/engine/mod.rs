@@ -6,11 +6,15 @@
 //! callback needs), and the drain at shutdown awaits every task.
 //!
 //! The engine decides nothing itself: its components do, each owning its
-//! state, with no I/O (`super::scheduler`, `super::admission`,
-//! `super::tiers`, `super::outage`, `super::partitions`,
-//! [`super::memory`], `super::timers`). The engine carries out what they
-//! say: it alone touches the ports, spawns tasks and holds channels. Its
-//! files follow a job's path:
+//! state or none, with no I/O, no clock and no events
+//! (`super::scheduler`, `super::admission`, `super::tiers`,
+//! `super::outage`, `super::partitions`, [`super::memory`],
+//! `super::timers`; `super::answers` for a downstream answer,
+//! `super::arrival` for a record taken up, `super::paused` for a pause's
+//! intervals, `super::oversize` for a copy too large to write). The
+//! engine carries out what they say and reports what they say happened:
+//! it alone touches the ports, reads the clock, spawns tasks, holds
+//! channels and emits the events. Its files follow a job's path:
 //! - this file: the loop, the dispatch of events, the slot turns;
 //! - `records`: a record taken up, parked on its tier or queued;
 //! - `ask`: limiter calls and their answers;

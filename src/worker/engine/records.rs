@@ -1,21 +1,22 @@
 //! A record from the consumer: parsed, then parked (a retry-tier record
 //! not yet released), delayed until due, or queued behind its seller's
-//! jobs; an unreadable one is dead-lettered with its reason.
+//! jobs, as `super::super::arrival` decides; an unreadable one is
+//! dead-lettered with its reason.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use crate::dead_letter::DeadLetterKind;
 use crate::job::Job;
 use crate::kafka::consumer::{Record, TopicPartition};
-use crate::telemetry::events::{OrderingKeyMissing, RecordReceived};
+use crate::telemetry::events::{CallAvoided, OrderingKeyMissing, RecordReceived};
 
+use super::super::arrival::{self, Arrival, TakeUp, Unparked};
 use super::super::memory;
 use super::super::ordering::{KeyFrom, Read};
 use super::super::pending::Pending;
 use super::super::ports::{Clock, Ports, Source};
 use super::super::tiers::{Parked, Target};
-use super::super::timers::{after, until_ms, Timer};
+use super::super::timers::Timer;
 use super::Engine;
 
 impl<X: Ports> Engine<X> {
@@ -59,43 +60,27 @@ impl<X: Ports> Engine<X> {
         let pending =
             Pending::new(job, rec.origin, rec.original, headers.attempts, bytes, now).in_lane(lane);
         let now_ms = self.fleet_ms();
-        match headers.release_at_unix_ms {
-            // Held for its tier's delay. A release further off than the
-            // tier's delay (a clock jump, a hand-written header) is not
-            // trusted to hold the partition: the record is taken up now
-            // and hops tiers by its due time instead.
-            Some(release)
-                if release > now_ms
-                    && self
-                        .tiers
-                        .holds_at_most(&pending.origin.topic, release - now_ms) =>
-            {
-                self.park(Parked {
-                    release_at_unix_ms: release,
-                    not_before_unix_ms: headers.not_before_unix_ms,
-                    pending,
-                })
-            }
-            _ => self.take_up(pending, headers.not_before_unix_ms),
+        let (release, topic) = (headers.release_at_unix_ms, &pending.origin.topic);
+        match arrival::arrival(release, now_ms, |ms| self.tiers.holds_at_most(topic, ms)) {
+            Arrival::Park { release_at } => self.park(Parked {
+                release_at_unix_ms: release_at,
+                not_before_unix_ms: headers.not_before_unix_ms,
+                pending,
+            }),
+            Arrival::TakeUp => self.take_up(pending, headers.not_before_unix_ms),
         }
     }
 
-    /// A retry-tier record taken up (or a fresh one): run it when due. A
-    /// short remaining wait is held in memory, without holding the
-    /// partition; a longer one hops to the tier that fits it.
+    /// A retry-tier record taken up (or a fresh one): run when due
+    /// ([`arrival::take_up`]).
     fn take_up(&mut self, pending: Pending, not_before: Option<u64>) {
-        let remaining = match not_before {
-            Some(nb) => until_ms(self.fleet_ms(), nb),
-            None => Duration::ZERO,
-        };
-        if remaining.is_zero() {
-            return self.enqueue(pending);
+        let (now_ms, now) = (self.fleet_ms(), self.deps.clock.now());
+        let max_inline = self.settings.worker.max_inline_delay;
+        match arrival::take_up(not_before, now_ms, now, max_inline) {
+            TakeUp::Queue => self.enqueue(pending),
+            TakeUp::Defer { wait } => self.defer(pending, wait),
+            TakeUp::Delay { at } => self.delay(pending, at),
         }
-        if remaining > self.settings.worker.max_inline_delay {
-            return self.defer(pending, remaining);
-        }
-        let at = after(self.deps.clock.now(), remaining);
-        self.delay(pending, at);
     }
 
     /// A job waiting in memory until `at`, then queued first.
@@ -112,7 +97,11 @@ impl<X: Ports> Engine<X> {
         let now = self.deps.clock.now();
         let max_inline = self.settings.worker.max_inline_delay;
         let key: Arc<str> = Arc::from(pending.job.seller_id.as_str());
-        match self.scheduler.enqueue(&key, pending, now, max_inline) {
+        let queued = self.scheduler.enqueue(&key, pending, now, max_inline);
+        if queued.held {
+            CallAvoided { seller: &key }.emit();
+        }
+        match queued.defer {
             Some((pending, wait)) => self.defer(pending, wait),
             None => self.ask_if_ready(&key),
         }
@@ -124,7 +113,7 @@ impl<X: Ports> Engine<X> {
     fn park(&mut self, parked: Parked) {
         if let Some((part, release)) = self.tiers.park(parked) {
             self.deps.source.pause(std::slice::from_ref(&part));
-            let at = after(self.deps.clock.now(), until_ms(self.fleet_ms(), release));
+            let at = arrival::wake_at(release, self.fleet_ms(), self.deps.clock.now());
             self.timers
                 .at(at, Timer::Parked(part.topic, part.partition));
         }
@@ -135,16 +124,14 @@ impl<X: Ports> Engine<X> {
     pub(super) fn unpark(&mut self, part: TopicPartition) {
         let now_ms = self.fleet_ms();
         let unparked = self.tiers.unpark(&part, now_ms);
-        match unparked.next_release {
-            Some(release) => {
-                let at = after(self.deps.clock.now(), until_ms(now_ms, release));
+        let (now, paused) = (self.deps.clock.now(), self.memory.is_paused());
+        match arrival::unparked(unparked.next_release, now_ms, now, paused) {
+            Unparked::WakeAt { at } => {
                 self.timers
                     .at(at, Timer::Parked(part.topic.clone(), part.partition));
             }
-            None if !self.memory.is_paused() => {
-                self.deps.source.resume(std::slice::from_ref(&part));
-            }
-            None => {}
+            Unparked::Resume => self.deps.source.resume(std::slice::from_ref(&part)),
+            Unparked::StayPaused => {}
         }
         for p in unparked.released {
             self.take_up(p.pending, p.not_before_unix_ms);

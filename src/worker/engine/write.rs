@@ -10,10 +10,11 @@ use crate::kafka::{OriginalRecord, Verdict};
 use crate::telemetry::events::{JobDeadLettered, JobDeferred, RecordTooLarge, RevokedWorkDropped};
 
 use super::super::ordering::Lane;
+use super::super::oversize::{self, TooLarge};
 use super::super::pending::Pending;
 use super::super::ports::{Clock, Ports, Source, WriteError, Writer};
 use super::super::tiers::Target;
-use super::super::timers::{after, until_ms};
+use super::super::timers::after;
 use super::{Engine, Event};
 
 /// A record to write to a retry tier or the dead-letter topic; the job
@@ -127,19 +128,15 @@ impl<X: Ports> Engine<X> {
         self.delay(p, at);
     }
 
-    /// The broker refused a copy as too large (`message.max.bytes`, or the
-    /// topic's `max.message.bytes`): writing it again would fail forever and
-    /// hold its partition's commit. A dead letter goes without its payload,
-    /// keeping its reason and original coordinates; a job bound for a retry
-    /// tier is parsed again and waits in memory until it is due.
+    /// The broker refused a copy as too large: what [`oversize::too_large`]
+    /// says, carried out. A job bound for a retry tier is parsed again to
+    /// wait in memory.
     fn on_too_large(&mut self, mut pending: PendingWrite, topic: &str, error: &str) {
         let bytes = pending.original.value.len();
-        let fallback = match &pending.target {
-            Target::DeadLetter { .. } if pending.with_value => "dead_letter_without_payload",
-            Target::Retry { .. } => "kept_in_memory",
-            // Even without its value the copy is too large (its key): the
-            // broker's limit is below any record; keep trying, loudly.
-            Target::DeadLetter { .. } => return self.retry_write(pending, error),
+        let now_ms = self.fleet_ms();
+        let what = oversize::too_large(&pending.target, pending.with_value, bytes, topic, now_ms);
+        let Some(fallback) = what.label() else {
+            return self.retry_write(pending, error);
         };
         RecordTooLarge {
             topic,
@@ -151,44 +148,46 @@ impl<X: Ports> Engine<X> {
             error,
         }
         .emit();
-        match &mut pending.target {
-            Target::DeadLetter { reason, .. } => {
-                reason.push_str(&format!(
-                    "; dead-lettered without its payload: the record ({bytes} bytes) is too large for {topic}, it stays at its original position"
-                ));
+        match what {
+            TooLarge::WithoutPayload { reason } => {
+                if let Target::DeadLetter { reason: r, .. } = &mut pending.target {
+                    *r = reason;
+                }
                 pending.with_value = false;
                 self.spawn_write(pending, Duration::ZERO);
             }
-            Target::Retry {
-                not_before_unix_ms, ..
-            } => {
-                let wait = until_ms(self.fleet_ms(), *not_before_unix_ms);
-                let PendingWrite {
-                    bytes,
-                    origin,
-                    original,
-                    attempts,
-                    lane,
-                    ..
-                } = pending;
-                match Job::parse_shared(&original.value, &self.settings.worker) {
-                    Ok(job) => {
-                        let now = self.deps.clock.now();
-                        let job = job.traced(&original.trace);
-                        let mut p = Pending::new(job, origin, original, attempts, bytes, now);
-                        if let Some(lane) = lane {
-                            p = p.in_lane(lane);
-                        }
-                        p.too_large_to_copy = true;
-                        self.keep_in_memory(p, wait);
-                    }
-                    // It parsed when it was taken up, with the same limits.
-                    Err(e) => {
-                        let (kind, reason) = (e.kind(), e.to_string());
-                        let target = Target::DeadLetter { kind, reason };
-                        self.write(bytes, origin, original, None, attempts, target);
-                    }
+            TooLarge::KeepInMemory { wait } => self.keep_parsed_in_memory(pending, wait),
+            TooLarge::TryAgain => self.retry_write(pending, error),
+        }
+    }
+
+    /// A retry copy refused as too large, parsed again to wait `wait` in
+    /// memory.
+    fn keep_parsed_in_memory(&mut self, pending: PendingWrite, wait: Duration) {
+        let PendingWrite {
+            bytes,
+            origin,
+            original,
+            attempts,
+            lane,
+            ..
+        } = pending;
+        match Job::parse_shared(&original.value, &self.settings.worker) {
+            Ok(job) => {
+                let now = self.deps.clock.now();
+                let job = job.traced(&original.trace);
+                let mut p = Pending::new(job, origin, original, attempts, bytes, now);
+                if let Some(lane) = lane {
+                    p = p.in_lane(lane);
                 }
+                p.too_large_to_copy = true;
+                self.keep_in_memory(p, wait);
+            }
+            // It parsed when it was taken up, with the same limits.
+            Err(e) => {
+                let (kind, reason) = (e.kind(), e.to_string());
+                let target = Target::DeadLetter { kind, reason };
+                self.write(bytes, origin, original, None, attempts, target);
             }
         }
     }
