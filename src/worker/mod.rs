@@ -21,7 +21,9 @@
 //! - `tiers`: which retry tier a job goes to, and the records parked on
 //!   them.
 //! - `outage`: a downstream outage told apart from a job's own failure.
-//! - `partitions`: the jobs topic's partitions held here (the local share).
+//! - `partitions`: the jobs topic's partitions held here (the local share);
+//!   `handoff`: the work under way per partition, which a revoke waits
+//!   for, and what an answer does during that wait.
 //! - [`memory`]: jobs and bytes held, and when fetching pauses.
 //! - `timers`: the timer heap and saturating time arithmetic.
 //! - [`waits`]: each seller's wait as an operator reads it (oldest job,
@@ -51,6 +53,7 @@ pub mod engine;
 mod fair;
 #[cfg(test)]
 mod fixtures;
+mod handoff;
 pub mod ledger;
 pub mod memory;
 pub mod ordering;
