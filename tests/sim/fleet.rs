@@ -357,6 +357,15 @@ async fn run_async(sc: &Scenario, fleet: &Fleet) -> Outcome {
                     // The member it was meant for may have died since: then
                     // the next settle assigns it.
                     if let Some(m) = members.iter().find(|m| m.id == to) {
+                        // A settle since may have given it to that member
+                        // already: an assignment callback names only the
+                        // partitions a member does not hold (assigning it
+                        // again restarted it under a new generation, and
+                        // dropped the answers of its calls under way).
+                        if m.inc.source.owned().contains(&tp) {
+                            owner.insert(tp, to);
+                            continue;
+                        }
                         m.inc.source.assign(std::slice::from_ref(&tp), &m.inc.parts);
                         m.wake
                             .lock()
