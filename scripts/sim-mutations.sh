@@ -29,6 +29,7 @@ MUTATIONS=(
   $'11\tsrc/worker/slots.rs\ts/(    while let Some\\(first\\) = queued\\.recv\\(\\)\\.await \\{\\n)/$1        if first.1.len() < usize::MAX { continue; }\\n/\tslots of max_in_flight are never given back (each lapses with its lease)'
   $'12\tsrc/kafka/session.rs\ts/if t\\.offsets\\.inherited_done\\(topic, partition, offset\\) \\{/if false \\&\\& t.offsets.inherited_done(topic, partition, offset) {/\ta new owner does again what its partition\'s last owner finished (the commit\'s metadata and the handoff ledger ignored)'
   $'15\tsrc/worker/seller.rs\ts/self\\.out\\.contains\\(&p\\.lane\\)\\s*\\|\\|/false ||/; s/debug_assert!\\(!self\\.out\\.contains\\(&lane\\), "two jobs of \\{lane:\\?\\} out"\\);//\ta lane with a job out is asked about again (two jobs of one ordering key at the downstream together; issue 50)'
+  $'16\tsrc/worker/handoff.rs\ts/\\.partition\\(\\|w\\| w\\.parts\\.iter\\(\\)\\.all\\(\\|tp\\| !under_way\\.contains_key\\(tp\\)\\)\\)/.partition(|_| true)/\ta revoke goes on at once, without waiting for the calls under way on its partitions (issue 53: their successes are done again by the next owner)'
   $'7\tsrc/worker/timers.rs\ts/Duration::from_millis\\(unix_ms_at\\.saturating_sub\\(now_ms\\)\\)/Duration::from_millis(unix_ms_at - now_ms)/\ta wait until a due time on the fleet\'s clock read as an unsigned difference (a due time already passed wraps; the host-clock version, until_unix_ms, now only times pauses, which no random world steps back)'
 )
 

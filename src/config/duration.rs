@@ -16,6 +16,13 @@ pub(super) fn human_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration
     })
 }
 
+/// An optional duration in human form (absent: `None`).
+pub(super) fn human_duration_opt<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Duration>, D::Error> {
+    human_duration(d).map(Some)
+}
+
 /// A list of durations in human form.
 pub(super) fn human_durations<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Duration>, D::Error> {
     let list = Vec::<String>::deserialize(d)?;

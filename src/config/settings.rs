@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use serde::Deserialize;
 
@@ -37,6 +38,9 @@ pub struct HttpSettings {
 /// worker's headers (`x-error` is at most 1 KiB), with room to spare.
 pub const COPY_OVERHEAD_BYTES: usize = 64 * 1024;
 
+/// librdkafka's default `max.poll.interval.ms`.
+const DEFAULT_MAX_POLL_INTERVAL_MS: u64 = 300_000;
+
 /// librdkafka's ceiling for `message.max.bytes`.
 const LIBRDKAFKA_MAX_MESSAGE_BYTES: usize = 1_000_000_000;
 
@@ -63,6 +67,50 @@ impl Settings {
         all
     }
 
+    /// The longest a revoke waits for its partitions' calls under way
+    /// (`worker.revoke_wait`): by default `downstream.timeout`, by when
+    /// every call under way has ended, and at most half of
+    /// `max.poll.interval.ms` (the wait holds the next poll back).
+    pub fn revoke_wait(&self) -> Duration {
+        let cap = self.max_poll_interval() / 2;
+        self.worker
+            .revoke_wait
+            .unwrap_or_else(|| self.downstream.timeout.min(cap))
+    }
+
+    /// The consumers' `max.poll.interval.ms`, librdkafka's default (300 s)
+    /// unless set.
+    fn max_poll_interval(&self) -> Duration {
+        let k = &self.kafka;
+        let set = k
+            .consumer_properties
+            .get("max.poll.interval.ms")
+            .or_else(|| k.properties.get("max.poll.interval.ms"));
+        let ms = set
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(DEFAULT_MAX_POLL_INTERVAL_MS);
+        Duration::from_millis(ms)
+    }
+
+    /// `worker.revoke_wait`, if set: above zero and below
+    /// `max.poll.interval.ms`.
+    fn validate_revoke_wait(&self) -> Result<(), Invalid> {
+        let Some(wait) = self.worker.revoke_wait else {
+            return Ok(());
+        };
+        super::error::longer_than_zero(&[("worker.revoke_wait", wait)])?;
+        let max_poll = self.max_poll_interval();
+        if wait >= max_poll {
+            return Err(Invalid::new(
+                "worker.revoke_wait",
+                RevokeProblem::OverPollInterval {
+                    max_poll_ms: max_poll.as_millis() as u64,
+                },
+            ));
+        }
+        Ok(())
+    }
+
     /// Checks that serde's types cannot express: each section's, then
     /// those across sections.
     pub(super) fn validate(&self) -> Result<(), Invalid> {
@@ -72,6 +120,7 @@ impl Settings {
         self.worker.validate()?;
         self.tracing.validate()?;
         self.limits.validate(self.downstream.timeout)?;
+        self.validate_revoke_wait()?;
         self.validate_copy_size()
     }
 
@@ -114,6 +163,13 @@ impl Settings {
         }
         Ok(())
     }
+}
+
+/// What is wrong with `worker.revoke_wait`.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum RevokeProblem {
+    #[error("must be below max.poll.interval.ms ({max_poll_ms} ms): the revoke's wait holds the consumer's next poll back, and a consumer that does not poll within it leaves the group")]
+    OverPollInterval { max_poll_ms: u64 },
 }
 
 /// What is wrong with the size of a copy to a retry tier or the

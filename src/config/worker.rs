@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::duration::human_duration;
+use super::duration::{human_duration, human_duration_opt};
 use super::error::{self, Invalid};
 use super::size::human_size;
 
@@ -40,6 +40,15 @@ pub struct WorkerSettings {
     /// How long in-flight calls may take to finish on SIGTERM.
     #[serde(deserialize_with = "human_duration")]
     pub shutdown_timeout: Duration,
+    /// The longest a revoke waits, inside the rebalance, for the calls
+    /// under way on its partitions before it commits and hands them over
+    /// (a success answered later is done again by the next owner). Unset:
+    /// `downstream.timeout`, by when every call under way has answered or
+    /// timed out, capped at half of `max.poll.interval.ms`. Must be below
+    /// `max.poll.interval.ms`: the wait holds the consumer's next poll, and
+    /// the group's rebalance, back.
+    #[serde(default, deserialize_with = "human_duration_opt")]
+    pub revoke_wait: Option<Duration>,
     /// Larger payloads are dead-lettered. An integer or a size with a
     /// unit, e.g. "1MiB".
     #[serde(deserialize_with = "human_size")]

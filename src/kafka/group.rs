@@ -36,16 +36,20 @@ pub struct Consumers {
 
 impl Consumers {
     /// Creates both consumers (not yet subscribed); partition events of both
-    /// go to `events`, and both write their commits to `ledger`, if any.
+    /// go to `events`, and both write their commits to `ledger`, if any. A
+    /// revoke waits up to `revoke_wait` for the work under way.
     pub fn new(
         settings: &KafkaSettings,
         events: mpsc::UnboundedSender<PartitionEvent>,
         ledger: Option<Arc<dyn super::ledger::Ledger>>,
+        revoke_wait: std::time::Duration,
     ) -> Result<Consumers, ConsumerError> {
+        let consumer =
+            |role, events, ledger| Consumer::new(settings, role, events, ledger, revoke_wait);
         Ok(Consumers {
             jobs_topic: Arc::from(settings.topic.as_str()),
-            jobs: Consumer::new(settings, Role::Jobs, events.clone(), ledger.clone())?,
-            retries: Consumer::new(settings, Role::Retries, events, ledger)?,
+            jobs: consumer(Role::Jobs, events.clone(), ledger.clone())?,
+            retries: consumer(Role::Retries, events, ledger)?,
         })
     }
 
@@ -119,6 +123,10 @@ impl Consumers {
 
     pub fn owns(&self, origin: &Origin) -> bool {
         self.of(&origin.topic).owns(origin)
+    }
+
+    pub fn may_start(&self, origin: &Origin) -> bool {
+        self.of(&origin.topic).may_start(origin)
     }
 
     pub fn finish(&self, origin: &Origin) {

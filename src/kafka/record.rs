@@ -57,10 +57,41 @@ pub struct HeldBack {
     pub finished_behind: usize,
 }
 
+/// The worker's word to a revoke that waits: the revoking partitions'
+/// work under way has ended, so their finished prefix is final and may be
+/// committed. Dropped unsent (the worker gone), it reads as given.
+#[derive(Debug)]
+pub struct Quiet(std::sync::mpsc::SyncSender<()>);
+
+impl Quiet {
+    /// A signal, and the receiver the revoke waits on.
+    pub fn new() -> (Quiet, std::sync::mpsc::Receiver<()>) {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        (Quiet(tx), rx)
+    }
+
+    /// Tells the revoke to go on.
+    pub fn signal(self) {
+        // The revoke may have stopped waiting (its bound passed): nothing
+        // to tell then.
+        let _ = self.0.try_send(());
+    }
+}
+
 /// Partition changes the worker must act on.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum PartitionEvent {
     Assigned(Vec<TopicPartition>),
+    /// These partitions are being revoked and still belong here: they start
+    /// no new work (no call, no retry write, no paced call), what waits of
+    /// them is dropped for the next owner, and the work under way finishes.
+    /// The worker signals `quiet` once none is left; the revoke then
+    /// commits (within its bound, `worker.revoke_wait`, whatever happens)
+    /// and [`PartitionEvent::Revoked`] follows.
+    Revoking {
+        parts: Vec<TopicPartition>,
+        quiet: Quiet,
+    },
     /// Finished offsets were already committed; records of these partitions
     /// still waiting in memory are to be dropped, uncommitted, so that the
     /// new owner gets them.

@@ -8,10 +8,13 @@
 //! simulated fleet runs.
 //!
 //! The rules it keeps:
-//! - **Revoke:** the finished prefix of the partitions going is written to
-//!   the ledger, then committed and waited for, then the partitions are
-//!   forgotten and their generation bumped, so that a record of the old
-//!   assignment cannot move an offset of the next one.
+//! - **Revoke, in two steps.** [`Session::begin_revoke`]: the partitions
+//!   going still belong here (their records can be finished) but start no
+//!   new work ([`Session::may_start`]); the worker finishes what is under
+//!   way, within a bound. [`Session::revoke`]: the finished prefix is
+//!   written to the ledger, then committed and waited for, then the
+//!   partitions are forgotten and their generation bumped, so that a
+//!   record of the old assignment cannot move an offset of the next one.
 //! - **Assign:** what the previous owner finished beyond its committed
 //!   offset (the commit's metadata and the ledger, [`ledger::inherited`])
 //!   is read before the first record, and such records are finished on
@@ -21,7 +24,7 @@
 //!   accepted.
 //! - **Final commit:** synchronous, every committable partition.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -91,6 +94,9 @@ struct Tracker {
     generations: HashMap<(String, i32), u64>,
     /// The periodic commit sent and not yet answered: one at a time.
     in_flight: Option<Vec<Commit>>,
+    /// Partitions whose revoke has begun and not ended: still owned, and
+    /// starting nothing new.
+    revoking: HashSet<(String, i32)>,
 }
 
 impl Tracker {
@@ -110,6 +116,10 @@ impl Tracker {
 
     fn owns(&self, origin: &Origin) -> bool {
         self.generation(&origin.topic, origin.partition) == origin.generation
+    }
+
+    fn revoking(&self, topic: &str, partition: i32) -> bool {
+        self.revoking.contains(&(topic.to_owned(), partition))
     }
 }
 
@@ -153,6 +163,22 @@ impl Session {
     /// Whether `origin` belongs to the current assignment of its partition.
     pub fn owns(&self, origin: &Origin) -> bool {
         self.lock().owns(origin)
+    }
+
+    /// Whether work on `origin` may start: it is owned, and its partition
+    /// is not being revoked (its calls under way finish; no new one goes).
+    pub fn may_start(&self, origin: &Origin) -> bool {
+        let t = self.lock();
+        t.owns(origin) && !t.revoking(&origin.topic, origin.partition)
+    }
+
+    /// A revoke begins: `revoked` start no new work from now on, and stay
+    /// owned (their records can be finished) until [`Session::revoke`].
+    pub fn begin_revoke(&self, revoked: &[TopicPartition]) {
+        let mut t = self.lock();
+        for tp in revoked {
+            t.revoking.insert((tp.topic.to_string(), tp.partition));
+        }
     }
 
     /// Marks a record finished (done, dead-lettered, or acknowledged on the
@@ -237,9 +263,10 @@ impl Session {
         }
     }
 
-    /// Partitions are going (inside the rebalance): their finished prefix
-    /// is written to the ledger and committed, waiting for the answer, then
-    /// they are forgotten. Returns how many partitions were committed.
+    /// Partitions are going (inside the rebalance), their work under way
+    /// ended or given up on: their finished prefix is written to the ledger
+    /// and committed, waiting for the answer, then they are forgotten.
+    /// Returns how many partitions were committed.
     pub fn revoke<C: Coordinator>(&self, broker: &C, revoked: &[TopicPartition]) -> usize {
         let commits: Vec<Commit> = self
             .lock()
@@ -254,8 +281,10 @@ impl Session {
             .collect();
         let mut committed = 0;
         // The tracker is not held during the commit: the worker's tasks keep
-        // finishing records meanwhile (those of revoked partitions are
-        // forgotten just below, so nothing is lost by letting them in).
+        // finishing records of other partitions meanwhile. Those of the
+        // revoked ones ended before (the revoke waited for them); one that
+        // finishes now, its wait's bound passed, is forgotten just below
+        // and done again by the next owner.
         if !commits.is_empty() && !self.closing.load(Ordering::Acquire) {
             // The ledger first: the broker refuses commits while the group
             // rebalances, and this is one.
@@ -282,6 +311,7 @@ impl Session {
         for TopicPartition { topic, partition } in revoked {
             t.offsets.remove_partition(topic, *partition);
             t.bump(topic, *partition);
+            t.revoking.remove(&(topic.to_string(), *partition));
         }
         committed
     }
@@ -294,6 +324,7 @@ impl Session {
         for TopicPartition { topic, partition } in assigned {
             t.offsets.remove_partition(topic, *partition);
             t.bump(topic, *partition);
+            t.revoking.remove(&(topic.to_string(), *partition));
         }
         for (TopicPartition { topic, partition }, ranges, committed) in done {
             t.offsets.inherit(&topic, partition, ranges, committed);
@@ -602,6 +633,49 @@ mod tests {
         assert_eq!(s.commit(&broker, false), Ok(1), "partition 1 again");
         let last = broker.sent.borrow().last().cloned().unwrap();
         assert_eq!((last[0].partition, last[0].offset), (1, 1));
+    }
+
+    /// Issue 53: a revoke in two steps. Between them the partition starts
+    /// nothing new, and what finishes meanwhile is in the revoke's commit
+    /// (a late answer used to fail `owns` and be done again).
+    #[test]
+    fn a_record_finished_while_its_revoke_waits_is_committed() {
+        let broker = FakeBroker::default();
+        let s = Session::new(None);
+        s.assign(&broker, &[tp(0), tp(1)]);
+        let origins = take(&s, 3);
+        assert!(s.may_start(&origins[0]));
+        s.begin_revoke(&[tp(0)]);
+        assert!(s.owns(&origins[0]), "still owned while the revoke waits");
+        assert!(!s.may_start(&origins[0]), "but starts nothing new");
+        let other = match s.receive("jobs", 1, 0, None) {
+            Received::Take { generation } => Origin {
+                topic: "jobs".into(),
+                partition: 1,
+                offset: 0,
+                generation,
+            },
+            Received::AlreadyDone => panic!("skipped"),
+        };
+        assert!(s.may_start(&other), "other partitions go on");
+        // The call under way answers during the wait.
+        s.finish(&origins[0]);
+        s.finish(&origins[1]);
+        s.revoke(&broker, &[tp(0)]);
+        assert_eq!(
+            broker
+                .committed
+                .borrow()
+                .get(&("jobs".to_owned(), 0))
+                .map(|c| c.0),
+            Some(2),
+            "the answers of the wait are committed"
+        );
+        assert!(!s.owns(&origins[2]) && !s.may_start(&origins[2]));
+        // A later assignment of the partition starts afresh.
+        s.assign(&broker, &[tp(0)]);
+        let again = take(&s, 1);
+        assert!(s.may_start(&again[0]), "a new assignment is not revoking");
     }
 
     /// After the final commit, closing revokes commit nothing: the

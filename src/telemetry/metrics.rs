@@ -132,6 +132,13 @@ pub struct Metrics {
     /// Redelivered records the previous owner had finished (named in its commit
     /// metadata or the handoff ledger), skipped.
     pub jobs_already_done: Counter,
+    /// Histogram of how long a revoke took inside the rebalance: the wait for
+    /// its partitions' calls under way (at most `worker.revoke_wait`) and the
+    /// commit. The group's rebalance waits for the slowest member's.
+    pub revoke_duration: Histogram,
+    /// Revokes that stopped waiting at `worker.revoke_wait` with work still
+    /// under way: a success that lands later is done again by the next owner.
+    pub revoke_waits_expired: Counter,
     /// Jobs the limiter admitted (each job once, whatever its cost).
     pub jobs_admitted: Counter,
     /// Units the limiter admitted: the sum of the admitted jobs' costs.
@@ -352,6 +359,16 @@ impl Metrics {
             jobs_already_done: reg!(
                 "jobs_already_done",
                 "Redelivered records the previous owner had finished, skipped",
+                Counter::default()
+            ),
+            revoke_duration: reg!(
+                "revoke_duration_seconds",
+                "How long a revoke took in the rebalance: the wait for its calls under way, then its commit",
+                seconds_histogram()
+            ),
+            revoke_waits_expired: reg!(
+                "revoke_waits_expired",
+                "Revokes that stopped waiting at worker.revoke_wait with work still under way",
                 Counter::default()
             ),
             jobs_admitted: reg!(

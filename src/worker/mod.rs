@@ -27,7 +27,9 @@
 //! - `arrival`: where a record taken up goes (parked on its tier, queued,
 //!   delayed in memory, deferred); `oversize`: a copy the broker refused
 //!   as too large; `paused`: an operator pause's intervals.
-//! - `partitions`: the jobs topic's partitions held here (the local share).
+//! - `partitions`: the jobs topic's partitions held here (the local share);
+//!   `handoff`: the work under way per partition, which a revoke waits
+//!   for, and what an answer does during that wait.
 //! - [`memory`]: jobs and bytes held, and when fetching pauses.
 //! - `timers`: the timer heap and saturating time arithmetic.
 //! - [`waits`]: each seller's wait as an operator reads it (oldest job,
@@ -59,6 +61,7 @@ pub mod engine;
 mod fair;
 #[cfg(test)]
 mod fixtures;
+mod handoff;
 pub mod ledger;
 pub mod memory;
 pub mod ordering;

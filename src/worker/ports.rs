@@ -76,6 +76,10 @@ pub trait Source: Send + Sync + 'static {
     /// Whether `origin` belongs to the current assignment of its partition:
     /// work on a record that is not current is dropped, never finished.
     fn owns(&self, origin: &Origin) -> bool;
+    /// Whether work on `origin` may start: it is owned and its partition
+    /// is not being revoked. A revoking partition's work under way
+    /// finishes (its records are still owned); none starts.
+    fn may_start(&self, origin: &Origin) -> bool;
     /// The record is done, dead-lettered or safely on a retry tier: its
     /// offset may be committed once every record before it is too.
     fn finish(&self, origin: &Origin);
@@ -160,6 +164,10 @@ impl Ports for Live {
 impl Source for Consumers {
     fn owns(&self, origin: &Origin) -> bool {
         Consumers::owns(self, origin)
+    }
+
+    fn may_start(&self, origin: &Origin) -> bool {
+        Consumers::may_start(self, origin)
     }
 
     fn finish(&self, origin: &Origin) {

@@ -233,8 +233,9 @@ impl Kafka {
     fn start(settings: &Settings, ledger: RedisLedger) -> Result<Kafka, StartError> {
         let (part_tx, partitions) = mpsc::unbounded_channel();
         let k = &settings.kafka;
-        let consumer =
-            Consumers::new(k, part_tx, Some(Arc::new(ledger))).map_err(StartError::Kafka)?;
+        let ledger = Some(Arc::new(ledger) as Arc<dyn crate::kafka::ledger::Ledger>);
+        let consumer = Consumers::new(k, part_tx, ledger, settings.revoke_wait())
+            .map_err(StartError::Kafka)?;
         let all = k.all_topics();
         let topics: Vec<&str> = all.iter().map(String::as_str).collect();
         let check =

@@ -147,6 +147,8 @@ fn every_environment_variable_in_the_reference_loads() {
             None if key == "limits.file" => pem.clone(),
             // Unset by default: the install's layout (README "Limiter state").
             None if key == "redis.state" => "v2".to_owned(),
+            // Unset by default: downstream.timeout.
+            None if key == "worker.revoke_wait" => "10s".to_owned(),
             None if key.starts_with("redis.tls_") => {
                 env.push((
                     "THROTTLE__REDIS__URL".to_owned(),

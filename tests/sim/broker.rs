@@ -13,6 +13,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use throttle_worker::kafka::consumer::{HeldBack, Origin, PartitionEvent, Record, TopicPartition};
 use throttle_worker::kafka::ledger::{Entry, Ledger, LedgerError};
+use throttle_worker::kafka::record::Quiet;
 use throttle_worker::kafka::session::{Answer, AsyncCommits, Coordinator, Received, Session};
 use throttle_worker::kafka::{Commit, Finish, OriginalRecord, Position, RetryHeaders};
 use throttle_worker::worker::{CommitError, Source};
@@ -144,6 +145,9 @@ struct Fetch {
     /// Owned partitions and the next offset to deliver.
     owned: BTreeMap<Tp, i64>,
     paused: BTreeSet<Tp>,
+    /// Partitions whose revoke waits for the worker: not fetched (the
+    /// poll thread is inside the rebalance callback).
+    revoking: BTreeSet<Tp>,
 }
 
 /// One consumer incarnation (a process's lifetime): the worker's own
@@ -161,6 +165,8 @@ pub struct SimSource {
     answers: Mutex<VecDeque<Answer>>,
     pub wake: Arc<Notify>,
     pub dead: Arc<AtomicBool>,
+    /// The longest a revoke waits for the worker (`worker.revoke_wait`).
+    revoke_wait: Duration,
 }
 
 /// The simulated broker as the session's coordinator: a commit is refused
@@ -231,8 +237,10 @@ impl SimSource {
         ledger: Arc<SimLedger>,
         wake: Arc<Notify>,
         dead: Arc<AtomicBool>,
+        revoke_wait: Duration,
     ) -> SimSource {
         SimSource {
+            revoke_wait,
             broker,
             journal,
             session: Session::new(Some(ledger.clone())),
@@ -278,11 +286,15 @@ impl SimSource {
         self.wake.notify_one();
     }
 
-    /// Gives `parts` up, as the rebalance's revoke callback does: commits
-    /// their finished prefix (unless the broker refuses), then forgets
-    /// them.
-    pub fn revoke(&self, parts: &[Tp], events: &mpsc::UnboundedSender<PartitionEvent>) {
+    /// Gives `parts` up, as the rebalance's revoke callback does: waits
+    /// for the worker's work under way on them (within `revoke_wait`),
+    /// commits their finished prefix (unless the broker refuses), then
+    /// forgets them.
+    pub async fn revoke(&self, parts: &[Tp], events: &mpsc::UnboundedSender<PartitionEvent>) {
         let tps = topic_partitions(parts);
+        if !self.dead.load(Ordering::SeqCst) {
+            self.wait_for_work(parts, &tps, events).await;
+        }
         if !self.dead.load(Ordering::SeqCst) {
             // The ledger is written first, then the commit is asked for:
             // what is finished reaches the next owner if either takes it.
@@ -295,9 +307,48 @@ impl SimSource {
         for tp in parts {
             fetch.owned.remove(tp);
             fetch.paused.remove(tp);
+            fetch.revoking.remove(tp);
         }
         drop(fetch);
         let _ = events.send(PartitionEvent::Revoked(tps));
+    }
+
+    /// The revoke's first step, as the worker's rebalance callback takes
+    /// it: the partitions start nothing new, and the engine says when their
+    /// work under way has ended; at `revoke_wait` the revoke goes on
+    /// without it (journalled: a success answered later may be done again).
+    async fn wait_for_work(
+        &self,
+        parts: &[Tp],
+        tps: &[TopicPartition],
+        events: &mpsc::UnboundedSender<PartitionEvent>,
+    ) {
+        self.session.begin_revoke(tps);
+        lock(&self.fetch).revoking.extend(parts.iter().cloned());
+        let (quiet, rx) = Quiet::new();
+        let event = PartitionEvent::Revoking {
+            parts: tps.to_vec(),
+            quiet,
+        };
+        if events.send(event).is_err() {
+            return;
+        }
+        let deadline = tokio::time::Instant::now() + self.revoke_wait;
+        loop {
+            match rx.try_recv() {
+                Err(std::sync::mpsc::TryRecvError::Empty) => {}
+                // Told, or the engine is gone (killed, stopped).
+                _ => return,
+            }
+            if self.dead.load(Ordering::SeqCst) {
+                return;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                self.journal.bound_passed(parts, self.ledger.world.now_ms());
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
     }
 
     pub fn owned(&self) -> Vec<Tp> {
@@ -318,7 +369,7 @@ impl SimSource {
         let mut out = Vec::new();
         let parts: Vec<Tp> = fetch.owned.keys().cloned().collect();
         for tp in parts {
-            if fetch.paused.contains(&tp) {
+            if fetch.paused.contains(&tp) || fetch.revoking.contains(&tp) {
                 continue;
             }
             let Some(log) = broker.logs.get(&tp) else {
@@ -378,13 +429,23 @@ impl Source for SimSource {
         self.session.owns(origin)
     }
 
+    fn may_start(&self, origin: &Origin) -> bool {
+        self.session.may_start(origin)
+    }
+
     fn finish(&self, origin: &Origin) {
         if self.dead.load(Ordering::SeqCst) {
             return;
         }
+        let waiting = self.session.owns(origin) && !self.session.may_start(origin);
         if self.session.finish(origin) == Finish::Finished {
             let tp = (origin.topic.to_string(), origin.partition);
             self.journal.finished(&tp, origin.offset);
+            if waiting {
+                // Finished while its revoke waits: committed by this owner.
+                self.journal
+                    .with(|log| log.reach.finished_in_revoke_wait += 1);
+            }
         }
     }
 

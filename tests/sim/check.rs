@@ -148,6 +148,7 @@ pub fn fleet(sc: &Scenario, out: &Outcome) -> Vec<String> {
     v.extend(no_call_while_paused(sc, out));
     v.extend(in_flight_within_cap(sc, out));
     v.extend(nothing_left(out));
+    v.extend(no_second_success_on_a_graceful_handoff(out));
     v
 }
 
@@ -155,8 +156,21 @@ pub fn fleet(sc: &Scenario, out: &Outcome) -> Vec<String> {
 /// is delivered again, `Journal::delivered`; this is what the downstream
 /// saw of the same thing).
 pub struct Again {
+    pub job: JobId,
+    /// When the first success and the second call began (virtual ms).
+    pub first_ms: u64,
+    pub second_ms: u64,
     /// A process was killed before the second call.
     pub after_kill: bool,
+    /// Between the first call and the second, a revoke stopped waiting
+    /// for its work under way at its bound (`worker.revoke_wait`), or a
+    /// graceful stop abandoned work at `worker.shutdown_timeout`: a
+    /// success that landed after is not this owner's to commit.
+    pub past_bound: bool,
+    /// Its record, finished, was handed over by a handoff that could not
+    /// carry it (invariant 12's excuse: commit refused, ledger unwritten
+    /// or unread).
+    pub uncarried: bool,
 }
 
 pub fn second_successes(out: &Outcome) -> Vec<Again> {
@@ -170,18 +184,48 @@ pub fn second_successes(out: &Outcome) -> Vec<Again> {
             first.insert(c.job, c);
             continue;
         };
-        let _ = f;
+        let within = |at: u64| f.at_ms <= at && at <= c.at_ms;
+        let log = &out.log;
+        let past_bound = log.bound_passed.iter().any(|(at, _)| within(*at))
+            || log.abandoned.iter().any(|at| within(*at));
+        let uncarried = log.uncarried.contains(&c.job);
         v.push(Again {
+            job: c.job,
+            first_ms: f.at_ms,
+            second_ms: c.at_ms,
             after_kill: first_kill <= c.at_ms,
+            past_bound,
+            uncarried,
         });
     }
     v
 }
 
+/// Invariant 16 (issue 53): a job the downstream answered with a success
+/// is not called to a success again across a graceful handoff: the revoke
+/// waits for the calls and writes under way on its partitions, and
+/// commits what they finished. Excused: a second call after a kill, or
+/// after a revoke's wait reached its bound (`worker.revoke_wait`) or a
+/// graceful stop abandoned work (counted: `Reach::again_past_bound`), or
+/// a handoff that could carry nothing (invariant 12's excuse).
+pub fn no_second_success_on_a_graceful_handoff(out: &Outcome) -> Vec<String> {
+    second_successes(out)
+        .iter()
+        .filter(|d| !d.after_kill && !d.past_bound && !d.uncarried)
+        .take(3)
+        .map(|d| {
+            format!(
+                "16. job {} answered 2xx at {} ms and called to a success again at {} ms, with no kill and no revoke wait cut short",
+                d.job, d.first_ms, d.second_ms
+            )
+        })
+        .collect()
+}
+
 /// Jobs the downstream answered with a success twice, with no process
-/// killed before the second call: work under way at a revoke (a call, or
-/// a retry copy's write) finishes after the revoke's commit, so the next
-/// owner gets its record again (invariant 12 judges what was finished).
+/// killed before the second call (before issue 53: work under way at a
+/// revoke finished after the revoke's commit, so the next owner got its
+/// record again; now only past a wait's bound, invariant 16).
 pub fn second_successes_without_a_kill(out: &Outcome) -> usize {
     second_successes(out)
         .iter()
@@ -248,6 +292,14 @@ pub fn reach(sc: &Scenario, out: &Outcome) -> Reach {
     r.paced_calls = log.arrivals.iter().filter(|a| paced(&a.seller)).count() as u64;
     r.calls_cut_by_kill = log.unanswered.len() as u64;
     r.again_without_kill = second_successes_without_a_kill(out) as u64;
+    r.again_past_bound = second_successes(out)
+        .iter()
+        .filter(|d| !d.after_kill && d.past_bound)
+        .count() as u64;
+    r.again_uncarried = second_successes(out)
+        .iter()
+        .filter(|d| !d.after_kill && !d.past_bound && d.uncarried)
+        .count() as u64;
     r.shed_calls = log.calls.iter().filter(|c| c.class == "shed").count() as u64;
     let (side_by_side, held) = lanes_reached(sc, out);
     r.partition_side_by_side = side_by_side;

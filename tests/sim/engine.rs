@@ -90,8 +90,8 @@ fn explore(
     }
     println!("{what}: reached {:?}", reached.named());
     println!(
-        "{what}: {} jobs reached a success twice with no kill (work under way at a revoke)",
-        reached.again_without_kill
+        "{what}: {} jobs reached a success twice with no kill: {} past a revoke wait's bound or an abandoned drain, {} through a handoff that could carry nothing (invariant 16 allows only these)",
+        reached.again_without_kill, reached.again_past_bound, reached.again_uncarried
     );
     assert!(
         failures.is_empty(),

@@ -289,18 +289,23 @@ async fn run_async(sc: &Scenario, fleet: &Fleet) -> Outcome {
                 }
             }
             Step::StopAll => {
-                for m in &members {
-                    let held = m.inc.source.owned();
+                // Every member's revoke at once, each waiting for its own
+                // work under way (eager: the whole group stops).
+                let held: Vec<Vec<Tp>> = members.iter().map(|m| m.inc.source.owned()).collect();
+                let mut revokes = Vec::new();
+                for (m, held) in members.iter().zip(&held) {
                     if !held.is_empty() {
-                        m.inc.source.revoke(&held, &m.inc.parts);
+                        revokes.push(m.inc.source.revoke(held, &m.inc.parts));
                     }
                 }
+                futures::future::join_all(revokes).await;
                 owner.clear();
             }
             Step::Settle => {
                 let live: Vec<u64> = members.iter().map(|m| m.id).collect();
                 let target = assign(&roles, &owner, &live, fleet.membership);
                 let mut later = Vec::new();
+                let mut moves = Vec::new();
                 for m in &members {
                     let mut give_up = Vec::new();
                     let mut take = Vec::new();
@@ -316,11 +321,18 @@ async fn run_async(sc: &Scenario, fleet: &Fleet) -> Outcome {
                             give_up.push(tp.clone());
                         }
                     }
-                    if !give_up.is_empty() {
-                        m.inc.source.revoke(&give_up, &m.inc.parts);
-                    }
+                    moves.push((m, give_up, take));
+                }
+                // The members give their partitions up at once, each
+                // waiting for its own work under way; then they take theirs.
+                let revokes = moves
+                    .iter()
+                    .filter(|(_, give_up, _)| !give_up.is_empty())
+                    .map(|(m, give_up, _)| m.inc.source.revoke(give_up, &m.inc.parts));
+                futures::future::join_all(revokes).await;
+                for (m, _, take) in &moves {
                     if !take.is_empty() {
-                        m.inc.source.assign(&take, &m.inc.parts);
+                        m.inc.source.assign(take, &m.inc.parts);
                         m.wake
                             .lock()
                             .unwrap_or_else(|p| p.into_inner())
@@ -345,6 +357,15 @@ async fn run_async(sc: &Scenario, fleet: &Fleet) -> Outcome {
                     // The member it was meant for may have died since: then
                     // the next settle assigns it.
                     if let Some(m) = members.iter().find(|m| m.id == to) {
+                        // A settle since may have given it to that member
+                        // already: an assignment callback names only the
+                        // partitions a member does not hold (assigning it
+                        // again restarted it under a new generation, and
+                        // dropped the answers of its calls under way).
+                        if m.inc.source.owned().contains(&tp) {
+                            owner.insert(tp, to);
+                            continue;
+                        }
                         m.inc.source.assign(std::slice::from_ref(&tp), &m.inc.parts);
                         m.wake
                             .lock()

@@ -64,6 +64,14 @@ pub struct Log {
     pub kills: Vec<u64>,
     /// When a graceful stop abandoned work under way at its timeout.
     pub abandoned: Vec<u64>,
+    /// When a revoke stopped waiting for its partitions' work under way at
+    /// `worker.revoke_wait` (virtual ms), and the partitions.
+    pub bound_passed: Vec<(u64, Vec<Tp>)>,
+    /// Jobs whose finished record was delivered again after a graceful
+    /// handoff that could not carry it (the broker refused the revoke's
+    /// commit, and the ledger was not written or not read): invariant 12
+    /// excuses the redelivery, invariant 16 the second success.
+    pub uncarried: std::collections::BTreeSet<JobId>,
     /// When each record was finished by the process it was last delivered
     /// to (a journal sequence number); cleared at each delivery.
     pub finished: BTreeMap<(Tp, i64), u64>,
@@ -137,6 +145,18 @@ pub struct Reach {
     pub shed_calls: u64,
     /// A seller's learnt limit lowered by a 429 (`limits.learn`).
     pub learnt_drops: u64,
+    /// A record finished (a success, or a write acknowledged) while its
+    /// partition's revoke waited for the work under way (issue 53): the
+    /// revoke commits it, where it used to be done again by the next owner.
+    pub finished_in_revoke_wait: u64,
+    /// Not a state to reach, a cost to watch: jobs the downstream answered
+    /// with a success twice, excused only because a revoke's wait reached
+    /// its bound (`worker.revoke_wait`) before the first answer.
+    pub again_past_bound: u64,
+    /// Not a state to reach: jobs answered 2xx twice, with no kill, whose
+    /// record was handed over by a handoff that could carry nothing
+    /// (commit refused, ledger unwritten or unread).
+    pub again_uncarried: u64,
     /// A call of a seller's partition that started while another of the
     /// same seller and partition was out (keys side by side, issue 50).
     pub partition_side_by_side: u64,
@@ -170,10 +190,13 @@ impl Reach {
         self.learnt_drops += o.learnt_drops;
         self.partition_side_by_side += o.partition_side_by_side;
         self.key_held_while_others_ran += o.key_held_while_others_ran;
+        self.finished_in_revoke_wait += o.finished_in_revoke_wait;
+        self.again_past_bound += o.again_past_bound;
+        self.again_uncarried += o.again_uncarried;
     }
 
     /// Each count by name.
-    pub fn named(&self) -> [(&'static str, u64); 13] {
+    pub fn named(&self) -> [(&'static str, u64); 14] {
         [
             ("a limiter refusal", self.denials),
             ("a loss of Redis' data found", self.losses_found),
@@ -196,6 +219,10 @@ impl Reach {
             (
                 "a key held while another of its seller ran",
                 self.key_held_while_others_ran,
+            ),
+            (
+                "a record finished while its revoke waited",
+                self.finished_in_revoke_wait,
             ),
         ]
     }
@@ -269,6 +296,12 @@ impl Journal {
         });
     }
 
+    /// A revoke of `tps` stopped waiting for their work under way at its
+    /// bound, at `at_ms`.
+    pub fn bound_passed(&self, tps: &[Tp], at_ms: u64) {
+        self.with(|log| log.bound_passed.push((at_ms, tps.to_vec())));
+    }
+
     /// `tps` were given up gracefully: the broker took the commit or not,
     /// the ledger was written or not.
     pub fn handed_over(&self, tps: &[Tp], committed: bool, ledger: Option<usize>) {
@@ -301,17 +334,19 @@ impl Journal {
     /// handoff could carry it: the broker took the revoke's commit (with
     /// its metadata), or the ledger was written at the revoke and read at
     /// the next assignment. Only a kill, or a handoff that neither could
-    /// carry, may make a finished job be done again.
-    fn check_redelivery(log: &mut Log, tp: &Tp, offset: i64) {
+    /// carry, may make a finished job be done again. Returns whether the
+    /// record was finished and handed over by a handoff that could not
+    /// carry it.
+    fn check_redelivery(log: &mut Log, tp: &Tp, offset: i64) -> bool {
         let Some(&finished) = log.finished.get(&(tp.clone(), offset)) else {
-            return;
+            return false;
         };
         let Some(&(at, committed, written)) = log
             .handoffs
             .get(tp)
             .and_then(|h| h.iter().rev().find(|(at, _, _)| *at > finished))
         else {
-            return;
+            return false;
         };
         // The ledger carries it when read, after the handoff, with no loss
         // of Redis' data between the write and the read.
@@ -329,17 +364,21 @@ impl Journal {
             );
             log.violate(v);
         }
+        !(committed || through_ledger)
     }
 
     pub fn delivered(&self, tp: &Tp, offset: i64, value: &Bytes) {
         self.with(|log| {
-            Journal::check_redelivery(log, tp, offset);
+            let uncarried = Journal::check_redelivery(log, tp, offset);
             // Work again for whoever holds it now.
             log.finished.remove(&(tp.clone(), offset));
             let seq = Journal::next(log);
             log.delivered.insert((tp.clone(), offset), seq);
             if let Some(&job) = log.by_value.get(value) {
                 log.trace.push(format!("d{}:{}:{offset}:{job}", tp.0, tp.1));
+                if uncarried {
+                    log.uncarried.insert(job);
+                }
             }
         });
     }

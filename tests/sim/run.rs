@@ -269,6 +269,7 @@ pub fn start(
         }),
         notify,
         dead.clone(),
+        settings.revoke_wait(),
     ));
     let store = SimStore {
         world: world.clone(),
@@ -587,7 +588,7 @@ async fn run_async(sc: &Scenario) -> Outcome {
                         .filter(|tp| inc.source.owned().contains(tp))
                         .collect();
                     if !tps.is_empty() {
-                        inc.source.revoke(&tps, &inc.parts);
+                        inc.source.revoke(&tps, &inc.parts).await;
                         broker.lock().unwrap_or_else(|p| p.into_inner()).rebalancing = true;
                         let at = clock.elapsed_ms() + dur;
                         steps.push((at, Step::Assign(tps.iter().map(|(_, p)| *p).collect())));

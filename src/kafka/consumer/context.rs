@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer as _, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaError;
@@ -16,11 +16,12 @@ use tokio::sync::mpsc;
 
 use super::commits::CommitQueue;
 use crate::kafka::offsets::Commit;
-use crate::kafka::record::{PartitionEvent, TopicPartition};
+use crate::kafka::record::{PartitionEvent, Quiet, TopicPartition};
 use crate::kafka::session::{AsyncCommits, Coordinator};
 
 use super::lists::{commit_list, partition_list, partitions_of};
 use super::{lock_opt, Role, SharedSession, WorkerConsumer};
+use crate::telemetry::events::{PartitionsRevoked, Waited};
 
 /// How long an assignment waits to read the committed metadata.
 const COMMITTED_TIMEOUT: Duration = Duration::from_secs(5);
@@ -104,6 +105,10 @@ impl AsyncCommits for Broker<'_> {
 pub struct WorkerContext {
     session: SharedSession,
     events: mpsc::UnboundedSender<PartitionEvent>,
+    /// The longest a revoke waits for its partitions' work under way
+    /// (`worker.revoke_wait`): below `max.poll.interval.ms`, which this
+    /// wait, on the poll thread, holds the next poll back.
+    revoke_wait: Duration,
     /// The consumer group, for the lag metrics' `group` label.
     group: String,
     role: Role,
@@ -118,10 +123,12 @@ impl WorkerContext {
         events: mpsc::UnboundedSender<PartitionEvent>,
         group: String,
         role: Role,
+        revoke_wait: Duration,
     ) -> WorkerContext {
         WorkerContext {
             session,
             events,
+            revoke_wait,
             group,
             role,
             reported: Mutex::default(),
@@ -179,15 +186,50 @@ impl ClientContext for WorkerContext {
     }
 }
 
+impl WorkerContext {
+    /// The first step of a revoke (vector's `KafkaSourceContext::pre_rebalance`
+    /// waits so too): the partitions start no new work, and the worker
+    /// finishes what is under way and says so, within `revoke_wait`. Blocks
+    /// the poll thread meanwhile, which is what holds the rebalance: the
+    /// other members wait at most that long for this one. Returns how the
+    /// wait ended.
+    fn wait_for_work(&self, revoked: &[TopicPartition]) -> Waited {
+        self.session.begin_revoke(revoked);
+        let (quiet, rx) = Quiet::new();
+        let event = PartitionEvent::Revoking {
+            parts: revoked.to_vec(),
+            quiet,
+        };
+        if self.events.send(event).is_err() {
+            // The worker is gone (shutdown): nothing is under way.
+            return Waited::Quiet;
+        }
+        match rx.recv_timeout(self.revoke_wait) {
+            // Disconnected: the worker dropped the signal (it stopped).
+            Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Waited::Quiet,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Waited::BoundPassed,
+        }
+    }
+}
+
 impl ConsumerContext for WorkerContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         let Rebalance::Revoke(tpl) = rebalance else {
             return;
         };
         let revoked = partitions_of(tpl);
-        tracing::info!(partitions = %describe(&revoked), consumer = self.role.as_str(), "partitions revoked");
+        let began = Instant::now();
+        let waited = self.wait_for_work(&revoked);
         let broker = Broker::in_callback(consumer);
-        self.session.revoke(&broker, &revoked);
+        let committed = self.session.revoke(&broker, &revoked);
+        PartitionsRevoked {
+            consumer: self.role.as_str(),
+            partitions: &describe(&revoked),
+            waited,
+            took: began.elapsed(),
+            committed,
+        }
+        .emit();
         // librdkafka clears only its own pause flag on unassign: a pause the
         // worker made (backpressure, a parked retry record) would survive
         // into the next assignment of the partition and stop it for good.

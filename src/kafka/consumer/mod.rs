@@ -148,12 +148,15 @@ impl Consumer {
     /// Creates the consumer of `role` (not yet subscribed). Partition events
     /// go to `events`. `kafka.properties` and `kafka.consumer_properties` are
     /// applied first; the settings the worker's guarantees depend on are
-    /// forced after them. Commits are also written to `ledger`, if any.
+    /// forced after them. Commits are also written to `ledger`, if any. A
+    /// revoke waits up to `revoke_wait` for the worker's work under way on
+    /// the partitions going ([`PartitionEvent::Revoking`]).
     pub fn new(
         settings: &KafkaSettings,
         role: Role,
         events: mpsc::UnboundedSender<PartitionEvent>,
         ledger: Option<Arc<dyn Ledger>>,
+        revoke_wait: Duration,
     ) -> Result<Consumer, ConsumerError> {
         let mut config = ClientConfig::new();
         config
@@ -184,7 +187,13 @@ impl Consumer {
             }
         }
         let session = Arc::new(Session::new(ledger));
-        let context = WorkerContext::new(session.clone(), events, settings.group_id.clone(), role);
+        let context = WorkerContext::new(
+            session.clone(),
+            events,
+            settings.group_id.clone(),
+            role,
+            revoke_wait,
+        );
         let inner: WorkerConsumer =
             config
                 .create_with_context(context)
@@ -287,6 +296,11 @@ impl Consumer {
     /// See [`Tracker::owns`].
     pub fn owns(&self, origin: &Origin) -> bool {
         self.session.owns(origin)
+    }
+
+    /// See [`Session::may_start`].
+    pub fn may_start(&self, origin: &Origin) -> bool {
+        self.session.may_start(origin)
     }
 
     /// A handle that answers [`Consumer::owns`] without holding the

@@ -157,6 +157,56 @@ impl Event for PartitionsAssigned {
     }
 }
 
+/// How a revoke's wait for its partitions' work under way ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waited {
+    /// The worker said the work under way had ended (or none was).
+    Quiet,
+    /// `worker.revoke_wait` passed first: what answers later is dropped,
+    /// and a success among it is done again by the next owner.
+    BoundPassed,
+}
+
+/// Partitions revoked from this consumer: the wait for their work under
+/// way and the commit, which the group's rebalance waits for.
+#[derive(Debug)]
+pub struct PartitionsRevoked<'a> {
+    pub consumer: &'a str,
+    /// `topic[p],..`.
+    pub partitions: &'a str,
+    pub waited: Waited,
+    /// From the revoke's start to its end (wait and commit).
+    pub took: Duration,
+    /// Partitions the broker took the commit of.
+    pub committed: usize,
+}
+
+impl Event for PartitionsRevoked<'_> {
+    const NAME: &'static str = "PartitionsRevoked";
+
+    fn record(&self) {
+        let m = metrics();
+        m.revoke_duration.observe(self.took.as_secs_f64());
+        if self.waited == Waited::BoundPassed {
+            m.revoke_waits_expired.inc();
+            tracing::warn!(
+                partitions = self.partitions,
+                consumer = self.consumer,
+                took_ms = self.took.as_millis() as u64,
+                "partitions revoked with work still under way at worker.revoke_wait: its successes are done again by the next owner"
+            );
+        } else {
+            tracing::info!(
+                partitions = self.partitions,
+                consumer = self.consumer,
+                took_ms = self.took.as_millis() as u64,
+                committed = self.committed,
+                "partitions revoked"
+            );
+        }
+    }
+}
+
 /// Work of a revoked partition dropped instead of finished: its new owner
 /// processes the record again (`stage`: a downstream answer that came back,
 /// a write to the retry or dead-letter topic, or calls not yet made).
@@ -266,6 +316,7 @@ inherent_emit!(
     RevokedJobsDropped,
     AlreadyDone,
     PartitionsAssigned,
+    PartitionsRevoked<'_>,
     RevokedWorkDropped,
     HeadMoved<'_>,
     ConsumerLag<'_>

@@ -92,7 +92,8 @@ pub use jobs::{
 };
 pub use kafka::{
     AlreadyDone, CommitFailed, ConsumerLag, HandoffLedgerFailed, HeadMoved, KafkaPollFailed,
-    OffsetsCommitted, PartitionsAssigned, RevokedJobsDropped, RevokedWorkDropped,
+    OffsetsCommitted, PartitionsAssigned, PartitionsRevoked, RevokedJobsDropped,
+    RevokedWorkDropped, Waited,
 };
 pub use limiter::{
     JobsCallCancelled, LimiterCallCoalesced, LimiterCalled, LimiterStateLost, LimiterStateStarted,

@@ -147,7 +147,8 @@ impl<X: Ports> Engine<X> {
         };
         let now = self.deps.clock.now();
         let source = self.deps.source.clone();
-        let owns = |o: &Origin| source.owns(o);
+        // A revoking partition's jobs are not called: the next owner has them.
+        let owns = |o: &Origin| source.may_start(o);
         match self
             .scheduler
             .answered(&key, &decision, leases, answered_at, now, &owns)

@@ -17,6 +17,7 @@ use crate::telemetry::events::{
 
 use super::super::answers::{self, Action, Met429, Policy, Seen, Tries};
 use super::super::concurrency::{Reason, Sample};
+use super::super::handoff::{route, Route};
 use super::super::ordering::Lane;
 use super::super::outage::{Health, Turned};
 use super::super::pending::Pending;
@@ -72,14 +73,18 @@ impl<X: Ports> Engine<X> {
             self.deps.clock.clone(),
         );
         self.tasks += 1;
+        for (_, p) in &batch {
+            self.handoff.started(&p.origin);
+        }
         let chains = chains(batch);
         tokio::spawn(async move {
             let throttles: Mutex<Vec<Throttle>> = Mutex::new(Vec::new());
             let stopped = || throttles.lock().map_or(true, |t| !t.is_empty());
             // An operator's pause stops every chain before its next call.
             let paused = || permits.paused(&seller, clock.unix_ms()).is_some();
-            // A revoked job is not called: its new owner does.
-            let go = |o: &Origin| !stopped() && !paused() && source.owns(o);
+            // A revoked job is not called, nor one whose partition is being
+            // revoked: its new owner does.
+            let go = |o: &Origin| !stopped() && !paused() && source.may_start(o);
             let runs = chains.into_iter().map(|chain| {
                 let (caller, tx, seller, throttles, go, clock) =
                     (&caller, &tx, &seller, &throttles, &go, &clock);
@@ -160,7 +165,7 @@ impl<X: Ports> Engine<X> {
         }
         let now = self.deps.clock.now();
         let source = self.deps.source.clone();
-        let owns = |o: &Origin| source.owns(o);
+        let owns = |o: &Origin| source.may_start(o);
         let due = self.scheduler.due_paced(key, now, &owns);
         if let Some(at) = due.next_at {
             self.timers.at(at, Timer::Paced(key.clone()));
@@ -219,6 +224,17 @@ impl<X: Ports> Engine<X> {
             return RevokedWorkDropped {
                 jobs: 1,
                 stage: "answer",
+            }
+            .emit();
+        }
+        let revoking = !self.deps.source.may_start(&p.origin);
+        if route(revoking, matches!(outcome, Answer::Done)) == Route::HandOver {
+            // Its partition is being revoked: the revoke waits for this
+            // answer, and a failure goes to the next owner as it is.
+            self.forget(&p);
+            return RevokedWorkDropped {
+                jobs: 1,
+                stage: "revoking",
             }
             .emit();
         }
@@ -371,7 +387,7 @@ impl<X: Ports> Engine<X> {
             self.scheduler.returned(&key, p.lane);
         }
         let source = self.deps.source.clone();
-        let owns = |o: &Origin| source.owns(o);
+        let owns = |o: &Origin| source.may_start(o);
         let (unused, gone): (Vec<Pending>, Vec<Pending>) =
             unused.into_iter().partition(|p| owns(&p.origin));
         for p in &gone {

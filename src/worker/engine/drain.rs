@@ -32,16 +32,30 @@ impl<X: Ports> Engine<X> {
         let parked_at_stop = self.tiers.clear();
         let deadline = after(self.deps.clock.now(), self.settings.worker.shutdown_timeout);
         while self.tasks > 0 {
-            match tokio::time::timeout_at(deadline, self.rx.recv()).await {
-                Ok(Some(ev)) => {
-                    self.on_event_draining(ev);
-                    // An ask made while draining is answered, and its
-                    // slots given back, like any other under way.
-                    self.flush_asks();
-                }
-                Ok(None) | Err(_) => break,
+            tokio::select! {
+                ev = tokio::time::timeout_at(deadline, self.rx.recv()) => match ev {
+                    Ok(Some(ev)) => {
+                        self.on_event_draining(ev);
+                        // An ask made while draining is answered, and its
+                        // slots given back, like any other under way.
+                        self.flush_asks();
+                    }
+                    Ok(None) | Err(_) => break,
+                },
+                // A rebalance while draining (another member joins or
+                // leaves) waits for the work under way as at any time.
+                Some(pe) = self.deps.partitions.recv() => self.on_partitions(pe),
             }
+            self.settle_revokes();
         }
+        // No revoke waits for this engine any more: those begun are let go
+        // (what was abandoned stays uncommitted), later ones do not wait.
+        self.deps.partitions.close();
+        while let Ok(pe) = self.deps.partitions.try_recv() {
+            self.on_partitions(pe);
+        }
+        self.settle_revokes();
+        self.handoff.clear();
         let abandoned = self.tasks;
         if abandoned > 0 {
             tracing::warn!(
@@ -65,6 +79,7 @@ impl<X: Ports> Engine<X> {
         match ev {
             Event::RunEnded { unused, .. } => {
                 self.tasks -= 1;
+                self.unused_ended(&unused);
                 for p in &unused {
                     self.forget(p);
                 }

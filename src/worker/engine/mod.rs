@@ -55,6 +55,7 @@ use crate::telemetry::http::Health;
 
 use super::admission::Admission;
 use super::concurrency::{AdaptiveLimit, AdaptiveSettings};
+use super::handoff::Handoff;
 use super::memory::Memory;
 use super::ordering::Ordering;
 use super::outage::Outage;
@@ -173,6 +174,9 @@ pub struct Engine<X: Ports> {
     asks: Vec<(Arc<str>, Vec<u64>)>,
     /// Which jobs go one at a time (`worker.ordering`): each job's lane.
     ordering: Ordering,
+    /// Calls and writes under way per partition, and the revokes waiting
+    /// for theirs.
+    handoff: Handoff,
 }
 
 impl<X: Ports> Engine<X> {
@@ -218,6 +222,7 @@ impl<X: Ports> Engine<X> {
             slots: FleetSlots::new(),
             asks: Vec::new(),
             ordering,
+            handoff: Handoff::default(),
         }
     }
 
@@ -257,6 +262,7 @@ impl<X: Ports> Engine<X> {
             self.serve_turns();
             self.backpressure();
             self.flush_asks();
+            self.settle_revokes();
         }
         self.drain().await
     }
@@ -276,7 +282,10 @@ impl<X: Ports> Engine<X> {
                 pending,
                 outcome,
                 timing,
-            } => self.on_called(seller, pending, outcome, timing),
+            } => {
+                self.handoff.ended(&pending.origin);
+                self.on_called(seller, pending, outcome, timing)
+            }
             // Handled: its slots are back; `serve_turns` hands them on.
             Event::ChainStopped { slots } => drop(slots),
             Event::RunEnded {
@@ -285,10 +294,12 @@ impl<X: Ports> Engine<X> {
                 throttled,
             } => {
                 self.tasks -= 1;
+                self.unused_ended(&unused);
                 self.on_run_ended(seller, unused, throttled);
             }
             Event::Written { pending, result } => {
                 self.tasks -= 1;
+                self.handoff.ended(pending.origin());
                 self.on_written(pending, result);
             }
             Event::Shared { seller, result } => {
@@ -359,6 +370,13 @@ impl<X: Ports> Engine<X> {
                 Turn::Paced(key) => self.call_paced(&key),
                 Turn::Ask(key) => self.ask_if_ready(&key),
             }
+        }
+    }
+
+    /// The jobs a run did not call: no longer under way.
+    fn unused_ended(&mut self, unused: &[Pending]) {
+        for p in unused {
+            self.handoff.ended(&p.origin);
         }
     }
 

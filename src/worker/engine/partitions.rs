@@ -1,10 +1,12 @@
-//! Partitions as the engine sees them: assignments and revokes, moving a
+//! Partitions as the engine sees them: assignments and revokes (a revoke
+//! waits for its partitions' work under way, `super::super::handoff`), moving a
 //! head that holds its partition's commit back (`unstick`), pausing every
 //! partition when memory is full (backpressure), and the backlog gauges.
 
 use std::time::Duration;
 
 use crate::kafka::consumer::{Origin, PartitionEvent, TopicPartition};
+use crate::kafka::record::Quiet;
 use crate::telemetry::events::{
     Backlog, Backpressure, HeadMoved, PartitionsAssigned, RevokedJobsDropped, SellerWaits, WaitRow,
 };
@@ -19,8 +21,49 @@ impl<X: Ports> Engine<X> {
     pub(super) fn on_partitions(&mut self, ev: PartitionEvent) {
         match ev {
             PartitionEvent::Assigned(parts) => self.on_assigned(parts),
+            PartitionEvent::Revoking { parts, quiet } => self.on_revoking(parts, quiet),
             PartitionEvent::Revoked(parts) => self.on_revoked(parts),
         }
+    }
+
+    /// A revoke begins: what waits of its partitions goes to the next
+    /// owner now, uncommitted; the calls and writes under way finish, and
+    /// the revoke is told once none is left ([`Engine::settle_revokes`]).
+    fn on_revoking(&mut self, parts: Vec<TopicPartition>, quiet: Quiet) {
+        let source = self.deps.source.clone();
+        self.drop_waiting(&parts, &|o: &Origin| source.may_start(o));
+        let now = self.deps.clock.now();
+        self.handoff.begin(parts, quiet, now);
+        self.settle_revokes();
+    }
+
+    /// Tells each revoke whose partitions have no work under way left
+    /// that it may commit.
+    pub(super) fn settle_revokes(&mut self) {
+        let now = self.deps.clock.now();
+        for settled in self.handoff.settled(now) {
+            tracing::debug!(
+                partitions = settled.parts.len(),
+                waited_ms = settled.waited.as_millis() as u64,
+                "revoking partitions' work under way ended"
+            );
+            settled.quiet.signal();
+        }
+    }
+
+    /// Drops what waits of `parts` (the jobs `keep` refuses, the records
+    /// parked on their tiers), uncommitted: the new owner has those records.
+    fn drop_waiting(&mut self, parts: &[TopicPartition], keep: &dyn Fn(&Origin) -> bool) {
+        let mut dropped = self.scheduler.revoke(keep);
+        dropped.extend(self.tiers.revoke(parts));
+        for bytes in &dropped {
+            self.memory.remove(*bytes);
+        }
+        RevokedJobsDropped {
+            partitions: parts.len(),
+            jobs: dropped.len(),
+        }
+        .emit();
     }
 
     fn on_assigned(&mut self, parts: Vec<TopicPartition>) {
@@ -42,22 +85,14 @@ impl<X: Ports> Engine<X> {
         }
     }
 
-    /// Drops what waits of revoked partitions, uncommitted: the new owner
-    /// has those records. (Work already under way is checked when it ends.)
+    /// The revoke is over: its partitions are gone. What still waits of
+    /// them is dropped (nothing, after a wait); work under way past the
+    /// wait's bound is checked when it ends, and dropped.
     fn on_revoked(&mut self, parts: Vec<TopicPartition>) {
         self.partitions.revoke(&parts);
+        self.handoff.revoked(&parts);
         let source = self.deps.source.clone();
-        let owns = |o: &Origin| source.owns(o);
-        let mut dropped = self.scheduler.revoke(&owns);
-        dropped.extend(self.tiers.revoke(&parts));
-        for bytes in &dropped {
-            self.memory.remove(*bytes);
-        }
-        RevokedJobsDropped {
-            partitions: parts.len(),
-            jobs: dropped.len(),
-        }
-        .emit();
+        self.drop_waiting(&parts, &|o: &Origin| source.owns(o));
     }
 
     /// Sets the backlog gauges: jobs waiting by cause, in flight, parked,

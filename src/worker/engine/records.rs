@@ -21,9 +21,9 @@ use super::Engine;
 
 impl<X: Ports> Engine<X> {
     pub(super) fn on_record(&mut self, rec: Record) {
-        if !self.deps.source.owns(&rec.origin) {
-            // Received before its partition was revoked, taken after: the
-            // new owner has it.
+        if !self.deps.source.may_start(&rec.origin) {
+            // Received before its partition was revoked (or as its revoke
+            // began), taken after: the new owner has it.
             return;
         }
         RecordReceived.emit();

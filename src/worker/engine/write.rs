@@ -46,6 +46,12 @@ pub(super) struct Named {
     lane: Lane,
 }
 
+impl PendingWrite {
+    pub(super) fn origin(&self) -> &Origin {
+        &self.origin
+    }
+}
+
 impl<X: Ports> Engine<X> {
     /// Sends a job to the retry tier that fits `wait`; one whose copy the
     /// broker refused as too large waits in memory instead.
@@ -94,8 +100,9 @@ impl<X: Ports> Engine<X> {
         attempts: u32,
         target: Target,
     ) {
-        if !self.deps.source.owns(&origin) {
-            // Written by the partition's new owner, if at all.
+        if !self.deps.source.may_start(&origin) {
+            // Written by the partition's new owner, if at all (a revoking
+            // partition starts no write).
             self.memory.remove(bytes);
             return RevokedWorkDropped {
                 jobs: 1,
@@ -203,7 +210,7 @@ impl<X: Ports> Engine<X> {
             offset = pending.origin.offset,
             "write to the retry or dead-letter topic failed; trying again in 1s"
         );
-        if self.deps.source.owns(&pending.origin) {
+        if self.deps.source.may_start(&pending.origin) {
             self.spawn_write(pending, Duration::from_secs(1));
         } else {
             self.memory.remove(pending.bytes);
@@ -214,6 +221,7 @@ impl<X: Ports> Engine<X> {
         let (writer, tx) = (self.deps.writer.clone(), self.tx.clone());
         let dlq_topic = self.settings.kafka.dlq_topic.clone();
         self.tasks += 1;
+        self.handoff.started(&pending.origin);
         tokio::spawn(async move {
             if !delay.is_zero() {
                 tokio::time::sleep(delay).await;
@@ -269,7 +277,7 @@ impl<X: Ports> Engine<X> {
                 self.memory.remove(pending.bytes);
             }
             Err(WriteError::TooLarge { topic, reason })
-                if self.deps.source.owns(&pending.origin) =>
+                if self.deps.source.may_start(&pending.origin) =>
             {
                 self.on_too_large(pending, &topic, &reason)
             }
