@@ -492,6 +492,21 @@ end
 local function lost_fill(r, G, now)
   local h = r.h
   if hget(h.hash, h.p .. 'fp') ~= nil then
+    -- Written by a replica's restore (restore.lua) while the loss held
+    -- it: held all the same until the bound, so that every replica's
+    -- part is in before a grant reads it.
+    local held = hget(h.hash, h.p .. 'rh')
+    if held == nil then
+      return nil
+    end
+    held = tonumber(held)
+    if now < held then
+      return held
+    end
+    -- Past it: gone, so the place is back on the common path.
+    widen(h.hash)
+    h.hash.t[h.p .. 'rh'] = nil
+    h.hash.dirty[h.p .. 'rh'] = true
     return nil
   end
   local lost = guard_lost(G, now)

@@ -5,7 +5,8 @@
 --          request (jobs.lua; every decision, a single one included, is
 --          a jobs call); 'release' gives slots of max_in_flight back
 --          (slots.lua); 'refund' gives back units of an earlier jobs
---          request, below.
+--          request, below; 'restore' writes back a replica's part of a
+--          seller's state after a loss (restore.lua).
 --
 -- A function of (KEYS, ARGV), so that the same text runs as an EVAL script
 -- (`return limiter_call(KEYS, ARGV)`) and as a Redis Function registered
@@ -64,6 +65,9 @@ local function limiter_call(KEYS, ARGV)
   end
   if op == 'refund' then
     return refund_call(KEYS, ARGV, now, real)
+  end
+  if op == 'restore' then
+    return restore_call(KEYS, ARGV, now, real)
   end
   return redis.error_reply('unknown operation ' .. tostring(op))
 end

@@ -10,6 +10,7 @@ use serde::Deserialize;
 use super::duration::{human_duration, period_or_duration};
 use super::error::{self, Invalid};
 use super::redact::redact_url;
+use super::size::human_size;
 
 /// Upper bound of `redis.coalesce_window`: a longer window holds every ask
 /// for more than a Redis round trip, which costs more latency than it saves
@@ -58,6 +59,13 @@ pub struct RedisSettings {
     /// fresh and may get one extra window of a rule longer than it.
     #[serde(default, deserialize_with = "period_or_duration")]
     pub state_loss_wait: Option<Duration>,
+    /// With a bounded `state_loss_wait`: the bytes each replica keeps of
+    /// its own recent grants, per seller and rule, to write them back when
+    /// Redis loses its state (`lua/restore.lua`). The least recently
+    /// granted sellers are forgotten first; a forgotten seller's part is
+    /// not restored. An integer or a size with a unit, e.g. "16MiB".
+    #[serde(deserialize_with = "human_size")]
+    pub restore_bytes: usize,
     /// Most sellers' asks carried by one limiter call (coalescing); 1
     /// sends each ask on its own.
     pub max_coalesced: usize,
@@ -92,6 +100,7 @@ impl fmt::Debug for RedisSettings {
             .field("on_error", &self.on_error)
             .field("on_state_loss", &self.on_state_loss)
             .field("state_loss_wait", &self.state_loss_wait)
+            .field("restore_bytes", &self.restore_bytes)
             .field("max_coalesced", &self.max_coalesced)
             .field("coalesce_window", &self.coalesce_window)
             .field(

@@ -114,6 +114,9 @@ pub struct Limiter<S> {
     /// lost". Cleared by this replica's first charging guarded call, after
     /// which the epoch exists in Redis and a missing one is a loss.
     pub(super) new_install: AtomicBool,
+    /// This replica's recent grants, written back after a loss
+    /// (`restore.rs`); `None` when nothing is restored.
+    pub(super) restorer: Option<super::parts::Restorer>,
 }
 
 impl<S: Store> Limiter<S> {
@@ -129,6 +132,7 @@ impl<S: Store> Limiter<S> {
             on_state_loss: None,
             state_loss_wait: None,
             new_install: AtomicBool::new(false),
+            restorer: None,
         }
     }
 

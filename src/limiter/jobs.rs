@@ -41,6 +41,9 @@ impl<S: Store> Limiter<S> {
                 if !call.dry_run && call.guard.as_ref().is_some_and(|g| g.new_install) {
                     self.new_install.store(false, Ordering::Relaxed);
                 }
+                if !call.dry_run {
+                    self.record_grants(call, &replies);
+                }
                 Ok(replies)
             }
             // Read as it stands, a short reply would leave lists with no

@@ -13,7 +13,9 @@
 //!      overrides, unlimited, global), built once from config;
 //!    - [`overrides`], [`pauses`], [`waits`]: the operators' overrides and
 //!      pauses and the replicas' wait board, as values (what is in force
-//!      when).
+//!      when);
+//!    - [`parts`]: this replica's recent grants per seller and rule, within
+//!      a byte budget, for restores after a loss of Redis' data.
 //! 2. **Call arguments and replies** (pure):
 //!    - [`keys`]: Redis key names, one hash tag per seller: one hash holds
 //!      a seller's block and every rule's state;
@@ -55,6 +57,7 @@
 //! | `jobs.rs` | job lists (asked as [`JobsQuery`]): `acquire_jobs`, `check_jobs`, `check_jobs_many`; slot leases given back (`release`) |
 //! | `shadow.rs` | shadow rules asked after a grant |
 //! | `inspect.rs` | `inspect`: a seller's live state, charging nothing |
+//! | `restore.rs` | after a loss of Redis' data: this replica's grants recorded (`record_grants`), the epoch watched and its part written back (`watch_epoch`, `restore_after`) |
 //! | `refresh.rs` | on a [`RedisStore`]: `refresh_overrides`, `refresh_pauses`, the wait board (`publish_waits`, `read_waits`), a seller's learnt factor (`learning`) |
 //!
 //! # One road to Redis
@@ -84,11 +87,13 @@ pub mod keys;
 pub mod learn;
 pub mod local;
 pub mod overrides;
+pub mod parts;
 pub mod pauses;
 pub mod policy;
 pub mod redis;
 mod refresh;
 pub mod reply;
+mod restore;
 pub mod rule;
 pub mod script;
 mod shadow;
@@ -111,6 +116,7 @@ pub use pauses::{Pause, Pauses};
 pub use policy::{Policy, Resolved, Share, SLOT_POLL};
 pub use redis::{RedisError, RedisStore, Scripts};
 pub use reply::{EpochFound, JobsAnswer, JobsReply, MalformedReply, Reply};
+pub use restore::RestoreReport;
 pub use rule::{Algorithm, Rule, RuleError};
 pub use script::{
     call_life_us, release_args, BlockAt, BlockCall, BlockRead, FunctionLibrary, JobsCall,

@@ -42,6 +42,7 @@ macro_rules! library_body {
             shape_body!(),
             include_str!("../../lua/slots.lua"),
             include_str!("../../lua/jobs.lua"),
+            include_str!("../../lua/restore.lua"),
             include_str!("../../lua/limiter.lua"),
             include_str!("../../lua/block.lua"),
         )
@@ -244,6 +245,53 @@ impl RefundCall {
         ];
         push_rules(&mut args, &self.rules);
         args.push(self.taken_at_us.to_string());
+        args
+    }
+}
+
+/// A replica's part of a seller's state written back after a loss
+/// (`lua/restore.lua`): per rule, what this replica was granted before
+/// the loss, as `(µs on Redis' clock, units)`, oldest first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestoreCall {
+    /// µs since the epoch; `None` reads Redis' clock (production).
+    pub now_us: Option<u64>,
+    /// The replica's name: its part counts once per loss.
+    pub replica: String,
+    /// The loss restored: the epoch as the replica read it (µs).
+    pub lost_us: u64,
+    /// `redis.state_loss_wait` (µs): the hold ends at the loss plus it.
+    pub bound_us: u64,
+    /// The epoch key, in the slot of the rules' keys.
+    pub epoch: String,
+    pub rules: Vec<(KeyedRule, Vec<(u64, u64)>)>,
+}
+
+impl RestoreCall {
+    /// KEYS: one per rule, then the epoch key.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.rules
+            .iter()
+            .map(|((at, _), _)| at.key.as_str())
+            .chain(std::iter::once(self.epoch.as_str()))
+    }
+
+    /// ARGV, as `lua/restore.lua` documents it.
+    pub fn args(&self) -> Vec<String> {
+        let mut args = vec![
+            "restore".to_owned(),
+            self.now_us.map(|n| n.to_string()).unwrap_or_default(),
+            self.replica.clone(),
+            self.lost_us.to_string(),
+            self.bound_us.to_string(),
+            self.rules.len().to_string(),
+        ];
+        let rules: Vec<KeyedRule> = self.rules.iter().map(|(r, _)| r.clone()).collect();
+        push_rules(&mut args, &rules);
+        for (_, part) in &self.rules {
+            let wire: Vec<String> = part.iter().map(|(at, n)| format!("{at}:{n}")).collect();
+            args.push(wire.join(","));
+        }
         args
     }
 }

@@ -297,8 +297,12 @@ impl Gen {
         self.line("  local hold, hby = 0, 0");
         for n in 1..=k {
             // The place written by this very rule (the common case) needs
-            // neither a conversion nor the loss guard's fill.
-            self.line(format!("  if hget(H, 'r{}:fp') ~= Q{n}.fp then", n - 1));
+            // neither a conversion nor the loss guard's fill, unless a
+            // restore holds it (`rh`, lua/restore.lua).
+            self.line(format!(
+                "  if hget(H, 'r{0}:fp') ~= Q{n}.fp or hget(H, 'r{0}:rh') then",
+                n - 1
+            ));
             self.line(format!("    settle(Q{n}, now)"));
             self.line("    if G ~= nil then");
             self.line(format!("      local held = lost_fill(Q{n}, G, now)"));

@@ -8,7 +8,7 @@ use std::future::Future;
 
 use super::learn::Blocked;
 use super::reply::JobsReply;
-use super::script::{BlockAt, BlockCall, JobsCall, RefundCall};
+use super::script::{BlockAt, BlockCall, JobsCall, RefundCall, RestoreCall};
 use super::shape::Shape;
 
 /// Where the limiter's state lives.
@@ -50,6 +50,28 @@ pub trait Store: Clone + Send + Sync + 'static {
         call: &JobsCall,
     ) -> impl Future<Output = Result<Vec<i64>, Self::Error>> + Send {
         let n = call.requests.len();
+        async move { Ok(vec![0; n]) }
+    }
+
+    /// The limiter's epoch at `key` (`lua/jobs.lua`): the instant its
+    /// state was last found lost, 0 for "never", `None` while it is gone.
+    /// A store that loses nothing has none (the default).
+    fn read_epoch(
+        &self,
+        _key: &str,
+    ) -> impl Future<Output = Result<Option<u64>, Self::Error>> + Send {
+        async { Ok(None) }
+    }
+
+    /// Writes back a replica's part of a seller's state after a loss
+    /// (`lua/restore.lua`): per rule, the units charged, -1 when the epoch
+    /// names another loss, -2 when this replica restored it already. A
+    /// store that loses nothing restores nothing (the default).
+    fn restore(
+        &self,
+        call: &RestoreCall,
+    ) -> impl Future<Output = Result<Vec<i64>, Self::Error>> + Send {
+        let n = call.rules.len();
         async move { Ok(vec![0; n]) }
     }
 

@@ -229,6 +229,15 @@ pub struct Metrics {
     /// slot in a cluster; see [Redis data
     /// loss](../concepts/guarantees.md#redis-data-loss).
     pub limiter_state_lost: Counter,
+    /// Units this replica wrote back to Redis after a loss of the
+    /// limiter's state: its own grants, restored (`redis.state_loss_wait`).
+    pub limiter_units_restored: Counter,
+    /// Bytes this replica keeps of its recent grants for restores
+    /// (`redis.restore_bytes` bounds it).
+    pub limiter_restore_bytes: Gauge,
+    /// Sellers' parts forgotten for `redis.restore_bytes`: after a loss,
+    /// their grants by this replica are not restored.
+    pub limiter_restore_evicted: Counter,
     /// Consumer errors (broker down, transport).
     pub kafka_errors: Counter,
     /// Partition assignments received.
@@ -500,6 +509,21 @@ impl Metrics {
             limiter_state_lost: reg!(
                 "limiter_state_lost",
                 "Losses of the limiter's state in Redis found by this replica (a restart without persistence, a failover, an eviction; not a new install): one per loss fleet-wide, per hash slot in a cluster",
+                Counter::default()
+            ),
+            limiter_units_restored: reg!(
+                "limiter_units_restored",
+                "Units this replica wrote back to Redis after a loss of the limiter's state (its own grants before the loss)",
+                Counter::default()
+            ),
+            limiter_restore_bytes: reg!(
+                "limiter_restore_bytes",
+                "Bytes this replica keeps of its recent grants to restore them after a loss (bounded by redis.restore_bytes)",
+                Gauge::default()
+            ),
+            limiter_restore_evicted: reg!(
+                "limiter_restore_evicted",
+                "Sellers' grant records forgotten for redis.restore_bytes: their part is not restored after a loss",
                 Counter::default()
             ),
             kafka_errors: reg!(

@@ -70,6 +70,22 @@ pub(super) fn waits(limiter: Arc<Limiter<RedisStore>>, worker: String) -> JoinHa
     })
 }
 
+/// Reads the limiter's epoch on a timer (`Limiter::watch_epoch`): when
+/// Redis has lost its state, this replica writes back its part of it
+/// within the loss's hold. `None` when restores are off (`redis.on_state_loss
+/// = "admit"`, an unbounded `state_loss_wait`, a cluster).
+pub(super) fn epoch(limiter: Arc<Limiter<RedisStore>>) -> Option<JoinHandle<()>> {
+    let every = limiter.epoch_watch_interval()?;
+    Some(tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(every).await;
+            // A restore tells itself (LimiterStateRestored); a failed
+            // read is tried again at the next turn.
+            let _ = limiter.watch_epoch().await;
+        }
+    }))
+}
+
 /// Reads the pauses now and every `limiter::pauses::REFRESH`, so a pause
 /// stops every replica's calls within a second.
 pub(super) fn pauses(limiter: Arc<Limiter<RedisStore>>) -> JoinHandle<()> {

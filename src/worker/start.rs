@@ -86,7 +86,7 @@ pub async fn run_watching(
     .emit();
     let worker_id = worker_id(&settings.kafka.group_instance_id);
     let downstream = downstream(&settings, &worker_id)?;
-    let (limiter, ledger) = limiter(&settings, policy).await?;
+    let (limiter, ledger) = limiter(&settings, policy, &worker_id).await?;
     let kafka = Kafka::start(&settings, ledger)?;
     // The event loop turns at least every commit interval.
     let health = http::Health::new((settings.kafka.commit_interval * 5).max(STUCK_AFTER_MIN));
@@ -110,6 +110,7 @@ pub async fn run_watching(
     let overrides = refresh::overrides(limiter.clone()).await;
     let pauses = refresh::pauses(limiter.clone());
     let waits = refresh::waits(limiter.clone(), worker_id.clone());
+    let epoch = refresh::epoch(limiter.clone());
     health.set_ready(true);
     let permits = Coalescer::start(
         limiter.clone(),
@@ -139,6 +140,7 @@ pub async fn run_watching(
         .into_iter()
         .chain([overrides, pauses, waits])
         .chain(install)
+        .chain(epoch)
     {
         task.abort();
     }
@@ -194,6 +196,7 @@ fn downstream(settings: &Settings, worker_id: &str) -> Result<Downstream, StartE
 async fn limiter(
     settings: &Settings,
     policy: Policy,
+    worker_id: &str,
 ) -> Result<(Limiter<RedisStore>, RedisLedger), StartError> {
     let store = RedisStore::open(&settings.redis)
         .await
@@ -206,7 +209,8 @@ async fn limiter(
     let keys = KeySpace::new(prefix.clone());
     let limiter = Limiter::new(store, keys, policy, settings.redis.topology)
         .with_state_loss(settings.redis.on_state_loss)
-        .with_state_loss_wait(settings.redis.state_loss_wait);
+        .with_state_loss_wait(settings.redis.state_loss_wait)
+        .with_restore(worker_id, settings.redis.restore_bytes);
     // Not fatal: a shape not loaded now loads with its first call.
     let prepared = limiter.prepare_shapes().await;
     crate::telemetry::events::ShapesPrepared {

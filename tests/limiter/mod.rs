@@ -16,6 +16,7 @@ mod overrides;
 mod redis;
 mod refund;
 mod reset;
+mod restore;
 mod shadow;
 mod short_reply;
 mod tables;

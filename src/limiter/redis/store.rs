@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::limiter::learn::Blocked;
 use crate::limiter::reply::{EpochFound, JobsAnswer, JobsReply, MalformedReply};
 use crate::limiter::script::{
-    call_life_us, release_args, BlockAt, BlockCall, JobsCall, RefundCall,
+    call_life_us, release_args, BlockAt, BlockCall, JobsCall, RefundCall, RestoreCall,
 };
 use crate::limiter::shape::Shape;
 use crate::limiter::store::Store;
@@ -181,6 +181,21 @@ impl Store for RedisStore {
             self.clock.observe(first.head.now_us, local_us());
         }
         Ok(answer.replies)
+    }
+
+    async fn read_epoch(&self, key: &str) -> Result<Option<u64>, RedisError> {
+        let mut conn = self.conn.get();
+        let v: Option<String> = redis::cmd("GET")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.failed(e))?;
+        // The script writes it as an integer; anything else is no epoch.
+        Ok(v.and_then(|v| v.parse().ok()))
+    }
+
+    async fn restore(&self, call: &RestoreCall) -> Result<Vec<i64>, RedisError> {
+        self.invoke(call.keys(), call.args()).await
     }
 
     async fn release(&self, key: &str, leases: &[String]) -> Result<u64, RedisError> {

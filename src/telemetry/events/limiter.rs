@@ -172,6 +172,77 @@ impl Event for LimiterStateLost<'_> {
     }
 }
 
+/// A charging call's grants were kept for restores: the bytes now held,
+/// and the sellers forgotten for `redis.restore_bytes` to make room.
+#[derive(Debug)]
+pub struct GrantsKept {
+    pub bytes: usize,
+    pub evicted: u64,
+}
+
+impl Event for GrantsKept {
+    const NAME: &'static str = "GrantsKept";
+
+    fn record(&self) {
+        let m = metrics();
+        m.limiter_restore_bytes
+            .set(i64::try_from(self.bytes).unwrap_or(i64::MAX));
+        if self.evicted > 0 {
+            m.limiter_restore_evicted.inc_by(self.evicted);
+            static LOG: Every = Every::new(Duration::from_secs(60));
+            if let Some(more) = LOG.tick() {
+                tracing::warn!(
+                    bytes = self.bytes,
+                    more_since_last_line = more,
+                    "redis.restore_bytes is full: the sellers granted least recently are forgotten, and would not be restored after a loss of Redis' data"
+                );
+            }
+        }
+    }
+}
+
+/// This replica wrote back its part of the limiter's state after a loss
+/// (`lua/restore.lua`): its grants before the loss, per hash.
+#[derive(Debug)]
+pub struct LimiterStateRestored {
+    /// The loss restored (µs on Redis' clock).
+    pub lost_us: u64,
+    /// Hashes (sellers, and the global rules') written back.
+    pub hashes: usize,
+    /// Units charged back.
+    pub units: u64,
+    /// Hashes whose restore failed (Redis did not answer) or came too late
+    /// (the epoch names another loss).
+    pub failed: usize,
+    pub took: Duration,
+}
+
+impl Event for LimiterStateRestored {
+    const NAME: &'static str = "LimiterStateRestored";
+
+    fn record(&self) {
+        metrics().limiter_units_restored.inc_by(self.units);
+        if self.failed > 0 {
+            tracing::warn!(
+                lost_us = self.lost_us,
+                hashes = self.hashes,
+                units = self.units,
+                failed = self.failed,
+                took_ms = self.took.as_millis() as u64,
+                "restored this replica's part of the limiter's state after a loss; some hashes were not restored (Redis did not answer, or lost its data again)"
+            );
+        } else {
+            tracing::info!(
+                lost_us = self.lost_us,
+                hashes = self.hashes,
+                units = self.units,
+                took_ms = self.took.as_millis() as u64,
+                "restored this replica's part of the limiter's state after a loss"
+            );
+        }
+    }
+}
+
 /// A new install's first limiter call found no epoch and wrote it as
 /// "never lost": the consumer group has never committed, so there was no
 /// state to lose, and no seller waits. One call per install finds it.
@@ -249,5 +320,7 @@ inherent_emit!(
     LimiterUnavailable<'_>,
     LimiterStateLost<'_>,
     LimiterStateStarted<'_>,
+    LimiterStateRestored,
+    GrantsKept,
     SlotsNotReturned<'_>
 );

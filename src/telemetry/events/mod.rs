@@ -96,8 +96,9 @@ pub use kafka::{
     RevokedWorkDropped, Waited,
 };
 pub use limiter::{
-    JobsCallCancelled, LimiterCallCoalesced, LimiterCalled, LimiterStateLost, LimiterStateStarted,
-    LimiterUnavailable, RedisCalled, ShapesPrepared, SlotsNotReturned,
+    GrantsKept, JobsCallCancelled, LimiterCallCoalesced, LimiterCalled, LimiterStateLost,
+    LimiterStateRestored, LimiterStateStarted, LimiterUnavailable, RedisCalled, ShapesPrepared,
+    SlotsNotReturned,
 };
 pub use limits::{
     LimitLearnt, LimitsReloadRejected, LimitsReloaded, PausesRead, SellerPaused, SharedState,

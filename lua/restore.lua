@@ -1,0 +1,121 @@
+-- restore.lua: a replica writes back its own part of a seller's state
+-- after Redis lost it (limiter.lua hands the call here when ARGV[1] is
+-- 'restore'; src/limiter/restore.rs keeps the parts).
+--
+-- After a loss, a jobs call with a bounded wait (`~<µs>` in its guard,
+-- redis.state_loss_wait) holds every rule it cannot fill with a whole use
+-- within the bound, unwritten, until the loss plus the bound (lost_fill,
+-- common.lua). Meanwhile each replica sends here, per seller, what it was
+-- granted of each rule before the loss. Each part is charged as the rule
+-- counts it, never less:
+--   - sliding_window_log: the part's units at the part's time (its last
+--     grant), so they leave the window when they would have;
+--   - fixed_window: the units granted in the current window, at now;
+--   - the rest (buckets, GCRA, the sliding counter): every unit granted
+--     within the time a whole use takes to drain, at now, at most the
+--     rule's capacity. Later than taken, so they drain later: the state
+--     moves forward only, never below what the replicas' grants left.
+-- A restored place keeps the hold (its `rh` field, read by lost_fill)
+-- until the bound, so no grant reads it before the other replicas' parts
+-- are in. A replica's part counts once per loss: the place remembers the
+-- loss each replica restored for (`rs:<replica>`). A restore for another
+-- loss than the one the epoch names now (an older one, or Redis lost its
+-- data again) writes nothing.
+--
+-- KEYS[i]     the hash of rule i's place; KEYS[n+1] the epoch key
+-- ARGV[2]     now in µs, or '' for Redis' clock
+-- ARGV[3]     the replica's name (its worker id)
+-- ARGV[4]     the loss this restores (µs: the epoch as the replica read it)
+-- ARGV[5]     the bound (µs): the hold ends at the loss plus it
+-- ARGV[6]     n, the number of rules; then per rule: algorithm, limit,
+--             period_us, burst, place (read_rules, common.lua)
+-- then        per rule, its part: 'at:units,at:units,...' (at in µs on
+--             Redis' clock, before the loss, oldest first; '' for none)
+-- A rule whose whole use drains within the bound is left to lost_fill.
+-- Reply: per rule, the units charged (0 for one left to lost_fill); -1 for every rule when the epoch is
+-- not the loss named; -2 for a rule this replica already restored.
+
+local function restore_part(r, now, lost, parts)
+  local h = r.h
+  local cap = r.algo.cap(r)
+  local units = 0
+  if r.algo == ALGO.sliding_window_log then
+    for at, n in string.gmatch(parts, '(%d+):(%d+)') do
+      at, n = tonumber(at), math.min(tonumber(n), cap)
+      if at > now - r.period and at < lost then
+        local st = r.algo.load(h, r, now)
+        r.algo.take(h, st, r, at, n, 'restore')
+        units = units + n
+      end
+    end
+    return units
+  end
+  local from = now - r.period
+  if r.algo == ALGO.fixed_window then
+    from = fdiv(now, r.period) * r.period
+  else
+    -- How long a whole use takes to drain, read on an empty place.
+    local empty = { key = h.key, p = h.p, hash = { raw = {}, w = {}, ttl = 0 } }
+    from = now - r.algo.reset(r.algo.load(empty, r, now), r, now, cap)
+  end
+  for at, n in string.gmatch(parts, '(%d+):(%d+)') do
+    at = tonumber(at)
+    if at >= from and at < lost then
+      units = units + tonumber(n)
+    end
+  end
+  units = math.min(units, cap)
+  if units > 0 then
+    local st = r.algo.load(h, r, now)
+    r.algo.take(h, st, r, now, units, 'restore')
+  end
+  return units
+end
+
+local function restore_call(KEYS, ARGV, now, real)
+  local replica, lost, bound = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
+  local nrules = tonumber(ARGV[6])
+  if replica == nil or replica == '' or lost == nil or bound == nil or nrules == nil then
+    return redis.error_reply('restore needs a replica, a loss, a bound and rules')
+  end
+  local hashes = {}
+  local rules, err = read_rules(KEYS, ARGV, 7, nrules, 1, hashes)
+  if rules == nil then
+    return redis.error_reply(err)
+  end
+  local out = {}
+  local epoch = tonumber(redis.call('GET', KEYS[nrules + 1]) or '')
+  if epoch ~= lost then
+    for i = 1, nrules do
+      out[i] = -1
+    end
+    return out
+  end
+  local hold = lost + bound
+  local mark = 'rs:' .. replica
+  for i = 1, nrules do
+    local r = rules[i]
+    local h = r.h
+    settle(r, now)
+    -- A rule whose whole use drains within the bound: lost_fill charges
+    -- it that use at the loss, which covers every part.
+    local empty = { key = h.key, p = h.p, hash = { raw = {}, w = {}, ttl = 0 } }
+    local reach = r.algo.reset(r.algo.load(empty, r, lost), r, lost, r.algo.cap(r))
+    if reach <= bound then
+      out[i] = 0
+    elseif num(hget(h.hash, h.p .. mark), -1) == lost then
+      out[i] = -2
+    else
+      out[i] = restore_part(r, now, lost, ARGV[6 + nrules * 5 + i] or '')
+      put(h, mark, I(lost))
+      if num(hget(h.hash, h.p .. 'rh'), 0) < hold then
+        put(h, 'rh', I(hold))
+      end
+      stamp(r)
+      -- The marks outlive the hold, so that a late repeat is still seen.
+      expire_in(h, hold - now + r.period)
+    end
+  end
+  flush(hashes, real)
+  return out
+end

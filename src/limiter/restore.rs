@@ -1,0 +1,176 @@
+//! After Redis lost the limiter's state, this replica writes back its own
+//! part of it: the grants it was given before the loss ([`Parts`]), per
+//! hash, in one `restore` call each (`lua/restore.lua`).
+//!
+//! Only with `redis.on_state_loss = "wait"` and a bounded
+//! `redis.state_loss_wait`: a loss then holds every rule longer than the
+//! bound, unwritten, until the loss plus the bound (`lost_fill`,
+//! `lua/common.lua`), and the replicas' restores land within that hold.
+//! After it the seller goes on from what the fleet granted before the
+//! loss, not from nothing: only what a replica that restarted since (or
+//! forgot, past `redis.restore_bytes`) had granted is missing.
+//!
+//! How a replica learns of a loss: [`Limiter::watch_epoch`], called about
+//! once a second by the worker, reads the epoch key; a new epoch other
+//! than 0 (a new install's) names a loss. With `redis.topology = cluster`
+//! each hash slot has its own epoch, and a restore is not attempted (the
+//! guarantees page says so).
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use futures::stream::{self, StreamExt};
+
+use super::core::Limiter;
+use super::parts::{lock, Parts, Restorer, SellerPart};
+use super::reply::JobsReply;
+use super::script::{JobsCall, RestoreCall};
+use super::store::Store;
+use crate::config::{OnStateLoss, Topology};
+use crate::telemetry::events::{GrantsKept, LimiterStateRestored};
+
+/// Restores under way at once: a loss finds every active seller at once.
+const AT_ONCE: usize = 16;
+
+/// What one restore wrote back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RestoreReport {
+    /// The loss (µs on Redis' clock).
+    pub lost_us: u64,
+    /// Hashes written back.
+    pub hashes: usize,
+    /// Units charged back.
+    pub units: u64,
+    /// Hashes not restored: Redis did not answer, or the epoch named
+    /// another loss by then.
+    pub failed: usize,
+}
+
+impl<S: Store> Limiter<S> {
+    /// Keeps this replica's grants (`budget` bytes at most) to write them
+    /// back after a loss of Redis' data, as `replica`. Takes effect with
+    /// `on_state_loss = wait` and a bounded `state_loss_wait`.
+    pub fn with_restore(mut self, replica: impl Into<String>, budget: usize) -> Limiter<S> {
+        self.restorer = Some(Restorer {
+            replica: replica.into(),
+            parts: Mutex::new(Parts::new(budget)),
+            watch: Mutex::new((None, None)),
+        });
+        self
+    }
+
+    /// The restorer and the bound (µs), when restores are on.
+    fn restoring(&self) -> Option<(&Restorer, u64)> {
+        let r = self.restorer.as_ref()?;
+        if self.on_state_loss != Some(OnStateLoss::Wait) {
+            return None;
+        }
+        let bound = self.state_loss_wait?;
+        Some((r, u64::try_from(bound.as_micros()).unwrap_or(u64::MAX)))
+    }
+
+    /// Keeps what a charging jobs call granted, per rule, at its time on
+    /// Redis' clock.
+    pub(super) fn record_grants(&self, call: &JobsCall, replies: &[JobsReply]) {
+        let Some((r, _)) = self.restoring() else {
+            return;
+        };
+        let mut parts = lock(&r.parts);
+        let evicted = parts.evicted();
+        for (req, reply) in call.requests.iter().zip(replies) {
+            let jobs = usize::try_from(reply.jobs)
+                .unwrap_or(0)
+                .min(req.costs.len());
+            let units: u64 = req.costs[..jobs].iter().sum();
+            let at = u64::try_from(reply.head.now_us).unwrap_or(0);
+            parts.record(&req.rules, at, units);
+        }
+        GrantsKept {
+            bytes: parts.bytes(),
+            evicted: parts.evicted() - evicted,
+        }
+        .emit();
+    }
+
+    /// Reads the epoch; when it names a loss this replica has not
+    /// restored yet, writes back its part ([`Limiter::restore_after`]).
+    /// `None` when nothing was restored (no loss, restores off, Redis did
+    /// not answer: the next read tries again).
+    pub async fn watch_epoch(&self) -> Option<RestoreReport> {
+        let (r, _) = self.restoring()?;
+        if self.topology == Topology::Cluster {
+            return None;
+        }
+        let key = self.keys.epoch(Topology::Single, "");
+        let epoch = self.store.read_epoch(&key).await.ok()??;
+        {
+            let mut watch = lock(&r.watch);
+            watch.0 = Some(epoch);
+            // 0: a new install's, never a loss.
+            if epoch == 0 || watch.1 == Some(epoch) {
+                return None;
+            }
+            watch.1 = Some(epoch);
+        }
+        Some(self.restore_after(epoch).await)
+    }
+
+    /// Writes back this replica's grants before the loss at `lost_us`,
+    /// one call per hash.
+    pub async fn restore_after(&self, lost_us: u64) -> RestoreReport {
+        let mut report = RestoreReport {
+            lost_us,
+            hashes: 0,
+            units: 0,
+            failed: 0,
+        };
+        let Some((r, bound_us)) = self.restoring() else {
+            return report;
+        };
+        let started = Instant::now();
+        let parts: Vec<SellerPart> = lock(&r.parts).before(lost_us);
+        let calls = parts.into_iter().map(|part| RestoreCall {
+            now_us: None,
+            replica: r.replica.clone(),
+            lost_us,
+            bound_us,
+            epoch: self.keys.epoch(self.topology, &part.key),
+            rules: part.rules,
+        });
+        let answers: Vec<_> = stream::iter(calls)
+            .map(|call| async move { self.store.restore(&call).await })
+            .buffer_unordered(AT_ONCE)
+            .collect()
+            .await;
+        for answer in answers {
+            match answer {
+                Ok(units) if units.iter().all(|&u| u != -1) => {
+                    report.hashes += 1;
+                    report.units += units.iter().filter(|&&u| u > 0).sum::<i64>() as u64;
+                }
+                _ => report.failed += 1,
+            }
+        }
+        LimiterStateRestored {
+            lost_us,
+            hashes: report.hashes,
+            units: report.units,
+            failed: report.failed,
+            took: started.elapsed(),
+        }
+        .emit();
+        report
+    }
+
+    /// How often the worker should call [`Limiter::watch_epoch`]: well
+    /// within the bound, so that every replica's part lands before the
+    /// hold ends. `None` when restores are off.
+    pub fn epoch_watch_interval(&self) -> Option<Duration> {
+        let (_, bound_us) = self.restoring()?;
+        if self.topology == Topology::Cluster {
+            return None;
+        }
+        let quarter = Duration::from_micros(bound_us / 4);
+        Some(quarter.clamp(Duration::from_millis(100), Duration::from_secs(1)))
+    }
+}
