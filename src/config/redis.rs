@@ -52,11 +52,14 @@ pub struct RedisSettings {
     /// loss: nobody waits.
     #[serde(default)]
     pub on_state_loss: OnStateLoss,
-    /// With `on_state_loss = "wait"`: the longest a loss holds a seller.
-    /// `"period"` (the default) holds it as long as a whole use of each
-    /// rule would count (up to a day with a daily rule); a duration such as
-    /// `"5s"` holds it at most that long, after which the seller starts
-    /// fresh and may get one extra window of a rule longer than it.
+    /// With `on_state_loss = "wait"`: the longest a loss holds a seller
+    /// whose rule would count a whole use longer (an hourly window, a daily
+    /// quota). During the hold each replica writes back its own grants
+    /// (`restore_bytes`), so the seller goes on from what the fleet had
+    /// granted; what a replica restarted since had granted is not
+    /// restored. `"3s"` by default; `"period"` holds as long as a whole use
+    /// of each rule would count (up to a day with a daily rule), and
+    /// restores nothing.
     #[serde(default, deserialize_with = "period_or_duration")]
     pub state_loss_wait: Option<Duration>,
     /// With a bounded `state_loss_wait`: the bytes each replica keeps of
