@@ -156,6 +156,7 @@ impl Poller {
         while !self.stop.load(Ordering::Acquire) {
             self.serve_commands();
             self.read_answers();
+            self.tick();
             let record = match self.inner.poll(POLL_TIMEOUT) {
                 None => continue,
                 Some(Ok(msg)) => self.track(&msg),
@@ -242,6 +243,18 @@ impl Poller {
         self.session
             .commit(&broker, all)
             .map_err(ConsumerError::Commit)
+    }
+
+    /// Tells the session the poll thread is alive, and what librdkafka
+    /// says of the assignment (see [`Session::tick`]: a fenced session
+    /// also confirms its ownership from here).
+    ///
+    /// [`Session::tick`]: crate::kafka::session::Session::tick
+    fn tick(&mut self) {
+        let lost = self.inner.assignment_lost();
+        let broker = Broker::on_poll_thread(&self.inner, &self.answers);
+        self.session
+            .tick(&broker, tokio::time::Instant::now(), lost);
     }
 
     /// Takes the answer of the periodic commit, if it came.
