@@ -433,6 +433,10 @@ impl Source for SimSource {
         self.session.may_start(origin)
     }
 
+    fn fenced(&self) -> bool {
+        self.session.fenced(tokio::time::Instant::now())
+    }
+
     fn finish(&self, origin: &Origin) {
         if self.dead.load(Ordering::SeqCst) {
             return;
