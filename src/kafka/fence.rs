@@ -10,10 +10,11 @@
 //! threads run again before librdkafka's heartbeat has told it so, and
 //! would call jobs the new owners call too. So:
 //!
-//! - **Fenced** when the poll thread has not ticked for longer than
+//! - **Fenced** when the process gave no sign of life (a watchdog thread
+//!   that does nothing else ticks; the poll thread too) for longer than
 //!   [`Watch::stall_after`] (seen by whichever thread looks first: the
-//!   engine's calls may run before the poll thread does), or when
-//!   librdkafka says the assignment is lost.
+//!   engine's calls may run before the watchdog does), or when librdkafka
+//!   says the assignment is lost.
 //! - **Confirmed again** by a new assignment (the rebalance completed: the
 //!   member is current), by a synchronous commit the coordinator accepted
 //!   (it checks the member's generation), or, failing both, by ticks for a
@@ -112,7 +113,8 @@ struct Fence {
 #[derive(Debug, Default)]
 pub struct Fencing {
     watch: Option<Watch>,
-    /// The poll thread's latest tick; none before its first.
+    /// The latest sign of life (the watchdog's, the poll thread's); none
+    /// before the first.
     last_tick: Option<Instant>,
     /// What librdkafka last said of the assignment: a loss is acted on
     /// when it begins (a flag left set after the new assignment must not
@@ -133,8 +135,8 @@ impl Fencing {
         self.watch
     }
 
-    /// Whether calls must not start at `now`. A poll thread silent for
-    /// longer than the stall bound fences here, from any thread.
+    /// Whether calls must not start at `now`. A process silent for longer
+    /// than the stall bound fences here, from any thread.
     pub fn check(&mut self, now: Instant) -> (bool, Option<Change>) {
         let change = self.stall(now);
         (self.fence.is_some(), change)
@@ -160,8 +162,8 @@ impl Fencing {
         None
     }
 
-    /// The poll thread is alive at `now`, busy in a rebalance callback:
-    /// a tick that says nothing of the assignment. May fence (a gap).
+    /// The process is alive at `now` (the watchdog's tick): says nothing of
+    /// the assignment. May fence (a gap).
     pub fn alive(&mut self, now: Instant) -> Option<Change> {
         let stalled = self.stall(now);
         self.last_tick = Some(now);
@@ -207,11 +209,6 @@ impl Fencing {
     /// assignment is lost: that commit cannot have been accepted for it)
     /// or a new assignment.
     pub fn confirmed(&mut self, now: Instant, by: By) -> Option<Change> {
-        // A new assignment also restarts the stall clock: the rebalance
-        // callbacks hold the poll thread, and are not a stall.
-        if by == By::Assignment {
-            self.last_tick = self.last_tick.map(|_| now);
-        }
         match self.fence {
             Some(f) if f.lost && by != By::Assignment => None,
             Some(_) => self.resume(now, by),
@@ -227,7 +224,7 @@ impl Fencing {
         })
     }
 
-    /// Fences if the poll thread has been silent too long at `now`; a
+    /// Fences if the process has been silent too long at `now`; a
     /// fence already up starts again from `now` (a second stall).
     fn stall(&mut self, now: Instant) -> Option<Change> {
         let (watch, last) = (self.watch?, self.last_tick?);
@@ -286,10 +283,10 @@ mod tests {
         }
     }
 
-    /// The engine's call may run before the poll thread after a stall: a
-    /// look from any thread at a silent poll thread fences.
+    /// The engine's call may run before the watchdog after a stall: a
+    /// look from any thread at a silent watchdog fences.
     #[test]
-    fn a_silent_poll_thread_fences_whoever_looks_first() {
+    fn a_silent_process_fences_whoever_looks_first() {
         let t0 = Instant::now();
         let mut f = watched();
         assert_eq!(
@@ -302,7 +299,7 @@ mod tests {
         let (fenced, change) = f.check(t0 + 50 * S);
         assert!(fenced);
         assert_eq!(change, Some(Change::Fenced(Why::Stalled { gap: 50 * S })));
-        // The poll thread wakes just after: the same stall, not told again.
+        // The watchdog wakes just after: the same stall, not told again.
         assert_eq!(f.tick(t0 + 50 * S + S / 10, false), None);
         assert!(f.check(t0 + 51 * S).0);
     }

@@ -24,7 +24,7 @@
 //!   accepted.
 //! - **Final commit:** synchronous, every committable partition.
 //! - **Fence** (issue 53, item 2; the rules are [`super::fence`]'s): a
-//!   consumer that may have lost its session (a stall of the poll thread
+//!   consumer that may have lost its session (a stall of the process
 //!   past the session timeout, an assignment librdkafka says is lost)
 //!   starts no call ([`Session::fenced`]) until its ownership is confirmed
 //!   again: a new assignment, a commit the coordinator accepted, or a
@@ -203,8 +203,9 @@ impl Session {
         fenced
     }
 
-    /// The poll thread is alive at `now`; librdkafka says the assignment
-    /// is `lost` or not. While fenced, every [`super::fence::CONFIRM_EVERY`]
+    /// The poll thread is alive at `now` (a sign of life, as
+    /// [`Session::alive`]); librdkafka says the assignment is `lost` or
+    /// not. While fenced, every [`super::fence::CONFIRM_EVERY`]
     /// it also asks the coordinator, with a synchronous commit of the
     /// finished prefix (or of the offset already committed), whether this
     /// member's generation is still current: accepted, the fence ends.
@@ -252,8 +253,8 @@ impl Session {
         }
     }
 
-    /// The poll thread is alive at `now`, inside a rebalance callback
-    /// (a revoke's wait): no confirming commit from there.
+    /// The process is alive at `now` (the consumer's watchdog thread): a
+    /// gap since the last sign of life is a stall.
     pub fn alive(&self, now: Instant) {
         let change = self.lock().fencing.alive(now);
         self.tell(change);

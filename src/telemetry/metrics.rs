@@ -140,7 +140,7 @@ pub struct Metrics {
     /// under way: a success that lands later is done again by the next owner.
     pub revoke_waits_expired: Counter,
     /// Times a consumer of this replica fenced itself, by `reason`:
-    /// `stalled` (its poll thread silent past the session timeout, less a
+    /// `stalled` (the process silent past the session timeout, less a
     /// heartbeat interval) or `assignment_lost` (librdkafka lost it). A
     /// fenced consumer starts no downstream call until its ownership is
     /// confirmed again (issue 53).

@@ -26,10 +26,6 @@ use crate::telemetry::events::{PartitionsRevoked, Waited};
 /// How long an assignment waits to read the committed metadata.
 const COMMITTED_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// How often a revoke's wait tells the session the poll thread is alive:
-/// far below any session timeout.
-const ALIVE_EVERY: Duration = Duration::from_secs(1);
-
 /// librdkafka as the session's [`Coordinator`], inside a rebalance
 /// callback and on the poll thread; with the commit queue, also its
 /// [`AsyncCommits`].
@@ -208,22 +204,10 @@ impl WorkerContext {
             // The worker is gone (shutdown): nothing is under way.
             return Waited::Quiet;
         }
-        // In slices, each a sign of life for the session's stall watch: a
-        // long wait here is the poll thread busy, not the process stalled.
-        let until = Instant::now() + self.revoke_wait;
-        loop {
-            self.session.alive(tokio::time::Instant::now());
-            let left = until.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(left.min(ALIVE_EVERY)) {
-                // Disconnected: the worker dropped the signal (it stopped).
-                Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                    return Waited::Quiet
-                }
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout) if left <= ALIVE_EVERY => {
-                    return Waited::BoundPassed
-                }
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-            }
+        match rx.recv_timeout(self.revoke_wait) {
+            // Disconnected: the worker dropped the signal (it stopped).
+            Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Waited::Quiet,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Waited::BoundPassed,
         }
     }
 }
