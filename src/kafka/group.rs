@@ -129,6 +129,14 @@ impl Consumers {
         self.of(&origin.topic).may_start(origin)
     }
 
+    /// Whether either consumer is fenced (issue 53): a stall stops the
+    /// whole process, so one fence stops every call.
+    pub fn fenced(&self) -> bool {
+        // Both looked at: each latches and tells its own fence.
+        let jobs = self.jobs.fenced();
+        self.retries.fenced() || jobs
+    }
+
     pub fn finish(&self, origin: &Origin) {
         self.of(&origin.topic).finish(origin);
     }

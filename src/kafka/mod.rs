@@ -10,6 +10,8 @@
 //! - [`record`]: what a consumer hands the worker (plain data).
 //! - [`group`]: [`Consumers`], the worker's two consumers (the jobs topic,
 //!   the retry tiers), each balanced over the replicas on its own.
+//! - [`fence`]: when a consumer may have lost its session (a stall, a
+//!   lost assignment) and calls nothing, and what confirms it again (pure).
 //! - [`done_ranges`]: the finished records above a committed offset, as
 //!   the commit's metadata carries them to the next owner (pure).
 //! - [`ledger`]: the handoff ledger, what each commit says is finished,
@@ -30,6 +32,7 @@
 
 pub mod consumer;
 pub mod done_ranges;
+pub mod fence;
 pub mod group;
 pub mod ledger;
 #[cfg(feature = "dev-tools")]

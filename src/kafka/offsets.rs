@@ -387,6 +387,30 @@ impl Offsets {
             .sum()
     }
 
+    /// A commit that moves nothing: the offset and metadata last committed
+    /// for a partition (the first such, in order). A fenced consumer with
+    /// nothing new to commit sends it to learn whether the coordinator
+    /// still takes commits of its generation (issue 53).
+    pub fn recommit(&self) -> Option<Commit> {
+        let mut all: Vec<Commit> = self
+            .topics
+            .iter()
+            .flat_map(|(topic, partitions)| {
+                partitions.iter().filter_map(|(&partition, p)| {
+                    p.committed.map(|offset| Commit {
+                        topic: topic.clone(),
+                        partition,
+                        offset,
+                        metadata: p.committed_metadata.clone(),
+                        acked: Some(offset),
+                    })
+                })
+            })
+            .collect();
+        all.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
+        all.into_iter().next()
+    }
+
     fn commits(&self, pick: impl Fn(&PartitionOffsets) -> Option<i64>) -> Vec<Commit> {
         let mut out: Vec<Commit> = self
             .topics

@@ -23,14 +23,25 @@
 //!   offsets count as committed only for the partitions the broker's answer
 //!   accepted.
 //! - **Final commit:** synchronous, every committable partition.
+//! - **Fence** (issue 53, item 2; the rules are [`super::fence`]'s): a
+//!   consumer that may have lost its session (a stall of the process
+//!   past the session timeout, an assignment librdkafka says is lost)
+//!   starts no call ([`Session::fenced`]) until its ownership is confirmed
+//!   again: a new assignment, a commit the coordinator accepted, or a
+//!   session timeout of polls with the assignment kept.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::telemetry::events::{AlreadyDone, CommitFailed, HandoffLedgerFailed, OffsetsCommitted};
+use tokio::time::Instant;
+
+use crate::telemetry::events::{
+    AlreadyDone, CommitFailed, HandoffLedgerFailed, OffsetsCommitted, SessionFenced, SessionResumed,
+};
 
 use super::done_ranges::Ranges;
+use super::fence::{By, Change, Fencing, Watch, Why};
 use super::ledger::{self, Ledger};
 use super::offsets::{Commit, Finish, Offsets};
 use super::record::{HeldBack, Origin, TopicPartition};
@@ -97,6 +108,8 @@ struct Tracker {
     /// Partitions whose revoke has begun and not ended: still owned, and
     /// starting nothing new.
     revoking: HashSet<(String, i32)>,
+    /// Whether the session may have been lost, and since when.
+    fencing: Fencing,
 }
 
 impl Tracker {
@@ -154,6 +167,14 @@ impl Session {
         }
     }
 
+    /// The session, fenced by time as `watch` says as well as by lost
+    /// assignments (the worker's consumers; tools and the simulation's
+    /// brokers do not tick).
+    pub fn watched(self, watch: Watch) -> Session {
+        self.lock().fencing = Fencing::new(Some(watch));
+        self
+    }
+
     fn lock(&self) -> MutexGuard<'_, Tracker> {
         // Plain data: a panic while it was held cannot have left it worse
         // than "some offsets not finished", which only means a redelivery.
@@ -170,6 +191,107 @@ impl Session {
     pub fn may_start(&self, origin: &Origin) -> bool {
         let t = self.lock();
         t.owns(origin) && !t.revoking(&origin.topic, origin.partition)
+    }
+
+    /// Whether calls must not start at `now`: the session may have been
+    /// lost and its ownership is not confirmed again. Work already under
+    /// way finishes, and nothing is dropped for it: the records stay owned
+    /// (a lost assignment's revoke forgets them).
+    pub fn fenced(&self, now: Instant) -> bool {
+        let (fenced, change) = self.lock().fencing.check(now);
+        self.tell(change);
+        fenced
+    }
+
+    /// The poll thread is alive at `now` (a sign of life, as
+    /// [`Session::alive`]); librdkafka says the assignment is `lost` or
+    /// not. While fenced, every [`super::fence::CONFIRM_EVERY`]
+    /// it also asks the coordinator, with a synchronous commit of the
+    /// finished prefix (or of the offset already committed), whether this
+    /// member's generation is still current: accepted, the fence ends.
+    pub fn tick<C: Coordinator>(&self, broker: &C, now: Instant, lost: bool) {
+        let (change, commits) = {
+            let mut t = self.lock();
+            let change = t.fencing.tick(now, lost);
+            let due = t.fencing.confirm_due(now);
+            let commits = match due {
+                false => Vec::new(),
+                true => {
+                    let new = t.offsets.committable();
+                    match (new.is_empty(), t.offsets.recommit()) {
+                        (false, _) => new,
+                        (true, Some(old)) => vec![old],
+                        (true, None) => Vec::new(),
+                    }
+                }
+            };
+            (change, commits)
+        };
+        self.tell(change);
+        // Nothing was ever committed or finished here: only a new
+        // assignment or the heartbeats' bound confirms.
+        if commits.is_empty() || self.closing.load(Ordering::Acquire) {
+            return;
+        }
+        if commits.iter().any(|c| c.acked != Some(c.offset)) {
+            self.record(&commits);
+        }
+        match broker.commit_sync(&commits) {
+            Ok(()) => {
+                let change = {
+                    let mut t = self.lock();
+                    t.offsets.mark_committed(&commits);
+                    t.fencing.confirmed(now, By::Commit)
+                };
+                self.tell(change);
+            }
+            // Expected after a real loss (a stale generation): librdkafka
+            // rejoins, and the new assignment ends the fence.
+            Err(e) => {
+                tracing::debug!(error = %e, "a fenced consumer's confirming commit was refused")
+            }
+        }
+    }
+
+    /// The process is alive at `now` (the consumer's watchdog thread): a
+    /// gap since the last sign of life is a stall.
+    pub fn alive(&self, now: Instant) {
+        let change = self.lock().fencing.alive(now);
+        self.tell(change);
+    }
+
+    /// The assignment is lost (librdkafka's flag on a revoke): fenced until
+    /// a new one.
+    pub fn lost(&self, now: Instant) {
+        let change = self.lock().fencing.lost(now);
+        self.tell(change);
+    }
+
+    /// Tells a change of the fence, once, where it was found.
+    fn tell(&self, change: Option<Change>) {
+        let Some(change) = change else { return };
+        let consumer = self
+            .lock()
+            .fencing
+            .watch()
+            .map_or("unwatched", |w| w.consumer);
+        match change {
+            Change::Fenced(why) => SessionFenced {
+                consumer,
+                reason: why.label(),
+                gap: match why {
+                    Why::Stalled { gap } => Some(gap),
+                    Why::AssignmentLost => None,
+                },
+            }
+            .emit(),
+            Change::Resumed { by, fenced_for } => SessionResumed {
+                consumer,
+                by: by.label(),
+                fenced_for,
+            }
+            .emit(),
+        }
     }
 
     /// A revoke begins: `revoked` start no new work from now on, and stay
@@ -319,16 +441,26 @@ impl Session {
     /// Partitions arrived (after the rebalance): they start afresh, with
     /// what their previous owner finished beyond its commit to be skipped.
     pub fn assign<C: Coordinator>(&self, broker: &C, assigned: &[TopicPartition]) {
+        self.assign_at(broker, assigned, Instant::now());
+    }
+
+    /// [`Session::assign`] at `now`. A rebalance completed with this member
+    /// in it: its ownership is confirmed, and a fence ends.
+    pub fn assign_at<C: Coordinator>(&self, broker: &C, assigned: &[TopicPartition], now: Instant) {
         let done = self.inherited(broker, assigned);
-        let mut t = self.lock();
-        for TopicPartition { topic, partition } in assigned {
-            t.offsets.remove_partition(topic, *partition);
-            t.bump(topic, *partition);
-            t.revoking.remove(&(topic.to_string(), *partition));
-        }
-        for (TopicPartition { topic, partition }, ranges, committed) in done {
-            t.offsets.inherit(&topic, partition, ranges, committed);
-        }
+        let change = {
+            let mut t = self.lock();
+            for TopicPartition { topic, partition } in assigned {
+                t.offsets.remove_partition(topic, *partition);
+                t.bump(topic, *partition);
+                t.revoking.remove(&(topic.to_string(), *partition));
+            }
+            for (TopicPartition { topic, partition }, ranges, committed) in done {
+                t.offsets.inherit(&topic, partition, ranges, committed);
+            }
+            t.fencing.confirmed(now, By::Assignment)
+        };
+        self.tell(change);
     }
 
     /// What the new owner of each of `parts` may skip: the records finished
@@ -474,6 +606,8 @@ impl Session {
 mod tests {
     use std::cell::RefCell;
     use std::collections::BTreeMap;
+
+    use std::time::Duration;
 
     use super::*;
     use crate::kafka::ledger::{Entry, LedgerError};
@@ -676,6 +810,130 @@ mod tests {
         s.assign(&broker, &[tp(0)]);
         let again = take(&s, 1);
         assert!(s.may_start(&again[0]), "a new assignment is not revoking");
+    }
+
+    fn watched(ledger: Option<Arc<dyn Ledger>>) -> Session {
+        Session::new(ledger).watched(Watch {
+            consumer: "jobs",
+            stall_after: Duration::from_secs(40),
+            confirm_after: Duration::from_secs(45),
+        })
+    }
+
+    const SEC: Duration = Duration::from_secs(1);
+
+    /// Issue 53: a process stalled past the session timeout resumes
+    /// believing it owns its partitions. It calls nothing (whichever thread
+    /// looks first) until the coordinator accepts a commit of its
+    /// generation: here the finished prefix, written to the ledger first.
+    #[test]
+    fn a_stalled_session_calls_nothing_until_a_commit_confirms_it() {
+        let cap = crate::telemetry::events::capture();
+        let broker = FakeBroker::default();
+        let book: Arc<FakeLedger> = Arc::default();
+        let s = watched(Some(book.clone()));
+        s.assign(&broker, &[tp(0)]);
+        let origins = take(&s, 2);
+        s.finish(&origins[0]);
+        let t0 = Instant::now();
+        s.tick(&broker, t0, false);
+        assert!(!s.fenced(t0 + 40 * SEC), "within the bound");
+        // The engine's call runs first after the stall: fenced there.
+        assert!(s.fenced(t0 + 50 * SEC), "a 50 s silence fences");
+        assert!(
+            s.may_start(&origins[1]),
+            "the records stay owned: nothing is dropped"
+        );
+        // The poll thread wakes: its commit is accepted, the fence ends.
+        s.tick(&broker, t0 + 50 * SEC, false);
+        assert!(!s.fenced(t0 + 50 * SEC), "confirmed by the commit");
+        assert_eq!(
+            broker
+                .committed
+                .borrow()
+                .get(&("jobs".to_owned(), 0))
+                .map(|c| c.0),
+            Some(1),
+            "the finished prefix was the confirming commit"
+        );
+        assert!(
+            book.0.lock().unwrap().contains_key(&("jobs".to_owned(), 0)),
+            "and reached the ledger first"
+        );
+        assert_eq!(cap.count::<SessionFenced>(), 1, "{:?}", cap.events());
+        let resumed = cap.of::<SessionResumed>();
+        assert_eq!(resumed.len(), 1, "{:?}", cap.events());
+        assert!(resumed[0].contains("\"commit\""), "{resumed:?}");
+    }
+
+    /// A coordinator that refuses the commit (the generation is stale)
+    /// keeps the fence: only the assignment after the rejoin ends it. With
+    /// nothing new finished, the offset already committed is sent again.
+    #[test]
+    fn a_refused_confirmation_keeps_the_fence_until_the_next_assignment() {
+        let mut broker = FakeBroker::default();
+        let s = watched(None);
+        s.assign(&broker, &[tp(0)]);
+        let origins = take(&s, 1);
+        s.finish(&origins[0]);
+        assert_eq!(s.commit(&broker, true), Ok(1));
+        let t0 = Instant::now();
+        s.tick(&broker, t0, false);
+        broker.refuse = true;
+        // Every second for ten: each refused, none ends the fence.
+        for k in 1..=10 {
+            s.tick(&broker, t0 + 60 * SEC + k * SEC, false);
+            assert!(s.fenced(t0 + 60 * SEC + k * SEC), "second {k}");
+        }
+        broker.refuse = false;
+        s.revoke(&broker, &[tp(0)]);
+        s.assign_at(&broker, &[tp(0)], t0 + 71 * SEC);
+        assert!(!s.fenced(t0 + 71 * SEC), "a new assignment confirms");
+
+        // Nothing new finished: the committed offset is sent again, with
+        // its metadata, and confirms.
+        let s = watched(None);
+        s.assign(&broker, &[tp(0)]);
+        s.tick(&broker, t0, false);
+        s.tick(&broker, t0 + 60 * SEC, false);
+        assert!(!s.fenced(t0 + 60 * SEC), "the re-commit was accepted");
+        assert_eq!(
+            broker.sent.borrow().len(),
+            0,
+            "synchronous, not a periodic commit"
+        );
+    }
+
+    /// librdkafka says the assignment is lost: no commit can confirm it,
+    /// only the next assignment; the revoke still forgets the partitions.
+    #[test]
+    fn a_lost_assignment_is_fenced_until_the_next() {
+        let broker = FakeBroker::default();
+        let s = watched(None);
+        s.assign(&broker, &[tp(0)]);
+        let origins = take(&s, 2);
+        s.finish(&origins[0]);
+        let t0 = Instant::now();
+        s.tick(&broker, t0, false);
+        s.lost(t0 + SEC);
+        for k in 2..100 {
+            s.tick(&broker, t0 + k * SEC, true);
+        }
+        assert!(
+            s.fenced(t0 + 100 * SEC),
+            "lost: neither commits nor time end it"
+        );
+        assert!(
+            broker.committed.borrow().is_empty(),
+            "no confirming commit tried"
+        );
+        s.revoke(&broker, &[tp(0)]);
+        assert!(!s.owns(&origins[1]));
+        s.assign_at(&broker, &[tp(0)], t0 + 101 * SEC);
+        assert!(!s.fenced(t0 + 101 * SEC));
+        // The flag may read set a while after: not a new loss.
+        s.tick(&broker, t0 + 102 * SEC, true);
+        assert!(!s.fenced(t0 + 102 * SEC));
     }
 
     /// After the final commit, closing revokes commit nothing: the

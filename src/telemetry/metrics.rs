@@ -139,6 +139,18 @@ pub struct Metrics {
     /// Revokes that stopped waiting at `worker.revoke_wait` with work still
     /// under way: a success that lands later is done again by the next owner.
     pub revoke_waits_expired: Counter,
+    /// Times a consumer of this replica fenced itself, by `reason`:
+    /// `stalled` (the process silent past the session timeout, less a
+    /// heartbeat interval) or `assignment_lost` (librdkafka lost it). A
+    /// fenced consumer starts no downstream call until its ownership is
+    /// confirmed again (issue 53).
+    pub session_fences: Family<ReasonLabel, Counter>,
+    /// This replica's consumers fenced now (0, 1 or 2).
+    pub sessions_fenced: Gauge,
+    /// Jobs not called because their slot of `max_in_flight` had lapsed
+    /// by this replica's clock (or would, before the call's timeout): asked
+    /// for again.
+    pub jobs_lease_lapsed: Counter,
     /// Jobs the limiter admitted (each job once, whatever its cost).
     pub jobs_admitted: Counter,
     /// Units the limiter admitted: the sum of the admitted jobs' costs.
@@ -378,6 +390,21 @@ impl Metrics {
             revoke_waits_expired: reg!(
                 "revoke_waits_expired",
                 "Revokes that stopped waiting at worker.revoke_wait with work still under way",
+                Counter::default()
+            ),
+            session_fences: reg!(
+                "session_fences",
+                "Times a consumer fenced itself (its session may be lost): no call starts until its ownership is confirmed, by reason",
+                Family::default()
+            ),
+            sessions_fenced: reg!(
+                "sessions_fenced",
+                "This replica's consumers fenced now: they start no downstream call",
+                Gauge::default()
+            ),
+            jobs_lease_lapsed: reg!(
+                "jobs_lease_lapsed",
+                "Jobs not called because their max_in_flight slot had lapsed (or would during the call) by this replica's clock; asked for again",
                 Counter::default()
             ),
             jobs_admitted: reg!(

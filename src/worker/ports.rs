@@ -80,6 +80,11 @@ pub trait Source: Send + Sync + 'static {
     /// is not being revoked. A revoking partition's work under way
     /// finishes (its records are still owned); none starts.
     fn may_start(&self, origin: &Origin) -> bool;
+    /// Whether this replica may have lost its place in the group (a stall
+    /// past the session timeout, a lost assignment) and has not confirmed
+    /// it again: no downstream call starts meanwhile (issue 53). Its
+    /// records stay owned and wait; nothing is dropped for it.
+    fn fenced(&self) -> bool;
     /// The record is done, dead-lettered or safely on a retry tier: its
     /// offset may be committed once every record before it is too.
     fn finish(&self, origin: &Origin);
@@ -168,6 +173,10 @@ impl Source for Consumers {
 
     fn may_start(&self, origin: &Origin) -> bool {
         Consumers::may_start(self, origin)
+    }
+
+    fn fenced(&self) -> bool {
+        Consumers::fenced(self)
     }
 
     fn finish(&self, origin: &Origin) {

@@ -399,6 +399,10 @@ impl Scheduler {
                 seller.sent(p.lane);
                 run.push((granted_at, p));
             } else {
+                // Its slot is leased from its go-at on (`lua/slots.lua`).
+                if let Some(lease) = &mut p.lease {
+                    lease.defer(go_at.saturating_duration_since(answered_at));
+                }
                 seller.paced.push_back(Paced {
                     go_at,
                     granted_at_us: granted_at.unwrap_or(0),
@@ -949,6 +953,48 @@ mod tests {
         assert_eq!(s.sellers[&s_].runs, 3);
         drop(calls);
         assert_eq!(s.in_flight(), 0);
+    }
+
+    /// Issue 53: Redis leases a pacer's slots from its go-at on, so a
+    /// paced job's lease here lapses that much later than the grant's; a
+    /// job to call now keeps the grant's.
+    #[test]
+    fn a_pacers_job_keeps_its_slot_from_its_go_at() {
+        const S: Duration = Duration::from_secs(1);
+        let s_ = key("s");
+        let (mut s, now) = queued(4, &[(0, 1, 1), (1, 2, 1)]);
+        s.ask(&s_, Share::default(), None, now);
+        let mut g = granted(2, 2);
+        g.pace = Some(Pace {
+            first_at_us: 1_000_000,
+            first_after: Duration::ZERO,
+            interval_us: 20_000_000,
+        });
+        let mut fleet = super::super::slots::FleetSlots::new();
+        let leases = fleet
+            .hold(&s_, vec!["a".into(), "b".into()], now + 30 * S)
+            .into_iter()
+            .map(Some)
+            .collect();
+        let Answered::Granted(grant) = s.answered(
+            &s_,
+            &BatchDecision::Granted(g),
+            leases,
+            now,
+            now,
+            &everything_owned,
+        ) else {
+            panic!("a grant");
+        };
+        let call = 10 * S;
+        let first = grant.run[0].1.lease.as_ref().expect("leased");
+        assert!(first.covers(now + 20 * S, call) && !first.covers(now + 21 * S, call));
+        let due = s.due_paced(&s_, now + 20 * S, &everything_owned);
+        let paced = due.run[0].1.lease.as_ref().expect("leased");
+        assert!(
+            paced.covers(now + 40 * S, call) && !paced.covers(now + 41 * S, call),
+            "20 s later than the grant's"
+        );
     }
 
     #[test]

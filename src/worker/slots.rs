@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use crate::telemetry::events::SlotsNotReturned;
 
@@ -34,6 +35,26 @@ pub struct Lease {
     seller: Arc<str>,
     id: String,
     back: mpsc::UnboundedSender<Returned>,
+    /// When Redis may let another call take the slot, by this replica's
+    /// clock: no later than the lease's real end (see [`Lease::covers`]).
+    lapses_at: Instant,
+}
+
+impl Lease {
+    /// Whether a call starting at `now` and lasting up to `call` ends
+    /// before the slot may lapse (issue 53): past that, another replica
+    /// may hold the slot and the call would go over `max_in_flight`.
+    pub(super) fn covers(&self, now: Instant, call: Duration) -> bool {
+        now.checked_add(call)
+            .is_some_and(|end| end <= self.lapses_at)
+    }
+
+    /// A pacer's job, whose go-at is `by` after its grant's answer: Redis
+    /// leases the grant's slots from its last unit's go-at, so this job's
+    /// slot lasts at least that much longer.
+    pub(super) fn defer(&mut self, by: Duration) {
+        self.lapses_at = super::timers::after(self.lapses_at, by);
+    }
 }
 
 impl fmt::Debug for Lease {
@@ -81,8 +102,13 @@ impl FleetSlots {
         }));
     }
 
-    /// A grant's leases, held from now on.
-    pub(super) fn hold(&mut self, seller: &Arc<str>, leases: Vec<String>) -> Vec<Lease> {
+    /// A grant's leases, held from now on until `lapses_at` at the latest.
+    pub(super) fn hold(
+        &mut self,
+        seller: &Arc<str>,
+        leases: Vec<String>,
+        lapses_at: Instant,
+    ) -> Vec<Lease> {
         if leases.is_empty() {
             return Vec::new();
         }
@@ -98,6 +124,7 @@ impl FleetSlots {
                 seller: seller.clone(),
                 id,
                 back: back.clone(),
+                lapses_at,
             })
             .collect()
     }
@@ -182,10 +209,11 @@ mod tests {
         let mut slots = FleetSlots::new();
         slots.start(permits.clone());
         let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
-        let held_a = slots.hold(&a, ids(3, "a"));
-        let mut held_b = slots.hold(&b, ids(2, "b"));
+        let now = Instant::now();
+        let held_a = slots.hold(&a, ids(3, "a"), now);
+        let mut held_b = slots.hold(&b, ids(2, "b"), now);
         assert_eq!((held_a.len(), held_b.len()), (3, 2));
-        assert!(slots.hold(&a, Vec::new()).is_empty());
+        assert!(slots.hold(&a, Vec::new(), now).is_empty());
         // a's three go back (each seller's together, in as few calls as
         // the task finds them queued); one of b's is still held at the end.
         drop(held_a);
@@ -206,12 +234,50 @@ mod tests {
         drop(held_b);
     }
 
+    /// Issue 53: a lease is trusted only while a call starting now would
+    /// end before the slot may lapse (Redis may hand it to another call
+    /// then). Rows: (call starts at, call timeout, deferred by, covered),
+    /// with the slot lapsing at 30 s.
+    #[test]
+    fn a_lease_covers_a_call_only_if_it_ends_before_the_slot_may_lapse() {
+        const S: Duration = Duration::from_secs(1);
+        let rows = [
+            (0, 10, 0, true),
+            (20, 10, 0, true),
+            (21, 10, 0, false),
+            // A stall: the answer came 40 s after the ask.
+            (40, 10, 0, false),
+            (29, 0, 0, true),
+            (31, 0, 0, false),
+            // A pacer's job going 15 s after the grant holds its slot
+            // 15 s longer.
+            (35, 10, 15, true),
+            (36, 10, 15, false),
+        ];
+        let mut slots = FleetSlots::new();
+        let t0 = Instant::now();
+        for (i, (at, call, deferred, covered)) in rows.into_iter().enumerate() {
+            let mut lease = slots
+                .hold(&Arc::from("s"), ids(1, "s"), t0 + 30 * S)
+                .pop()
+                .expect("one lease");
+            lease.defer(deferred * S);
+            assert_eq!(
+                lease.covers(t0 + at * S, call * S),
+                covered,
+                "row {i}: call at {at}s for up to {call}s, deferred {deferred}s"
+            );
+        }
+    }
+
     #[tokio::test]
     async fn a_fleet_with_no_capped_seller_runs_no_task() {
         let permits = Arc::new(Returns::default());
         let mut slots = FleetSlots::new();
         slots.start(permits.clone());
-        assert!(slots.hold(&Arc::from("a"), Vec::new()).is_empty());
+        assert!(slots
+            .hold(&Arc::from("a"), Vec::new(), Instant::now())
+            .is_empty());
         assert!(slots.task.is_none(), "no lease held, no task");
         slots.finish().await;
         assert!(permits.0.lock().unwrap().is_empty());

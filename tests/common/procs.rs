@@ -106,6 +106,16 @@ impl Proc {
         self.signal("INT");
     }
 
+    /// SIGSTOP: the whole process stalls (its heartbeats too) until
+    /// [`Proc::sigcont`].
+    pub fn sigstop(&self) {
+        self.signal("STOP");
+    }
+
+    pub fn sigcont(&self) {
+        self.signal("CONT");
+    }
+
     fn signal(&self, name: &str) {
         let status = Command::new("kill")
             .arg(format!("-{name}"))

@@ -286,6 +286,12 @@ impl SimSource {
         self.wake.notify_one();
     }
 
+    /// The session is found lost (librdkafka's lost flag, or a stall past
+    /// the session timeout): no call starts until a new assignment.
+    pub fn fence(&self) {
+        self.session.lost(tokio::time::Instant::now());
+    }
+
     /// Gives `parts` up, as the rebalance's revoke callback does: waits
     /// for the worker's work under way on them (within `revoke_wait`),
     /// commits their finished prefix (unless the broker refuses), then
@@ -431,6 +437,10 @@ impl Source for SimSource {
 
     fn may_start(&self, origin: &Origin) -> bool {
         self.session.may_start(origin)
+    }
+
+    fn fenced(&self) -> bool {
+        self.session.fenced(tokio::time::Instant::now())
     }
 
     fn finish(&self, origin: &Origin) {

@@ -614,6 +614,56 @@ fn a_revoke_during_a_limiter_call_dead_letters_only_the_job_that_cannot_pass() {
     assert_kept(&sc, &out);
 }
 
+/// Issue 53, item 2: a replica that finds its session lost calls nothing
+/// (and asks the limiter nothing) until a rebalance confirms its ownership;
+/// its jobs wait in memory and none is lost or dead-lettered.
+#[test]
+fn a_fenced_replica_calls_nothing_until_its_ownership_is_confirmed() {
+    // A token bucket's jobs are called as they are granted; a pacer's
+    // (leaky bucket) are granted ahead and wait for their go-at, so some
+    // come due during the fence: the check before each call stops them.
+    for (algorithm, burst) in [("token_bucket", Some(50)), ("leaky_bucket", None)] {
+        let mut sc = Scenario::quiet(53);
+        sc.partitions = 4;
+        sc.sellers.push(seller(
+            "s",
+            Some(rule(algorithm, 20, Duration::from_secs(1), burst)),
+        ));
+        sc.jobs = (0..100u64)
+            .map(|i| job(0, 1, i * 10, (i % 4) as i32))
+            .collect();
+        let (from, to) = (1_000, 3_500);
+        sc.fences.push((from, to - from));
+        let out = run(&sc);
+        assert_kept(&sc, &out);
+        let during: Vec<u64> = out
+            .log
+            .calls
+            .iter()
+            .map(|c| c.at_ms)
+            .filter(|at| (from + 1..to).contains(at))
+            .collect();
+        assert!(
+            during.is_empty(),
+            "{algorithm}: calls while fenced ({from}-{to} ms): {during:?}"
+        );
+        let after = first_call_from(&out, to, None).expect("calls after the confirmation");
+        assert!(
+            after <= to + 500,
+            "{algorithm}: confirmed at {to} ms, first call at {after} ms"
+        );
+        assert_eq!(out.log.done.len(), 100, "{algorithm}: jobs done");
+        assert!(
+            out.log.dead.is_empty(),
+            "{algorithm}: dead letters: {:?}",
+            out.log.dead
+        );
+        println!(
+            "{algorithm}: fenced {from}-{to} ms, no call meanwhile, the first after it at {after} ms"
+        );
+    }
+}
+
 /// Defect 10 and section 4: a downstream that answers 503 to everything for
 /// 60 s under a backlog. Before, each job burnt its 5 attempts in about 3 s
 /// and valid jobs were dead-lettered as attempts_exhausted (the random seeds

@@ -377,6 +377,8 @@ enum Step {
     Restart,
     Revoke(Vec<i32>, u64),
     Assign(Vec<i32>),
+    Fence(u64),
+    Confirm,
     Jump(i64),
 }
 
@@ -517,6 +519,9 @@ async fn run_async(sc: &Scenario) -> Outcome {
     for &(at, by) in &sc.clock_jumps {
         steps.push((at, Step::Jump(by)));
     }
+    for &(at, dur) in &sc.fences {
+        steps.push((at, Step::Fence(dur)));
+    }
     let wake = Arc::new(Mutex::new(Arc::new(Notify::new())));
     let mut generation = 0u64;
     let mut current = Some(start(
@@ -605,6 +610,19 @@ async fn run_async(sc: &Scenario) -> Outcome {
                         .filter(|tp| !owned.contains(tp))
                         .collect();
                     inc.source.assign(&tps, &inc.parts);
+                }
+            }
+            Step::Fence(dur) => {
+                if let Some(inc) = &current {
+                    inc.source.fence();
+                    steps.push((clock.elapsed_ms() + dur, Step::Confirm));
+                }
+            }
+            // A rebalance with this member in it: an assignment of nothing
+            // new (a restarted process is not fenced; this changes nothing).
+            Step::Confirm => {
+                if let Some(inc) = &current {
+                    inc.source.assign(&[], &inc.parts);
                 }
             }
             Step::Jump(by) => clock.jump(by),

@@ -70,6 +70,10 @@ pub struct Scenario {
     /// (at, partitions of the jobs topic, for how long): revoked, then
     /// assigned back; commits are refused meanwhile.
     pub rebalances: Vec<(u64, Vec<i32>, u64)>,
+    /// (at, for how long): the worker's session is found lost (a stall
+    /// past the session timeout; librdkafka's lost flag), then confirmed
+    /// again by a rebalance that assigns it nothing new (issue 53).
+    pub fences: Vec<(u64, u64)>,
     /// (at, by µs): the worker host's wall clock steps.
     pub clock_jumps: Vec<(u64, i64)>,
     pub concurrency: usize,
@@ -134,6 +138,7 @@ impl Scenario {
             },
             crashes: Vec::new(),
             rebalances: Vec::new(),
+            fences: Vec::new(),
             clock_jumps: Vec::new(),
             concurrency: 8,
             fetch: 8,

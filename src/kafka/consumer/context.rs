@@ -219,6 +219,13 @@ impl ConsumerContext for WorkerContext {
         };
         let revoked = partitions_of(tpl);
         let began = Instant::now();
+        // The session expired (a stall, a partition from the coordinator):
+        // the partitions are another member's already. Fenced until the
+        // next assignment; the wait below still lets the calls out finish,
+        // so that their successes reach the handoff ledger.
+        if consumer.assignment_lost() {
+            self.session.lost(tokio::time::Instant::now());
+        }
         let waited = self.wait_for_work(&revoked);
         let broker = Broker::in_callback(consumer);
         let committed = self.session.revoke(&broker, &revoked);

@@ -39,6 +39,7 @@ use tokio::sync::mpsc;
 
 use crate::config::KafkaSettings;
 
+use super::fence::Watch;
 use super::ledger::Ledger;
 use super::offsets::Finish;
 pub use super::record::{HeldBack, Origin, PartitionEvent, Record, TopicPartition};
@@ -135,6 +136,35 @@ fn default_strategy(config: &std::collections::BTreeMap<String, String>) -> Opti
         .then_some(DEFAULT_ASSIGNMENT_STRATEGY)
 }
 
+/// The session timeout unless set: librdkafka's default, and the broker's
+/// under KIP-848 (`group.consumer.session.timeout.ms`). The heartbeat
+/// interval is taken as at least KIP-848's default, 5 s, which covers the
+/// classic protocol's 3 s too.
+const DEFAULT_SESSION_TIMEOUT_MS: u64 = 45_000;
+const DEFAULT_HEARTBEAT_INTERVAL_MS: u64 = 5_000;
+
+/// How `role`'s consumer watches its session (issue 53): a poll thread
+/// silent for longer than the session timeout less one heartbeat interval
+/// may have been expired by the broker. The broker's settings rule under
+/// KIP-848, where librdkafka refuses these properties: the defaults then.
+fn watch_of(config: &std::collections::BTreeMap<String, String>, role: Role) -> Watch {
+    let ms = |key: &str, default: u64| {
+        config
+            .get(key)
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(default)
+    };
+    let session = ms("session.timeout.ms", DEFAULT_SESSION_TIMEOUT_MS);
+    let heartbeat = ms("heartbeat.interval.ms", DEFAULT_HEARTBEAT_INTERVAL_MS)
+        .max(DEFAULT_HEARTBEAT_INTERVAL_MS)
+        .min(session / 2);
+    Watch {
+        consumer: role.as_str(),
+        stall_after: Duration::from_millis(session - heartbeat),
+        confirm_after: Duration::from_millis(session),
+    }
+}
+
 /// The worker's consumer: records from the poll thread; pause, resume and
 /// commits.
 pub struct Consumer {
@@ -186,7 +216,7 @@ impl Consumer {
                 config.set("group.instance.id", format!("{instance}-retries"));
             }
         }
-        let session = Arc::new(Session::new(ledger));
+        let session = Arc::new(Session::new(ledger).watched(watch_of(&properties, role)));
         let context = WorkerContext::new(
             session.clone(),
             events,
@@ -303,6 +333,11 @@ impl Consumer {
         self.session.may_start(origin)
     }
 
+    /// See [`Session::fenced`].
+    pub fn fenced(&self) -> bool {
+        self.session.fenced(tokio::time::Instant::now())
+    }
+
     /// A handle that answers [`Consumer::owns`] without holding the
     /// consumer, for tasks that may outlive it.
     pub fn ownership(&self) -> Ownership {
@@ -399,6 +434,37 @@ mod tests {
         ];
         for (i, (given, want)) in rows.into_iter().enumerate() {
             assert_eq!(default_strategy(&props(given)), want, "row {i}: {given:?}");
+        }
+    }
+
+    /// The stall bound is the session timeout less a heartbeat interval
+    /// (at least librdkafka's 5 s of KIP-848, at most half the session).
+    #[test]
+    fn a_stall_is_a_session_timeout_less_a_heartbeat() {
+        type Row<'a> = (&'a [(&'a str, &'a str)], u64, u64);
+        let rows: [Row; 4] = [
+            (&[], 40_000, 45_000),
+            (&[("session.timeout.ms", "6000")], 3_000, 6_000),
+            (
+                &[
+                    ("session.timeout.ms", "30000"),
+                    ("heartbeat.interval.ms", "10000"),
+                ],
+                20_000,
+                30_000,
+            ),
+            (&[("session.timeout.ms", "oops")], 40_000, 45_000),
+        ];
+        for (i, (given, stall, confirm)) in rows.into_iter().enumerate() {
+            let w = watch_of(&props(given), Role::Jobs);
+            assert_eq!(
+                (
+                    w.stall_after.as_millis() as u64,
+                    w.confirm_after.as_millis() as u64
+                ),
+                (stall, confirm),
+                "row {i}: {given:?}"
+            );
         }
     }
 }

@@ -27,6 +27,10 @@ use super::{lock_opt, ConsumerError, SharedSession};
 /// the poll thread waits to start when no record arrives.
 const POLL_TIMEOUT: Duration = Duration::from_millis(50);
 
+/// How often the watchdog tells the session the process is alive: far
+/// below any session timeout, and the longest a stop waits for it.
+const ALIVE_EVERY: Duration = Duration::from_millis(100);
+
 /// Work the poll thread does between polls.
 enum Command {
     /// Commit the finished prefix: of every partition that moved since the
@@ -46,6 +50,8 @@ pub(super) struct PollThread {
     commit_queued: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// The session's watchdog (see [`watch`]).
+    watchdog: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl PollThread {
@@ -58,6 +64,7 @@ impl PollThread {
             commit_queued: Arc::default(),
             stop: Arc::default(),
             thread: Mutex::new(None),
+            watchdog: Mutex::new(None),
         }
     }
 
@@ -74,6 +81,14 @@ impl PollThread {
             .take()
             .ok_or(ConsumerError::Stopped)?;
         let role = inner.context().role();
+        let watchdog = {
+            let (session, stop) = (session.clone(), self.stop.clone());
+            std::thread::Builder::new()
+                .name(format!("kafka-watch-{}", role.as_str()))
+                .spawn(move || watch(&session, &stop))
+                .map_err(ConsumerError::Spawn)?
+        };
+        *lock_opt(&self.watchdog) = Some(watchdog);
         let poller = Poller {
             inner: inner.clone(),
             session,
@@ -133,6 +148,23 @@ impl PollThread {
                 tracing::warn!("the Kafka poll thread panicked");
             }
         }
+        if let Some(handle) = lock_opt(&self.watchdog).take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+/// The session's watchdog: a thread that does nothing but tell the session
+/// the process is alive, until `stop`. Only a stall of the whole process
+/// (a GC-like pause, SIGSTOP, a starved host), the kind that also stops
+/// librdkafka's heartbeats, silences it; a poll thread busy in a rebalance
+/// callback or a synchronous commit does not (librdkafka itself leaves the
+/// group when polls stop past `max.poll.interval.ms`, and says the
+/// assignment is lost).
+fn watch(session: &SharedSession, stop: &AtomicBool) {
+    while !stop.load(Ordering::Acquire) {
+        session.alive(tokio::time::Instant::now());
+        std::thread::sleep(ALIVE_EVERY);
     }
 }
 
@@ -156,6 +188,7 @@ impl Poller {
         while !self.stop.load(Ordering::Acquire) {
             self.serve_commands();
             self.read_answers();
+            self.tick();
             let record = match self.inner.poll(POLL_TIMEOUT) {
                 None => continue,
                 Some(Ok(msg)) => self.track(&msg),
@@ -242,6 +275,18 @@ impl Poller {
         self.session
             .commit(&broker, all)
             .map_err(ConsumerError::Commit)
+    }
+
+    /// Tells the session what librdkafka says of the assignment (see
+    /// [`Session::tick`]: a fenced session also confirms its ownership
+    /// from here).
+    ///
+    /// [`Session::tick`]: crate::kafka::session::Session::tick
+    fn tick(&mut self) {
+        let lost = self.inner.assignment_lost();
+        let broker = Broker::on_poll_thread(&self.inner, &self.answers);
+        self.session
+            .tick(&broker, tokio::time::Instant::now(), lost);
     }
 
     /// Takes the answer of the periodic commit, if it came.

@@ -1,11 +1,12 @@
 //! The consumer's side of Kafka: offsets committed or not, the handoff
 //! ledger, polls that fail, partitions assigned and revoked (and the work
-//! dropped with them), a partition's head moved on, lag.
+//! dropped with them), a partition's head moved on, lag; a consumer that
+//! fences itself for a session it may have lost, and resumes.
 
 use std::time::Duration;
 
 use super::Event;
-use crate::telemetry::metrics::metrics;
+use crate::telemetry::metrics::{metrics, ReasonLabel};
 use crate::telemetry::Every;
 
 /// Offsets committed.
@@ -229,6 +230,81 @@ impl Event for RevokedWorkDropped {
     }
 }
 
+/// A consumer may have lost its session (issue 53): it starts no
+/// downstream call until its ownership is confirmed again.
+#[derive(Debug)]
+pub struct SessionFenced<'a> {
+    pub consumer: &'a str,
+    /// `stalled` or `assignment_lost`.
+    pub reason: &'static str,
+    /// A stall's length: the poll thread's silence.
+    pub gap: Option<Duration>,
+}
+
+impl Event for SessionFenced<'_> {
+    const NAME: &'static str = "SessionFenced";
+
+    fn record(&self) {
+        let m = metrics();
+        m.session_fences
+            .get_or_create(&ReasonLabel {
+                reason: self.reason,
+            })
+            .inc();
+        m.sessions_fenced.inc();
+        tracing::warn!(
+            consumer = self.consumer,
+            reason = self.reason,
+            gap_ms = self.gap.map(|g| g.as_millis() as u64),
+            "consumer fenced: its session may be lost, so it calls nothing until its ownership is confirmed"
+        );
+    }
+}
+
+/// A fenced consumer's ownership was confirmed again: calls go on.
+#[derive(Debug)]
+pub struct SessionResumed<'a> {
+    pub consumer: &'a str,
+    /// `assignment`, `commit` or `heartbeats`.
+    pub by: &'static str,
+    pub fenced_for: Duration,
+}
+
+impl Event for SessionResumed<'_> {
+    const NAME: &'static str = "SessionResumed";
+
+    fn record(&self) {
+        metrics().sessions_fenced.dec();
+        tracing::info!(
+            consumer = self.consumer,
+            by = self.by,
+            fenced_ms = self.fenced_for.as_millis() as u64,
+            "consumer resumed: its ownership is confirmed"
+        );
+    }
+}
+
+/// Jobs not called because their slot of `max_in_flight` had lapsed, or
+/// would before the call's timeout, by this replica's clock (a stall, a
+/// long wait after the grant): asked for again, so that the fleet's cap
+/// holds.
+#[derive(Debug)]
+pub struct LeaseLapsed {
+    pub jobs: usize,
+}
+
+impl Event for LeaseLapsed {
+    const NAME: &'static str = "LeaseLapsed";
+
+    fn record(&self) {
+        metrics().jobs_lease_lapsed.inc_by(self.jobs as u64);
+        tracing::info!(
+            jobs = self.jobs,
+            "jobs not called: their max_in_flight slot lapsed; asked for again"
+        );
+    }
+}
+
 /// A partition's first unfinished record held finished ones back from the
 /// commit too long and was sent round the retry topic.
 #[derive(Debug)]
@@ -318,6 +394,9 @@ inherent_emit!(
     PartitionsAssigned,
     PartitionsRevoked<'_>,
     RevokedWorkDropped,
+    SessionFenced<'_>,
+    SessionResumed<'_>,
+    LeaseLapsed,
     HeadMoved<'_>,
     ConsumerLag<'_>
 );

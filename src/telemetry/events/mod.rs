@@ -16,7 +16,8 @@
 //! - `jobs.rs`: a record's way: received, done, deferred, dead-lettered,
 //!   too large to copy, an invalid `traceparent`.
 //! - `kafka.rs`: commits, the handoff ledger, polls, partitions assigned and
-//!   revoked, a head moved on, lag.
+//!   revoked, a head moved on, lag, a consumer fenced and resumed, jobs
+//!   whose slot lease lapsed.
 //! - `limits.rs`: the config reloaded or rejected, overrides and pauses read
 //!   from Redis, paused sellers.
 //! - `worker.rs`: the backlog, backpressure, configured bounds, what a
@@ -92,8 +93,8 @@ pub use jobs::{
 };
 pub use kafka::{
     AlreadyDone, CommitFailed, ConsumerLag, HandoffLedgerFailed, HeadMoved, KafkaPollFailed,
-    OffsetsCommitted, PartitionsAssigned, PartitionsRevoked, RevokedJobsDropped,
-    RevokedWorkDropped, Waited,
+    LeaseLapsed, OffsetsCommitted, PartitionsAssigned, PartitionsRevoked, RevokedJobsDropped,
+    RevokedWorkDropped, SessionFenced, SessionResumed, Waited,
 };
 pub use limiter::{
     GrantsKept, JobsCallCancelled, LimiterCallCoalesced, LimiterCalled, LimiterStateLost,

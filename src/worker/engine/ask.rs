@@ -23,6 +23,11 @@ use super::super::timers::{after, Timer};
 use super::super::waits::HeldBy;
 use super::{Engine, Event};
 
+/// How often a seller held by a fenced session looks again: a fence ends
+/// with a commit the coordinator accepts (tried every second) or a new
+/// assignment, so a few looks a second resume soon after.
+const FENCE_RECHECK: Duration = Duration::from_millis(200);
+
 impl<X: Ports> Engine<X> {
     /// Asks the limiter for a seller that is not asking already, not held
     /// and has work on a partition with no job out, when a downstream slot
@@ -52,6 +57,13 @@ impl<X: Ports> Engine<X> {
             // to the next seller.
             Ready::Empty => return self.outage.probe_dropped(key),
             Ready::Waiting => {}
+        }
+        // A replica that may have lost its session asks for nothing it
+        // could not call; it looks again shortly (issue 53).
+        if self.deps.source.fenced() {
+            self.outage.probe_dropped(key);
+            let at = after(now, FENCE_RECHECK);
+            return self.timers.at(at, Timer::Seller(key.clone()));
         }
         // An operator's pause: no ask, no call, until it ends.
         if let Some(pause) = self.pause_of(key) {
@@ -108,6 +120,7 @@ impl<X: Ports> Engine<X> {
             self.tx.clone(),
             self.deps.clock.clone(),
         );
+        let asked_at = clock.now();
         tokio::spawn(async move {
             let mut answers = std::pin::pin!(permits.acquire_jobs_many(&asks));
             while let Some((i, result)) = answers.next().await {
@@ -115,6 +128,7 @@ impl<X: Ports> Engine<X> {
                     seller: asks[i].0.clone(),
                     result,
                     answered_at: clock.now(),
+                    asked_at,
                 });
             }
         });
@@ -126,6 +140,7 @@ impl<X: Ports> Engine<X> {
         key: Arc<str>,
         result: Result<BatchDecision, PermitError>,
         answered_at: Instant,
+        asked_at: Instant,
     ) {
         let mut decision = match result {
             Ok(d) => {
@@ -137,10 +152,16 @@ impl<X: Ports> Engine<X> {
             Err(error) => self.fallback(&key, &error),
         };
         // The slots a grant took, held from here: whatever is not handed
-        // to a job goes back when dropped.
+        // to a job goes back when dropped. Redis leases each from its
+        // decision, after the ask left: counted from the ask, they lapse
+        // here no later than there (a stall that held the answer back
+        // counts against them).
         let leases = match &mut decision {
             BatchDecision::Granted(g) => {
-                let leases = self.slots.hold(&key, std::mem::take(&mut g.leases));
+                let lapses_at = after(asked_at, self.settings.limits.slot_lease);
+                let leases = self
+                    .slots
+                    .hold(&key, std::mem::take(&mut g.leases), lapses_at);
                 leases.into_iter().map(Some).collect()
             }
             _ => Vec::new(),

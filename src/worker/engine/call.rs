@@ -12,7 +12,7 @@ use crate::downstream::{Answer, RetryAfter};
 use crate::kafka::consumer::Origin;
 use crate::telemetry::events::{
     ConcurrencyLimit, DownstreamFailed, DownstreamOutage, DownstreamThrottled, JobDone,
-    RevokedWorkDropped,
+    LeaseLapsed, RevokedWorkDropped,
 };
 
 use super::super::answers::{self, Action, Met429, Policy, Seen, Tries};
@@ -72,6 +72,7 @@ impl<X: Ports> Engine<X> {
             self.deps.permits.clone(),
             self.deps.clock.clone(),
         );
+        let call_timeout = self.settings.downstream.timeout;
         self.tasks += 1;
         for (_, p) in &batch {
             self.handoff.started(&p.origin);
@@ -83,17 +84,36 @@ impl<X: Ports> Engine<X> {
             // An operator's pause stops every chain before its next call.
             let paused = || permits.paused(&seller, clock.unix_ms()).is_some();
             // A revoked job is not called, nor one whose partition is being
-            // revoked: its new owner does.
-            let go = |o: &Origin| !stopped() && !paused() && source.may_start(o);
+            // revoked: its new owner does. Nor any while the session may be
+            // lost (issue 53): they wait for it to be confirmed.
+            let go =
+                |o: &Origin| !stopped() && !paused() && !source.fenced() && source.may_start(o);
+            // Nor one whose max_in_flight slot may lapse before the call
+            // ends: another replica may take it meanwhile (issue 53). It
+            // goes back, and is asked for again with a fresh slot.
+            let leased = |p: &Pending| {
+                p.lease
+                    .as_ref()
+                    .is_none_or(|l| l.covers(clock.now(), call_timeout))
+            };
             let runs = chains.into_iter().map(|chain| {
-                let (caller, tx, seller, throttles, go, clock) =
-                    (&caller, &tx, &seller, &throttles, &go, &clock);
+                let (caller, tx, seller, throttles, go, leased, clock) =
+                    (&caller, &tx, &seller, &throttles, &go, &leased, &clock);
                 async move {
                     let mut unused = Vec::new();
+                    let mut lapsed = 0;
                     let mut jobs = chain.into_iter();
                     while let Some((i, granted_at, p)) = jobs.next() {
                         if !go(&p.origin) {
                             unused.push((i, p));
+                            continue;
+                        }
+                        if !leased(&p) {
+                            // The rest of its lane stays behind it, in order.
+                            let before = unused.len();
+                            unused.push((i, p));
+                            unused.extend(jobs.by_ref().map(|(i, _, p)| (i, p)));
+                            lapsed += unused.len() - before;
                             continue;
                         }
                         let started_at = clock.now();
@@ -129,6 +149,9 @@ impl<X: Ports> Engine<X> {
                                 });
                             }
                         }
+                    }
+                    if lapsed > 0 {
+                        LeaseLapsed { jobs: lapsed }.emit();
                     }
                     // The jobs this chain will not call give their slots
                     // back now, not when the run's slowest chain ends.

@@ -84,11 +84,16 @@ impl<X: Ports> Engine<X> {
                     self.forget(p);
                 }
             }
-            Event::Permit { seller, result, .. } => {
+            Event::Permit {
+                seller,
+                result,
+                asked_at,
+                ..
+            } => {
                 self.tasks -= 1;
                 // Not used: the slots it took go back now.
                 if let Ok(BatchDecision::Granted(g)) = result {
-                    drop(self.slots.hold(&seller, g.leases));
+                    drop(self.slots.hold(&seller, g.leases, asked_at));
                 }
             }
             other => self.on_event(other),

@@ -80,6 +80,9 @@ enum Event {
         /// When the answer reached this process: waits count from here,
         /// so they are never early whatever the clocks say.
         answered_at: Instant,
+        /// When the ask left: the slots a grant took lapse one
+        /// `limits.slot_lease` after an instant no earlier than this.
+        asked_at: Instant,
     },
     Called {
         seller: Arc<str>,
@@ -273,9 +276,10 @@ impl<X: Ports> Engine<X> {
                 seller,
                 result,
                 answered_at,
+                asked_at,
             } => {
                 self.tasks -= 1;
-                self.on_permit(seller, result, answered_at);
+                self.on_permit(seller, result, answered_at, asked_at);
             }
             Event::Called {
                 seller,
