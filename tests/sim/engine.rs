@@ -90,8 +90,11 @@ fn explore(
     }
     println!("{what}: reached {:?}", reached.named());
     println!(
-        "{what}: {} jobs reached a success twice with no kill: {} past a revoke wait's bound or an abandoned drain, {} through a handoff that could carry nothing (invariant 16 allows only these)",
-        reached.again_without_kill, reached.again_past_bound, reached.again_uncarried
+        "{what}: {} jobs reached a success twice with no kill: {} past a revoke wait's bound or an abandoned drain, {} through a handoff that could carry nothing, {} after a success their client gave up on (invariant 16 allows only these)",
+        reached.again_without_kill,
+        reached.again_past_bound,
+        reached.again_uncarried,
+        reached.again_after_gave_up
     );
     assert!(
         failures.is_empty(),

@@ -163,6 +163,16 @@ pub struct Reach {
     /// A job held by its key (an earlier job of its key out) while a job
     /// of another key of its seller and partition started.
     pub key_held_while_others_ran: u64,
+    /// A call answered 503 with a useful `Retry-After` (a planned
+    /// maintenance): the client holds the downstream that long.
+    pub maintenance_calls: u64,
+    /// A call the downstream registered after the client gave up on it
+    /// at its timeout.
+    pub gave_up_calls: u64,
+    /// A job registered again after its client gave up on an earlier
+    /// registration and never saw a success (invariant 16's excuse,
+    /// counted).
+    pub again_after_gave_up: u64,
 }
 
 impl Log {
@@ -193,10 +203,13 @@ impl Reach {
         self.finished_in_revoke_wait += o.finished_in_revoke_wait;
         self.again_past_bound += o.again_past_bound;
         self.again_uncarried += o.again_uncarried;
+        self.maintenance_calls += o.maintenance_calls;
+        self.gave_up_calls += o.gave_up_calls;
+        self.again_after_gave_up += o.again_after_gave_up;
     }
 
     /// Each count by name.
-    pub fn named(&self) -> [(&'static str, u64); 14] {
+    pub fn named(&self) -> [(&'static str, u64); 17] {
         [
             ("a limiter refusal", self.denials),
             ("a loss of Redis' data found", self.losses_found),
@@ -223,6 +236,15 @@ impl Reach {
             (
                 "a record finished while its revoke waited",
                 self.finished_in_revoke_wait,
+            ),
+            ("a 503 with Retry-After", self.maintenance_calls),
+            (
+                "a success registered after the client gave up",
+                self.gave_up_calls,
+            ),
+            (
+                "a job called again after a success its client never saw",
+                self.again_after_gave_up,
             ),
         ]
     }

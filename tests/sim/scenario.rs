@@ -28,6 +28,9 @@ const LOSS_SALT: u64 = 0x1055_0fda_7a00_0000;
 const ORDER_SALT: u64 = 0x0de2_5a17_0000_0000;
 /// A first deploy: Redis and the consumer group both empty.
 const INSTALL_SALT: u64 = 0x0f12_e5b1_0000_0000;
+/// A planned maintenance (503 with `Retry-After`), and a downstream that
+/// registers calls after the client gave up on them (issue 53).
+const DOWNSTREAM_SALT: u64 = 0xd0e5_7a11_0000_0000;
 
 #[derive(Debug, Clone)]
 pub struct SellerSpec {
@@ -379,6 +382,40 @@ impl Scenario {
         // Redis does, and a loss may follow the first calls.
         let mut n = StdRng::seed_from_u64(seed ^ INSTALL_SALT);
         sc.fresh_install = n.random_bool(1.0 / 3.0);
+        // The downstream's own ways to fail that the outages above do not
+        // make, from a generator of their own: a planned maintenance (503
+        // with `Retry-After`, which holds the whole downstream), and a
+        // stretch where some calls are registered only after the client's
+        // timeout (a success the client never sees, so it calls again).
+        let mut d = StdRng::seed_from_u64(seed ^ DOWNSTREAM_SALT);
+        if d.random_bool(0.3) {
+            let kind = OutageKind::Maintenance {
+                retry_after_s: d.random_range(1..=30),
+            };
+            let from = d.random_range(0..horizon);
+            let to = (from + d.random_range(1_000..=20_000)).min(horizon.max(from + 1));
+            sc.faults.outages.push((
+                Window {
+                    from_ms: from,
+                    to_ms: to,
+                },
+                kind,
+            ));
+        }
+        if d.random_bool(0.3) {
+            let kind = OutageKind::GaveUp {
+                percent: d.random_range(10..=60),
+            };
+            let from = d.random_range(0..horizon);
+            let to = (from + d.random_range(500..=10_000)).min(horizon.max(from + 1));
+            sc.faults.outages.push((
+                Window {
+                    from_ms: from,
+                    to_ms: to,
+                },
+                kind,
+            ));
+        }
         sc
     }
 
