@@ -32,6 +32,10 @@ MUTATIONS=(
   $'16\tsrc/worker/handoff.rs\ts/\\.partition\\(\\|w\\| w\\.parts\\.iter\\(\\)\\.all\\(\\|tp\\| !under_way\\.contains_key\\(tp\\)\\)\\)/.partition(|_| true)/\ta revoke goes on at once, without waiting for the calls under way on its partitions (issue 53: their successes are done again by the next owner)'
   $'17\tsrc/worker/answers.rs\ts/Answer::Unavailable \\{ retry_after, \\.\\. \\} => Health::Down \\{\\s*retry_after: \\*retry_after,\\s*\\},/Answer::Unavailable { .. } => Health::Failed { job_id },/\ta 503 with Retry-After (a planned maintenance) read as one failed call: the downstream is called again within the wait it named (issue 53)'
   $'16\tsrc/worker/answers.rs\ts/(        Answer::Done => Action::Done,)/        Answer::Done if tries.last_failed_at.is_some() => {\\n            return failed(tries, false, seen, policy, now, rng, "checked again".to_owned())\\n        }\\n$1/\ta success after a failed call (a timeout that may have registered) is called once more to make sure: a success the client saw, done again (issue 53: the gave-up excuse of invariant 16 must not hide it)'
+  $'1\tsrc/limiter/policy.rs\ts/            seller: own,\\n/            seller: \\&own[..1],\\n/\ta seller held to several rules is checked against its first only (issue 53)'
+  $'1\tsrc/limiter/policy.rs\ts/            global: \\&self\\.global,\\n/            global: \\&[],\\n/\tthe global rules are never checked (issue 53)'
+  $'1\tlua/sliding_window_counter.lua\ts/      prev = num\\(vcur, 0\\)\\n/      prev = 0\\n/\ta sliding_window_counter forgets the window before: a fixed window, twice the limit across a boundary (issue 53)'
+  $'1\tlua/burst_fill.lua\ts/now >= s \\+ r\\.period then/now >= s + r.period \\/ 4 then/\ta burst_fill refilled four times a period (issue 53)'
   $'7\tsrc/worker/timers.rs\ts/Duration::from_millis\\(unix_ms_at\\.saturating_sub\\(now_ms\\)\\)/Duration::from_millis(unix_ms_at - now_ms)/\ta wait until a due time on the fleet\'s clock read as an unsigned difference (a due time already passed wraps; the host-clock version, until_unix_ms, now only times pauses, which no random world steps back)'
 )
 

@@ -405,6 +405,33 @@ pub fn reach(sc: &Scenario, out: &Outcome) -> Reach {
         .iter()
         .filter(|d| !d.after_kill && !d.past_bound && !d.uncarried && d.after_gave_up)
         .count() as u64;
+    let under = |c: &&Call, alg: Algorithm| {
+        own_rules(sc, &c.seller)
+            .iter()
+            .any(|r| r.algorithm() == alg)
+    };
+    r.window_counter_calls = log
+        .calls
+        .iter()
+        .filter(|c| under(c, Algorithm::SlidingWindowCounter))
+        .count() as u64;
+    r.burst_fill_calls = log
+        .calls
+        .iter()
+        .filter(|c| under(c, Algorithm::BurstFill))
+        .count() as u64;
+    r.several_rules_calls = log
+        .calls
+        .iter()
+        .filter(|c| own_rules(sc, &c.seller).len() > 1)
+        .count() as u64;
+    if !sc.global.is_empty() {
+        r.global_rule_calls = log
+            .calls
+            .iter()
+            .filter(|c| !own_rules(sc, &c.seller).is_empty())
+            .count() as u64;
+    }
     r.gave_up_calls = log.calls.iter().filter(|c| c.class == GAVE_UP).count() as u64;
     r.maintenance_calls = log
         .calls
@@ -523,11 +550,34 @@ fn rule_of(sc: &Scenario, seller: &str) -> Option<Rule> {
     Rule::new(alg, r.limit, r.period, r.burst).ok()
 }
 
-/// Invariant 1: no seller's calls exceed its rule, judged by the rule's definition
-/// on the grants' instants (`X-Granted-At`, the limiter's clock): each call
-/// spends its own grant, so a call without one, or two calls on one, show.
+/// A seller's own rules as the policy holds them (its drawn rule and
+/// those held with it); none for an unlimited seller.
+fn own_rules(sc: &Scenario, seller: &str) -> Vec<Rule> {
+    let Some(i) = sc.sellers.iter().position(|s| s.name == seller) else {
+        return Vec::new();
+    };
+    built(&sc.rules_of(i))
+}
+
+/// The global rules (`limits.global`), over every limited seller.
+fn global_rules(sc: &Scenario) -> Vec<Rule> {
+    built(&sc.global)
+}
+
+fn built(rules: &[throttle_worker::config::RuleConfig]) -> Vec<Rule> {
+    rules
+        .iter()
+        .filter_map(|r| Rule::new(r.algorithm.parse().ok()?, r.limit, r.period, r.burst).ok())
+        .collect()
+}
+
+/// Invariant 1: no seller's calls exceed any of its rules, and the calls
+/// of every limited seller together exceed no global rule, each judged by
+/// the rule's definition on the grants' instants (`X-Granted-At`, the
+/// limiter's clock): each call spends its own grant, so a call without
+/// one, or two calls on one, show.
 /// It is also the invariant of limits learnt from 429s (`limits.learn`, a
-/// third of the seeds): judged on the configured rule, a learnt rule that
+/// third of the seeds): judged on the configured rules, a learnt rule that
 /// ever let more through than the configured one would show here.
 pub fn limits(sc: &Scenario, out: &Outcome) -> Vec<String> {
     let mut by_seller: BTreeMap<&str, Vec<&Call>> = BTreeMap::new();
@@ -535,10 +585,13 @@ pub fn limits(sc: &Scenario, out: &Outcome) -> Vec<String> {
         by_seller.entry(&c.seller).or_default().push(c);
     }
     let mut v = Vec::new();
+    // Every limited seller's grants, for the global rules.
+    let mut all: Vec<(u64, u64)> = Vec::new();
     for (seller, calls) in by_seller {
-        let Some(rule) = rule_of(sc, seller) else {
+        let rules = own_rules(sc, seller);
+        if rules.is_empty() {
             continue;
-        };
+        }
         let mut grants: Vec<(u64, u64)> = Vec::new();
         for c in calls {
             match c.granted_at_us {
@@ -550,8 +603,17 @@ pub fn limits(sc: &Scenario, out: &Outcome) -> Vec<String> {
             }
         }
         grants.sort();
-        if let Some(e) = over_rule(&rule, &grants) {
-            v.push(format!("1. {seller} ({rule:?}): {e}"));
+        for rule in &rules {
+            if let Some(e) = over_rule(rule, &grants) {
+                v.push(format!("1. {seller} ({rule:?}): {e}"));
+            }
+        }
+        all.extend(grants);
+    }
+    all.sort();
+    for rule in &global_rules(sc) {
+        if let Some(e) = over_rule(rule, &all) {
+            v.push(format!("1. every seller together (global {rule:?}): {e}"));
         }
     }
     v
@@ -691,13 +753,73 @@ pub fn over_rule(rule: &Rule, grants: &[(u64, u64)]) -> Option<String> {
             }
             None
         }
-        _ => None,
+        Algorithm::SlidingWindowCounter => {
+            // `lua/sliding_window_counter.lua`'s own definition, in exact
+            // integers on the call log: a grant at `g`, in the window
+            // starting at `w`, `e` into it, keeps
+            // prev * (period - e) + cur * period <= limit * period, where
+            // `cur` counts the window's units up to and with this grant
+            // and `prev` the previous window's. The store counts every
+            // take, refunded ones until their refund; the call log only
+            // the units called, so its counts are never above the store's.
+            let mut windows: BTreeMap<u64, u64> = BTreeMap::new();
+            for &(g, c) in grants {
+                let w = g / period;
+                let cur = windows.entry(w).or_default();
+                *cur += c;
+                let cur = *cur;
+                let prev = w.checked_sub(1).and_then(|p| windows.get(&p)).copied();
+                let e = g - w * period;
+                let weighted = u128::from(prev.unwrap_or(0)) * u128::from(period - e)
+                    + u128::from(cur) * u128::from(period);
+                if weighted > u128::from(limit) * u128::from(period) {
+                    return Some(format!(
+                        "{cur} units in the window starting at {} µs and {} in the one before, {e} µs into it",
+                        w * period,
+                        prev.unwrap_or(0)
+                    ));
+                }
+            }
+            None
+        }
+        Algorithm::BurstFill => {
+            // A period starts at a take and holds `limit` units; the next
+            // starts at the first take after it ends. The call log cannot
+            // show where a period began when its first take was refunded
+            // (a partial refund keeps the period open), so what is judged
+            // is what every placement of the periods keeps: a span shorter
+            // than one period meets at most two of them, so at most
+            // 2 * limit units (`lua/burst_fill.lua`: "the tail of one
+            // period's tokens and the whole of the next").
+            for i in 0..grants.len() {
+                let n: u64 = grants[i..]
+                    .iter()
+                    .take_while(|&&(g, _)| g < grants[i].0 + period)
+                    .map(|&(_, c)| c)
+                    .sum();
+                if n > 2 * limit {
+                    return Some(format!(
+                        "{n} units in the period from {} µs, over twice the limit",
+                        grants[i].0
+                    ));
+                }
+            }
+            None
+        }
     }
 }
 
-/// The capacity of `seller`'s rule, or none (unlimited).
+/// The most one job of `seller` may cost: the least capacity of its own
+/// rules and the global ones; none (unlimited) when it has no rule.
 fn capacity(sc: &Scenario, seller: usize) -> Option<u64> {
-    rule_of(sc, &sc.sellers[seller].name).map(|r| r.capacity())
+    let own = own_rules(sc, &sc.sellers[seller].name);
+    if own.is_empty() {
+        return None;
+    }
+    own.iter()
+        .chain(&global_rules(sc))
+        .map(|r| r.capacity())
+        .min()
 }
 
 /// Invariant 2: nothing is lost: once the run settles, every job is done or

@@ -145,6 +145,12 @@ fn replay() {
     for s in &sc.sellers {
         println!("seller {}: {:?}", s.name, s.rule);
     }
+    for (i, more) in &sc.more_rules {
+        println!("seller-{i} also: {more:?}");
+    }
+    if !sc.global.is_empty() {
+        println!("global: {:?}", sc.global);
+    }
     println!("faults: {:?}", sc.faults);
     println!(
         "crashes {:?}, rebalances {:?}, clock jumps {:?}",

@@ -173,6 +173,14 @@ pub struct Reach {
     /// registration and never saw a success (invariant 16's excuse,
     /// counted).
     pub again_after_gave_up: u64,
+    /// A call of a seller held to a `sliding_window_counter`.
+    pub window_counter_calls: u64,
+    /// A call of a seller held to a `burst_fill`.
+    pub burst_fill_calls: u64,
+    /// A call of a seller held to several rules at once.
+    pub several_rules_calls: u64,
+    /// A call of a limited seller in a world with global rules.
+    pub global_rule_calls: u64,
 }
 
 impl Log {
@@ -206,10 +214,14 @@ impl Reach {
         self.maintenance_calls += o.maintenance_calls;
         self.gave_up_calls += o.gave_up_calls;
         self.again_after_gave_up += o.again_after_gave_up;
+        self.window_counter_calls += o.window_counter_calls;
+        self.burst_fill_calls += o.burst_fill_calls;
+        self.several_rules_calls += o.several_rules_calls;
+        self.global_rule_calls += o.global_rule_calls;
     }
 
     /// Each count by name.
-    pub fn named(&self) -> [(&'static str, u64); 17] {
+    pub fn named(&self) -> [(&'static str, u64); 21] {
         [
             ("a limiter refusal", self.denials),
             ("a loss of Redis' data found", self.losses_found),
@@ -246,6 +258,13 @@ impl Reach {
                 "a job called again after a success its client never saw",
                 self.again_after_gave_up,
             ),
+            (
+                "a call under a sliding_window_counter",
+                self.window_counter_calls,
+            ),
+            ("a call under a burst_fill", self.burst_fill_calls),
+            ("a call under several rules", self.several_rules_calls),
+            ("a call under a global rule", self.global_rule_calls),
         ]
     }
 }
