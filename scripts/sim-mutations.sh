@@ -36,6 +36,8 @@ MUTATIONS=(
   $'1\tsrc/limiter/policy.rs\ts/            global: \\&self\\.global,\\n/            global: \\&[],\\n/\tthe global rules are never checked (issue 53)'
   $'1\tlua/sliding_window_counter.lua\ts/      prev = num\\(vcur, 0\\)\\n/      prev = 0\\n/\ta sliding_window_counter forgets the window before: a fixed window, twice the limit across a boundary (issue 53)'
   $'1\tlua/burst_fill.lua\ts/now >= s \\+ r\\.period then/now >= s + r.period \\/ 4 then/\ta burst_fill refilled four times a period (issue 53)'
+  $'1\tsrc/worker/admission.rs\ts/\\.acquire_jobs\\(key, asked\\.rules, &costs, asked\\.share\\)/.acquire_jobs(key, None, \\&costs, asked.share)/\tredis.on_error = local admits everything while Redis fails (its in-memory limits handed no rules; issue 53)'
+  $'9\tsrc/worker/admission.rs\ts/let room = mine\\.saturating_sub\\(asked\\.busy\\);/let room = mine;/\tadmitting without Redis (local, fail_open) forgets the seller\'s calls under way: a capped seller goes over its max_in_flight (issue 53)'
   $'7\tsrc/worker/timers.rs\ts/Duration::from_millis\\(unix_ms_at\\.saturating_sub\\(now_ms\\)\\)/Duration::from_millis(unix_ms_at - now_ms)/\ta wait until a due time on the fleet\'s clock read as an unsigned difference (a due time already passed wraps; the host-clock version, until_unix_ms, now only times pauses, which no random world steps back)'
 )
 

@@ -96,6 +96,10 @@ fn explore(
         reached.again_uncarried,
         reached.again_after_gave_up
     );
+    println!(
+        "{what}: {} limiter decisions made without Redis during its errors, each dropping what redis.on_error = \"local\" counted (reported on issue 53)",
+        reached.local_dropped_without_redis
+    );
     assert!(
         failures.is_empty(),
         "{} seeds broke an invariant ({what}):{report}",
@@ -233,7 +237,18 @@ fn random_fleets() {
             "SIM_FLEET_SEED={seed} cargo test --test sim sim::engine::replay_fleet -- --nocapture"
         )
     });
-    let every: Vec<&str> = reached.named().iter().map(|(name, _)| *name).collect();
+    // Fleets run `fail_closed` only (`fleet_world`): the admissions
+    // without Redis are not theirs to reach.
+    let without_redis = [
+        "a call admitted by local limits while Redis failed",
+        "a call admitted unchecked while Redis failed",
+    ];
+    let every: Vec<&str> = reached
+        .named()
+        .iter()
+        .map(|(name, _)| *name)
+        .filter(|name| !without_redis.contains(name))
+        .collect();
     assert_reached("fleet simulation", n, &reached, &every);
 }
 
@@ -243,6 +258,13 @@ fn random_fleets() {
 /// at least as many as the fleet may grow to.
 fn fleet_world(seed: u64) -> (Scenario, super::fleet::Fleet) {
     let mut sc = Scenario::random(seed);
+    // `local` and `fail_open` hold each replica to its share of a rule or
+    // a cap, never below one: a fleet admits up to one per replica beyond
+    // a small limit, by design. Judging that needs each call's replica
+    // and its share at the time, which the fleet's invariants do not
+    // attribute yet; fleets stay `fail_closed`, the single-process worlds
+    // judge the other modes (issue 53).
+    sc.on_error = throttle_worker::config::OnError::FailClosed;
     let fleet = super::fleet::Fleet::random(seed, &sc);
     if let Some(c) = &mut sc.faults.capacity {
         c.calls = c.calls.max(fleet.max_replicas);

@@ -40,6 +40,10 @@ pub struct Ask {
 
 #[derive(Debug, Default)]
 pub struct Log {
+    /// Instants (virtual ms) the engine got a decision from its limiter
+    /// (not an error): under `redis.on_error = "local"` each one drops
+    /// what the in-memory limits counted (`worker::admission`).
+    pub limiter_answered_ms: Vec<u64>,
     /// Record value → job, for every record the scenario produced.
     pub by_value: HashMap<Bytes, JobId>,
     pub by_job_id: HashMap<String, JobId>,
@@ -181,6 +185,16 @@ pub struct Reach {
     pub several_rules_calls: u64,
     /// A call of a limited seller in a world with global rules.
     pub global_rule_calls: u64,
+    /// A call admitted by the in-memory limits of `local` while Redis
+    /// failed.
+    pub local_calls: u64,
+    /// A call admitted unchecked (`fail_open`) while Redis failed.
+    pub fail_open_calls: u64,
+    /// Not a state to reach: a limiter decision while Redis returned
+    /// errors, so made without it (a job over its rules' capacity), which
+    /// the engine takes for Redis answering again and so drops what
+    /// `local` counted (see `check::limits`).
+    pub local_dropped_without_redis: u64,
 }
 
 impl Log {
@@ -218,10 +232,13 @@ impl Reach {
         self.burst_fill_calls += o.burst_fill_calls;
         self.several_rules_calls += o.several_rules_calls;
         self.global_rule_calls += o.global_rule_calls;
+        self.local_calls += o.local_calls;
+        self.fail_open_calls += o.fail_open_calls;
+        self.local_dropped_without_redis += o.local_dropped_without_redis;
     }
 
     /// Each count by name.
-    pub fn named(&self) -> [(&'static str, u64); 21] {
+    pub fn named(&self) -> [(&'static str, u64); 23] {
         [
             ("a limiter refusal", self.denials),
             ("a loss of Redis' data found", self.losses_found),
@@ -265,6 +282,14 @@ impl Reach {
             ("a call under a burst_fill", self.burst_fill_calls),
             ("a call under several rules", self.several_rules_calls),
             ("a call under a global rule", self.global_rule_calls),
+            (
+                "a call admitted by local limits while Redis failed",
+                self.local_calls,
+            ),
+            (
+                "a call admitted unchecked while Redis failed",
+                self.fail_open_calls,
+            ),
         ]
     }
 }

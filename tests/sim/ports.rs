@@ -763,6 +763,10 @@ impl Permits for SimPermits {
         let guard = AskGuard { world: w, index };
         let answer = Permits::acquire_jobs(&self.inner, seller, costs).await;
         drop(guard);
+        if answer.is_ok() {
+            let at = w.now_ms();
+            w.journal.with(|log| log.limiter_answered_ms.push(at));
+        }
         answer
     }
 
@@ -794,6 +798,10 @@ impl Permits for SimPermits {
         });
         Permits::acquire_jobs_many(&self.inner, asks).map(move |(i, answer)| {
             drop(guards.get_mut(i).and_then(Option::take));
+            if answer.is_ok() {
+                let at = w.now_ms();
+                w.journal.with(|log| log.limiter_answered_ms.push(at));
+            }
             (i, answer)
         })
     }

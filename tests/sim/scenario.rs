@@ -31,6 +31,8 @@ const INSTALL_SALT: u64 = 0x0f12_e5b1_0000_0000;
 /// Sellers' rule sets: the algorithms the draw above never makes, several
 /// rules per seller, global rules (issue 53).
 const RULES_SALT: u64 = 0x5e11_e2a1_e500_0000;
+/// What a failed limiter call means (`redis.on_error`).
+const ON_ERROR_SALT: u64 = 0x0e22_0f00_0000_0000;
 /// A planned maintenance (503 with `Retry-After`), and a downstream that
 /// registers calls after the client gave up on them (issue 53).
 const DOWNSTREAM_SALT: u64 = 0xd0e5_7a11_0000_0000;
@@ -430,6 +432,17 @@ impl Scenario {
             ));
         }
         sc.draw_rule_sets(seed);
+        // A third of the worlds admit without Redis while it fails (issue
+        // 53): unchecked (`fail_open`) or by each replica's share of every
+        // rule in memory (`local`). From a generator of its own.
+        let mut e = StdRng::seed_from_u64(seed ^ ON_ERROR_SALT);
+        if e.random_bool(1.0 / 3.0) {
+            sc.on_error = if e.random_bool(0.5) {
+                OnError::FailOpen
+            } else {
+                OnError::Local
+            };
+        }
         sc
     }
 
