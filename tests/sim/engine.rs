@@ -90,8 +90,15 @@ fn explore(
     }
     println!("{what}: reached {:?}", reached.named());
     println!(
-        "{what}: {} jobs reached a success twice with no kill: {} past a revoke wait's bound or an abandoned drain, {} through a handoff that could carry nothing (invariant 16 allows only these)",
-        reached.again_without_kill, reached.again_past_bound, reached.again_uncarried
+        "{what}: {} jobs reached a success twice with no kill: {} past a revoke wait's bound or an abandoned drain, {} through a handoff that could carry nothing, {} after a success their client gave up on (invariant 16 allows only these)",
+        reached.again_without_kill,
+        reached.again_past_bound,
+        reached.again_uncarried,
+        reached.again_after_gave_up
+    );
+    println!(
+        "{what}: {} limiter decisions made without Redis during its errors, each dropping what redis.on_error = \"local\" counted (reported on issue 53)",
+        reached.local_dropped_without_redis
     );
     assert!(
         failures.is_empty(),
@@ -141,6 +148,12 @@ fn replay() {
     );
     for s in &sc.sellers {
         println!("seller {}: {:?}", s.name, s.rule);
+    }
+    for (i, more) in &sc.more_rules {
+        println!("seller-{i} also: {more:?}");
+    }
+    if !sc.global.is_empty() {
+        println!("global: {:?}", sc.global);
     }
     println!("faults: {:?}", sc.faults);
     println!(
@@ -224,7 +237,18 @@ fn random_fleets() {
             "SIM_FLEET_SEED={seed} cargo test --test sim sim::engine::replay_fleet -- --nocapture"
         )
     });
-    let every: Vec<&str> = reached.named().iter().map(|(name, _)| *name).collect();
+    // Fleets run `fail_closed` only (`fleet_world`): the admissions
+    // without Redis are not theirs to reach.
+    let without_redis = [
+        "a call admitted by local limits while Redis failed",
+        "a call admitted unchecked while Redis failed",
+    ];
+    let every: Vec<&str> = reached
+        .named()
+        .iter()
+        .map(|(name, _)| *name)
+        .filter(|name| !without_redis.contains(name))
+        .collect();
     assert_reached("fleet simulation", n, &reached, &every);
 }
 
@@ -234,6 +258,13 @@ fn random_fleets() {
 /// at least as many as the fleet may grow to.
 fn fleet_world(seed: u64) -> (Scenario, super::fleet::Fleet) {
     let mut sc = Scenario::random(seed);
+    // `local` and `fail_open` hold each replica to its share of a rule or
+    // a cap, never below one: a fleet admits up to one per replica beyond
+    // a small limit, by design. Judging that needs each call's replica
+    // and its share at the time, which the fleet's invariants do not
+    // attribute yet; fleets stay `fail_closed`, the single-process worlds
+    // judge the other modes (issue 53).
+    sc.on_error = throttle_worker::config::OnError::FailClosed;
     let fleet = super::fleet::Fleet::random(seed, &sc);
     if let Some(c) = &mut sc.faults.capacity {
         c.calls = c.calls.max(fleet.max_replicas);

@@ -40,6 +40,10 @@ pub struct Ask {
 
 #[derive(Debug, Default)]
 pub struct Log {
+    /// Instants (virtual ms) the engine got a decision from its limiter
+    /// (not an error): under `redis.on_error = "local"` each one drops
+    /// what the in-memory limits counted (`worker::admission`).
+    pub limiter_answered_ms: Vec<u64>,
     /// Record value → job, for every record the scenario produced.
     pub by_value: HashMap<Bytes, JobId>,
     pub by_job_id: HashMap<String, JobId>,
@@ -163,6 +167,34 @@ pub struct Reach {
     /// A job held by its key (an earlier job of its key out) while a job
     /// of another key of its seller and partition started.
     pub key_held_while_others_ran: u64,
+    /// A call answered 503 with a useful `Retry-After` (a planned
+    /// maintenance): the client holds the downstream that long.
+    pub maintenance_calls: u64,
+    /// A call the downstream registered after the client gave up on it
+    /// at its timeout.
+    pub gave_up_calls: u64,
+    /// A job registered again after its client gave up on an earlier
+    /// registration and never saw a success (invariant 16's excuse,
+    /// counted).
+    pub again_after_gave_up: u64,
+    /// A call of a seller held to a `sliding_window_counter`.
+    pub window_counter_calls: u64,
+    /// A call of a seller held to a `burst_fill`.
+    pub burst_fill_calls: u64,
+    /// A call of a seller held to several rules at once.
+    pub several_rules_calls: u64,
+    /// A call of a limited seller in a world with global rules.
+    pub global_rule_calls: u64,
+    /// A call admitted by the in-memory limits of `local` while Redis
+    /// failed.
+    pub local_calls: u64,
+    /// A call admitted unchecked (`fail_open`) while Redis failed.
+    pub fail_open_calls: u64,
+    /// Not a state to reach: a limiter decision while Redis returned
+    /// errors, so made without it (a job over its rules' capacity), which
+    /// the engine takes for Redis answering again and so drops what
+    /// `local` counted (see `check::limits`).
+    pub local_dropped_without_redis: u64,
 }
 
 impl Log {
@@ -193,10 +225,20 @@ impl Reach {
         self.finished_in_revoke_wait += o.finished_in_revoke_wait;
         self.again_past_bound += o.again_past_bound;
         self.again_uncarried += o.again_uncarried;
+        self.maintenance_calls += o.maintenance_calls;
+        self.gave_up_calls += o.gave_up_calls;
+        self.again_after_gave_up += o.again_after_gave_up;
+        self.window_counter_calls += o.window_counter_calls;
+        self.burst_fill_calls += o.burst_fill_calls;
+        self.several_rules_calls += o.several_rules_calls;
+        self.global_rule_calls += o.global_rule_calls;
+        self.local_calls += o.local_calls;
+        self.fail_open_calls += o.fail_open_calls;
+        self.local_dropped_without_redis += o.local_dropped_without_redis;
     }
 
     /// Each count by name.
-    pub fn named(&self) -> [(&'static str, u64); 14] {
+    pub fn named(&self) -> [(&'static str, u64); 23] {
         [
             ("a limiter refusal", self.denials),
             ("a loss of Redis' data found", self.losses_found),
@@ -223,6 +265,30 @@ impl Reach {
             (
                 "a record finished while its revoke waited",
                 self.finished_in_revoke_wait,
+            ),
+            ("a 503 with Retry-After", self.maintenance_calls),
+            (
+                "a success registered after the client gave up",
+                self.gave_up_calls,
+            ),
+            (
+                "a job called again after a success its client never saw",
+                self.again_after_gave_up,
+            ),
+            (
+                "a call under a sliding_window_counter",
+                self.window_counter_calls,
+            ),
+            ("a call under a burst_fill", self.burst_fill_calls),
+            ("a call under several rules", self.several_rules_calls),
+            ("a call under a global rule", self.global_rule_calls),
+            (
+                "a call admitted by local limits while Redis failed",
+                self.local_calls,
+            ),
+            (
+                "a call admitted unchecked while Redis failed",
+                self.fail_open_calls,
             ),
         ]
     }

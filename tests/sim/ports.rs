@@ -46,6 +46,20 @@ pub enum OutageKind {
     Status503,
     Timeout,
     Refused,
+    /// A planned maintenance: 503 with `Retry-After: <seconds>`, which
+    /// the client reads as the downstream down that long
+    /// (`Answer::Unavailable`).
+    Maintenance {
+        retry_after_s: u64,
+    },
+    /// A downstream too slow for the client: each call, with this chance
+    /// in percent, is registered (the job is done, as far as the
+    /// downstream goes) only after the client's timeout gave up on it, so
+    /// the client sees a timeout and calls the job again later. The other
+    /// calls are answered in time.
+    GaveUp {
+        percent: u8,
+    },
 }
 
 /// What a throttling downstream says in `Retry-After`.
@@ -167,8 +181,40 @@ impl World {
         false
     }
 
+    /// Whether an outage of `kind` applies to the call arriving now: a
+    /// downstream that gives up on only some calls draws for each.
+    fn outage_applies(&self, kind: OutageKind) -> bool {
+        match kind {
+            OutageKind::GaveUp { percent } => self.chance(f64::from(percent) / 100.0),
+            _ => true,
+        }
+    }
+
     pub fn seeded(seed: u64) -> Mutex<StdRng> {
         Mutex::new(StdRng::seed_from_u64(seed ^ 0x005e_ed0f_7e57))
+    }
+}
+
+/// The class of a call the downstream registered (a success, as far as it
+/// goes) after the client gave up on it at its timeout.
+pub const GAVE_UP: &str = "2xx-after-timeout";
+
+/// What the client makes of a 503 that names `Retry-After: <secs>`: the
+/// product's own reading (`downstream::client::classify_response`, which
+/// needs a `reqwest::Response`, so its branch for a retryable status is
+/// repeated here over the product's `retry_after`): a useful wait is
+/// `Unavailable`, anything else a 503 without one.
+fn maintenance(clock: &SimClock, secs: u64, max: Duration) -> Answer {
+    let now = std::time::UNIX_EPOCH + Duration::from_micros(clock.unix_us());
+    let reason = "downstream answered 503 Service Unavailable".to_owned();
+    match retry_after(vec![secs.to_string().as_str()], now, max) {
+        throttle_worker::downstream::RetryAfter::Wait(wait) if !wait.is_zero() => {
+            Answer::Unavailable {
+                retry_after: wait,
+                reason,
+            }
+        }
+        _ => Answer::Unreachable { reason },
     }
 }
 
@@ -220,7 +266,7 @@ impl Caller for SimDownstream {
                 },
                 1,
             )
-        } else if let Some((_, kind)) = outage {
+        } else if let Some((_, kind)) = outage.filter(|(_, k)| w.outage_applies(*k)) {
             match kind {
                 OutageKind::Status503 => (
                     "5xx",
@@ -242,6 +288,22 @@ impl Caller for SimDownstream {
                         reason: "could not connect to the downstream: refused".to_owned(),
                     },
                     1,
+                ),
+                OutageKind::Maintenance { retry_after_s } => (
+                    "503-retry-after",
+                    maintenance(&w.clock, *retry_after_s, w.faults.max_retry_after),
+                    w.random(lo, hi),
+                ),
+                // Registered: the downstream did the job. The client's
+                // timeout fired first, so what it reads is a timeout
+                // (`downstream::client` maps reqwest's timeout to
+                // `Unreachable`, as `OutageKind::Timeout` does).
+                OutageKind::GaveUp { .. } => (
+                    GAVE_UP,
+                    Answer::Unreachable {
+                        reason: "downstream timed out".to_owned(),
+                    },
+                    w.faults.timeout.as_millis() as u64,
                 ),
             }
         } else if rated {
@@ -701,6 +763,10 @@ impl Permits for SimPermits {
         let guard = AskGuard { world: w, index };
         let answer = Permits::acquire_jobs(&self.inner, seller, costs).await;
         drop(guard);
+        if answer.is_ok() {
+            let at = w.now_ms();
+            w.journal.with(|log| log.limiter_answered_ms.push(at));
+        }
         answer
     }
 
@@ -732,6 +798,10 @@ impl Permits for SimPermits {
         });
         Permits::acquire_jobs_many(&self.inner, asks).map(move |(i, answer)| {
             drop(guards.get_mut(i).and_then(Option::take));
+            if answer.is_ok() {
+                let at = w.now_ms();
+                w.journal.with(|log| log.limiter_answered_ms.push(at));
+            }
             (i, answer)
         })
     }

@@ -28,6 +28,14 @@ const LOSS_SALT: u64 = 0x1055_0fda_7a00_0000;
 const ORDER_SALT: u64 = 0x0de2_5a17_0000_0000;
 /// A first deploy: Redis and the consumer group both empty.
 const INSTALL_SALT: u64 = 0x0f12_e5b1_0000_0000;
+/// Sellers' rule sets: the algorithms the draw above never makes, several
+/// rules per seller, global rules (issue 53).
+const RULES_SALT: u64 = 0x5e11_e2a1_e500_0000;
+/// What a failed limiter call means (`redis.on_error`).
+const ON_ERROR_SALT: u64 = 0x0e22_0f00_0000_0000;
+/// A planned maintenance (503 with `Retry-After`), and a downstream that
+/// registers calls after the client gave up on them (issue 53).
+const DOWNSTREAM_SALT: u64 = 0xd0e5_7a11_0000_0000;
 
 #[derive(Debug, Clone)]
 pub struct SellerSpec {
@@ -105,6 +113,14 @@ pub struct Scenario {
     /// tells the limiter the install is new while the group has never
     /// committed. Otherwise the install ran before (an epoch a day old).
     pub fresh_install: bool,
+    /// Rules of a limited seller (index) beside its `SellerSpec::rule`,
+    /// all held together (`limits.sellers.X.rules`). Never a pacer: a
+    /// pacer's grant is its go-at, not the instant the other rules took
+    /// their units, so the limit checker could not judge those at it.
+    pub more_rules: BTreeMap<usize, Vec<RuleConfig>>,
+    /// `limits.global`: rules over every limited seller's calls together.
+    /// Drawn only in worlds without a pacer, for the same reason.
+    pub global: Vec<RuleConfig>,
 }
 
 pub fn rule(algorithm: &str, limit: u64, period: Duration, burst: Option<u64>) -> RuleConfig {
@@ -156,6 +172,8 @@ impl Scenario {
             limit_ms: 4 * 3600 * 1000,
             weights: BTreeMap::new(),
             min_shares: BTreeMap::new(),
+            more_rules: BTreeMap::new(),
+            global: Vec::new(),
         }
     }
 
@@ -384,7 +402,128 @@ impl Scenario {
         // Redis does, and a loss may follow the first calls.
         let mut n = StdRng::seed_from_u64(seed ^ INSTALL_SALT);
         sc.fresh_install = n.random_bool(1.0 / 3.0);
+        // The downstream's own ways to fail that the outages above do not
+        // make, from a generator of their own: a planned maintenance (503
+        // with `Retry-After`, which holds the whole downstream), and a
+        // stretch where some calls are registered only after the client's
+        // timeout (a success the client never sees, so it calls again).
+        let mut d = StdRng::seed_from_u64(seed ^ DOWNSTREAM_SALT);
+        if d.random_bool(0.3) {
+            let kind = OutageKind::Maintenance {
+                retry_after_s: d.random_range(1..=30),
+            };
+            let from = d.random_range(0..horizon);
+            let to = (from + d.random_range(1_000..=20_000)).min(horizon.max(from + 1));
+            sc.faults.outages.push((
+                Window {
+                    from_ms: from,
+                    to_ms: to,
+                },
+                kind,
+            ));
+        }
+        if d.random_bool(0.3) {
+            let kind = OutageKind::GaveUp {
+                percent: d.random_range(10..=60),
+            };
+            let from = d.random_range(0..horizon);
+            let to = (from + d.random_range(500..=10_000)).min(horizon.max(from + 1));
+            sc.faults.outages.push((
+                Window {
+                    from_ms: from,
+                    to_ms: to,
+                },
+                kind,
+            ));
+        }
+        sc.draw_rule_sets(seed);
+        // A third of the worlds admit without Redis while it fails (issue
+        // 53): unchecked (`fail_open`) or by each replica's share of every
+        // rule in memory (`local`). From a generator of its own.
+        let mut e = StdRng::seed_from_u64(seed ^ ON_ERROR_SALT);
+        if e.random_bool(1.0 / 3.0) {
+            sc.on_error = if e.random_bool(0.5) {
+                OnError::FailOpen
+            } else {
+                OnError::Local
+            };
+        }
         sc
+    }
+
+    /// The rule sets the first draw never made, from a generator of their
+    /// own: on some limited sellers, a `sliding_window_counter` or a
+    /// `burst_fill` in place of the drawn rule, and a second and third
+    /// rule held together with it; on some worlds without a pacer,
+    /// global rules over every limited seller.
+    fn draw_rule_sets(&mut self, seed: u64) {
+        let mut g = StdRng::seed_from_u64(seed ^ RULES_SALT);
+        let periods = [250u64, 1000, 2000, 5000];
+        let draw = |g: &mut StdRng, limits: std::ops::RangeInclusive<u64>| {
+            let period = Duration::from_millis(periods[g.random_range(0..periods.len())]);
+            let limit = g.random_range(limits);
+            match g.random_range(0..6) {
+                0 => rule("fixed_window", limit, period, None),
+                1 => rule("sliding_window_log", limit, period, None),
+                2 => rule("sliding_window_counter", limit, period, None),
+                3 => rule("burst_fill", limit, period, None),
+                4 => rule(
+                    "token_bucket",
+                    limit,
+                    period,
+                    Some(limit + g.random_range(0..=limit)),
+                ),
+                _ => rule("gcra", limit, period, Some(g.random_range(1..=limit))),
+            }
+        };
+        let paced = |r: &RuleConfig| r.algorithm == "leaky_bucket";
+        for (i, s) in self.sellers.iter_mut().enumerate() {
+            let Some(own) = s.rule.as_mut().filter(|r| !paced(r)) else {
+                continue;
+            };
+            if g.random_bool(0.3) {
+                own.algorithm = if g.random_bool(0.5) {
+                    "sliding_window_counter"
+                } else {
+                    "burst_fill"
+                }
+                .to_owned();
+                own.burst = None;
+            }
+            if g.random_bool(0.3) {
+                let mut more: Vec<RuleConfig> = Vec::new();
+                for _ in 0..g.random_range(1..=2) {
+                    let r = draw(&mut g, 1..=30);
+                    // A rule listed twice is refused by the config.
+                    if r != *own && !more.contains(&r) {
+                        more.push(r);
+                    }
+                }
+                self.more_rules.insert(i, more);
+            }
+        }
+        let any_pacer = self
+            .sellers
+            .iter()
+            .any(|s| s.rule.as_ref().is_some_and(paced));
+        if !any_pacer && g.random_bool(0.3) {
+            for _ in 0..g.random_range(1..=2) {
+                let r = draw(&mut g, 5..=60);
+                if !self.global.contains(&r) {
+                    self.global.push(r);
+                }
+            }
+        }
+    }
+
+    /// A limited seller's own rules: its drawn one and those held with it.
+    pub fn rules_of(&self, seller: usize) -> Vec<RuleConfig> {
+        let s = &self.sellers[seller];
+        s.rule
+            .iter()
+            .chain(self.more_rules.get(&seller).into_iter().flatten())
+            .cloned()
+            .collect()
     }
 
     /// The unit of order `job` belongs to (the invariant's own reading of
@@ -412,8 +551,8 @@ impl Scenario {
         let mut sellers = BTreeMap::new();
         for (i, s) in self.sellers.iter().enumerate() {
             let mut cfg = match &s.rule {
-                Some(r) => SellerConfig {
-                    rules: Some(vec![r.clone()]),
+                Some(_) => SellerConfig {
+                    rules: Some(self.rules_of(i)),
                     max_in_flight: s.max_in_flight,
                     ..SellerConfig::default()
                 },
@@ -430,7 +569,7 @@ impl Scenario {
         LimitsConfig {
             file: None,
             default: vec![rule("fixed_window", 10, Duration::from_secs(1), None)],
-            global: Vec::new(),
+            global: self.global.clone(),
             tiers: BTreeMap::new(),
             sellers,
             learn: self.learn.clone().unwrap_or_default(),
