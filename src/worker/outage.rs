@@ -47,6 +47,10 @@ enum State {
         probes: u32,
         /// The seller whose call is the probe under way.
         prober: Option<Arc<str>>,
+        /// When the downstream last said it is down for a while (a 5xx
+        /// with Retry-After): an answer to a call started before that
+        /// says nothing of the hold.
+        told: Option<Instant>,
     },
 }
 
@@ -143,6 +147,19 @@ impl Outage {
         }
     }
 
+    /// Whether an answer to a call started at `started_at` came from before
+    /// the downstream said it is down for a while (a 5xx with
+    /// Retry-After): a call it took before its maintenance began tells
+    /// nothing of the maintenance, and must not end the hold.
+    pub(super) fn predates_hold(&self, started_at: Instant) -> bool {
+        matches!(&self.state, State::Open { told: Some(t), .. } if started_at < *t)
+    }
+
+    /// Whether `seller`'s call is the probe of an open breaker.
+    pub(super) fn probing(&self, seller: &Arc<str>) -> bool {
+        matches!(&self.state, State::Open { prober: Some(p), .. } if p == seller)
+    }
+
     /// Whether a seller with `runs` under way waits for them to end before
     /// it asks: during an outage a second call at once could be a second
     /// probe.
@@ -210,13 +227,23 @@ impl Outage {
             }
             Health::Down { retry_after } => match &mut self.state {
                 State::Open {
-                    next_probe, prober, ..
+                    next_probe,
+                    prober,
+                    told,
+                    ..
                 } => {
                     *next_probe = (*next_probe).max(after(now, retry_after));
                     *prober = None;
+                    *told = Some(now);
                     Recorded::default()
                 }
-                State::Closed { .. } => self.open(now, retry_after),
+                State::Closed { .. } => {
+                    let opened = self.open(now, retry_after);
+                    if let State::Open { told, .. } = &mut self.state {
+                        *told = Some(now);
+                    }
+                    opened
+                }
             },
         }
     }
@@ -227,6 +254,7 @@ impl Outage {
             next_probe: after(now, first_probe),
             probes: 0,
             prober: None,
+            told: None,
         };
         Recorded {
             turned: Some(Turned::Opened),
@@ -254,6 +282,33 @@ mod tests {
         s.downstream.outage_after_failures = 3;
         s.downstream.max_outage_probe_interval = Duration::from_secs(2);
         Outage::new(&s.downstream)
+    }
+
+    /// Issue 53 (simulation seed 1082): a call accepted before a 503 with
+    /// Retry-After answers 2xx after it; that does not end the hold. An
+    /// answer to a call started after the 503 (the probe) does.
+    #[test]
+    fn a_success_of_a_call_from_before_a_retry_after_says_nothing_of_it() {
+        let mut o = outage();
+        let before = Instant::now();
+        let told = before + Duration::from_millis(60);
+        o.record(
+            Health::Down {
+                retry_after: Duration::from_secs(26),
+            },
+            told,
+        );
+        assert!(o.is_open());
+        assert!(o.predates_hold(before), "left before the 503 was read");
+        let probe = told + Duration::from_secs(26);
+        assert!(!o.predates_hold(probe), "the probe left after it");
+        // Failures open the breaker without a Retry-After: any answer
+        // closes it, as before.
+        let mut o = outage();
+        for job_id in ["j1", "j2", "j1"] {
+            o.record(Health::Failed { job_id }, told);
+        }
+        assert!(o.is_open() && !o.predates_hold(before));
     }
 
     #[test]

@@ -73,6 +73,10 @@ impl<X: Ports> Engine<X> {
             self.deps.clock.clone(),
         );
         let call_timeout = self.settings.downstream.timeout;
+        // An open breaker (a downstream down, or one that said so with a
+        // 503's Retry-After) lets only its probe's call out, also from
+        // work granted before it opened.
+        let (open, probe) = (self.downstream_open.clone(), self.outage.probing(&seller));
         self.tasks += 1;
         for (_, p) in &batch {
             self.handoff.started(&p.origin);
@@ -86,8 +90,13 @@ impl<X: Ports> Engine<X> {
             // A revoked job is not called, nor one whose partition is being
             // revoked: its new owner does. Nor any while the session may be
             // lost (issue 53): they wait for it to be confirmed.
-            let go =
-                |o: &Origin| !stopped() && !paused() && !source.fenced() && source.may_start(o);
+            let go = |o: &Origin| {
+                !stopped()
+                    && !paused()
+                    && (probe || !open.load(std::sync::atomic::Ordering::Relaxed))
+                    && !source.fenced()
+                    && source.may_start(o)
+            };
             // Nor one whose max_in_flight slot may lapse before the call
             // ends: another replica may take it meanwhile (issue 53). It
             // goes back, and is asked for again with a fresh slot.
@@ -233,8 +242,14 @@ impl<X: Ports> Engine<X> {
         // What the answer says of the downstream as a whole, whoever owns
         // the job now.
         let health = answers::health(&outcome, &p.job.job_id);
-        for seller in self.record_health(health, now) {
-            self.ask_if_ready(&seller);
+        // A success of a call that left before the downstream said it is
+        // down for a while (503 with Retry-After) does not end that hold.
+        let stale =
+            matches!(health, Health::Answered) && self.outage.predates_hold(timing.started_at);
+        if !stale {
+            for seller in self.record_health(health, now) {
+                self.ask_if_ready(&seller);
+            }
         }
         // Its partition may be asked about again, while the rest of the
         // run is out: in its turn.
@@ -332,6 +347,8 @@ impl<X: Ports> Engine<X> {
     /// reports the breaker opening or closing. Returns the sellers to wake.
     fn record_health(&mut self, health: Health<'_>, now: Instant) -> Vec<Arc<str>> {
         let recorded = self.outage.record(health, now);
+        self.downstream_open
+            .store(self.outage.is_open(), std::sync::atomic::Ordering::Relaxed);
         match recorded.turned {
             Some(Turned::Opened) => DownstreamOutage {
                 open: true,
@@ -432,7 +449,10 @@ impl<X: Ports> Engine<X> {
         // A 429 is an answer: the downstream is up. A probe that ended
         // without an answer lets the next seller probe.
         self.outage.probe_dropped(&key);
-        if !throttled.is_empty() {
+        let fresh_429 = throttled
+            .iter()
+            .any(|t| !self.outage.predates_hold(t.started_at));
+        if fresh_429 {
             let now = self.deps.clock.now();
             for seller in self.record_health(Health::Answered, now) {
                 if seller != key {
