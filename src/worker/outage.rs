@@ -155,11 +155,6 @@ impl Outage {
         matches!(&self.state, State::Open { told: Some(t), .. } if started_at < *t)
     }
 
-    /// Whether `seller`'s call is the probe of an open breaker.
-    pub(super) fn probing(&self, seller: &Arc<str>) -> bool {
-        matches!(&self.state, State::Open { prober: Some(p), .. } if p == seller)
-    }
-
     /// Whether a seller with `runs` under way waits for them to end before
     /// it asks: during an outage a second call at once could be a second
     /// probe.

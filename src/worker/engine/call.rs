@@ -73,10 +73,6 @@ impl<X: Ports> Engine<X> {
             self.deps.clock.clone(),
         );
         let call_timeout = self.settings.downstream.timeout;
-        // An open breaker (a downstream down, or one that said so with a
-        // 503's Retry-After) lets only its probe's call out, also from
-        // work granted before it opened.
-        let (open, probe) = (self.downstream_open.clone(), self.outage.probing(&seller));
         self.tasks += 1;
         for (_, p) in &batch {
             self.handoff.started(&p.origin);
@@ -90,13 +86,8 @@ impl<X: Ports> Engine<X> {
             // A revoked job is not called, nor one whose partition is being
             // revoked: its new owner does. Nor any while the session may be
             // lost (issue 53): they wait for it to be confirmed.
-            let go = |o: &Origin| {
-                !stopped()
-                    && !paused()
-                    && (probe || !open.load(std::sync::atomic::Ordering::Relaxed))
-                    && !source.fenced()
-                    && source.may_start(o)
-            };
+            let go =
+                |o: &Origin| !stopped() && !paused() && !source.fenced() && source.may_start(o);
             // Nor one whose max_in_flight slot may lapse before the call
             // ends: another replica may take it meanwhile (issue 53). It
             // goes back, and is asked for again with a fresh slot.
@@ -347,8 +338,6 @@ impl<X: Ports> Engine<X> {
     /// reports the breaker opening or closing. Returns the sellers to wake.
     fn record_health(&mut self, health: Health<'_>, now: Instant) -> Vec<Arc<str>> {
         let recorded = self.outage.record(health, now);
-        self.downstream_open
-            .store(self.outage.is_open(), std::sync::atomic::Ordering::Relaxed);
         match recorded.turned {
             Some(Turned::Opened) => DownstreamOutage {
                 open: true,

@@ -156,9 +156,6 @@ pub struct Engine<X: Ports> {
     tiers: RetryTiers,
     partitions: Partitions,
     outage: Outage,
-    /// The breaker is open: runs already granted call nothing but the
-    /// probe (read by their tasks, set with every answer's health).
-    downstream_open: Arc<std::sync::atomic::AtomicBool>,
     timers: Timers,
     /// Jobs and bytes in memory: waiting, delayed, parked, running, being
     /// written; fetching pauses at `worker.max_buffered` or
@@ -214,7 +211,6 @@ impl<X: Ports> Engine<X> {
             tiers: RetryTiers::new(&settings),
             partitions: Partitions::new(&settings.kafka.topic, deps.jobs_partitions),
             outage: Outage::new(&settings.downstream),
-            downstream_open: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             timers: Timers::default(),
             memory: Memory::new(
                 settings.worker.max_buffered,
