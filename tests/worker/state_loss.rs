@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::redis_server::RedisServer;
 use crate::common::rule;
-use crate::common::worker::{always_ok, job, policy, Bench, Downstream, Running};
+use crate::common::worker::{always_ok, job, policy, wait_all_calling, Bench, Downstream, Running};
 use throttle_worker::config::OnStateLoss;
 
 /// `heavy`'s rule: GCRA, 10 per second with a burst of 20. Its backlog
@@ -238,11 +238,14 @@ async fn an_hour_used_up_across_a_restart(restore_bytes: usize) -> usize {
         Running::start(settings.clone(), rules()),
         Running::start(settings, rules()),
     ];
+    // Settled first: a grant whose partition moves before its call is
+    // spent all the same, and the hour would end short of 60 calls.
+    wait_all_calling(&bench, &down, 3, Duration::from_secs(60)).await;
     // Keyed by job: every replica's partitions hold some of them.
     let records: Vec<_> = (0..150).map(|i| job(&format!("h-{i}"), "hot")).collect();
     bench.produce(&records).await;
     down.wait_for("the hour used up", Duration::from_secs(60), |a| {
-        a.len() >= LIMIT
+        a.iter().filter(|a| a.seller == "hot").count() >= LIMIT
     })
     .await;
     // Every replica has asked again and been told to wait the hour.
@@ -259,7 +262,7 @@ async fn an_hour_used_up_across_a_restart(restore_bytes: usize) -> usize {
     for w in workers {
         w.stop().await;
     }
-    down.arrivals().len()
+    down.arrivals().iter().filter(|a| a.seller == "hot").count()
 }
 
 /// Issue 52, item 2, judged at the downstream: three replicas use up a
@@ -267,7 +270,7 @@ async fn an_hour_used_up_across_a_restart(restore_bytes: usize) -> usize {
 /// wait of 2 s the seller gets nothing more within the hour: each replica
 /// wrote back its own grants during the hold. The same run with no room
 /// for grants (`restore_bytes = 0`, nothing restored) starts the hour
-/// over and sends about a whole second window.
+/// over for the replicas the new jobs reach (17 to 60 calls more, seen).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_replicas_restore_a_used_up_hour_after_redis_restarts_empty() {
     let restored = an_hour_used_up_across_a_restart(16 << 20).await;
@@ -276,8 +279,11 @@ async fn three_replicas_restore_a_used_up_hour_after_redis_restarts_empty() {
         "sliding log 60/h, 3 replicas, Redis restarted empty, state_loss_wait 2s: {restored} calls with restores, {forgotten} without"
     );
     assert_eq!(restored, 60, "the hour held across the loss");
+    // The judge has teeth: with nothing restored, the replicas whose own
+    // refusal has not told them to wait (those the new jobs land on) get
+    // a fresh hour.
     assert!(
-        forgotten > 90,
-        "without restores a fresh hour should let about 60 more through, got {forgotten}"
+        forgotten > 60,
+        "without restores a fresh hour should let more than 60 through, got {forgotten}"
     );
 }
