@@ -457,7 +457,7 @@ end
 -- rule has written, an empty slot set), not on every call: a seller
 -- whose places are all written needs nothing of it (issue 37). `found`
 -- is 1 once this call found the epoch gone and wrote it, 2 when it wrote
--- it for a new install.
+-- it for a new install, 3 when it found a rollback (rollback_hold).
 local function new_guard(key, how, charge, fresh, max)
   return { key = key, wait = how == 'wait', charge = charge, fresh = fresh, max = max, found = 0 }
 end
@@ -532,6 +532,150 @@ local function lost_fill(r, G, now)
   r.algo.take(h, st, r, lost, cap, 'lost')
   put(h, 'fp', r.fp)
   return nil
+end
+
+-- A partial loss (issue 52, item 3): Redis failed over to a replica that
+-- missed the last writes, or a seller's key was put back from an older
+-- copy. The epoch survives that, so lost_fill sees nothing; the seller's
+-- hash simply holds less than its replicas were granted. Each replica
+-- carries, per seller, the instant of its own last grant there and how
+-- long the state must live after it (its reply's reset: the hash cannot
+-- have expired before), and writes that instant into the seller's hash
+-- as `w:<tag>` (its tag: a short name of the replica) with every grant.
+-- A call that finds its own mark older than what it carries, while the
+-- state must still be there and after the epoch's last loss, has found
+-- the state moved backwards: it refuses to go on from it. It holds the
+-- whole hash until now plus the bound (`ph`; `pf` names the find), and
+-- lists the find in the rollbacks key (`reg`), which every replica
+-- watches: each writes back its grants since the point the state went
+-- back to (restore.lua). A find needs a bounded 'wait' guard and the
+-- marks (`seen`, from the call's ARGV); the hold is read by every
+-- guarded call.
+--
+-- The seen token: '<tag> <e1>,<e2>,...', one entry per request, each
+-- '<at µs>:<live until µs>' or '-' (nothing carried).
+local function parse_seen(token)
+  if token == nil or token == '' then
+    return nil, nil
+  end
+  local tag, list = string.match(token, '^(%S+) (.*)$')
+  if tag == nil then
+    return nil, nil, 'malformed seen token'
+  end
+  local seen, q = {}, 0
+  for e in string.gmatch(list, '[^,]+') do
+    q = q + 1
+    local at, live = string.match(e, '^(%d+):(%d+)$')
+    if at ~= nil then
+      seen[q] = { at = tonumber(at), live = tonumber(live) }
+    elseif e ~= '-' then
+      return nil, nil, 'malformed seen entry ' .. e
+    end
+  end
+  return tag, seen
+end
+
+-- Adds a call's partial-loss marks to its guard (rollback_hold, below):
+-- `token` the seen token, `reg` the rollbacks key. Returns an error
+-- message for a malformed token.
+local function guard_seen(G, token, reg)
+  local tag, seen, err = parse_seen(token)
+  if err ~= nil then
+    return err
+  end
+  if tag ~= nil and reg == nil then
+    return 'a call with seen marks needs the rollbacks key after the epoch key'
+  end
+  G.tag, G.seen, G.reg = tag, seen, reg
+  return nil
+end
+
+-- How long the rollbacks key keeps a find: far past any bound, so a
+-- replica that missed a read still finds it.
+local ROLLED_KEEP_US = 600000000
+
+-- The instant a rollback holds request `q`'s seller hash `H` until (nil:
+-- none). Finds one when this replica's mark says so (see above).
+local function rollback_hold(G, H, q, now)
+  if G == nil then
+    return nil
+  end
+  local ph = hget(H, 'ph')
+  if ph ~= nil then
+    ph = tonumber(ph)
+    if now < ph then
+      return ph
+    end
+    -- Past it: gone (`pf` stays, for a late restore's check).
+    widen(H)
+    H.t.ph = nil
+    H.dirty.ph = true
+  end
+  local e = G.seen ~= nil and G.seen[q] or nil
+  if e == nil or not G.charge or not G.wait or G.max == nil or now >= e.live then
+    return nil
+  end
+  local mine = num(hget(H, 'w:' .. G.tag), 0)
+  if mine >= e.at then
+    return nil
+  end
+  -- A grant from before the epoch's last loss: a whole loss, which the
+  -- epoch's own restores cover.
+  if G.at == nil then
+    G.at, G.found = state_epoch(G.key, now, G.charge, G.fresh)
+  end
+  if G.at >= e.at then
+    return nil
+  end
+  local hold = now + G.max
+  hset(H, 'ph', I(hold))
+  hset(H, 'pf', I(now))
+  local ms = cdiv(G.max, 1000) + EXPIRY_SLACK_MS
+  if ms > H.ttl then
+    H.ttl = ms
+  end
+  redis.call('ZADD', G.reg, I(now), I(now) .. ' ' .. I(mine) .. ' ' .. H.key)
+  redis.call('ZREMRANGEBYSCORE', G.reg, '-inf', '(' .. I(now - ROLLED_KEEP_US))
+  redis.call('PEXPIRE', G.reg, cdiv(ROLLED_KEEP_US, 1000))
+  if G.found == 0 then
+    G.found = 3
+  end
+  return hold
+end
+
+-- How long a whole use of rule `r` taken at `at` counts: the longest any
+-- state of it can need keeping.
+local function whole_use_reach(r, at)
+  local h = r.h
+  local empty = { key = h.key, p = h.p, hash = { raw = {}, w = {}, ttl = 0 } }
+  return r.algo.reset(r.algo.load(empty, r, at), r, at, r.algo.cap(r))
+end
+
+-- Marks this replica's grant in the seller's hash (see rollback_hold).
+-- A busy seller's hash never expires, so the marks of replicas gone since
+-- (every deploy brings new ones) would pile up in it: a mark older than
+-- the rules' longest whole use is no longer carried by anyone (a replica
+-- carries its mark only while its grant's reset runs, which a whole use's
+-- reach bounds), and goes whenever the hash is read as a table (past
+-- SCAN_FIELDS fields, where the marks would be).
+local function mark_grant(G, H, now, rules)
+  if G == nil or G.tag == nil then
+    return
+  end
+  hset(H, 'w:' .. G.tag, I(now))
+  if H.t == nil then
+    return
+  end
+  local reach = 0
+  for i = 1, #rules do
+    reach = math.max(reach, whole_use_reach(rules[i], now))
+  end
+  for f, v in pairs(H.t) do
+    if string.sub(f, 1, 2) == 'w:' and tonumber(v) < now - reach then
+      H.t[f] = nil
+      H.dirty[f] = true
+    end
+  end
 end
 
 -- A rule's state as the decision reads it, its place first made its own

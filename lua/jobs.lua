@@ -39,6 +39,12 @@
 --             rise of a learnt factor in ppm per second (learn.lua);
 --             requests whose block is the `block` field of the seller's
 --             hash ('f') run on their learnt rules
+--           then, optionally, the seen token ('' or absent: none; only
+--             with a loss guard): '<tag> <entry>,...', an entry per
+--             request, '<at µs>:<live until µs>' or '-': the replica's
+--             last grant in the seller's hash, which a partial loss may
+--             have taken back (rollback_hold, common.lua), with the
+--             rollbacks key after the epoch key in KEYS
 -- KEYS      per request: the seller's hash, then one key per rule (the
 --           seller's hash, repeated, and the global rules' hash); then,
 --           with slot terms, the seller's slots (slots.lua); then, with
@@ -66,9 +72,10 @@
 --   answers status 0, by 0, next 1, every wait 0.
 -- With a loss guard, one more integer ends the reply: 1 when this call
 -- read the epoch, found it gone and wrote it (the state was lost), 2 when
--- it wrote it for a new install ('+new'), else 0. Exactly one charging
--- call per loss answers 1 or 2: the first to meet a place or slot set the
--- loss emptied.
+-- it wrote it for a new install ('+new'), 3 when it found that a seller's
+-- state went back behind this replica's own grants (a partial loss), else
+-- 0. Exactly one charging call per loss answers 1 or 2: the first to meet
+-- a place or slot set the loss emptied.
 -- Reply of 'cancel': one integer per request (see cancel_request).
 
 -- The index of the first rule whose capacity `cost` exceeds, else 0. A
@@ -127,7 +134,7 @@ end
 
 -- Helpers are file-level functions rather than closures: with Functions
 -- the file runs once per load, and a call then allocates no closures.
-local function jobs_request(out, now, charge, id, until_, rules, costs, slots, G)
+local function jobs_request(out, now, charge, id, until_, rules, costs, slots, G, held)
   local first_never = never_rule(rules, costs[1])
   if first_never > 0 then
     return jobs_reply(out, now, -1, 0, 0, 0, 0, now, first_never, 0, 2)
@@ -135,8 +142,12 @@ local function jobs_request(out, now, charge, id, until_, rules, costs, slots, G
 
   local states, avail = {}, {}
   local n = nil
-  -- A bounded loss (lost_fill) holds the list until `hold`, by rule `hby`.
+  -- A bounded loss (lost_fill) or a rollback (`held`, rollback_hold)
+  -- holds the list until `hold`, by rule `hby`.
   local hold, hby = 0, 0
+  if held ~= nil then
+    hold, hby = held, 1
+  end
   for i = 1, #rules do
     local r = rules[i]
     local held
@@ -305,6 +316,7 @@ local function run_jobs(KEYS, ARGV, op, now, real)
   if guard ~= '' and KEYS[k] == nil then
     return redis.error_reply('a call with a loss guard needs the epoch key last')
   end
+  local seen = ARGV[a + 4] or ''
   if op == 'cancel' then
     local out = {}
     for q = 1, nreq do
@@ -330,6 +342,10 @@ local function run_jobs(KEYS, ARGV, op, now, real)
   local G = nil
   if guard ~= '' then
     G = new_guard(KEYS[k], how, charge, fresh, max)
+    local serr = guard_seen(G, seen, KEYS[k + 1])
+    if serr ~= nil then
+      return redis.error_reply(serr)
+    end
   end
   local out = {}
   for q = 1, nreq do
@@ -346,11 +362,16 @@ local function run_jobs(KEYS, ARGV, op, now, real)
       if rise ~= nil and r.how == 'f' and #rules > 0 then
         rules = learn_rules(rules, open_hash(hashes, r.block_key), now, rise, r.costs[1])
       end
-      jobs_request(out, now, charge, r.id, until_, rules, r.costs, r.slots, G)
+      local held = nil
+      if r.how == 'f' and #rules > 0 then
+        held = rollback_hold(G, open_hash(hashes, r.block_key), q, now)
+      end
+      jobs_request(out, now, charge, r.id, until_, rules, r.costs, r.slots, G, held)
       -- This request's row: status, then units.
       local units = out[#out - 11]
       if H ~= nil and out[#out - 12] == 1 and units > 0 and #r.rules > 0 then
         calls_write(H, now, life, r.id, units)
+        mark_grant(G, H, now, rules)
       end
     end
   end

@@ -444,6 +444,7 @@ impl<S: Store> Limiter<S> {
             max_wait_us: self
                 .state_loss_wait
                 .map(|w| u64::try_from(w.as_micros()).unwrap_or(u64::MAX)),
+            seen: self.seen(requests),
         })
     }
 

@@ -122,6 +122,14 @@ impl KeySpace {
         }
     }
 
+    /// Where a call that finds a seller's state gone back (a partial
+    /// loss, `rollback_hold` in `lua/common.lua`) lists the find for every
+    /// replica to restore its part: a sorted set by the find's instant, in
+    /// the epoch's slot (single topology only).
+    pub fn rollbacks(&self) -> String {
+        format!("{}:{{epoch}}:rolled", self.prefix)
+    }
+
     /// What `dlq replay` has replayed from dead-letter topic `topic`: a
     /// hash of `partition:offset` → marker (one key: a replay is one
     /// client's sequential work, never hot).

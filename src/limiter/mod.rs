@@ -115,11 +115,11 @@ pub use learn::{Blocked, LearnTerms, Learnt};
 pub use pauses::{Pause, Pauses};
 pub use policy::{Policy, Resolved, Share, SLOT_POLL};
 pub use redis::{RedisError, RedisStore, Scripts};
-pub use reply::{EpochFound, JobsAnswer, JobsReply, MalformedReply, Reply};
+pub use reply::{EpochFound, JobsAnswer, JobsReply, MalformedReply, Reply, RollbackFound};
 pub use restore::RestoreReport;
 pub use rule::{Algorithm, Rule, RuleError};
 pub use script::{
     call_life_us, release_args, BlockAt, BlockCall, BlockRead, FunctionLibrary, JobsCall,
-    JobsRequest, KeyedRule, LossGuard, RefundCall, SlotTerms, StateKey,
+    JobsRequest, KeyedRule, Loss, LossGuard, RefundCall, RestoreCall, Seen, SlotTerms, StateKey,
 };
 pub use store::Store;

@@ -23,6 +23,14 @@ use super::script::KeyedRule;
 /// a period / SLICES later than it was taken.
 pub const SLICES: u64 = 32;
 
+/// Grants kept exactly, per hash, besides the slices: those of the last
+/// [`RECENT_US`], at most [`RECENT_MAX`]. A partial loss takes back the
+/// last moments of writes (a failover's replication lag), and its restore
+/// must tell the grants after the point the state went back to from those
+/// before it, which a slice of an hour's rule (almost two minutes) cannot.
+pub const RECENT_US: u64 = 10_000_000;
+pub const RECENT_MAX: usize = 64;
+
 /// One slice of grants: `units` granted from `first_us` to `last_us`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Slice {
@@ -56,6 +64,15 @@ struct Seller {
     touched: u64,
     rules: Vec<RulePart>,
     bytes: usize,
+    /// A seller's own hash: this replica's last grant there and until when
+    /// the hash must live after it (µs on Redis' clock), carried on each
+    /// call to find a partial loss (`rollback_hold`, `lua/common.lua`).
+    mark: Option<(u64, u64)>,
+    /// The grants of the last [`RECENT_US`] exactly, `(µs, units)`, and
+    /// the newest instant among those dropped from it: every grant after
+    /// that is here.
+    recent: VecDeque<(u64, u64)>,
+    recent_from: u64,
 }
 
 /// One hash's parts (a seller's, or the global rules'), as a restore
@@ -66,6 +83,9 @@ pub struct SellerPart {
     /// The hash the rules' places are in.
     pub key: Arc<str>,
     pub rules: Vec<(KeyedRule, Vec<(u64, u64)>)>,
+    /// This replica's last grant in the hash (µs), when it is a seller's:
+    /// the restore writes it as the replica's mark.
+    pub last_us: Option<u64>,
 }
 
 /// A replica's recent grants, per seller and rule, within a byte budget.
@@ -131,6 +151,9 @@ impl Parts {
             touched: 0,
             rules: Vec::new(),
             bytes: 0,
+            mark: None,
+            recent: VecDeque::new(),
+            recent_from: 0,
         });
         self.order.remove(&entry.touched);
         entry.touched = tick;
@@ -173,8 +196,19 @@ impl Parts {
             }
         }
         entry.rules.retain(|p| !p.slices.is_empty());
+        entry.recent.push_back((at_us, units));
+        while entry.recent.len() > RECENT_MAX
+            || entry
+                .recent
+                .front()
+                .is_some_and(|&(at, _)| at.saturating_add(RECENT_US) < at_us)
+        {
+            let (at, _) = entry.recent.pop_front().expect("not empty");
+            entry.recent_from = entry.recent_from.max(at);
+        }
         let bytes = size_of::<Seller>()
             + seller.len()
+            + entry.recent.capacity() * size_of::<(u64, u64)>()
             + entry.rules.iter().map(RulePart::bytes).sum::<usize>();
         self.bytes = self.bytes + bytes - entry.bytes;
         entry.bytes = bytes;
@@ -209,34 +243,102 @@ impl Parts {
         }
     }
 
+    /// A grant of `at_us` in a seller's own hash `key` (recorded first),
+    /// after which the hash lives until `live_us` at least.
+    pub fn mark(&mut self, key: &str, at_us: u64, live_us: u64) {
+        if let Some(s) = self.sellers.get_mut(key) {
+            if s.mark.is_none_or(|(at, _)| at <= at_us) {
+                s.mark = Some((at_us, live_us));
+            }
+        }
+    }
+
+    /// This replica's last grant in `key` and until when the hash lives.
+    pub fn marked(&self, key: &str) -> Option<(u64, u64)> {
+        self.sellers.get(key)?.mark
+    }
+
     /// Every seller's grants before `lost_us`, as restores send them: a
     /// slice that ends after the loss is sent whole, at the loss less 1 µs
     /// (some of it may count twice: later, never less).
     pub fn before(&self, lost_us: u64) -> Vec<SellerPart> {
         self.sellers
             .iter()
-            .filter_map(|(seller, s)| {
-                let rules: Vec<(KeyedRule, Vec<(u64, u64)>)> = s
-                    .rules
-                    .iter()
-                    .map(|p| {
-                        let part = p
-                            .slices
-                            .iter()
-                            .filter(|sl| sl.first_us < lost_us)
-                            .map(|sl| (sl.last_us.min(lost_us - 1), sl.units))
-                            .collect();
-                        (p.rule.clone(), part)
-                    })
-                    .filter(|(_, part): &(KeyedRule, Vec<(u64, u64)>)| !part.is_empty())
-                    .collect();
-                (!rules.is_empty()).then(|| SellerPart {
-                    key: seller.clone(),
-                    rules,
-                })
-            })
+            .filter_map(|(key, s)| part_of(key, s, lost_us))
             .collect()
     }
+
+    /// One hash's grants before `found_us`, as the restore of a partial
+    /// loss sends them: the recent ones each at its own instant, so the
+    /// script can keep exactly those after the point the state went back
+    /// to; older ones by slice, at the slice's last grant (or the oldest
+    /// kept exactly, when the slice goes on into them).
+    pub fn before_in(&self, key: &str, found_us: u64) -> Option<SellerPart> {
+        let (key, s) = self.sellers.get_key_value(key)?;
+        let exact: Vec<(u64, u64)> = s
+            .recent
+            .iter()
+            .copied()
+            .filter(|&(at, _)| at < found_us)
+            .collect();
+        let rules: Vec<(KeyedRule, Vec<(u64, u64)>)> = s
+            .rules
+            .iter()
+            .map(|p| {
+                let start = p.slices.front().map_or(u64::MAX, |sl| sl.first_us);
+                let mut part: Vec<(u64, u64)> = p
+                    .slices
+                    .iter()
+                    .filter(|sl| sl.first_us < found_us && sl.first_us <= s.recent_from)
+                    .filter_map(|sl| {
+                        // The slice's grants that are not kept exactly.
+                        let kept: u64 = s
+                            .recent
+                            .iter()
+                            .filter(|&&(at, _)| at >= sl.first_us && at <= sl.last_us)
+                            .map(|&(_, n)| n)
+                            .sum();
+                        let older = sl.units.saturating_sub(kept);
+                        let at = sl.last_us.min(s.recent_from).min(found_us - 1);
+                        (older > 0).then_some((at, older))
+                    })
+                    .collect();
+                part.extend(exact.iter().copied().filter(|&(at, _)| at >= start));
+                part.sort_unstable();
+                (p.rule.clone(), part)
+            })
+            .filter(|(_, part)| !part.is_empty())
+            .collect();
+        (!rules.is_empty()).then(|| SellerPart {
+            key: key.clone(),
+            rules,
+            last_us: s.mark.map(|(at, _)| at),
+        })
+    }
+}
+
+/// A hash's slices that begin before `before_us`, each at its last grant
+/// (at most `before_us` less 1 µs).
+fn part_of(key: &Arc<str>, s: &Seller, before_us: u64) -> Option<SellerPart> {
+    let rules: Vec<(KeyedRule, Vec<(u64, u64)>)> = s
+        .rules
+        .iter()
+        .map(|p| {
+            let part = p
+                .slices
+                .iter()
+                .filter(|sl| sl.first_us < before_us)
+                .map(|sl| (sl.last_us.min(before_us - 1), sl.units))
+                .collect();
+            (p.rule.clone(), part)
+        })
+        .filter(|(_, part): &(KeyedRule, Vec<(u64, u64)>)| !part.is_empty())
+        .collect();
+    (!rules.is_empty()).then(|| SellerPart {
+        key: key.clone(),
+        rules,
+        last_us: s.mark.map(|(at, _)| at),
+    })
 }
 
 /// This replica's grants and what it knows of the epoch: what the
@@ -244,6 +346,10 @@ impl Parts {
 pub struct Restorer {
     /// The replica's name (its worker id): its part counts once per loss.
     pub(super) replica: String,
+    /// Its short name in the marks of its grants (`w:<tag>`).
+    pub(super) tag: String,
+    /// The last find of a partial loss read (µs), so each is restored once.
+    pub(super) rollbacks_read: Mutex<u64>,
     pub(super) parts: Mutex<Parts>,
     /// The epoch as last read, and the loss last restored.
     pub(super) watch: Mutex<(Option<u64>, Option<u64>)>,
@@ -351,6 +457,61 @@ mod tests {
             vec![(1_100_000, 5)],
             "both sellers' grants"
         );
+    }
+
+    #[test]
+    fn a_partial_loss_gets_recent_grants_each_at_its_instant_and_older_ones_by_slice() {
+        let mut p = Parts::new(1 << 20);
+        // An hour's rule: one slice is almost two minutes wide.
+        let r = [rule(3600)];
+        p.record(&r, 1_000_000, 5);
+        // 19 s later the first grant is no longer kept exactly.
+        p.record(&r, 20_000_000, 2);
+        p.record(&r, 25_000_000, 3);
+        let got = p.before_in("s", 26_000_000).expect("a part");
+        assert_eq!(
+            got.rules[0].1,
+            vec![(1_000_000, 5), (20_000_000, 2), (25_000_000, 3)],
+            "one slice, told apart"
+        );
+        let got = p.before_in("s", 22_000_000).expect("a part");
+        assert_eq!(
+            got.rules[0].1,
+            vec![(1_000_000, 5), (20_000_000, 2)],
+            "nothing from the find on"
+        );
+        assert!(p.before_in("t", 26_000_000).is_none(), "another hash");
+    }
+
+    #[test]
+    fn past_the_most_kept_exactly_the_oldest_go_back_to_their_slice() {
+        let mut p = Parts::new(1 << 20);
+        let r = [rule(3600)];
+        for i in 0..RECENT_MAX as u64 + 2 {
+            p.record(&r, 1_000_000 + i, 1);
+        }
+        let got = p.before_in("s", u64::MAX).expect("a part");
+        let units: u64 = got.rules[0].1.iter().map(|&(_, n)| n).sum();
+        assert_eq!(units, RECENT_MAX as u64 + 2, "every unit, once");
+        assert_eq!(
+            got.rules[0].1[0],
+            (1_000_001, 2),
+            "the two dropped, at the newest of them"
+        );
+    }
+
+    #[test]
+    fn the_mark_is_the_last_grant_and_how_long_the_hash_lives() {
+        let mut p = Parts::new(1 << 20);
+        let r = [rule(60)];
+        assert_eq!(p.marked("s"), None);
+        p.record(&r, 1_000_000, 1);
+        p.mark("s", 1_000_000, 61_000_000);
+        p.mark("s", 900_000, 70_000_000);
+        assert_eq!(p.marked("s"), Some((1_000_000, 61_000_000)), "never back");
+        assert_eq!(p.before(u64::MAX)[0].last_us, Some(1_000_000));
+        p.mark("unknown", 1, 2);
+        assert_eq!(p.marked("unknown"), None, "only a hash with grants");
     }
 
     #[test]

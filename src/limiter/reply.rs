@@ -231,6 +231,39 @@ pub enum EpochFound {
     /// Gone on a new install: this call wrote the epoch as "never lost"
     /// (2; the call said `+new`).
     NewInstall,
+    /// A seller's state had gone back behind this replica's grants (a
+    /// partial loss): this call found it, held the seller and listed the
+    /// find for every replica's restore (3).
+    RolledBack,
+}
+
+/// A partial loss as the rollbacks key lists it (`rollback_hold`,
+/// `lua/common.lua`): a member `'<found µs> <point µs> <hash key>'`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RollbackFound {
+    /// When the call found it.
+    pub found_us: u64,
+    /// The finder's own last grant as the state held it: the state went
+    /// back to this instant or later.
+    pub point_us: u64,
+    /// The seller's hash.
+    pub key: String,
+}
+
+impl RollbackFound {
+    /// A member of the rollbacks key; `None` for one the script never
+    /// writes.
+    pub fn parse(member: &str) -> Option<RollbackFound> {
+        let mut it = member.splitn(3, ' ');
+        let found_us = it.next()?.parse().ok()?;
+        let point_us = it.next()?.parse().ok()?;
+        let key = it.next().filter(|k| !k.is_empty())?.to_owned();
+        Some(RollbackFound {
+            found_us,
+            point_us,
+            key,
+        })
+    }
 }
 
 impl EpochFound {
@@ -240,6 +273,7 @@ impl EpochFound {
             0 => Some(EpochFound::Kept),
             1 => Some(EpochFound::Lost),
             2 => Some(EpochFound::NewInstall),
+            3 => Some(EpochFound::RolledBack),
             _ => None,
         }
     }
@@ -280,6 +314,21 @@ mod tests {
     /// malformed. Case 6: a guarded reply without its flag leaves a short
     /// row, malformed.
     #[test]
+    fn a_rollbacks_member_reads_back_and_anything_else_is_not_a_find() {
+        assert_eq!(
+            RollbackFound::parse("10 7 tw:{s}:v2"),
+            Some(RollbackFound {
+                found_us: 10,
+                point_us: 7,
+                key: "tw:{s}:v2".to_owned()
+            })
+        );
+        for bad in ["", "10", "10 7", "10 7 ", "x 7 k", "10 y k"] {
+            assert_eq!(RollbackFound::parse(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
     fn the_loss_guard_trailer_is_split_off_only_when_the_call_carried_one() {
         let one = JobsAnswer::from_slice(&row(), false).expect("1: a row");
         assert_eq!((one.replies.len(), one.epoch), (1, EpochFound::Kept), "1");
@@ -287,6 +336,7 @@ mod tests {
             (2, 0, EpochFound::Kept),
             (3, 1, EpochFound::Lost),
             (4, 2, EpochFound::NewInstall),
+            (5, 3, EpochFound::RolledBack),
         ] {
             let mut raw = row();
             raw.push(flag);
@@ -298,11 +348,11 @@ mod tests {
             );
         }
         let mut raw = row();
-        raw.push(3);
-        assert!(JobsAnswer::from_slice(&raw, true).is_err(), "5: flag 3");
+        raw.push(4);
+        assert!(JobsAnswer::from_slice(&raw, true).is_err(), "6: flag 4");
         assert!(
             JobsAnswer::from_slice(&row(), true).is_err(),
-            "6: no trailer"
+            "7: no trailer"
         );
     }
 }

@@ -15,6 +15,15 @@
 //! than 0 (a new install's) names a loss. With `redis.topology = cluster`
 //! each hash slot has its own epoch, and a restore is not attempted (the
 //! guarantees page says so).
+//!
+//! A partial loss (a failover to a replica that missed the last writes, a
+//! seller's key put back from an older copy) leaves the epoch as it was.
+//! Each charging call carries this replica's last grant per seller
+//! ([`Seen`]); the call that finds it gone holds the seller and lists the
+//! find (`rollback_hold`, `lua/common.lua`). The same watch reads the
+//! finds ([`Limiter::watch_rollbacks`]) and writes back, for each, this
+//! replica's grants in that seller's hash; the script counts those after
+//! the replica's own last grant the state still holds.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -24,7 +33,7 @@ use futures::stream::{self, StreamExt};
 use super::core::Limiter;
 use super::parts::{lock, Parts, Restorer, SellerPart};
 use super::reply::JobsReply;
-use super::script::{JobsCall, RestoreCall};
+use super::script::{fnv1a, BlockRead, JobsCall, JobsRequest, Loss, RestoreCall, Seen};
 use super::store::Store;
 use crate::config::{OnStateLoss, Topology};
 use crate::telemetry::events::{GrantsKept, LimiterStateRestored};
@@ -35,7 +44,7 @@ const AT_ONCE: usize = 16;
 /// What one restore wrote back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RestoreReport {
-    /// The loss (µs on Redis' clock).
+    /// The loss (µs on Redis' clock): the epoch, or a partial loss's find.
     pub lost_us: u64,
     /// Hashes written back.
     pub hashes: usize,
@@ -51,10 +60,15 @@ impl<S: Store> Limiter<S> {
     /// back after a loss of Redis' data, as `replica`. Takes effect with
     /// `on_state_loss = wait` and a bounded `state_loss_wait`.
     pub fn with_restore(mut self, replica: impl Into<String>, budget: usize) -> Limiter<S> {
+        let replica = replica.into();
         self.restorer = Some(Restorer {
-            replica: replica.into(),
+            // 32 bits name a replica among a fleet's few dozen; the mark
+            // is one short field per replica in each seller's hash.
+            tag: format!("{:08x}", fnv1a(replica.as_bytes()) as u32),
+            replica,
             parts: Mutex::new(Parts::new(budget)),
             watch: Mutex::new((None, None)),
+            rollbacks_read: Mutex::new(0),
         });
         self
     }
@@ -84,12 +98,76 @@ impl<S: Store> Limiter<S> {
             let units: u64 = req.costs[..jobs].iter().sum();
             let at = u64::try_from(reply.head.now_us).unwrap_or(0);
             parts.record(&req.rules, at, units);
+            if units > 0 && carries_mark(req) {
+                let live = u64::try_from(reply.head.reset_after_us).unwrap_or(0);
+                parts.mark(&req.block.key, at, at.saturating_add(live));
+            }
         }
         GrantsKept {
             bytes: parts.bytes(),
             evicted: parts.evicted() - evicted,
         }
         .emit();
+    }
+
+    /// What a charging call of `requests` carries to find a partial loss:
+    /// this replica's tag, so that its grants are marked, and its last
+    /// grant in each seller's hash. `None` when restores are off or in a
+    /// cluster.
+    pub(super) fn seen(&self, requests: &[JobsRequest]) -> Option<Seen> {
+        let (r, _) = self.restoring()?;
+        if self.topology == Topology::Cluster {
+            return None;
+        }
+        let parts = lock(&r.parts);
+        let marks: Vec<Option<(u64, u64)>> = requests
+            .iter()
+            .map(|q| {
+                carries_mark(q)
+                    .then(|| parts.marked(&q.block.key))
+                    .flatten()
+            })
+            .collect();
+        Some(Seen {
+            tag: r.tag.clone(),
+            rollbacks: self.keys.rollbacks(),
+            marks,
+        })
+    }
+
+    /// Reads the finds of partial losses since the last read and writes
+    /// back, for each, this replica's grants in that seller's hash (the
+    /// script keeps those the state lost). Empty when there was none (or restores
+    /// are off, or Redis did not answer: the next read tries again).
+    pub async fn watch_rollbacks(&self) -> Vec<RestoreReport> {
+        let Some((r, _)) = self.restoring() else {
+            return Vec::new();
+        };
+        if self.topology == Topology::Cluster {
+            return Vec::new();
+        }
+        let since = *lock(&r.rollbacks_read);
+        let Ok(found) = self
+            .store
+            .read_rollbacks(&self.keys.rollbacks(), since)
+            .await
+        else {
+            return Vec::new();
+        };
+        let mut reports = Vec::new();
+        for f in found {
+            let loss = Loss::Rollback {
+                found_us: f.found_us,
+            };
+            // A seller this replica never granted (or forgot) has no part.
+            let part = lock(&r.parts).before_in(&f.key, f.found_us);
+            if let Some(part) = part {
+                reports.push(self.restore_parts(loss, vec![part]).await);
+            }
+            let mut read = lock(&r.rollbacks_read);
+            *read = (*read).max(f.found_us);
+        }
+        reports
     }
 
     /// Reads the epoch; when it names a loss this replica has not
@@ -118,6 +196,16 @@ impl<S: Store> Limiter<S> {
     /// Writes back this replica's grants before the loss at `lost_us`,
     /// one call per hash.
     pub async fn restore_after(&self, lost_us: u64) -> RestoreReport {
+        let parts = match self.restoring() {
+            Some((r, _)) => lock(&r.parts).before(lost_us),
+            None => Vec::new(),
+        };
+        self.restore_parts(Loss::Epoch(lost_us), parts).await
+    }
+
+    /// Writes back `parts` after `loss`, one call per hash.
+    async fn restore_parts(&self, loss: Loss, parts: Vec<SellerPart>) -> RestoreReport {
+        let lost_us = loss.at_us();
         let mut report = RestoreReport {
             lost_us,
             hashes: 0,
@@ -128,13 +216,13 @@ impl<S: Store> Limiter<S> {
             return report;
         };
         let started = Instant::now();
-        let parts: Vec<SellerPart> = lock(&r.parts).before(lost_us);
         let calls = parts.into_iter().map(|part| RestoreCall {
             now_us: None,
             replica: r.replica.clone(),
-            lost_us,
+            loss,
             bound_us,
             epoch: self.keys.epoch(self.topology, &part.key),
+            mark: part.last_us.map(|at| (r.tag.clone(), at)),
             rules: part.rules,
         });
         let answers: Vec<_> = stream::iter(calls)
@@ -153,6 +241,7 @@ impl<S: Store> Limiter<S> {
         }
         LimiterStateRestored {
             lost_us,
+            partial: matches!(loss, Loss::Rollback { .. }),
             hashes: report.hashes,
             units: report.units,
             failed: report.failed,
@@ -173,4 +262,11 @@ impl<S: Store> Limiter<S> {
         let quarter = Duration::from_micros(bound_us / 4);
         Some(quarter.clamp(Duration::from_millis(100), Duration::from_secs(1)))
     }
+}
+
+/// Whether a request's seller hash carries this replica's mark: it reads
+/// the block there and has rules of its own (an unlimited seller keeps no
+/// state to go back).
+fn carries_mark(q: &JobsRequest) -> bool {
+    q.block.read == BlockRead::Field && q.rules.iter().any(|(at, _)| at.key == q.block.key)
 }

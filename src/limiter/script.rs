@@ -249,6 +249,34 @@ impl RefundCall {
     }
 }
 
+/// What a restore writes back after ([`RestoreCall`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Loss {
+    /// Redis lost its data: the epoch as the replica read it (µs).
+    Epoch(u64),
+    /// A seller's state went back to an older copy (a failover to a
+    /// replica that missed writes), found at `found_us`
+    /// (`rollback_hold`, `lua/common.lua`).
+    Rollback { found_us: u64 },
+}
+
+impl Loss {
+    /// Its `ARGV[4]` (`lua/restore.lua`).
+    fn wire(self) -> String {
+        match self {
+            Loss::Epoch(at) => at.to_string(),
+            Loss::Rollback { found_us } => format!("r{found_us}"),
+        }
+    }
+
+    /// The instant that names it: the epoch, or the find.
+    pub fn at_us(self) -> u64 {
+        match self {
+            Loss::Epoch(at) | Loss::Rollback { found_us: at } => at,
+        }
+    }
+}
+
 /// A replica's part of a seller's state written back after a loss
 /// (`lua/restore.lua`): per rule, what this replica was granted before
 /// the loss, as `(µs on Redis' clock, units)`, oldest first.
@@ -258,13 +286,16 @@ pub struct RestoreCall {
     pub now_us: Option<u64>,
     /// The replica's name: its part counts once per loss.
     pub replica: String,
-    /// The loss restored: the epoch as the replica read it (µs).
-    pub lost_us: u64,
+    /// The loss restored.
+    pub loss: Loss,
     /// `redis.state_loss_wait` (µs): the hold ends at the loss plus it.
     pub bound_us: u64,
     /// The epoch key, in the slot of the rules' keys.
     pub epoch: String,
     pub rules: Vec<(KeyedRule, Vec<(u64, u64)>)>,
+    /// The replica's tag and its last grant in the hash (µs): written as
+    /// its mark, so that its next call does not find the loss again.
+    pub mark: Option<(String, u64)>,
 }
 
 impl RestoreCall {
@@ -282,15 +313,18 @@ impl RestoreCall {
             "restore".to_owned(),
             self.now_us.map(|n| n.to_string()).unwrap_or_default(),
             self.replica.clone(),
-            self.lost_us.to_string(),
+            self.loss.wire(),
             self.bound_us.to_string(),
             self.rules.len().to_string(),
         ];
-        let rules: Vec<KeyedRule> = self.rules.iter().map(|(r, _)| r.clone()).collect();
-        push_rules(&mut args, &rules);
+        push_rules(&mut args, self.rules.iter().map(|(r, _)| r));
         for (_, part) in &self.rules {
             let wire: Vec<String> = part.iter().map(|(at, n)| format!("{at}:{n}")).collect();
             args.push(wire.join(","));
+        }
+        if let Some((tag, last)) = &self.mark {
+            args.push(tag.clone());
+            args.push(last.to_string());
         }
         args
     }
@@ -372,6 +406,38 @@ pub struct LossGuard {
     /// a rule whose whole use would count longer is held unwritten until
     /// the loss plus this, then starts fresh. `None`: a whole use.
     pub max_wait_us: Option<u64>,
+    /// This replica's last grant per request, which a partial loss may
+    /// have taken back (`rollback_hold`, `lua/common.lua`). `None`: no
+    /// partial loss is looked for.
+    pub seen: Option<Seen>,
+}
+
+/// What a call carries to find a partial loss: per request, this
+/// replica's last grant in the seller's hash and until when that hash
+/// must live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    /// The replica's short name in marks (`w:<tag>`).
+    pub tag: String,
+    /// Where finds are listed ([`KeySpace::rollbacks`](super::keys::KeySpace::rollbacks)).
+    pub rollbacks: String,
+    /// Per request: `(granted at, live until)`, µs on Redis' clock.
+    pub marks: Vec<Option<(u64, u64)>>,
+}
+
+impl Seen {
+    /// The seen token (`parse_seen`, `lua/common.lua`).
+    pub fn wire(&self) -> String {
+        let entries: Vec<String> = self
+            .marks
+            .iter()
+            .map(|m| match m {
+                Some((at, live)) => format!("{at}:{live}"),
+                None => "-".to_owned(),
+            })
+            .collect();
+        format!("{} {}", self.tag, entries.join(","))
+    }
 }
 
 impl LossGuard {
@@ -402,25 +468,34 @@ impl JobsCall {
                     .chain(q.slots.as_ref().map(|s| s.key.as_str()))
             })
             .chain(self.guard.as_ref().map(|g| g.epoch.as_str()))
+            .chain(self.seen().map(|s| s.rollbacks.as_str()))
+    }
+
+    /// The partial-loss marks the call carries, if any.
+    fn seen(&self) -> Option<&Seen> {
+        self.guard.as_ref()?.seen.as_ref()
     }
 
     /// The ARGV that follow [`JobsCall::args`]: the deadline (µs on
-    /// Redis' clock), the life of the call's record (µs), the loss guard
-    /// and the learn terms, each `''` when absent; nothing when all are.
+    /// Redis' clock), the life of the call's record (µs), the loss guard,
+    /// the learn terms and the seen token, each `''` when absent; the
+    /// absent ones after the life left out, and nothing when all are.
     pub fn tail(&self, deadline_us: Option<i64>, life_us: Option<u64>) -> Vec<String> {
-        let guard = self.guard.as_ref().map(LossGuard::wire);
-        if deadline_us.is_none() && life_us.is_none() && guard.is_none() && self.learn.is_none() {
+        let mut tail = vec![
+            deadline_us.map(|d| d.to_string()),
+            life_us.map(|l| l.to_string()),
+            self.guard.as_ref().map(LossGuard::wire),
+            self.learn.map(|rise| rise.to_string()),
+            self.seen().map(Seen::wire),
+        ];
+        // The deadline and the life go together (as before the guard).
+        while tail.len() > 2 && tail.last().is_some_and(Option::is_none) {
+            tail.pop();
+        }
+        if tail.iter().all(Option::is_none) {
             return Vec::new();
         }
-        let mut tail = vec![
-            deadline_us.map(|d| d.to_string()).unwrap_or_default(),
-            life_us.map(|l| l.to_string()).unwrap_or_default(),
-        ];
-        if guard.is_some() || self.learn.is_some() {
-            tail.push(guard.unwrap_or_default());
-        }
-        tail.extend(self.learn.map(|rise| rise.to_string()));
-        tail
+        tail.into_iter().map(Option::unwrap_or_default).collect()
     }
 
     /// ARGV as the call is sent: [`JobsCall::args`] then
@@ -500,7 +575,7 @@ fn rule_keys(rules: &[KeyedRule]) -> impl Iterator<Item = &str> {
 }
 
 /// Per rule: algorithm, limit, period_us, burst, place.
-fn push_rules(args: &mut Vec<String>, rules: &[KeyedRule]) {
+fn push_rules<'a>(args: &mut Vec<String>, rules: impl IntoIterator<Item = &'a KeyedRule>) {
     for (at, r) in rules {
         args.push(r.algorithm().name().to_owned());
         args.push(r.limit().to_string());
@@ -546,5 +621,90 @@ impl BlockCall {
             }),
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(guard: Option<LossGuard>, learn: Option<u64>) -> JobsCall {
+        JobsCall {
+            now_us: None,
+            dry_run: false,
+            requests: Vec::new(),
+            guard,
+            learn,
+        }
+    }
+
+    fn guard(seen: Option<Seen>) -> LossGuard {
+        LossGuard {
+            epoch: "e".to_owned(),
+            on_loss: OnStateLoss::Wait,
+            new_install: false,
+            max_wait_us: Some(3_000_000),
+            seen,
+        }
+    }
+
+    #[test]
+    fn the_tail_keeps_its_places_and_drops_what_trails_absent() {
+        assert!(call(None, None).tail(None, None).is_empty());
+        assert_eq!(call(None, None).tail(Some(5), None), ["5", ""]);
+        assert_eq!(call(None, Some(7)).tail(None, None), ["", "", "", "7"]);
+        assert_eq!(
+            call(Some(guard(None)), None).tail(Some(5), Some(9)),
+            ["5", "9", "wait~3000000"]
+        );
+        let seen = Seen {
+            tag: "0a0b0c0d".to_owned(),
+            rollbacks: "tw:{epoch}:rolled".to_owned(),
+            marks: vec![Some((10, 20)), None],
+        };
+        let c = call(Some(guard(Some(seen))), None);
+        assert_eq!(
+            c.tail(None, None),
+            ["", "", "wait~3000000", "", "0a0b0c0d 10:20,-"],
+            "the seen token after an empty learn term"
+        );
+        assert_eq!(
+            c.keys().collect::<Vec<_>>(),
+            ["e", "tw:{epoch}:rolled"],
+            "the rollbacks key right after the epoch"
+        );
+    }
+
+    #[test]
+    fn a_restore_names_its_loss_and_carries_the_mark_last() {
+        let rule = (
+            StateKey::new("s", "r0"),
+            Rule::new(
+                crate::limiter::Algorithm::FixedWindow,
+                10,
+                Duration::from_secs(60),
+                None,
+            )
+            .expect("a rule"),
+        );
+        let mut r = RestoreCall {
+            now_us: None,
+            replica: "a".to_owned(),
+            loss: Loss::Rollback { found_us: 42 },
+            bound_us: 3,
+            epoch: "e".to_owned(),
+            rules: vec![(rule, vec![(1, 2), (3, 4)])],
+            mark: Some(("t".to_owned(), 3)),
+        };
+        let args = r.args();
+        assert_eq!(args[3], "r42");
+        assert_eq!(&args[args.len() - 3..], ["1:2,3:4", "t", "3"]);
+        r.loss = Loss::Epoch(7);
+        r.mark = None;
+        let args = r.args();
+        assert_eq!(
+            (args[3].as_str(), args.last().map(String::as_str)),
+            ("7", Some("1:2,3:4"))
+        );
     }
 }

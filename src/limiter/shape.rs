@@ -231,7 +231,7 @@ impl Gen {
     fn request(&mut self, s: &Shape) {
         let k = s.rules();
         self.line(
-            "local function shape_request(out, hashes, KEYS, ARGV, a, k, costs, now, G, life, real, rise)",
+            "local function shape_request(out, hashes, KEYS, ARGV, q, a, k, costs, now, G, life, real, rise)",
         );
         self.line("  local id, key = ARGV[a], KEYS[k]");
         self.line("  local H = open_hash(hashes, key)");
@@ -293,8 +293,13 @@ impl Gen {
             self.line("    end");
             self.line("  end");
         }
-        // A bounded loss (lost_fill) holds the list until `hold`, by rule `hby`.
+        // A bounded loss (lost_fill) or a rollback (rollback_hold) holds
+        // the list until `hold`, by rule `hby`.
         self.line("  local hold, hby = 0, 0");
+        if k > 0 {
+            self.line("  local held = rollback_hold(G, H, q, now)");
+            self.line("  if held ~= nil then hold, hby = held, 1 end");
+        }
         for n in 1..=k {
             // The place written by this very rule (the common case) needs
             // neither a conversion nor the loss guard's fill, unless a
@@ -387,6 +392,13 @@ impl Gen {
         }
         if k > 0 {
             self.line("  calls_write(H, now, life, id, units)");
+            let rules = (1..=k)
+                .map(|n| format!("Q{n}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            self.line(format!(
+                "  if G ~= nil and G.tag ~= nil then mark_grant(G, H, now, {{ {rules} }}) end"
+            ));
         }
         self.line(
             "  shape_row(out, 1, units, remaining, retry, reset, go_at, by, jobs, next, tight)",
@@ -485,11 +497,18 @@ impl Gen {
         // The epoch is read at the first need only (common.lua,
         // `guard_lost`): a seller whose places are written needs none.
         self.line("  local G = nil");
-        self.line("  if guard ~= '' then G = new_guard(epoch, how, true, fresh, max) end");
+        self.line("  if guard ~= '' then");
+        self.line("    G = new_guard(epoch, how, true, fresh, max)");
+        self.line(format!(
+            "    local serr = guard_seen(G, ARGV[a + 4] or '', KEYS[nreq * {} + 2])",
+            1 + k
+        ));
+        self.line("    if serr ~= nil then return redis.error_reply(serr) end");
+        self.line("  end");
         self.line("  local out, hashes = { now }, {}");
         self.line("  for q = 1, nreq do");
         self.line(format!(
-            "    shape_request(out, hashes, KEYS, ARGV, 4 + (q - 1) * {}, 1 + (q - 1) * {}, all[q], now, G, life, real, rise)",
+            "    shape_request(out, hashes, KEYS, ARGV, q, 4 + (q - 1) * {}, 1 + (q - 1) * {}, all[q], now, G, life, real, rise)",
             5 + 5 * k,
             1 + k
         ));

@@ -7,7 +7,7 @@
 use std::future::Future;
 
 use super::learn::Blocked;
-use super::reply::JobsReply;
+use super::reply::{JobsReply, RollbackFound};
 use super::script::{BlockAt, BlockCall, JobsCall, RefundCall, RestoreCall};
 use super::shape::Shape;
 
@@ -61,6 +61,17 @@ pub trait Store: Clone + Send + Sync + 'static {
         _key: &str,
     ) -> impl Future<Output = Result<Option<u64>, Self::Error>> + Send {
         async { Ok(None) }
+    }
+
+    /// The finds of partial losses listed at `key` after `after_us` (the
+    /// rollbacks key, `rollback_hold` in `lua/common.lua`), oldest first. A
+    /// store that loses nothing lists none (the default).
+    fn read_rollbacks(
+        &self,
+        _key: &str,
+        _after_us: u64,
+    ) -> impl Future<Output = Result<Vec<RollbackFound>, Self::Error>> + Send {
+        async { Ok(Vec::new()) }
     }
 
     /// Writes back a replica's part of a seller's state after a loss

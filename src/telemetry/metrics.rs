@@ -241,6 +241,11 @@ pub struct Metrics {
     /// slot in a cluster; see [Redis data
     /// loss](../concepts/guarantees.md#redis-data-loss).
     pub limiter_state_lost: Counter,
+    /// Sellers' states found gone back behind this replica's own grants (a
+    /// partial loss: a failover to a replica that missed the last writes,
+    /// a key put back from an older copy); each holds its seller for
+    /// `redis.state_loss_wait` while the fleet restores it.
+    pub limiter_rollbacks_found: Counter,
     /// Units this replica wrote back to Redis after a loss of the
     /// limiter's state: its own grants, restored (`redis.state_loss_wait`).
     pub limiter_units_restored: Counter,
@@ -536,6 +541,11 @@ impl Metrics {
             limiter_state_lost: reg!(
                 "limiter_state_lost",
                 "Losses of the limiter's state in Redis found by this replica (a restart without persistence, a failover, an eviction; not a new install): one per loss fleet-wide, per hash slot in a cluster",
+                Counter::default()
+            ),
+            limiter_rollbacks_found: reg!(
+                "limiter_rollbacks_found",
+                "Sellers' states this replica found gone back behind its own grants (a partial loss of Redis' data); each holds its seller for redis.state_loss_wait while the fleet restores it",
                 Counter::default()
             ),
             limiter_units_restored: reg!(

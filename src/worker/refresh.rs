@@ -70,8 +70,9 @@ pub(super) fn waits(limiter: Arc<Limiter<RedisStore>>, worker: String) -> JoinHa
     })
 }
 
-/// Reads the limiter's epoch on a timer (`Limiter::watch_epoch`): when
-/// Redis has lost its state, this replica writes back its part of it
+/// Reads the limiter's epoch and the finds of partial losses on a timer
+/// (`Limiter::watch_epoch`, `Limiter::watch_rollbacks`): when Redis has
+/// lost its state, or part of it, this replica writes back its part of it
 /// within the loss's hold. `None` when restores are off (`redis.on_state_loss
 /// = "admit"`, an unbounded `state_loss_wait`, a cluster).
 pub(super) fn epoch(limiter: Arc<Limiter<RedisStore>>) -> Option<JoinHandle<()>> {
@@ -82,6 +83,7 @@ pub(super) fn epoch(limiter: Arc<Limiter<RedisStore>>) -> Option<JoinHandle<()>>
             // A restore tells itself (LimiterStateRestored); a failed
             // read is tried again at the next turn.
             let _ = limiter.watch_epoch().await;
+            let _ = limiter.watch_rollbacks().await;
         }
     }))
 }

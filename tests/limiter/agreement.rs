@@ -819,6 +819,7 @@ async fn steps<T: Twin>(
             on_loss,
             new_install,
             max_wait_us,
+            seen: None,
         });
     }
     let mut taken: Vec<Taken> = Vec::new();

@@ -15,6 +15,7 @@ use crate::common::redis_server::RedisServer;
 use crate::common::rule;
 use crate::common::worker::{always_ok, job, policy, wait_all_calling, Bench, Downstream, Running};
 use throttle_worker::config::OnStateLoss;
+use throttle_worker::limiter::KeySpace;
 
 /// `heavy`'s rule: GCRA, 10 per second with a burst of 20. Its backlog
 /// keeps the bucket empty, so it is granted one job every 100 ms and asks
@@ -285,5 +286,99 @@ async fn three_replicas_restore_a_used_up_hour_after_redis_restarts_empty() {
     assert!(
         forgotten > 60,
         "without restores a fresh hour should let more than 60 through, got {forgotten}"
+    );
+}
+
+/// How many calls the downstream took from a seller (a sliding log of 60
+/// an hour, three replicas) whose key went back to a copy taken halfway
+/// through its hour, the epoch kept (a failover to a replica that missed
+/// the last writes), with `restore_bytes` for each replica's grants and
+/// marks. 60 more of its jobs arrive after.
+async fn an_hour_used_up_across_a_rollback(restore_bytes: usize) -> usize {
+    const LIMIT: usize = 60;
+    let redis = RedisServer::start();
+    let bench = Bench::new("state-rollback", 6);
+    let down = Downstream::start(always_ok()).await;
+    let mut settings = bench.settings(&down.url);
+    settings.redis.url = redis.url();
+    settings.redis.state_loss_wait = Some(Duration::from_secs(2));
+    settings.redis.restore_bytes = restore_bytes;
+    let key = KeySpace::new(settings.redis.key_prefix.clone()).seller_state("hot");
+    let rules = || policy(vec![rule("sliding_window_log", LIMIT as u64, "1h", None)]);
+    let workers = [
+        Running::start(settings.clone(), rules()),
+        Running::start(settings.clone(), rules()),
+        Running::start(settings, rules()),
+    ];
+    wait_all_calling(&bench, &down, 3, Duration::from_secs(60)).await;
+    let hot = |down: &Downstream| down.arrivals().iter().filter(|a| a.seller == "hot").count();
+    // Half the hour, then the copy, then the other half: keyed by job, so
+    // every replica's partitions hold some of each half.
+    let first: Vec<_> = (0..LIMIT / 2)
+        .map(|i| job(&format!("a-{i}"), "hot"))
+        .collect();
+    bench.produce(&first).await;
+    down.wait_for("half the hour", Duration::from_secs(60), |a| {
+        a.iter().filter(|a| a.seller == "hot").count() >= LIMIT / 2
+    })
+    .await;
+    let mut c = redis::Client::open(redis.url())
+        .expect("a client")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("the private redis-server");
+    let copy: Vec<u8> = redis::cmd("DUMP")
+        .arg(&key)
+        .query_async(&mut c)
+        .await
+        .expect("DUMP");
+    let second: Vec<_> = (0..LIMIT / 2)
+        .map(|i| job(&format!("b-{i}"), "hot"))
+        .collect();
+    bench.produce(&second).await;
+    down.wait_for("the hour used up", Duration::from_secs(60), |a| {
+        a.iter().filter(|a| a.seller == "hot").count() >= LIMIT
+    })
+    .await;
+    let () = redis::cmd("RESTORE")
+        .arg(&key)
+        .arg(0)
+        .arg(copy.as_slice())
+        .arg("REPLACE")
+        .query_async(&mut c)
+        .await
+        .expect("RESTORE");
+    let before = hot(&down);
+    let more: Vec<_> = (0..LIMIT).map(|i| job(&format!("m-{i}"), "hot")).collect();
+    bench.produce(&more).await;
+    // The hold (2 s from the find), then as long again for whatever the
+    // older copy would let through.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for w in workers {
+        w.stop().await;
+    }
+    let after = hot(&down);
+    println!("rollback run (restore_bytes {restore_bytes}): {before} calls before the copy was put back, {after} in all");
+    after
+}
+
+/// Issue 52, item 3, judged at the downstream: a seller's key goes back
+/// to a copy taken halfway through its hour while the epoch stays. Each
+/// replica's next call carries its last grant there, finds the state
+/// behind it and holds the seller; every replica writes back what the
+/// copy lost, and the seller gets nothing more within the hour. With no
+/// room for grants (`restore_bytes = 0`, no marks), the older copy lets
+/// the second half of the hour through again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_replicas_find_a_seller_key_put_back_from_an_older_copy() {
+    let kept = an_hour_used_up_across_a_rollback(16 << 20).await;
+    let forgotten = an_hour_used_up_across_a_rollback(0).await;
+    println!(
+        "sliding log 60/h, 3 replicas, the seller's key put back to its copy at 30: {kept} calls with marks, {forgotten} without"
+    );
+    assert_eq!(kept, 60, "the hour held across the rollback");
+    assert!(
+        forgotten > 60,
+        "without marks the older copy should let more than 60 through, got {forgotten}"
     );
 }

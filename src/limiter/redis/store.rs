@@ -6,13 +6,15 @@
 use std::time::Duration;
 
 use crate::limiter::learn::Blocked;
-use crate::limiter::reply::{EpochFound, JobsAnswer, JobsReply, MalformedReply};
+use crate::limiter::reply::{EpochFound, JobsAnswer, JobsReply, MalformedReply, RollbackFound};
 use crate::limiter::script::{
     call_life_us, release_args, BlockAt, BlockCall, JobsCall, RefundCall, RestoreCall,
 };
 use crate::limiter::shape::Shape;
 use crate::limiter::store::Store;
-use crate::telemetry::events::{LimiterStateLost, LimiterStateStarted, RedisCalled};
+use crate::telemetry::events::{
+    LimiterStateLost, LimiterStateRolledBack, LimiterStateStarted, RedisCalled,
+};
 
 use super::clock::local_us;
 use super::scripts::Entry;
@@ -175,6 +177,10 @@ impl Store for RedisStore {
                 epoch: &guard.epoch,
             }
             .emit(),
+            (EpochFound::RolledBack, Some(guard)) => LimiterStateRolledBack {
+                max_wait: guard.max_wait_us.map(Duration::from_micros),
+            }
+            .emit(),
             _ => {}
         }
         if let (true, Some(first)) = (on_redis_clock, answer.replies.first()) {
@@ -192,6 +198,26 @@ impl Store for RedisStore {
             .map_err(|e| self.failed(e))?;
         // The script writes it as an integer; anything else is no epoch.
         Ok(v.and_then(|v| v.parse().ok()))
+    }
+
+    async fn read_rollbacks(
+        &self,
+        key: &str,
+        after_us: u64,
+    ) -> Result<Vec<RollbackFound>, RedisError> {
+        let mut conn = self.conn.get();
+        let members: Vec<String> = redis::cmd("ZRANGEBYSCORE")
+            .arg(key)
+            .arg(format!("({after_us}"))
+            .arg("+inf")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.failed(e))?;
+        // The script writes every member; anything else is not a find.
+        Ok(members
+            .iter()
+            .filter_map(|m| RollbackFound::parse(m))
+            .collect())
     }
 
     async fn restore(&self, call: &RestoreCall) -> Result<Vec<i64>, RedisError> {

@@ -386,6 +386,7 @@ mod tests {
             on_loss,
             new_install: false,
             max_wait_us: None,
+            seen: None,
         };
         let mut store = ModelStore::new();
         store.set_epoch(EPOCH, T0 - 3_600_000_000);
@@ -464,6 +465,7 @@ mod tests {
             on_loss: OnStateLoss::Wait,
             new_install,
             max_wait_us,
+            seen: None,
         }
     }
 

@@ -172,6 +172,33 @@ impl Event for LimiterStateLost<'_> {
     }
 }
 
+/// A charging call found a seller's state gone back behind this
+/// replica's own grants (a partial loss the epoch cannot see), held the
+/// seller and listed the find for every replica's restore
+/// (`rollback_hold`, `lua/common.lua`).
+#[derive(Debug)]
+pub struct LimiterStateRolledBack {
+    /// `redis.state_loss_wait`: how long the seller is held.
+    pub max_wait: Option<Duration>,
+}
+
+impl Event for LimiterStateRolledBack {
+    const NAME: &'static str = "LimiterStateRolledBack";
+
+    fn record(&self) {
+        // A failover that missed writes is found once per seller it hit.
+        static LOG: Every = Every::new(Duration::from_secs(10));
+        metrics().limiter_rollbacks_found.inc();
+        if let Some(more) = LOG.tick() {
+            tracing::warn!(
+                max_wait_ms = self.max_wait.map(|w| w.as_millis() as u64),
+                more_since_last_line = more,
+                "a seller's limiter state in Redis went back behind this replica's grants (a failover to a replica that missed writes, or a key restored from an older copy): the seller is held while every replica writes back its grants"
+            );
+        }
+    }
+}
+
 /// A charging call's grants were kept for restores: the bytes now held,
 /// and the sellers forgotten for `redis.restore_bytes` to make room.
 #[derive(Debug)]
@@ -205,8 +232,11 @@ impl Event for GrantsKept {
 /// (`lua/restore.lua`): its grants before the loss, per hash.
 #[derive(Debug)]
 pub struct LimiterStateRestored {
-    /// The loss restored (µs on Redis' clock).
+    /// The loss restored (µs on Redis' clock): the epoch, or the find of a
+    /// partial loss.
     pub lost_us: u64,
+    /// A partial loss (one seller's state went back), not a whole one.
+    pub partial: bool,
     /// Hashes (sellers, and the global rules') written back.
     pub hashes: usize,
     /// Units charged back.
@@ -225,6 +255,7 @@ impl Event for LimiterStateRestored {
         if self.failed > 0 {
             tracing::warn!(
                 lost_us = self.lost_us,
+                partial = self.partial,
                 hashes = self.hashes,
                 units = self.units,
                 failed = self.failed,
@@ -234,6 +265,7 @@ impl Event for LimiterStateRestored {
         } else {
             tracing::info!(
                 lost_us = self.lost_us,
+                partial = self.partial,
                 hashes = self.hashes,
                 units = self.units,
                 took_ms = self.took.as_millis() as u64,
@@ -321,6 +353,7 @@ inherent_emit!(
     LimiterStateLost<'_>,
     LimiterStateStarted<'_>,
     LimiterStateRestored,
+    LimiterStateRolledBack,
     GrantsKept,
     SlotsNotReturned<'_>
 );

@@ -98,8 +98,8 @@ pub use kafka::{
 };
 pub use limiter::{
     GrantsKept, JobsCallCancelled, LimiterCallCoalesced, LimiterCalled, LimiterStateLost,
-    LimiterStateRestored, LimiterStateStarted, LimiterUnavailable, RedisCalled, ShapesPrepared,
-    SlotsNotReturned,
+    LimiterStateRestored, LimiterStateRolledBack, LimiterStateStarted, LimiterUnavailable,
+    RedisCalled, ShapesPrepared, SlotsNotReturned,
 };
 pub use limits::{
     LimitLearnt, LimitsReloadRejected, LimitsReloaded, PausesRead, SellerPaused, SharedState,
