@@ -268,6 +268,18 @@ async fn scale_out_and_in(delay: Duration) {
             .collect::<Vec<_>>()
             .join(", ")
     );
+    // The calls of each window, as bursts apart by more than 0.3 s: a
+    // sliding log of 20/s admits 20 at once when the seller asks in time.
+    let mut bursts: Vec<usize> = Vec::new();
+    for (i, at) in firsts.iter().enumerate() {
+        match i.checked_sub(1).map(|j| *at - firsts[j]) {
+            Some(gap) if gap <= Duration::from_millis(300) => {
+                *bursts.last_mut().expect("a burst began") += 1
+            }
+            _ => bursts.push(1),
+        }
+    }
+    eprintln!("handoff: heavy calls per burst: {bursts:?}");
     if let (Some(first), Some(last)) = (firsts.first(), firsts.last()) {
         let span = (*last - *first).as_secs_f64() + 1.0;
         eprintln!(
