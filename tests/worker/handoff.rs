@@ -231,6 +231,7 @@ async fn scale_out_and_in(delay: Duration) {
         .zip(produced.iter().copied())
         .collect();
     let mut where_: Vec<(i32, i64)> = twice.iter().map(|(id, _)| at[id]).collect();
+    let at_of = |id: &str| at.get(id).map_or(-1, |(p, _)| *p);
     where_.sort();
     eprintln!("handoff: called twice at (partition, offset): {where_:?}");
     eprintln!(
@@ -280,6 +281,36 @@ async fn scale_out_and_in(delay: Duration) {
         }
     }
     eprintln!("handoff: heavy calls per burst: {bursts:?}");
+    // Who made the heavy calls around each silence longer than a window's
+    // (1.2 s), and on which partitions: a silence while the backlog waits
+    // on partitions no replica works on is the rebalance's.
+    let mut heavy: Vec<(Duration, &str, i32)> = calls
+        .iter()
+        .filter(|(id, _)| id.starts_with("heavy-"))
+        .filter_map(|(id, c)| {
+            let (at, via) = c.iter().min()?;
+            Some((*at, via.as_str(), at_of(id)))
+        })
+        .collect();
+    heavy.sort();
+    for w in heavy.windows(2) {
+        let gap = w[1].0 - w[0].0;
+        if gap > Duration::from_millis(1200) {
+            let next: Vec<String> = heavy
+                .iter()
+                .filter(|(at, _, _)| *at >= w[1].0 && *at < w[1].0 + Duration::from_millis(300))
+                .map(|(_, via, p)| format!("{via}/p{p}"))
+                .collect();
+            eprintln!(
+                "handoff: heavy silent {:.1} s from {:.1} s (last call {}/p{}); next burst: {}",
+                gap.as_secs_f64(),
+                w[0].0.as_secs_f64(),
+                w[0].1,
+                w[0].2,
+                next.join(" ")
+            );
+        }
+    }
     if let (Some(first), Some(last)) = (firsts.first(), firsts.last()) {
         let span = (*last - *first).as_secs_f64() + 1.0;
         eprintln!(
