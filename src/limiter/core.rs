@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use crate::config::{OnStateLoss, Topology};
 
-use super::decision::{BatchDecision, Decision, Granted, Mode};
+use super::decision::{BatchDecision, Decision, Granted, Mode, Receipt};
 use super::keys::KeySpace;
 use super::learn::{self, Blocked};
 use super::pauses::Pauses;
@@ -305,6 +305,53 @@ impl<S: Store> Limiter<S> {
         if let Err(e) = self.store.refund(refund).await {
             tracing::warn!(error = %e, units = refund.units, "refund of seller units after a global refusal failed; the seller stays charged until its window passes");
         }
+    }
+
+    /// Gives back `units` of the grant `receipt` names to `seller`'s rules:
+    /// granted jobs whose calls will not be made (their partition was
+    /// revoked, or the replica stopped, before they were called). The same
+    /// refund as the global rules' cut ([`RefundCall`]): each rule gives
+    /// back only what is provably unused (`lua/common.lua`, `refund`), and
+    /// only while the rule that took the units is still at its place, so a
+    /// refund never lets the seller past a limit. Answers the units sent
+    /// back (0 when no rule applies any more).
+    ///
+    /// The rules are the seller's as the policy now has them: a rule edited
+    /// since the grant no longer owns its place and gives nothing back. In
+    /// Redis Cluster only the seller's own rules are refunded: the global
+    /// rules' call is not recorded by id, and what it took stays taken.
+    pub async fn give_back(
+        &self,
+        seller: &str,
+        receipt: &Receipt,
+        units: u64,
+    ) -> Result<u64, LimiterError<S::Error>> {
+        let policy = self.policy();
+        let (own, global) = match policy.resolve(seller) {
+            Resolved::Unlimited => return Ok(0),
+            Resolved::Limited { seller, global } => (seller, global),
+        };
+        let (mut rules, global) = self.keyed(seller, own, global);
+        if self.topology == Topology::Single {
+            rules.extend(global);
+        }
+        if rules.is_empty() || units == 0 {
+            return Ok(0);
+        }
+        let call = RefundCall {
+            now_us: None,
+            units,
+            // Which of the grant's units come back is not named: every
+            // algorithm gives back units interchangeable with the call's
+            // own (leaky_bucket its queue's end), as the cancel of a lost
+            // call does (`lua/calls.lua`, skip 0).
+            skip: 0,
+            taken_at_us: receipt.taken_at_us,
+            call_id: receipt.call_id.clone(),
+            block: self.keys.block_at(seller),
+            rules,
+        };
+        self.store.refund(&call).await.map_err(LimiterError::Store)
     }
 
     /// Holds `seller` for every replica for `dur` (a downstream 429).

@@ -205,6 +205,7 @@ impl BatchDecision {
                 decided_at_us: g.decided_at_us,
                 next: None,
                 leases: Vec::new(),
+                receipt: None,
             }),
             Decision::Denied(d) => BatchDecision::Denied(d),
             Decision::Never(c) => BatchDecision::Never(c),
@@ -241,6 +242,21 @@ pub struct BatchGranted {
     /// its job's call is answered or will not be made
     /// ([`Limiter::release`](super::Limiter::release)), or lapses.
     pub leases: Vec<String>,
+    /// What names the units this grant charged in the store, so that
+    /// units no call used can be given back
+    /// ([`Limiter::give_back`](super::Limiter::give_back)); `None` when no
+    /// store charged any rule (a dry run, an unlimited seller, the
+    /// failure policy's grants).
+    pub receipt: Option<Receipt>,
+}
+
+/// The charge of a grant in the store: its request's call id and the
+/// instant the script took the units (µs on the store's clock), which is
+/// what a refund of those units names (`lua/limiter.lua`, `refund`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Receipt {
+    pub call_id: String,
+    pub taken_at_us: u64,
 }
 
 /// Why the job after a granted prefix was not granted.

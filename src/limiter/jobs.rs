@@ -11,7 +11,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::core::{JobsQuery, Limiter, LimiterError};
-use super::decision::{BatchDecision, BatchGranted, CannotPass, Denied, DeniedBy, NextJob};
+use super::decision::{
+    BatchDecision, BatchGranted, CannotPass, Denied, DeniedBy, NextJob, Receipt,
+};
 use super::policy::Resolved;
 use super::policy::SLOT_POLL;
 use super::reply::JobsReply;
@@ -559,6 +561,10 @@ impl<S: Store> Limiter<S> {
                     decided_at_us: mine.decided_at_us,
                     next,
                     leases: mine.leases[..g.jobs.min(mine.leases.len())].to_vec(),
+                    // The seller's own charge: the global rules' call is
+                    // not recorded (its block token is '-'), and what it
+                    // charged stays charged.
+                    receipt: mine.receipt,
                 })
             }
             BatchDecision::Denied(d) => BatchDecision::Denied(Denied {
@@ -571,13 +577,22 @@ impl<S: Store> Limiter<S> {
 }
 
 /// A request's reply read as a decision; a grant that was charged names
-/// the slots it took when the request carried a cap.
+/// the slots it took when the request carried a cap, and its charge when
+/// a rule took units.
 fn read(reply: &JobsReply, req: &JobsRequest, rules: &[Rule], charged: bool) -> BatchDecision {
     match reply.decision(rules, &req.costs) {
-        BatchDecision::Granted(mut g) if charged && req.slots.is_some() => {
-            g.leases = (0..g.jobs)
-                .map(|j| SlotTerms::lease(&req.call_id, j))
-                .collect();
+        BatchDecision::Granted(mut g) if charged => {
+            if req.slots.is_some() {
+                g.leases = (0..g.jobs)
+                    .map(|j| SlotTerms::lease(&req.call_id, j))
+                    .collect();
+            }
+            if !rules.is_empty() {
+                g.receipt = Some(Receipt {
+                    call_id: req.call_id.clone(),
+                    taken_at_us: g.decided_at_us,
+                });
+            }
             BatchDecision::Granted(g)
         }
         d => d,

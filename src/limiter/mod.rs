@@ -75,8 +75,10 @@
 //!   over those rules alone (`Limiter::request_alone`, `Limiter::dry_run`).
 //!
 //! Beside it run the block (`lua/block.lua`), the release of slots, the
-//! cancel of a call whose reply was lost (`lua/calls.lua`) and, in Redis
-//! Cluster, the refund of what the global rules cut ([`RefundCall`]).
+//! cancel of a call whose reply was lost (`lua/calls.lua`) and the refund
+//! ([`RefundCall`]): of what the global rules cut, in Redis Cluster, and
+//! of granted jobs no call used (a revoke or a shutdown stranded them,
+//! [`Limiter::give_back`]).
 
 pub mod coalesce;
 pub mod core;
@@ -107,7 +109,7 @@ pub use self::core::{JobsQuery, Limiter, LimiterError, Request};
 pub use coalesce::{CoalesceError, CoalesceSettings, Coalescer};
 pub use decision::{
     BatchDecision, BatchGranted, CannotPass, Decision, Denied, DeniedBy, Granted, Mode, NextJob,
-    Pace,
+    Pace, Receipt,
 };
 pub use jobs::ListAnswer;
 pub use keys::KeySpace;

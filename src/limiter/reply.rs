@@ -192,6 +192,7 @@ impl JobsReply {
                     decided_at_us: g.decided_at_us,
                     next,
                     leases: Vec::new(),
+                    receipt: None,
                 })
             }
             0 if self.next == 3 => BatchDecision::Denied(Denied {

@@ -155,6 +155,8 @@ pub struct Metrics {
     pub jobs_admitted: Counter,
     /// Units the limiter admitted: the sum of the admitted jobs' costs.
     pub units_admitted: Counter,
+    /// Units of granted jobs that were never called here (their partition was revoked, or the replica stopped, before their calls), given back to their sellers' rules, each rule only what is provably unused.
+    pub units_given_back: Counter,
     /// Jobs let through by `redis.on_error = fail_open` or `local` while Redis
     /// failed.
     pub jobs_admitted_without_redis: Counter,
@@ -420,6 +422,11 @@ impl Metrics {
             units_admitted: reg!(
                 "units_admitted",
                 "Units (job costs) the limiter admitted",
+                Counter::default()
+            ),
+            units_given_back: reg!(
+                "units_given_back",
+                "Units of granted jobs never called here (a revoke, a shutdown), given back to their sellers' rules",
                 Counter::default()
             ),
             jobs_admitted_without_redis: reg!(

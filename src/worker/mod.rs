@@ -44,6 +44,9 @@
 //!   and the production implementations ([`ports::Live`]).
 //! - [`slots`]: slots of a seller's `max_in_flight` across the fleet, held
 //!   by granted jobs as leases that go back when dropped.
+//! - [`charges`]: the units a grant charged, held by its jobs until their
+//!   calls start; a job dropped uncalled (a revoke, a shutdown) gives its
+//!   units back.
 //! - [`permit`]: the limiter as the worker sees it, and the one place where
 //!   a limiter failure becomes a decision.
 //! - [`reload`]: the config file watched, its `[limits]` applied live;
@@ -56,6 +59,7 @@
 mod admission;
 mod answers;
 mod arrival;
+pub mod charges;
 pub mod concurrency;
 pub mod engine;
 mod fair;

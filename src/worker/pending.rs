@@ -7,6 +7,7 @@ use crate::job::Job;
 use crate::kafka::consumer::Origin;
 use crate::kafka::OriginalRecord;
 
+use super::charges::Charge;
 use super::ordering::{partition_lane, Lane};
 use super::pool::Slots;
 use super::slots::Lease;
@@ -43,6 +44,10 @@ pub struct Pending {
     /// Its downstream slot (`downstream.concurrency`), from its grant
     /// until its answer, or until its run stops short of it.
     pub(crate) slot: Option<Slots>,
+    /// The units its grant charged for it, from its grant until its call
+    /// starts (spent then); dropped unspent, they go back to its seller's
+    /// rules (`None`: not granted, or no store charged it).
+    pub(crate) charge: Option<Charge>,
 }
 
 impl Pending {
@@ -69,6 +74,7 @@ impl Pending {
             too_large_to_copy: false,
             lease: None,
             slot: None,
+            charge: None,
         }
     }
 
@@ -78,11 +84,19 @@ impl Pending {
         self
     }
 
-    /// Not called (a 429 put it back, a pause took it, a revoke): its
-    /// slots go back, and it is asked for again.
+    /// Not called, and kept (a 429 put it back, a pause took it, a lapsed
+    /// lease or a fence held it): its slots go back, and it is asked for
+    /// again. Its units stay spent, as documented for a 429 and a pause
+    /// (docs: "Shadow rules and pauses"): giving them back too would
+    /// change what a 429's hold and a pause cost, which is not this
+    /// change's to decide. A job dropped uncalled (a revoke, a shutdown)
+    /// gives its units back instead, with its charge.
     pub(super) fn unclaimed(mut self) -> Pending {
         self.lease = None;
         self.slot = None;
+        if let Some(charge) = self.charge.take() {
+            charge.spend();
+        }
         self
     }
 }

@@ -12,8 +12,8 @@ use rand::Rng;
 use crate::backoff::backoff_with;
 use crate::config::OnError;
 use crate::limiter::{
-    BatchDecision, Coalescer, Decision, Denied, DeniedBy, Learnt, Limiter, Mode, Pause, Resolved,
-    Rule, Share, Store,
+    BatchDecision, Coalescer, Decision, Denied, DeniedBy, Learnt, Limiter, Mode, Pause, Receipt,
+    Resolved, Rule, Share, Store,
 };
 
 /// Why the limiter gave no answer. Every kind is a fault of the limiter's
@@ -105,6 +105,21 @@ pub trait Permits: Send + Sync + 'static {
         &self,
         _seller: &str,
         _leases: &[String],
+    ) -> impl Future<Output = Result<(), PermitError>> + Send {
+        async { Ok(()) }
+    }
+
+    /// Gives back `units` of the grant `receipt` names
+    /// ([`BatchGranted::receipt`](crate::limiter::BatchGranted)): granted
+    /// jobs whose calls will not be made by this replica (a revoke or a
+    /// shutdown stranded them). Each rule gives back only what is provably
+    /// unused, so no refund lets the seller past a limit. A limiter that
+    /// names no receipts has nothing to give back (the default).
+    fn give_back(
+        &self,
+        _seller: &str,
+        _receipt: &Receipt,
+        _units: u64,
     ) -> impl Future<Output = Result<(), PermitError>> + Send {
         async { Ok(()) }
     }
@@ -214,6 +229,18 @@ impl<S: Store + 'static> Permits for Limiter<S> {
             .map_err(PermitError::unavailable)
     }
 
+    async fn give_back(
+        &self,
+        seller: &str,
+        receipt: &Receipt,
+        units: u64,
+    ) -> Result<(), PermitError> {
+        Limiter::give_back(self, seller, receipt, units)
+            .await
+            .map(|_| ())
+            .map_err(PermitError::unavailable)
+    }
+
     fn max_in_flight(&self, seller: &str) -> Option<u32> {
         self.policy().max_in_flight(seller)
     }
@@ -285,6 +312,15 @@ impl<S: Store + 'static> Permits for Coalescer<S> {
 
     async fn release(&self, seller: &str, leases: &[String]) -> Result<(), PermitError> {
         Permits::release(&**self.limiter(), seller, leases).await
+    }
+
+    async fn give_back(
+        &self,
+        seller: &str,
+        receipt: &Receipt,
+        units: u64,
+    ) -> Result<(), PermitError> {
+        Permits::give_back(&**self.limiter(), seller, receipt, units).await
     }
 
     async fn block(

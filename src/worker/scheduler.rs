@@ -25,6 +25,7 @@ use tokio::time::Instant;
 use crate::kafka::consumer::Origin;
 use crate::limiter::{BatchDecision, BatchGranted, DeniedBy, NextJob, Share};
 
+use super::charges::Charge;
 use super::ordering::Lane;
 use super::pending::Pending;
 use super::pool::Slots;
@@ -344,14 +345,18 @@ impl Scheduler {
 
     /// Applies a limiter answer to the seller that asked. A grant takes
     /// the granted jobs (each with its fleet lease, by its place in the
-    /// question), drops those revoked meanwhile, and splits the rest into
-    /// jobs to call now, each with one of the call's slots, and a pacer's
-    /// jobs whose go-at is to come. Slots not handed on go back.
+    /// question, and its cost of the grant's `charge`), drops those revoked
+    /// meanwhile, and splits the rest into jobs to call now, each with one
+    /// of the call's slots, and a pacer's jobs whose go-at is to come.
+    /// Slots not handed on go back, and so do the units of granted jobs no
+    /// longer here (the charge's rest, dropped).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn answered(
         &mut self,
         key: &Arc<str>,
         decision: &BatchDecision,
         mut leases: Vec<Option<Lease>>,
+        mut charge: Option<Charge>,
         answered_at: Instant,
         now: Instant,
         owns: Owns<'_>,
@@ -387,6 +392,7 @@ impl Scheduler {
                 .into_iter()
                 .map(|(k, mut p)| {
                     p.lease = leases.get_mut(k).and_then(Option::take);
+                    p.charge = charge.as_mut().and_then(|c| c.split(p.job.cost));
                     p
                 })
                 .partition(|p| owns(&p.origin));
@@ -761,9 +767,13 @@ fn schedule(
 
 #[cfg(test)]
 mod tests {
+    use tokio::sync::mpsc;
+
     use super::*;
     use crate::limiter::local::granted;
-    use crate::limiter::{CannotPass, Denied, Pace};
+    use crate::limiter::{CannotPass, Denied, Pace, Receipt};
+
+    use super::super::charges::{FleetCharges, Returned};
 
     use super::super::fixtures::{origin, pending};
 
@@ -849,7 +859,7 @@ mod tests {
             assert_eq!(s.ask(&s_, Share::default(), None, Instant::now()).len(), 2);
             assert_eq!(s.sellers[&s_].phase, Phase::Asking);
             assert_eq!(s.ready(&s_, now).0, Ready::NotNow, "asking: no second call");
-            let answered = s.answered(&s_, answer, Vec::new(), now, now, &everything_owned);
+            let answered = s.answered(&s_, answer, Vec::new(), None, now, now, &everything_owned);
             let seller = &s.sellers[&s_];
             assert_eq!(seller.phase, *phase, "{answer:?}");
             assert_eq!(seller.runs, *runs, "{answer:?}");
@@ -877,7 +887,7 @@ mod tests {
         });
         let answer = BatchDecision::Granted(g);
         let Answered::Granted(grant) =
-            s.answered(&s_, &answer, Vec::new(), now, now, &everything_owned)
+            s.answered(&s_, &answer, Vec::new(), None, now, now, &everything_owned)
         else {
             panic!("a grant");
         };
@@ -899,7 +909,7 @@ mod tests {
         let only_partition_0 = |o: &Origin| o.partition == 0;
         let answer = BatchDecision::Granted(granted(2, 2));
         let Answered::Granted(grant) =
-            s.answered(&s_, &answer, Vec::new(), now, now, &only_partition_0)
+            s.answered(&s_, &answer, Vec::new(), None, now, now, &only_partition_0)
         else {
             panic!("a grant");
         };
@@ -924,6 +934,7 @@ mod tests {
             &s_,
             &BatchDecision::Granted(g),
             Vec::new(),
+            None,
             now,
             now,
             &everything_owned,
@@ -980,6 +991,7 @@ mod tests {
             &s_,
             &BatchDecision::Granted(g),
             leases,
+            None,
             now,
             now,
             &everything_owned,
@@ -1028,7 +1040,15 @@ mod tests {
             .is_empty());
         assert_eq!(s.next_turn(), None, "no slot free");
         let answer = BatchDecision::Granted(granted(0, 0));
-        drop(s.answered(&key("a"), &answer, Vec::new(), now, now, &everything_owned));
+        drop(s.answered(
+            &key("a"),
+            &answer,
+            Vec::new(),
+            None,
+            now,
+            now,
+            &everything_owned,
+        ));
         let turns: Vec<Turn> = std::iter::from_fn(|| s.next_turn()).collect();
         assert_eq!(
             turns,
@@ -1052,7 +1072,15 @@ mod tests {
         let waits = |w: SlotWait| w != SlotWait::Go;
         assert!(waits(s.wait_for_slot(&key("b"), sh, false)), "no slot free");
         let answer = BatchDecision::Granted(granted(0, 0));
-        drop(s.answered(&key("a"), &answer, Vec::new(), now, now, &everything_owned));
+        drop(s.answered(
+            &key("a"),
+            &answer,
+            Vec::new(),
+            None,
+            now,
+            now,
+            &everything_owned,
+        ));
         // A slot is free, but b waits for it: c queues behind b.
         assert!(
             waits(s.wait_for_slot(&key("c"), sh, false)),
@@ -1079,7 +1107,7 @@ mod tests {
         assert_eq!(s.ask(&s_, sh, None, Instant::now()), [1, 1]);
         let answer = BatchDecision::Granted(granted(2, 2));
         let Answered::Granted(grant) =
-            s.answered(&s_, &answer, Vec::new(), now, now, &everything_owned)
+            s.answered(&s_, &answer, Vec::new(), None, now, now, &everything_owned)
         else {
             panic!("a grant");
         };
@@ -1167,7 +1195,7 @@ mod tests {
         s.ask(&s_, Share::default(), None, Instant::now());
         let answer = BatchDecision::Granted(granted(2, 2));
         let Answered::Granted(grant) =
-            s.answered(&s_, &answer, Vec::new(), now, now, &everything_owned)
+            s.answered(&s_, &answer, Vec::new(), None, now, now, &everything_owned)
         else {
             panic!("a grant");
         };
@@ -1259,6 +1287,168 @@ mod tests {
             seller.in_flight_bound = bound;
             let waiting = s.waiting_by_cause(now);
             assert_eq!(waiting.get(&(cause, key("s"))), Some(&1), "{cause}");
+        }
+    }
+
+    /// The units of a grant charged by call `c` of seller `s`, and the
+    /// queue they go back through when dropped unspent.
+    fn charged(units: u64) -> (Option<Charge>, mpsc::UnboundedReceiver<Returned>) {
+        let mut charges = FleetCharges::new();
+        let queue = charges.take_queue();
+        let mut g = granted(units as usize, units);
+        g.receipt = Some(Receipt {
+            call_id: "c".to_owned(),
+            taken_at_us: 1,
+        });
+        (charges.hold(&key("s"), &mut g), queue)
+    }
+
+    /// Units given back so far.
+    fn given_back(queue: &mut mpsc::UnboundedReceiver<Returned>) -> u64 {
+        std::iter::from_fn(|| queue.try_recv().ok())
+            .map(|(_, _, units)| units)
+            .sum()
+    }
+
+    /// Issue 53 (quota): granted jobs that a revoke takes before their
+    /// calls give their units back, wherever the revoke finds them: asked
+    /// about when it dropped them (the grant finds them gone), granted as
+    /// their partition was being revoked, or waiting for their go-at. A
+    /// job whose call started keeps its units spent. Before, every one of
+    /// them stayed charged, and the next owner was charged again.
+    #[test]
+    fn granted_jobs_a_revoke_takes_before_their_calls_give_their_units_back() {
+        let s_ = key("s");
+        // Costs 1, 2, 1, 1 on partitions 0 to 3, all asked about.
+        let (mut s, now) = queued(4, &[(0, 1, 1), (1, 2, 2), (2, 3, 1), (3, 4, 1)]);
+        assert_eq!(s.ask(&s_, Share::default(), None, now), [1, 2, 1, 1]);
+        let (charge, mut queue) = charged(5);
+        // Partition 3 is revoked while the ask is out: its job is dropped
+        // from the queue, and had no units yet.
+        let dropped = s.revoke(&|o: &Origin| o.partition != 3);
+        assert_eq!((dropped.len(), given_back(&mut queue)), (1, 0));
+        // The grant of all four comes as partition 1 is being revoked; the
+        // pacer sends one job now, the next 100 ms later.
+        let mut g = granted(4, 5);
+        g.pace = Some(Pace {
+            first_at_us: 1_000_000,
+            first_after: Duration::ZERO,
+            interval_us: 100_000,
+        });
+        let not_1_or_3 = |o: &Origin| o.partition != 1 && o.partition != 3;
+        let Answered::Granted(mut grant) = s.answered(
+            &s_,
+            &BatchDecision::Granted(g),
+            Vec::new(),
+            charge,
+            now,
+            now,
+            &not_1_or_3,
+        ) else {
+            panic!("a grant");
+        };
+        assert_eq!(
+            given_back(&mut queue),
+            1,
+            "partition 3's unit: its job is gone"
+        );
+        assert_eq!(grant.gone.len(), 1);
+        drop(std::mem::take(&mut grant.gone));
+        assert_eq!(given_back(&mut queue), 2, "partition 1's job, cost 2");
+        // Partition 0's job is called: its unit is spent.
+        let (_, mut called) = grant.run.pop().expect("one job now");
+        called.charge.take().expect("its unit").spend();
+        drop(called);
+        // Partition 2's job waits for its go-at when its partition goes.
+        assert_eq!(s.sellers[&s_].paced.len(), 1);
+        assert_eq!(s.revoke(&|o: &Origin| o.partition == 0).len(), 1);
+        assert_eq!(given_back(&mut queue), 1, "the paced job's unit");
+        assert_eq!(given_back(&mut queue), 0, "nothing twice");
+    }
+
+    /// What becomes of a paced job's unit, by what happens to the job
+    /// before its call. Rows: (what happens, units given back).
+    #[test]
+    fn a_paced_jobs_unit_goes_back_only_if_the_job_leaves_uncalled() {
+        let s_ = key("s");
+        type Step = fn(&mut Scheduler, Instant) -> Vec<Pending>;
+        let rows: [(&str, Step, u64); 5] = [
+            (
+                "its partition is revoked while it waits",
+                |s, _| {
+                    drop(s.revoke(&|o: &Origin| o.partition == 0));
+                    Vec::new()
+                },
+                1,
+            ),
+            (
+                "its partition is being revoked at its go-at",
+                |s, now| {
+                    s.due_paced(&key("s"), now + 100 * MS, &|o: &Origin| o.partition == 0)
+                        .gone
+                },
+                1,
+            ),
+            (
+                "the replica shuts down",
+                |s, _| {
+                    s.clear_waiting();
+                    Vec::new()
+                },
+                1,
+            ),
+            // As documented for a 429: it is asked for again, and its
+            // units are not given back (not this change's to decide).
+            (
+                "a 429 puts it back",
+                |s, _| {
+                    drop(s.run_ended(&key("s"), Vec::new(), true, &everything_owned));
+                    Vec::new()
+                },
+                0,
+            ),
+            (
+                "its call starts",
+                |s, now| {
+                    let due = s.due_paced(&key("s"), now + 100 * MS, &everything_owned);
+                    for (_, mut p) in due.run {
+                        if let Some(charge) = p.charge.take() {
+                            charge.spend();
+                        }
+                    }
+                    Vec::new()
+                },
+                0,
+            ),
+        ];
+        for (i, (what, step, back)) in rows.into_iter().enumerate() {
+            let (mut s, now) = queued(4, &[(0, 1, 1), (1, 2, 1)]);
+            s.ask(&s_, Share::default(), None, now);
+            let (charge, mut queue) = charged(2);
+            let mut g = granted(2, 2);
+            g.pace = Some(Pace {
+                first_at_us: 1_000_000,
+                first_after: Duration::ZERO,
+                interval_us: 100_000,
+            });
+            let Answered::Granted(mut grant) = s.answered(
+                &s_,
+                &BatchDecision::Granted(g),
+                Vec::new(),
+                charge,
+                now,
+                now,
+                &everything_owned,
+            ) else {
+                panic!("row {i}: a grant");
+            };
+            // The first job is called now; the second waits for its go-at.
+            for (_, p) in &mut grant.run {
+                p.charge.take().expect("its unit").spend();
+            }
+            assert_eq!(s.sellers[&s_].paced.len(), 1, "row {i}");
+            drop(step(&mut s, now));
+            assert_eq!(given_back(&mut queue), back, "row {i}: {what}");
         }
     }
 }

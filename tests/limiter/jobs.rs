@@ -42,6 +42,33 @@ fn peek<'a>(seller: &'a str, t: u64, costs: &'a [u64]) -> JobsQuery<'a> {
     }
 }
 
+/// Issue 53 (quota): the units of granted jobs a revoke left uncalled come
+/// back with `Limiter::give_back`, through each rule's refund: the seller
+/// may be granted them again, and no more than its limit. Two rules, so
+/// that both give back.
+#[tokio::test]
+async fn units_given_back_are_granted_again_and_never_past_the_limit() {
+    let rules = policy(
+        vec![
+            rule("sliding_window_log", 3, "1h", None),
+            rule("fixed_window", 10, "1h", None),
+        ],
+        vec![],
+    );
+    let lim = limiter(&unique_prefix("jobs-give-back"), rules).await;
+    let BatchDecision::Granted(g) = lim.check_jobs(at("s", 0, &[1, 1, 1])).await.unwrap() else {
+        panic!("a fresh seller is granted its three jobs");
+    };
+    let receipt = g.receipt.expect("a charged grant names its charge");
+    assert_eq!(lim.give_back("s", &receipt, 2).await.unwrap(), 2);
+    let again = lim.check_jobs(at("s", 1_000, &[1, 1, 1])).await.unwrap();
+    assert_eq!(
+        again.jobs(),
+        2,
+        "the two units given back, not a third: {again:?}"
+    );
+}
+
 #[tokio::test]
 async fn a_refused_job_ends_the_prefix_and_only_granted_units_are_charged() {
     let prefix = unique_prefix("jobs-prefix");
@@ -234,15 +261,38 @@ async fn several_sellers_in_one_call_answer_as_separate_calls() {
     for t in [0, 100_000, 1_000_000] {
         let mut separate = Vec::new();
         for (seller, costs) in lists {
-            separate.push(one.check_jobs(at(seller, t, costs)).await.unwrap());
+            separate.push(charged(
+                one.check_jobs(at(seller, t, costs)).await.unwrap(),
+                seller,
+            ));
         }
         let together: Vec<BatchDecision> = many
             .check_jobs_many(&lists, false, Some(T0 + t))
             .await
             .into_iter()
-            .map(|a| a.expect("a decision"))
+            .zip(lists)
+            .map(|(a, (seller, _))| charged(a.expect("a decision"), seller))
             .collect();
         assert_eq!(together, separate, "at +{t} µs");
+    }
+}
+
+/// `d` without its receipt, which names the call that charged it (each
+/// call has an id of its own), once checked: a grant names its charge
+/// when a rule took units (not for an unlimited seller), taken at the
+/// decision's time.
+fn charged(d: BatchDecision, seller: &str) -> BatchDecision {
+    match d {
+        BatchDecision::Granted(mut g) => {
+            let receipt = g.receipt.take();
+            assert_eq!(
+                receipt.as_ref().map(|r| r.taken_at_us),
+                (seller != "internal").then_some(g.decided_at_us),
+                "{seller}: {receipt:?}"
+            );
+            BatchDecision::Granted(g)
+        }
+        other => other,
     }
 }
 

@@ -111,10 +111,11 @@ fn revoke_durations() -> String {
         }
     }
     format!(
-        "{count:.0} revokes, mean {:.3} s, expired {}; by bucket: {}",
+        "{count:.0} revokes, mean {:.3} s, expired {}; by bucket: {}; units of granted jobs never called given back: {}",
         if count > 0.0 { sum / count } else { 0.0 },
         value("throttle_revoke_waits_expired_total"),
-        buckets.join(", ")
+        buckets.join(", "),
+        value("throttle_units_given_back_total")
     )
 }
 
@@ -230,6 +231,7 @@ async fn scale_out_and_in(delay: Duration) {
         .zip(produced.iter().copied())
         .collect();
     let mut where_: Vec<(i32, i64)> = twice.iter().map(|(id, _)| at[id]).collect();
+    let at_of = |id: &str| at.get(id).map_or(-1, |(p, _)| *p);
     where_.sort();
     eprintln!("handoff: called twice at (partition, offset): {where_:?}");
     eprintln!(
@@ -250,6 +252,65 @@ async fn scale_out_and_in(delay: Duration) {
         .filter_map(|(_, c)| c.iter().map(|(at, _)| *at).min())
         .collect();
     firsts.sort();
+    // Where the quota went: the heavy seller's silences of more than half
+    // a second (at 20/s a call is due every 50 ms while its backlog lasts),
+    // each with when it began.
+    let gaps: Vec<(f64, f64)> = firsts
+        .windows(2)
+        .map(|w| (w[0].as_secs_f64(), (w[1] - w[0]).as_secs_f64()))
+        .filter(|(_, gap)| *gap > 0.5)
+        .collect();
+    eprintln!(
+        "handoff: heavy idle {:.1} s in {} gaps over 0.5 s: {}",
+        gaps.iter().map(|(_, g)| g).sum::<f64>(),
+        gaps.len(),
+        gaps.iter()
+            .map(|(at, g)| format!("{g:.1} s at {at:.1} s"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    // The calls of each window, as bursts apart by more than 0.3 s: a
+    // sliding log of 20/s admits 20 at once when the seller asks in time.
+    let mut bursts: Vec<usize> = Vec::new();
+    for (i, at) in firsts.iter().enumerate() {
+        match i.checked_sub(1).map(|j| *at - firsts[j]) {
+            Some(gap) if gap <= Duration::from_millis(300) => {
+                *bursts.last_mut().expect("a burst began") += 1
+            }
+            _ => bursts.push(1),
+        }
+    }
+    eprintln!("handoff: heavy calls per burst: {bursts:?}");
+    // Who made the heavy calls around each silence longer than a window's
+    // (1.2 s), and on which partitions: a silence while the backlog waits
+    // on partitions no replica works on is the rebalance's.
+    let mut heavy: Vec<(Duration, &str, i32)> = calls
+        .iter()
+        .filter(|(id, _)| id.starts_with("heavy-"))
+        .filter_map(|(id, c)| {
+            let (at, via) = c.iter().min()?;
+            Some((*at, via.as_str(), at_of(id)))
+        })
+        .collect();
+    heavy.sort();
+    for w in heavy.windows(2) {
+        let gap = w[1].0 - w[0].0;
+        if gap > Duration::from_millis(1200) {
+            let next: Vec<String> = heavy
+                .iter()
+                .filter(|(at, _, _)| *at >= w[1].0 && *at < w[1].0 + Duration::from_millis(300))
+                .map(|(_, via, p)| format!("{via}/p{p}"))
+                .collect();
+            eprintln!(
+                "handoff: heavy silent {:.1} s from {:.1} s (last call {}/p{}); next burst: {}",
+                gap.as_secs_f64(),
+                w[0].0.as_secs_f64(),
+                w[0].1,
+                w[0].2,
+                next.join(" ")
+            );
+        }
+    }
     if let (Some(first), Some(last)) = (firsts.first(), firsts.last()) {
         let span = (*last - *first).as_secs_f64() + 1.0;
         eprintln!(
@@ -267,5 +328,73 @@ async fn scale_out_and_in(delay: Duration) {
         "{} finished jobs were called again after a graceful handoff (first ten: {:?})",
         twice.len(),
         &twice[..twice.len().min(10)]
+    );
+}
+
+/// Issue 53 (quota): a graceful handoff must not cost a seller the units
+/// of jobs it was granted but never called. `tight` may make 30 calls an
+/// hour (sliding log) and is paced at 2 a second (leaky bucket, a queue of
+/// 30), so its 30 jobs are granted almost at once and called over 15 s. A
+/// second replica joins 3 s in: the partitions it takes over carry granted
+/// jobs still waiting for their go-at, which the first replica drops
+/// uncalled. Before, their units stayed charged for the hour and the new
+/// owner was refused: fewer than 30 jobs were ever called. Now the revoke
+/// gives them back: every job is called, once, and no more than 30 calls
+/// reach the downstream in the hour.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn granted_jobs_a_revoke_strands_give_their_units_back() {
+    const JOBS: usize = 30;
+    let bench = Bench::new("handoff-quota", 6);
+    let down = Downstream::start(always_ok()).await;
+    let rules = || {
+        policy(vec![
+            rule("sliding_window_log", JOBS as u64, "1h", None),
+            rule("leaky_bucket", 2, "1s", Some(JOBS as u64)),
+        ])
+    };
+    let url = |name: &str| format!("{}?w={name}", down.url);
+    let jobs: Records = (0..JOBS)
+        .map(|i| job(&format!("tight-{i}"), "tight"))
+        .collect();
+    bench.produce(&jobs).await;
+    let first = Running::start(bench.settings(&url("r0")), rules());
+    down.wait_distinct("the first paced calls", 3, Duration::from_secs(30))
+        .await;
+    let second = Running::start(bench.settings(&url("r1")), rules());
+    let called = |a: &[crate::common::worker::Arrival]| {
+        a.iter()
+            .map(|x| x.job_id.as_str())
+            .collect::<std::collections::HashSet<_>>()
+            .len()
+    };
+    // Polled rather than waited for with a panic: the replicas stop and
+    // the count is reported either way.
+    let deadline = Instant::now() + Duration::from_secs(45);
+    while called(&down.arrivals()) < JOBS && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // A call past the limit would come a moment later.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    second.stop().await;
+    first.stop().await;
+    let arrivals = down.arrivals();
+    let mut by: HashMap<String, usize> = HashMap::new();
+    for a in &arrivals {
+        *by.entry(a.via.clone()).or_default() += 1;
+    }
+    eprintln!(
+        "handoff quota: {} of {JOBS} jobs called, {} calls, by replica {by:?}",
+        called(&arrivals),
+        arrivals.len()
+    );
+    assert!(
+        called(&arrivals) == JOBS,
+        "{} of {JOBS} jobs called within 45 s (by replica {by:?}): the units of granted jobs the revoke stranded were not given back",
+        called(&arrivals)
+    );
+    assert_eq!(
+        arrivals.len(),
+        JOBS,
+        "each job once, and never more calls than the hour's limit"
     );
 }

@@ -176,6 +176,7 @@ pub fn granted(jobs: usize, units: u64) -> BatchGranted {
         decided_at_us: 0,
         next: None,
         leases: Vec::new(),
+        receipt: None,
     }
 }
 

@@ -1,7 +1,7 @@
 //! The limiter's calls and their failures: calls sent and coalesced, each
 //! Redis call's latency, a lost call's cancel, the failure policy deciding
 //! instead, the limiter's state lost, slots of `max_in_flight` not given
-//! back.
+//! back, units of granted jobs never called given back.
 
 use std::time::Duration;
 
@@ -318,6 +318,48 @@ impl Event for SlotsNotReturned<'_> {
     }
 }
 
+/// Units of a grant that no call used (its jobs' partition was revoked,
+/// or the replica stopped, before the calls) were given back to the
+/// seller's rules, or could not be (`error`: they stay charged until the
+/// rules drain them, as before they were given back).
+#[derive(Debug)]
+pub struct UnitsGivenBack<'a> {
+    pub seller: &'a str,
+    pub units: u64,
+    pub error: Option<&'a str>,
+}
+
+impl Event for UnitsGivenBack<'_> {
+    const NAME: &'static str = "UnitsGivenBack";
+
+    fn record(&self) {
+        match self.error {
+            None => {
+                metrics().units_given_back.inc_by(self.units);
+                tracing::debug!(
+                    seller = self.seller,
+                    units = self.units,
+                    "gave back the units of granted jobs never called here"
+                );
+            }
+            Some(error) => {
+                // A Redis that is down fails every give-back with it: one
+                // line per interval.
+                static FAILED: Every = Every::new(Duration::from_secs(10));
+                if let Some(more) = FAILED.tick() {
+                    tracing::warn!(
+                        seller = self.seller,
+                        units = self.units,
+                        error,
+                        more_since_last_line = more,
+                        "could not give back the units of granted jobs never called here; they stay charged until the seller's rules drain them"
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// The limiter's generated functions for the rule lists in force
 /// (`limiter::shape`) were loaded, at startup or after a reload of the
 /// limits; or could not be, and each loads with its first call.
@@ -355,5 +397,6 @@ inherent_emit!(
     LimiterStateRestored,
     LimiterStateRolledBack,
     GrantsKept,
-    SlotsNotReturned<'_>
+    SlotsNotReturned<'_>,
+    UnitsGivenBack<'_>
 );

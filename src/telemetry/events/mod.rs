@@ -99,7 +99,7 @@ pub use kafka::{
 pub use limiter::{
     GrantsKept, JobsCallCancelled, LimiterCallCoalesced, LimiterCalled, LimiterStateLost,
     LimiterStateRestored, LimiterStateRolledBack, LimiterStateStarted, LimiterUnavailable,
-    RedisCalled, ShapesPrepared, SlotsNotReturned,
+    RedisCalled, ShapesPrepared, SlotsNotReturned, UnitsGivenBack,
 };
 pub use limits::{
     LimitLearnt, LimitsReloadRejected, LimitsReloaded, PausesRead, SellerPaused, SharedState,

@@ -156,15 +156,20 @@ impl<X: Ports> Engine<X> {
         // decision, after the ask left: counted from the ask, they lapse
         // here no later than there (a stall that held the answer back
         // counts against them).
-        let leases = match &mut decision {
+        //
+        // Its units too, held by its jobs until their calls start: those of
+        // jobs that are gone already, or go uncalled (a revoke, a
+        // shutdown), are given back.
+        let (leases, charge) = match &mut decision {
             BatchDecision::Granted(g) => {
                 let lapses_at = after(asked_at, self.settings.limits.slot_lease);
                 let leases = self
                     .slots
                     .hold(&key, std::mem::take(&mut g.leases), lapses_at);
-                leases.into_iter().map(Some).collect()
+                let charge = self.charges.hold(&key, g);
+                (leases.into_iter().map(Some).collect(), charge)
             }
-            _ => Vec::new(),
+            _ => (Vec::new(), None),
         };
         let now = self.deps.clock.now();
         let source = self.deps.source.clone();
@@ -172,7 +177,7 @@ impl<X: Ports> Engine<X> {
         let owns = |o: &Origin| source.may_start(o);
         match self
             .scheduler
-            .answered(&key, &decision, leases, answered_at, now, &owns)
+            .answered(&key, &decision, leases, charge, answered_at, now, &owns)
         {
             Answered::Gone => {}
             Answered::Granted(grant) => {

@@ -103,7 +103,7 @@ impl<X: Ports> Engine<X> {
                     let mut unused = Vec::new();
                     let mut lapsed = 0;
                     let mut jobs = chain.into_iter();
-                    while let Some((i, granted_at, p)) = jobs.next() {
+                    while let Some((i, granted_at, mut p)) = jobs.next() {
                         if !go(&p.origin) {
                             unused.push((i, p));
                             continue;
@@ -115,6 +115,11 @@ impl<X: Ports> Engine<X> {
                             unused.extend(jobs.by_ref().map(|(i, _, p)| (i, p)));
                             lapsed += unused.len() - before;
                             continue;
+                        }
+                        // The call starts: its units are used, whatever
+                        // happens to the job from here.
+                        if let Some(charge) = p.charge.take() {
+                            charge.spend();
                         }
                         let started_at = clock.now();
                         let in_flight = p.slot.as_ref().map_or(0, Slots::taken_in_pool);

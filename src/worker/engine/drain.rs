@@ -1,6 +1,7 @@
 //! Shutdown: no new records; what waits is left uncommitted for the next
 //! owner; work under way is awaited (within `worker.shutdown_timeout`);
-//! then the final commit, and the fleet's slots given back.
+//! then the final commit, and the fleet's slots and the units of granted
+//! jobs left uncalled given back.
 
 use std::time::Duration;
 
@@ -67,6 +68,9 @@ impl<X: Ports> Engine<X> {
         // Work abandoned above still holds its leases: they lapse.
         self.scheduler.forget_all();
         self.slots.finish().await;
+        // The units of jobs left uncalled (paced, granted as it stopped),
+        // dropped above, go back to their sellers' rules.
+        self.charges.finish().await;
         Summary {
             abandoned,
             committed_partitions,
@@ -91,8 +95,9 @@ impl<X: Ports> Engine<X> {
                 ..
             } => {
                 self.tasks -= 1;
-                // Not used: the slots it took go back now.
-                if let Ok(BatchDecision::Granted(g)) = result {
+                // Not used: the slots and the units it took go back now.
+                if let Ok(BatchDecision::Granted(mut g)) = result {
+                    drop(self.charges.hold(&seller, &mut g));
                     drop(self.slots.hold(&seller, g.leases, asked_at));
                 }
             }

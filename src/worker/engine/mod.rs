@@ -54,6 +54,7 @@ use crate::telemetry::events::{ConcurrencyConfigured, LimitLearnt};
 use crate::telemetry::http::Health;
 
 use super::admission::Admission;
+use super::charges::FleetCharges;
 use super::concurrency::{AdaptiveLimit, AdaptiveSettings};
 use super::handoff::Handoff;
 use super::memory::Memory;
@@ -168,6 +169,9 @@ pub struct Engine<X: Ports> {
     rx: mpsc::UnboundedReceiver<Event>,
     /// Slots of capped sellers' `max_in_flight` held by granted jobs.
     slots: FleetSlots,
+    /// Units charged for granted jobs not yet called: a job dropped
+    /// uncalled (a revoke, a shutdown) gives them back.
+    charges: FleetCharges,
     /// The downstream's calls out at once, learnt from its answers
     /// (`downstream.adaptive_concurrency`); none: always
     /// `downstream.concurrency`.
@@ -223,6 +227,7 @@ impl<X: Ports> Engine<X> {
             tx,
             rx,
             slots: FleetSlots::new(),
+            charges: FleetCharges::new(),
             asks: Vec::new(),
             ordering,
             handoff: Handoff::default(),
@@ -234,6 +239,7 @@ impl<X: Ports> Engine<X> {
     pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> Summary {
         tokio::pin!(shutdown);
         self.slots.start(self.deps.permits.clone());
+        self.charges.start(self.deps.permits.clone());
         let mut commit = tokio::time::interval(self.settings.kafka.commit_interval);
         commit.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
