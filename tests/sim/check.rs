@@ -687,14 +687,17 @@ pub fn limits(sc: &Scenario, out: &Outcome) -> Vec<String> {
             .max();
         (e, start_of(log, at_ms), last)
     };
-    let host_us = |at_ms: u64| {
+    // To the µs: virtual time moves in µs (a pacer's interval of 62.5 ms,
+    // a refusal's wait), and a call's ms, truncated, can put two
+    // admissions up to a ms closer than `local` made them.
+    let host_us = |c: &Call| {
         let skew: i64 = sc
             .clock_jumps
             .iter()
-            .filter(|&&(at, _)| at <= at_ms)
+            .filter(|&&(at, _)| at <= c.at_ms)
             .map(|&(_, by)| by)
             .sum();
-        (super::clock::EPOCH_US + at_ms * 1_000).saturating_add_signed(skew)
+        c.at_us.saturating_add_signed(skew)
     };
     // Under `local`: each episode's admissions without Redis, by seller
     // (µs, cost), and every limited seller's together for the global rules.
@@ -715,7 +718,7 @@ pub fn limits(sc: &Scenario, out: &Outcome) -> Vec<String> {
                 // Admitted without Redis while it failed, as the mode says.
                 (None, OnError::FailOpen, Some(_)) => {}
                 (None, OnError::Local, Some(e)) => {
-                    let at = host_us(c.at_ms);
+                    let at = host_us(c);
                     let span = local_key(e, c.at_ms);
                     local.entry((span, seller)).or_default().push((at, c.cost));
                     local_all.entry(span).or_default().push((at, c.cost));

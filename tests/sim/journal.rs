@@ -19,6 +19,11 @@ pub struct Call {
     pub cost: u64,
     /// Virtual ms since the start, when the call arrived.
     pub at_ms: u64,
+    /// The store's clock (µs) when the call arrived: `at_ms` to the µs.
+    /// Virtual time moves in µs (a pacer's interval, a wait to the µs), and
+    /// rules are judged at the µs where a grant has no instant of its own
+    /// (`check::limits`, `local`'s admissions).
+    pub at_us: u64,
     /// `X-Granted-At` (µs, the limiter's clock), if any.
     pub granted_at_us: Option<u64>,
     /// The answer's class: "2xx", "429", "5xx", "timeout", "refused", "4xx".
