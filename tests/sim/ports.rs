@@ -641,6 +641,10 @@ impl Store for SimStore {
                         log.reach.denials += 1;
                     }
                 }
+                if matches!(answer.epoch, EpochFound::Lost | EpochFound::NewInstall) {
+                    let new = answer.epoch == EpochFound::NewInstall;
+                    log.epochs_written.push((self.world.now_ms(), new));
+                }
                 log.reach.losses_found += u64::from(answer.epoch == EpochFound::Lost);
                 log.reach.new_installs += u64::from(answer.epoch == EpochFound::NewInstall);
                 log.reach.lost_replies += u64::from(lost);
