@@ -100,6 +100,10 @@ fn explore(
         "{what}: {} limiter decisions made without Redis during its errors, each dropping what redis.on_error = \"local\" counted (reported on issue 53)",
         reached.local_dropped_without_redis
     );
+    println!(
+        "{what}: {} losses of Redis' data taken for a new install by a replica's first call, grants on each side judged alone (reported on issue 53)",
+        reached.losses_taken_for_new
+    );
     assert!(
         failures.is_empty(),
         "{} seeds broke an invariant ({what}):{report}",

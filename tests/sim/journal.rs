@@ -19,6 +19,11 @@ pub struct Call {
     pub cost: u64,
     /// Virtual ms since the start, when the call arrived.
     pub at_ms: u64,
+    /// The store's clock (µs) when the call arrived: `at_ms` to the µs.
+    /// Virtual time moves in µs (a pacer's interval, a wait to the µs), and
+    /// rules are judged at the µs where a grant has no instant of its own
+    /// (`check::limits`, `local`'s admissions).
+    pub at_us: u64,
     /// `X-Granted-At` (µs, the limiter's clock), if any.
     pub granted_at_us: Option<u64>,
     /// The answer's class: "2xx", "429", "5xx", "timeout", "refused", "4xx".
@@ -44,6 +49,10 @@ pub struct Log {
     /// (not an error): under `redis.on_error = "local"` each one drops
     /// what the in-memory limits counted (`worker::admission`).
     pub limiter_answered_ms: Vec<u64>,
+    /// Each charging call that wrote the loss guard's epoch (it found it
+    /// gone): virtual ms, and whether it wrote it as a new install's
+    /// (nothing lost) rather than as a loss.
+    pub epochs_written: Vec<(u64, bool)>,
     /// Record value → job, for every record the scenario produced.
     pub by_value: HashMap<Bytes, JobId>,
     pub by_job_id: HashMap<String, JobId>,
@@ -195,6 +204,9 @@ pub struct Reach {
     /// the engine takes for Redis answering again and so drops what
     /// `local` counted (see `check::limits`).
     pub local_dropped_without_redis: u64,
+    /// Not a state to reach: a loss of Redis' data that a replica's first
+    /// call took for a new install (see `check::losses_taken_for_new`).
+    pub losses_taken_for_new: u64,
 }
 
 impl Log {
@@ -235,6 +247,7 @@ impl Reach {
         self.local_calls += o.local_calls;
         self.fail_open_calls += o.fail_open_calls;
         self.local_dropped_without_redis += o.local_dropped_without_redis;
+        self.losses_taken_for_new += o.losses_taken_for_new;
     }
 
     /// Each count by name.

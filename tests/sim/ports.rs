@@ -353,6 +353,7 @@ impl Caller for SimDownstream {
             Some(cap) if !cap.shed => took * busy as u64 / cap.calls as u64,
             _ => took,
         };
+        let at_us = w.clock.true_unix_us();
         // It holds a slot from now, answered or not (a kill cuts it short).
         let started = w.journal.call_started(
             id,
@@ -361,7 +362,7 @@ impl Caller for SimDownstream {
                 job: id,
                 seller: job.seller_id.as_str().to_owned(),
                 cost: job.cost,
-                at_us: w.clock.true_unix_us(),
+                at_us,
                 granted_at_us,
             },
         );
@@ -383,6 +384,7 @@ impl Caller for SimDownstream {
                 seller: job.seller_id.as_str().to_owned(),
                 cost: job.cost,
                 at_ms,
+                at_us,
                 granted_at_us,
                 class,
                 end_ms: w.now_ms(),
@@ -638,6 +640,10 @@ impl Store for SimStore {
                     } else if r.head.status == 0 {
                         log.reach.denials += 1;
                     }
+                }
+                if matches!(answer.epoch, EpochFound::Lost | EpochFound::NewInstall) {
+                    let new = answer.epoch == EpochFound::NewInstall;
+                    log.epochs_written.push((self.world.now_ms(), new));
                 }
                 log.reach.losses_found += u64::from(answer.epoch == EpochFound::Lost);
                 log.reach.new_installs += u64::from(answer.epoch == EpochFound::NewInstall);

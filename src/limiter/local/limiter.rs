@@ -59,7 +59,12 @@ impl<C: Clock> ModelLimiter<C> {
     /// fingerprint, so that a rule's state is its own whatever the list
     /// around it (an edited rule starts fresh; nothing converts).
     pub fn rule_key(rule: &Rule) -> String {
-        format!("model:{{seller}}:{}", rule.fingerprint())
+        Self::place_key(&rule.fingerprint())
+    }
+
+    /// The key of the place named `place` ([`ModelLimiter::acquire_at`]).
+    fn place_key(place: &str) -> String {
+        format!("model:{{seller}}:{place}")
     }
 
     /// Decides and charges. Panics if `cost` is 0, as [`run`] does.
@@ -80,11 +85,52 @@ impl<C: Clock> ModelLimiter<C> {
         &self.clock
     }
 
+    /// [`ModelLimiter::acquire`] with rule `i`'s state at the place
+    /// `places[i]` names, whatever the rule there now: a rule that replaces
+    /// another at its place converts what the old one left there, as a
+    /// limit edit does in Redis ([`convert`](super::convert)), so what the
+    /// old rule admitted still counts. The local fallback names each place
+    /// by the configured rule, whose share of it may change in an outage.
+    pub fn acquire_at(
+        &mut self,
+        places: &[String],
+        rules: &[Rule],
+        cost: u64,
+        mode: Mode,
+    ) -> Decision {
+        self.decide_at(Op::Acquire, places, rules, cost, mode)
+    }
+
+    /// Dry run of [`ModelLimiter::acquire_at`], charging nothing.
+    pub fn peek_at(
+        &mut self,
+        places: &[String],
+        rules: &[Rule],
+        cost: u64,
+        mode: Mode,
+    ) -> Decision {
+        self.decide_at(Op::Peek, places, rules, cost, mode)
+    }
+
     fn decide(&mut self, op: Op, rules: &[Rule], cost: u64, mode: Mode) -> Decision {
+        let places: Vec<String> = rules.iter().map(Rule::fingerprint).collect();
+        self.decide_at(op, &places, rules, cost, mode)
+    }
+
+    fn decide_at(
+        &mut self,
+        op: Op,
+        places: &[String],
+        rules: &[Rule],
+        cost: u64,
+        mode: Mode,
+    ) -> Decision {
+        assert_eq!(places.len(), rules.len(), "one place per rule");
         self.calls += 1;
-        let keyed: Vec<KeyedRule> = rules
+        let keyed: Vec<KeyedRule> = places
             .iter()
-            .map(|r| (StateKey::new(Self::rule_key(r), "r0"), *r))
+            .zip(rules)
+            .map(|(place, r)| (StateKey::new(Self::place_key(place), "r0"), *r))
             .collect();
         let reply = run(
             &mut self.store,

@@ -104,6 +104,13 @@ impl<C: Clock + Clone> LocalShare<C> {
         };
         let own: Vec<Rule> = own_rules.iter().map(|r| scaled(r, share)).collect();
         let global: Vec<Rule> = global_rules.iter().map(|r| scaled(r, share)).collect();
+        // Each scaled rule's state lives at the place of the rule it scales:
+        // when the share moves in an outage (a partition revoked or
+        // assigned), the new share converts what the old one admitted
+        // instead of starting fresh beside it (sim seeds 3171, 4562, 4717:
+        // a fresh start let one replica alone pass the rule itself).
+        let own_at: Vec<String> = own_rules.iter().map(Rule::fingerprint).collect();
+        let global_at: Vec<String> = global_rules.iter().map(Rule::fingerprint).collect();
         let clock = &self.clock;
         let mine = self
             .sellers
@@ -139,12 +146,14 @@ impl<C: Clock + Clone> LocalShare<C> {
             // Peek both first: all or nothing over the seller's and the
             // global rules (one thread owns this state, so nothing moves
             // between the peek and the charge).
-            let refusal = match mine.peek(&own, cost, Mode::AllOrNothing) {
+            let refusal = match mine.peek_at(&own_at, &own, cost, Mode::AllOrNothing) {
                 Decision::Granted(_) if global.is_empty() => None,
-                Decision::Granted(_) => match all.peek(&global, cost, Mode::AllOrNothing) {
-                    Decision::Granted(_) => None,
-                    d => Some(d),
-                },
+                Decision::Granted(_) => {
+                    match all.peek_at(&global_at, &global, cost, Mode::AllOrNothing) {
+                        Decision::Granted(_) => None,
+                        d => Some(d),
+                    }
+                }
                 d => Some(d),
             };
             if let Some(refusal) = refusal {
@@ -153,9 +162,9 @@ impl<C: Clock + Clone> LocalShare<C> {
                 }
                 break;
             }
-            mine.acquire(&own, cost, Mode::AllOrNothing);
+            mine.acquire_at(&own_at, &own, cost, Mode::AllOrNothing);
             if !global.is_empty() {
-                all.acquire(&global, cost, Mode::AllOrNothing);
+                all.acquire_at(&global_at, &global, cost, Mode::AllOrNothing);
             }
             jobs += 1;
             units += cost;
@@ -201,6 +210,63 @@ mod tests {
         let r = scaled(&rule(3, None), 0.1);
         assert_eq!(r.limit().get(), 1);
         assert_eq!(scaled(&rule(7, None), 1.0), rule(7, None));
+    }
+
+    /// Sim seeds 3171, 4562 and 4717: a replica's share of the jobs topic
+    /// changed in the middle of one Redis outage (a partition revoked or
+    /// assigned), and the seller's local state started fresh under the
+    /// new share, so what the old share had admitted was counted nowhere:
+    /// one replica alone went over the rule itself. Each row admits under
+    /// one share, changes it, and asks again: what was admitted before
+    /// still counts, converted as a limit edit converts it in Redis.
+    #[test]
+    fn a_share_that_changes_in_an_outage_keeps_what_was_admitted() {
+        use crate::limiter::testkit::ManualClock;
+        // (row, algorithm, limit, period ms, burst, steps: (after ms, share, cost, units granted))
+        type Row = (
+            u32,
+            Algorithm,
+            u64,
+            u64,
+            Option<u64>,
+            &'static [(u64, f64, u64, u64)],
+        );
+        #[rustfmt::skip]
+        let rows: &[Row] = &[
+            // Seed 3171: a pacer of 1 per 62.5 ms (burst 1), 1 per 125 ms
+            // at half the partitions: 22 ms after a unit, none more. A
+            // refusal converts nothing (a dry run), so the unit counts as
+            // the old share held it: until 125 ms (conservative).
+            (1, Algorithm::LeakyBucket, 4, 250, Some(1), &[(0, 0.5, 1, 1), (22, 1.0, 1, 0), (80, 1.0, 1, 0), (23, 1.0, 1, 1)]),
+            // Seed 4562: 2 per 5 s, 1 at half; the unit admitted counts.
+            (2, Algorithm::SlidingWindowCounter, 2, 5_000, None, &[(0, 0.5, 1, 1), (2, 1.0, 2, 0), (0, 1.0, 1, 1)]),
+            // Seed 4717: 3 per s, 1 at a fifth: 2 more in the window.
+            (3, Algorithm::SlidingWindowCounter, 3, 1_000, None, &[(0, 0.2, 1, 1), (217, 1.0, 3, 0), (0, 1.0, 2, 2), (0, 1.0, 1, 0)]),
+            // A window's count reads the same under any limit.
+            (4, Algorithm::FixedWindow, 10, 1_000, None, &[(0, 0.5, 5, 5), (10, 1.0, 10, 0), (0, 1.0, 5, 5), (0, 1.0, 1, 0)]),
+            // A shrinking share: the larger share's use is charged to the
+            // smaller one, at most its capacity.
+            (5, Algorithm::TokenBucket, 10, 1_000, Some(10), &[(0, 1.0, 8, 8), (1, 0.5, 1, 0)]),
+        ];
+        for &(row, algorithm, limit, period_ms, burst, steps) in rows {
+            let rule = Rule::new(algorithm, limit, Duration::from_millis(period_ms), burst)
+                .expect("a valid rule");
+            let own = [rule];
+            // The start of a 5 s window, so that no row crosses one.
+            let clock = ManualClock::new(1_800_000_000_000_000);
+            let mut local = LocalShare::with_clock(clock.clone());
+            for (i, &(after_ms, share, cost, want)) in steps.iter().enumerate() {
+                clock.advance(Duration::from_millis(after_ms));
+                let got = match local.acquire_jobs("s", Some((&own, &[])), &[cost], share) {
+                    BatchDecision::Granted(g) => g.units,
+                    _ => 0,
+                };
+                assert_eq!(
+                    got, want,
+                    "row {row} step {i}: {algorithm:?} {limit}/{period_ms} ms, share {share}, cost {cost}"
+                );
+            }
+        }
     }
 
     #[test]
