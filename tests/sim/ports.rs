@@ -15,7 +15,7 @@ use throttle_worker::job::Job;
 use throttle_worker::kafka::{OriginalRecord, Position, RetryHeaders, Verdict};
 use throttle_worker::limiter::{
     call_life_us, BatchDecision, BlockAt, BlockCall, Blocked, Coalescer, Decision, EpochFound,
-    JobsCall, JobsReply, JobsRequest, Learnt, Pause, RefundCall, Rule, Store,
+    JobsCall, JobsReply, JobsRequest, Learnt, Pause, Receipt, RefundCall, Rule, Store,
 };
 use throttle_worker::worker::{
     Caller, Clock, PermitError, Permits, SellerInfo, WriteError, Writer,
@@ -747,6 +747,17 @@ impl Permits for SimPermits {
 
     async fn release(&self, seller: &str, leases: &[String]) -> Result<(), PermitError> {
         Permits::release(&self.inner, seller, leases).await
+    }
+
+    // Granted jobs a revoke or a stop left uncalled give their units back
+    // in the simulation as in the product (the refund runs in its Redis).
+    async fn give_back(
+        &self,
+        seller: &str,
+        receipt: &Receipt,
+        units: u64,
+    ) -> Result<(), PermitError> {
+        Permits::give_back(&self.inner, seller, receipt, units).await
     }
 
     async fn acquire_jobs(
