@@ -212,26 +212,18 @@ impl Parts {
             + entry.rules.iter().map(RulePart::bytes).sum::<usize>();
         self.bytes = self.bytes + bytes - entry.bytes;
         entry.bytes = bytes;
-        self.evict(&key);
+        self.evict();
     }
 
     /// Forgets the least recently granted sellers while over the budget,
-    /// never `keep` (the one just granted) unless it alone is over.
-    fn evict(&mut self, keep: &Arc<str>) {
+    /// never the one just granted unless it alone is over.
+    fn evict(&mut self) {
+        // The seller just granted has the newest tick: it is the first in
+        // line only when it is alone, and then it alone is over.
         while self.bytes > self.budget {
-            let Some((&tick, seller)) = self.order.iter().next() else {
+            let Some((_, seller)) = self.order.pop_first() else {
                 return;
             };
-            if seller == keep && self.sellers.len() > 1 {
-                // It is the newest; anything older goes first.
-                let Some((&older, _)) = self.order.iter().find(|(_, s)| *s != keep) else {
-                    return;
-                };
-                let seller = self.order.remove(&older).expect("listed");
-                self.forget(&seller);
-                continue;
-            }
-            let seller = self.order.remove(&tick).expect("listed");
             self.forget(&seller);
         }
     }

@@ -101,14 +101,14 @@ pub(super) struct Decision {
 
 /// What an answer says of the downstream as a whole, whoever owns the job
 /// now.
-pub(super) fn health<'a>(answer: &Answer, job_id: &'a str) -> Health<'a> {
+pub(super) fn health<'a>(answer: &Answer, job_id: &'a str, started_at: Instant) -> Health<'a> {
     match answer {
         Answer::Unreachable { .. } => Health::Failed { job_id },
         Answer::Unavailable { retry_after, .. } => Health::Down {
             retry_after: *retry_after,
         },
         Answer::Done | Answer::Retryable { .. } | Answer::Fatal { .. } | Answer::Throttled(_) => {
-            Health::Answered
+            Health::Answered { started_at }
         }
     }
 }
@@ -491,8 +491,8 @@ mod tests {
         ];
         for (row, kind, want_health, want_overload) in rows {
             let a = answer(kind);
-            let got = match health(&a, "j") {
-                Health::Answered => "answered".to_owned(),
+            let got = match health(&a, "j", Instant::now()) {
+                Health::Answered { .. } => "answered".to_owned(),
                 Health::Failed { job_id } => {
                     assert_eq!(job_id, "j", "row {row}");
                     "failed".to_owned()
@@ -503,7 +503,11 @@ mod tests {
             assert_eq!(overload(&a), want_overload, "row {row}: {kind}");
         }
         let throttled = Answer::Throttled(RetryAfter::Unspecified);
-        assert!(matches!(health(&throttled, "j"), Health::Answered));
+        let left = Instant::now();
+        assert!(matches!(
+            health(&throttled, "j", left),
+            Health::Answered { started_at } if started_at == left
+        ));
         assert!(!overload(&throttled), "a 429 is not the downstream failing");
     }
 

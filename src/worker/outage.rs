@@ -88,8 +88,10 @@ pub(super) enum Turned {
 
 /// What a call's answer says of the downstream.
 pub(super) enum Health<'a> {
-    /// It answered (2xx, 4xx, 429): it is up.
-    Answered,
+    /// It answered (2xx, 4xx, 429) a call that left at `started_at`: it is
+    /// up, unless the call left before the downstream said it is down for
+    /// a while (see [`Outage::record`]).
+    Answered { started_at: Instant },
     /// It failed for this job (5xx without Retry-After, timeout, refused).
     Failed { job_id: &'a str },
     /// It said it is down for this long (5xx with Retry-After).
@@ -151,7 +153,7 @@ impl Outage {
     /// the downstream said it is down for a while (a 5xx with
     /// Retry-After): a call it took before its maintenance began tells
     /// nothing of the maintenance, and must not end the hold.
-    pub(super) fn predates_hold(&self, started_at: Instant) -> bool {
+    fn predates_hold(&self, started_at: Instant) -> bool {
         matches!(&self.state, State::Open { told: Some(t), .. } if started_at < *t)
     }
 
@@ -173,10 +175,15 @@ impl Outage {
     }
 
     /// Records an answer: whether the breaker opened or closed, and the
-    /// sellers to wake when it closed.
+    /// sellers to wake when it closed. An answer to a call that left before
+    /// a 503's Retry-After says nothing of the maintenance and records
+    /// nothing (simulation seed 1082).
     pub(super) fn record(&mut self, health: Health<'_>, now: Instant) -> Recorded {
         match health {
-            Health::Answered => {
+            Health::Answered { started_at } if self.predates_hold(started_at) => {
+                Recorded::default()
+            }
+            Health::Answered { .. } => {
                 self.last_answer = Some(now);
                 let turned = match &self.state {
                     State::Open { since, probes, .. } => Some(Turned::Closed {
@@ -323,7 +330,7 @@ mod tests {
         let a: Arc<str> = Arc::from("a");
         let b: Arc<str> = Arc::from("b");
         o.record(Health::Failed { job_id: "j1" }, now);
-        o.record(Health::Answered, now);
+        o.record(Health::Answered { started_at: now }, now);
         o.record(Health::Failed { job_id: "j1" }, now);
         o.record(Health::Failed { job_id: "j2" }, now);
         assert!(!o.is_open(), "an answer between failures resets the count");
@@ -339,7 +346,7 @@ mod tests {
         o.record(Health::Failed { job_id: "j1" }, due);
         let later = o.admit(&b, due).expect_err("waits");
         assert!(later > due);
-        let closed = o.record(Health::Answered, later);
+        let closed = o.record(Health::Answered { started_at: later }, later);
         assert!(!o.is_open());
         assert!(
             closed.woken.contains(&b),
@@ -352,7 +359,7 @@ mod tests {
             "it says how long it lasted and how many probes failed"
         );
         assert_eq!(o.last_answer(), Some(later));
-        let again = o.record(Health::Answered, later);
+        let again = o.record(Health::Answered { started_at: later }, later);
         assert_eq!(again, Recorded::default(), "closed already: nothing turned");
         assert_eq!(o.admit(&b, later), Ok(None));
     }

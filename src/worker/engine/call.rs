@@ -237,15 +237,9 @@ impl<X: Ports> Engine<X> {
         let now = self.deps.clock.now();
         // What the answer says of the downstream as a whole, whoever owns
         // the job now.
-        let health = answers::health(&outcome, &p.job.job_id);
-        // A success of a call that left before the downstream said it is
-        // down for a while (503 with Retry-After) does not end that hold.
-        let stale =
-            matches!(health, Health::Answered) && self.outage.predates_hold(timing.started_at);
-        if !stale {
-            for seller in self.record_health(health, now) {
-                self.ask_if_ready(&seller);
-            }
+        let health = answers::health(&outcome, &p.job.job_id, timing.started_at);
+        for seller in self.record_health(health, now) {
+            self.ask_if_ready(&seller);
         }
         // Its partition may be asked about again, while the rest of the
         // run is out: in its turn.
@@ -443,12 +437,11 @@ impl<X: Ports> Engine<X> {
         // A 429 is an answer: the downstream is up. A probe that ended
         // without an answer lets the next seller probe.
         self.outage.probe_dropped(&key);
-        let fresh_429 = throttled
-            .iter()
-            .any(|t| !self.outage.predates_hold(t.started_at));
-        if fresh_429 {
+        // The latest call to leave tells the most (an earlier one may have
+        // left before a 503's Retry-After: `Outage::record`).
+        if let Some(started_at) = throttled.iter().map(|t| t.started_at).max() {
             let now = self.deps.clock.now();
-            for seller in self.record_health(Health::Answered, now) {
+            for seller in self.record_health(Health::Answered { started_at }, now) {
                 if seller != key {
                     self.ask_if_ready(&seller);
                 }
