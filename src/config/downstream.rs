@@ -208,59 +208,6 @@ impl Default for RetryStatuses {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::load_from;
-    use crate::config::testing::file;
-
-    #[test]
-    fn zero_concurrency_is_refused_with_its_origin() {
-        let f = file("[downstream]\nconcurrency = 0\n");
-        let err = load_from(Some(f.path()), Vec::new())
-            .err()
-            .expect("must fail");
-        assert_eq!(err.key, "downstream.concurrency");
-        assert_eq!(err.file, f.path().display().to_string());
-        assert_eq!(err.problem, "must be at least 1");
-    }
-
-    #[test]
-    fn the_adaptive_limits_floor_and_tolerance_are_checked() {
-        let cases = [
-            (
-                "concurrency = 4\nmin_concurrency = 5\n",
-                "downstream.min_concurrency",
-                "must not be more than downstream.concurrency (the adaptive limit's ceiling)",
-            ),
-            (
-                "min_concurrency = 0\n",
-                "downstream.min_concurrency",
-                "must be at least 1",
-            ),
-            (
-                "latency_tolerance = 1.0\n",
-                "downstream.latency_tolerance",
-                "must be more than 1 (the unloaded latency) and at most 100",
-            ),
-        ];
-        for (body, key, problem) in cases {
-            let f = file(&format!("[downstream]\n{body}"));
-            let err = load_from(Some(f.path()), Vec::new()).err().expect(body);
-            assert_eq!(
-                (err.key.as_str(), err.problem.as_str()),
-                (key, problem),
-                "{body}"
-            );
-        }
-        let f = file("[downstream]\nadaptive_concurrency = true\nconcurrency = 16\nmin_concurrency = 16\nlatency_tolerance = 1.5\n");
-        let d = load_from(Some(f.path()), Vec::new())
-            .expect("loads")
-            .settings
-            .downstream;
-        assert!(d.adaptive_concurrency);
-        assert_eq!(
-            (d.concurrency, d.min_concurrency, d.latency_tolerance),
-            (16, 16, 1.5)
-        );
-    }
 
     #[test]
     fn retry_statuses_parse_codes_and_classes_and_refuse_the_rest() {

@@ -210,38 +210,3 @@ pub(super) enum KafkaProblem {
     )]
     RetryTierTooLong(String),
 }
-
-#[cfg(test)]
-mod tests {
-    use crate::config::load_from;
-    use crate::config::testing::file;
-
-    #[test]
-    fn consumer_and_producer_properties_go_to_their_own_client() {
-        let f = file(
-            "[kafka.properties]\n\"security.protocol\" = \"SASL_SSL\"\n\"client.id\" = \"tw\"\n\
-             [kafka.consumer_properties]\n\"session.timeout.ms\" = \"10000\"\n\"client.id\" = \"tw-consumer\"\n\
-             [kafka.producer_properties]\n\"linger.ms\" = \"5\"\n",
-        );
-        let k = load_from(Some(f.path()), Vec::new())
-            .unwrap()
-            .settings
-            .kafka;
-        let c = k.consumer_config();
-        let p = k.producer_config();
-        assert_eq!(c["security.protocol"], "SASL_SSL");
-        assert_eq!(p["security.protocol"], "SASL_SSL");
-        assert_eq!(c["client.id"], "tw-consumer", "specific over shared");
-        assert_eq!(p["client.id"], "tw");
-        assert_eq!(
-            c.get("linger.ms"),
-            None,
-            "producer keys stay out of the consumer"
-        );
-        assert_eq!(
-            p.get("session.timeout.ms"),
-            None,
-            "consumer keys stay out of the producer"
-        );
-    }
-}

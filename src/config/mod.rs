@@ -68,3 +68,5 @@ pub use self::tracing::TracingSettings;
 
 #[cfg(test)]
 mod testing;
+#[cfg(test)]
+mod tests;
