@@ -104,6 +104,10 @@ fn explore(
         "{what}: {} losses of Redis' data taken for a new install by a replica's first call, grants on each side judged alone (reported on issue 53)",
         reached.losses_taken_for_new
     );
+    println!(
+        "{what}: {} losses of Redis' data after which a replica that ended (or a Redis failure) left grants unrestored, grants on each side judged alone",
+        reached.losses_unrestored
+    );
     assert!(
         failures.is_empty(),
         "{} seeds broke an invariant ({what}):{report}",

@@ -24,6 +24,8 @@ const LEARN_SALT: u64 = 0x1ea7_4290_0000_0000;
 const PRIORITY_SALT: u64 = 0x9210_7170_0000_0000;
 /// Redis' data losses draw from a generator of their own too.
 const LOSS_SALT: u64 = 0x1055_0fda_7a00_0000;
+/// Partial losses: a seller's state put back to an older copy.
+const ROLLBACK_SALT: u64 = 0x2011_bac4_0000_0000;
 /// What orders jobs (`worker.ordering`), and how their keys spread.
 const ORDER_SALT: u64 = 0x0de2_5a17_0000_0000;
 /// A first deploy: Redis and the consumer group both empty.
@@ -402,6 +404,24 @@ impl Scenario {
         // Redis does, and a loss may follow the first calls.
         let mut n = StdRng::seed_from_u64(seed ^ INSTALL_SALT);
         sc.fresh_install = n.random_bool(1.0 / 3.0);
+        // Partial losses on about 20 % of the seeds, from a generator of
+        // their own: every seller's state goes back 50 ms to 2 s (a
+        // failover to a replica that missed the last writes), the epoch
+        // staying.
+        let mut b = StdRng::seed_from_u64(seed ^ ROLLBACK_SALT);
+        if b.random_bool(0.2) {
+            for _ in 0..b.random_range(1..=2) {
+                let at = b.random_range(0..horizon);
+                sc.faults.rollbacks.push((at, b.random_range(50..=2_000)));
+            }
+            sc.faults.rollbacks.sort_unstable();
+            let keys = throttle_worker::limiter::KeySpace::new("sim");
+            sc.faults.rollback_keys = sc
+                .sellers
+                .iter()
+                .map(|s| keys.seller_state(&s.name))
+                .collect();
+        }
         // The downstream's own ways to fail that the outages above do not
         // make, from a generator of their own: a planned maintenance (503
         // with `Retry-After`, which holds the whole downstream), and a
