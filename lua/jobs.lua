@@ -123,7 +123,10 @@ local function jobs_summary(rules, states, now, taken)
   local remaining, reset, tight = nil, 0, 0
   for i = 1, #rules do
     local r = rules[i]
-    local left = r.algo.left(states[i], r, now, taken)
+    -- Never below 0: restored parts may leave a rule in debt (restore.lua
+    -- charges each replica's part up to the capacity, and the parts
+    -- together may pass it), and a reply's counts are never negative.
+    local left = math.max(0, r.algo.left(states[i], r, now, taken))
     if remaining == nil or left < remaining then
       remaining, tight = left, i
     end

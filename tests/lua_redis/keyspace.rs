@@ -203,6 +203,26 @@ impl Keyspace {
         keys
     }
 
+    /// A copy of `key` as it is now, its expiry with it (`None`: no
+    /// key), to put back later ([`Keyspace::put_back`]): an older copy
+    /// of the data (a replica that missed the last writes, a `DUMP`).
+    pub fn copy_of(&self, key: &[u8]) -> Option<(Value, Option<i64>)> {
+        self.entries
+            .get(key)
+            .map(|e| (e.value.clone(), e.expires_at_ms))
+    }
+
+    /// Puts `copy` back at `key` ([`Keyspace::copy_of`]): the key as it
+    /// was then, or gone when there was none.
+    pub fn put_back(&mut self, key: &[u8], copy: Option<(Value, Option<i64>)>) {
+        match copy {
+            Some((value, expires_at_ms)) => self.put(key, value, expires_at_ms),
+            None => {
+                self.entries.remove(key);
+            }
+        }
+    }
+
     /// `FLUSHALL`: every key gone (a restart without persistence).
     pub fn flush(&mut self) {
         self.entries.clear();

@@ -4,7 +4,8 @@
 //! and the same reading of the raw reply (`JobsAnswer::from_slice`). Only the transport differs.
 
 use throttle_worker::limiter::{
-    release_args, BlockAt, BlockCall, Blocked, JobsAnswer, JobsCall, RefundCall,
+    release_args, BlockAt, BlockCall, Blocked, JobsAnswer, JobsCall, RefundCall, RestoreCall,
+    RollbackFound,
 };
 
 use super::{EmbeddedError, EmbeddedRedis, Reply, Script};
@@ -43,6 +44,38 @@ impl EmbeddedRedis {
         let keys: Vec<&str> = call.keys().collect();
         let args = call.cancel_wire_args(life_us);
         integers(self.invoke(Script::Limiter, &keys, &args, at_us)?)
+    }
+
+    /// A replica's part written back after a loss (`RedisStore::restore`):
+    /// per rule, the units charged, -1 or -2 (`lua/restore.lua`).
+    pub fn restore(&self, call: &RestoreCall, at_us: u64) -> Result<Vec<i64>, EmbeddedError> {
+        let keys: Vec<&str> = call.keys().collect();
+        integers(self.invoke(Script::Limiter, &keys, &call.args(), at_us)?)
+    }
+
+    /// The epoch at `key` (`RedisStore::read_epoch`): `GET`, an integer
+    /// or nothing.
+    pub fn read_epoch(&self, key: &str, at_us: u64) -> Option<u64> {
+        match self.command(&["GET", key], at_us) {
+            Ok(Reply::Bulk(b)) => std::str::from_utf8(&b).ok()?.parse().ok(),
+            _ => None,
+        }
+    }
+
+    /// The finds listed at `key` after `after_us`
+    /// (`RedisStore::read_rollbacks`: `ZRANGEBYSCORE key (after +inf`).
+    pub fn read_rollbacks(&self, key: &str, after_us: u64, at_us: u64) -> Vec<RollbackFound> {
+        let after = format!("({after_us}");
+        match self.command(&["ZRANGEBYSCORE", key, &after, "+inf"], at_us) {
+            Ok(Reply::Array(items)) => items
+                .iter()
+                .filter_map(|m| match m {
+                    Reply::Bulk(b) => RollbackFound::parse(std::str::from_utf8(b).ok()?),
+                    _ => None,
+                })
+                .collect(),
+            other => panic!("ZRANGEBYSCORE {key}: {other:?}"),
+        }
     }
 
     /// Slots given back (`RedisStore::release`): how many were held.

@@ -31,6 +31,10 @@ use throttle_worker::limiter::MalformedReply;
 
 pub use commands::{CommandError, Reply};
 
+/// A key's value and expiry as copied ([`EmbeddedRedis::copy_keys`]);
+/// `None`: no key.
+pub type KeyCopy = Option<(keyspace::Value, Option<i64>)>;
+
 /// Why an embedded call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum EmbeddedError {
@@ -206,6 +210,23 @@ impl EmbeddedRedis {
     /// `FLUSHALL`: every key gone, as after a restart without persistence.
     pub fn flushall(&self) {
         self.server().keys.flush();
+    }
+
+    /// Copies of `keys` as they are now ([`keyspace::Keyspace::copy_of`]).
+    pub fn copy_keys(&self, keys: &[String]) -> Vec<KeyCopy> {
+        let server = self.server();
+        keys.iter()
+            .map(|k| server.keys.copy_of(k.as_bytes()))
+            .collect()
+    }
+
+    /// Puts `copies` of `keys` back ([`EmbeddedRedis::copy_keys`]): those
+    /// keys go back to that older copy, every other key stays.
+    pub fn put_back(&self, keys: &[String], copies: Vec<KeyCopy>) {
+        let mut server = self.server();
+        for (k, copy) in keys.iter().zip(copies) {
+            server.keys.put_back(k.as_bytes(), copy);
+        }
     }
 
     /// Every key alive at `at_us`, sorted.

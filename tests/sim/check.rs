@@ -456,6 +456,7 @@ pub fn reach(sc: &Scenario, out: &Outcome) -> Reach {
         OnError::FailClosed => {}
     }
     r.losses_taken_for_new = losses_taken_for_new(sc, out).len() as u64;
+    r.losses_unrestored = losses_unrestored(sc, out).len() as u64;
     r.gave_up_calls = log.calls.iter().filter(|c| c.class == GAVE_UP).count() as u64;
     r.maintenance_calls = log
         .calls
@@ -662,10 +663,13 @@ pub fn limits(sc: &Scenario, out: &Outcome) -> Vec<String> {
         by_seller.entry(&c.seller).or_default().push(c);
     }
     let mut v = Vec::new();
-    let unguarded: Vec<u64> = losses_taken_for_new(sc, out)
-        .iter()
+    let mut unguarded: Vec<u64> = losses_taken_for_new(sc, out)
+        .into_iter()
+        .chain(losses_unrestored(sc, out))
         .map(|ms| super::clock::EPOCH_US + ms * 1_000)
         .collect();
+    unguarded.sort_unstable();
+    unguarded.dedup();
     let episodes = redis_failures(sc);
     let episode_of = |at_ms: u64| {
         episodes
@@ -823,6 +827,53 @@ pub fn losses_taken_for_new(sc: &Scenario, out: &Outcome) -> Vec<u64> {
                 .iter()
                 .find(|&&(at, _)| at >= lost)
                 .is_some_and(|&(_, new)| new)
+        })
+        .collect();
+    losses.sort_unstable();
+    losses
+}
+
+/// Losses of Redis' data, whole or partial (virtual ms), after which the
+/// replicas could not write back every grant that still counted: a process that granted
+/// in the longest rule's period before the loss ended (killed, or stopped)
+/// before the loss's hold was over (`redis.state_loss_wait` and a watch's
+/// turn), so its grants, kept in its memory, went with it; or Redis
+/// failed within the hold, so a restore may not have landed. With every
+/// replica alive and Redis answering, a loss is judged across: the
+/// restores must put back what the fleet granted before it
+/// (`limiter::restore`). The grants on each side of the others are judged
+/// alone, each against the whole rule, and the losses are counted
+/// (`Reach::losses_unrestored`).
+pub fn losses_unrestored(sc: &Scenario, out: &Outcome) -> Vec<u64> {
+    let settings = sc.settings();
+    let Some(wait) = settings.redis.state_loss_wait else {
+        return Vec::new();
+    };
+    // The hold, a watch's turn (at most 1 s) and a Redis timeout.
+    let hold_ms = wait.as_millis() as u64 + 2_000;
+    let period_ms = (0..sc.sellers.len())
+        .flat_map(|i| built(&sc.rules_of(i)))
+        .chain(global_rules(sc))
+        .map(|r| r.period().as_millis() as u64)
+        .max()
+        .unwrap_or(0);
+    let failures = redis_failures(sc);
+    let mut losses: Vec<u64> = sc
+        .faults
+        .state_losses
+        .iter()
+        .copied()
+        .chain(sc.faults.rollbacks.iter().map(|&(at, _)| at))
+        .filter(|&lost| {
+            let ended = out
+                .log
+                .ends
+                .iter()
+                .any(|&e| e + period_ms >= lost && e < lost + hold_ms);
+            let failed = failures
+                .iter()
+                .any(|&(from, to)| from < lost + hold_ms && to + period_ms >= lost);
+            ended || failed
         })
         .collect();
     losses.sort_unstable();

@@ -77,6 +77,9 @@ pub struct Log {
     pub kills: Vec<u64>,
     /// When a graceful stop abandoned work under way at its timeout.
     pub abandoned: Vec<u64>,
+    /// When a process ended, killed or stopped (its grants, kept in its
+    /// memory to restore after a loss of Redis' data, gone with it).
+    pub ends: Vec<u64>,
     /// When a revoke stopped waiting for its partitions' work under way at
     /// `worker.revoke_wait` (virtual ms), and the partitions.
     pub bound_passed: Vec<(u64, Vec<Tp>)>,
@@ -207,6 +210,22 @@ pub struct Reach {
     /// Not a state to reach: a loss of Redis' data that a replica's first
     /// call took for a new install (see `check::losses_taken_for_new`).
     pub losses_taken_for_new: u64,
+    /// Hashes a replica wrote back after a loss of Redis' data
+    /// (`Limiter::watch_epoch`).
+    pub restores: u64,
+    /// Units those restores and the partial ones charged back.
+    pub units_restored: u64,
+    /// A partial loss applied: sellers' state put back to an older copy.
+    pub rollbacks_applied: u64,
+    /// A call that found a partial loss (`EpochFound::RolledBack`).
+    pub rollbacks_found: u64,
+    /// Hashes a replica wrote back after a partial loss's find
+    /// (`Limiter::watch_rollbacks`).
+    pub partial_restores: u64,
+    /// Not a state to reach: a loss of Redis' data after which some
+    /// replica's grants could not be restored (see
+    /// `check::losses_unrestored`).
+    pub losses_unrestored: u64,
 }
 
 impl Log {
@@ -248,10 +267,16 @@ impl Reach {
         self.fail_open_calls += o.fail_open_calls;
         self.local_dropped_without_redis += o.local_dropped_without_redis;
         self.losses_taken_for_new += o.losses_taken_for_new;
+        self.restores += o.restores;
+        self.units_restored += o.units_restored;
+        self.rollbacks_applied += o.rollbacks_applied;
+        self.rollbacks_found += o.rollbacks_found;
+        self.partial_restores += o.partial_restores;
+        self.losses_unrestored += o.losses_unrestored;
     }
 
     /// Each count by name.
-    pub fn named(&self) -> [(&'static str, u64); 23] {
+    pub fn named(&self) -> [(&'static str, u64); 28] {
         [
             ("a limiter refusal", self.denials),
             ("a loss of Redis' data found", self.losses_found),
@@ -302,6 +327,14 @@ impl Reach {
             (
                 "a call admitted unchecked while Redis failed",
                 self.fail_open_calls,
+            ),
+            ("a hash restored after a loss", self.restores),
+            ("a unit restored", self.units_restored),
+            ("a partial loss applied", self.rollbacks_applied),
+            ("a partial loss found", self.rollbacks_found),
+            (
+                "a hash restored after a partial loss",
+                self.partial_restores,
             ),
         ]
     }

@@ -38,5 +38,6 @@ pub mod journal;
 mod learn;
 pub mod ports;
 mod priority;
+mod restore;
 pub mod run;
 pub mod scenario;

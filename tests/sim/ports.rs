@@ -15,13 +15,14 @@ use throttle_worker::job::Job;
 use throttle_worker::kafka::{OriginalRecord, Position, RetryHeaders, Verdict};
 use throttle_worker::limiter::{
     call_life_us, BatchDecision, BlockAt, BlockCall, Blocked, Coalescer, Decision, EpochFound,
-    JobsCall, JobsReply, JobsRequest, Learnt, Pause, Receipt, RefundCall, Rule, Store,
+    JobsCall, JobsReply, JobsRequest, Learnt, Pause, Receipt, RefundCall, RestoreCall,
+    RollbackFound, Rule, Store,
 };
 use throttle_worker::worker::{
     Caller, Clock, PermitError, Permits, SellerInfo, WriteError, Writer,
 };
 
-use crate::lua_redis::{EmbeddedError, EmbeddedRedis, Mode};
+use crate::lua_redis::{EmbeddedError, EmbeddedRedis, KeyCopy, Mode};
 
 use super::broker::{SharedBroker, SimRecord};
 use super::clock::SimClock;
@@ -107,6 +108,13 @@ pub struct Faults {
     /// persistence): every key of the limiter, the epoch of its loss guard
     /// too.
     pub state_losses: Vec<u64>,
+    /// Partial losses: at each virtual ms, the sellers' state keys
+    /// ([`Faults::rollback_keys`]) go back to their copy of that many ms
+    /// before (a failover to a replica that missed the last writes),
+    /// the epoch staying as it was.
+    pub rollbacks: Vec<(u64, u64)>,
+    /// The keys a partial loss puts back: every seller's state hash.
+    pub rollback_keys: Vec<String>,
     /// How many calls at once the downstream can take (none: any number).
     pub capacity: Option<HiddenCapacity>,
     /// Sellers the downstream allows fewer calls than their rule: beyond
@@ -141,6 +149,12 @@ pub struct World {
     pub redis: Mutex<EmbeddedRedis>,
     /// How many of `faults.state_losses` Redis has suffered so far.
     pub losses: std::sync::atomic::AtomicUsize,
+    /// How many of `faults.rollbacks` Redis has suffered so far.
+    pub rollbacks: std::sync::atomic::AtomicUsize,
+    /// Copies of `faults.rollback_keys` (virtual ms, copies), oldest
+    /// first, one every [`COPY_EVERY_MS`], for the partial losses to put
+    /// back; none in a world without them.
+    pub copies: Mutex<std::collections::VecDeque<(u64, Vec<KeyCopy>)>>,
     /// The world's own randomness (latencies, write failures), apart from
     /// the engine's.
     pub rng: Mutex<StdRng>,
@@ -523,6 +537,10 @@ fn released(q: &JobsRequest, r: &JobsReply) -> Release {
     }
 }
 
+/// How often (virtual ms) a world with partial losses copies the keys
+/// they put back.
+pub const COPY_EVERY_MS: u64 = 20;
+
 /// The Redis timeout the simulation models: a hung Redis fails a call
 /// after this long (`SimStore::reach`).
 pub const REDIS_TIMEOUT: Duration = Duration::from_secs(1);
@@ -586,8 +604,56 @@ impl SimStore {
         let due = w.faults.state_losses.iter().filter(|&&t| t <= at).count();
         if w.losses.swap(due, Ordering::SeqCst) < due {
             self.redis().flushall();
+            // A copy from before the loss is not the state after it.
+            w.copies.lock().unwrap_or_else(|p| p.into_inner()).clear();
         }
+        self.roll_back_and_copy(at);
         Ok((w.clock.true_unix_us(), hung))
+    }
+
+    /// Applies the partial losses due by `at` (virtual ms): the sellers'
+    /// state keys go back to the newest copy at least the loss's ms old
+    /// (nothing when no copy is that old: a loss that finds no older copy
+    /// loses nothing); then keeps a copy now, one per [`COPY_EVERY_MS`].
+    fn roll_back_and_copy(&self, at: u64) {
+        let w = &self.world;
+        if w.faults.rollbacks.is_empty() {
+            return;
+        }
+        let mut copies = w.copies.lock().unwrap_or_else(|p| p.into_inner());
+        let due: Vec<(u64, u64)> = w
+            .faults
+            .rollbacks
+            .iter()
+            .copied()
+            .filter(|&(t, _)| t <= at)
+            .collect();
+        let done = w.rollbacks.swap(due.len(), Ordering::SeqCst);
+        for &(t, back_ms) in due.iter().skip(done) {
+            let older = copies
+                .iter()
+                .rev()
+                .find(|(copied, _)| copied + back_ms <= t)
+                .map(|(_, c)| c.clone());
+            if let Some(older) = older {
+                self.redis().put_back(&w.faults.rollback_keys, older);
+                w.journal.with(|log| log.reach.rollbacks_applied += 1);
+            }
+        }
+        if copies
+            .back()
+            .is_none_or(|(last, _)| at >= last + COPY_EVERY_MS)
+        {
+            copies.push_back((at, self.redis().copy_keys(&w.faults.rollback_keys)));
+            // Only as far back as the longest loss reaches.
+            let reach = w.faults.rollbacks.iter().map(|r| r.1).max().unwrap_or(0);
+            while copies
+                .get(1)
+                .is_some_and(|(t, _)| t + reach + COPY_EVERY_MS < at)
+            {
+                copies.pop_front();
+            }
+        }
     }
 
     fn redis(&self) -> std::sync::MutexGuard<'_, EmbeddedRedis> {
@@ -646,6 +712,7 @@ impl Store for SimStore {
                     log.epochs_written.push((self.world.now_ms(), new));
                 }
                 log.reach.losses_found += u64::from(answer.epoch == EpochFound::Lost);
+                log.reach.rollbacks_found += u64::from(answer.epoch == EpochFound::RolledBack);
                 log.reach.new_installs += u64::from(answer.epoch == EpochFound::NewInstall);
                 log.reach.lost_replies += u64::from(lost);
             });
@@ -656,6 +723,28 @@ impl Store for SimStore {
             return Err(SimRedisError::Hung);
         }
         Ok(answer.replies)
+    }
+
+    async fn read_epoch(&self, key: &str) -> Result<Option<u64>, SimRedisError> {
+        let at = self.reach().await?;
+        Ok(self.redis().read_epoch(key, at))
+    }
+
+    async fn read_rollbacks(
+        &self,
+        key: &str,
+        after_us: u64,
+    ) -> Result<Vec<RollbackFound>, SimRedisError> {
+        let at = self.reach().await?;
+        Ok(self.redis().read_rollbacks(key, after_us, at))
+    }
+
+    async fn restore(&self, call: &RestoreCall) -> Result<Vec<i64>, SimRedisError> {
+        let at = self.reach().await?;
+        Ok(self
+            .redis()
+            .restore(call, at)
+            .unwrap_or_else(|e| script_failed(&format!("restore {call:?}"), e)))
     }
 
     async fn release(&self, key: &str, leases: &[String]) -> Result<u64, SimRedisError> {

@@ -207,6 +207,8 @@ pub struct Incarnation {
 impl Incarnation {
     /// kill -9: nothing more is finished, committed or answered.
     pub fn kill(&self) {
+        let at = self.world.now_ms();
+        self.world.journal.with(|log| log.ends.push(at));
         self.dead.store(true, Ordering::SeqCst);
         self.engine.abort();
     }
@@ -221,6 +223,8 @@ impl Incarnation {
             _ => None,
         };
         self.dead.store(true, Ordering::SeqCst);
+        let at = self.world.now_ms();
+        self.world.journal.with(|log| log.ends.push(at));
         // Work still under way at `worker.shutdown_timeout` is abandoned
         // like a kill's: its records stay uncommitted, its slots lapse.
         if summary.as_ref().is_none_or(|s| s.abandoned > 0) {
@@ -281,12 +285,18 @@ pub fn start(
         policy.clone(),
         Topology::Single,
     )
-    .with_state_loss(OnStateLoss::Wait);
+    .with_state_loss(OnStateLoss::Wait)
+    // As `worker::start` builds it: a bounded hold, within which every
+    // replica writes back its own grants (`limiter::restore`), each
+    // process under a name of its own.
+    .with_state_loss_wait(settings.redis.state_loss_wait)
+    .with_restore(format!("sim-{generation}"), settings.redis.restore_bytes);
     // As `worker::start` reads it: a group that never committed on the
     // jobs topic is a new install, read again every commit interval while
     // the limiter says so (a replica that has not called yet must not take
     // a later loss for a first deploy).
     let limiter = Arc::new(limiter);
+    watch_losses(&limiter, world, &dead);
     let topic = settings.kafka.topic.clone();
     let committed = {
         let world = world.clone();
@@ -370,6 +380,33 @@ pub fn start(
     }
 }
 
+/// The epoch task of `worker::refresh` on the simulation's clock: every
+/// `epoch_watch_interval`, the epoch and the partial losses' finds are
+/// read, and what this process restores is counted. Ends with the process.
+fn watch_losses(limiter: &Arc<Limiter<SimStore>>, world: &Arc<World>, dead: &Arc<AtomicBool>) {
+    let Some(every) = limiter.epoch_watch_interval() else {
+        return;
+    };
+    let (limiter, world, dead) = (limiter.clone(), world.clone(), dead.clone());
+    tokio::spawn(async move {
+        while !dead.load(Ordering::SeqCst) {
+            tokio::time::sleep(every).await;
+            if let Some(r) = limiter.watch_epoch().await {
+                world.journal.with(|log| {
+                    log.reach.restores += r.hashes as u64;
+                    log.reach.units_restored += r.units;
+                });
+            }
+            for r in limiter.watch_rollbacks().await {
+                world.journal.with(|log| {
+                    log.reach.partial_restores += r.hashes as u64;
+                    log.reach.units_restored += r.units;
+                });
+            }
+        }
+    });
+}
+
 /// What happens when, in virtual ms.
 enum Step {
     Produce(usize),
@@ -450,6 +487,8 @@ pub fn world_of(sc: &Scenario) -> (Arc<World>, Vec<bytes::Bytes>) {
             installed()
         }),
         losses: Default::default(),
+        rollbacks: Default::default(),
+        copies: Default::default(),
         rng: World::seeded(sc.seed),
         downstream_busy: Default::default(),
         rate_windows: Default::default(),
