@@ -619,6 +619,14 @@ local function rollback_hold(G, H, q, now)
   if mine >= e.at then
     return nil
   end
+  -- A hash that is not there, or was made again after this replica's
+  -- grant (`c0`: the first mark since it was made), expired in between
+  -- (its own places may drain long before a global rule's, which the
+  -- reply's reset counts): nothing to find. A key put back whole from an
+  -- older copy keeps its `c0`.
+  if not H.old or num(hget(H, 'c0'), e.at + 1) > e.at then
+    return nil
+  end
   -- A grant from before the epoch's last loss: a whole loss, which the
   -- epoch's own restores cover.
   if G.at == nil then
@@ -663,6 +671,9 @@ local function mark_grant(G, H, now, rules)
     return
   end
   hset(H, 'w:' .. G.tag, I(now))
+  if hget(H, 'c0') == nil then
+    hset(H, 'c0', I(now))
+  end
   if H.t == nil then
     return
   end

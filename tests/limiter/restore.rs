@@ -240,3 +240,54 @@ async fn a_seller_key_put_back_from_an_older_copy_is_found_held_and_restored_exa
         );
     }
 }
+
+/// A seller's own hash expires long before a global rule's state would
+/// (a GCRA of 10/s drains in a tenth of a second; the global hour does
+/// not), and is made again by the next grant: a replica that carries its
+/// grant from before, with the hour's reset, must not read the new hash
+/// as an older copy (`c0` tells them apart).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seller_hash_that_expired_under_a_global_rule_is_not_a_partial_loss() {
+    let server = RedisServer::start();
+    let rules = policy(
+        vec![rule("gcra", 10, "1s", None)],
+        vec![rule("fixed_window", 100_000, "1h", None)],
+    );
+    // The product's timeout: a call's record (for its cancel) keeps the
+    // hash for four of them, at least a second.
+    let replica = |name: &'static str, rules: Policy| async move {
+        let store = RedisStore::connect(
+            &format!("redis://127.0.0.1:{}", server.port),
+            Duration::from_millis(250),
+        )
+        .await
+        .expect("the private redis-server");
+        Limiter::new(store, KeySpace::new("rs"), rules, Topology::Single)
+            .with_state_loss(OnStateLoss::Wait)
+            .with_state_loss_wait(Some(BOUND))
+            .with_restore(name, 1 << 20)
+    };
+    let a = replica("a", rules.clone()).await;
+    let b = replica("b", rules).await;
+    let epoch = a.keys().epoch(Topology::Single, "");
+    cli(server.port, &["SET", &epoch, "0"]);
+    let key = a.keys().seller_state("s");
+    assert_eq!(grant(&a, "s", 1).await, 1);
+    // Its slack and grain past, the seller's hash is gone; the global
+    // rules' stays.
+    let mut waited = Duration::ZERO;
+    while cli(server.port, &["EXISTS", &key]) == "1" {
+        assert!(
+            waited < Duration::from_secs(10),
+            "the seller's hash expires"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        waited += Duration::from_millis(100);
+    }
+    // Another replica makes it again first: its `c0` is after a's grant.
+    assert_eq!(grant(&b, "s", 1).await, 1);
+    assert_eq!(grant(&a, "s", 1).await, 1, "not held: the hash expired");
+    assert_eq!(grant(&a, "s", 1).await, 1, "nor on the next call");
+    let rollbacks = a.keys().rollbacks();
+    assert_eq!(cli(server.port, &["EXISTS", &rollbacks]), "0", "no find");
+}
