@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 
 use crate::common::redis_server::RedisServer;
 use crate::common::rule;
-use crate::common::worker::{always_ok, job, policy, wait_all_calling, Bench, Downstream, Running};
+use crate::common::worker::{
+    always_ok, job, policy, policy_with_free_probes, wait_all_calling, Bench, Downstream, Running,
+};
 use throttle_worker::config::OnStateLoss;
 use throttle_worker::limiter::KeySpace;
 
@@ -233,7 +235,8 @@ async fn an_hour_used_up_across_a_restart(restore_bytes: usize) -> usize {
     settings.redis.url = redis.url();
     settings.redis.state_loss_wait = Some(Duration::from_secs(2));
     settings.redis.restore_bytes = restore_bytes;
-    let rules = || policy(vec![rule("sliding_window_log", LIMIT as u64, "1h", None)]);
+    let rules =
+        || policy_with_free_probes(vec![rule("sliding_window_log", LIMIT as u64, "1h", None)]);
     let workers = [
         Running::start(settings.clone(), rules()),
         Running::start(settings.clone(), rules()),
@@ -314,7 +317,8 @@ async fn an_hour_used_up_across_a_rollback(restore_bytes: usize) -> usize {
     settings.redis.state_loss_wait = Some(Duration::from_secs(2));
     settings.redis.restore_bytes = restore_bytes;
     let key = KeySpace::new(settings.redis.key_prefix.clone()).seller_state("hot");
-    let rules = || policy(vec![rule("sliding_window_log", LIMIT as u64, "1h", None)]);
+    let rules =
+        || policy_with_free_probes(vec![rule("sliding_window_log", LIMIT as u64, "1h", None)]);
     let workers = [
         Running::start(settings.clone(), rules()),
         Running::start(settings.clone(), rules()),
