@@ -11,12 +11,12 @@ use std::time::Duration;
 
 use crate::config::{OnStateLoss, Topology};
 
-use super::decision::{BatchDecision, Decision, Granted, Mode, Receipt};
+use super::decision::{BatchDecision, Decision, Granted, Mode, Receipt, Unused};
 use super::keys::KeySpace;
 use super::learn::{self, Blocked};
 use super::pauses::Pauses;
 use super::policy::{Policy, Resolved, RuleSet};
-use super::rule::Rule;
+use super::rule::{Algorithm, Rule};
 use super::script::{BlockCall, RefundCall};
 use super::store::Store;
 
@@ -307,13 +307,16 @@ impl<S: Store> Limiter<S> {
         }
     }
 
-    /// Gives back `units` of the grant `receipt` names to `seller`'s rules:
-    /// granted jobs whose calls will not be made (their partition was
-    /// revoked, or the replica stopped, before they were called). The same
-    /// refund as the global rules' cut ([`RefundCall`]): each rule gives
-    /// back only what is provably unused (`lua/common.lua`, `refund`), and
-    /// only while the rule that took the units is still at its place, so a
-    /// refund never lets the seller past a limit. Answers the units sent
+    /// Gives back the units of the grant `receipt` names that no call will
+    /// use to `seller`'s rules: granted jobs whose calls will not be made
+    /// (their partition was revoked, or the replica stopped, before they
+    /// were called). The same refund as the global rules' cut
+    /// ([`RefundCall`]): each rule gives back only what is provably unused
+    /// (`lua/common.lua`, `refund`), and only while the rule that took the
+    /// units is still at its place, so a refund never lets the seller past
+    /// a limit. A pacer (`leaky_bucket`) takes back only the units that end
+    /// the grant ([`Unused::at_tail`]): its units are slots in time, and
+    /// its refund pulls in the end of its queue. Answers the units sent
     /// back (0 when no rule applies any more).
     ///
     /// The rules are the seller's as the policy now has them: a rule edited
@@ -324,7 +327,7 @@ impl<S: Store> Limiter<S> {
         &self,
         seller: &str,
         receipt: &Receipt,
-        units: u64,
+        unused: Unused,
     ) -> Result<u64, LimiterError<S::Error>> {
         let policy = self.policy();
         let (own, global) = match policy.resolve(seller) {
@@ -335,23 +338,35 @@ impl<S: Store> Limiter<S> {
         if self.topology == Topology::Single {
             rules.extend(global);
         }
-        if rules.is_empty() || units == 0 {
-            return Ok(0);
+        let (pacers, counters): (Vec<KeyedRule>, Vec<KeyedRule>) = rules
+            .into_iter()
+            .partition(|(_, rule)| rule.algorithm() == Algorithm::LeakyBucket);
+        let mut sent = 0;
+        for (rules, units) in [(counters, unused.units), (pacers, unused.at_tail)] {
+            if rules.is_empty() || units == 0 {
+                continue;
+            }
+            let call = RefundCall {
+                now_us: None,
+                units,
+                // Which of the grant's units come back is not named: every
+                // counting algorithm gives back units interchangeable with
+                // the call's own, and a pacer gets only those that end the
+                // grant, its queue's end (`lua/leaky_bucket.lua`).
+                skip: 0,
+                taken_at_us: receipt.taken_at_us,
+                call_id: receipt.call_id.clone(),
+                block: self.keys.block_at(seller),
+                rules,
+            };
+            sent = sent.max(
+                self.store
+                    .refund(&call)
+                    .await
+                    .map_err(LimiterError::Store)?,
+            );
         }
-        let call = RefundCall {
-            now_us: None,
-            units,
-            // Which of the grant's units come back is not named: every
-            // algorithm gives back units interchangeable with the call's
-            // own (leaky_bucket its queue's end), as the cancel of a lost
-            // call does (`lua/calls.lua`, skip 0).
-            skip: 0,
-            taken_at_us: receipt.taken_at_us,
-            call_id: receipt.call_id.clone(),
-            block: self.keys.block_at(seller),
-            rules,
-        };
-        self.store.refund(&call).await.map_err(LimiterError::Store)
+        Ok(sent)
     }
 
     /// Holds `seller` for every replica for `dur` (a downstream 429).

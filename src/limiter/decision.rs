@@ -259,6 +259,19 @@ pub struct Receipt {
     pub taken_at_us: u64,
 }
 
+/// Units of a grant that no call will use, on their way back
+/// ([`Limiter::give_back`](super::Limiter::give_back)).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Unused {
+    /// Every unit given back: rules that count units come back by these.
+    pub units: u64,
+    /// Those of them that, with the ones given back before, end the grant
+    /// (no unit after them used or still held): all a pacer may take back,
+    /// since its grant's units are its slots in time, first to last, and a
+    /// slot before one still used cannot be handed out again.
+    pub at_tail: u64,
+}
+
 /// Why the job after a granted prefix was not granted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NextJob {

@@ -109,7 +109,7 @@ pub use self::core::{JobsQuery, Limiter, LimiterError, Request};
 pub use coalesce::{CoalesceError, CoalesceSettings, Coalescer};
 pub use decision::{
     BatchDecision, BatchGranted, CannotPass, Decision, Denied, DeniedBy, Granted, Mode, NextJob,
-    Pace, Receipt,
+    Pace, Receipt, Unused,
 };
 pub use jobs::ListAnswer;
 pub use keys::KeySpace;

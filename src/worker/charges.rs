@@ -12,6 +12,13 @@
 //! Dropping only queues the units; one task gives them back, per grant in
 //! one call, off the engine's loop. A replica that dies gives nothing
 //! back: its units stay charged until the rules drain them, as before.
+//!
+//! A pacer (`leaky_bucket`) can take back only the end of its queue: a
+//! grant's units are its slots in time, and a slot given back before one
+//! still used is a hole no later grant may fill (the queue is one instant,
+//! not a list of slots). So each charge knows where its units sit in its
+//! grant, and the grant tracks how many of its last units have all come
+//! back: only those are given back to a pacer ([`Unused::at_tail`]).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -21,7 +28,9 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::limiter::{BatchGranted, Receipt};
+use std::sync::Mutex;
+
+use crate::limiter::{BatchGranted, Receipt, Unused};
 use crate::telemetry::events::UnitsGivenBack;
 
 use super::ports::Permits;
@@ -29,33 +38,71 @@ use super::ports::Permits;
 /// How long shutdown waits for the last units to go back.
 const FINAL_RETURN_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// A charge's units on their way back: its seller, its grant, how many.
-pub(super) type Returned = (Arc<str>, Arc<Receipt>, u64);
+/// A charge's units on their way back: its seller, its grant, how many
+/// (and how many of those now end the grant).
+pub(super) type Returned = (Arc<str>, Arc<Receipt>, Unused);
 
 /// Starts the task that gives units back, given the queue it reads.
 type StartGiveBack = Box<dyn FnOnce(mpsc::UnboundedReceiver<Returned>) -> JoinHandle<()> + Send>;
 
-/// Units of one grant, held unspent; given back when dropped unspent.
-pub struct Charge {
+/// One grant's charged units, shared by the charges split from it.
+struct Grant {
     seller: Arc<str>,
     receipt: Arc<Receipt>,
+    /// Where the grant's unbroken run of returned units begins: every unit
+    /// from here to its end has come back, and the ranges returned before
+    /// it (start → end), which join the run once everything after them has.
+    tail: Mutex<(u64, BTreeMap<u64, u64>)>,
+}
+
+impl Grant {
+    /// Units `start..end` come back: how many units join the grant's
+    /// returned end with them (theirs, and any returned earlier that were
+    /// waiting on them), 0 while a unit after them is used or still held.
+    fn returned(&self, start: u64, end: u64) -> u64 {
+        let mut tail = self.tail.lock().unwrap_or_else(|e| e.into_inner());
+        let (from, waiting) = &mut *tail;
+        waiting.insert(start, end);
+        let before = *from;
+        // A range returned twice would break the count: a charge returns
+        // its units once, on drop, and ranges never overlap.
+        while let Some((&s, &e)) = waiting.range(..*from).next_back() {
+            if e != *from {
+                break;
+            }
+            waiting.remove(&s);
+            *from = s;
+        }
+        before - *from
+    }
+}
+
+/// Units of one grant, held unspent; given back when dropped unspent.
+pub struct Charge {
+    grant: Arc<Grant>,
+    /// Where its units begin in its grant: a pacer's grant runs its units
+    /// in this order, first to last.
+    start: u64,
     /// Units still unspent: 0 once spent (then nothing goes back).
     units: u64,
     back: mpsc::UnboundedSender<Returned>,
 }
 
 impl Charge {
-    /// `n` of its units (all it holds, at most) as a charge of their own:
-    /// one granted job's. `None` when it holds none.
+    /// The next `n` of its units (all it holds, at most) as a charge of
+    /// their own: one granted job's, split in the order the jobs use the
+    /// grant. `None` when it holds none.
     pub(super) fn split(&mut self, n: u64) -> Option<Charge> {
         let n = n.min(self.units);
         if n == 0 {
             return None;
         }
+        let start = self.start;
+        self.start += n;
         self.units -= n;
         Some(Charge {
-            seller: self.seller.clone(),
-            receipt: self.receipt.clone(),
+            grant: self.grant.clone(),
+            start,
             units: n,
             back: self.back.clone(),
         })
@@ -76,7 +123,8 @@ impl Charge {
 impl fmt::Debug for Charge {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_tuple("Charge")
-            .field(&self.receipt.call_id)
+            .field(&self.grant.receipt.call_id)
+            .field(&self.start)
             .field(&self.units)
             .finish()
     }
@@ -87,11 +135,18 @@ impl Drop for Charge {
         if self.units == 0 {
             return;
         }
+        let at_tail = self.grant.returned(self.start, self.start + self.units);
+        let unused = Unused {
+            units: self.units,
+            at_tail,
+        };
         // The task is gone only at the very end of shutdown: the units
         // stay charged then, as they did before charges went back.
-        let _ = self
-            .back
-            .send((self.seller.clone(), self.receipt.clone(), self.units));
+        let _ = self.back.send((
+            self.grant.seller.clone(),
+            self.grant.receipt.clone(),
+            unused,
+        ));
     }
 }
 
@@ -136,8 +191,12 @@ impl FleetCharges {
         }
         let back = self.back.as_ref()?.clone();
         Some(Charge {
-            seller: seller.clone(),
-            receipt: Arc::new(receipt),
+            grant: Arc::new(Grant {
+                seller: seller.clone(),
+                receipt: Arc::new(receipt),
+                tail: Mutex::new((grant.units, BTreeMap::new())),
+            }),
+            start: 0,
             units: grant.units,
             back,
         })
@@ -166,22 +225,24 @@ impl FleetCharges {
 async fn give_back<P: Permits>(permits: Arc<P>, mut queued: mpsc::UnboundedReceiver<Returned>) {
     while let Some(first) = queued.recv().await {
         // Keyed by seller and call id: one refund per grant.
-        let mut by_grant: BTreeMap<(Arc<str>, String), (Arc<Receipt>, u64)> = BTreeMap::new();
-        let mut add = |(seller, receipt, units): Returned| {
-            by_grant
+        let mut by_grant: BTreeMap<(Arc<str>, String), (Arc<Receipt>, Unused)> = BTreeMap::new();
+        let mut add = |(seller, receipt, unused): Returned| {
+            let sum = &mut by_grant
                 .entry((seller, receipt.call_id.clone()))
-                .or_insert((receipt, 0))
-                .1 += units;
+                .or_insert((receipt, Unused::default()))
+                .1;
+            sum.units += unused.units;
+            sum.at_tail += unused.at_tail;
         };
         add(first);
         while let Ok(more) = queued.try_recv() {
             add(more);
         }
-        let calls = by_grant.iter().map(|((seller, _), (receipt, units))| {
+        let calls = by_grant.iter().map(|((seller, _), (receipt, unused))| {
             let permits = &permits;
             async move {
-                let result = permits.give_back(seller, receipt, *units).await;
-                (seller, *units, result)
+                let result = permits.give_back(seller, receipt, *unused).await;
+                (seller, unused.units, result)
             }
         });
         for (seller, units, result) in futures::future::join_all(calls).await {
@@ -228,10 +289,10 @@ mod tests {
             &self,
             seller: &str,
             receipt: &Receipt,
-            units: u64,
+            unused: Unused,
         ) -> Result<(), PermitError> {
             let mut back = self.0.lock().unwrap();
-            back.push((seller.to_owned(), receipt.call_id.clone(), units));
+            back.push((seller.to_owned(), receipt.call_id.clone(), unused.units));
             Ok(())
         }
     }
@@ -281,6 +342,55 @@ mod tests {
             "b's spent unit and the one still held do not go back: {back:?}"
         );
         assert_eq!(held.units(), 1);
+    }
+
+    /// A pacer takes back only the units that end a grant: a unit given
+    /// back before one still held waits for it, and one before a unit
+    /// spent never ends the grant. Rows: a grant of four one-unit jobs,
+    /// what happens to each in turn, and the units at the tail each drop
+    /// sends.
+    #[test]
+    fn units_end_the_grant_only_once_every_unit_after_them_is_back() {
+        // (job, spent?) in the order they leave; the tails sent.
+        type Row = (&'static [(usize, bool)], &'static [u64]);
+        let rows: [Row; 4] = [
+            // Last to first: each ends the grant in turn.
+            (
+                &[(3, false), (2, false), (1, false), (0, false)],
+                &[1, 1, 1, 1],
+            ),
+            // First to last: nothing ends it until the last, then all.
+            (
+                &[(0, false), (1, false), (2, false), (3, false)],
+                &[0, 0, 0, 4],
+            ),
+            // The last one is called: nothing before it can end the grant.
+            (&[(3, true), (0, false), (2, false), (1, false)], &[0, 0, 0]),
+            // A hole, then its neighbour after it, then the end.
+            (&[(1, false), (2, true), (3, false), (0, false)], &[0, 1, 0]),
+        ];
+        for (steps, want) in rows {
+            let mut charges = FleetCharges::new();
+            let mut queue = charges.take_queue();
+            let mut all = charges
+                .hold(&"s".into(), &mut charged("a", 4))
+                .expect("charged");
+            let mut jobs: Vec<Option<Charge>> = (0..4).map(|_| all.split(1)).collect();
+            drop(all);
+            let mut tails = Vec::new();
+            for &(job, spent) in steps {
+                let charge = jobs[job].take().expect("each job leaves once");
+                if spent {
+                    charge.spend();
+                } else {
+                    drop(charge);
+                    let (_, _, unused) = queue.try_recv().expect("dropped unspent");
+                    assert_eq!(unused.units, 1);
+                    tails.push(unused.at_tail);
+                }
+            }
+            assert_eq!(tails, want, "{steps:?}");
+        }
     }
 
     #[tokio::test]

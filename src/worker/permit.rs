@@ -13,7 +13,7 @@ use crate::backoff::backoff_with;
 use crate::config::OnError;
 use crate::limiter::{
     BatchDecision, Coalescer, Decision, Denied, DeniedBy, Learnt, Limiter, Mode, Pause, Receipt,
-    Resolved, Rule, Share, Store,
+    Resolved, Rule, Share, Store, Unused,
 };
 
 /// Why the limiter gave no answer. Every kind is a fault of the limiter's
@@ -109,7 +109,7 @@ pub trait Permits: Send + Sync + 'static {
         async { Ok(()) }
     }
 
-    /// Gives back `units` of the grant `receipt` names
+    /// Gives back the `unused` units of the grant `receipt` names
     /// ([`BatchGranted::receipt`](crate::limiter::BatchGranted)): granted
     /// jobs whose calls will not be made by this replica (a revoke or a
     /// shutdown stranded them). Each rule gives back only what is provably
@@ -119,7 +119,7 @@ pub trait Permits: Send + Sync + 'static {
         &self,
         _seller: &str,
         _receipt: &Receipt,
-        _units: u64,
+        _unused: Unused,
     ) -> impl Future<Output = Result<(), PermitError>> + Send {
         async { Ok(()) }
     }
@@ -233,9 +233,9 @@ impl<S: Store + 'static> Permits for Limiter<S> {
         &self,
         seller: &str,
         receipt: &Receipt,
-        units: u64,
+        unused: Unused,
     ) -> Result<(), PermitError> {
-        Limiter::give_back(self, seller, receipt, units)
+        Limiter::give_back(self, seller, receipt, unused)
             .await
             .map(|_| ())
             .map_err(PermitError::unavailable)
@@ -318,9 +318,9 @@ impl<S: Store + 'static> Permits for Coalescer<S> {
         &self,
         seller: &str,
         receipt: &Receipt,
-        units: u64,
+        unused: Unused,
     ) -> Result<(), PermitError> {
-        Permits::give_back(&**self.limiter(), seller, receipt, units).await
+        Permits::give_back(&**self.limiter(), seller, receipt, unused).await
     }
 
     async fn block(

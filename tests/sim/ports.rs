@@ -16,7 +16,7 @@ use throttle_worker::kafka::{OriginalRecord, Position, RetryHeaders, Verdict};
 use throttle_worker::limiter::{
     call_life_us, BatchDecision, BlockAt, BlockCall, Blocked, Coalescer, Decision, EpochFound,
     JobsCall, JobsReply, JobsRequest, Learnt, Pause, Receipt, RefundCall, RestoreCall,
-    RollbackFound, Rule, Store,
+    RollbackFound, Rule, Store, Unused,
 };
 use throttle_worker::worker::{
     Caller, Clock, PermitError, Permits, SellerInfo, WriteError, Writer,
@@ -844,9 +844,9 @@ impl Permits for SimPermits {
         &self,
         seller: &str,
         receipt: &Receipt,
-        units: u64,
+        unused: Unused,
     ) -> Result<(), PermitError> {
-        Permits::give_back(&self.inner, seller, receipt, units).await
+        Permits::give_back(&self.inner, seller, receipt, unused).await
     }
 
     async fn acquire_jobs(
