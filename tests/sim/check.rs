@@ -714,16 +714,17 @@ pub fn limits(sc: &Scenario, out: &Outcome) -> Vec<String> {
     let mut local: BTreeMap<(Span, &str), Vec<(u64, u64)>> = BTreeMap::new();
     let mut local_all: BTreeMap<Span, Vec<(u64, u64)>> = BTreeMap::new();
     // Every limited seller's grants, for the global rules.
-    let mut all: Vec<(u64, u64)> = Vec::new();
+    let mut all: Vec<(u64, u64, u64)> = Vec::new();
     for (seller, calls) in by_seller {
         let rules = own_rules(sc, seller);
         if rules.is_empty() {
             continue;
         }
-        let mut grants: Vec<(u64, u64)> = Vec::new();
+        // (µs, cost, when decided: where it falls among the losses).
+        let mut grants: Vec<(u64, u64, u64)> = Vec::new();
         for c in calls {
             match (c.granted_at_us, sc.on_error, episode_of(c.at_ms)) {
-                (Some(g), _, _) => grants.push((g, c.cost)),
+                (Some(g), _, _) => grants.push((g, c.cost, decided_at(log, seller, g))),
                 // Admitted without Redis while it failed, as the mode says.
                 (None, OnError::FailOpen, Some(_)) => {}
                 (None, OnError::Local, Some(e)) => {
@@ -747,7 +748,7 @@ pub fn limits(sc: &Scenario, out: &Outcome) -> Vec<String> {
         grants.sort();
         for part in split_at(&grants, &unguarded) {
             for rule in &rules {
-                if let Some(e) = over_rule(rule, part) {
+                if let Some(e) = over_rule(rule, &part) {
                     v.push(format!("1. {seller} ({rule:?}): {e}"));
                 }
             }
@@ -757,7 +758,7 @@ pub fn limits(sc: &Scenario, out: &Outcome) -> Vec<String> {
     all.sort();
     for part in split_at(&all, &unguarded) {
         for rule in &global_rules(sc) {
-            if let Some(e) = over_rule(rule, part) {
+            if let Some(e) = over_rule(rule, &part) {
                 v.push(format!("1. every seller together (global {rule:?}): {e}"));
             }
         }
@@ -880,19 +881,34 @@ pub fn losses_unrestored(sc: &Scenario, out: &Outcome) -> Vec<u64> {
     losses
 }
 
-/// `grants` ((µs, cost), sorted) cut at each of `at` (µs, sorted): the
-/// grants before the first cut, between each two, and after the last.
-fn split_at<'a>(grants: &'a [(u64, u64)], at: &[u64]) -> Vec<&'a [(u64, u64)]> {
-    let mut parts = Vec::new();
-    let mut rest = grants;
-    for &cut in at {
-        let i = rest.partition_point(|&(g, _)| g < cut);
-        let (before, after) = rest.split_at(i);
-        parts.push(before);
-        rest = after;
+/// `grants` ((µs, cost, µs decided), sorted) cut at each of `at` (µs,
+/// sorted) by when each was decided: (µs, cost) of those decided before
+/// the first cut, between each two, and after the last, each sorted.
+fn split_at(grants: &[(u64, u64, u64)], at: &[u64]) -> Vec<Vec<(u64, u64)>> {
+    let mut parts = vec![Vec::new(); at.len() + 1];
+    for &(g, c, decided) in grants {
+        parts[at.partition_point(|&cut| cut <= decided)].push((g, c));
     }
-    parts.push(rest);
     parts
+}
+
+/// When the grant a call of `seller` carried (`X-Granted-At`, µs) was
+/// decided: a paced unit's go-at is its slot in its grant's run, up to
+/// `burst` intervals after the decision (seed 4839: a unit decided before
+/// an unguarded loss went after it, and was judged with the fresh
+/// state's grants, which could not know it); any other grant's instant
+/// is its decision.
+fn decided_at(log: &super::journal::Log, seller: &str, g: u64) -> u64 {
+    log.paced
+        .get(seller)
+        .into_iter()
+        .flatten()
+        .filter(|&&(first, iv, units, _)| {
+            iv > 0 && g >= first && (g - first) % iv == 0 && (g - first) / iv < units
+        })
+        .map(|&(_, _, _, decided)| decided)
+        .min()
+        .unwrap_or(g)
 }
 
 /// A pacer's rule read as the bucket it is, unpaced (as `local` holds it).

@@ -65,6 +65,12 @@ pub struct Log {
     pub unanswered: BTreeMap<u64, (JobId, u64)>,
     /// The engine's limiter calls.
     pub asks: Vec<Ask>,
+    /// Each pacer's grant, by seller: its first unit's go-at, interval,
+    /// units and when the limiter decided it (µs on its clock): a paced call's
+    /// `X-Granted-At` is its unit's go-at, up to `burst` intervals after
+    /// the decision, and a loss of Redis' data between the two leaves the
+    /// decision on the old state's side.
+    pub paced: HashMap<String, Vec<(u64, u64, u64, u64)>>,
     /// Charged job-list script calls Redis ran (one coalesced call of many
     /// sellers' asks is one): what the batching guard counts.
     pub jobs_calls: u64,

@@ -26,7 +26,7 @@ use crate::lua_redis::{EmbeddedError, EmbeddedRedis, KeyCopy, Mode};
 
 use super::broker::{SharedBroker, SimRecord};
 use super::clock::SimClock;
-use super::journal::{Arrival, Ask, Call, Journal, Release};
+use super::journal::{Arrival, Ask, Call, Journal, Log, Release};
 
 /// A window of virtual time, in ms since the start.
 #[derive(Debug, Clone, Copy)]
@@ -803,6 +803,21 @@ pub struct SimPermits {
     pub world: Arc<World>,
 }
 
+/// A pacer's grant, for the checker to tell its calls' decision from
+/// their go-at ([`Log::paced`]).
+fn journal_pace(log: &mut Log, seller: &str, decision: &BatchDecision) {
+    if let BatchDecision::Granted(g) = decision {
+        if let Some(pace) = g.pace {
+            log.paced.entry(seller.to_owned()).or_default().push((
+                pace.first_at_us,
+                pace.interval_us,
+                g.units,
+                g.decided_at_us,
+            ));
+        }
+    }
+}
+
 /// Records an ask's end when its future ends, answered or dropped.
 struct AskGuard<'a> {
     world: &'a World,
@@ -869,9 +884,12 @@ impl Permits for SimPermits {
         let guard = AskGuard { world: w, index };
         let answer = Permits::acquire_jobs(&self.inner, seller, costs).await;
         drop(guard);
-        if answer.is_ok() {
+        if let Ok(decision) = &answer {
             let at = w.now_ms();
-            w.journal.with(|log| log.limiter_answered_ms.push(at));
+            w.journal.with(|log| {
+                log.limiter_answered_ms.push(at);
+                journal_pace(log, seller, decision);
+            });
         }
         answer
     }
@@ -904,9 +922,12 @@ impl Permits for SimPermits {
         });
         Permits::acquire_jobs_many(&self.inner, asks).map(move |(i, answer)| {
             drop(guards.get_mut(i).and_then(Option::take));
-            if answer.is_ok() {
+            if let Ok(decision) = &answer {
                 let at = w.now_ms();
-                w.journal.with(|log| log.limiter_answered_ms.push(at));
+                w.journal.with(|log| {
+                    log.limiter_answered_ms.push(at);
+                    journal_pace(log, &asks[i].0, decision);
+                });
             }
             (i, answer)
         })
