@@ -459,10 +459,15 @@ impl Journal {
         let Some(&finished) = log.finished.get(&(tp.clone(), offset)) else {
             return false;
         };
+        // The first handoff after the finish: the finishing owner's. A
+        // later owner that never received the record (fleet seed 2233: it
+        // stopped before its first poll) cannot carry what that handoff
+        // did not, whatever its own commit takes; one that received it
+        // again finished it anew (or redid it).
         let Some(&(at, committed, written)) = log
             .handoffs
             .get(tp)
-            .and_then(|h| h.iter().rev().find(|(at, _, _)| *at > finished))
+            .and_then(|h| h.iter().find(|(at, _, _)| *at > finished))
         else {
             return false;
         };
