@@ -13,10 +13,11 @@
 //!      overrides, unlimited, global), built once from config;
 //!    - [`overrides`], [`pauses`], [`waits`]: the operators' overrides and
 //!      pauses and the replicas' wait board, as values (what is in force
-//!      when);
-//!    - [`parts`]: this replica's recent grants per seller and rule, within
-//!      a byte budget, for restores after a loss of Redis' data.
+//!      when).
 //! 2. **Call arguments and replies** (pure):
+//!    - [`parts`]: this replica's recent grants per seller and rule (keyed
+//!      by [`KeyedRule`](script::KeyedRule)), within a byte budget, for
+//!      restores after a loss of Redis' data;
 //!    - [`keys`]: Redis key names, one hash tag per seller: one hash holds
 //!      a seller's block and every rule's state;
 //!    - [`script`]: one call of the Lua as data ([`JobsCall`],
