@@ -1,6 +1,7 @@
 //! The shared per-seller limiter, in four layers. Each file imports only
 //! from its own layer or the ones above it in this list, never below
-//! (`tests/code/inner_graph.rs` fails on any cycle between files):
+//! (`tests/code/inner_graph.rs` fails on any cycle between files, and on
+//! any import against this order: `LIMITER_LAYERS`):
 //!
 //! 1. **Rules and policy** (pure):
 //!    - [`rule`]: a validated rule (algorithm, limit per period, burst);

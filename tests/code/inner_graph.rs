@@ -508,3 +508,90 @@ fn paths_resolve_from_their_module() {
         m("worker::engine")
     );
 }
+
+/// The limiter's layers (`src/limiter/mod.rs`, and the book's internals
+/// page "How the code is laid out"), first to last. A file imports only
+/// from its own layer or an earlier one: a cycle check alone would let a
+/// rule import a call's arguments so long as nothing imported back. The
+/// reference model (`local`, and `testkit`, its test half) sits between
+/// the pure layers and the store: it reads rules and calls, and no layer
+/// above it imports it.
+const LIMITER_LAYERS: &[(&str, &[&str])] = &[
+    (
+        "rules and policy",
+        &[
+            "rule",
+            "decision",
+            "learn",
+            "policy",
+            "overrides",
+            "pauses",
+            "waits",
+        ],
+    ),
+    (
+        "call arguments and replies",
+        &["keys", "script", "reply", "shape", "parts"],
+    ),
+    ("the reference model", &["local", "testkit"]),
+    ("the store", &["store", "redis"]),
+    (
+        "the Limiter facade",
+        &[
+            "core", "jobs", "coalesce", "shadow", "inspect", "restore", "refresh",
+        ],
+    ),
+];
+
+/// Each of `graph`'s edges that goes up a layer, as `from → to (layer →
+/// layer)`; a module no layer names is an error of its own, so that a new
+/// file is placed.
+fn layer_breaks(graph: &Graph, layers: &[(&str, &[&str])]) -> Vec<String> {
+    let layer_of = |m: &str| layers.iter().position(|(_, ms)| ms.contains(&m));
+    let mut breaks = Vec::new();
+    for (from, tos) in graph {
+        let Some(lf) = layer_of(from) else {
+            breaks.push(format!("{from}: in no layer (place it in LIMITER_LAYERS)"));
+            continue;
+        };
+        for to in tos {
+            match layer_of(to) {
+                Some(lt) if lt > lf => breaks.push(format!(
+                    "{from} → {to} ({} → {})",
+                    layers[lf].0, layers[lt].0
+                )),
+                Some(_) => {}
+                None => breaks.push(format!("{to}: in no layer (place it in LIMITER_LAYERS)")),
+            }
+        }
+    }
+    breaks
+}
+
+#[test]
+fn the_limiters_files_import_only_from_their_own_layer_or_an_earlier_one() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let graphs = inner_graphs(&src);
+    let limiter = graphs.get("limiter").expect("a graph of limiter/'s files");
+    assert!(
+        limiter.get("core").is_some_and(|to| to.contains("store")),
+        "the walk did not see the facade import the store:\n{}",
+        picture(limiter)
+    );
+    let breaks = layer_breaks(limiter, LIMITER_LAYERS);
+    assert!(
+        breaks.is_empty(),
+        "imports against the limiter's layers:\n{}",
+        breaks.join("\n")
+    );
+    // The check has teeth: a rule that reads a call's arguments breaks it.
+    let mut planted = limiter.clone();
+    planted
+        .entry("rule".to_owned())
+        .or_default()
+        .insert("script".to_owned());
+    assert_eq!(
+        layer_breaks(&planted, LIMITER_LAYERS),
+        ["rule → script (rules and policy → call arguments and replies)"]
+    );
+}
