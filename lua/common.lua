@@ -576,17 +576,17 @@ local function parse_seen(token)
 end
 
 -- Adds a call's partial-loss marks to its guard (rollback_hold, below):
--- `token` the seen token, `reg` the rollbacks key. Returns an error
--- message for a malformed token.
-local function guard_seen(G, token, reg)
+-- `token` the seen token, `reg` the rollbacks key, `srv` the server key
+-- (server_moved). Returns an error message for a malformed token.
+local function guard_seen(G, token, reg, srv)
   local tag, seen, err = parse_seen(token)
   if err ~= nil then
     return err
   end
-  if tag ~= nil and reg == nil then
-    return 'a call with seen marks needs the rollbacks key after the epoch key'
+  if tag ~= nil and (reg == nil or srv == nil) then
+    return 'a call with seen marks needs the rollbacks and server keys after the epoch key'
   end
-  G.tag, G.seen, G.reg = tag, seen, reg
+  G.tag, G.seen, G.reg, G.srv = tag, seen, reg, srv
   return nil
 end
 
@@ -594,11 +594,86 @@ end
 -- replica that missed a read still finds it.
 local ROLLED_KEEP_US = 600000000
 
+-- Lists a find in the rollbacks key for every replica's watch: at `now`,
+-- the finder's own mark `mine`, the hash `key` ('*': every hash).
+local function list_find(G, now, mine, key)
+  redis.call('ZADD', G.reg, I(now), I(now) .. ' ' .. I(mine) .. ' ' .. key)
+  redis.call('ZREMRANGEBYSCORE', G.reg, '-inf', '(' .. I(now - ROLLED_KEEP_US))
+  redis.call('PEXPIRE', G.reg, cdiv(ROLLED_KEEP_US, 1000))
+  if G.found == 0 then
+    G.found = 3
+  end
+end
+
+-- A failover to a replica that missed the last writes, or a restart that
+-- loaded an older save: every key went back together, the replicas'
+-- marks with the state, so a replica that granted nothing since that
+-- point finds its mark whole and would grant from the older state (the
+-- marks alone caught only the replicas that lost a grant: fleet seeds
+-- 197, 613, 661, 1354 and 1610). What no key can keep, the server tells:
+-- each Redis process has its own run id (a promoted replica too, and a
+-- restart draws a new one), and the server key (`srv`, beside the
+-- epoch) names the run id the limiter last ran on. A charging call that
+-- finds another one found the store possibly gone back, whichever
+-- replica makes it: it writes the find and its hold (the find plus the
+-- bound) into the key and lists one find for every hash ('*'); every
+-- seller hash is then held until that hold, named by the find (its
+-- `pf`), and each replica writes back, into each seller hash it granted
+-- in, what it was granted after its own mark there (restore.lua). A
+-- restart or a failover that lost nothing costs the same hold. A loss of
+-- every key takes the server key too: the epoch's path covers it, and
+-- the first call writes the key anew (as on a new install).
+-- Returns the last move found, { found, hold } (found 0: none), or nil
+-- when the call does not look (no marks, a dry run, no bounded 'wait');
+-- reads the server once per call.
+local function server_moved(G, now)
+  if G.moved ~= nil then
+    return G.moved or nil
+  end
+  G.moved = false
+  if G.srv == nil or not G.charge or not G.wait or G.max == nil then
+    return nil
+  end
+  local run = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or '-'
+  local was, found, hold = string.match(redis.call('GET', G.srv) or '', '^(%S+) (%d+) (%d+)$')
+  if was == nil then
+    redis.call('SET', G.srv, run .. ' 0 0')
+    found, hold = 0, 0
+  elseif was ~= run then
+    found, hold = now, now + G.max
+    redis.call('SET', G.srv, run .. ' ' .. I(found) .. ' ' .. I(hold))
+    list_find(G, now, 0, '*')
+  end
+  G.moved = { found = tonumber(found), hold = tonumber(hold) }
+  return G.moved
+end
+
+-- Holds seller hash `H` for a find at `found` until `hold`, and names
+-- the find (`pf`), which a restore must match (restore.lua); a hash
+-- already named by that find (or a later one) keeps what it has.
+local function hold_for(H, found, hold)
+  if num(hget(H, 'pf'), -1) >= found then
+    return
+  end
+  hset(H, 'ph', I(hold))
+  hset(H, 'pf', I(found))
+  local ms = cdiv(hold - found, 1000) + EXPIRY_SLACK_MS
+  if ms > H.ttl then
+    H.ttl = ms
+  end
+end
+
 -- The instant a rollback holds request `q`'s seller hash `H` until (nil:
--- none). Finds one when this replica's mark says so (see above).
+-- none). Finds one when this replica's mark says so (see above), or when
+-- the server moved (server_moved).
 local function rollback_hold(G, H, q, now)
   if G == nil then
     return nil
+  end
+  local moved = server_moved(G, now)
+  if moved ~= nil and now < moved.hold then
+    hold_for(H, moved.found, moved.hold)
+    return moved.hold
   end
   local ph = hget(H, 'ph')
   if ph ~= nil then
@@ -636,18 +711,8 @@ local function rollback_hold(G, H, q, now)
     return nil
   end
   local hold = now + G.max
-  hset(H, 'ph', I(hold))
-  hset(H, 'pf', I(now))
-  local ms = cdiv(G.max, 1000) + EXPIRY_SLACK_MS
-  if ms > H.ttl then
-    H.ttl = ms
-  end
-  redis.call('ZADD', G.reg, I(now), I(now) .. ' ' .. I(mine) .. ' ' .. H.key)
-  redis.call('ZREMRANGEBYSCORE', G.reg, '-inf', '(' .. I(now - ROLLED_KEEP_US))
-  redis.call('PEXPIRE', G.reg, cdiv(ROLLED_KEEP_US, 1000))
-  if G.found == 0 then
-    G.found = 3
-  end
+  hold_for(H, now, hold)
+  list_find(G, now, mine, H.key)
   return hold
 end
 

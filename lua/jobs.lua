@@ -44,7 +44,8 @@
 --             request, '<at µs>:<live until µs>' or '-': the replica's
 --             last grant in the seller's hash, which a partial loss may
 --             have taken back (rollback_hold, common.lua), with the
---             rollbacks key after the epoch key in KEYS
+--             rollbacks key and the server key (server_moved,
+--             common.lua) after the epoch key in KEYS
 -- KEYS      per request: the seller's hash, then one key per rule (the
 --           seller's hash, repeated, and the global rules' hash); then,
 --           with slot terms, the seller's slots (slots.lua); then, with
@@ -345,7 +346,7 @@ local function run_jobs(KEYS, ARGV, op, now, real)
   local G = nil
   if guard ~= '' then
     G = new_guard(KEYS[k], how, charge, fresh, max)
-    local serr = guard_seen(G, seen, KEYS[k + 1])
+    local serr = guard_seen(G, seen, KEYS[k + 1], KEYS[k + 2])
     if serr ~= nil then
       return redis.error_reply(serr)
     end

@@ -33,7 +33,9 @@
 -- Either way the restore sets the replica's mark (`w:<tag>`) to its last
 -- grant, so its next call does not find the same loss again.
 --
--- KEYS[i]     the hash of rule i's place; KEYS[n+1] the epoch key
+-- KEYS[i]     the hash of rule i's place; KEYS[n+1] the epoch key;
+--             KEYS[n+2] the server key (server_moved, common.lua), which
+--             names a find of every hash when the server moved
 -- ARGV[2]     now in µs, or '' for Redis' clock
 -- ARGV[3]     the replica's name (its worker id)
 -- ARGV[4]     the loss this restores: '<µs>', the epoch as the replica
@@ -111,6 +113,17 @@ local function restore_call(KEYS, ARGV, now, real)
   local named
   if rolled then
     named = nrules > 0 and num(hget(rules[1].h.hash, 'pf'), -1) or -1
+    -- The server moved (server_moved, common.lua): every seller hash is
+    -- the find's, also one no call has touched since (or that the move
+    -- took whole); it is held for the find from here.
+    local srv = KEYS[nrules + 2]
+    if named ~= lost and nrules > 0 and srv ~= nil then
+      local found, held = string.match(redis.call('GET', srv) or '', '^%S+ (%d+) (%d+)$')
+      if tonumber(found) == lost and named < lost then
+        hold_for(rules[1].h.hash, lost, tonumber(held))
+        named = lost
+      end
+    end
   else
     named = tonumber(redis.call('GET', KEYS[nrules + 1]) or '')
   end

@@ -34,7 +34,30 @@ end
 -- `lost:<j>` lapsing one lease after the loss (calls granted later count
 -- beside them), a dry run only answers 0. The model is
 -- `src/limiter/testkit/slots.rs`.
+--
+-- The server moved (server_moved, common.lua: a failover, a restart from
+-- an older save): the set went back with every key, so the leases of
+-- calls granted since that point are gone while the calls may still be
+-- under way. Every slot then counts as taken until a lease after the
+-- find: the first charging call to meet the set writes `max` leases
+-- `mv<found>:<j>` lapsing then (calls granted later count beside them).
 local function slots_free(s, now, G, charge)
+  local moved = G ~= nil and charge and server_moved(G, now) or nil
+  if moved ~= nil and moved.found > 0 and now < moved.found + s.lease then
+    local first = 'mv' .. I(moved.found) .. ':'
+    if not redis.call('ZSCORE', s.key, first .. 1) then
+      local args = {}
+      for j = 1, s.max do
+        args[#args + 1] = I(moved.found + s.lease)
+        args[#args + 1] = first .. j
+      end
+      redis.call('ZADD', s.key, unpack(args))
+      local ttl = math.floor((moved.found + s.lease - now) / 1000) + 1000
+      if redis.call('PTTL', s.key) < ttl then
+        redis.call('PEXPIRE', s.key, ttl)
+      end
+    end
+  end
   local live = redis.call('ZCOUNT', s.key, '(' .. I(now), '+inf')
   local lost = nil
   if live == 0 and G ~= nil then

@@ -39,6 +39,7 @@ MUTATIONS=(
   $'1\tsrc/worker/admission.rs\ts/\\.acquire_jobs\\(key, asked\\.rules, &costs, asked\\.share\\)/.acquire_jobs(key, None, \\&costs, asked.share)/\tredis.on_error = local admits everything while Redis fails (its in-memory limits handed no rules; issue 53)'
   $'9\tsrc/worker/admission.rs\ts/let room = mine\\.saturating_sub\\(asked\\.busy\\);/let room = mine;/\tadmitting without Redis (local, fail_open) forgets the seller\'s calls under way: a capped seller goes over its max_in_flight (issue 53)'
   $'1\tlua/restore.lua\ts/      out\[i\] = restore_part\(r, now, lost, after, ARGV\[6 \+ nrules \* 5 \+ i\] or \'\'\)/      out[i] = 0/\tthe merge after a loss writes back nothing of a replica\'s part: each seller goes on from an empty state once the bounded hold ends (issue 52, item 5)'
+  $'1\tlua/common.lua\ts/(local function server_moved\\(G, now\\)\\n)/$1  do return nil end\\n/\ta failover (every key back to an older copy, under another server) goes unseen: a replica that lost nothing grants from the older state, and a capped seller\'s lost leases free its slots (issue 52, item 3)'
   $'7\tsrc/worker/timers.rs\ts/Duration::from_millis\\(unix_ms_at\\.saturating_sub\\(now_ms\\)\\)/Duration::from_millis(unix_ms_at - now_ms)/\ta wait until a due time on the fleet\'s clock read as an unsigned difference (a due time already passed wraps; the host-clock version, until_unix_ms, now only times pauses, which no random world steps back)'
 )
 

@@ -130,6 +130,15 @@ impl KeySpace {
         format!("{}:{{epoch}}:rolled", self.prefix)
     }
 
+    /// The run id of the Redis process the limiter last ran on, and the
+    /// last find of a move (`server_moved` in `lua/common.lua`): a
+    /// failover or a restart that loaded an older save took every key
+    /// back together, which no mark in them can tell. In the epoch's slot
+    /// (single topology only).
+    pub fn server(&self) -> String {
+        format!("{}:{{epoch}}:server", self.prefix)
+    }
+
     /// What `dlq replay` has replayed from dead-letter topic `topic`: a
     /// hash of `partition:offset` → marker (one key: a replay is one
     /// client's sequential work, never hot).

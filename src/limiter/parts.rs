@@ -266,6 +266,23 @@ impl Parts {
         parts
     }
 
+    /// Every seller hash's grants before `found_us` ([`Parts::before_in`]),
+    /// by key: a move of the server took every hash back at once. Only the
+    /// hashes this replica marks (its sellers'), whose restore can tell
+    /// the grants the older state still holds from those it lost.
+    pub fn before_each_marked(&self, found_us: u64) -> Vec<SellerPart> {
+        let mut keys: Vec<&Arc<str>> = self
+            .sellers
+            .iter()
+            .filter(|(_, s)| s.mark.is_some())
+            .map(|(k, _)| k)
+            .collect();
+        keys.sort_unstable();
+        keys.into_iter()
+            .filter_map(|k| self.before_in(k, found_us))
+            .collect()
+    }
+
     /// One hash's grants before `found_us`, as the restore of a partial
     /// loss sends them: the recent ones each at its own instant, so the
     /// script can keep exactly those after the point the state went back

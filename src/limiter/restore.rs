@@ -41,6 +41,10 @@ use crate::telemetry::events::{GrantsKept, LimiterStateRestored};
 /// Restores under way at once: a loss finds every active seller at once.
 const AT_ONCE: usize = 16;
 
+/// The hash a find names when the server moved (a failover, a restart
+/// from an older save: `server_moved`, `lua/common.lua`): every one.
+const EVERY_HASH: &str = "*";
+
 /// What one restore wrote back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RestoreReport {
@@ -131,6 +135,7 @@ impl<S: Store> Limiter<S> {
         Some(Seen {
             tag: r.tag.clone(),
             rollbacks: self.keys.rollbacks(),
+            server: self.keys.server(),
             marks,
         })
     }
@@ -159,10 +164,18 @@ impl<S: Store> Limiter<S> {
             let loss = Loss::Rollback {
                 found_us: f.found_us,
             };
-            // A seller this replica never granted (or forgot) has no part.
-            let part = lock(&r.parts).before_in(&f.key, f.found_us);
-            if let Some(part) = part {
-                reports.push(self.restore_parts(loss, vec![part]).await);
+            // A seller this replica never granted (or forgot) has no part;
+            // a move of the server ('*') finds every seller's hash.
+            let parts = if f.key == EVERY_HASH {
+                lock(&r.parts).before_each_marked(f.found_us)
+            } else {
+                lock(&r.parts)
+                    .before_in(&f.key, f.found_us)
+                    .into_iter()
+                    .collect()
+            };
+            if !parts.is_empty() {
+                reports.push(self.restore_parts(loss, parts).await);
             }
             let mut read = lock(&r.rollbacks_read);
             *read = (*read).max(f.found_us);
@@ -222,6 +235,7 @@ impl<S: Store> Limiter<S> {
             loss,
             bound_us,
             epoch: self.keys.epoch(self.topology, &part.key),
+            server: self.keys.server(),
             mark: part.last_us.map(|at| (r.tag.clone(), at)),
             rules: part.rules,
         });

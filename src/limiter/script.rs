@@ -292,6 +292,9 @@ pub struct RestoreCall {
     pub bound_us: u64,
     /// The epoch key, in the slot of the rules' keys.
     pub epoch: String,
+    /// The server key ([`KeySpace::server`](super::keys::KeySpace::server)):
+    /// a rollback's find may name every hash (the server moved).
+    pub server: String,
     pub rules: Vec<(KeyedRule, Vec<(u64, u64)>)>,
     /// The replica's tag and its last grant in the hash (µs): written as
     /// its mark, so that its next call does not find the loss again.
@@ -299,12 +302,12 @@ pub struct RestoreCall {
 }
 
 impl RestoreCall {
-    /// KEYS: one per rule, then the epoch key.
+    /// KEYS: one per rule, then the epoch key, then the server key.
     pub fn keys(&self) -> impl Iterator<Item = &str> {
         self.rules
             .iter()
             .map(|((at, _), _)| at.key.as_str())
-            .chain(std::iter::once(self.epoch.as_str()))
+            .chain([self.epoch.as_str(), self.server.as_str()])
     }
 
     /// ARGV, as `lua/restore.lua` documents it.
@@ -421,6 +424,8 @@ pub struct Seen {
     pub tag: String,
     /// Where finds are listed ([`KeySpace::rollbacks`](super::keys::KeySpace::rollbacks)).
     pub rollbacks: String,
+    /// The server key ([`KeySpace::server`](super::keys::KeySpace::server)).
+    pub server: String,
     /// Per request: `(granted at, live until)`, µs on Redis' clock.
     pub marks: Vec<Option<(u64, u64)>>,
 }
@@ -468,7 +473,11 @@ impl JobsCall {
                     .chain(q.slots.as_ref().map(|s| s.key.as_str()))
             })
             .chain(self.guard.as_ref().map(|g| g.epoch.as_str()))
-            .chain(self.seen().map(|s| s.rollbacks.as_str()))
+            .chain(
+                self.seen()
+                    .into_iter()
+                    .flat_map(|s| [s.rollbacks.as_str(), s.server.as_str()]),
+            )
     }
 
     /// The partial-loss marks the call carries, if any.
@@ -660,6 +669,7 @@ mod tests {
         let seen = Seen {
             tag: "0a0b0c0d".to_owned(),
             rollbacks: "tw:{epoch}:rolled".to_owned(),
+            server: "tw:{epoch}:server".to_owned(),
             marks: vec![Some((10, 20)), None],
         };
         let c = call(Some(guard(Some(seen))), None);
@@ -670,8 +680,8 @@ mod tests {
         );
         assert_eq!(
             c.keys().collect::<Vec<_>>(),
-            ["e", "tw:{epoch}:rolled"],
-            "the rollbacks key right after the epoch"
+            ["e", "tw:{epoch}:rolled", "tw:{epoch}:server"],
+            "the rollbacks and server keys right after the epoch"
         );
     }
 
@@ -693,6 +703,7 @@ mod tests {
             loss: Loss::Rollback { found_us: 42 },
             bound_us: 3,
             epoch: "e".to_owned(),
+            server: "s".to_owned(),
             rules: vec![(rule, vec![(1, 2), (3, 4)])],
             mark: Some(("t".to_owned(), 3)),
         };

@@ -500,7 +500,7 @@ impl Gen {
         self.line("  if guard ~= '' then");
         self.line("    G = new_guard(epoch, how, true, fresh, max)");
         self.line(format!(
-            "    local serr = guard_seen(G, ARGV[a + 4] or '', KEYS[nreq * {} + 2])",
+            "    local serr = guard_seen(G, ARGV[a + 4] or '', KEYS[nreq * {0} + 2], KEYS[nreq * {0} + 3])",
             1 + k
         ));
         self.line("    if serr ~= nil then return redis.error_reply(serr) end");

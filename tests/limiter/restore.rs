@@ -291,3 +291,146 @@ async fn a_seller_hash_that_expired_under_a_global_rule_is_not_a_partial_loss() 
     let rollbacks = a.keys().rollbacks();
     assert_eq!(cli(server.port, &["EXISTS", &rollbacks]), "0", "no find");
 }
+
+/// Jobs granted as [`grant`] does, once Redis answers again after a
+/// restart (the first calls may find the connection gone).
+async fn grant_once_back(l: &Limiter<RedisStore>, seller: &str, n: usize) -> u64 {
+    let started = std::time::Instant::now();
+    loop {
+        match l.acquire_jobs(seller, &vec![1; n]).await {
+            Ok(BatchDecision::Granted(g)) => return g.units,
+            Ok(_) => return 0,
+            Err(e) => {
+                assert!(
+                    started.elapsed() < Duration::from_secs(10),
+                    "Redis did not answer again: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// Issue 52, item 3: Redis restarts and loads a save older than its last
+/// writes (as a failover to a replica that missed them does), so every
+/// key goes back together, the epoch and the replicas' marks with the
+/// state. Replica a grants 30 and b 20 of 100 an hour; the save is taken;
+/// only b grants 15 more. After the restart a calls first: its own mark
+/// is whole (it lost nothing), so no mark can tell it the state went
+/// back; the server's new run id does. a is held, the find names every
+/// hash, b writes back its 15 per rule and a nothing, and after the hold
+/// the seller gets the 35 the hour has left. Without restores the older
+/// state hands out 50 more (115 in the hour). Through the general
+/// function and a generated shape.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_that_loads_an_older_save_holds_even_a_replica_that_lost_nothing() {
+    for (restore, shapes) in [(true, false), (true, true), (false, false)] {
+        let mut server = RedisServer::start();
+        let a = replica(server.port, "a", hourly(), restore).await;
+        let b = replica(server.port, "b", hourly(), restore).await;
+        if shapes {
+            a.prepare_shapes().await.expect("shapes");
+        }
+        let epoch = a.keys().epoch(Topology::Single, "");
+        cli(server.port, &["SET", &epoch, "0"]);
+        assert_eq!(grant(&a, "s", 30).await, 30);
+        assert_eq!(grant(&b, "s", 20).await, 20);
+        assert_eq!(cli(server.port, &["SAVE"]), "OK");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert_eq!(grant(&b, "s", 15).await, 15);
+        server.stop();
+        server.restart();
+        assert_eq!(cli(server.port, &["GET", &epoch]), "0", "the save's epoch");
+        if shapes {
+            // A restart loses the functions with the keys' writes.
+            a.prepare_shapes().await.expect("shapes");
+        }
+
+        let first = grant_once_back(&a, "s", 1).await;
+        let rollbacks = a.keys().rollbacks();
+        if !restore {
+            assert_eq!(first, 1, "nothing found without restores");
+            assert_eq!(grant(&a, "s", 100).await, 49, "50 more in the hour");
+            continue;
+        }
+        assert_eq!(first, 0, "found and held (shapes: {shapes})");
+        assert_eq!(
+            grant_once_back(&b, "s", 1).await,
+            0,
+            "held for every replica"
+        );
+        let listed = cli(server.port, &["ZRANGE", &rollbacks, "0", "-1"]);
+        assert!(listed.ends_with(" 0 *"), "one find of every hash: {listed}");
+        let ra = a.watch_rollbacks().await;
+        let rb = b.watch_rollbacks().await;
+        assert_eq!(
+            ra.iter().map(|r| (r.units, r.failed)).collect::<Vec<_>>(),
+            [(0, 0)],
+            "a lost nothing"
+        );
+        assert_eq!(
+            rb.iter().map(|r| (r.units, r.failed)).collect::<Vec<_>>(),
+            [(30, 0)],
+            "b's 15, per rule"
+        );
+        assert!(b.watch_rollbacks().await.is_empty(), "each find once");
+        tokio::time::sleep(BOUND).await;
+        assert_eq!(grant(&a, "s", 100).await, 35, "what the hour had left");
+        assert_eq!(grant(&b, "s", 1).await, 0, "used up");
+        assert_eq!(
+            cli(server.port, &["ZCARD", &rollbacks]),
+            "1",
+            "the same server: nobody finds it again"
+        );
+    }
+}
+
+/// A move of the server (here a restart that loads an older save) takes a
+/// capped seller's slots back with everything else: the lease of a call
+/// granted since the save is gone while the call may still be under way.
+/// Every slot then counts as taken until a lease after the find, so
+/// `max_in_flight` holds (fleet seed 169: two calls at once under a cap
+/// of one, before). Without restores (no marks, no look at the server)
+/// the slot is handed out again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capped_sellers_slots_count_as_taken_for_a_lease_after_a_move() {
+    let capped = || {
+        let cfg = throttle_worker::config::LimitsConfig {
+            default: vec![rule("fixed_window", 1_000, "1h", None)],
+            sellers: [(
+                "c".to_owned(),
+                throttle_worker::config::SellerConfig {
+                    unlimited: true,
+                    max_in_flight: Some(1),
+                    ..Default::default()
+                },
+            )]
+            .into(),
+            slot_lease: Duration::from_secs(3),
+            ..Default::default()
+        };
+        Policy::from_config(&cfg).expect("a capped policy")
+    };
+    for restore in [true, false] {
+        let mut server = RedisServer::start();
+        let a = replica(server.port, "a", capped(), restore).await;
+        let b = replica(server.port, "b", capped(), restore).await;
+        let epoch = a.keys().epoch(Topology::Single, "");
+        cli(server.port, &["SET", &epoch, "0"]);
+        // The server key is written by a first call, then saved.
+        assert_eq!(grant(&b, "other", 1).await, 1);
+        assert_eq!(cli(server.port, &["SAVE"]), "OK");
+        assert_eq!(grant(&a, "c", 1).await, 1, "a's call takes the slot");
+        assert_eq!(grant(&b, "c", 1).await, 0, "one at a time");
+        server.stop();
+        server.restart();
+        let after = grant_once_back(&b, "c", 1).await;
+        if restore {
+            assert_eq!(after, 0, "a's call may still be under way");
+            tokio::time::sleep(Duration::from_millis(3200)).await;
+            assert_eq!(grant(&b, "c", 1).await, 1, "free a lease after the find");
+        } else {
+            assert_eq!(after, 1, "the slot handed out again");
+        }
+    }
+}

@@ -67,9 +67,14 @@ pub fn run(keys: &mut Keyspace, now_us: u64, argv: &[Vec<u8>]) -> Result<Reply, 
         "pexpire" => arity(args.len() >= 2).and_then(|()| db.pexpire(args)),
         "pttl" => arity(args.len() == 1).map(|()| db.pttl(&args[0])),
         "time" => arity(args.is_empty()).map(|()| time(now_us)),
+        // Only the field the limiter reads, in Redis' layout.
+        "info" => arity(args.len() <= 1).map(|()| {
+            Reply::Bulk(format!("# Server\r\nrun_id:{}\r\n", db.keys.run_id()).into_bytes())
+        }),
         "zadd" => arity(args.len() >= 3 && args.len() % 2 == 1)
             .and_then(|()| db.zadd(&args[0], &args[1..])),
         "zcount" => arity(args.len() == 3).and_then(|()| db.zcount(args)),
+        "zscore" => arity(args.len() == 2).and_then(|()| db.zscore(&args[0], &args[1])),
         "zrangebyscore" => arity(args.len() >= 3).and_then(|()| db.zrange(args, false)),
         "zrevrangebyscore" => arity(args.len() >= 3).and_then(|()| db.zrange(args, true)),
         "zrem" => arity(args.len() >= 2).and_then(|()| db.zrem(&args[0], &args[1..])),
@@ -314,6 +319,17 @@ impl Db<'_> {
             z.entries().iter().filter(|(s, _)| range.holds(*s)).count()
         });
         Ok(Reply::Int(n as i64))
+    }
+
+    /// `ZSCORE key member`: its score, or nil.
+    fn zscore(&mut self, key: &[u8], member: &[u8]) -> Result<Reply, CommandError> {
+        let score = self.zset(key)?.and_then(|z| {
+            z.entries()
+                .iter()
+                .find(|(_, m)| m.as_slice() == member)
+                .map(|(s, _)| *s)
+        });
+        Ok(score.map_or(Reply::Nil, |s| Reply::Bulk(format_double(s).into_bytes())))
     }
 
     /// `Z[REV]RANGEBYSCORE key from to [WITHSCORES] [LIMIT offset count]`

@@ -97,7 +97,15 @@ struct Entry {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Keyspace {
     entries: HashMap<Vec<u8>, Entry>,
+    /// The server process that holds the keys: a restart, or another
+    /// server taking over (a failover), is another run (`INFO`'s
+    /// `run_id`).
+    run: u64,
 }
+
+/// Every key of a server at one instant ([`Keyspace::snapshot`]).
+#[derive(Debug, Clone)]
+pub struct Snapshot(HashMap<Vec<u8>, Entry>);
 
 impl Keyspace {
     /// Drops `key` when it has expired at `now_ms` (Redis expires a key
@@ -223,8 +231,28 @@ impl Keyspace {
         }
     }
 
-    /// `FLUSHALL`: every key gone (a restart without persistence).
+    /// Every key gone, as after a restart without persistence: another
+    /// run of the server.
     pub fn flush(&mut self) {
         self.entries.clear();
+        self.run += 1;
+    }
+
+    /// The server's run id, as `INFO server` names it (40 hex digits).
+    pub fn run_id(&self) -> String {
+        format!("{:040x}", self.run)
+    }
+
+    /// Every key as it is now, their expiries with them.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot(self.entries.clone())
+    }
+
+    /// Another server takes over with `snapshot`'s keys: a replica that
+    /// missed the writes since is promoted, or a restart loads an older
+    /// save. Every key is as it was then; the run is another.
+    pub fn take_over(&mut self, snapshot: Snapshot) {
+        self.entries = snapshot.0;
+        self.run += 1;
     }
 }

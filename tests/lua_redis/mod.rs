@@ -207,9 +207,22 @@ impl EmbeddedRedis {
         commands::run(&mut self.server().keys, at_us, &argv)
     }
 
-    /// `FLUSHALL`: every key gone, as after a restart without persistence.
+    /// `FLUSHALL`: every key gone, as after a restart without persistence
+    /// (another run of the server).
     pub fn flushall(&self) {
         self.server().keys.flush();
+    }
+
+    /// Every key as it is now ([`keyspace::Keyspace::snapshot`]).
+    pub fn snapshot(&self) -> keyspace::Snapshot {
+        self.server().keys.snapshot()
+    }
+
+    /// A failover to a replica that holds `snapshot`, or a restart that
+    /// loads it ([`keyspace::Keyspace::take_over`]): every key goes back
+    /// to it, and the server's run id changes.
+    pub fn take_over(&self, snapshot: keyspace::Snapshot) {
+        self.server().keys.take_over(snapshot);
     }
 
     /// Copies of `keys` as they are now ([`keyspace::Keyspace::copy_of`]).

@@ -865,6 +865,7 @@ pub fn losses_unrestored(sc: &Scenario, out: &Outcome) -> Vec<u64> {
         .iter()
         .copied()
         .chain(sc.faults.rollbacks.iter().map(|&(at, _)| at))
+        .chain(sc.faults.failovers.iter().map(|&(at, _)| at))
         .filter(|&lost| {
             let ended = out
                 .log

@@ -223,6 +223,9 @@ pub struct Reach {
     pub units_restored: u64,
     /// A partial loss applied: sellers' state put back to an older copy.
     pub rollbacks_applied: u64,
+    /// A failover applied: every key went back to an older copy, under
+    /// another run of the server.
+    pub failovers_applied: u64,
     /// A call that found a partial loss (`EpochFound::RolledBack`).
     pub rollbacks_found: u64,
     /// Hashes a replica wrote back after a partial loss's find
@@ -276,13 +279,14 @@ impl Reach {
         self.restores += o.restores;
         self.units_restored += o.units_restored;
         self.rollbacks_applied += o.rollbacks_applied;
+        self.failovers_applied += o.failovers_applied;
         self.rollbacks_found += o.rollbacks_found;
         self.partial_restores += o.partial_restores;
         self.losses_unrestored += o.losses_unrestored;
     }
 
     /// Each count by name.
-    pub fn named(&self) -> [(&'static str, u64); 28] {
+    pub fn named(&self) -> [(&'static str, u64); 29] {
         [
             ("a limiter refusal", self.denials),
             ("a loss of Redis' data found", self.losses_found),
@@ -337,6 +341,7 @@ impl Reach {
             ("a hash restored after a loss", self.restores),
             ("a unit restored", self.units_restored),
             ("a partial loss applied", self.rollbacks_applied),
+            ("a failover applied", self.failovers_applied),
             ("a partial loss found", self.rollbacks_found),
             (
                 "a hash restored after a partial loss",

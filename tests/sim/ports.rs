@@ -22,6 +22,7 @@ use throttle_worker::worker::{
     Caller, Clock, PermitError, Permits, SellerInfo, WriteError, Writer,
 };
 
+use crate::lua_redis::keyspace::Snapshot;
 use crate::lua_redis::{EmbeddedError, EmbeddedRedis, KeyCopy, Mode};
 
 use super::broker::{SharedBroker, SimRecord};
@@ -110,11 +111,17 @@ pub struct Faults {
     pub state_losses: Vec<u64>,
     /// Partial losses: at each virtual ms, the sellers' state keys
     /// ([`Faults::rollback_keys`]) go back to their copy of that many ms
-    /// before (a failover to a replica that missed the last writes),
-    /// the epoch staying as it was.
+    /// before on the same server (a `RESTORE` of older copies), the
+    /// epoch staying as it was.
     pub rollbacks: Vec<(u64, u64)>,
     /// The keys a partial loss puts back: every seller's state hash.
     pub rollback_keys: Vec<String>,
+    /// Failovers: at each virtual ms, another Redis server takes over
+    /// with every key as it was that many ms before (a replica promoted
+    /// that missed the last writes, or a restart that loaded an older
+    /// save): the epoch, the marks and the calls' records went back with
+    /// the state, and the server's run id is another.
+    pub failovers: Vec<(u64, u64)>,
     /// How many calls at once the downstream can take (none: any number).
     pub capacity: Option<HiddenCapacity>,
     /// Sellers the downstream allows fewer calls than their rule: beyond
@@ -154,7 +161,13 @@ pub struct World {
     /// Copies of `faults.rollback_keys` (virtual ms, copies), oldest
     /// first, one every [`COPY_EVERY_MS`], for the partial losses to put
     /// back; none in a world without them.
-    pub copies: Mutex<std::collections::VecDeque<(u64, Vec<KeyCopy>)>>,
+    pub copies: Mutex<Copies<Vec<KeyCopy>>>,
+    /// How many of `faults.failovers` Redis has suffered so far.
+    pub failovers: std::sync::atomic::AtomicUsize,
+    /// Every key, one copy per [`COPY_EVERY_MS`] (virtual ms, copy),
+    /// oldest first, for the failovers to take over from; none in a world
+    /// without them.
+    pub snapshots: Mutex<Copies<Snapshot>>,
     /// The world's own randomness (latencies, write failures), apart from
     /// the engine's.
     pub rng: Mutex<StdRng>,
@@ -541,6 +554,66 @@ fn released(q: &JobsRequest, r: &JobsReply) -> Release {
 /// they put back.
 pub const COPY_EVERY_MS: u64 = 20;
 
+/// Copies of Redis' keys (or some of them), one per [`COPY_EVERY_MS`],
+/// oldest first, for a fault that puts an older one back.
+#[derive(Debug)]
+pub struct Copies<T>(std::collections::VecDeque<(u64, T)>);
+
+impl<T> Default for Copies<T> {
+    fn default() -> Self {
+        Copies(Default::default())
+    }
+}
+
+impl<T: Clone> Copies<T> {
+    /// The newest copy at least `back_ms` older than `t` (virtual ms).
+    fn older(&self, t: u64, back_ms: u64) -> Option<T> {
+        self.0
+            .iter()
+            .rev()
+            .find(|(copied, _)| copied + back_ms <= t)
+            .map(|(_, c)| c.clone())
+    }
+
+    /// Keeps a copy made by `copy` at `at` when one is due, and drops
+    /// those older than the longest of `faults` (at, ms back) reaches.
+    fn keep(&mut self, at: u64, faults: &[(u64, u64)], copy: impl FnOnce() -> T) {
+        if self
+            .0
+            .back()
+            .is_some_and(|(last, _)| at < last + COPY_EVERY_MS)
+        {
+            return;
+        }
+        self.0.push_back((at, copy()));
+        let reach = faults.iter().map(|f| f.1).max().unwrap_or(0);
+        while self
+            .0
+            .get(1)
+            .is_some_and(|(t, _)| t + reach + COPY_EVERY_MS < at)
+        {
+            self.0.pop_front();
+        }
+    }
+
+    /// A copy from before a loss is not the state after it.
+    pub fn clear(&mut self) {
+        self.0.clear();
+    }
+}
+
+/// The faults of `faults` (at, ms back) due by `at` that `applied` has not
+/// counted yet, which it now does.
+fn newly_due(
+    faults: &[(u64, u64)],
+    applied: &std::sync::atomic::AtomicUsize,
+    at: u64,
+) -> Vec<(u64, u64)> {
+    let due: Vec<(u64, u64)> = faults.iter().copied().filter(|&(t, _)| t <= at).collect();
+    let done = applied.swap(due.len(), Ordering::SeqCst);
+    due.into_iter().skip(done).collect()
+}
+
 /// The Redis timeout the simulation models: a hung Redis fails a call
 /// after this long (`SimStore::reach`).
 pub const REDIS_TIMEOUT: Duration = Duration::from_secs(1);
@@ -606,7 +679,12 @@ impl SimStore {
             self.redis().flushall();
             // A copy from before the loss is not the state after it.
             w.copies.lock().unwrap_or_else(|p| p.into_inner()).clear();
+            w.snapshots
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clear();
         }
+        self.fail_over_and_copy(at);
         self.roll_back_and_copy(at);
         Ok((w.clock.true_unix_us(), hung))
     }
@@ -621,39 +699,35 @@ impl SimStore {
             return;
         }
         let mut copies = w.copies.lock().unwrap_or_else(|p| p.into_inner());
-        let due: Vec<(u64, u64)> = w
-            .faults
-            .rollbacks
-            .iter()
-            .copied()
-            .filter(|&(t, _)| t <= at)
-            .collect();
-        let done = w.rollbacks.swap(due.len(), Ordering::SeqCst);
-        for &(t, back_ms) in due.iter().skip(done) {
-            let older = copies
-                .iter()
-                .rev()
-                .find(|(copied, _)| copied + back_ms <= t)
-                .map(|(_, c)| c.clone());
-            if let Some(older) = older {
+        for (t, back_ms) in newly_due(&w.faults.rollbacks, &w.rollbacks, at) {
+            if let Some(older) = copies.older(t, back_ms) {
                 self.redis().put_back(&w.faults.rollback_keys, older);
                 w.journal.with(|log| log.reach.rollbacks_applied += 1);
             }
         }
-        if copies
-            .back()
-            .is_none_or(|(last, _)| at >= last + COPY_EVERY_MS)
-        {
-            copies.push_back((at, self.redis().copy_keys(&w.faults.rollback_keys)));
-            // Only as far back as the longest loss reaches.
-            let reach = w.faults.rollbacks.iter().map(|r| r.1).max().unwrap_or(0);
-            while copies
-                .get(1)
-                .is_some_and(|(t, _)| t + reach + COPY_EVERY_MS < at)
-            {
-                copies.pop_front();
-            }
+        copies.keep(at, &w.faults.rollbacks, || {
+            self.redis().copy_keys(&w.faults.rollback_keys)
+        });
+    }
+
+    /// Applies the failovers due by `at` (virtual ms): every key goes
+    /// back to the newest copy at least the failover's ms old, under a new
+    /// run of the server (none when no copy is that old: the replica
+    /// promoted missed nothing, yet it is another server all the same);
+    /// then keeps a copy now, one per [`COPY_EVERY_MS`].
+    fn fail_over_and_copy(&self, at: u64) {
+        let w = &self.world;
+        if w.faults.failovers.is_empty() {
+            return;
         }
+        let mut copies = w.snapshots.lock().unwrap_or_else(|p| p.into_inner());
+        for (t, back_ms) in newly_due(&w.faults.failovers, &w.failovers, at) {
+            let redis = self.redis();
+            let older = copies.older(t, back_ms).unwrap_or_else(|| redis.snapshot());
+            redis.take_over(older);
+            w.journal.with(|log| log.reach.failovers_applied += 1);
+        }
+        copies.keep(at, &w.faults.failovers, || self.redis().snapshot());
     }
 
     fn redis(&self) -> std::sync::MutexGuard<'_, EmbeddedRedis> {

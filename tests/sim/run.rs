@@ -489,6 +489,8 @@ pub fn world_of(sc: &Scenario) -> (Arc<World>, Vec<bytes::Bytes>) {
         losses: Default::default(),
         rollbacks: Default::default(),
         copies: Default::default(),
+        failovers: Default::default(),
+        snapshots: Default::default(),
         rng: World::seeded(sc.seed),
         downstream_busy: Default::default(),
         rate_windows: Default::default(),

@@ -26,6 +26,8 @@ const PRIORITY_SALT: u64 = 0x9210_7170_0000_0000;
 const LOSS_SALT: u64 = 0x1055_0fda_7a00_0000;
 /// Partial losses: a seller's state put back to an older copy.
 const ROLLBACK_SALT: u64 = 0x2011_bac4_0000_0000;
+/// Failovers: every key back to an older copy, under another server.
+const FAILOVER_SALT: u64 = 0xfa11_0fe2_0000_0000;
 /// What orders jobs (`worker.ordering`), and how their keys spread.
 const ORDER_SALT: u64 = 0x0de2_5a17_0000_0000;
 /// A first deploy: Redis and the consumer group both empty.
@@ -39,11 +41,15 @@ const ON_ERROR_SALT: u64 = 0x0e22_0f00_0000_0000;
 /// registers calls after the client gave up on them (issue 53).
 const DOWNSTREAM_SALT: u64 = 0xd0e5_7a11_0000_0000;
 
-/// Whether the random worlds draw partial losses (`SIM_PARTIAL_LOSSES=1`).
-/// Off by default: a replica that lost no grant to a rollback finds its
-/// mark where it left it, so its calls grant from the older state until a
-/// replica that did lose one calls and finds it (fleet seeds 197, 613, 661,
-/// 1354 and 1610 at 2,000 seeds, each over a rule right after a rollback).
+/// Whether the random worlds draw partial losses (`SIM_PARTIAL_LOSSES=1`):
+/// sellers' keys put back from an older copy on the same server (a
+/// `RESTORE`), the epoch staying. Off by default: a replica that lost no
+/// grant to it finds its mark where it left it, so its calls grant from
+/// the older state until a replica that did lose one calls and finds it
+/// (fleet seeds 197, 613, 661, 1354 and 1610 at 2,000 seeds, each over a
+/// rule right after such a put-back; the guarantees page says so). A
+/// failover, where every key goes back under another server, is caught
+/// by any replica's first call (`Faults::failovers`, on).
 pub fn partial_losses_on() -> bool {
     std::env::var("SIM_PARTIAL_LOSSES").is_ok_and(|v| v == "1")
 }
@@ -414,10 +420,9 @@ impl Scenario {
         let mut n = StdRng::seed_from_u64(seed ^ INSTALL_SALT);
         sc.fresh_install = n.random_bool(1.0 / 3.0);
         // Partial losses on about 20 % of the seeds, from a generator of
-        // their own: every seller's state goes back 50 ms to 2 s (a
-        // failover to a replica that missed the last writes), the epoch
-        // staying. Off unless `SIM_PARTIAL_LOSSES=1` (see
-        // [`partial_losses_on`]).
+        // their own: every seller's state goes back 50 ms to 2 s on the
+        // same server (a put-back from an older copy), the epoch staying.
+        // Off unless `SIM_PARTIAL_LOSSES=1` (see [`partial_losses_on`]).
         let mut b = StdRng::seed_from_u64(seed ^ ROLLBACK_SALT);
         if partial_losses_on() && b.random_bool(0.2) {
             for _ in 0..b.random_range(1..=2) {
@@ -431,6 +436,18 @@ impl Scenario {
                 .iter()
                 .map(|s| keys.seller_state(&s.name))
                 .collect();
+        }
+        // Failovers on about 15 % of the seeds, from a generator of their
+        // own: another server takes over with every key 50 ms to 2 s
+        // older (a replica promoted that missed the last writes, a
+        // restart that loaded an older save).
+        let mut f = StdRng::seed_from_u64(seed ^ FAILOVER_SALT);
+        if f.random_bool(0.15) {
+            for _ in 0..f.random_range(1..=2) {
+                let at = f.random_range(0..horizon);
+                sc.faults.failovers.push((at, f.random_range(50..=2_000)));
+            }
+            sc.faults.failovers.sort_unstable();
         }
         // The downstream's own ways to fail that the outages above do not
         // make, from a generator of their own: a planned maintenance (503
