@@ -12,8 +12,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::common::procs::{
-    by_job, committed_offsets, end_offsets, start_worker, wait_committed_to_end, wait_settled,
-    BrokerProc, LogEvent, Names, Proc, Scratch, TaggedDownstream,
+    by_job, committed_offsets, end_offsets, start_worker, start_worker_env, wait_committed_to_end,
+    wait_settled, BrokerProc, LogEvent, Names, Proc, Scratch, TaggedDownstream,
 };
 use crate::common::rule;
 use crate::common::worker::{always_ok, job, policy, produce, Bench, Downstream, Running};
@@ -790,6 +790,10 @@ const CRASH_LOOP_RULES: &str =
 /// `CRASH_LOOP_MEMBERSHIP` = `cooperative` (the default protocol),
 /// `eager` (`range`) or `kip848` (`group.protocol = consumer`) measures the
 /// book's table of membership protocols (docs/src/deploy/kafka.md, "Rebalances and restarts").
+///
+/// `CRASH_LOOP_REDIS_LOSS=N` (issue 52) runs the workers on a Redis of
+/// their own and, with every Nth kill, restarts it empty too (its data
+/// lost, the epoch with it): the same checks then hold across the losses.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_loop_kill_9_a_random_replica_repeatedly_loses_and_over_admits_nothing() {
     let env = |k: &str, d: u64| {
@@ -811,12 +815,20 @@ async fn crash_loop_kill_9_a_random_replica_repeatedly_loses_and_over_admits_not
     let config = cfg.write(dir.path(), "worker");
     let membership = std::env::var("CRASH_LOOP_MEMBERSHIP").unwrap_or_default();
     with_membership(&config, &membership);
+    let redis_loss = env("CRASH_LOOP_REDIS_LOSS", 0) as usize;
+    let mut redis = (redis_loss > 0).then(crate::common::redis_server::RedisServer::start);
+    let redis_url = redis.as_ref().map(|r| r.url());
     let mut incarnation = 0usize;
     let mut spawn = |slot: usize| {
         incarnation += 1;
         let tag = format!("w{slot}.{incarnation}");
-        start_worker(dir.path(), &tag, &config, &down.url(&tag))
+        let env: Vec<(&str, &str)> = redis_url
+            .iter()
+            .map(|u| ("THROTTLE__REDIS__URL", u.as_str()))
+            .collect();
+        start_worker_env(dir.path(), &tag, &config, &down.url(&tag), &env)
     };
+    let mut redis_losses = 0usize;
     let mut workers: Vec<Proc> = (0..4).map(&mut spawn).collect();
     wait_settled(
         &workers.iter().collect::<Vec<_>>(),
@@ -860,6 +872,11 @@ async fn crash_loop_kill_9_a_random_replica_repeatedly_loses_and_over_admits_not
         let slot = rand::random::<u32>() as usize % workers.len();
         kills.push((SystemTime::now(), slot, committed));
         workers[slot].kill9();
+        if let Some(r) = redis.as_mut().filter(|_| kills.len() % redis_loss == 0) {
+            r.stop();
+            r.restart();
+            redis_losses += 1;
+        }
         workers[slot] = spawn(slot);
     }
     let end = end_offsets(&produced);
@@ -996,7 +1013,7 @@ async fn crash_loop_kill_9_a_random_replica_repeatedly_loses_and_over_admits_not
     );
     eprintln!(
         "crash loop: {} jobs, {sellers} sellers at {CRASH_LOOP_LIMIT}/s, 4 worker processes on {PARTITIONS} partitions; \
-         {} kill -9 + restart, one every {every:?}; all done and committed after {run_time:?}; 0 lost, 0 over the limit",
+         {} kill -9 + restart, one every {every:?}, {redis_losses} Redis restarts without its data; all done and committed after {run_time:?}; 0 lost, 0 over the limit",
         ids.len(),
         kills.len(),
     );
