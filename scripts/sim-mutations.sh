@@ -71,6 +71,13 @@ for m in "${MUTATIONS[@]}"; do
   seeds=$(grep -cE '^seed [0-9]+: replay' <<<"$out" || true)
   if [ -n "$found" ]; then
     printf 'caught (%s seeds broke it, %ss): %s\n' "$seeds" "$(( $(date +%s) - started ))" "$(sed -E 's/^ +//' <<<"$found" | cut -c1-160)"
+    # How many seeds of each run failed, and the lowest one reported (of
+    # its first ten): about how many seeds the break needs to be caught.
+    grep -E '^(fleet )?simulation: [0-9]+ seeds from .* failed$' <<<"$out" | sed -E 's/ in [0-9.]+ s \(.*\),/,/' || true
+    for v in SIM_SEED SIM_FLEET_SEED; do
+      low=$(grep -oE "^seed [0-9]+: replay with .${v}=" <<<"$out" | grep -oE '[0-9]+' | sort -n | head -1 || true)
+      if [ -n "$low" ]; then printf '  lowest failing seed reported (%s): %s\n' "$v" "$low"; fi
+    done
   else
     printf 'NOT CAUGHT: no report of invariant %s\n' "$inv"
     grep -E "^ *[0-9]\. |panicked|error" <<<"$out" | head -5 || true
