@@ -40,6 +40,9 @@ MUTATIONS=(
   $'9\tsrc/worker/admission.rs\ts/let room = mine\\.saturating_sub\\(asked\\.busy\\);/let room = mine;/\tadmitting without Redis (local, fail_open) forgets the seller\'s calls under way: a capped seller goes over its max_in_flight (issue 53)'
   $'1\tlua/restore.lua\ts/      out\[i\] = restore_part\(r, now, lost, after, ARGV\[6 \+ nrules \* 5 \+ i\] or \'\'\)/      out[i] = 0/\tthe merge after a loss writes back nothing of a replica\'s part: each seller goes on from an empty state once the bounded hold ends (issue 52, item 5)'
   $'1\tlua/common.lua\ts/(local function server_moved\\(G, now\\)\\n)/$1  do return nil end\\n/\ta failover (every key back to an older copy, under another server) goes unseen: a replica that lost nothing grants from the older state, and a capped seller\'s lost leases free its slots (issue 52, item 3)'
+  $'18\tsrc/kafka/session.rs\ts/Err\\(_\\) if t\\.offsets\\.received\\(topic, partition, offset\\) => \\{/Err(_) if false \\&\\& t.offsets.received(topic, partition, offset) => {/\ta record the broker delivers again within its assignment (a fetch retried) is taken as work again, held or finished here (issue 53, item 4)'
+  $'19\tsrc/worker/engine/write.rs\ts/self\\.spawn_write\\(pending, Duration::from_secs\\(1\\)\\);/self.spawn_write(pending, Duration::ZERO);/\ta failed write to a retry tier or the dead-letter topic is tried again at once: a produce outage spins (issue 53, item 4)'
+  $'2\tsrc/worker/engine/write.rs\ts/Err\\(error\\) => self\\.retry_write\\(pending, &error\\.to_string\\(\\)\\),/Err(_) => {\\n                self.deps.source.finish(\\&pending.origin);\\n                self.memory.remove(pending.bytes);\\n            }/\ta write to a retry tier or the dead-letter topic the broker never acknowledged counts as made: the record finished, its job lost (issue 53, item 4)'
   $'7\tsrc/worker/timers.rs\ts/Duration::from_millis\\(unix_ms_at\\.saturating_sub\\(now_ms\\)\\)/Duration::from_millis(unix_ms_at - now_ms)/\ta wait until a due time on the fleet\'s clock read as an unsigned difference (a due time already passed wraps; the host-clock version, until_unix_ms, now only times pauses, which no random world steps back)'
 )
 
@@ -69,6 +72,13 @@ for m in "${MUTATIONS[@]}"; do
   seeds=$(grep -cE '^seed [0-9]+: replay' <<<"$out" || true)
   if [ -n "$found" ]; then
     printf 'caught (%s seeds broke it, %ss): %s\n' "$seeds" "$(( $(date +%s) - started ))" "$(sed -E 's/^ +//' <<<"$found" | cut -c1-160)"
+    # How many seeds of each run failed, and the lowest one reported (of
+    # its first ten): about how many seeds the break needs to be caught.
+    grep -E '^(fleet )?simulation: [0-9]+ seeds from .* failed$' <<<"$out" | sed -E 's/ in [0-9.]+ s \(.*\),/,/' || true
+    for v in SIM_SEED SIM_FLEET_SEED; do
+      low=$(grep -oE "^seed [0-9]+: replay with .${v}=" <<<"$out" | grep -oE '[0-9]+' | sort -n | head -1 || true)
+      if [ -n "$low" ]; then printf '  lowest failing seed reported (%s): %s\n' "$v" "$low"; fi
+    done
   else
     printf 'NOT CAUGHT: no report of invariant %s\n' "$inv"
     grep -E "^ *[0-9]\. |panicked|error" <<<"$out" | head -5 || true

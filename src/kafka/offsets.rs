@@ -105,6 +105,12 @@ impl PartitionOffsets {
         Ok(())
     }
 
+    /// Whether the record at `offset` was taken here and is still held or
+    /// finished: a delivery of it again is not new work.
+    pub fn received(&self, offset: i64) -> bool {
+        self.open.contains_key(&offset) || self.done_through.is_some_and(|d| offset <= d)
+    }
+
     /// Records that the record at `offset` is finished.
     pub fn finish(&mut self, offset: i64) -> Finish {
         match self.open.get_mut(&offset) {
@@ -303,6 +309,12 @@ impl Offsets {
     pub fn inherited_done(&self, topic: &str, partition: i32, offset: i64) -> bool {
         self.partition(topic, partition)
             .is_some_and(|p| p.inherited_done(offset))
+    }
+
+    /// See [`PartitionOffsets::received`].
+    pub fn received(&self, topic: &str, partition: i32, offset: i64) -> bool {
+        self.partition(topic, partition)
+            .is_some_and(|p| p.received(offset))
     }
 
     pub fn finish(&mut self, topic: &str, partition: i32, offset: i64) -> Finish {

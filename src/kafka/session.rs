@@ -37,7 +37,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::time::Instant;
 
 use crate::telemetry::events::{
-    AlreadyDone, CommitFailed, HandoffLedgerFailed, OffsetsCommitted, SessionFenced, SessionResumed,
+    AlreadyDone, CommitFailed, HandoffLedgerFailed, OffsetsCommitted, RecordDeliveredAgain,
+    SessionFenced, SessionResumed,
 };
 
 use super::done_ranges::Ranges;
@@ -94,6 +95,9 @@ pub enum Received {
     /// The partition's previous owner finished it after its committed
     /// offset: finished here at once, not done again.
     AlreadyDone,
+    /// Delivered again in this assignment (a fetch retried): this consumer
+    /// holds it or has finished it, so it is not work a second time.
+    Again,
 }
 
 /// The offsets of every assigned partition, and each partition's
@@ -370,6 +374,17 @@ impl Session {
                 {
                     p.note_time(offset, ts);
                 }
+            }
+            // Sent again in this assignment (a fetch retried): held here or
+            // finished here, so not work a second time (issue 53, item 4).
+            Err(_) if t.offsets.received(topic, partition, offset) => {
+                RecordDeliveredAgain {
+                    topic,
+                    partition,
+                    offset,
+                }
+                .emit();
+                return Received::Again;
             }
             // Offsets only go backwards after a seek we never make; the
             // record is still processed, its offset simply not tracked.
@@ -692,7 +707,7 @@ mod tests {
                     offset,
                     generation,
                 },
-                Received::AlreadyDone => panic!("offset {offset} skipped"),
+                other => panic!("offset {offset} skipped: {other:?}"),
             })
             .collect()
     }
@@ -738,6 +753,49 @@ mod tests {
                 "refused {refuse}, ledger {ledger}: only the unfinished are redone"
             );
         }
+    }
+
+    /// Issue 53, item 4: the broker sends records of an assignment again (a
+    /// fetch retried): one this consumer still holds, and one it has
+    /// finished. Neither is work: taken again, the held one was called
+    /// twice at once and the finished one called again, though the
+    /// consumer knew both (before the fix both came back `Take`, untracked).
+    #[test]
+    fn a_record_delivered_again_in_its_assignment_is_not_taken_twice() {
+        let broker = FakeBroker::default();
+        let s = Session::new(None);
+        s.assign(&broker, &[tp(0)]);
+        let origins = take(&s, 4);
+        s.finish(&origins[0]);
+        s.finish(&origins[2]);
+        // (row, offset delivered again, what the consumer knows of it)
+        for (row, offset) in [(1, 0), (2, 1), (3, 2), (4, 3)] {
+            assert_eq!(
+                s.receive("jobs", 0, offset, None),
+                Received::Again,
+                "row {row}: offset {offset}, finished or held here"
+            );
+        }
+        assert_eq!(s.unfinished(), 2, "1 and 3 are still held, once each");
+        s.finish(&origins[1]);
+        assert_eq!(
+            s.commit(&broker, true),
+            Ok(1),
+            "the prefix runs through 2, 3 still held"
+        );
+        assert_eq!(
+            broker
+                .committed
+                .borrow()
+                .get(&("jobs".to_owned(), 0))
+                .map(|c| c.0),
+            Some(3)
+        );
+        // The next record is work as before.
+        assert!(matches!(
+            s.receive("jobs", 0, 4, None),
+            Received::Take { .. }
+        ));
     }
 
     /// One periodic commit in flight at a time; its answer counts only for
@@ -789,7 +847,7 @@ mod tests {
                 offset: 0,
                 generation,
             },
-            Received::AlreadyDone => panic!("skipped"),
+            other => panic!("skipped: {other:?}"),
         };
         assert!(s.may_start(&other), "other partitions go on");
         // The call under way answers during the wait.

@@ -148,6 +148,13 @@ struct Fetch {
     /// Partitions whose revoke waits for the worker: not fetched (the
     /// poll thread is inside the rebalance callback).
     revoking: BTreeSet<Tp>,
+    /// Where each owned partition's assignment began, and the furthest
+    /// position delivered in it: a record below that delivered again is
+    /// a redelivery (`Faults::redeliveries`).
+    began: BTreeMap<Tp, (i64, i64)>,
+    /// How many of `Faults::redeliveries` this incarnation has applied
+    /// (those before its start count as applied).
+    redeliveries: usize,
 }
 
 /// One consumer incarnation (a process's lifetime): the worker's own
@@ -239,13 +246,20 @@ impl SimSource {
         dead: Arc<AtomicBool>,
         revoke_wait: Duration,
     ) -> SimSource {
+        let before = ledger.world.faults.redeliveries.iter();
+        let fetch = Fetch {
+            redeliveries: before
+                .filter(|(at, _)| *at <= ledger.world.now_ms())
+                .count(),
+            ..Fetch::default()
+        };
         SimSource {
             revoke_wait,
             broker,
             journal,
             session: Session::new(Some(ledger.clone())),
             ledger,
-            fetch: Mutex::default(),
+            fetch: Mutex::new(fetch),
             answers: Mutex::default(),
             wake,
             dead,
@@ -277,7 +291,9 @@ impl SimSource {
         let broker = lock(&self.broker);
         let mut fetch = lock(&self.fetch);
         for tp in parts {
-            fetch.owned.insert(tp.clone(), broker.committed_offset(tp));
+            let from = broker.committed_offset(tp);
+            fetch.owned.insert(tp.clone(), from);
+            fetch.began.insert(tp.clone(), (from, from));
             fetch.paused.remove(tp);
         }
         drop(fetch);
@@ -312,6 +328,7 @@ impl SimSource {
         let mut fetch = lock(&self.fetch);
         for tp in parts {
             fetch.owned.remove(tp);
+            fetch.began.remove(tp);
             fetch.paused.remove(tp);
             fetch.revoking.remove(tp);
         }
@@ -372,6 +389,7 @@ impl SimSource {
         }
         let broker = lock(&self.broker);
         let mut fetch = lock(&self.fetch);
+        self.redeliver(&mut fetch);
         let mut out = Vec::new();
         let parts: Vec<Tp> = fetch.owned.keys().cloned().collect();
         for tp in parts {
@@ -387,13 +405,30 @@ impl SimSource {
                     break;
                 };
                 fetch.owned.insert(tp.clone(), next + 1);
-                let generation = match self.session.receive(&tp.0, tp.1, next, None) {
+                let again = match fetch.began.get_mut(&tp) {
+                    Some((_, furthest)) if next < *furthest => true,
+                    Some((_, furthest)) => {
+                        *furthest = next + 1;
+                        false
+                    }
+                    None => false,
+                };
+                let received = self.session.receive(&tp.0, tp.1, next, None);
+                if again {
+                    self.journal.delivered_again(
+                        &tp,
+                        next,
+                        matches!(received, Received::Take { .. }),
+                    );
+                }
+                let generation = match received {
                     Received::Take { generation } => generation,
                     Received::AlreadyDone => {
                         self.journal.skipped(&tp, next, &rec.value);
                         self.journal.finished(&tp, next);
                         continue;
                     }
+                    Received::Again => continue,
                 };
                 self.journal.delivered(&tp, next, &rec.value);
                 let here = Position {
@@ -420,6 +455,29 @@ impl SimSource {
             }
         }
         out
+    }
+}
+
+impl SimSource {
+    /// Applies the redeliveries due by now (`Faults::redeliveries`): each
+    /// owned partition's position goes back that many records, never
+    /// before its assignment's start.
+    fn redeliver(&self, fetch: &mut Fetch) {
+        let world = &self.ledger.world;
+        let now = world.now_ms();
+        let due = world
+            .faults
+            .redeliveries
+            .iter()
+            .filter(|(at, _)| *at <= now);
+        for &(_, back) in due.skip(fetch.redeliveries) {
+            fetch.redeliveries += 1;
+            let Fetch { owned, began, .. } = &mut *fetch;
+            for (tp, at) in owned.iter_mut() {
+                let from = began.get(tp).map_or(*at, |(from, _)| *from);
+                *at = (*at - back).max(from);
+            }
+        }
     }
 }
 

@@ -212,10 +212,11 @@ pub fn fleet(sc: &Scenario, out: &Outcome) -> Vec<String> {
     v.extend(nothing_lost(sc, out));
     v.extend(no_innocent_dead_letters(sc, out));
     v.extend(no_tight_loop(sc, out));
-    // The journal's own checks: invariant 6 (commits) and 12 (handoffs),
-    // the latter already numbered.
+    v.extend(no_write_loop(out));
+    // The journal's own checks: invariant 6 (commits), 12 (handoffs) and
+    // 18 (redeliveries), the last two already numbered.
     v.extend(out.log.violations.iter().map(|c| {
-        if c.starts_with("12.") {
+        if c.starts_with("12.") || c.starts_with("18.") {
             c.clone()
         } else {
             format!("6. {c}")
@@ -1297,6 +1298,36 @@ pub fn no_idle_slot_while_granted_waits(sc: &Scenario, out: &Outcome) -> Vec<Str
                 c.job, c.at_ms
             ));
             break;
+        }
+    }
+    v
+}
+
+/// Invariant 19 (issue 53, item 4): a write to a retry tier or the
+/// dead-letter topic that fails is tried again after a wait, not at once:
+/// through a produce outage of tens of seconds, a record's copy is tried
+/// about once a second (`worker::engine::write`). A job fails at most 12
+/// writes in any 5 s (five of one copy, and as many again of a copy
+/// redelivered to another owner, with room to spare); a retry without a
+/// wait fails hundreds.
+pub fn no_write_loop(out: &Outcome) -> Vec<String> {
+    const BOUND: usize = 12;
+    let span = Duration::from_secs(5).as_millis() as u64;
+    let mut by_job: BTreeMap<JobId, Vec<u64>> = BTreeMap::new();
+    for &(at, job) in &out.log.write_failures {
+        by_job.entry(job).or_default().push(at);
+    }
+    let mut v = Vec::new();
+    for (job, mut at) in by_job {
+        at.sort_unstable();
+        if let Some(i) =
+            (0..at.len()).find(|&i| at.get(i + BOUND).is_some_and(|&t| t < at[i] + span))
+        {
+            let n = at[i..].iter().take_while(|&&t| t < at[i] + span).count();
+            v.push(format!(
+                "19. job {job}: {n} failed writes to a retry tier or the dead-letter topic in 5 s from {} ms (bound {BOUND})",
+                at[i]
+            ));
         }
     }
     v

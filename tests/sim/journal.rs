@@ -114,6 +114,9 @@ pub struct Log {
     pub retried_at: Vec<(u64, JobId)>,
     /// When each job's first retry copy began to be written (virtual ms).
     pub retry_begun: BTreeMap<JobId, u64>,
+    /// Writes to a retry tier or the dead-letter topic that failed:
+    /// (virtual ms, job; `usize::MAX` for a record of no job).
+    pub write_failures: Vec<(u64, JobId)>,
     /// Last delivery of each position: its sequence number.
     pub delivered: BTreeMap<(Tp, i64), u64>,
     /// Every call that reached the downstream, answered or not (a kill
@@ -235,6 +238,12 @@ pub struct Reach {
     /// replica's grants could not be restored (see
     /// `check::losses_unrestored`).
     pub losses_unrestored: u64,
+    /// A record the broker delivered again within its assignment (a fetch
+    /// retried, `Faults::redeliveries`), to a consumer that had received it.
+    pub redelivered_in_assignment: u64,
+    /// A write to a retry tier or the dead-letter topic refused by a
+    /// produce outage (`Faults::produce_outages`).
+    pub writes_in_produce_outage: u64,
 }
 
 impl Log {
@@ -283,10 +292,12 @@ impl Reach {
         self.rollbacks_found += o.rollbacks_found;
         self.partial_restores += o.partial_restores;
         self.losses_unrestored += o.losses_unrestored;
+        self.redelivered_in_assignment += o.redelivered_in_assignment;
+        self.writes_in_produce_outage += o.writes_in_produce_outage;
     }
 
     /// Each count by name.
-    pub fn named(&self) -> [(&'static str, u64); 29] {
+    pub fn named(&self) -> [(&'static str, u64); 31] {
         [
             ("a limiter refusal", self.denials),
             ("a loss of Redis' data found", self.losses_found),
@@ -347,6 +358,14 @@ impl Reach {
                 "a hash restored after a partial loss",
                 self.partial_restores,
             ),
+            (
+                "a record delivered again in its assignment",
+                self.redelivered_in_assignment,
+            ),
+            (
+                "a write refused by a produce outage",
+                self.writes_in_produce_outage,
+            ),
         ]
     }
 }
@@ -404,6 +423,24 @@ impl Journal {
             if !finished {
                 let v = format!(
                     "{}:{} offset {offset} (job {job}) skipped as finished by the last owner, but it is not",
+                    tp.0, tp.1
+                );
+                log.violate(v);
+            }
+        });
+    }
+
+    /// Invariant 18 (issue 53, item 4): the broker delivered the record at
+    /// `offset` again within its assignment, to the consumer that had
+    /// received it (a fetch retried). That consumer holds it or finished
+    /// it, so it must not take it as work again (`taken`): a second call
+    /// of a job under way, or of one done, that it could have known.
+    pub fn delivered_again(&self, tp: &Tp, offset: i64, taken: bool) {
+        self.with(|log| {
+            log.reach.redelivered_in_assignment += 1;
+            if taken {
+                let v = format!(
+                    "18. {}:{} offset {offset} delivered again within its assignment and taken as work a second time",
                     tp.0, tp.1
                 );
                 log.violate(v);
@@ -555,6 +592,19 @@ impl Journal {
         self.with(|log| {
             if let Some(&job) = log.by_value.get(value) {
                 log.retry_begun.entry(job).or_insert(at_ms);
+            }
+        });
+    }
+
+    /// A write of the record `value` to a retry tier or the dead-letter
+    /// topic failed at `at_ms`, in a produce outage or not. Touches no
+    /// sequence number (a seed's replay digest is what it was).
+    pub fn write_failed(&self, value: &Bytes, at_ms: u64, in_outage: bool) {
+        self.with(|log| {
+            let job = log.by_value.get(value).copied().unwrap_or(usize::MAX);
+            log.write_failures.push((at_ms, job));
+            if in_outage {
+                log.reach.writes_in_produce_outage += 1;
             }
         });
     }

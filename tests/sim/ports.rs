@@ -134,6 +134,15 @@ pub struct Faults {
     /// API; or a replica so busy that many answers wait for each turn of
     /// its loop, as a CPU-bound one does). None: each as it comes.
     pub answer_tick_ms: Option<u64>,
+    /// (at, records): the broker sends every owned partition's last that
+    /// many records again (a fetch retried, issue 53 item 4): each
+    /// consumer's position goes back, never before where its assignment
+    /// began. Ascending.
+    pub redeliveries: Vec<(u64, i64)>,
+    /// Produce outages (issue 53 item 4): every write to a retry tier or
+    /// the dead-letter topic fails while one lasts (their brokers
+    /// unreachable), for seconds to tens of seconds.
+    pub produce_outages: Vec<Window>,
 }
 
 /// Per-job behaviour of the downstream, beyond the faults.
@@ -430,7 +439,7 @@ pub struct SimWriter {
 }
 
 impl SimWriter {
-    async fn ack(&self, topic: &str, bytes: usize) -> Result<(), WriteError> {
+    async fn ack(&self, topic: &str, bytes: usize, value: &Bytes) -> Result<(), WriteError> {
         if self.dead.load(Ordering::SeqCst) {
             never().await;
         }
@@ -444,7 +453,15 @@ impl SimWriter {
                 reason: format!("{bytes} bytes"),
             });
         }
-        if self.world.chance(self.world.faults.write_failure) {
+        let at = self.world.now_ms();
+        let outage = self
+            .world
+            .faults
+            .produce_outages
+            .iter()
+            .any(|w| w.contains(at));
+        if outage || self.world.chance(self.world.faults.write_failure) {
+            self.world.journal.write_failed(value, at, outage);
             return Err(WriteError::Failed {
                 topic: topic.to_owned(),
                 reason: "broker did not acknowledge".to_owned(),
@@ -473,7 +490,7 @@ impl Writer for SimWriter {
         } else {
             200
         };
-        self.ack("dlq", size).await?;
+        self.ack("dlq", size, &original.value).await?;
         self.world.journal.dead_letter(&original.value, reason);
         Ok(())
     }
@@ -489,7 +506,8 @@ impl Writer for SimWriter {
         self.world
             .journal
             .retry_begun(&original.value, self.world.now_ms());
-        self.ack(topic, wire_bytes(original, 200)).await?;
+        self.ack(topic, wire_bytes(original, 200), &original.value)
+            .await?;
         let key = original.key.clone();
         let partition = key
             .as_ref()

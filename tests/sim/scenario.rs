@@ -40,6 +40,12 @@ const ON_ERROR_SALT: u64 = 0x0e22_0f00_0000_0000;
 /// A planned maintenance (503 with `Retry-After`), and a downstream that
 /// registers calls after the client gave up on them (issue 53).
 const DOWNSTREAM_SALT: u64 = 0xd0e5_7a11_0000_0000;
+/// The broker delivering records again within an assignment (a fetch
+/// retried), issue 53 item 4.
+const REDELIVERY_SALT: u64 = 0x4ede_11e2_0000_0000;
+/// Produce outages of the retry tiers and the dead-letter topic, issue 53
+/// item 4.
+const PRODUCE_SALT: u64 = 0x9e0d_0ce0_0000_0000;
 
 /// Whether the random worlds draw partial losses (`SIM_PARTIAL_LOSSES=1`):
 /// sellers' keys put back from an older copy on the same server (a
@@ -494,6 +500,31 @@ impl Scenario {
             } else {
                 OnError::Local
             };
+        }
+        // The broker sends records again on about 30 % of the seeds, from a
+        // generator of its own: at each instant, every consumer's owned
+        // partitions go back 1 to 20 records within their assignment.
+        let mut a = StdRng::seed_from_u64(seed ^ REDELIVERY_SALT);
+        if a.random_bool(0.3) {
+            for _ in 0..a.random_range(1..=3) {
+                let at = a.random_range(0..horizon);
+                sc.faults.redeliveries.push((at, a.random_range(1..=20)));
+            }
+            sc.faults.redeliveries.sort_unstable();
+        }
+        // Producing to the retry tiers and the dead-letter topic fails for
+        // 2 to 30 s at a time on about 30 % of the seeds, from a generator
+        // of its own.
+        let mut w = StdRng::seed_from_u64(seed ^ PRODUCE_SALT);
+        if w.random_bool(0.3) {
+            for _ in 0..w.random_range(1..=2) {
+                let from = w.random_range(0..horizon);
+                let to = (from + w.random_range(2_000..=30_000)).min(horizon.max(from + 1));
+                sc.faults.produce_outages.push(Window {
+                    from_ms: from,
+                    to_ms: to,
+                });
+            }
         }
         sc
     }

@@ -216,7 +216,7 @@ impl Poller {
         let timestamp = msg.timestamp().to_millis();
         let generation = match self.session.receive(&topic, partition, offset, timestamp) {
             Received::Take { generation } => generation,
-            Received::AlreadyDone => return None,
+            Received::AlreadyDone | Received::Again => return None,
         };
         let headers = match msg.headers() {
             Some(h) => RetryHeaders::from_headers(header_pairs(h)),

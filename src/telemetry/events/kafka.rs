@@ -140,6 +140,29 @@ impl Event for AlreadyDone {
     }
 }
 
+/// A record the broker delivered again within its assignment (a fetch
+/// retried) while this consumer held it or had finished it: not taken as
+/// work a second time.
+#[derive(Debug)]
+pub struct RecordDeliveredAgain<'a> {
+    pub topic: &'a str,
+    pub partition: i32,
+    pub offset: i64,
+}
+
+impl Event for RecordDeliveredAgain<'_> {
+    const NAME: &'static str = "RecordDeliveredAgain";
+
+    fn record(&self) {
+        tracing::debug!(
+            topic = self.topic,
+            partition = self.partition,
+            offset = self.offset,
+            "record delivered again in its assignment, held or finished here; skipped"
+        );
+    }
+}
+
 /// The group gave this worker partitions (after a rebalance).
 #[derive(Debug)]
 pub struct PartitionsAssigned {
@@ -391,6 +414,7 @@ inherent_emit!(
     KafkaPollFailed<'_>,
     RevokedJobsDropped,
     AlreadyDone,
+    RecordDeliveredAgain<'_>,
     PartitionsAssigned,
     PartitionsRevoked<'_>,
     RevokedWorkDropped,

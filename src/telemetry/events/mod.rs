@@ -93,8 +93,8 @@ pub use jobs::{
 };
 pub use kafka::{
     AlreadyDone, CommitFailed, ConsumerLag, HandoffLedgerFailed, HeadMoved, KafkaPollFailed,
-    LeaseLapsed, OffsetsCommitted, PartitionsAssigned, PartitionsRevoked, RevokedJobsDropped,
-    RevokedWorkDropped, SessionFenced, SessionResumed, Waited,
+    LeaseLapsed, OffsetsCommitted, PartitionsAssigned, PartitionsRevoked, RecordDeliveredAgain,
+    RevokedJobsDropped, RevokedWorkDropped, SessionFenced, SessionResumed, Waited,
 };
 pub use limiter::{
     GrantsKept, JobsCallCancelled, LimiterCallCoalesced, LimiterCalled, LimiterStateLost,
