@@ -405,6 +405,23 @@ local function owns(r)
   return hget(r.h.hash, r.h.p .. 'fp') == r.fp
 end
 
+-- The server key (server_moved, below): the run id the limiter last ran
+-- on, its last find and that find's hold (µs; 0 0: none), or nil when the
+-- key is missing or does not parse.
+local function read_server(key)
+  local run, found, hold = string.match(redis.call('GET', key) or '', '^(%S+) (%d+) (%d+)$')
+  if run == nil then
+    return nil
+  end
+  return run, tonumber(found), tonumber(hold)
+end
+
+-- The run id of the Redis process this script runs on (`INFO server`):
+-- a promoted replica has its own, and a restart draws a new one.
+local function server_run()
+  return string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or '-'
+end
+
 -- The instant (µs) the limiter's state was last lost, and whether this
 -- call is the one that found it lost (1), or found this install new (2).
 -- The epoch key never expires, so only a loss of Redis' data removes it;
@@ -412,8 +429,11 @@ end
 -- the loss. A new install (`fresh`: the worker's consumer group has never
 -- committed an offset, so there was no state to lose) writes 0 instead:
 -- nothing was lost, and no seller waits. A dry run reads a missing epoch
--- as a loss now (or, fresh, as none) and writes nothing.
-local function state_epoch(key, now, charge, fresh)
+-- as a loss now (or, fresh, as none) and writes nothing. `srv`, the
+-- server key when the call carries one (server_moved), is written with
+-- the epoch when missing: the two are then always written together, so
+-- a server key missing beside an epoch means a move.
+local function state_epoch(key, now, charge, fresh, srv)
   local v = redis.call('GET', key)
   if v then
     return tonumber(v), 0
@@ -423,6 +443,9 @@ local function state_epoch(key, now, charge, fresh)
     return at, 0
   end
   redis.call('SET', key, I(at))
+  if srv ~= nil then
+    redis.call('SET', srv, server_run() .. ' 0 0', 'NX')
+  end
   return at, fresh and 2 or 1
 end
 
@@ -466,7 +489,7 @@ end
 -- nil for 'admit'. Reads (and, charging, writes) the epoch once per call.
 local function guard_lost(G, now)
   if G.at == nil then
-    G.at, G.found = state_epoch(G.key, now, G.charge, G.fresh)
+    G.at, G.found = state_epoch(G.key, now, G.charge, G.fresh, G.srv)
   end
   if G.wait then
     return G.at
@@ -623,6 +646,14 @@ end
 -- restart or a failover that lost nothing costs the same hold. A loss of
 -- every key takes the server key too: the epoch's path covers it, and
 -- the first call writes the key anew (as on a new install).
+--
+-- A server key missing beside an epoch is a move too: the store went
+-- back to a copy from before the limiter's first call on that server
+-- (simulation seed 2973: a failover 1.7 s back, 2.4 s into an install,
+-- let a seller through twice). A call that carries the server key
+-- writes it with the epoch (state_epoch), so only an upgrade from a
+-- version without the key, or restores switched on, meet that otherwise:
+-- once, for the same hold.
 -- Returns the last move found, { found, hold } (found 0: none), or nil
 -- when the call does not look (no marks, a dry run, no bounded 'wait');
 -- reads the server once per call.
@@ -634,9 +665,9 @@ local function server_moved(G, now)
   if G.srv == nil or not G.charge or not G.wait or G.max == nil then
     return nil
   end
-  local run = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or '-'
-  local was, found, hold = string.match(redis.call('GET', G.srv) or '', '^(%S+) (%d+) (%d+)$')
-  if was == nil then
+  local run = server_run()
+  local was, found, hold = read_server(G.srv)
+  if was == nil and not redis.call('GET', G.key) then
     redis.call('SET', G.srv, run .. ' 0 0')
     found, hold = 0, 0
   elseif was ~= run then
@@ -644,7 +675,7 @@ local function server_moved(G, now)
     redis.call('SET', G.srv, run .. ' ' .. I(found) .. ' ' .. I(hold))
     list_find(G, now, 0, '*')
   end
-  G.moved = { found = tonumber(found), hold = tonumber(hold) }
+  G.moved = { found = found, hold = hold }
   return G.moved
 end
 
@@ -705,7 +736,7 @@ local function rollback_hold(G, H, q, now)
   -- A grant from before the epoch's last loss: a whole loss, which the
   -- epoch's own restores cover.
   if G.at == nil then
-    G.at, G.found = state_epoch(G.key, now, G.charge, G.fresh)
+    G.at, G.found = state_epoch(G.key, now, G.charge, G.fresh, G.srv)
   end
   if G.at >= e.at then
     return nil
@@ -724,7 +755,12 @@ local function whole_use_reach(r, at)
   return r.algo.reset(r.algo.load(empty, r, at), r, at, r.algo.cap(r))
 end
 
--- Marks this replica's grant in the seller's hash (see rollback_hold).
+-- Marks this replica's grant in the seller's hash (see rollback_hold),
+-- and in every other hash the grant charged (the global rules'): after a
+-- move of the server, each replica's restore of a hash counts only what
+-- it was granted after its mark there (restore.lua), so a hash without
+-- the marks would get back nothing of what the move took (simulation
+-- seed 4992: 19 calls in a global window of 10).
 -- A busy seller's hash never expires, so the marks of replicas gone since
 -- (every deploy brings new ones) would pile up in it. A replica carries
 -- its mark only while its grant's reset runs, which should end within a
@@ -734,18 +770,12 @@ end
 -- purpose: pruned at one reach, the simulation found marks still carried
 -- (fleet seeds 7 and 15: finds with no loss), a cause not yet traced.
 local PRUNE_REACHES, PRUNE_SLACK_US = 4, 60000000
-local function mark_grant(G, H, now, rules)
-  if G == nil or G.tag == nil then
-    return
-  end
+local function mark_hash(G, H, now, rules)
   -- Forward only: a clock that stepped back (a failover to a node whose
   -- clock is behind) must not leave the mark below a grant the replica
   -- carries.
   if num(hget(H, 'w:' .. G.tag), 0) < now then
     hset(H, 'w:' .. G.tag, I(now))
-  end
-  if hget(H, 'c0') == nil then
-    hset(H, 'c0', I(now))
   end
   if H.t == nil then
     return
@@ -758,6 +788,24 @@ local function mark_grant(G, H, now, rules)
     if string.sub(f, 1, 2) == 'w:' and tonumber(v) < now - PRUNE_REACHES * reach - PRUNE_SLACK_US then
       H.t[f] = nil
       H.dirty[f] = true
+    end
+  end
+end
+
+local function mark_grant(G, H, now, rules)
+  if G == nil or G.tag == nil then
+    return
+  end
+  mark_hash(G, H, now, rules)
+  if hget(H, 'c0') == nil then
+    hset(H, 'c0', I(now))
+  end
+  local done = { [H] = true }
+  for i = 1, #rules do
+    local R = rules[i].h.hash
+    if not done[R] then
+      done[R] = true
+      mark_hash(G, R, now, rules)
     end
   end
 end

@@ -118,9 +118,9 @@ local function restore_call(KEYS, ARGV, now, real)
     -- took whole); it is held for the find from here.
     local srv = KEYS[nrules + 2]
     if named ~= lost and nrules > 0 and srv ~= nil then
-      local found, held = string.match(redis.call('GET', srv) or '', '^%S+ (%d+) (%d+)$')
-      if tonumber(found) == lost and named < lost then
-        hold_for(rules[1].h.hash, lost, tonumber(held))
+      local _, found, held = read_server(srv)
+      if found == lost and named < lost then
+        hold_for(rules[1].h.hash, lost, held)
         named = lost
       end
     end

@@ -235,8 +235,9 @@ impl Parts {
         }
     }
 
-    /// A grant of `at_us` in a seller's own hash `key` (recorded first),
-    /// after which the hash lives until `live_us` at least.
+    /// A grant of `at_us` marked in hash `key` (recorded first): a
+    /// seller's own, or the global rules'; after it the hash lives until
+    /// `live_us` at least.
     pub fn mark(&mut self, key: &str, at_us: u64, live_us: u64) {
         if let Some(s) = self.sellers.get_mut(key) {
             if s.mark.is_none_or(|(at, _)| at <= at_us) {
@@ -268,8 +269,9 @@ impl Parts {
 
     /// Every seller hash's grants before `found_us` ([`Parts::before_in`]),
     /// by key: a move of the server took every hash back at once. Only the
-    /// hashes this replica marks (its sellers'), whose restore can tell
-    /// the grants the older state still holds from those it lost.
+    /// hashes this replica marks (its sellers', and the global rules'),
+    /// whose restore can tell the grants the older state still holds from
+    /// those it lost.
     pub fn before_each_marked(&self, found_us: u64) -> Vec<SellerPart> {
         let mut keys: Vec<&Arc<str>> = self
             .sellers

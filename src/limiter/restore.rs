@@ -103,8 +103,12 @@ impl<S: Store> Limiter<S> {
             let at = u64::try_from(reply.head.now_us).unwrap_or(0);
             parts.record(&req.rules, at, units);
             if units > 0 && carries_mark(req) {
+                // The script marks every hash the grant charged, the
+                // global rules' too (`mark_grant`, `lua/common.lua`).
                 let live = u64::try_from(reply.head.reset_after_us).unwrap_or(0);
-                parts.mark(&req.block.key, at, at.saturating_add(live));
+                for key in marked_keys(req) {
+                    parts.mark(key, at, at.saturating_add(live));
+                }
             }
         }
         GrantsKept {
@@ -276,6 +280,18 @@ impl<S: Store> Limiter<S> {
         let quarter = Duration::from_micros(bound_us / 4);
         Some(quarter.clamp(Duration::from_millis(100), Duration::from_secs(1)))
     }
+}
+
+/// The hashes a granted request's marks are written in: its seller's,
+/// then each other hash its rules charge, once.
+fn marked_keys(q: &JobsRequest) -> Vec<&str> {
+    let mut keys = vec![q.block.key.as_str()];
+    for (at, _) in &q.rules {
+        if !keys.contains(&at.key.as_str()) {
+            keys.push(at.key.as_str());
+        }
+    }
+    keys
 }
 
 /// Whether a request's seller hash carries this replica's mark: it reads

@@ -23,6 +23,23 @@ fn cli(port: u16, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
+/// Redis as an install that has run on this server before finds it: the
+/// loss guard's epoch (0: never lost) and the server key naming this
+/// server's run id (`server_moved`, `lua/common.lua`). An epoch without
+/// the server key reads as a move to an older copy.
+fn installed(port: u16, l: &Limiter<RedisStore>) -> String {
+    let epoch = l.keys().epoch(Topology::Single, "");
+    cli(port, &["SET", &epoch, "0"]);
+    let info = cli(port, &["INFO", "server"]);
+    let run = info
+        .lines()
+        .find_map(|l| l.strip_prefix("run_id:"))
+        .expect("INFO server names the run id")
+        .trim();
+    cli(port, &["SET", &l.keys().server(), &format!("{run} 0 0")]);
+    epoch
+}
+
 /// A replica as the worker builds it: the loss guard, a bounded wait,
 /// restores on.
 async fn replica(port: u16, name: &str, policy: Policy, restore: bool) -> Limiter<RedisStore> {
@@ -74,8 +91,7 @@ async fn after_a_loss_each_replica_restores_its_grants_once_and_the_seller_resum
         let a = replica(server.port, "a", hourly(), restore).await;
         let b = replica(server.port, "b", hourly(), restore).await;
         // An install whose state was never lost.
-        let epoch = a.keys().epoch(Topology::Single, "");
-        cli(server.port, &["SET", &epoch, "0"]);
+        let epoch = installed(server.port, &a);
         assert_eq!(grant(&a, "s", 30).await, 30);
         assert_eq!(grant(&b, "s", 40).await, 40);
         assert_eq!(a.watch_epoch().await, None, "no loss yet");
@@ -120,8 +136,7 @@ async fn a_rule_within_the_bound_is_not_restored_nor_held_longer() {
     let server = RedisServer::start();
     let fast = policy(vec![rule("gcra", 10, "1s", None)], vec![]);
     let a = replica(server.port, "a", fast, true).await;
-    let epoch = a.keys().epoch(Topology::Single, "");
-    cli(server.port, &["SET", &epoch, "0"]);
+    installed(server.port, &a);
     assert_eq!(grant(&a, "s", 5).await, 5);
     cli(server.port, &["FLUSHALL"]);
     assert_eq!(grant(&a, "s", 1).await, 0, "a whole use at the loss");
@@ -195,8 +210,7 @@ async fn a_seller_key_put_back_from_an_older_copy_is_found_held_and_restored_exa
                 "the seller's shape is loaded, so its calls run through it"
             );
         }
-        let epoch = a.keys().epoch(Topology::Single, "");
-        cli(server.port, &["SET", &epoch, "0"]);
+        let epoch = installed(server.port, &a);
         let key = a.keys().seller_state("s");
         assert_eq!(grant(&a, "s", 30).await, 30);
         assert_eq!(grant(&b, "s", 20).await, 20);
@@ -269,8 +283,7 @@ async fn a_seller_hash_that_expired_under_a_global_rule_is_not_a_partial_loss() 
     };
     let a = replica("a", rules.clone()).await;
     let b = replica("b", rules).await;
-    let epoch = a.keys().epoch(Topology::Single, "");
-    cli(server.port, &["SET", &epoch, "0"]);
+    installed(server.port, &a);
     let key = a.keys().seller_state("s");
     assert_eq!(grant(&a, "s", 1).await, 1);
     // Its slack and grain past, the seller's hash is gone; the global
@@ -331,8 +344,7 @@ async fn a_restart_that_loads_an_older_save_holds_even_a_replica_that_lost_nothi
         if shapes {
             a.prepare_shapes().await.expect("shapes");
         }
-        let epoch = a.keys().epoch(Topology::Single, "");
-        cli(server.port, &["SET", &epoch, "0"]);
+        let epoch = installed(server.port, &a);
         assert_eq!(grant(&a, "s", 30).await, 30);
         assert_eq!(grant(&b, "s", 20).await, 20);
         assert_eq!(cli(server.port, &["SAVE"]), "OK");
@@ -385,6 +397,90 @@ async fn a_restart_that_loads_an_older_save_holds_even_a_replica_that_lost_nothi
     }
 }
 
+/// Issue 52, item 3 (simulation seed 4992): a move of the server takes
+/// the global rules' hash back too. Replica a grants seller s 30 and b
+/// grants seller t 20 under a global 100 an hour; the save is taken; b
+/// grants t 15 more. After the restart from the save, each replica writes
+/// back, into the global hash as into its sellers', only what it was
+/// granted after its own mark there: b its 15 (in t's hash and in the
+/// global one), a nothing. So after the hold the fleet gets the 35 the
+/// hour has left: not 50 (the global hash not written back), nor 15
+/// (b's 20 from before the save counted twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_writes_back_the_global_rules_hash_after_each_replicas_mark() {
+    let global = || {
+        policy(
+            vec![rule("fixed_window", 1_000, "1h", None)],
+            vec![rule("fixed_window", 100, "1h", None)],
+        )
+    };
+    let mut server = RedisServer::start();
+    let a = replica(server.port, "a", global(), true).await;
+    let b = replica(server.port, "b", global(), true).await;
+    installed(server.port, &a);
+    assert_eq!(grant(&a, "s", 30).await, 30);
+    assert_eq!(grant(&b, "t", 20).await, 20);
+    assert_eq!(cli(server.port, &["SAVE"]), "OK");
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert_eq!(grant(&b, "t", 15).await, 15);
+    server.stop();
+    server.restart();
+
+    assert_eq!(grant_once_back(&a, "s", 1).await, 0, "found and held");
+    assert_eq!(
+        grant_once_back(&b, "t", 1).await,
+        0,
+        "held for every seller"
+    );
+    let ra = a.watch_rollbacks().await;
+    let rb = b.watch_rollbacks().await;
+    assert_eq!(
+        ra.iter().map(|r| (r.units, r.failed)).collect::<Vec<_>>(),
+        [(0, 0)],
+        "a lost nothing"
+    );
+    assert_eq!(
+        rb.iter().map(|r| (r.units, r.failed)).collect::<Vec<_>>(),
+        [(30, 0)],
+        "b's 15 in t's hash and 15 in the global one"
+    );
+    tokio::time::sleep(BOUND).await;
+    assert_eq!(
+        grant(&a, "s", 100).await,
+        35,
+        "what the global hour had left"
+    );
+    assert_eq!(grant(&b, "t", 1).await, 0, "used up");
+}
+
+/// A store whose epoch is there but whose server key is not was left by
+/// a version before the key (or with restores off), or it is a copy from
+/// before the limiter's first call on this server (simulation seed 2973):
+/// the calls that write the epoch write the key with it, so the two
+/// cannot tell apart. It reads as a move: the first call is held for the
+/// bound, once, and the seller goes on after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_epoch_without_the_server_key_reads_as_a_move_held_once() {
+    let server = RedisServer::start();
+    let a = replica(server.port, "a", hourly(), true).await;
+    let epoch = a.keys().epoch(Topology::Single, "");
+    cli(server.port, &["SET", &epoch, "0"]);
+    assert_eq!(grant(&a, "s", 1).await, 0, "held: possibly an older copy");
+    let listed = cli(server.port, &["ZRANGE", &a.keys().rollbacks(), "0", "-1"]);
+    assert!(listed.ends_with(" 0 *"), "one find of every hash: {listed}");
+    tokio::time::sleep(BOUND).await;
+    assert_eq!(grant(&a, "s", 10).await, 10, "after the hold");
+    assert_eq!(grant(&a, "s", 1).await, 1, "and no find again");
+
+    // A first deploy (no epoch) writes the two together: no hold.
+    cli(server.port, &["FLUSHALL"]);
+    a.set_new_install(true);
+    assert_eq!(grant(&a, "s", 1).await, 1, "a new install is not held");
+    assert_ne!(cli(server.port, &["GET", &a.keys().server()]), "");
+    a.set_new_install(false);
+    assert_eq!(grant(&a, "s", 1).await, 1, "nor its next call");
+}
+
 /// A move of the server (here a restart that loads an older save) takes a
 /// capped seller's slots back with everything else: the lease of a call
 /// granted since the save is gone while the call may still be under way.
@@ -415,8 +511,7 @@ async fn a_capped_sellers_slots_count_as_taken_for_a_lease_after_a_move() {
         let mut server = RedisServer::start();
         let a = replica(server.port, "a", capped(), restore).await;
         let b = replica(server.port, "b", capped(), restore).await;
-        let epoch = a.keys().epoch(Topology::Single, "");
-        cli(server.port, &["SET", &epoch, "0"]);
+        installed(server.port, &a);
         // The server key is written by a first call, then saved.
         assert_eq!(grant(&b, "other", 1).await, 1);
         assert_eq!(cli(server.port, &["SAVE"]), "OK");

@@ -207,6 +207,11 @@ impl EmbeddedRedis {
         commands::run(&mut self.server().keys, at_us, &argv)
     }
 
+    /// The server's run id, as `INFO server` names it.
+    pub fn run_id(&self) -> String {
+        self.server().keys.run_id()
+    }
+
     /// `FLUSHALL`: every key gone, as after a restart without persistence
     /// (another run of the server).
     pub fn flushall(&self) {

@@ -500,15 +500,24 @@ pub fn world_of(sc: &Scenario) -> (Arc<World>, Vec<bytes::Bytes>) {
 
 /// Redis as an install that has run before finds it: the loss guard's
 /// epoch written a day ago (a new install would hold each seller's first
-/// period).
+/// period), and the server key naming this server (an epoch without it
+/// reads as a move to an older copy: `server_moved`, `lua/common.lua`).
 fn installed() -> EmbeddedRedis {
     let redis = sim_redis();
     let day_us = 86_400_000_000u64;
-    let epoch = KeySpace::new("sim").epoch(Topology::Single, "");
+    let keys = KeySpace::new("sim");
+    let epoch = keys.epoch(Topology::Single, "");
     let at = (super::clock::EPOCH_US - day_us).to_string();
     redis
         .command(&["SET", &epoch, &at], super::clock::EPOCH_US)
         .unwrap_or_else(|e| panic!("SET {epoch}: {e}"));
+    let run = redis.run_id();
+    redis
+        .command(
+            &["SET", &keys.server(), &format!("{run} 0 0")],
+            super::clock::EPOCH_US,
+        )
+        .unwrap_or_else(|e| panic!("SET the server key: {e}"));
     redis
 }
 
