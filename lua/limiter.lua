@@ -6,7 +6,8 @@
 --          a jobs call); 'release' gives slots of max_in_flight back
 --          (slots.lua); 'refund' gives back units of an earlier jobs
 --          request, below; 'restore' writes back a replica's part of a
---          seller's state after a loss (restore.lua).
+--          seller's state after a loss (restore.lua); 'install' writes
+--          a new install's epoch, below.
 --
 -- A function of (KEYS, ARGV), so that the same text runs as an EVAL script
 -- (`return limiter_call(KEYS, ARGV)`) and as a Redis Function registered
@@ -52,6 +53,18 @@ local function refund_call(KEYS, ARGV, now, real)
   return units
 end
 
+-- 'install' (a new install's first charging call, before it commits the
+-- group's start positions: src/limiter/jobs.rs, `begin_install`):
+-- KEYS[1]     the epoch key; KEYS[2], when restores are on, the server key
+-- Writes the epoch as "never lost" (0) when it is missing, with the
+-- server key (state_epoch). Once the group has committed, a replica that
+-- finds the epoch missing then knows Redis lost it since: the epoch was
+-- there before any replica could grant. Reply: 1 written, 0 already there.
+local function install_call(KEYS)
+  local _, found = state_epoch(KEYS[1], 0, true, true, KEYS[2])
+  return found == 2 and 1 or 0
+end
+
 local function limiter_call(KEYS, ARGV)
   local op = ARGV[1]
   if op == 'release' then
@@ -68,6 +81,9 @@ local function limiter_call(KEYS, ARGV)
   end
   if op == 'restore' then
     return restore_call(KEYS, ARGV, now, real)
+  end
+  if op == 'install' then
+    return install_call(KEYS)
   end
   return redis.error_reply('unknown operation ' .. tostring(op))
 end

@@ -173,6 +173,14 @@ impl Consumers {
         Ok(jobs? + retries?)
     }
 
+    /// Commits where each jobs partition with a record stands, nothing
+    /// finished included: the group has begun (`Session::commit_start`).
+    /// Only the jobs topic: a new install is read off its commits
+    /// ([`never_committed`](Self::never_committed)).
+    pub async fn commit_start(&self) -> Result<usize, ConsumerError> {
+        self.jobs.commit_start().await
+    }
+
     /// Stops both poll threads. Blocks: call it off the async threads.
     pub fn shutdown(&self) {
         self.jobs.shutdown();

@@ -170,6 +170,15 @@ impl PartitionOffsets {
         }
     }
 
+    /// [`committable`](Self::committable), or, while nothing is finished,
+    /// the first tracked record's offset: where the partition starts for
+    /// this group, committed to say the group has begun (a new install's
+    /// first call, `Session::commit_start`). Never past an unfinished
+    /// record.
+    pub fn start(&self) -> Option<i64> {
+        self.committable().or_else(|| self.lowest_unfinished())
+    }
+
     /// [`committable`](Self::committable), but only if it or the
     /// [`metadata`](Self::metadata) changed since the last
     /// [`mark_committed`](Self::mark_committed): saves empty commits.
@@ -358,6 +367,12 @@ impl Offsets {
     /// marked committed.
     pub fn uncommitted(&self) -> Vec<Commit> {
         self.commits(PartitionOffsets::uncommitted)
+    }
+
+    /// Every partition with a record received: its committable offset, or
+    /// its first record's ([`PartitionOffsets::start`]).
+    pub fn starts(&self) -> Vec<Commit> {
+        self.commits(PartitionOffsets::start)
     }
 
     /// Every partition with a committable offset, moved or not (for the

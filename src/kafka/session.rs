@@ -526,31 +526,62 @@ impl Session {
     /// committed (sent, for the periodic one). Failures are counted and
     /// logged here; the next commit tries again.
     pub fn commit<C: AsyncCommits>(&self, broker: &C, all: bool) -> Result<usize, C::Error> {
+        if all {
+            let commits = self.lock().offsets.committable();
+            return self.commit_sync(broker, commits);
+        }
         let commits = {
             let t = self.lock();
-            if all {
-                t.offsets.committable()
-            } else if t.in_flight.is_some() {
+            if t.in_flight.is_some() {
                 return Ok(0);
-            } else {
-                t.offsets.uncommitted()
             }
+            t.offsets.uncommitted()
         };
         if commits.is_empty() {
             return Ok(0);
         }
         self.record(&commits);
         let n = commits.len();
-        let result = if all {
-            broker.commit_sync(&commits)
-        } else {
-            // In flight before it is sent: its answer may come back on
-            // another thread before `send` returns.
-            self.lock().in_flight = Some(commits.clone());
-            broker.send(&commits)
-        };
-        match result {
-            Ok(()) if all => {
+        // In flight before it is sent: its answer may come back on
+        // another thread before `send` returns.
+        self.lock().in_flight = Some(commits.clone());
+        match broker.send(&commits) {
+            Ok(()) => Ok(n),
+            Err(e) => {
+                self.lock().in_flight = None;
+                CommitFailed {
+                    error: &e.to_string(),
+                }
+                .emit();
+                Err(e)
+            }
+        }
+    }
+
+    /// Commits, synchronously, where each partition with a record received
+    /// stands: its finished prefix, or, with nothing finished, its first
+    /// record (`Offsets::starts`). A new install's first limiter call
+    /// waits for it: once the group has committed, any replica that starts
+    /// or looks again reads the install as begun, so a later loss of
+    /// Redis' data is not taken for a first deploy. Returns how many
+    /// partitions were committed (0: none had a record).
+    pub fn commit_start<C: Coordinator>(&self, broker: &C) -> Result<usize, C::Error> {
+        let commits = self.lock().offsets.starts();
+        self.commit_sync(broker, commits)
+    }
+
+    fn commit_sync<C: Coordinator>(
+        &self,
+        broker: &C,
+        commits: Vec<Commit>,
+    ) -> Result<usize, C::Error> {
+        if commits.is_empty() {
+            return Ok(0);
+        }
+        self.record(&commits);
+        let n = commits.len();
+        match broker.commit_sync(&commits) {
+            Ok(()) => {
                 self.lock().offsets.mark_committed(&commits);
                 OffsetsCommitted {
                     partitions: n,
@@ -559,11 +590,7 @@ impl Session {
                 .emit();
                 Ok(n)
             }
-            Ok(()) => Ok(n),
             Err(e) => {
-                if !all {
-                    self.lock().in_flight = None;
-                }
                 CommitFailed {
                     error: &e.to_string(),
                 }
@@ -753,6 +780,46 @@ mod tests {
                 "refused {refuse}, ledger {ledger}: only the unfinished are redone"
             );
         }
+    }
+
+    /// Issue 52, item 1: a new install's first limiter call commits where
+    /// each partition stands before it goes, so that a replica that reads
+    /// the group's commits after it sees the install as begun (a later
+    /// loss of Redis' data is then not taken for a first deploy). With
+    /// nothing finished that is the first record's offset (the periodic
+    /// and final commits have nothing to send then); never past an
+    /// unfinished record; refused, it says so.
+    #[test]
+    fn a_start_commit_names_the_first_record_with_nothing_finished() {
+        let broker = FakeBroker::default();
+        let s = Session::new(None);
+        s.assign(&broker, &[tp(0), tp(1)]);
+        assert_eq!(s.commit_start(&broker), Ok(0), "no record yet");
+        let origins = take(&s, 3);
+        assert_eq!(s.commit(&broker, true), Ok(0), "nothing finished");
+        assert_eq!(s.commit_start(&broker), Ok(1), "partition 0 only");
+        let at = |p: i32| {
+            broker
+                .committed
+                .borrow()
+                .get(&("jobs".to_owned(), p))
+                .cloned()
+        };
+        assert_eq!(at(0).map(|(o, _)| o), Some(0), "its first record");
+        assert_eq!(at(1), None, "no record of partition 1");
+        s.finish(&origins[0]);
+        s.finish(&origins[2]);
+        assert_eq!(s.commit_start(&broker), Ok(1));
+        assert_eq!(
+            at(0).map(|(o, _)| o),
+            Some(1),
+            "the finished prefix, not past record 1"
+        );
+        let refusing = FakeBroker {
+            refuse: true,
+            ..FakeBroker::default()
+        };
+        assert!(s.commit_start(&refusing).is_err(), "a refusal is an error");
     }
 
     /// Issue 53, item 4: the broker sends records of an assignment again (a

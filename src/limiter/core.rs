@@ -19,6 +19,13 @@ use super::policy::{Policy, Resolved, RuleSet};
 use super::rule::{Algorithm, Rule};
 use super::script::{BlockCall, RefundCall};
 use super::store::Store;
+use crate::telemetry::events::InstallChecked;
+
+/// A new install's look outside Redis before its first charging call
+/// ([`Limiter::set_install_check`]): `Ok` still new, and the sign of it
+/// left where every replica looks; `Err` why not.
+pub type InstallCheck =
+    Arc<dyn Fn() -> futures::future::BoxFuture<'static, Result<(), String>> + Send + Sync>;
 
 /// A question for the limiter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,6 +121,10 @@ pub struct Limiter<S> {
     /// lost". Cleared by this replica's first charging guarded call, after
     /// which the epoch exists in Redis and a missing one is a loss.
     pub(super) new_install: AtomicBool,
+    /// What a new install's first charging call asks first
+    /// ([`Limiter::set_install_check`]), and whether it said "new".
+    pub(super) install_check: std::sync::OnceLock<InstallCheck>,
+    pub(super) install_confirmed: tokio::sync::Mutex<bool>,
     /// This replica's recent grants, written back after a loss
     /// (`restore.rs`); `None` when nothing is restored.
     pub(super) restorer: Option<super::parts::Restorer>,
@@ -132,6 +143,8 @@ impl<S: Store> Limiter<S> {
             on_state_loss: None,
             state_loss_wait: None,
             new_install: AtomicBool::new(false),
+            install_check: std::sync::OnceLock::new(),
+            install_confirmed: tokio::sync::Mutex::new(false),
             restorer: None,
         }
     }
@@ -161,6 +174,68 @@ impl<S: Store> Limiter<S> {
     /// Whether this replica still reads a missing state as a new install.
     pub fn new_install(&self) -> bool {
         self.new_install.load(Ordering::Relaxed)
+    }
+
+    /// What a new install's first charging call asks before it goes
+    /// (once; later calls wait for its answer). Read at the replica's
+    /// start, "the group has never committed" may be stale by the first
+    /// call: another replica may have called since, and Redis lost that.
+    /// The worker's check reads the group's commits again and commits
+    /// this replica's start positions before answering "new", so every
+    /// replica that looks after it reads the install as begun; the
+    /// window left is that read's round trip to the call. Without a
+    /// check (tests), the flag alone decides.
+    pub fn set_install_check(&self, check: InstallCheck) {
+        let _ = self.install_check.set(check);
+    }
+
+    /// Writes the epoch as a new install's ("never lost") when it is
+    /// missing, before the install check commits the group's start
+    /// positions: once the group has committed, the epoch was there, so a
+    /// replica that reads the install as begun and finds the epoch missing
+    /// knows Redis lost it since (not that a first call has yet to come).
+    /// The server key goes with it when restores are on. A single-Redis
+    /// epoch only: in a cluster each hash slot has its own (no check there).
+    pub async fn begin_install(&self) -> Result<bool, LimiterError<S::Error>> {
+        let epoch = self.keys.epoch(Topology::Single, "");
+        let server = self.restorer.is_some().then(|| self.keys.server());
+        self.store
+            .begin_install(&epoch, server.as_deref())
+            .await
+            .map_err(LimiterError::Store)
+    }
+
+    /// Asks the install check once, before the first charging call that
+    /// would carry the new install's flag; "not new" clears the flag.
+    pub(super) async fn confirm_install(&self) {
+        if !self.new_install() {
+            return;
+        }
+        let Some(check) = self.install_check.get() else {
+            return;
+        };
+        let mut confirmed = self.install_confirmed.lock().await;
+        if *confirmed || !self.new_install() {
+            return;
+        }
+        match check().await {
+            Ok(()) => {
+                *confirmed = true;
+                InstallChecked {
+                    new: true,
+                    why: None,
+                }
+                .emit();
+            }
+            Err(why) => {
+                self.set_new_install(false);
+                InstallChecked {
+                    new: false,
+                    why: Some(&why),
+                }
+                .emit();
+            }
+        }
     }
 
     /// The policy in force.

@@ -36,13 +36,17 @@ impl<S: Store> Limiter<S> {
         &self,
         call: &JobsCall,
     ) -> Result<Vec<JobsReply>, LimiterError<S::Error>> {
-        match self.store.run_jobs(call).await {
+        let answer = self.store.run_jobs(call).await;
+        // Answered, the epoch exists in Redis now (read or written by this
+        // call or one before it): from here a missing one is a loss. Not
+        // answered, Redis may lose its data before the next try, after
+        // another replica's grants: the install check said "new" for this
+        // moment only (`confirm_install`).
+        if !call.dry_run && call.guard.as_ref().is_some_and(|g| g.new_install) {
+            self.new_install.store(false, Ordering::Relaxed);
+        }
+        match answer {
             Ok(replies) if replies.len() == call.requests.len() => {
-                // The epoch exists in Redis now (read or written by this
-                // call or one before it): from here a missing one is a loss.
-                if !call.dry_run && call.guard.as_ref().is_some_and(|g| g.new_install) {
-                    self.new_install.store(false, Ordering::Relaxed);
-                }
                 if !call.dry_run {
                     self.record_grants(call, &replies);
                 }
@@ -248,7 +252,7 @@ impl<S: Store> Limiter<S> {
         let call = JobsCall {
             now_us: at_us,
             dry_run,
-            guard: self.guard(&requests),
+            guard: self.guard(&requests, dry_run).await,
             learn: policy.learn().map(|t| t.rise_ppm_per_s),
             requests,
         };
@@ -418,7 +422,7 @@ impl<S: Store> Limiter<S> {
         let call = JobsCall {
             now_us: q.at_us,
             dry_run: q.dry_run,
-            guard: self.guard(std::slice::from_ref(&req)),
+            guard: self.guard(std::slice::from_ref(&req), q.dry_run).await,
             learn: self.policy().learn().map(|t| t.rise_ppm_per_s),
             requests: vec![req],
         };
@@ -435,9 +439,13 @@ impl<S: Store> Limiter<S> {
     }
 
     /// The loss guard of a call of `requests` (`redis.on_state_loss`): the
-    /// epoch in the slot of their keys.
-    fn guard(&self, requests: &[JobsRequest]) -> Option<LossGuard> {
+    /// epoch in the slot of their keys. A charging call of a new install
+    /// asks the install check first (`confirm_install`).
+    async fn guard(&self, requests: &[JobsRequest], dry_run: bool) -> Option<LossGuard> {
         let on_loss = self.on_state_loss?;
+        if !dry_run {
+            self.confirm_install().await;
+        }
         let key = &requests.first()?.block.key;
         Some(LossGuard {
             epoch: self.keys.epoch(self.topology, key),

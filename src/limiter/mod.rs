@@ -107,7 +107,7 @@ pub mod store;
 pub mod testkit;
 pub mod waits;
 
-pub use self::core::{JobsQuery, Limiter, LimiterError, Request};
+pub use self::core::{InstallCheck, JobsQuery, Limiter, LimiterError, Request};
 pub use coalesce::{CoalesceError, CoalesceSettings, Coalescer};
 pub use decision::{
     BatchDecision, BatchGranted, CannotPass, Decision, Denied, DeniedBy, Granted, Mode, NextJob,
@@ -123,7 +123,8 @@ pub use reply::{EpochFound, JobsAnswer, JobsReply, MalformedReply, Reply, Rollba
 pub use restore::RestoreReport;
 pub use rule::{Algorithm, Rule, RuleError};
 pub use script::{
-    call_life_us, release_args, BlockAt, BlockCall, BlockRead, FunctionLibrary, JobsCall,
-    JobsRequest, KeyedRule, Loss, LossGuard, RefundCall, RestoreCall, Seen, SlotTerms, StateKey,
+    call_life_us, install_args, release_args, BlockAt, BlockCall, BlockRead, FunctionLibrary,
+    JobsCall, JobsRequest, KeyedRule, Loss, LossGuard, RefundCall, RestoreCall, Seen, SlotTerms,
+    StateKey,
 };
 pub use store::Store;

@@ -578,6 +578,11 @@ pub fn release_args(leases: &[String]) -> Vec<String> {
     args
 }
 
+/// The ARGV of a new install's epoch write ('install', `lua/limiter.lua`).
+pub fn install_args() -> Vec<String> {
+    vec!["install".to_owned(), String::new()]
+}
+
 /// Per rule the key of its hash.
 fn rule_keys(rules: &[KeyedRule]) -> impl Iterator<Item = &str> {
     rules.iter().map(|(k, _)| k.key.as_str())

@@ -89,6 +89,18 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// Makes ready the generated functions of `shapes` (`limiter::shape`)
     /// before a call needs one: at startup and after a reload of the
     /// limits. A store without them does nothing (the default).
+    /// Writes a new install's epoch ("never lost") when it is missing,
+    /// with the server key when given ('install', `lua/limiter.lua`).
+    /// Returns whether it wrote it. The stores of tests that never guard
+    /// against a loss write nothing.
+    fn begin_install(
+        &self,
+        _epoch: &str,
+        _server: Option<&str>,
+    ) -> impl Future<Output = Result<bool, Self::Error>> + Send {
+        async { Ok(false) }
+    }
+
     fn prepare_shapes(
         &self,
         _shapes: &[Shape],

@@ -104,7 +104,7 @@ pub async fn run_watching(
         "worker started"
     );
     let limiter = Arc::new(limiter);
-    let install = new_install(&kafka, &limiter, &settings);
+    new_install(&kafka, &limiter, &settings);
     let watching = watch(config_file, &limiter, &settings)?;
     // Overrides and pauses live in Redis: read now, then on a timer.
     let overrides = refresh::overrides(limiter.clone()).await;
@@ -139,7 +139,6 @@ pub async fn run_watching(
     for task in watching
         .into_iter()
         .chain([overrides, pauses, waits])
-        .chain(install)
         .chain(epoch)
     {
         task.abort();
@@ -151,35 +150,62 @@ pub async fn run_watching(
 }
 
 /// Tells the limiter whether this install is new (its consumer group had
-/// never committed when this replica started). While it is, a task reads
-/// the group's offsets again every commit interval: a replica that has not
-/// called yet (no partition of its own) must stop reading a missing state
-/// as new once the fleet has committed, or a loss of Redis' data after
-/// that would pass for a first deploy.
-fn new_install(
-    kafka: &Kafka,
-    limiter: &Arc<Limiter<RedisStore>>,
-    settings: &Settings,
-) -> Option<tokio::task::JoinHandle<()>> {
+/// never committed when this replica started), and how its first charging
+/// call makes sure: read at the start, "never committed" may be stale by
+/// then (another replica may have called since, and Redis lost that), so
+/// the call reads the group's commits again and commits this replica's
+/// start positions before it goes (`Limiter::set_install_check`), the
+/// epoch written first (`Limiter::begin_install`). A group that committed
+/// since, a read, a write or a commit that failed (a rebalance), or no
+/// record to commit: not new, and a missing state is a loss (held
+/// `redis.state_loss_wait` once at worst).
+fn new_install(kafka: &Kafka, limiter: &Arc<Limiter<RedisStore>>, settings: &Settings) {
     if !kafka.new_install {
-        return None;
+        return;
     }
     limiter.set_new_install(true);
-    let (consumer, limiter) = (kafka.consumer.clone(), limiter.clone());
-    let (every, partitions) = (settings.kafka.commit_interval, kafka.jobs_partitions);
-    Some(tokio::spawn(async move {
-        while limiter.new_install() {
-            tokio::time::sleep(every).await;
+    // In a cluster each hash slot has an epoch of its own, which no one
+    // write can begin: the flag alone decides there, as before.
+    if settings.redis.topology == crate::config::Topology::Cluster {
+        return;
+    }
+    let (consumer, partitions) = (kafka.consumer.clone(), kafka.jobs_partitions);
+    let weak = Arc::downgrade(limiter);
+    limiter.set_install_check(Arc::new(move || {
+        let (consumer, weak) = (consumer.clone(), weak.clone());
+        Box::pin(async move {
             let c = consumer.clone();
             let read = tokio::task::spawn_blocking(move || {
                 c.never_committed(partitions, METADATA_TIMEOUT)
             })
             .await;
-            if let Ok(Ok(false)) = read {
-                limiter.set_new_install(false);
+            match read {
+                Ok(Ok(true)) => {}
+                Ok(Ok(false)) => {
+                    return Err(
+                        "the consumer group has committed since this replica started".to_owned(),
+                    )
+                }
+                Ok(Err(e)) => return Err(format!("could not read the group's commits again: {e}")),
+                Err(e) => return Err(format!("could not read the group's commits again: {e}")),
             }
-        }
-    }))
+            // The epoch first, then the commit: a replica that reads the
+            // group as begun and finds no epoch knows Redis lost it since.
+            let Some(limiter) = weak.upgrade() else {
+                return Err("the worker is stopping".to_owned());
+            };
+            if let Err(e) = limiter.begin_install().await {
+                return Err(format!("could not write the new install's epoch: {e}"));
+            }
+            match consumer.commit_start().await {
+                Ok(0) => Err("no record to commit a start position for".to_owned()),
+                Ok(_) => Ok(()),
+                Err(e) => Err(format!(
+                    "could not commit this replica's start positions: {e}"
+                )),
+            }
+        })
+    }));
 }
 
 /// The downstream client, as the settings configure it.

@@ -529,3 +529,105 @@ async fn a_capped_sellers_slots_count_as_taken_for_a_lease_after_a_move() {
         }
     }
 }
+
+/// Issue 52, item 1: a new install's first charging call asks the install
+/// check first (the worker reads the group's commits again and commits
+/// its start positions), once however many calls wait on it. Its "new"
+/// lets the first calls through on an empty Redis; its "not new" (the
+/// group committed since this replica started: another replica has
+/// called, and Redis may have lost that) reads the missing state as a
+/// loss; and a first call that Redis did not answer spends the "new":
+/// Redis may lose its data before the next try.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_installs_first_call_asks_the_install_check_once() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let check = |asked: &Arc<AtomicUsize>, new: bool| -> throttle_worker::limiter::InstallCheck {
+        let asked = asked.clone();
+        Arc::new(move || {
+            let asked = asked.clone();
+            Box::pin(async move {
+                asked.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                if new {
+                    Ok(())
+                } else {
+                    Err("the group has committed since".to_owned())
+                }
+            })
+        })
+    };
+    let mut server = RedisServer::start();
+    let asked = Arc::new(AtomicUsize::new(0));
+    let a = replica(server.port, "a", hourly(), true).await;
+    a.set_new_install(true);
+    a.set_install_check(check(&asked, true));
+    let (s, t) = tokio::join!(grant(&a, "s", 5), grant(&a, "t", 5));
+    assert_eq!((s, t), (5, 5), "a new install: nobody waits");
+    assert_eq!(asked.load(Ordering::SeqCst), 1, "asked once");
+    assert!(!a.new_install(), "the epoch is written");
+
+    cli(server.port, &["FLUSHALL"]);
+    let asked = Arc::new(AtomicUsize::new(0));
+    let b = replica(server.port, "b", hourly(), true).await;
+    b.set_new_install(true);
+    b.set_install_check(check(&asked, false));
+    assert_eq!(
+        grant(&b, "s", 1).await,
+        0,
+        "not new: the empty state is a loss"
+    );
+    assert_eq!(asked.load(Ordering::SeqCst), 1);
+    assert!(!b.new_install());
+
+    cli(server.port, &["FLUSHALL"]);
+    let asked = Arc::new(AtomicUsize::new(0));
+    let c = replica(server.port, "c", hourly(), true).await;
+    c.set_new_install(true);
+    c.set_install_check(check(&asked, true));
+    server.stop();
+    assert!(
+        c.acquire_jobs("s", &[1]).await.is_err(),
+        "Redis is down: no answer"
+    );
+    assert!(
+        !c.new_install(),
+        "the \"new\" is spent on the call that failed"
+    );
+    server.restart();
+    assert_eq!(
+        grant_once_back(&c, "s", 1).await,
+        0,
+        "Redis back empty: a loss, held"
+    );
+    assert_eq!(asked.load(Ordering::SeqCst), 1);
+
+    // The check writes the epoch before it commits: a replica that then
+    // reads the group as begun (not new) finds it, with the server key,
+    // and is held by neither a loss nor a move.
+    cli(server.port, &["FLUSHALL"]);
+    let d = replica(server.port, "d", hourly(), true).await;
+    assert!(begin_install_once_back(&d).await, "written");
+    assert!(!d.begin_install().await.expect("Redis answers"), "once");
+    let epoch = d.keys().epoch(Topology::Single, "");
+    assert_eq!(cli(server.port, &["GET", &epoch]), "0", "never lost");
+    let e = replica(server.port, "e", hourly(), true).await;
+    assert_eq!(grant(&e, "s", 5).await, 5, "no loss, no move");
+}
+
+/// [`Limiter::begin_install`] once Redis answers again after a restart.
+async fn begin_install_once_back(l: &Limiter<RedisStore>) -> bool {
+    let started = std::time::Instant::now();
+    loop {
+        match l.begin_install().await {
+            Ok(wrote) => return wrote,
+            Err(e) => {
+                assert!(
+                    started.elapsed() < Duration::from_secs(10),
+                    "Redis did not answer again: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}

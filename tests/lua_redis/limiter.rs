@@ -4,8 +4,8 @@
 //! and the same reading of the raw reply (`JobsAnswer::from_slice`). Only the transport differs.
 
 use throttle_worker::limiter::{
-    release_args, BlockAt, BlockCall, Blocked, JobsAnswer, JobsCall, RefundCall, RestoreCall,
-    RollbackFound,
+    install_args, release_args, BlockAt, BlockCall, Blocked, JobsAnswer, JobsCall, RefundCall,
+    RestoreCall, RollbackFound,
 };
 
 use super::{EmbeddedError, EmbeddedRedis, Reply, Script};
@@ -81,6 +81,18 @@ impl EmbeddedRedis {
     /// Slots given back (`RedisStore::release`): how many were held.
     pub fn release(&self, key: &str, leases: &[String], at_us: u64) -> Result<u64, EmbeddedError> {
         count(self.invoke(Script::Limiter, &[key], &release_args(leases), at_us)?)
+    }
+
+    /// A new install's epoch (`RedisStore::begin_install`): whether it
+    /// was written.
+    pub fn begin_install(
+        &self,
+        epoch: &str,
+        server: Option<&str>,
+        at_us: u64,
+    ) -> Result<bool, EmbeddedError> {
+        let keys: Vec<&str> = std::iter::once(epoch).chain(server).collect();
+        Ok(count(self.invoke(Script::Limiter, &keys, &install_args(), at_us)?)? == 1)
     }
 
     /// A seller's downstream block (`RedisStore::block`): when it ends.

@@ -270,6 +270,16 @@ impl SimSource {
         Coord { source: self }
     }
 
+    /// Commits where each partition with a record stands, nothing finished
+    /// included (a new install's first limiter call:
+    /// `Session::commit_start`), refused during a rebalance.
+    pub fn commit_start(&self) -> Result<usize, String> {
+        if self.dead.load(Ordering::SeqCst) {
+            return Err("stopped".to_owned());
+        }
+        self.session.commit_start(&self.coord())
+    }
+
     /// Writes accepted commits, each checked against what is finished.
     fn apply(&self, broker: &mut Broker, commits: &[Commit]) {
         for c in commits {

@@ -839,6 +839,26 @@ impl Store for SimStore {
             .unwrap_or_else(|e| script_failed(&format!("restore {call:?}"), e)))
     }
 
+    async fn begin_install(
+        &self,
+        epoch: &str,
+        server: Option<&str>,
+    ) -> Result<bool, SimRedisError> {
+        let at = self.reach().await?;
+        let wrote = self
+            .redis()
+            .begin_install(epoch, server, at)
+            .unwrap_or_else(|e| script_failed(&format!("install {epoch}"), e));
+        // The new install's epoch, written before its first jobs call.
+        if wrote {
+            self.world.journal.with(|log| {
+                log.epochs_written.push((self.world.now_ms(), true));
+                log.reach.new_installs += 1;
+            });
+        }
+        Ok(wrote)
+    }
+
     async fn release(&self, key: &str, leases: &[String]) -> Result<u64, SimRedisError> {
         let at = self.reach().await?;
         Ok(self

@@ -292,9 +292,11 @@ pub fn start(
     .with_state_loss_wait(settings.redis.state_loss_wait)
     .with_restore(format!("sim-{generation}"), settings.redis.restore_bytes);
     // As `worker::start` reads it: a group that never committed on the
-    // jobs topic is a new install, read again every commit interval while
-    // the limiter says so (a replica that has not called yet must not take
-    // a later loss for a first deploy).
+    // jobs topic is a new install; the first charging call reads the
+    // group's commits again, writes the epoch and commits this process's
+    // start positions before it goes (`Limiter::set_install_check`), so a
+    // replica that
+    // has not called yet does not take a later loss for a first deploy.
     let limiter = Arc::new(limiter);
     watch_losses(&limiter, world, &dead);
     let topic = settings.kafka.topic.clone();
@@ -312,19 +314,26 @@ pub fn start(
     };
     if sc.fresh_install && !committed() {
         limiter.set_new_install(true);
-        let (limiter, dead, every) = (
-            limiter.clone(),
-            dead.clone(),
-            settings.kafka.commit_interval,
-        );
-        tokio::spawn(async move {
-            while limiter.new_install() && !dead.load(Ordering::SeqCst) {
-                tokio::time::sleep(every).await;
+        let (source, weak) = (source.clone(), Arc::downgrade(&limiter));
+        limiter.set_install_check(Arc::new(move || {
+            let (source, committed, weak) = (source.clone(), committed.clone(), weak.clone());
+            Box::pin(async move {
                 if committed() {
-                    limiter.set_new_install(false);
+                    return Err("the group has committed since".to_owned());
                 }
-            }
-        });
+                let limiter = weak.upgrade().ok_or("stopping")?;
+                limiter
+                    .begin_install()
+                    .await
+                    .map_err(|e| format!("could not write the epoch: {e}"))?;
+                source.commit_start()?;
+                if committed() {
+                    Ok(())
+                } else {
+                    Err("no record of the jobs topic to commit".to_owned())
+                }
+            })
+        }));
     }
     let (rec_tx, rec_rx) = mpsc::channel(64);
     let (part_tx, part_rx) = mpsc::unbounded_channel();

@@ -310,6 +310,14 @@ impl Consumer {
     pub async fn commit_all(&self) -> Result<usize, ConsumerError> {
         self.poll.commit_all().await
     }
+    /// Commits where every partition with a record stands, nothing
+    /// finished included, and waits for the broker's answer
+    /// (`Session::commit_start`). Returns how many partitions were
+    /// committed.
+    pub async fn commit_start(&self) -> Result<usize, ConsumerError> {
+        self.poll.commit_start().await
+    }
+
     /// Stops the poll thread and waits for it. Blocks: call it off the async
     /// threads. Afterwards the consumer does not commit again, not even
     /// from inside librdkafka's close (which revokes every partition).

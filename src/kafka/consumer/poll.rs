@@ -39,6 +39,11 @@ enum Command {
         all: bool,
         reply: Option<oneshot::Sender<Result<usize, ConsumerError>>>,
     },
+    /// Commit where every partition with a record stands, nothing finished
+    /// included (`Session::commit_start`), and answer.
+    Start {
+        reply: oneshot::Sender<Result<usize, ConsumerError>>,
+    },
 }
 
 /// The consumer's handle on its poll thread.
@@ -136,6 +141,16 @@ impl PollThread {
                 all: true,
                 reply: Some(reply),
             })
+            .map_err(|_| ConsumerError::Stopped)?;
+        answer.await.map_err(|_| ConsumerError::Stopped)?
+    }
+
+    /// Commits where every partition with a record stands and waits for
+    /// the broker's answer (a new install's first limiter call).
+    pub(super) async fn commit_start(&self) -> Result<usize, ConsumerError> {
+        let (reply, answer) = oneshot::channel();
+        self.commands
+            .send(Command::Start { reply })
             .map_err(|_| ConsumerError::Stopped)?;
         answer.await.map_err(|_| ConsumerError::Stopped)?
     }
@@ -257,10 +272,22 @@ impl Poller {
     }
 
     fn serve_commands(&mut self) {
-        while let Ok(Command::Commit { all, reply }) = self.commands.try_recv() {
-            let result = self.commit(all);
-            if let Some(reply) = reply {
-                let _ = reply.send(result);
+        while let Ok(command) = self.commands.try_recv() {
+            match command {
+                Command::Commit { all, reply } => {
+                    let result = self.commit(all);
+                    if let Some(reply) = reply {
+                        let _ = reply.send(result);
+                    }
+                }
+                Command::Start { reply } => {
+                    let broker = Broker::on_poll_thread(&self.inner, &self.answers);
+                    let result = self
+                        .session
+                        .commit_start(&broker)
+                        .map_err(ConsumerError::Commit);
+                    let _ = reply.send(result);
+                }
             }
         }
     }

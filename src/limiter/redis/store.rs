@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::limiter::learn::Blocked;
 use crate::limiter::reply::{EpochFound, JobsAnswer, JobsReply, MalformedReply, RollbackFound};
 use crate::limiter::script::{
-    call_life_us, release_args, BlockAt, BlockCall, JobsCall, RefundCall, RestoreCall,
+    call_life_us, install_args, release_args, BlockAt, BlockCall, JobsCall, RefundCall, RestoreCall,
 };
 use crate::limiter::shape::Shape;
 use crate::limiter::store::Store;
@@ -222,6 +222,16 @@ impl Store for RedisStore {
 
     async fn restore(&self, call: &RestoreCall) -> Result<Vec<i64>, RedisError> {
         self.invoke(call.keys(), call.args()).await
+    }
+
+    async fn begin_install(&self, epoch: &str, server: Option<&str>) -> Result<bool, RedisError> {
+        let keys: Vec<&str> = std::iter::once(epoch).chain(server).collect();
+        let wrote: u64 = self
+            .scripts
+            .call(&self.conn, Entry::Limiter, &keys, &install_args())
+            .await
+            .map_err(|e| self.failed(e))?;
+        Ok(wrote == 1)
     }
 
     async fn release(&self, key: &str, leases: &[String]) -> Result<u64, RedisError> {

@@ -295,6 +295,34 @@ impl Event for LimiterStateStarted<'_> {
     }
 }
 
+/// A new install's first limiter call looked outside Redis first
+/// (`Limiter::set_install_check`): whether the consumer group had still
+/// never committed, and whether this replica's start positions are
+/// committed now. `new: false` reads a missing limiter state as lost from
+/// here (at worst sellers wait `redis.state_loss_wait` once).
+#[derive(Debug)]
+pub struct InstallChecked<'a> {
+    pub new: bool,
+    /// Why the install is not taken for new (none when it is).
+    pub why: Option<&'a str>,
+}
+
+impl Event for InstallChecked<'_> {
+    const NAME: &'static str = "InstallChecked";
+
+    fn record(&self) {
+        match self.why {
+            None => tracing::info!(
+                "a new install: the consumer group had never committed, and this replica's start positions are committed before its first limiter call"
+            ),
+            Some(why) => tracing::info!(
+                why,
+                "not a new install after all: a missing limiter state is read as lost"
+            ),
+        }
+    }
+}
+
 /// Slots of a seller's `max_in_flight` could not be given back (Redis did
 /// not answer): they stay taken until their lease lapses, and the seller
 /// runs below its cap meanwhile.
@@ -394,6 +422,7 @@ inherent_emit!(
     LimiterUnavailable<'_>,
     LimiterStateLost<'_>,
     LimiterStateStarted<'_>,
+    InstallChecked<'_>,
     LimiterStateRestored,
     LimiterStateRolledBack,
     GrantsKept,

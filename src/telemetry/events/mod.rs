@@ -97,9 +97,9 @@ pub use kafka::{
     RevokedJobsDropped, RevokedWorkDropped, SessionFenced, SessionResumed, Waited,
 };
 pub use limiter::{
-    GrantsKept, JobsCallCancelled, LimiterCallCoalesced, LimiterCalled, LimiterStateLost,
-    LimiterStateRestored, LimiterStateRolledBack, LimiterStateStarted, LimiterUnavailable,
-    RedisCalled, ShapesPrepared, SlotsNotReturned, UnitsGivenBack,
+    GrantsKept, InstallChecked, JobsCallCancelled, LimiterCallCoalesced, LimiterCalled,
+    LimiterStateLost, LimiterStateRestored, LimiterStateRolledBack, LimiterStateStarted,
+    LimiterUnavailable, RedisCalled, ShapesPrepared, SlotsNotReturned, UnitsGivenBack,
 };
 pub use limits::{
     LimitLearnt, LimitsReloadRejected, LimitsReloaded, PausesRead, SellerPaused, SharedState,
