@@ -67,9 +67,12 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// The handoff ledger where the worker keeps it, in Redis: it fails while
 /// Redis errs or hangs (the worker's waits are bounded, so a hang is a
-/// failure too), and a loss of Redis' data empties it.
+/// failure too), and a loss of Redis' data empties it. A fault of its
+/// process's own (`Faults::replica_redis`) fails it too.
 pub struct SimLedger {
     pub world: Arc<World>,
+    /// The process's id in the fleet (`World::members`).
+    pub process: u64,
 }
 
 impl SimLedger {
@@ -94,6 +97,7 @@ impl SimLedger {
             .iter()
             .chain(&w.faults.redis_hangs)
             .any(|win| win.contains(at))
+            && w.cut_off(self.process, at).is_none()
     }
 
     fn reach(&self) -> Result<std::sync::MutexGuard<'_, Broker>, LedgerError> {
@@ -104,6 +108,7 @@ impl SimLedger {
             .iter()
             .chain(&w.faults.redis_hangs)
             .any(|win| win.contains(at))
+            || w.cut_off(self.process, at).is_some()
         {
             return Err(LedgerError("Redis is unreachable".to_owned()));
         }

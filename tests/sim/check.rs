@@ -8,7 +8,7 @@ use throttle_worker::config::OnError;
 use throttle_worker::limiter::{Algorithm, Rule};
 
 use super::journal::{Call, JobId, Reach};
-use super::ports::{OutageKind, Poison, GAVE_UP};
+use super::ports::{OutageKind, Poison, Window, GAVE_UP, REDIS_TIMEOUT};
 use super::run::Outcome;
 use super::scenario::Scenario;
 
@@ -942,6 +942,8 @@ pub fn redis_failures(sc: &Scenario) -> Vec<(u64, u64)> {
         .redis_errors
         .iter()
         .chain(&sc.faults.redis_hangs)
+        .chain(sc.faults.replica_redis.iter().map(|(w, _, _)| w))
+        .chain(slow_past_timeout(sc))
         .map(|w| (w.from_ms, w.to_ms + late))
         .collect();
     spans.sort_unstable();
@@ -953,6 +955,18 @@ pub fn redis_failures(sc: &Scenario) -> Vec<(u64, u64)> {
         }
     }
     merged
+}
+
+/// The windows of a slow Redis whose round trips can outlast the
+/// limiter's timeout (`REDIS_TIMEOUT`): a call in one may fail.
+pub fn slow_past_timeout(sc: &Scenario) -> impl Iterator<Item = &Window> {
+    let timeout_us = REDIS_TIMEOUT.as_micros() as u64;
+    let base_us = sc.faults.redis_latency_us.1;
+    sc.faults
+        .redis_slow
+        .iter()
+        .filter(move |(_, (_, hi))| base_us + 2 * hi * 1_000 >= timeout_us)
+        .map(|(w, _)| w)
 }
 
 /// Invariant 10, judged at the downstream: every call spends units the
@@ -1286,7 +1300,16 @@ pub fn no_idle_slot_while_granted_waits(sc: &Scenario, out: &Outcome) -> Vec<Str
     let mut v = Vec::new();
     for c in &log.calls {
         let Some(g) = c.granted_at_us else { continue };
-        let granted_ms = g.saturating_sub(super::clock::EPOCH_US) / 1000;
+        // A grant whose reply came back slowly was no use before it came,
+        // and a pacer's units are timed from its arrival.
+        let late_us = log
+            .learnt_late
+            .iter()
+            .filter(|(r, _)| r.seller == c.seller && r.spans(g))
+            .map(|&(_, late)| late)
+            .max()
+            .unwrap_or(0);
+        let granted_ms = (g + late_us).saturating_sub(super::clock::EPOCH_US) / 1000;
         if c.at_ms <= granted_ms + SLACK_MS {
             continue;
         }

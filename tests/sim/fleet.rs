@@ -205,6 +205,8 @@ async fn run_async(sc: &Scenario, fleet: &Fleet) -> Outcome {
         let wake = Arc::new(Mutex::new(Arc::new(Notify::new())));
         let skew_ms = fleet.skew_ms as i64;
         let skew_us = rng.random_range(-skew_ms..=skew_ms) * 1_000;
+        // The process's generation, and its id for the faults
+        // (`publish`).
         let inc = start(sc, &world, &policy, next_id << 32, &wake, parts, skew_us);
         Member {
             id: next_id,
@@ -222,6 +224,7 @@ async fn run_async(sc: &Scenario, fleet: &Fleet) -> Outcome {
         .iter()
         .map(|id| spawn(&owned_by(&first, *id), &mut rng))
         .collect();
+    publish(&world, &members);
     let start_at = tokio::time::Instant::now();
     let mut steps: Vec<(u64, Step)> = vec![(fleet.kill_every_ms, Step::Life)];
     for (j, spec) in sc.jobs.iter().enumerate() {
@@ -280,6 +283,7 @@ async fn run_async(sc: &Scenario, fleet: &Fleet) -> Outcome {
                         fleet.rebalance_ms
                     }
                 };
+                publish(&world, &members);
                 let now = world.now_ms();
                 // A join or a leave starts a rebalance.
                 set_rebalancing(&world, fleet.refuse_commits_in_rebalance);
@@ -438,6 +442,13 @@ fn pick(rng: &mut StdRng, fleet: &Fleet, members: usize) -> Event {
         at -= w;
     }
     unreachable!("the draw is below the total weight")
+}
+
+/// The members in order, by process id, for the faults that name one
+/// (`Faults::replica_redis`).
+fn publish(world: &super::ports::World, members: &[Member]) {
+    *world.members.lock().unwrap_or_else(|p| p.into_inner()) =
+        members.iter().map(|m| m.id << 32).collect();
 }
 
 fn set_rebalancing(world: &super::ports::World, on: bool) {

@@ -125,6 +125,12 @@ pub struct Log {
     /// What the limiter (the store, not the engine) released: per charged
     /// grant, its units' instants.
     pub released: Vec<Release>,
+    /// Grants of `released` whose reply came back slowly
+    /// (`Faults::redis_slow`), with how long after the script decided it
+    /// arrived (µs): the engine could not call on them before, and times a
+    /// pacer's units from the reply's arrival (`worker::scheduler`), so
+    /// each unit goes that much after its go-at.
+    pub learnt_late: Vec<(Release, u64)>,
     /// How often the run reached the states that matter (see
     /// `check::reach`): what the ports count as it happens.
     pub reach: Reach,
@@ -244,6 +250,17 @@ pub struct Reach {
     /// A write to a retry tier or the dead-letter topic refused by a
     /// produce outage (`Faults::produce_outages`).
     pub writes_in_produce_outage: u64,
+    /// A Redis call answered after a slow round trip
+    /// (`Faults::redis_slow`), within the timeout.
+    pub slow_answers: u64,
+    /// A Redis call whose script ran in a slow window but whose reply came
+    /// back past the timeout: its caller saw a timeout.
+    pub slow_replies_lost: u64,
+    /// A Redis call given up at its timeout before a slow Redis read it.
+    pub slow_timeouts: u64,
+    /// A Redis call of one replica refused or hung while the others' were
+    /// answered (`Faults::replica_redis`, fleets only).
+    pub replica_cut_offs: u64,
 }
 
 impl Log {
@@ -294,10 +311,14 @@ impl Reach {
         self.losses_unrestored += o.losses_unrestored;
         self.redelivered_in_assignment += o.redelivered_in_assignment;
         self.writes_in_produce_outage += o.writes_in_produce_outage;
+        self.slow_answers += o.slow_answers;
+        self.slow_replies_lost += o.slow_replies_lost;
+        self.slow_timeouts += o.slow_timeouts;
+        self.replica_cut_offs += o.replica_cut_offs;
     }
 
     /// Each count by name.
-    pub fn named(&self) -> [(&'static str, u64); 31] {
+    pub fn named(&self) -> [(&'static str, u64); 35] {
         [
             ("a limiter refusal", self.denials),
             ("a loss of Redis' data found", self.losses_found),
@@ -366,6 +387,19 @@ impl Reach {
                 "a write refused by a produce outage",
                 self.writes_in_produce_outage,
             ),
+            ("a call answered by a slow Redis", self.slow_answers),
+            (
+                "a reply of a slow Redis past the timeout",
+                self.slow_replies_lost,
+            ),
+            (
+                "a call given up before a slow Redis read it",
+                self.slow_timeouts,
+            ),
+            (
+                "a limiter call refused to one replica only",
+                self.replica_cut_offs,
+            ),
         ]
     }
 }
@@ -391,6 +425,15 @@ pub struct Release {
     pub first_us: u64,
     pub units: u64,
     pub interval_us: u64,
+}
+
+impl Release {
+    /// Whether one of its units goes at `at_us`.
+    pub fn spans(&self, at_us: u64) -> bool {
+        let last = self.first_us + self.units.saturating_sub(1) * self.interval_us;
+        (self.first_us..=last).contains(&at_us)
+            && (self.interval_us == 0 || (at_us - self.first_us) % self.interval_us == 0)
+    }
 }
 
 #[derive(Debug, Default)]

@@ -143,6 +143,27 @@ pub struct Faults {
     /// the dead-letter topic fails while one lasts (their brokers
     /// unreachable), for seconds to tens of seconds.
     pub produce_outages: Vec<Window>,
+    /// A slow but answering Redis (issue 53 item 4): in each window, each
+    /// way of a round trip (the call to the server, its reply back) takes
+    /// from `.0` to `.1` ms more, drawn per call and way. A call whose
+    /// way out is past `REDIS_TIMEOUT` is given up before its script runs;
+    /// one whose reply comes back past it ran, and its caller timed out.
+    pub redis_slow: Vec<(Window, (u64, u64))>,
+    /// One replica losing Redis while the others keep it (issue 53 item
+    /// 4, fleets only): in each window, every call of the member at that
+    /// place among the fleet's members (modulo their number, see
+    /// [`World::members`]) fails as said; the others' calls are answered.
+    pub replica_redis: Vec<(Window, usize, ReplicaFault)>,
+}
+
+/// How one replica's calls fail in a [`Faults::replica_redis`] window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplicaFault {
+    /// Refused at once (its connection cut).
+    Down,
+    /// Unanswered until the timeout, as in a `redis_hangs` window: half
+    /// the time after the script ran.
+    Hung,
 }
 
 /// Per-job behaviour of the downstream, beyond the faults.
@@ -185,6 +206,10 @@ pub struct World {
     /// Per seller of `faults.seller_rates`: its window (virtual s) and the
     /// calls it let through in it.
     pub rate_windows: Mutex<std::collections::HashMap<String, (u64, u64)>>,
+    /// A fleet's members in order, by process id (`SimStore::process`):
+    /// what a [`Faults::replica_redis`] window's place names. Empty in a
+    /// single-process world, which such windows never touch.
+    pub members: Mutex<Vec<u64>>,
 }
 
 impl World {
@@ -224,6 +249,22 @@ impl World {
             OutageKind::GaveUp { percent } => self.chance(f64::from(percent) / 100.0),
             _ => true,
         }
+    }
+
+    /// How a [`Faults::replica_redis`] window fails process `process`'s
+    /// Redis calls at `at_ms`, if one does.
+    pub fn cut_off(&self, process: u64, at_ms: u64) -> Option<ReplicaFault> {
+        let members = self.members.lock().unwrap_or_else(|p| p.into_inner());
+        if members.is_empty() {
+            return None;
+        }
+        self.faults
+            .replica_redis
+            .iter()
+            .find(|(win, place, _)| {
+                win.contains(at_ms) && members[place % members.len()] == process
+            })
+            .map(|&(_, _, kind)| kind)
     }
 
     pub fn seeded(seed: u64) -> Mutex<StdRng> {
@@ -652,39 +693,79 @@ pub fn sim_redis() -> EmbeddedRedis {
 pub struct SimStore {
     pub world: Arc<World>,
     pub dead: Arc<AtomicBool>,
+    /// The process's id in the fleet ([`World::members`]).
+    pub process: u64,
+}
+
+/// A call that reached Redis: the instant its script runs (Redis' clock),
+/// and what becomes of its reply.
+struct Trip {
+    at_us: u64,
+    /// When the caller sent it: its timeout runs from then.
+    sent: tokio::time::Instant,
+    /// A hang: half the time the script ran before it (see
+    /// [`SimStore::reach_or_lose`]).
+    hung: bool,
+    /// The reply's way back through a slow Redis; zero outside one.
+    back: Duration,
 }
 
 impl SimStore {
     /// Reaches Redis through the seed's faults; the instant it answers
-    /// at, on its clock.
-    async fn reach(&self) -> Result<u64, SimRedisError> {
-        match self.reach_or_lose().await? {
-            (at, false) => Ok(at),
+    /// at, on its clock, and the reply's way back ([`SimStore::answer`]).
+    async fn reach(&self) -> Result<Trip, SimRedisError> {
+        let trip = self.reach_or_lose().await?;
+        if trip.hung {
             // Not a jobs call: the hang came before the script.
-            (_, true) => {
-                tokio::time::sleep(REDIS_TIMEOUT).await;
-                Err(SimRedisError::Hung)
-            }
+            tokio::time::sleep(REDIS_TIMEOUT).await;
+            return Err(SimRedisError::Hung);
         }
+        Ok(trip)
     }
 
     /// As [`reach`](Self::reach), except that in a hang, half the time,
-    /// the script runs before the hang and only its reply is lost: `true`
-    /// then, and the caller runs it, waits out the timeout and fails.
-    async fn reach_or_lose(&self) -> Result<(u64, bool), SimRedisError> {
+    /// the script runs before the hang and only its reply is lost:
+    /// `Trip::hung` then, and the caller runs it, waits out the timeout
+    /// and fails. In a slow window ([`Faults::redis_slow`]) the call takes
+    /// its way out first: past the timeout, the caller gives up before the
+    /// script runs (a call that reaches the server after its caller gave
+    /// up is refused by its deadline, `lua/jobs.lua`; not modelled: one
+    /// that runs late all the same, before the first reply taught the
+    /// replica Redis' clock).
+    async fn reach_or_lose(&self) -> Result<Trip, SimRedisError> {
         if self.dead.load(Ordering::SeqCst) {
             never().await;
         }
         let w = &self.world;
+        let sent = tokio::time::Instant::now();
         let (lo, hi) = w.faults.redis_latency_us;
         tokio::time::sleep(Duration::from_micros(w.random(lo, hi))).await;
-        let at = w.now_ms();
-        let hung = w.faults.redis_hangs.iter().any(|win| win.contains(at));
+        let mut at = w.now_ms();
+        let mut back = Duration::ZERO;
+        if let Some(&(_, (lo, hi))) = w.faults.redis_slow.iter().find(|(win, _)| win.contains(at)) {
+            let out = Duration::from_millis(w.random(lo, hi));
+            back = Duration::from_millis(w.random(lo, hi));
+            if sent.elapsed() + out >= REDIS_TIMEOUT {
+                tokio::time::sleep_until(sent + REDIS_TIMEOUT).await;
+                w.journal.with(|log| log.reach.slow_timeouts += 1);
+                return Err(SimRedisError::Hung);
+            }
+            tokio::time::sleep(out).await;
+            at = w.now_ms();
+        }
+        let cut = w.cut_off(self.process, at);
+        if cut.is_some() {
+            w.journal.with(|log| log.reach.replica_cut_offs += 1);
+        }
+        let hung = cut == Some(ReplicaFault::Hung)
+            || w.faults.redis_hangs.iter().any(|win| win.contains(at));
         if hung && w.random(0, 1) == 0 {
             tokio::time::sleep(REDIS_TIMEOUT).await;
             return Err(SimRedisError::Hung);
         }
-        if w.faults.redis_errors.iter().any(|win| win.contains(at)) {
+        if cut == Some(ReplicaFault::Down)
+            || w.faults.redis_errors.iter().any(|win| win.contains(at))
+        {
             return Err(SimRedisError::Down);
         }
         if self.dead.load(Ordering::SeqCst) {
@@ -704,7 +785,33 @@ impl SimStore {
         }
         self.fail_over_and_copy(at);
         self.roll_back_and_copy(at);
-        Ok((w.clock.true_unix_us(), hung))
+        Ok(Trip {
+            at_us: w.clock.true_unix_us(),
+            sent,
+            hung,
+            back,
+        })
+    }
+
+    /// The reply of a call whose script ran: back through a slow Redis,
+    /// it arrives, or its caller's timeout fires first (the script ran;
+    /// its reply is lost).
+    async fn answer(&self, trip: &Trip) -> Result<(), SimRedisError> {
+        if trip.back.is_zero() {
+            return Ok(());
+        }
+        let w = &self.world;
+        if trip.sent.elapsed() + trip.back >= REDIS_TIMEOUT {
+            tokio::time::sleep_until(trip.sent + REDIS_TIMEOUT).await;
+            w.journal.with(|log| log.reach.slow_replies_lost += 1);
+            return Err(SimRedisError::Hung);
+        }
+        tokio::time::sleep(trip.back).await;
+        if self.dead.load(Ordering::SeqCst) {
+            never().await;
+        }
+        w.journal.with(|log| log.reach.slow_answers += 1);
+        Ok(())
     }
 
     /// Applies the partial losses due by `at` (virtual ms): the sellers'
@@ -769,11 +876,13 @@ impl Store for SimStore {
     }
 
     async fn refund(&self, call: &RefundCall) -> Result<u64, SimRedisError> {
-        let at = self.reach().await?;
-        Ok(self
+        let trip = self.reach().await?;
+        let refunded = self
             .redis()
-            .refund(call, at)
-            .unwrap_or_else(|e| script_failed(&format!("{call:?}"), e)))
+            .refund(call, trip.at_us)
+            .unwrap_or_else(|e| script_failed(&format!("{call:?}"), e));
+        self.answer(&trip).await?;
+        Ok(refunded)
     }
 
     /// A hang is a timeout: the script may have run.
@@ -782,12 +891,13 @@ impl Store for SimStore {
     }
 
     async fn run_jobs(&self, call: &JobsCall) -> Result<Vec<JobsReply>, SimRedisError> {
-        let (at, lost) = self.reach_or_lose().await?;
+        let trip = self.reach_or_lose().await?;
+        let lost = trip.hung;
         // The record's life as the product sends it on Redis' clock.
         let life = call.now_us.is_none().then(|| call_life_us(REDIS_TIMEOUT));
         let answer = self
             .redis()
-            .run_jobs(call, life, at)
+            .run_jobs(call, life, trip.at_us)
             .unwrap_or_else(|e| script_failed(&format!("{call:?}"), e));
         if !call.dry_run {
             self.world.journal.with(|log| {
@@ -814,12 +924,26 @@ impl Store for SimStore {
             tokio::time::sleep(REDIS_TIMEOUT).await;
             return Err(SimRedisError::Hung);
         }
+        self.answer(&trip).await?;
+        if !call.dry_run && !trip.back.is_zero() {
+            let now_us = self.world.clock.true_unix_us();
+            self.world.journal.with(|log| {
+                for (q, r) in call.requests.iter().zip(&answer.replies) {
+                    if r.head.status == 1 && r.head.granted > 0 {
+                        let late = now_us.saturating_sub(r.head.now_us as u64);
+                        log.learnt_late.push((released(q, r), late));
+                    }
+                }
+            });
+        }
         Ok(answer.replies)
     }
 
     async fn read_epoch(&self, key: &str) -> Result<Option<u64>, SimRedisError> {
-        let at = self.reach().await?;
-        Ok(self.redis().read_epoch(key, at))
+        let trip = self.reach().await?;
+        let epoch = self.redis().read_epoch(key, trip.at_us);
+        self.answer(&trip).await?;
+        Ok(epoch)
     }
 
     async fn read_rollbacks(
@@ -827,16 +951,20 @@ impl Store for SimStore {
         key: &str,
         after_us: u64,
     ) -> Result<Vec<RollbackFound>, SimRedisError> {
-        let at = self.reach().await?;
-        Ok(self.redis().read_rollbacks(key, after_us, at))
+        let trip = self.reach().await?;
+        let found = self.redis().read_rollbacks(key, after_us, trip.at_us);
+        self.answer(&trip).await?;
+        Ok(found)
     }
 
     async fn restore(&self, call: &RestoreCall) -> Result<Vec<i64>, SimRedisError> {
-        let at = self.reach().await?;
-        Ok(self
+        let trip = self.reach().await?;
+        let reply = self
             .redis()
-            .restore(call, at)
-            .unwrap_or_else(|e| script_failed(&format!("restore {call:?}"), e)))
+            .restore(call, trip.at_us)
+            .unwrap_or_else(|e| script_failed(&format!("restore {call:?}"), e));
+        self.answer(&trip).await?;
+        Ok(reply)
     }
 
     async fn begin_install(
@@ -844,10 +972,10 @@ impl Store for SimStore {
         epoch: &str,
         server: Option<&str>,
     ) -> Result<bool, SimRedisError> {
-        let at = self.reach().await?;
+        let trip = self.reach().await?;
         let wrote = self
             .redis()
-            .begin_install(epoch, server, at)
+            .begin_install(epoch, server, trip.at_us)
             .unwrap_or_else(|e| script_failed(&format!("install {epoch}"), e));
         // The new install's epoch, written before its first jobs call.
         if wrote {
@@ -856,23 +984,28 @@ impl Store for SimStore {
                 log.reach.new_installs += 1;
             });
         }
+        self.answer(&trip).await?;
         Ok(wrote)
     }
 
     async fn release(&self, key: &str, leases: &[String]) -> Result<u64, SimRedisError> {
-        let at = self.reach().await?;
-        Ok(self
+        let trip = self.reach().await?;
+        let reply = self
             .redis()
-            .release(key, leases, at)
-            .unwrap_or_else(|e| script_failed(&format!("release {key} {leases:?}"), e)))
+            .release(key, leases, trip.at_us)
+            .unwrap_or_else(|e| script_failed(&format!("release {key} {leases:?}"), e));
+        self.answer(&trip).await?;
+        Ok(reply)
     }
 
     async fn cancel_jobs(&self, call: &JobsCall) -> Result<Vec<i64>, SimRedisError> {
-        let at = self.reach().await?;
-        Ok(self
+        let trip = self.reach().await?;
+        let reply = self
             .redis()
-            .cancel_jobs(call, call_life_us(REDIS_TIMEOUT), at)
-            .unwrap_or_else(|e| script_failed(&format!("cancel {call:?}"), e)))
+            .cancel_jobs(call, call_life_us(REDIS_TIMEOUT), trip.at_us)
+            .unwrap_or_else(|e| script_failed(&format!("cancel {call:?}"), e));
+        self.answer(&trip).await?;
+        Ok(reply)
     }
 
     async fn block(
@@ -881,11 +1014,13 @@ impl Store for SimStore {
         now_us: Option<u64>,
         dur_us: u64,
     ) -> Result<u64, SimRedisError> {
-        let at = self.reach().await?;
-        Ok(self
+        let trip = self.reach().await?;
+        let reply = self
             .redis()
-            .block(key, now_us, dur_us, at)
-            .unwrap_or_else(|e| script_failed(&format!("block {key:?}"), e)))
+            .block(key, now_us, dur_us, trip.at_us)
+            .unwrap_or_else(|e| script_failed(&format!("block {key:?}"), e));
+        self.answer(&trip).await?;
+        Ok(reply)
     }
 
     async fn block_learning(
@@ -893,14 +1028,15 @@ impl Store for SimStore {
         key: &BlockAt,
         call: &BlockCall,
     ) -> Result<Blocked, SimRedisError> {
-        let at = self.reach().await?;
+        let trip = self.reach().await?;
         let blocked = self
             .redis()
-            .block_learning(key, call, at)
+            .block_learning(key, call, trip.at_us)
             .unwrap_or_else(|e| script_failed(&format!("block {key:?} {call:?}"), e));
         if blocked.learnt.is_some_and(|l| l.dropped) {
             self.world.journal.with(|log| log.reach.learnt_drops += 1);
         }
+        self.answer(&trip).await?;
         Ok(blocked)
     }
 }

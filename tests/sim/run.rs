@@ -135,6 +135,8 @@ pub fn held_slots(sc: &Scenario, world: &World, policy: &Policy) -> Vec<(String,
             .redis_errors
             .iter()
             .chain(&world.faults.redis_hangs)
+            .chain(world.faults.replica_redis.iter().map(|(w, _, _)| w))
+            .chain(super::check::slow_past_timeout(sc))
             .map(|w| w.to_ms)
             .max(),
     );
@@ -270,6 +272,7 @@ pub fn start(
         world.journal.clone(),
         Arc::new(SimLedger {
             world: world.clone(),
+            process: generation,
         }),
         notify,
         dead.clone(),
@@ -278,6 +281,7 @@ pub fn start(
     let store = SimStore {
         world: world.clone(),
         dead: dead.clone(),
+        process: generation,
     };
     let limiter = Limiter::new(
         store,
@@ -503,6 +507,7 @@ pub fn world_of(sc: &Scenario) -> (Arc<World>, Vec<bytes::Bytes>) {
         rng: World::seeded(sc.seed),
         downstream_busy: Default::default(),
         rate_windows: Default::default(),
+        members: Default::default(),
     });
     (world, values)
 }

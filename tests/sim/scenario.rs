@@ -9,7 +9,9 @@ use throttle_worker::config::{
     self, LearnConfig, LimitsConfig, OnError, OrderingMode, RuleConfig, SellerConfig, Settings,
 };
 
-use super::ports::{Faults, HiddenCapacity, OutageKind, Poison, RetryAfterKind, Window};
+use super::ports::{
+    Faults, HiddenCapacity, OutageKind, Poison, ReplicaFault, RetryAfterKind, Window,
+};
 
 /// Salts the generator of a seed's pauses.
 const PAUSE_SALT: u64 = 0x9a05_e5ee_d5a1_7000;
@@ -46,6 +48,12 @@ const REDELIVERY_SALT: u64 = 0x4ede_11e2_0000_0000;
 /// Produce outages of the retry tiers and the dead-letter topic, issue 53
 /// item 4.
 const PRODUCE_SALT: u64 = 0x9e0d_0ce0_0000_0000;
+/// A slow but answering Redis: windows of long round trips, issue 53
+/// item 4.
+const SLOW_SALT: u64 = 0x5105_2ed1_5000_0000;
+/// One replica of a fleet losing Redis while the others keep it, issue 53
+/// item 4.
+const REPLICA_SALT: u64 = 0x2e91_1ca0_0000_0000;
 
 /// Whether the random worlds draw partial losses (`SIM_PARTIAL_LOSSES=1`):
 /// sellers' keys put back from an older copy on the same server (a
@@ -526,7 +534,59 @@ impl Scenario {
                 });
             }
         }
+        // A slow but answering Redis on about 30 % of the seeds, from a
+        // generator of its own: for 1 to 20 s at a time, each way of every
+        // round trip takes from tens of ms to past the limiter's timeout
+        // (`REDIS_TIMEOUT`), so some replies come back in time, late, and
+        // some only after the caller gave up.
+        let mut s = StdRng::seed_from_u64(seed ^ SLOW_SALT);
+        if s.random_bool(0.3) {
+            for _ in 0..s.random_range(1..=2) {
+                let from = s.random_range(0..horizon);
+                let to = (from + s.random_range(1_000..=20_000)).min(horizon.max(from + 1));
+                let lo = s.random_range(10..=300);
+                let hi = s.random_range(lo..=1_200);
+                sc.faults.redis_slow.push((
+                    Window {
+                        from_ms: from,
+                        to_ms: to,
+                    },
+                    (lo, hi),
+                ));
+            }
+        }
         sc
+    }
+
+    /// A fleet's replica that loses Redis while the others keep it (issue
+    /// 53 item 4), from a generator of its own, on about 30 % of the
+    /// fleets: for 0.5 to 10 s, every call of one replica (the member at
+    /// a drawn place) fails, refused or hung, while the others' calls are
+    /// answered. Drawn for fleets only: a single process losing Redis is
+    /// what `redis_errors` and `redis_hangs` already make.
+    pub fn draw_replica_faults(&mut self, seed: u64) {
+        let mut g = StdRng::seed_from_u64(seed ^ REPLICA_SALT);
+        if !g.random_bool(0.3) {
+            return;
+        }
+        let horizon = self.faults_end_ms.max(1);
+        for _ in 0..g.random_range(1..=2) {
+            let from = g.random_range(0..horizon);
+            let to = (from + g.random_range(500..=10_000)).min(horizon.max(from + 1));
+            let kind = if g.random_bool(0.5) {
+                ReplicaFault::Down
+            } else {
+                ReplicaFault::Hung
+            };
+            self.faults.replica_redis.push((
+                Window {
+                    from_ms: from,
+                    to_ms: to,
+                },
+                g.random_range(0..4),
+                kind,
+            ));
+        }
     }
 
     /// The rule sets the first draw never made, from a generator of their
