@@ -41,21 +41,27 @@ end
 -- under way. Every slot then counts as taken until a lease after the
 -- find: the first charging call to meet the set writes `max` leases
 -- `mv<found>:<j>` lapsing then (calls granted later count beside them).
+-- Writes `max` leases `<prefix><j>` lapsing at `until_`, so every slot
+-- counts as taken until then, and keeps the set at least that long.
+local function fill_slots(s, prefix, until_, now)
+  local args = {}
+  for j = 1, s.max do
+    args[#args + 1] = I(until_)
+    args[#args + 1] = prefix .. j
+  end
+  redis.call('ZADD', s.key, unpack(args))
+  local ttl = math.floor((until_ - now) / 1000) + 1000
+  if redis.call('PTTL', s.key) < ttl then
+    redis.call('PEXPIRE', s.key, ttl)
+  end
+end
+
 local function slots_free(s, now, G, charge)
   local moved = G ~= nil and charge and server_moved(G, now) or nil
   if moved ~= nil and moved.found > 0 and now < moved.found + s.lease then
     local first = 'mv' .. I(moved.found) .. ':'
     if not redis.call('ZSCORE', s.key, first .. 1) then
-      local args = {}
-      for j = 1, s.max do
-        args[#args + 1] = I(moved.found + s.lease)
-        args[#args + 1] = first .. j
-      end
-      redis.call('ZADD', s.key, unpack(args))
-      local ttl = math.floor((moved.found + s.lease - now) / 1000) + 1000
-      if redis.call('PTTL', s.key) < ttl then
-        redis.call('PEXPIRE', s.key, ttl)
-      end
+      fill_slots(s, first, moved.found + s.lease, now)
     end
   end
   local live = redis.call('ZCOUNT', s.key, '(' .. I(now), '+inf')
@@ -67,13 +73,7 @@ local function slots_free(s, now, G, charge)
     local until_ = math.min(lost, now) + s.lease
     if now < until_ and redis.call('ZCOUNT', s.key, '-inf', '+inf') == 0 then
       if charge then
-        local args = {}
-        for j = 1, s.max do
-          args[#args + 1] = I(until_)
-          args[#args + 1] = 'lost:' .. j
-        end
-        redis.call('ZADD', s.key, unpack(args))
-        redis.call('PEXPIRE', s.key, math.floor((until_ - now) / 1000) + 1000)
+        fill_slots(s, 'lost:', until_, now)
       end
       return 0
     end
