@@ -143,6 +143,11 @@ pub struct Faults {
     /// the dead-letter topic fails while one lasts (their brokers
     /// unreachable), for seconds to tens of seconds.
     pub produce_outages: Vec<Window>,
+    /// (at, ms): the broker loses the group's commits of the last that
+    /// many ms (issue 53, item 4: an unclean failover of the group's
+    /// coordinator): every partition's committed offset goes back to the
+    /// newest commit that old (`Broker::lose_commits`). Ascending.
+    pub lost_commits: Vec<(u64, u64)>,
 }
 
 /// Per-job behaviour of the downstream, beyond the faults.
@@ -254,6 +259,48 @@ fn maintenance(clock: &SimClock, secs: u64, max: Duration) -> Answer {
     }
 }
 
+/// A process's stall (a GC-like pause, a SIGSTOP, a starved host): while
+/// it lasts the process reaches nothing (no call, no Redis command, no
+/// write, no poll), and what its code runs meanwhile it really runs when
+/// the stall ends, so its clock reads that instant
+/// (`SimClock::stalling`). None unless a fleet stalls it
+/// (`Scenario::stalls`).
+#[derive(Debug, Default)]
+pub struct Stall(Mutex<Option<(tokio::time::Instant, tokio::time::Instant)>>);
+
+impl Stall {
+    /// The process stalls from `from` to `to`.
+    pub fn set(&self, from: tokio::time::Instant, to: tokio::time::Instant) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some((from, to));
+    }
+
+    /// The end of the stall under way at `now`, if one is.
+    pub fn until(&self, now: tokio::time::Instant) -> Option<tokio::time::Instant> {
+        let stall = *self.0.lock().unwrap_or_else(|p| p.into_inner());
+        stall
+            .filter(|(from, to)| *from <= now && now < *to)
+            .map(|(_, to)| to)
+    }
+
+    /// When the last stall ended, if it has by `now`.
+    pub fn ended(&self, now: tokio::time::Instant) -> Option<tokio::time::Instant> {
+        let stall = *self.0.lock().unwrap_or_else(|p| p.into_inner());
+        stall.map(|(_, to)| to).filter(|to| *to <= now)
+    }
+
+    /// The instant the process's code that runs at `now` really runs at.
+    pub fn runs_at(&self, now: tokio::time::Instant) -> tokio::time::Instant {
+        self.until(now).unwrap_or(now)
+    }
+
+    /// Waits out the stall under way, if any.
+    pub async fn wait(&self) {
+        while let Some(to) = self.until(tokio::time::Instant::now()) {
+            tokio::time::sleep_until(to).await;
+        }
+    }
+}
+
 async fn never() -> ! {
     std::future::pending::<()>().await;
     unreachable!()
@@ -263,6 +310,9 @@ async fn never() -> ! {
 pub struct SimDownstream {
     pub world: Arc<World>,
     pub dead: Arc<AtomicBool>,
+    /// The calling process (its incarnation's number), for the journal.
+    pub process: u64,
+    pub stall: Arc<Stall>,
 }
 
 impl Caller for SimDownstream {
@@ -270,6 +320,8 @@ impl Caller for SimDownstream {
         if self.dead.load(Ordering::SeqCst) {
             never().await;
         }
+        // A stalled process sends nothing until it resumes.
+        self.stall.wait().await;
         let w = &self.world;
         let id = w.journal.with(|l| l.by_job_id.get(&job.job_id).copied());
         let Some(id) = id else {
@@ -416,6 +468,7 @@ impl Caller for SimDownstream {
         w.journal.call(
             started,
             Call {
+                process: self.process,
                 job: id,
                 seller: job.seller_id.as_str().to_owned(),
                 cost: job.cost,
@@ -426,6 +479,8 @@ impl Caller for SimDownstream {
                 end_ms: w.now_ms(),
             },
         );
+        // A stalled process reads the answer when it resumes.
+        self.stall.wait().await;
         answer
     }
 }
@@ -434,6 +489,7 @@ impl Caller for SimDownstream {
 pub struct SimWriter {
     pub world: Arc<World>,
     pub dead: Arc<AtomicBool>,
+    pub stall: Arc<Stall>,
     /// Partitions of each retry tier.
     pub tier_partitions: i32,
 }
@@ -443,6 +499,7 @@ impl SimWriter {
         if self.dead.load(Ordering::SeqCst) {
             never().await;
         }
+        self.stall.wait().await;
         tokio::time::sleep(Duration::from_millis(self.world.random(1, 5))).await;
         if self.dead.load(Ordering::SeqCst) {
             never().await;
@@ -652,6 +709,7 @@ pub fn sim_redis() -> EmbeddedRedis {
 pub struct SimStore {
     pub world: Arc<World>,
     pub dead: Arc<AtomicBool>,
+    pub stall: Arc<Stall>,
 }
 
 impl SimStore {
@@ -675,6 +733,7 @@ impl SimStore {
         if self.dead.load(Ordering::SeqCst) {
             never().await;
         }
+        self.stall.wait().await;
         let w = &self.world;
         let (lo, hi) = w.faults.redis_latency_us;
         tokio::time::sleep(Duration::from_micros(w.random(lo, hi))).await;

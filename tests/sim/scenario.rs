@@ -46,6 +46,10 @@ const REDELIVERY_SALT: u64 = 0x4ede_11e2_0000_0000;
 /// Produce outages of the retry tiers and the dead-letter topic, issue 53
 /// item 4.
 const PRODUCE_SALT: u64 = 0x9e0d_0ce0_0000_0000;
+/// A replica of a fleet stalled past its session timeout, issue 53 item 2.
+const STALL_SALT: u64 = 0x57a1_1ed0_0000_0000;
+/// The broker losing the group's last commits, issue 53 item 4.
+const LOST_COMMIT_SALT: u64 = 0x1057_c0aa_1700_0000;
 
 /// Whether the random worlds draw partial losses (`SIM_PARTIAL_LOSSES=1`):
 /// sellers' keys put back from an older copy on the same server (a
@@ -105,6 +109,13 @@ pub struct Scenario {
     /// past the session timeout; librdkafka's lost flag), then confirmed
     /// again by a rebalance that assigns it nothing new (issue 53).
     pub fences: Vec<(u64, u64)>,
+    /// (at, past the session timeout by ms, which replica): in a fleet
+    /// (`fleet::run_fleet`; one process alone does not use them), a
+    /// replica (this index modulo the fleet's size) stalls, a GC-like
+    /// pause, for the session timeout and this much more: the group gives
+    /// its partitions to the others, then it resumes still holding them
+    /// and its leases (issue 53, item 2).
+    pub stalls: Vec<(u64, u64, usize)>,
     /// (at, by µs): the worker host's wall clock steps.
     pub clock_jumps: Vec<(u64, i64)>,
     pub concurrency: usize,
@@ -178,6 +189,7 @@ impl Scenario {
             crashes: Vec::new(),
             rebalances: Vec::new(),
             fences: Vec::new(),
+            stalls: Vec::new(),
             clock_jumps: Vec::new(),
             concurrency: 8,
             fetch: 8,
@@ -525,6 +537,29 @@ impl Scenario {
                     to_ms: to,
                 });
             }
+        }
+        // A replica of a fleet stalls past its session timeout (0.2 to 9 s
+        // past it) on about 30 % of the seeds, from a generator of its own.
+        let mut s = StdRng::seed_from_u64(seed ^ STALL_SALT);
+        if s.random_bool(0.3) {
+            for _ in 0..s.random_range(1..=2) {
+                let at = s.random_range(0..horizon);
+                sc.stalls
+                    .push((at, s.random_range(200..=9_000), s.random_range(0..4)));
+            }
+            sc.stalls.sort_unstable();
+        }
+        // The broker loses the group's commits of the last 0.2 to 10 s on
+        // about 30 % of the seeds, from a generator of its own.
+        let mut k = StdRng::seed_from_u64(seed ^ LOST_COMMIT_SALT);
+        if k.random_bool(0.3) {
+            for _ in 0..k.random_range(1..=2) {
+                let at = k.random_range(0..horizon);
+                sc.faults
+                    .lost_commits
+                    .push((at, k.random_range(200..=10_000)));
+            }
+            sc.faults.lost_commits.sort_unstable();
         }
         sc
     }
