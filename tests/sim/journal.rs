@@ -602,11 +602,20 @@ impl Journal {
         let read = last.and_then(|(_, read)| read);
         let behind = last.is_some_and(|(seq, _)| log.ledger_behind.contains(&(tp.clone(), seq)));
         let through_ledger = written.is_some() && written == read && !behind;
-        // The broker lost the handoff's commit (or a later one that passed
-        // the record) after it: the ledger is read only against the
-        // broker's commit (`ledger::inherited`), so neither carries it.
-        // Excused: `delivered` counts it (`dropped_by_lost_commit`).
-        let lost = Journal::lost_since(log, tp, offset, at)
+        // The broker lost a commit that passed the record, and no commit
+        // since passes it again: after the handoff, when the handing owner
+        // finished the record (its revoke commits it again, lost or not);
+        // after the finish, when an earlier owner did (the handing owner
+        // never had it to commit: seed 1574, a loss between a restart's
+        // assignment and its revoke). Excused, and counted
+        // (`dropped_by_lost_commit`).
+        let handing_owner_finished = log
+            .assignments
+            .get(tp)
+            .and_then(|a| a.iter().rev().find(|(seq, _)| *seq < at))
+            .is_some_and(|(seq, _)| finished > *seq);
+        let since = if handing_owner_finished { at } else { finished };
+        let lost = Journal::lost_since(log, tp, offset, since)
             || (!committed && behind && written.is_some() && written == read);
         if (committed || through_ledger) && !lost {
             let v = format!(
