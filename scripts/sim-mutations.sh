@@ -43,6 +43,10 @@ MUTATIONS=(
   $'18\tsrc/kafka/session.rs\ts/Err\\(_\\) if t\\.offsets\\.received\\(topic, partition, offset\\) => \\{/Err(_) if false \\&\\& t.offsets.received(topic, partition, offset) => {/\ta record the broker delivers again within its assignment (a fetch retried) is taken as work again, held or finished here (issue 53, item 4)'
   $'19\tsrc/worker/engine/write.rs\ts/self\\.spawn_write\\(pending, Duration::from_secs\\(1\\)\\);/self.spawn_write(pending, Duration::ZERO);/\ta failed write to a retry tier or the dead-letter topic is tried again at once: a produce outage spins (issue 53, item 4)'
   $'2\tsrc/worker/engine/write.rs\ts/Err\\(error\\) => self\\.retry_write\\(pending, &error\\.to_string\\(\\)\\),/Err(_) => {\\n                self.deps.source.finish(\\&pending.origin);\\n                self.memory.remove(pending.bytes);\\n            }/\ta write to a retry tier or the dead-letter topic the broker never acknowledged counts as made: the record finished, its job lost (issue 53, item 4)'
+  # Row 20 needs the stalls, off by default: run it as
+  # SIM_STALLS=1 scripts/sim-mutations.sh 20
+  $'20\tsrc/kafka/fence.rs\ts/if gap <= watch\\.stall_after \\{/if true {/\ta replica stalled past its session timeout does not see the gap when it resumes: it calls jobs of the partitions the group gave to the others, with its lapsed leases, until librdkafka says its assignment is lost (issue 53, item 2)'
+  $'12\tsrc/kafka/session.rs\ts/(\\.offsets\\s*)\\.committable\\(\\)(\\s*\\.into_iter\\(\\)\\s*\\.filter\\(\\|c\\| \\{\\s*revoked)/$1.uncommitted()$2/\ta revoke commits only the partitions whose offset moved since its last accepted commit: a commit the broker lost is not made again, and the next owner redoes what the loss dropped (issue 53, item 4)'
   $'7\tsrc/worker/timers.rs\ts/Duration::from_millis\\(unix_ms_at\\.saturating_sub\\(now_ms\\)\\)/Duration::from_millis(unix_ms_at - now_ms)/\ta wait until a due time on the fleet\'s clock read as an unsigned difference (a due time already passed wraps; the host-clock version, until_unix_ms, now only times pauses, which no random world steps back)'
 )
 

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use throttle_worker::kafka::consumer::{HeldBack, Origin, PartitionEvent, Record, TopicPartition};
+use throttle_worker::kafka::fence::Watch;
 use throttle_worker::kafka::ledger::{Entry, Ledger, LedgerError};
 use throttle_worker::kafka::record::Quiet;
 use throttle_worker::kafka::session::{Answer, AsyncCommits, Coordinator, Received, Session};
@@ -20,7 +21,7 @@ use throttle_worker::worker::{CommitError, Source};
 use tokio::sync::{mpsc, Notify};
 
 use super::journal::Journal;
-use super::ports::World;
+use super::ports::{Stall, World};
 
 /// One record in a topic's log.
 #[derive(Debug, Clone)]
@@ -44,6 +45,10 @@ pub struct Broker {
     /// world's Redis data losses it has suffered.
     pub ledger: BTreeMap<Tp, Entry>,
     pub ledger_losses: usize,
+    /// Every commit the broker took, by partition: when (virtual ms), the
+    /// offset and its metadata, oldest first; what a lost commit goes
+    /// back to (`Faults::lost_commits`).
+    pub history: BTreeMap<Tp, Vec<(u64, i64, String)>>,
 }
 
 impl Broker {
@@ -56,6 +61,81 @@ impl Broker {
     /// The committed offset of `tp` (0: none).
     pub fn committed_offset(&self, tp: &Tp) -> i64 {
         self.committed.get(tp).map_or(0, |(o, _)| *o)
+    }
+
+    /// Takes a commit of `tp` at `at_ms`.
+    pub fn commit(&mut self, tp: Tp, offset: i64, metadata: String, at_ms: u64) {
+        self.history
+            .entry(tp.clone())
+            .or_default()
+            .push((at_ms, offset, metadata.clone()));
+        self.committed.insert(tp, (offset, metadata));
+    }
+
+    /// The broker loses the commits of the last `age_ms` before `at_ms`
+    /// (issue 53, item 4: an unclean failover of the group's coordinator,
+    /// whose offsets log missed them): each partition's committed offset
+    /// and metadata go back to the newest commit made at least that long
+    /// ago. A partition with no commit that old keeps its own (the group
+    /// never goes back to "never committed", which would read as a new
+    /// install). Returns each partition that went back: what it lost
+    /// (offset, metadata), and where it went back to.
+    pub fn lose_commits(&mut self, at_ms: u64, age_ms: u64) -> Vec<LostCommit> {
+        let before = at_ms.saturating_sub(age_ms);
+        let mut lost = Vec::new();
+        for (tp, history) in &mut self.history {
+            let Some(keep) = history.iter().rposition(|(at, _, _)| *at <= before) else {
+                continue;
+            };
+            if keep + 1 == history.len() {
+                continue;
+            }
+            let (_, offset, metadata) = history[keep].clone();
+            history.truncate(keep + 1);
+            let was = self
+                .committed
+                .insert(tp.clone(), (offset, metadata.clone()))
+                .expect("a partition with a history is committed");
+            lost.push(LostCommit {
+                tp: tp.clone(),
+                lost: was,
+                back_to: (offset, metadata),
+            });
+        }
+        lost
+    }
+}
+
+/// A partition's commit the broker lost ([`Broker::lose_commits`]).
+#[derive(Debug, Clone)]
+pub struct LostCommit {
+    pub tp: Tp,
+    /// The offset and metadata it had.
+    pub lost: (i64, String),
+    /// The older commit it went back to.
+    pub back_to: (i64, String),
+}
+
+impl LostCommit {
+    /// The records the lost commit said were finished and the older one
+    /// does not: those below its offset from the older offset on, and
+    /// those its metadata named. A new owner may do them again.
+    pub fn dropped(&self) -> throttle_worker::kafka::done_ranges::Ranges {
+        use throttle_worker::kafka::done_ranges::{decode, push, Ranges};
+        let (lost, lost_meta) = (&self.lost.0, &self.lost.1);
+        let (back, back_meta) = (&self.back_to.0, &self.back_to.1);
+        let kept = decode(*back, back_meta);
+        let kept = |o: i64| o < *back || kept.iter().any(|(lo, hi)| (*lo..=*hi).contains(&o));
+        let mut named: Vec<i64> = (*back..*lost).collect();
+        for (lo, hi) in decode(*lost, lost_meta) {
+            named.extend(lo..=hi);
+        }
+        named.sort_unstable();
+        let mut out = Ranges::new();
+        for o in named.into_iter().filter(|o| !kept(*o)) {
+            push(&mut out, o, o);
+        }
+        out
     }
 }
 
@@ -179,6 +259,15 @@ pub struct SimSource {
     pub dead: Arc<AtomicBool>,
     /// The longest a revoke waits for the worker (`worker.revoke_wait`).
     revoke_wait: Duration,
+    /// The process's stall, if one comes (`Scenario::stalls`).
+    pub stall: Arc<Stall>,
+    /// The group expired this member's session (a stall past its
+    /// timeout): the coordinator refuses its commits until its next
+    /// assignment, a new generation.
+    expelled: AtomicBool,
+    /// `heartbeat.interval.ms` of a watched session: its first heartbeat
+    /// after a stall is answered this long after the stall ends.
+    heartbeat: Duration,
 }
 
 /// The simulated broker as the session's coordinator: a commit is refused
@@ -193,6 +282,9 @@ impl Coordinator for Coord<'_> {
     type Error = String;
 
     fn commit_sync(&self, commits: &[Commit]) -> Result<(), String> {
+        if self.source.expelled() {
+            return Err("unknown member id: the session expired".to_owned());
+        }
         let mut broker = lock(&self.source.broker);
         if broker.rebalancing {
             return Err("rebalance in progress".to_owned());
@@ -218,7 +310,12 @@ impl Coordinator for Coord<'_> {
 impl AsyncCommits for Coord<'_> {
     fn send(&self, commits: &[Commit]) -> Result<(), String> {
         let mut broker = lock(&self.source.broker);
-        let answer = if broker.rebalancing {
+        let answer = if self.source.expelled() {
+            Answer {
+                error: Some("unknown member id: the session expired".to_owned()),
+                refused: Vec::new(),
+            }
+        } else if broker.rebalancing {
             Answer {
                 error: None,
                 refused: commits
@@ -243,6 +340,7 @@ impl AsyncCommits for Coord<'_> {
 }
 
 impl SimSource {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         broker: SharedBroker,
         journal: Arc<Journal>,
@@ -250,6 +348,8 @@ impl SimSource {
         wake: Arc<Notify>,
         dead: Arc<AtomicBool>,
         revoke_wait: Duration,
+        stall: Arc<Stall>,
+        watch: Option<Watch>,
     ) -> SimSource {
         let before = ledger.world.faults.redeliveries.iter();
         let fetch = Fetch {
@@ -258,11 +358,18 @@ impl SimSource {
                 .count(),
             ..Fetch::default()
         };
+        let session = Session::new(Some(ledger.clone()));
         SimSource {
             revoke_wait,
+            stall,
+            expelled: AtomicBool::new(false),
+            heartbeat: watch.map_or(Duration::ZERO, |w| w.confirm_after - w.stall_after),
             broker,
             journal,
-            session: Session::new(Some(ledger.clone())),
+            session: match watch {
+                Some(watch) => session.watched(watch),
+                None => session,
+            },
             ledger,
             fetch: Mutex::new(fetch),
             answers: Mutex::default(),
@@ -287,23 +394,95 @@ impl SimSource {
 
     /// Writes accepted commits, each checked against what is finished.
     fn apply(&self, broker: &mut Broker, commits: &[Commit]) {
+        let now = self.ledger.world.now_ms();
         for c in commits {
             let tp = (c.topic.clone(), c.partition);
             if let Some(log) = broker.logs.get(&tp) {
                 self.journal.check_commit(&tp, c.offset, log);
             }
-            broker.committed.insert(tp, (c.offset, c.metadata.clone()));
+            broker.commit(tp, c.offset, c.metadata.clone(), now);
         }
+    }
+
+    /// Whether the group expired this member's session.
+    pub fn expelled(&self) -> bool {
+        self.expelled.load(Ordering::SeqCst)
+    }
+
+    /// The group expires this member's session (a stall past its timeout):
+    /// its partitions are another's, its commits refused.
+    pub fn expel(&self) {
+        self.expelled.store(true, Ordering::SeqCst);
+    }
+
+    /// The watchdog's and the poll thread's signs of life (a watched
+    /// session's; see `kafka::fence`): none while the process stalls.
+    /// The poll thread's tick carries librdkafka's lost flag: set once
+    /// the first heartbeat after a stall that expired the session is
+    /// refused, a heartbeat interval after the stall ends (the rebalance
+    /// that follows is [`SimSource::lose`]'s).
+    pub fn tick(&self) {
+        let now = tokio::time::Instant::now();
+        self.session.alive(now);
+        let lost = self.expelled()
+            && self
+                .stall
+                .ended(now)
+                .is_some_and(|to| now >= to + self.heartbeat);
+        self.session.tick(&self.coord(), now, lost);
+    }
+
+    /// The assignment is lost: after a stall past the session timeout, the
+    /// first heartbeat is refused and librdkafka revokes everything with
+    /// its lost flag. As the worker's callback takes it: fenced until the
+    /// next assignment, the calls out finish, the commit is tried (and
+    /// refused: not a member), then the partitions are forgotten. Not a
+    /// graceful handoff (the partitions were another's already): nothing
+    /// is journalled as one.
+    pub async fn lose(&self, events: &mpsc::UnboundedSender<PartitionEvent>) {
+        self.session.lost(tokio::time::Instant::now());
+        let parts = self.owned();
+        if parts.is_empty() {
+            return;
+        }
+        let tps = topic_partitions(&parts);
+        if !self.dead.load(Ordering::SeqCst) {
+            self.wait_for_work(&parts, &tps, events).await;
+            self.session.revoke(&self.coord(), &tps);
+        }
+        let mut fetch = lock(&self.fetch);
+        for tp in &parts {
+            fetch.owned.remove(tp);
+            fetch.began.remove(tp);
+            fetch.paused.remove(tp);
+            fetch.revoking.remove(tp);
+        }
+        drop(fetch);
+        let _ = events.send(PartitionEvent::Revoked(tps));
     }
 
     /// Takes `parts`, from their committed offsets, as the rebalance's
     /// assignment callback does (reading what the last owner finished).
     pub fn assign(&self, parts: &[Tp], events: &mpsc::UnboundedSender<PartitionEvent>) {
+        // A new generation: a member again.
+        self.expelled.store(false, Ordering::SeqCst);
         let tps = topic_partitions(parts);
-        self.journal
-            .assigned(parts, self.ledger.reachable().then(|| self.ledger.losses()));
+        let read = self.ledger.reachable().then(|| self.ledger.losses());
         self.session.assign(&self.coord(), &tps);
         let broker = lock(&self.broker);
+        // A ledger entry whose writer saw the broker accept more than the
+        // broker's commit now holds is not read against it: the broker
+        // lost a commit (`Faults::lost_commits`; or an operator moved the
+        // offsets back, which the ledger must not undo).
+        let behind: Vec<Tp> = parts
+            .iter()
+            .filter(|tp| {
+                let kafka = broker.committed.get(*tp).map(|(o, _)| *o);
+                broker.ledger.get(*tp).is_some_and(|e| kafka < e.acked)
+            })
+            .cloned()
+            .collect();
+        self.journal.assigned(parts, read, &behind);
         let mut fetch = lock(&self.fetch);
         for tp in parts {
             let from = broker.committed_offset(tp);
@@ -513,11 +692,21 @@ impl Source for SimSource {
     }
 
     fn fenced(&self) -> bool {
-        self.session.fenced(tokio::time::Instant::now())
+        // A stalled process's check runs when the stall ends: the gap
+        // since its last sign of life is seen then.
+        let now = tokio::time::Instant::now();
+        self.session.fenced(self.stall.runs_at(now))
     }
 
     fn finish(&self, origin: &Origin) {
         if self.dead.load(Ordering::SeqCst) {
+            return;
+        }
+        // A member whose session expired finishes its records for itself
+        // alone: the partition is another's, whose handoffs carry only
+        // what it finished.
+        if self.expelled() {
+            self.session.finish(origin);
             return;
         }
         let waiting = self.session.owns(origin) && !self.session.may_start(origin);
@@ -562,7 +751,10 @@ impl Source for SimSource {
     }
 
     fn request_commit(&self) {
-        if self.dead.load(Ordering::SeqCst) {
+        // A stalled process sends nothing; its next commit goes after.
+        if self.dead.load(Ordering::SeqCst)
+            || self.stall.until(tokio::time::Instant::now()).is_some()
+        {
             return;
         }
         let _ = self.session.commit(&self.coord(), false);
@@ -596,6 +788,8 @@ pub async fn deliver(source: Arc<SimSource>, tx: mpsc::Sender<Record>, fetch: us
         if source.dead.load(Ordering::SeqCst) {
             return;
         }
+        // A stalled process polls nothing.
+        source.stall.wait().await;
         let batch = source.poll(fetch);
         if batch.is_empty() {
             // A wake-up may come for nothing; the timeout covers a wake
@@ -609,5 +803,15 @@ pub async fn deliver(source: Arc<SimSource>, tx: mpsc::Sender<Record>, fetch: us
             }
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// The session's signs of life while the incarnation lives (a watched
+/// session's: `kafka::fence`), every `every`; none while it stalls.
+pub async fn watchdog(source: Arc<SimSource>, every: Duration) {
+    while !source.dead.load(Ordering::SeqCst) {
+        source.stall.wait().await;
+        source.tick();
+        tokio::time::sleep(every).await;
     }
 }

@@ -226,6 +226,39 @@ pub fn fleet(sc: &Scenario, out: &Outcome) -> Vec<String> {
     v.extend(in_flight_within_cap(sc, out));
     v.extend(nothing_left(out));
     v.extend(no_second_success_on_a_graceful_handoff(out));
+    v.extend(no_call_before_ownership_is_confirmed(out));
+    v
+}
+
+/// Invariant 20 (issue 53, item 2): a replica stalled past its session
+/// timeout starts no call from its stall until a rebalance assigns it
+/// again: the group gave its partitions to the others meanwhile, so a
+/// call of one of the jobs it still holds may be the second of that job,
+/// by two owners (and its `max_in_flight` leases lapsed in the stall).
+/// Calls under way when it stalled may end; none may start.
+pub fn no_call_before_ownership_is_confirmed(out: &Outcome) -> Vec<String> {
+    let mut v = Vec::new();
+    for s in &out.log.stalls {
+        let until = s.confirmed_ms.unwrap_or(u64::MAX);
+        let early = out
+            .log
+            .calls
+            .iter()
+            .filter(|c| c.process == s.process && (s.from_ms..until).contains(&c.at_ms));
+        for c in early.take(2) {
+            let others: Vec<u64> = out
+                .log
+                .calls
+                .iter()
+                .filter(|o| o.job == c.job && o.process != s.process)
+                .map(|o| o.at_ms)
+                .collect();
+            v.push(format!(
+                "20. a replica stalled from {} to {} ms (its session expired at {:?} ms) called job {} at {} ms, before a rebalance confirmed its ownership (at {:?} ms); other replicas called it at {others:?} ms",
+                s.from_ms, s.to_ms, s.expired_ms, c.job, c.at_ms, s.confirmed_ms
+            ));
+        }
+    }
     v
 }
 
@@ -237,7 +270,9 @@ pub struct Again {
     /// When the first success and the second call began (virtual ms).
     pub first_ms: u64,
     pub second_ms: u64,
-    /// A process was killed before the second call.
+    /// A process was killed, or a stalled one's session expired (its
+    /// partitions went to the others with no handoff), before the second
+    /// call.
     pub after_kill: bool,
     /// Between the first call and the second, a revoke stopped waiting
     /// for its work under way at its bound (`worker.revoke_wait`), or a
@@ -255,6 +290,9 @@ pub struct Again {
     /// against the earlier registration; a repeat after a success the
     /// client did see is judged against that one.
     pub after_gave_up: bool,
+    /// Its record was delivered again because the broker lost the commit
+    /// that passed it (`Journal::lost_since`): at-least-once, excused.
+    pub lost_commit: bool,
 }
 
 /// Whether the downstream registered the job on this call: a success it
@@ -265,7 +303,15 @@ fn registered(c: &Call) -> bool {
 }
 
 pub fn second_successes(out: &Outcome) -> Vec<Again> {
-    let first_kill = out.log.kills.iter().copied().min().unwrap_or(u64::MAX);
+    let expiries = out.log.stalls.iter().filter_map(|s| s.expired_ms);
+    let first_kill = out
+        .log
+        .kills
+        .iter()
+        .copied()
+        .chain(expiries)
+        .min()
+        .unwrap_or(u64::MAX);
     let mut first: BTreeMap<JobId, &Call> = BTreeMap::new();
     // The first success each job's client saw (a 2xx): what a second
     // registration is judged against.
@@ -296,6 +342,7 @@ pub fn second_successes(out: &Outcome) -> Vec<Again> {
             past_bound,
             uncarried,
             after_gave_up: seen.is_none(),
+            lost_commit: log.dropped_by_lost_commit.contains(&c.job),
         });
         if c.class == "2xx" {
             first_seen.entry(c.job).or_insert(c);
@@ -316,7 +363,9 @@ pub fn second_successes(out: &Outcome) -> Vec<Again> {
 pub fn no_second_success_on_a_graceful_handoff(out: &Outcome) -> Vec<String> {
     second_successes(out)
         .iter()
-        .filter(|d| !d.after_kill && !d.past_bound && !d.uncarried && !d.after_gave_up)
+        .filter(|d| {
+            !d.after_kill && !d.past_bound && !d.uncarried && !d.after_gave_up && !d.lost_commit
+        })
         .take(3)
         .map(|d| {
             format!(
@@ -369,6 +418,25 @@ pub fn nothing_left(out: &Outcome) -> Vec<String> {
         ));
     }
     for ((topic, p), committed, end) in &e.behind {
+        // Where a commit the broker lost left it, no owner having had a
+        // record of it to finish since: an owner commits what it moved
+        // (a revoke and a graceful stop also what it received and did not
+        // move), and this one received nothing. Its next owner does those
+        // records again, at-least-once (the commit's loss, not the
+        // product's slip).
+        let tp = (topic.clone(), *p);
+        let lost = out.log.lost_commits.get(&tp).and_then(|l| l.last());
+        let left_by_loss = lost.is_some_and(|(at, back, _)| {
+            back == committed
+                && !out
+                    .log
+                    .commits
+                    .get(&tp)
+                    .is_some_and(|c| c.iter().any(|(s, _)| s > at))
+        });
+        if left_by_loss {
+            continue;
+        }
         v.push(format!(
             "11. every job finished, yet {topic}/{p} is committed to {committed}, short of its end {end}"
         ));

@@ -8,6 +8,8 @@ use std::sync::Arc;
 use throttle_worker::worker::Clock;
 use tokio::time::Instant;
 
+use super::ports::Stall;
+
 /// 2026-11-01 00:00 UTC, in µs: the wall clocks' start.
 pub const EPOCH_US: u64 = 1_793_491_200_000_000;
 
@@ -19,6 +21,9 @@ pub struct SimClock {
     /// A process's own clock reads the world's host clock (with its jumps)
     /// plus its skew.
     host: Option<Arc<SimClock>>,
+    /// A process that may stall reads the instant its stall ends while it
+    /// lasts: its code runs then.
+    stall: Option<Arc<Stall>>,
 }
 
 impl SimClock {
@@ -28,6 +33,7 @@ impl SimClock {
             start: Instant::now(),
             skew_us: AtomicI64::new(0),
             host: None,
+            stall: None,
         }
     }
 
@@ -38,7 +44,26 @@ impl SimClock {
             start: world.start,
             skew_us: AtomicI64::new(skew_us),
             host: Some(world.clone()),
+            stall: None,
         }
+    }
+
+    /// As [`SimClock::skewed`], for a process that may stall: while
+    /// `stall` lasts, both clocks read the instant it ends.
+    pub fn stalling(world: &Arc<SimClock>, skew_us: i64, stall: Arc<Stall>) -> SimClock {
+        SimClock {
+            stall: Some(stall),
+            ..SimClock::skewed(world, skew_us)
+        }
+    }
+
+    /// How far ahead of the runtime's clock this process's code runs: to
+    /// the end of its stall, while one lasts.
+    fn ahead(&self) -> std::time::Duration {
+        let now = Instant::now();
+        self.stall
+            .as_ref()
+            .map_or(std::time::Duration::ZERO, |s| s.runs_at(now) - now)
     }
 
     pub fn elapsed_ms(&self) -> u64 {
@@ -63,7 +88,7 @@ impl SimClock {
 
 impl Clock for SimClock {
     fn now(&self) -> Instant {
-        Instant::now()
+        Instant::now() + self.ahead()
     }
 
     fn unix_us(&self) -> u64 {
@@ -72,6 +97,6 @@ impl Clock for SimClock {
             .host
             .as_ref()
             .map_or_else(|| self.true_unix_us(), |h| h.unix_us());
-        base.saturating_add_signed(skew)
+        base.saturating_add_signed(skew) + self.ahead().as_micros() as u64
     }
 }

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use super::check;
 use super::journal::Reach;
 use super::run::run;
-use super::scenario::{partial_losses_on, Scenario};
+use super::scenario::{partial_losses_on, stalls_on, Scenario};
 
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -140,9 +140,16 @@ fn assert_reached(what: &str, n: u64, reached: &Reach, names: &[&str]) {
 /// by the failovers too, which are on.
 const PARTIAL_LOSSES: [&str; 1] = ["a partial loss applied"];
 
+/// The states only stalled replicas reach (`SIM_STALLS=1`).
+const STALLS: [&str; 1] = ["a replica stalled past its session holding partitions"];
+
 /// The states only fleets reach: a single process has no other replica
-/// to keep Redis while it loses it (`Scenario::draw_replica_faults`).
-const FLEETS_ONLY: [&str; 1] = ["a limiter call refused to one replica only"];
+/// to keep Redis while it loses it (`Scenario::draw_replica_faults`), nor
+/// anybody to give its partitions to when it stalls (`Scenario::stalls`).
+const FLEETS_ONLY: [&str; 2] = [
+    "a limiter call refused to one replica only",
+    "a replica stalled past its session holding partitions",
+];
 
 #[test]
 fn random_seeds() {
@@ -295,6 +302,7 @@ fn random_fleets() {
         .map(|(name, _)| *name)
         .filter(|name| !without_redis.contains(name))
         .filter(|name| partial_losses_on() || !PARTIAL_LOSSES.contains(name))
+        .filter(|name| stalls_on() || !STALLS.contains(name))
         .collect();
     assert_reached("fleet simulation", n, &reached, &every);
 }
@@ -369,6 +377,7 @@ fn replay_fleet() {
     println!("{fleet:?}");
     println!("sellers {:?}", sc.sellers);
     println!("faults: {:?}", sc.faults);
+    println!("stalls (at, past the session by, replica): {:?}", sc.stalls);
     let out = super::fleet::run_fleet(&sc, &fleet);
     if std::env::var_os("SIM_TRACE").is_some() {
         print_timeline(&out);
@@ -391,6 +400,9 @@ fn replay_fleet() {
         }
     }
     println!("process starts (ms): {:?}", out.log.starts);
+    for s in &out.log.stalls {
+        println!("stall: {s:?}");
+    }
     let broken = check::fleet(&sc, &out);
     assert!(broken.is_empty(), "seed {seed}:\n{}", broken.join("\n"));
 }

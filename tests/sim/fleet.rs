@@ -31,7 +31,10 @@ use rand::{Rng, SeedableRng};
 use throttle_worker::limiter::Policy;
 use tokio::sync::Notify;
 
+use throttle_worker::kafka::fence::Watch;
+
 use super::broker::Tp;
+use super::journal::Stalled;
 use super::run::{
     all_finished, produce, run_on_paused_runtime, start, topic_partitions, world_of, Incarnation,
     Outcome,
@@ -185,6 +188,16 @@ enum Step {
     Settle,
     /// Cooperative: the partitions given up at `Settle` reach their owners.
     SecondRound(Vec<(Tp, u64)>),
+    /// A replica stalls (`Scenario::stalls`, by index).
+    Stall(usize),
+    /// The stalled member's session ends: the group expels it and gives
+    /// its partitions to the others.
+    Expire(u64),
+    /// The first heartbeat after its resume is refused: librdkafka
+    /// revokes its assignment as lost, and it joins again.
+    Lost(u64),
+    /// The broker loses the group's commits of the last that many ms.
+    LoseCommits(u64),
 }
 
 /// Runs `sc` (its jobs and downstream faults; its own crashes and
@@ -200,6 +213,12 @@ async fn run_async(sc: &Scenario, fleet: &Fleet) -> Outcome {
     let mut rng = StdRng::seed_from_u64(sc.seed ^ FLEET_SALT);
     let roles = roles(sc);
     let mut next_id = 0u64;
+    // In a world with stalls, each session is watched as the worker's is.
+    let watch = (!sc.stalls.is_empty()).then(|| Watch {
+        consumer: "jobs",
+        stall_after: Duration::from_millis(fleet.session_ms - fleet.heartbeat_ms),
+        confirm_after: Duration::from_millis(fleet.session_ms),
+    });
     let mut spawn = |parts: &[Tp], rng: &mut StdRng| {
         next_id += 1;
         let wake = Arc::new(Mutex::new(Arc::new(Notify::new())));
@@ -207,7 +226,16 @@ async fn run_async(sc: &Scenario, fleet: &Fleet) -> Outcome {
         let skew_us = rng.random_range(-skew_ms..=skew_ms) * 1_000;
         // The process's generation, and its id for the faults
         // (`publish`).
-        let inc = start(sc, &world, &policy, next_id << 32, &wake, parts, skew_us);
+        let inc = start(
+            sc,
+            &world,
+            &policy,
+            next_id << 32,
+            &wake,
+            parts,
+            skew_us,
+            watch,
+        );
         Member {
             id: next_id,
             inc,
@@ -230,6 +258,17 @@ async fn run_async(sc: &Scenario, fleet: &Fleet) -> Outcome {
     for (j, spec) in sc.jobs.iter().enumerate() {
         steps.push((spec.at_ms, Step::Produce(j)));
     }
+    for (i, stall) in sc.stalls.iter().enumerate() {
+        steps.push((stall.0, Step::Stall(i)));
+    }
+    for &(at, age) in &sc.faults.lost_commits {
+        steps.push((at, Step::LoseCommits(age)));
+    }
+    // The member stalled, from its stall until a rebalance assigns it
+    // again; its stall's place in the journal; whether it has joined
+    // again (its next settle confirms it).
+    let mut stalled: Option<(u64, usize)> = None;
+    let mut rejoined = false;
     let mut settled_ms = None;
     while !steps.is_empty() {
         steps.sort_by_key(|(at, _)| *at);
@@ -255,6 +294,11 @@ async fn run_async(sc: &Scenario, fleet: &Fleet) -> Outcome {
                     continue;
                 }
                 steps.push((now + fleet.kill_every_ms, Step::Life));
+                // No lifecycle step while a member is stalled: the
+                // coordinator's steps for it are its own.
+                if stalled.is_some() {
+                    continue;
+                }
                 let settle_in = match pick(&mut rng, fleet, members.len()) {
                     Event::Kill => {
                         let slot = rng.random_range(0..members.len());
@@ -298,7 +342,8 @@ async fn run_async(sc: &Scenario, fleet: &Fleet) -> Outcome {
                 let held: Vec<Vec<Tp>> = members.iter().map(|m| m.inc.source.owned()).collect();
                 let mut revokes = Vec::new();
                 for (m, held) in members.iter().zip(&held) {
-                    if !held.is_empty() {
+                    // An expelled member is not in the rebalance.
+                    if !held.is_empty() && !m.inc.source.expelled() {
                         revokes.push(m.inc.source.revoke(held, &m.inc.parts));
                     }
                 }
@@ -306,11 +351,19 @@ async fn run_async(sc: &Scenario, fleet: &Fleet) -> Outcome {
                 owner.clear();
             }
             Step::Settle => {
-                let live: Vec<u64> = members.iter().map(|m| m.id).collect();
+                // An expelled member is out of the group until it joins
+                // again.
+                let in_group =
+                    |m: &Member| !m.inc.source.expelled() || (rejoined && in_stall(stalled, m));
+                let live: Vec<u64> = members
+                    .iter()
+                    .filter(|m| in_group(m))
+                    .map(|m| m.id)
+                    .collect();
                 let target = assign(&roles, &owner, &live, fleet.membership);
                 let mut later = Vec::new();
                 let mut moves = Vec::new();
-                for m in &members {
+                for m in members.iter().filter(|m| in_group(m)) {
                     let mut give_up = Vec::new();
                     let mut take = Vec::new();
                     for (tp, to) in &target {
@@ -335,7 +388,10 @@ async fn run_async(sc: &Scenario, fleet: &Fleet) -> Outcome {
                     .map(|(m, give_up, _)| m.inc.source.revoke(give_up, &m.inc.parts));
                 futures::future::join_all(revokes).await;
                 for (m, _, take) in &moves {
-                    if !take.is_empty() {
+                    // The member that joined again is assigned (perhaps
+                    // nothing): the rebalance confirms its ownership.
+                    let rejoining = rejoined && in_stall(stalled, m);
+                    if !take.is_empty() || rejoining {
                         m.inc.source.assign(take, &m.inc.parts);
                         m.wake
                             .lock()
@@ -355,7 +411,79 @@ async fn run_async(sc: &Scenario, fleet: &Fleet) -> Outcome {
                 if !later.is_empty() {
                     steps.push((now + fleet.second_round_ms, Step::SecondRound(later)));
                 }
+                if let Some((_, at)) = stalled.filter(|_| rejoined) {
+                    world
+                        .journal
+                        .with(|log| log.stalls[at].confirmed_ms = Some(now));
+                    (stalled, rejoined) = (None, false);
+                }
             }
+            Step::Stall(i) => {
+                if all_finished(sc, &world) || now >= sc.limit_ms {
+                    continue;
+                }
+                // One stall at a time, outside any other rebalance.
+                let busy = steps
+                    .iter()
+                    .any(|(_, s)| matches!(s, Step::Settle | Step::StopAll | Step::SecondRound(_)));
+                if stalled.is_some() || busy {
+                    steps.push((now + 1_000, Step::Stall(i)));
+                    continue;
+                }
+                let (_, past_ms, which) = sc.stalls[i];
+                let m = &members[which % members.len()];
+                let for_ms = fleet.session_ms + past_ms;
+                let from = tokio::time::Instant::now();
+                m.inc.stall.set(from, from + Duration::from_millis(for_ms));
+                let at = world.journal.with(|log| {
+                    log.stalls.push(Stalled {
+                        process: m.inc.process,
+                        from_ms: now,
+                        to_ms: now + for_ms,
+                        expired_ms: None,
+                        held: 0,
+                        confirmed_ms: None,
+                    });
+                    log.stalls.len() - 1
+                });
+                stalled = Some((m.id, at));
+                steps.push((now + fleet.session_ms, Step::Expire(m.id)));
+                steps.push((now + for_ms + fleet.heartbeat_ms, Step::Lost(m.id)));
+            }
+            Step::Expire(id) => {
+                let (Some(m), Some((_, at))) = (members.iter().find(|m| m.id == id), stalled)
+                else {
+                    continue;
+                };
+                m.inc.source.expel();
+                let held = m.inc.source.owned().len();
+                world.journal.with(|log| {
+                    log.stalls[at].expired_ms = Some(now);
+                    log.stalls[at].held = held;
+                    log.reach.stalled_holding += u64::from(held > 0);
+                });
+                // The group rebalances without it.
+                set_rebalancing(&world, fleet.refuse_commits_in_rebalance);
+                if fleet.membership == Membership::Eager {
+                    steps.push((now, Step::StopAll));
+                }
+                steps.push((now + fleet.heartbeat_ms, Step::Settle));
+            }
+            Step::Lost(id) => {
+                let Some(m) = members.iter().find(|m| m.id == id) else {
+                    continue;
+                };
+                m.inc.source.lose(&m.inc.parts).await;
+                // It joins again: a rebalance.
+                rejoined = true;
+                let now = world.now_ms();
+                set_rebalancing(&world, fleet.refuse_commits_in_rebalance);
+                steps.push((now + fleet.rebalance_ms, Step::Settle));
+                if fleet.membership == Membership::Eager {
+                    steps.push((now + fleet.heartbeat_ms, Step::StopAll));
+                }
+            }
+            Step::LoseCommits(age) => super::run::lose_commits(&world, age),
             Step::SecondRound(moves) => {
                 for (tp, to) in moves {
                     // The member it was meant for may have died since: then
@@ -410,6 +538,11 @@ async fn run_async(sc: &Scenario, fleet: &Fleet) -> Outcome {
         end_ms,
         end,
     }
+}
+
+/// Whether `m` is the member `stalled` names.
+fn in_stall(stalled: Option<(u64, usize)>, m: &Member) -> bool {
+    stalled.is_some_and(|(id, _)| id == m.id)
 }
 
 /// A lifecycle event.

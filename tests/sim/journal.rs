@@ -7,13 +7,17 @@ use std::sync::Mutex;
 
 use bytes::Bytes;
 
-use super::broker::{SimRecord, Tp};
+use throttle_worker::kafka::done_ranges::Ranges;
+
+use super::broker::{LostCommit, SimRecord, Tp};
 
 pub type JobId = usize;
 
 /// One downstream call as the downstream saw it.
 #[derive(Debug, Clone)]
 pub struct Call {
+    /// The process that made it (its incarnation's number).
+    pub process: u64,
     pub job: JobId,
     pub seller: String,
     pub cost: u64,
@@ -136,11 +140,60 @@ pub struct Log {
     pub reach: Reach,
     /// Violations found while running (commits past unfinished records).
     pub violations: Vec<String>,
+    /// Each commit the broker took, by partition: when (a sequence
+    /// number) and its offset.
+    pub commits: BTreeMap<Tp, Vec<(u64, i64)>>,
+    /// Each commit the broker lost (`Faults::lost_commits`), by
+    /// partition: when (a sequence number), the offset it went back to,
+    /// and the records it had said were finished that the older commit
+    /// it went back to does not.
+    pub lost_commits: BTreeMap<Tp, Vec<(u64, i64, Ranges)>>,
+    /// Jobs whose record was delivered again because the broker lost the
+    /// commit that passed it, none since passing it again (invariant 12's
+    /// and 16's excuse for them).
+    pub dropped_by_lost_commit: std::collections::BTreeSet<JobId>,
+    /// Assignments (partition, sequence number) whose ledger entry was
+    /// not read against the broker's commit, which a lost commit had put
+    /// below what the entry's writer saw accepted.
+    pub ledger_behind: std::collections::BTreeSet<(Tp, u64)>,
+    /// Each stall of a process past the session timeout (a fleet's,
+    /// `Scenario::stalls`), for invariant 20.
+    pub stalls: Vec<Stalled>,
     /// A digest of the run's events, to check that a seed replays exactly.
     pub trace: Vec<String>,
     seq: u64,
     /// Numbers `unanswered`'s calls.
     started: u64,
+}
+
+/// What a graceful handoff could carry of a record delivered again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Carry {
+    /// Nothing to carry: not finished, or no handoff since its finish.
+    Nothing,
+    /// Carried (invariant 12 reports the redelivery).
+    Carried,
+    /// Neither the commit nor the ledger could carry it.
+    Uncarried,
+    /// It could, and a commit the broker lost since undid that.
+    Lost,
+}
+
+/// A process stalled past its session timeout.
+#[derive(Debug, Clone)]
+pub struct Stalled {
+    /// The process (`Call::process`).
+    pub process: u64,
+    /// When it stalled and resumed (virtual ms).
+    pub from_ms: u64,
+    pub to_ms: u64,
+    /// When the group expired its session and gave its partitions to
+    /// the others, and how many it held then.
+    pub expired_ms: Option<u64>,
+    pub held: usize,
+    /// When a rebalance assigned it again after it rejoined: its
+    /// ownership confirmed.
+    pub confirmed_ms: Option<u64>,
 }
 
 /// Counts of states a run reached, summed over many seeds: a CI run that
@@ -261,6 +314,12 @@ pub struct Reach {
     /// A Redis call of one replica refused or hung while the others' were
     /// answered (`Faults::replica_redis`, fleets only).
     pub replica_cut_offs: u64,
+    /// A replica stalled past its session timeout while it held
+    /// partitions, which the group gave to the others (issue 53, item 2).
+    pub stalled_holding: u64,
+    /// A record delivered again because the broker lost the commit that
+    /// passed it (`Faults::lost_commits`, issue 53, item 4).
+    pub redelivered_after_lost_commit: u64,
 }
 
 impl Log {
@@ -315,10 +374,12 @@ impl Reach {
         self.slow_replies_lost += o.slow_replies_lost;
         self.slow_timeouts += o.slow_timeouts;
         self.replica_cut_offs += o.replica_cut_offs;
+        self.stalled_holding += o.stalled_holding;
+        self.redelivered_after_lost_commit += o.redelivered_after_lost_commit;
     }
 
     /// Each count by name.
-    pub fn named(&self) -> [(&'static str, u64); 35] {
+    pub fn named(&self) -> [(&'static str, u64); 37] {
         [
             ("a limiter refusal", self.denials),
             ("a loss of Redis' data found", self.losses_found),
@@ -399,6 +460,14 @@ impl Reach {
             (
                 "a limiter call refused to one replica only",
                 self.replica_cut_offs,
+            ),
+            (
+                "a replica stalled past its session holding partitions",
+                self.stalled_holding,
+            ),
+            (
+                "a record delivered again after the broker lost its commit",
+                self.redelivered_after_lost_commit,
             ),
         ]
     }
@@ -519,8 +588,11 @@ impl Journal {
         });
     }
 
-    /// `tps` were assigned; the new owner read the ledger or not.
-    pub fn assigned(&self, tps: &[Tp], ledger: Option<usize>) {
+    /// `tps` were assigned; the new owner read the ledger or not. Those
+    /// of `behind` had a ledger entry whose writer saw the broker accept
+    /// more than its commit now holds: the broker lost a commit, and the
+    /// entry is not read against it.
+    pub fn assigned(&self, tps: &[Tp], ledger: Option<usize>, behind: &[Tp]) {
         self.with(|log| {
             let seq = Journal::next(log);
             for tp in tps {
@@ -528,6 +600,9 @@ impl Journal {
                     .entry(tp.clone())
                     .or_default()
                     .push((seq, ledger));
+                if behind.contains(tp) {
+                    log.ledger_behind.insert((tp.clone(), seq));
+                }
             }
         });
     }
@@ -539,10 +614,11 @@ impl Journal {
     /// the next assignment. Only a kill, or a handoff that neither could
     /// carry, may make a finished job be done again. Returns whether the
     /// record was finished and handed over by a handoff that could not
-    /// carry it.
-    fn check_redelivery(log: &mut Log, tp: &Tp, offset: i64) -> bool {
+    /// carry it, or `Carry::Lost` when a commit the broker lost explains
+    /// it.
+    fn check_redelivery(log: &mut Log, tp: &Tp, offset: i64) -> Carry {
         let Some(&finished) = log.finished.get(&(tp.clone(), offset)) else {
-            return false;
+            return Carry::Nothing;
         };
         // The first handoff after the finish: the finishing owner's. A
         // later owner that never received the record (fleet seed 2233: it
@@ -554,30 +630,101 @@ impl Journal {
             .get(tp)
             .and_then(|h| h.iter().find(|(at, _, _)| *at > finished))
         else {
-            return false;
+            return Carry::Nothing;
         };
         // The ledger carries it when read, after the handoff, with no loss
-        // of Redis' data between the write and the read.
-        let read = log
+        // of Redis' data between the write and the read, and when a lost
+        // commit did not put the broker's below what its writer saw
+        // accepted (then the ledger is not read against it).
+        let last = log
             .assignments
             .get(tp)
             .and_then(|a| a.last())
             .filter(|(seq, _)| *seq > at)
-            .and_then(|(_, read)| *read);
-        let through_ledger = written.is_some() && written == read;
-        if committed || through_ledger {
+            .copied();
+        let read = last.and_then(|(_, read)| read);
+        let behind = last.is_some_and(|(seq, _)| log.ledger_behind.contains(&(tp.clone(), seq)));
+        let through_ledger = written.is_some() && written == read && !behind;
+        // The broker lost a commit that passed the record, and no commit
+        // since passes it again: after the handoff, when the handing owner
+        // finished the record (its revoke commits it again, lost or not);
+        // after the finish, when an earlier owner did (the handing owner
+        // never had it to commit: seed 1574, a loss between a restart's
+        // assignment and its revoke). Excused, and counted
+        // (`dropped_by_lost_commit`).
+        let handing_owner_finished = log
+            .assignments
+            .get(tp)
+            .and_then(|a| a.iter().rev().find(|(seq, _)| *seq < at))
+            .is_some_and(|(seq, _)| finished > *seq);
+        let since = if handing_owner_finished { at } else { finished };
+        let lost = Journal::lost_since(log, tp, offset, since)
+            || (!committed && behind && written.is_some() && written == read);
+        if (committed || through_ledger) && !lost {
             let v = format!(
                 "12. {}:{} offset {offset} was finished (journal {finished}) before a graceful handoff (journal {at}; commit taken: {committed}, ledger written and read: {through_ledger}) and delivered again",
                 tp.0, tp.1
             );
             log.violate(v);
         }
-        !(committed || through_ledger)
+        if lost {
+            Carry::Lost
+        } else if committed || through_ledger {
+            Carry::Carried
+        } else {
+            Carry::Uncarried
+        }
+    }
+
+    /// Whether the broker lost, after journal `since`, a commit that said
+    /// the record at `offset` of `tp` was finished, and no commit it took
+    /// since passes it again.
+    fn lost_since(log: &Log, tp: &Tp, offset: i64, since: u64) -> bool {
+        let Some(lost) = log.lost_commits.get(tp) else {
+            return false;
+        };
+        lost.iter().any(|(at, _, dropped)| {
+            *at > since
+                && dropped.iter().any(|(lo, hi)| (*lo..=*hi).contains(&offset))
+                && !log
+                    .commits
+                    .get(tp)
+                    .is_some_and(|c| c.iter().any(|(s, o)| s > at && *o > offset))
+        })
+    }
+
+    /// The broker lost these commits (`Broker::lose_commits`).
+    pub fn lost_commits(&self, lost: &[LostCommit]) {
+        self.with(|log| {
+            let seq = Journal::next(log);
+            for l in lost {
+                log.trace.push(format!(
+                    "l{}:{}:{}>{}",
+                    l.tp.0, l.tp.1, l.lost.0, l.back_to.0
+                ));
+                log.lost_commits.entry(l.tp.clone()).or_default().push((
+                    seq,
+                    l.back_to.0,
+                    l.dropped(),
+                ));
+            }
+        });
     }
 
     pub fn delivered(&self, tp: &Tp, offset: i64, value: &Bytes) {
         self.with(|log| {
-            let uncarried = Journal::check_redelivery(log, tp, offset);
+            // Delivered before, and passed since by a commit the broker
+            // lost: at-least-once, the lost commit's doing.
+            let lost = log
+                .delivered
+                .get(&(tp.clone(), offset))
+                .is_some_and(|&before| Journal::lost_since(log, tp, offset, before));
+            if lost {
+                log.reach.redelivered_after_lost_commit += 1;
+            }
+            let carry = Journal::check_redelivery(log, tp, offset);
+            let lost = lost || carry == Carry::Lost;
+            let uncarried = carry == Carry::Uncarried;
             // Work again for whoever holds it now.
             log.finished.remove(&(tp.clone(), offset));
             let seq = Journal::next(log);
@@ -586,6 +733,9 @@ impl Journal {
                 log.trace.push(format!("d{}:{}:{offset}:{job}", tp.0, tp.1));
                 if uncarried {
                     log.uncarried.insert(job);
+                }
+                if lost {
+                    log.dropped_by_lost_commit.insert(job);
                 }
             }
         });
@@ -669,6 +819,8 @@ impl Journal {
     pub fn check_commit(&self, tp: &Tp, offset: i64, log_records: &[SimRecord]) {
         self.with(|log| {
             log.trace.push(format!("k{}:{}:{offset}", tp.0, tp.1));
+            let seq = Journal::next(log);
+            log.commits.entry(tp.clone()).or_default().push((seq, offset));
             for (o, rec) in log_records.iter().enumerate().take(offset.max(0) as usize) {
                 let Some(&job) = log.by_value.get(&rec.value) else {
                     continue;

@@ -154,6 +154,11 @@ pub struct Faults {
     /// place among the fleet's members (modulo their number, see
     /// [`World::members`]) fails as said; the others' calls are answered.
     pub replica_redis: Vec<(Window, usize, ReplicaFault)>,
+    /// (at, ms): the broker loses the group's commits of the last that
+    /// many ms (issue 53, item 4: an unclean failover of the group's
+    /// coordinator): every partition's committed offset goes back to the
+    /// newest commit that old (`Broker::lose_commits`). Ascending.
+    pub lost_commits: Vec<(u64, u64)>,
 }
 
 /// How one replica's calls fail in a [`Faults::replica_redis`] window.
@@ -295,6 +300,48 @@ fn maintenance(clock: &SimClock, secs: u64, max: Duration) -> Answer {
     }
 }
 
+/// A process's stall (a GC-like pause, a SIGSTOP, a starved host): while
+/// it lasts the process reaches nothing (no call, no Redis command, no
+/// write, no poll), and what its code runs meanwhile it really runs when
+/// the stall ends, so its clock reads that instant
+/// (`SimClock::stalling`). None unless a fleet stalls it
+/// (`Scenario::stalls`).
+#[derive(Debug, Default)]
+pub struct Stall(Mutex<Option<(tokio::time::Instant, tokio::time::Instant)>>);
+
+impl Stall {
+    /// The process stalls from `from` to `to`.
+    pub fn set(&self, from: tokio::time::Instant, to: tokio::time::Instant) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some((from, to));
+    }
+
+    /// The end of the stall under way at `now`, if one is.
+    pub fn until(&self, now: tokio::time::Instant) -> Option<tokio::time::Instant> {
+        let stall = *self.0.lock().unwrap_or_else(|p| p.into_inner());
+        stall
+            .filter(|(from, to)| *from <= now && now < *to)
+            .map(|(_, to)| to)
+    }
+
+    /// When the last stall ended, if it has by `now`.
+    pub fn ended(&self, now: tokio::time::Instant) -> Option<tokio::time::Instant> {
+        let stall = *self.0.lock().unwrap_or_else(|p| p.into_inner());
+        stall.map(|(_, to)| to).filter(|to| *to <= now)
+    }
+
+    /// The instant the process's code that runs at `now` really runs at.
+    pub fn runs_at(&self, now: tokio::time::Instant) -> tokio::time::Instant {
+        self.until(now).unwrap_or(now)
+    }
+
+    /// Waits out the stall under way, if any.
+    pub async fn wait(&self) {
+        while let Some(to) = self.until(tokio::time::Instant::now()) {
+            tokio::time::sleep_until(to).await;
+        }
+    }
+}
+
 async fn never() -> ! {
     std::future::pending::<()>().await;
     unreachable!()
@@ -304,6 +351,9 @@ async fn never() -> ! {
 pub struct SimDownstream {
     pub world: Arc<World>,
     pub dead: Arc<AtomicBool>,
+    /// The calling process (its incarnation's number), for the journal.
+    pub process: u64,
+    pub stall: Arc<Stall>,
 }
 
 impl Caller for SimDownstream {
@@ -311,6 +361,8 @@ impl Caller for SimDownstream {
         if self.dead.load(Ordering::SeqCst) {
             never().await;
         }
+        // A stalled process sends nothing until it resumes.
+        self.stall.wait().await;
         let w = &self.world;
         let id = w.journal.with(|l| l.by_job_id.get(&job.job_id).copied());
         let Some(id) = id else {
@@ -457,6 +509,7 @@ impl Caller for SimDownstream {
         w.journal.call(
             started,
             Call {
+                process: self.process,
                 job: id,
                 seller: job.seller_id.as_str().to_owned(),
                 cost: job.cost,
@@ -467,6 +520,8 @@ impl Caller for SimDownstream {
                 end_ms: w.now_ms(),
             },
         );
+        // A stalled process reads the answer when it resumes.
+        self.stall.wait().await;
         answer
     }
 }
@@ -475,6 +530,7 @@ impl Caller for SimDownstream {
 pub struct SimWriter {
     pub world: Arc<World>,
     pub dead: Arc<AtomicBool>,
+    pub stall: Arc<Stall>,
     /// Partitions of each retry tier.
     pub tier_partitions: i32,
 }
@@ -484,6 +540,7 @@ impl SimWriter {
         if self.dead.load(Ordering::SeqCst) {
             never().await;
         }
+        self.stall.wait().await;
         tokio::time::sleep(Duration::from_millis(self.world.random(1, 5))).await;
         if self.dead.load(Ordering::SeqCst) {
             never().await;
@@ -695,6 +752,7 @@ pub struct SimStore {
     pub dead: Arc<AtomicBool>,
     /// The process's id in the fleet ([`World::members`]).
     pub process: u64,
+    pub stall: Arc<Stall>,
 }
 
 /// A call that reached Redis: the instant its script runs (Redis' clock),
@@ -736,6 +794,7 @@ impl SimStore {
         if self.dead.load(Ordering::SeqCst) {
             never().await;
         }
+        self.stall.wait().await;
         let w = &self.world;
         let sent = tokio::time::Instant::now();
         let (lo, hi) = w.faults.redis_latency_us;

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, Once};
 use std::time::Duration;
 
 use throttle_worker::config::{OnStateLoss, Topology};
+use throttle_worker::kafka::fence::Watch;
 use throttle_worker::kafka::RetryHeaders;
 use throttle_worker::limiter::{CoalesceSettings, Coalescer, KeySpace, Limiter, Policy};
 use throttle_worker::telemetry::http::Health;
@@ -17,13 +18,17 @@ use tokio::task::JoinHandle;
 
 use crate::lua_redis::EmbeddedRedis;
 
-use super::broker::{deliver, Broker, SharedBroker, SimLedger, SimRecord, SimSource, Tp};
+use super::broker::{deliver, watchdog, Broker, SharedBroker, SimLedger, SimRecord, SimSource, Tp};
 use super::clock::SimClock;
 use super::journal::{Journal, Log};
 use super::ports::{
-    job_value_with, sim_redis, SimDownstream, SimPermits, SimStore, SimWriter, World,
+    job_value_with, sim_redis, SimDownstream, SimPermits, SimStore, SimWriter, Stall, World,
 };
 use super::scenario::Scenario;
+
+/// How often a watched session's watchdog gives a sign of life (the
+/// worker's watchdog thread ticks as often).
+pub const ALIVE_EVERY: Duration = Duration::from_millis(100);
 
 /// The simulation's ports.
 pub struct SimPorts;
@@ -203,6 +208,10 @@ pub struct Incarnation {
     pub parts: mpsc::UnboundedSender<throttle_worker::kafka::consumer::PartitionEvent>,
     pub engine: JoinHandle<Summary>,
     pub shutdown: Option<oneshot::Sender<()>>,
+    /// Its stall, when the fleet makes one (`Scenario::stalls`).
+    pub stall: Arc<Stall>,
+    /// Its number (`start`'s `generation`), as its calls name it.
+    pub process: u64,
     world: Arc<World>,
 }
 
@@ -251,7 +260,10 @@ pub fn topic_partitions(sc: &Scenario) -> Vec<Tp> {
 }
 
 /// Starts a process: a fresh engine on its own consumer, which takes
-/// `initial` at once.
+/// `initial` at once. With `watch`, its session is watched as the
+/// worker's is (`kafka::fence`): a watchdog gives signs of life every
+/// `ALIVE_EVERY`, and the process may stall (`Incarnation::stall`).
+#[allow(clippy::too_many_arguments)]
 pub fn start(
     sc: &Scenario,
     world: &Arc<World>,
@@ -260,6 +272,7 @@ pub fn start(
     wake: &Arc<Mutex<Arc<Notify>>>,
     initial: &[Tp],
     skew_us: i64,
+    watch: Option<Watch>,
 ) -> Incarnation {
     let settings = Arc::new(sc.settings());
     let dead = Arc::new(AtomicBool::new(false));
@@ -267,6 +280,7 @@ pub fn start(
     world.journal.with(|log| log.starts.push(started));
     let notify = Arc::new(Notify::new());
     *wake.lock().unwrap_or_else(|p| p.into_inner()) = notify.clone();
+    let stall = Arc::new(Stall::default());
     let source = Arc::new(SimSource::new(
         world.broker.clone(),
         world.journal.clone(),
@@ -277,11 +291,14 @@ pub fn start(
         notify,
         dead.clone(),
         settings.revoke_wait(),
+        stall.clone(),
+        watch,
     ));
     let store = SimStore {
         world: world.clone(),
         dead: dead.clone(),
         process: generation,
+        stall: stall.clone(),
     };
     let limiter = Limiter::new(
         store,
@@ -356,16 +373,21 @@ pub fn start(
         caller: Arc::new(SimDownstream {
             world: world.clone(),
             dead: dead.clone(),
+            process: generation,
+            stall: stall.clone(),
         }),
         writer: Arc::new(SimWriter {
             world: world.clone(),
             dead: dead.clone(),
+            stall: stall.clone(),
             tier_partitions: sc.tier_partitions,
         }),
         source: source.clone(),
         // The host's wall clock: the world's (which may jump), off by the
         // process's own skew.
-        clock: if skew_us == 0 {
+        clock: if watch.is_some() {
+            Arc::new(SimClock::stalling(&world.clock, skew_us, stall.clone()))
+        } else if skew_us == 0 {
             world.clock.clone()
         } else {
             Arc::new(SimClock::skewed(&world.clock, skew_us))
@@ -383,7 +405,12 @@ pub fn start(
     }));
     source.assign(initial, &part_tx);
     tokio::spawn(deliver(source.clone(), rec_tx, sc.fetch));
+    if watch.is_some() {
+        tokio::spawn(watchdog(source.clone(), ALIVE_EVERY));
+    }
     Incarnation {
+        stall,
+        process: generation,
         world: world.clone(),
         dead,
         source,
@@ -430,6 +457,20 @@ enum Step {
     Fence(u64),
     Confirm,
     Jump(i64),
+    /// The broker loses the group's commits of the last that many ms.
+    LoseCommits(u64),
+}
+
+/// The broker loses the group's commits of the last `age_ms`
+/// (`Faults::lost_commits`), journalled.
+pub fn lose_commits(world: &World, age_ms: u64) {
+    let now = world.now_ms();
+    let lost = world
+        .broker
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .lose_commits(now, age_ms);
+    world.journal.lost_commits(&lost);
 }
 
 /// Runs `sc` on a fresh paused runtime of this thread.
@@ -586,6 +627,9 @@ async fn run_async(sc: &Scenario) -> Outcome {
     for &(at, dur) in &sc.fences {
         steps.push((at, Step::Fence(dur)));
     }
+    for &(at, age) in &sc.faults.lost_commits {
+        steps.push((at, Step::LoseCommits(age)));
+    }
     let wake = Arc::new(Mutex::new(Arc::new(Notify::new())));
     let mut generation = 0u64;
     let mut current = Some(start(
@@ -596,6 +640,7 @@ async fn run_async(sc: &Scenario) -> Outcome {
         &wake,
         &topic_partitions(sc),
         0,
+        None,
     ));
     let jobs_topic = settings.kafka.topic.clone();
     let mut i = 0;
@@ -646,6 +691,7 @@ async fn run_async(sc: &Scenario) -> Outcome {
                         &wake,
                         &topic_partitions(sc),
                         0,
+                        None,
                     ));
                 }
             }
@@ -690,6 +736,7 @@ async fn run_async(sc: &Scenario) -> Outcome {
                 }
             }
             Step::Jump(by) => clock.jump(by),
+            Step::LoseCommits(age) => lose_commits(&world, age),
         }
     }
     drain_before_stop(sc, &broker).await;
