@@ -120,6 +120,13 @@ async fn downstream_5xx_backs_off_and_dead_letters_after_max_attempts() {
     records.extend((0..10).map(|i| job(&format!("ok-{i}"), "fine")));
     bench.produce(&records).await;
     let w = Running::start(settings, policy(vec![rule("gcra", 1000, "1s", None)]));
+    // Both ends are waited for: the good seller's jobs go on beside the
+    // failing one's (a partition's records are not ordered across sellers),
+    // so neither is known to be done when the other is.
+    down.wait_for("every good job", Duration::from_secs(20), |a| {
+        (0..10).all(|i| a.iter().any(|x| x.job_id == format!("ok-{i}")))
+    })
+    .await;
     bench.wait_dead_letters(2, Duration::from_secs(20));
     w.stop().await;
     let dlq = bench.dead_letters(2, Duration::ZERO);
