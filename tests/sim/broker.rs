@@ -624,7 +624,8 @@ impl SimSource {
                     }
                     Received::Again => continue,
                 };
-                self.journal.delivered(&tp, next, &rec.value);
+                self.journal
+                    .delivered(&tp, next, &rec.value, self.expelled());
                 let here = Position {
                     topic: tp.0.clone(),
                     partition: tp.1,

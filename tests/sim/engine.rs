@@ -141,14 +141,18 @@ fn assert_reached(what: &str, n: u64, reached: &Reach, names: &[&str]) {
 const PARTIAL_LOSSES: [&str; 1] = ["a partial loss applied"];
 
 /// The states only stalled replicas reach (`SIM_STALLS=1`).
-const STALLS: [&str; 1] = ["a replica stalled past its session holding partitions"];
+const STALLS: [&str; 2] = [
+    "a replica stalled past its session holding partitions",
+    "a record fetched by a replica the group expelled",
+];
 
 /// The states only fleets reach: a single process has no other replica
 /// to keep Redis while it loses it (`Scenario::draw_replica_faults`), nor
 /// anybody to give its partitions to when it stalls (`Scenario::stalls`).
-const FLEETS_ONLY: [&str; 2] = [
+const FLEETS_ONLY: [&str; 3] = [
     "a limiter call refused to one replica only",
     "a replica stalled past its session holding partitions",
+    "a record fetched by a replica the group expelled",
 ];
 
 #[test]

@@ -320,6 +320,9 @@ pub struct Reach {
     /// A record delivered again because the broker lost the commit that
     /// passed it (`Faults::lost_commits`, issue 53, item 4).
     pub redelivered_after_lost_commit: u64,
+    /// A record fetched by a replica the group had already expelled (a
+    /// stall past its session timeout), before it found its session lost.
+    pub delivered_to_expelled: u64,
 }
 
 impl Log {
@@ -376,10 +379,11 @@ impl Reach {
         self.replica_cut_offs += o.replica_cut_offs;
         self.stalled_holding += o.stalled_holding;
         self.redelivered_after_lost_commit += o.redelivered_after_lost_commit;
+        self.delivered_to_expelled += o.delivered_to_expelled;
     }
 
     /// Each count by name.
-    pub fn named(&self) -> [(&'static str, u64); 37] {
+    pub fn named(&self) -> [(&'static str, u64); 38] {
         [
             ("a limiter refusal", self.denials),
             ("a loss of Redis' data found", self.losses_found),
@@ -468,6 +472,10 @@ impl Reach {
             (
                 "a record delivered again after the broker lost its commit",
                 self.redelivered_after_lost_commit,
+            ),
+            (
+                "a record fetched by a replica the group expelled",
+                self.delivered_to_expelled,
             ),
         ]
     }
@@ -711,8 +719,20 @@ impl Journal {
         });
     }
 
-    pub fn delivered(&self, tp: &Tp, offset: i64, value: &Bytes) {
+    /// The broker handed the record at `offset` to a process. `expelled`:
+    /// to a member whose session the group already expired (a stall past
+    /// its timeout, prefetched or fetched before its first heartbeat is
+    /// refused; a fetch is not fenced by the group). That copy is no
+    /// delivery of the partition's: the partition is another's, the
+    /// member's fence keeps it from work, its commits are refused, and
+    /// what the owner's commits pass is judged by the owner's deliveries.
+    pub fn delivered(&self, tp: &Tp, offset: i64, value: &Bytes, expelled: bool) {
         self.with(|log| {
+            if expelled {
+                log.reach.delivered_to_expelled += 1;
+                log.trace.push(format!("d!{}:{}:{offset}", tp.0, tp.1));
+                return;
+            }
             // Delivered before, and passed since by a commit the broker
             // lost: at-least-once, the lost commit's doing.
             let lost = log
