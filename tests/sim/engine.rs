@@ -140,7 +140,7 @@ fn assert_reached(what: &str, n: u64, reached: &Reach, names: &[&str]) {
 /// by the failovers too, which are on.
 const PARTIAL_LOSSES: [&str; 1] = ["a partial loss applied"];
 
-/// The states only stalled replicas reach (`SIM_STALLS=1`).
+/// The states only stalled replicas reach (none with `SIM_STALLS=0`).
 const STALLS: [&str; 2] = [
     "a replica stalled past its session holding partitions",
     "a record fetched by a replica the group expelled",
