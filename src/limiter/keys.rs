@@ -122,6 +122,12 @@ impl KeySpace {
         }
     }
 
+    /// Every hash slot's epoch key (Redis Cluster): a new install writes
+    /// them all ([`Limiter::begin_install`](super::Limiter::begin_install)).
+    pub fn slot_epochs(&self) -> impl Iterator<Item = String> + '_ {
+        (0..SLOTS).map(|slot| format!("{}:{{{}}}:epoch", self.prefix, slot_tag(slot)))
+    }
+
     /// Where a call that finds a seller's state gone back (a partial
     /// loss, `rollback_hold` in `lua/common.lua`) lists the find for every
     /// replica to restore its part: a sorted set by the find's instant, in

@@ -251,6 +251,11 @@ impl Parts {
         self.sellers.get(key)?.mark
     }
 
+    /// The hashes this replica holds grants in.
+    pub fn keys(&self) -> impl Iterator<Item = &Arc<str>> {
+        self.sellers.keys()
+    }
+
     /// Every seller's grants before `lost_us`, as restores send them: a
     /// slice that ends after the loss is sent whole, at the loss less 1 µs
     /// (some of it may count twice: later, never less). In the hashes'
@@ -370,6 +375,9 @@ pub struct Restorer {
     pub(super) parts: Mutex<Parts>,
     /// The epoch as last read, and the loss last restored.
     pub(super) watch: Mutex<(Option<u64>, Option<u64>)>,
+    /// Redis Cluster: per hash slot, the loss its epoch last named (each
+    /// slot has an epoch of its own).
+    pub(super) slots: Mutex<HashMap<u16, u64>>,
 }
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

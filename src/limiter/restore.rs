@@ -13,8 +13,12 @@
 //! How a replica learns of a loss: [`Limiter::watch_epoch`], called about
 //! once a second by the worker, reads the epoch key; a new epoch other
 //! than 0 (a new install's) names a loss. With `redis.topology = cluster`
-//! each hash slot has its own epoch, and a restore is not attempted (the
-//! guarantees page says so).
+//! each hash slot has its own epoch (a master that lost its data loses
+//! only its slots'): the watch reads the epoch of each slot this replica
+//! holds grants in, and restores a slot's hashes when its epoch names a
+//! new loss ([`Limiter::watch_slot_epochs`]). Partial losses are not
+//! looked for in a cluster (a call's marks and the finds' list would lie
+//! in other slots than its seller's keys).
 //!
 //! A partial loss (a failover to a replica that missed the last writes, a
 //! seller's key put back from an older copy) leaves the epoch as it was.
@@ -25,12 +29,14 @@
 //! replica's grants in that seller's hash; the script counts those after
 //! the replica's own last grant the state still holds.
 
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use futures::stream::{self, StreamExt};
 
 use super::core::Limiter;
+use super::keys::slot_of;
 use super::parts::{lock, Parts, Restorer, SellerPart};
 use super::reply::JobsReply;
 use super::script::{fnv1a, BlockRead, JobsCall, JobsRequest, Loss, RestoreCall, Seen};
@@ -72,6 +78,7 @@ impl<S: Store> Limiter<S> {
             replica,
             parts: Mutex::new(Parts::new(budget)),
             watch: Mutex::new((None, None)),
+            slots: Mutex::default(),
             rollbacks_read: Mutex::new(0),
         });
         self
@@ -194,7 +201,7 @@ impl<S: Store> Limiter<S> {
     pub async fn watch_epoch(&self) -> Option<RestoreReport> {
         let (r, _) = self.restoring()?;
         if self.topology == Topology::Cluster {
-            return None;
+            return self.watch_slot_epochs(r).await;
         }
         let key = self.keys.epoch(Topology::Single, "");
         let epoch = self.store.read_epoch(&key).await.ok()??;
@@ -208,6 +215,64 @@ impl<S: Store> Limiter<S> {
             watch.1 = Some(epoch);
         }
         Some(self.restore_after(epoch).await)
+    }
+
+    /// Redis Cluster: reads the epoch of each hash slot this replica holds
+    /// grants in, and for each slot whose epoch names a loss not restored
+    /// yet, writes back its part of that slot's hashes. A slot's epoch is
+    /// written by the first call that finds the slot empty (which holds
+    /// its seller, `lost_fill`), so a lost slot no call has reached yet is
+    /// restored once one has. One report for every slot restored (the
+    /// latest loss; counts summed); `None` when none was.
+    async fn watch_slot_epochs(&self, r: &Restorer) -> Option<RestoreReport> {
+        let mut epochs: BTreeMap<u16, String> = BTreeMap::new();
+        for key in lock(&r.parts).keys() {
+            epochs
+                .entry(slot_of(key))
+                .or_insert_with(|| self.keys.epoch(Topology::Cluster, key));
+        }
+        let read: Vec<(u16, Option<u64>)> =
+            stream::iter(epochs)
+                .map(|(slot, key)| async move {
+                    (slot, self.store.read_epoch(&key).await.ok().flatten())
+                })
+                .buffer_unordered(AT_ONCE)
+                .collect()
+                .await;
+        let mut losses: Vec<(u16, u64)> = Vec::new();
+        {
+            let mut seen = lock(&r.slots);
+            for (slot, epoch) in read {
+                // 0: a new install's, never a loss; unanswered or unread:
+                // the next watch reads it again.
+                let Some(lost) = epoch.filter(|&e| e != 0) else {
+                    continue;
+                };
+                if seen.insert(slot, lost) != Some(lost) {
+                    losses.push((slot, lost));
+                }
+            }
+        }
+        losses.sort_unstable();
+        let mut total: Option<RestoreReport> = None;
+        for (slot, lost) in losses {
+            let parts: Vec<SellerPart> = lock(&r.parts)
+                .before(lost)
+                .into_iter()
+                .filter(|p| slot_of(&p.key) == slot)
+                .collect();
+            let report = self.restore_parts(Loss::Epoch(lost), parts).await;
+            total = Some(match total {
+                None => report,
+                Some(t) => RestoreReport {
+                    lost_us: t.lost_us.max(report.lost_us),
+                    hashes: t.hashes + report.hashes,
+                    units: t.units + report.units,
+                    failed: t.failed + report.failed,
+                },
+            });
+        }
+        total
     }
 
     /// Writes back this replica's grants before the loss at `lost_us`,
@@ -239,7 +304,8 @@ impl<S: Store> Limiter<S> {
             loss,
             bound_us,
             epoch: self.keys.epoch(self.topology, &part.key),
-            server: self.keys.server(),
+            // In a cluster the server key lies in another slot.
+            server: (self.topology == Topology::Single).then(|| self.keys.server()),
             mark: part.last_us.map(|at| (r.tag.clone(), at)),
             rules: part.rules,
         });
@@ -274,9 +340,6 @@ impl<S: Store> Limiter<S> {
     /// hold ends. `None` when restores are off.
     pub fn epoch_watch_interval(&self) -> Option<Duration> {
         let (_, bound_us) = self.restoring()?;
-        if self.topology == Topology::Cluster {
-            return None;
-        }
         let quarter = Duration::from_micros(bound_us / 4);
         Some(quarter.clamp(Duration::from_millis(100), Duration::from_secs(1)))
     }

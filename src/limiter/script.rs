@@ -293,8 +293,10 @@ pub struct RestoreCall {
     /// The epoch key, in the slot of the rules' keys.
     pub epoch: String,
     /// The server key ([`KeySpace::server`](super::keys::KeySpace::server)):
-    /// a rollback's find may name every hash (the server moved).
-    pub server: String,
+    /// a rollback's find may name every hash (the server moved). `None` in
+    /// a cluster, where it lies in another slot than the rules' keys (and
+    /// no rollback is restored there).
+    pub server: Option<String>,
     pub rules: Vec<(KeyedRule, Vec<(u64, u64)>)>,
     /// The replica's tag and its last grant in the hash (µs): written as
     /// its mark, so that its next call does not find the loss again.
@@ -302,12 +304,14 @@ pub struct RestoreCall {
 }
 
 impl RestoreCall {
-    /// KEYS: one per rule, then the epoch key, then the server key.
+    /// KEYS: one per rule, then the epoch key, then the server key (when
+    /// there is one).
     pub fn keys(&self) -> impl Iterator<Item = &str> {
         self.rules
             .iter()
             .map(|((at, _), _)| at.key.as_str())
-            .chain([self.epoch.as_str(), self.server.as_str()])
+            .chain([self.epoch.as_str()])
+            .chain(self.server.as_deref())
     }
 
     /// ARGV, as `lua/restore.lua` documents it.
@@ -708,7 +712,7 @@ mod tests {
             loss: Loss::Rollback { found_us: 42 },
             bound_us: 3,
             epoch: "e".to_owned(),
-            server: "s".to_owned(),
+            server: Some("s".to_owned()),
             rules: vec![(rule, vec![(1, 2), (3, 4)])],
             mark: Some(("t".to_owned(), 3)),
         };

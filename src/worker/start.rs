@@ -104,7 +104,7 @@ pub async fn run_watching(
         "worker started"
     );
     let limiter = Arc::new(limiter);
-    new_install(&kafka, &limiter, &settings);
+    new_install(&kafka, &limiter);
     let watching = watch(config_file, &limiter, &settings)?;
     // Overrides and pauses live in Redis: read now, then on a timer.
     let overrides = refresh::overrides(limiter.clone()).await;
@@ -159,16 +159,11 @@ pub async fn run_watching(
 /// since, a read, a write or a commit that failed (a rebalance), or no
 /// record to commit: not new, and a missing state is a loss (held
 /// `redis.state_loss_wait` once at worst).
-fn new_install(kafka: &Kafka, limiter: &Arc<Limiter<RedisStore>>, settings: &Settings) {
+fn new_install(kafka: &Kafka, limiter: &Arc<Limiter<RedisStore>>) {
     if !kafka.new_install {
         return;
     }
     limiter.set_new_install(true);
-    // In a cluster each hash slot has an epoch of its own, which no one
-    // write can begin: the flag alone decides there, as before.
-    if settings.redis.topology == crate::config::Topology::Cluster {
-        return;
-    }
     let (consumer, partitions) = (kafka.consumer.clone(), kafka.jobs_partitions);
     let weak = Arc::downgrade(limiter);
     limiter.set_install_check(Arc::new(move || {

@@ -239,6 +239,138 @@ async fn a_master_that_loses_its_data_holds_its_own_sellers_alone() {
     );
 }
 
+/// Issue 52 on a cluster: two replicas grant a seller 30 and 40 of its
+/// 100 an hour; the master holding its slot loses everything. The slot's
+/// epoch is written again by the first call that finds it empty, which is
+/// held; each replica's watch reads its slots' epochs and writes back its
+/// part once, and after the bound the seller gets the 30 the hour has
+/// left, not 100 more. A seller on another master loses nothing and is
+/// not held. Without restores the lost seller's window starts over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_master_loses_its_data_each_replica_restores_its_part_of_that_masters_slots() {
+    use throttle_worker::config::OnStateLoss;
+    use throttle_worker::limiter::BatchDecision;
+
+    const BOUND: Duration = Duration::from_millis(1500);
+    let cluster = RedisCluster::start(3);
+    let hourly = || {
+        policy(
+            vec![
+                rule("fixed_window", 100, "1h", None),
+                rule("sliding_window_log", 100, "1h", None),
+            ],
+            vec![],
+        )
+    };
+    let grant = |l: &'static Limiter<RedisStore>, seller: &'static str, n: usize| async move {
+        match l.acquire_jobs(seller, &vec![1; n]).await.expect("a decision") {
+            BatchDecision::Granted(g) => g.units,
+            _ => 0,
+        }
+    };
+    for restore in [true, false] {
+        let keys = KeySpace::new(unique_prefix("cluster-restore"));
+        let cluster = &cluster;
+        let replica = |name: &'static str| {
+            let keys = keys.clone();
+            async move {
+                let l = Limiter::new(cluster_store(cluster).await, keys, hourly(), Topology::Cluster)
+                    .with_state_loss(OnStateLoss::Wait)
+                    .with_state_loss_wait(Some(BOUND));
+                let l = if restore { l.with_restore(name, 1 << 20) } else { l };
+                &*Box::leak(Box::new(l))
+            }
+        };
+        let (a, b) = (replica("a").await, replica("b").await);
+        let owner = |s: &str| cluster.owner(cluster.keyslot(&keys.seller_state(s)));
+        let (lost, kept) = ("restored-0", "restored-1");
+        let kept = if owner(kept) != owner(lost) {
+            kept
+        } else {
+            (2..50)
+                .map(|i| &*Box::leak(format!("restored-{i}").into_boxed_str()))
+                .find(|s| owner(s) != owner(lost))
+                .expect("a seller on another master")
+        };
+        // An install whose state was never lost: each slot's epoch is 0.
+        for s in [lost, kept] {
+            let epoch = keys.epoch(Topology::Cluster, &keys.seller_state(s));
+            assert_eq!(cluster.cli(owner(s), &["SET", &epoch, "0"]).trim(), "OK");
+        }
+        assert_eq!(grant(a, lost, 30).await, 30);
+        assert_eq!(grant(b, lost, 40).await, 40);
+        assert_eq!(grant(a, kept, 10).await, 10);
+        assert_eq!(a.watch_epoch().await, None, "no loss yet");
+
+        let master = owner(lost);
+        assert_eq!(cluster.cli(master, &["FLUSHALL"]).trim(), "OK");
+        assert_eq!(grant(a, lost, 1).await, 0, "held by the loss");
+        let epoch = keys.epoch(Topology::Cluster, &keys.seller_state(lost));
+        let lost_us: u64 = cluster.cli(master, &["GET", &epoch]).trim().parse().expect("the slot's epoch");
+        let (ra, rb) = (a.watch_epoch().await, b.watch_epoch().await);
+        if restore {
+            let (ra, rb) = (ra.expect("a restores"), rb.expect("b restores"));
+            assert_eq!((ra.lost_us, ra.units, ra.failed), (lost_us, 60, 0), "{ra:?}");
+            assert_eq!((rb.units, rb.failed), (80, 0), "{rb:?}");
+            assert_eq!(a.watch_epoch().await, None, "once per loss");
+        } else {
+            assert_eq!((ra, rb), (None, None));
+        }
+        assert_eq!(grant(b, kept, 5).await, 5, "the other master's seller is not held");
+        tokio::time::sleep(BOUND).await;
+        let after = grant(a, lost, 100).await;
+        if restore {
+            assert_eq!(after, 30, "what the hour had left");
+        } else {
+            assert_eq!(after, 100, "without restores the window starts over");
+        }
+        assert_eq!(grant(a, kept, 100).await, 85, "the other master's seller kept its state");
+    }
+}
+
+/// Issue 52 item 1 on a cluster: a new install's check writes every hash
+/// slot's epoch as "never lost" (before, the flag alone decided there).
+/// A replica that is not new then grants a seller it never saw (its
+/// slot's epoch is there: no loss), and holds one whose master lost its
+/// data since.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_install_writes_every_slots_epoch() {
+    use throttle_worker::config::OnStateLoss;
+    use throttle_worker::limiter::BatchDecision;
+
+    let cluster = RedisCluster::start(3);
+    let prefix = unique_prefix("cluster-install");
+    let keys = KeySpace::new(prefix.clone());
+    let l = Limiter::new(cluster_store(&cluster).await, keys.clone(), rules(), Topology::Cluster)
+        .with_state_loss(OnStateLoss::Wait)
+        .with_state_loss_wait(Some(Duration::from_secs(2)));
+    let took = std::time::Instant::now();
+    assert!(l.begin_install().await.expect("the epochs written"));
+    println!("cluster install: 16,384 slot epochs written in {:?}", took.elapsed());
+    let epochs: usize = (0..3)
+        .map(|n| {
+            let keys_on = cluster.cli(n, &["KEYS", &format!("{prefix}:*:epoch")]);
+            // A sample's values (a redis-cli per key is slow).
+            for k in keys_on.lines().step_by(500) {
+                assert_eq!(cluster.cli(n, &["GET", k]).trim(), "0", "{k}");
+            }
+            keys_on.lines().count()
+        })
+        .sum();
+    assert_eq!(epochs, 16_384, "one epoch per slot, each 0");
+    assert!(!l.begin_install().await.expect("read"), "written once");
+
+    let granted = |d: BatchDecision| matches!(d, BatchDecision::Granted(ref g) if g.jobs == 1);
+    let (a, b) = ("install-a", "install-b");
+    assert!(granted(l.acquire_jobs(a, &[1]).await.expect("a decision")), "a new seller, not a loss");
+    let master = cluster.owner(cluster.keyslot(&keys.seller_state(b)));
+    assert_eq!(cluster.cli(master, &["FLUSHALL"]).trim(), "OK");
+    assert!(
+        !granted(l.acquire_jobs(b, &[1]).await.expect("a decision")),
+        "a slot without its epoch once the install began: a loss, held"
+    );
+}
+
 /// The worker end to end on the cluster: `redis.topology = "cluster"`,
 /// `redis.url` one node, `redis.cluster_nodes` another. Every job is done
 /// once, and no seller's window is over its limit at the downstream.

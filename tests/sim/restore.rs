@@ -43,7 +43,7 @@ fn restored_parts_past_a_buckets_capacity_leave_a_refusal_readable() {
             loss: Loss::Epoch(lost),
             bound_us: 3 * S,
             epoch: epoch.clone(),
-            server: keys.server(),
+            server: Some(keys.server()),
             rules: vec![(rules[0].clone(), part)],
             mark: None,
         };
