@@ -26,6 +26,23 @@ local function slots_terms(spec, key)
   return { key = key, max = max, lease = lease, poll = poll }
 end
 
+-- Writes `n` leases `<prefix><j>` (j = 1..n) lapsing at `until_` (µs), and
+-- keeps the set at least that long: it outlives its longest lease by a
+-- second, then goes.
+local function add_leases(s, prefix, n, until_, now)
+  local args = {}
+  local score = I(until_)
+  for j = 1, n do
+    args[#args + 1] = score
+    args[#args + 1] = prefix .. j
+  end
+  redis.call('ZADD', s.key, unpack(args))
+  local ttl = math.floor((until_ - now) / 1000) + 1000
+  if redis.call('PTTL', s.key) < ttl then
+    redis.call('PEXPIRE', s.key, ttl)
+  end
+end
+
 -- Slots free now: the cap less the leases that have not lapsed. `G`: the
 -- call's loss guard (common.lua), asked only when no lease is live; with
 -- 'wait' it gives the instant Redis lost its data (`lost`). A set
@@ -41,27 +58,12 @@ end
 -- under way. Every slot then counts as taken until a lease after the
 -- find: the first charging call to meet the set writes `max` leases
 -- `mv<found>:<j>` lapsing then (calls granted later count beside them).
--- Writes `max` leases `<prefix><j>` lapsing at `until_`, so every slot
--- counts as taken until then, and keeps the set at least that long.
-local function fill_slots(s, prefix, until_, now)
-  local args = {}
-  for j = 1, s.max do
-    args[#args + 1] = I(until_)
-    args[#args + 1] = prefix .. j
-  end
-  redis.call('ZADD', s.key, unpack(args))
-  local ttl = math.floor((until_ - now) / 1000) + 1000
-  if redis.call('PTTL', s.key) < ttl then
-    redis.call('PEXPIRE', s.key, ttl)
-  end
-end
-
 local function slots_free(s, now, G, charge)
   local moved = G ~= nil and charge and server_moved(G, now) or nil
   if moved ~= nil and moved.found > 0 and now < moved.found + s.lease then
     local first = 'mv' .. I(moved.found) .. ':'
     if not redis.call('ZSCORE', s.key, first .. 1) then
-      fill_slots(s, first, moved.found + s.lease, now)
+      add_leases(s, first, s.max, moved.found + s.lease, now)
     end
   end
   local live = redis.call('ZCOUNT', s.key, '(' .. I(now), '+inf')
@@ -73,7 +75,7 @@ local function slots_free(s, now, G, charge)
     local until_ = math.min(lost, now) + s.lease
     if now < until_ and redis.call('ZCOUNT', s.key, '-inf', '+inf') == 0 then
       if charge then
-        fill_slots(s, 'lost:', until_, now)
+        add_leases(s, 'lost:', s.max, until_, now)
       end
       return 0
     end
@@ -85,18 +87,7 @@ end
 -- until `until_` (µs), and drops the leases that lapsed.
 local function slots_take(s, now, id, jobs, until_)
   redis.call('ZREMRANGEBYSCORE', s.key, '-inf', I(now))
-  local args = {}
-  local score = I(until_)
-  for j = 1, jobs do
-    args[#args + 1] = score
-    args[#args + 1] = id .. ':' .. j
-  end
-  redis.call('ZADD', s.key, unpack(args))
-  -- The set outlives its longest lease by a second, then goes.
-  local ttl = math.floor((until_ - now) / 1000) + 1000
-  if redis.call('PTTL', s.key) < ttl then
-    redis.call('PEXPIRE', s.key, ttl)
-  end
+  add_leases(s, id .. ':', jobs, until_, now)
 end
 
 -- Drops the leases call `id` may have taken for its `n` jobs (a cancel:

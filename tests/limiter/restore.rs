@@ -10,7 +10,9 @@ use std::time::Duration;
 use crate::common::redis_server::RedisServer;
 use crate::common::{policy, rule};
 use throttle_worker::config::{OnStateLoss, Topology};
-use throttle_worker::limiter::{BatchDecision, KeySpace, Limiter, Policy, RedisStore};
+use throttle_worker::limiter::{
+    BatchDecision, KeySpace, Limiter, Policy, RedisStore, RestoreReport,
+};
 
 const BOUND: Duration = Duration::from_millis(1500);
 
@@ -58,14 +60,24 @@ async fn replica(port: u16, name: &str, policy: Policy, restore: bool) -> Limite
 
 /// Jobs of one unit each granted to `seller` now, out of `n` asked.
 async fn grant(l: &Limiter<RedisStore>, seller: &str, n: usize) -> u64 {
-    match l
-        .acquire_jobs(seller, &vec![1; n])
-        .await
-        .expect("a decision")
-    {
+    granted(
+        l.acquire_jobs(seller, &vec![1; n])
+            .await
+            .expect("a decision"),
+    )
+}
+
+/// The units a decision granted: none when it refused.
+fn granted(d: BatchDecision) -> u64 {
+    match d {
         BatchDecision::Granted(g) => g.units,
         _ => 0,
     }
+}
+
+/// The units written back and the hashes that failed, a pair per report.
+fn units_of(reports: &[RestoreReport]) -> Vec<(u64, usize)> {
+    reports.iter().map(|r| (r.units, r.failed)).collect()
 }
 
 fn hourly() -> Policy {
@@ -235,14 +247,8 @@ async fn a_seller_key_put_back_from_an_older_copy_is_found_held_and_restored_exa
         let ra = a.watch_rollbacks().await;
         let rb = b.watch_rollbacks().await;
         // Two rules each: a's 10 and b's 15, per rule.
-        assert_eq!(
-            ra.iter().map(|r| (r.units, r.failed)).collect::<Vec<_>>(),
-            [(20, 0)]
-        );
-        assert_eq!(
-            rb.iter().map(|r| (r.units, r.failed)).collect::<Vec<_>>(),
-            [(30, 0)]
-        );
+        assert_eq!(units_of(&ra), [(20, 0)]);
+        assert_eq!(units_of(&rb), [(30, 0)]);
         assert!(a.watch_rollbacks().await.is_empty(), "each find once");
         tokio::time::sleep(BOUND).await;
         assert_eq!(grant(&a, "s", 100).await, 25, "what the hour had left");
@@ -308,11 +314,22 @@ async fn a_seller_hash_that_expired_under_a_global_rule_is_not_a_partial_loss() 
 /// Jobs granted as [`grant`] does, once Redis answers again after a
 /// restart (the first calls may find the connection gone).
 async fn grant_once_back(l: &Limiter<RedisStore>, seller: &str, n: usize) -> u64 {
+    let costs = vec![1; n];
+    granted(once_back(|| l.acquire_jobs(seller, &costs)).await)
+}
+
+/// What `f` answers once Redis answers again after a restart: it is
+/// called again every 50 ms while it fails, for 10 s at the most.
+async fn once_back<F, Fut, T, E>(mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+    E: std::fmt::Display,
+{
     let started = std::time::Instant::now();
     loop {
-        match l.acquire_jobs(seller, &vec![1; n]).await {
-            Ok(BatchDecision::Granted(g)) => return g.units,
-            Ok(_) => return 0,
+        match f().await {
+            Ok(t) => return t,
             Err(e) => {
                 assert!(
                     started.elapsed() < Duration::from_secs(10),
@@ -375,16 +392,8 @@ async fn a_restart_that_loads_an_older_save_holds_even_a_replica_that_lost_nothi
         assert!(listed.ends_with(" 0 *"), "one find of every hash: {listed}");
         let ra = a.watch_rollbacks().await;
         let rb = b.watch_rollbacks().await;
-        assert_eq!(
-            ra.iter().map(|r| (r.units, r.failed)).collect::<Vec<_>>(),
-            [(0, 0)],
-            "a lost nothing"
-        );
-        assert_eq!(
-            rb.iter().map(|r| (r.units, r.failed)).collect::<Vec<_>>(),
-            [(30, 0)],
-            "b's 15, per rule"
-        );
+        assert_eq!(units_of(&ra), [(0, 0)], "a lost nothing");
+        assert_eq!(units_of(&rb), [(30, 0)], "b's 15, per rule");
         assert!(b.watch_rollbacks().await.is_empty(), "each find once");
         tokio::time::sleep(BOUND).await;
         assert_eq!(grant(&a, "s", 100).await, 35, "what the hour had left");
@@ -434,13 +443,9 @@ async fn a_move_writes_back_the_global_rules_hash_after_each_replicas_mark() {
     );
     let ra = a.watch_rollbacks().await;
     let rb = b.watch_rollbacks().await;
+    assert_eq!(units_of(&ra), [(0, 0)], "a lost nothing");
     assert_eq!(
-        ra.iter().map(|r| (r.units, r.failed)).collect::<Vec<_>>(),
-        [(0, 0)],
-        "a lost nothing"
-    );
-    assert_eq!(
-        rb.iter().map(|r| (r.units, r.failed)).collect::<Vec<_>>(),
+        units_of(&rb),
         [(30, 0)],
         "b's 15 in t's hash and 15 in the global one"
     );
@@ -607,27 +612,10 @@ async fn a_new_installs_first_call_asks_the_install_check_once() {
     // and is held by neither a loss nor a move.
     cli(server.port, &["FLUSHALL"]);
     let d = replica(server.port, "d", hourly(), true).await;
-    assert!(begin_install_once_back(&d).await, "written");
+    assert!(once_back(|| d.begin_install()).await, "written");
     assert!(!d.begin_install().await.expect("Redis answers"), "once");
     let epoch = d.keys().epoch(Topology::Single, "");
     assert_eq!(cli(server.port, &["GET", &epoch]), "0", "never lost");
     let e = replica(server.port, "e", hourly(), true).await;
     assert_eq!(grant(&e, "s", 5).await, 5, "no loss, no move");
-}
-
-/// [`Limiter::begin_install`] once Redis answers again after a restart.
-async fn begin_install_once_back(l: &Limiter<RedisStore>) -> bool {
-    let started = std::time::Instant::now();
-    loop {
-        match l.begin_install().await {
-            Ok(wrote) => return wrote,
-            Err(e) => {
-                assert!(
-                    started.elapsed() < Duration::from_secs(10),
-                    "Redis did not answer again: {e}"
-                );
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
 }

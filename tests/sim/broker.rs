@@ -450,14 +450,7 @@ impl SimSource {
             self.wait_for_work(&parts, &tps, events).await;
             self.session.revoke(&self.coord(), &tps);
         }
-        let mut fetch = lock(&self.fetch);
-        for tp in &parts {
-            fetch.owned.remove(tp);
-            fetch.began.remove(tp);
-            fetch.paused.remove(tp);
-            fetch.revoking.remove(tp);
-        }
-        drop(fetch);
+        self.stop_fetching(&parts);
         let _ = events.send(PartitionEvent::Revoked(tps));
     }
 
@@ -519,6 +512,13 @@ impl SimSource {
             self.session.revoke(&self.coord(), &tps);
             self.journal.handed_over(parts, !refused, written);
         }
+        self.stop_fetching(parts);
+        let _ = events.send(PartitionEvent::Revoked(tps));
+    }
+
+    /// Forgets `parts` in the fetch state (a revoke's or a loss's last
+    /// step): no longer owned, paused or waiting on a revoke.
+    fn stop_fetching(&self, parts: &[Tp]) {
         let mut fetch = lock(&self.fetch);
         for tp in parts {
             fetch.owned.remove(tp);
@@ -526,8 +526,6 @@ impl SimSource {
             fetch.paused.remove(tp);
             fetch.revoking.remove(tp);
         }
-        drop(fetch);
-        let _ = events.send(PartitionEvent::Revoked(tps));
     }
 
     /// The revoke's first step, as the worker's rebalance callback takes
