@@ -47,6 +47,9 @@ MUTATIONS=(
   # SIM_STALLS=1 scripts/sim-mutations.sh 20
   $'20\tsrc/kafka/fence.rs\ts/if gap <= watch\\.stall_after \\{/if true {/\ta replica stalled past its session timeout does not see the gap when it resumes: it calls jobs of the partitions the group gave to the others, with its lapsed leases, until librdkafka says its assignment is lost (issue 53, item 2)'
   $'12\tsrc/kafka/session.rs\ts/(\\.offsets\\s*)\\.committable\\(\\)(\\s*\\.into_iter\\(\\)\\s*\\.filter\\(\\|c\\| \\{\\s*revoked)/$1.uncommitted()$2/\ta revoke commits only the partitions whose offset moved since its last accepted commit: a commit the broker lost is not made again, and the next owner redoes what the loss dropped (issue 53, item 4)'
+  $'3\tsrc/limiter/policy.rs\ts/        if rc\\.shadow \\{/        if false \\&\\& rc.shadow {/\ta shadow rule holds calls as an enforced one does (issue 53, item 4: a job above its capacity is dead-lettered as if its own fault)'
+  $'1\tsrc/limiter/policy.rs\ts/SellerLimits::Rules\\(r\\.enforced\\.clone\\(\\)\\),/SellerLimits::Rules(default.enforced.clone()),/\ta seller under a tier is held to the default rules, not its tier\'s (issue 53, item 4)'
+  $'1\tsrc/limiter/core.rs\ts/        base\\.0 = Arc::new\\(policy\\);\\n        self\\.apply\\(&base\\);/        base.0 = Arc::new(policy);/\ta live edit of [limits] is never put in force (the swap waits for an override to change): calls after it keep the old limits (issue 53, item 4)'
   $'7\tsrc/worker/timers.rs\ts/Duration::from_millis\\(unix_ms_at\\.saturating_sub\\(now_ms\\)\\)/Duration::from_millis(unix_ms_at - now_ms)/\ta wait until a due time on the fleet\'s clock read as an unsigned difference (a due time already passed wraps; the host-clock version, until_unix_ms, now only times pauses, which no random world steps back)'
 )
 
