@@ -998,7 +998,9 @@ pub fn limits(sc: &Scenario, out: &Outcome) -> Vec<String> {
     // Under `local`: each episode's admissions without Redis, by seller
     // (µs, cost), and every limited seller's together for the global rules.
     type Span = (usize, u64, Option<u64>);
-    let mut local: BTreeMap<(Span, &str, usize), Vec<(u64, u64)>> = BTreeMap::new();
+    // A span, a seller and the stretch of its rules (`Eras`).
+    type LocalKey<'a> = (Span, &'a str, usize);
+    let mut local: BTreeMap<LocalKey, Vec<(u64, u64)>> = BTreeMap::new();
     let mut local_all: BTreeMap<Span, Vec<(u64, u64)>> = BTreeMap::new();
     // Every limited seller's grants, for the global rules.
     let mut all: Vec<(u64, u64, u64)> = Vec::new();

@@ -236,7 +236,9 @@ impl Incarnation {
         }
         self.limiter.set_policy(policy.clone());
         let at = self.world.now_ms();
-        self.world.journal.with(|log| log.edits_applied.push((k, at)));
+        self.world
+            .journal
+            .with(|log| log.edits_applied.push((k, at)));
     }
 
     /// A graceful stop: the engine drains and commits; its summary.

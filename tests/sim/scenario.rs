@@ -761,7 +761,8 @@ impl Scenario {
         }
         for (i, s) in self.sellers.iter().enumerate() {
             if s.rule.as_ref().is_some_and(|r| !paced(r)) && g.random_bool(0.6) {
-                self.tier_of.insert(i, format!("tier-{}", g.random_range(0..n)));
+                self.tier_of
+                    .insert(i, format!("tier-{}", g.random_range(0..n)));
             }
         }
         debug_assert!(self.valid(), "tiers drawn invalid: {self:?}");
