@@ -202,7 +202,8 @@ enum Step {
     /// `Scenario::edits[k]`: the limits file edited (a ConfigMap
     /// applied); each replica reloads it within `EDIT_SPREAD_MS`.
     Edit(usize),
-    /// Member `id` reloads edit `k` (if it is still there).
+    /// Member `id` reloads for edit `k` (if it is still there): the file
+    /// as it is then.
     Reload(u64, usize),
 }
 
@@ -507,8 +508,12 @@ async fn run_async(sc: &Scenario, fleet: &Fleet) -> Outcome {
             }
             Step::Reload(id, k) => {
                 // A replica started since the edit read it at its start.
+                // It reads the file as it is now: a later edit's, when
+                // that came first (fleet seed 1192: edits 121 ms apart,
+                // the older reload after the newer one put the older
+                // limits back in force for good).
                 if let Some(m) = members.iter().find(|m| m.id == id) {
-                    m.inc.reload(k, &policies[k + 1]);
+                    m.inc.reload(k, &policy.borrow());
                 }
             }
             Step::SecondRound(moves) => {
