@@ -497,7 +497,7 @@ pub fn reach(sc: &Scenario, out: &Outcome) -> Reach {
         .iter()
         .filter(|c| own_rules(sc, &c.seller).len() > 1)
         .count() as u64;
-    if !sc.global.is_empty() {
+    if !global_rules(sc).is_empty() {
         r.global_rule_calls = log
             .calls
             .iter()
@@ -536,7 +536,84 @@ pub fn reach(sc: &Scenario, out: &Outcome) -> Reach {
     let (side_by_side, held) = lanes_reached(sc, out);
     r.partition_side_by_side = side_by_side;
     r.key_held_while_others_ran = held;
+    edits_reached(sc, out, &mut r);
     r
+}
+
+/// Shadow rules', tiers' and live edits' reach counts (issue 53 item 4).
+fn edits_reached(sc: &Scenario, out: &Outcome, r: &mut Reach) {
+    let worlds = sc.eras();
+    let global_shadow = sc.global.iter().any(|g| g.shadow);
+    let mut by_seller: BTreeMap<&str, Vec<&Call>> = BTreeMap::new();
+    for c in &out.log.calls {
+        by_seller.entry(&c.seller).or_default().push(c);
+    }
+    for (seller, calls) in by_seller {
+        let Some(i) = sc.sellers.iter().position(|s| s.name == seller) else {
+            continue;
+        };
+        if own_rules(sc, seller).is_empty() {
+            continue;
+        }
+        let eras = Eras::of(&worlds, out, seller);
+        // The era a call's arrival falls in (its first, in doubt).
+        let era_at = |us: u64| {
+            let before = eras.doubt.iter().filter(|&&(_, to)| to < us).count();
+            &worlds[before]
+        };
+        for c in &calls {
+            let era = era_at(c.at_us);
+            if global_shadow || !shadow_rules(era, seller).is_empty() {
+                r.shadow_rule_calls += 1;
+            }
+            if era.tier_of.contains_key(&i) {
+                r.tier_calls += 1;
+            }
+        }
+        let mut grants: Vec<(u64, u64, u64)> = calls
+            .iter()
+            .filter_map(|c| {
+                let g = c.granted_at_us?;
+                Some((g, c.cost, decided_at(&out.log, seller, g)))
+            })
+            .collect();
+        grants.sort();
+        r.calls_after_edit += grants
+            .iter()
+            .filter(|&&(_, _, d)| eras.at(d).is_some_and(|k| k > 0))
+            .count() as u64;
+        // A shadow rule that would have refused: judged as if binding, on
+        // the grants of a stretch of eras that held it (judged alone).
+        for (k, _) in eras.rules.iter().enumerate() {
+            let Some(era) = eras.stretch.iter().position(|&s| s == k) else {
+                continue;
+            };
+            let mine: Vec<(u64, u64)> = grants
+                .iter()
+                .filter(|&&(_, _, d)| eras.at(d) == Some(k))
+                .map(|&(g, c, _)| (g, c))
+                .collect();
+            for rule in shadow_rules(&worlds[era], seller) {
+                if over_rule(&rule, &mine).is_some() {
+                    r.shadow_would_refuse += 1;
+                }
+            }
+        }
+    }
+    // An edit a replica applied while one of its limiter calls (or
+    // another replica's) was under way.
+    let log = &out.log;
+    r.edits_under_way += (0..sc.edits.len())
+        .filter(|&k| {
+            log.edits_applied.iter().any(|&(x, t)| {
+                x == k
+                    && log
+                        .asks
+                        .iter()
+                        .any(|a| a.from_ms <= t && a.to_ms.is_none_or(|to| to > t))
+            })
+        })
+        .count() as u64;
 }
 
 /// Issue 50's reach counts: calls of one seller and partition that were
@@ -711,9 +788,150 @@ fn global_rules(sc: &Scenario) -> Vec<Rule> {
     built(&sc.global)
 }
 
+/// A seller's own shadow rules (`shadow = true`): decided and counted,
+/// never binding, so never judged as binding; the reach counts look at
+/// them.
+fn shadow_rules(sc: &Scenario, seller: &str) -> Vec<Rule> {
+    let Some(i) = sc.sellers.iter().position(|s| s.name == seller) else {
+        return Vec::new();
+    };
+    sc.rules_of(i)
+        .iter()
+        .filter(|r| r.shadow)
+        .filter_map(|r| Rule::new(r.algorithm.parse().ok()?, r.limit, r.period, r.burst).ok())
+        .collect()
+}
+
+/// A seller's rules across the live edits of `[limits]`
+/// (`Scenario::edits`), as invariant 1 judges them.
+///
+/// What the product promises across an edit (`worker::reload`,
+/// `Limiter::set_policy`; the book's "Changing limits without a restart"
+/// and "Limiter state", Edits): a valid edit swaps the limiter's policy at
+/// once; a limiter call under way finishes with the old policy, the next
+/// one uses the new. So a grant decided before a replica reloaded was
+/// decided under the old rules, and one decided after every replica
+/// reloaded (a fleet's replicas each see the edit up to `EDIT_SPREAD_MS`
+/// apart) and after every limiter call of the seller under way meanwhile
+/// had answered, under the new rules. Between the two (the edit's window
+/// of doubt) a grant may be either. The state a rule left at its place is
+/// converted for the new rule, never admitting on top of what the old one
+/// admitted (`lua/common.lua`, `settle`): so the grants of each era,
+/// judged alone, keep that era's rules (a seller whose rules an edit left
+/// as they were is judged across it as one era). Across an edit, a window
+/// of `fixed_window` or `sliding_window_log` whose place keeps its
+/// algorithm and period admits at most the larger of the two limits: the
+/// grants on both sides and in doubt are judged against that. Other
+/// pairs (a bucket's new rate, another algorithm, a rule made enforced
+/// from shadow, whose shadow state followed only what it would have
+/// admitted) are judged on each side alone.
+struct Eras {
+    /// Each stretch of eras over which the seller's enforced rules stay
+    /// the same: those rules.
+    rules: Vec<Vec<Rule>>,
+    /// Each era's stretch.
+    stretch: Vec<usize>,
+    /// Each edit's window of doubt (µs, the limiter's clock), inclusive.
+    doubt: Vec<(u64, u64)>,
+}
+
+impl Eras {
+    fn of(eras: &[Scenario], out: &Outcome, seller: &str) -> Eras {
+        let mut rules: Vec<Vec<Rule>> = Vec::new();
+        let mut stretch = Vec::new();
+        for era in eras {
+            let own = own_rules(era, seller);
+            if rules.last() != Some(&own) {
+                rules.push(own);
+            }
+            stretch.push(rules.len() - 1);
+        }
+        let doubt = eras[0]
+            .edits
+            .iter()
+            .enumerate()
+            .map(|(k, e)| {
+                let (from, to) = doubt_ms(out, k, e.at_ms, Some(seller));
+                (
+                    super::clock::EPOCH_US + from * 1_000,
+                    super::clock::EPOCH_US + (to + 1) * 1_000,
+                )
+            })
+            .collect();
+        Eras {
+            rules,
+            stretch,
+            doubt,
+        }
+    }
+
+    /// The stretches a grant decided at `us` may belong to: (first, last).
+    fn span(&self, us: u64) -> (usize, usize) {
+        let lo = self.doubt.iter().filter(|&&(_, to)| to < us).count();
+        let hi = self.doubt.iter().filter(|&&(from, _)| from <= us).count();
+        (self.stretch[lo], self.stretch[hi])
+    }
+
+    /// The stretch whose rules a grant decided at `us` is judged by; none
+    /// when it is in doubt between two.
+    fn at(&self, us: u64) -> Option<usize> {
+        let (lo, hi) = self.span(us);
+        (lo == hi).then_some(lo)
+    }
+}
+
+/// Edit `k`'s window of doubt (virtual ms, inclusive): from the file's
+/// change to the last replica's reload and the end of every limiter call
+/// (of `seller`, or of anyone) under way in between.
+fn doubt_ms(out: &Outcome, k: usize, at_ms: u64, seller: Option<&str>) -> (u64, u64) {
+    let last = out
+        .log
+        .edits_applied
+        .iter()
+        .filter(|&&(e, _)| e == k)
+        .map(|&(_, at)| at)
+        .max()
+        .unwrap_or(at_ms)
+        .max(at_ms);
+    let to = out
+        .log
+        .asks
+        .iter()
+        .filter(|a| seller.is_none_or(|s| a.seller == s))
+        .filter(|a| a.from_ms <= last && a.to_ms.is_none_or(|to| to >= at_ms))
+        .map(|a| a.to_ms.unwrap_or(last))
+        .max()
+        .unwrap_or(last)
+        .max(last);
+    (at_ms, to)
+}
+
+/// Whether a window's count at one place carries across an edit from `a`
+/// to `b`: both `fixed_window` or both `sliding_window_log`, of one
+/// period (the book's "Limiter state", Edits: kept).
+fn kept_across(a: &Rule, b: &Rule) -> Option<Rule> {
+    let window = matches!(
+        a.algorithm(),
+        Algorithm::FixedWindow | Algorithm::SlidingWindowLog
+    );
+    (window && a.algorithm() == b.algorithm() && a.period() == b.period())
+        .then(|| {
+            Rule::new(
+                a.algorithm(),
+                a.limit().get().max(b.limit().get()),
+                a.period(),
+                None,
+            )
+            .ok()
+        })
+        .flatten()
+}
+
+/// The rules of a list that hold calls: a shadow rule never does.
 fn built(rules: &[throttle_worker::config::RuleConfig]) -> Vec<Rule> {
     rules
         .iter()
+        .filter(|r| !r.shadow)
         .filter_map(|r| Rule::new(r.algorithm.parse().ok()?, r.limit, r.period, r.burst).ok())
         .collect()
 }
@@ -780,15 +998,22 @@ pub fn limits(sc: &Scenario, out: &Outcome) -> Vec<String> {
     // Under `local`: each episode's admissions without Redis, by seller
     // (µs, cost), and every limited seller's together for the global rules.
     type Span = (usize, u64, Option<u64>);
-    let mut local: BTreeMap<(Span, &str), Vec<(u64, u64)>> = BTreeMap::new();
+    // A span, a seller and the stretch of its rules (`Eras`).
+    type LocalKey<'a> = (Span, &'a str, usize);
+    let mut local: BTreeMap<LocalKey, Vec<(u64, u64)>> = BTreeMap::new();
     let mut local_all: BTreeMap<Span, Vec<(u64, u64)>> = BTreeMap::new();
     // Every limited seller's grants, for the global rules.
     let mut all: Vec<(u64, u64, u64)> = Vec::new();
+    let worlds = sc.eras();
+    let mut eras_of: BTreeMap<&str, Eras> = BTreeMap::new();
     for (seller, calls) in by_seller {
         let rules = own_rules(sc, seller);
         if rules.is_empty() {
             continue;
         }
+        let eras = eras_of
+            .entry(seller)
+            .or_insert_with(|| Eras::of(&worlds, out, seller));
         // (µs, cost, when decided: where it falls among the losses).
         let mut grants: Vec<(u64, u64, u64)> = Vec::new();
         for c in calls {
@@ -799,7 +1024,14 @@ pub fn limits(sc: &Scenario, out: &Outcome) -> Vec<String> {
                 (None, OnError::Local, Some(e)) => {
                     let at = host_us(c);
                     let span = local_key(e, c.at_ms);
-                    local.entry((span, seller)).or_default().push((at, c.cost));
+                    // Its seller's rules of the moment (none judged in an
+                    // edit's window of doubt).
+                    if let Some(k) = eras.at(c.at_us) {
+                        local
+                            .entry((span, seller, k))
+                            .or_default()
+                            .push((at, c.cost));
+                    }
                     local_all.entry(span).or_default().push((at, c.cost));
                 }
                 (None, _, _) => v.push(format!(
@@ -815,10 +1047,47 @@ pub fn limits(sc: &Scenario, out: &Outcome) -> Vec<String> {
             }
         }
         grants.sort();
-        for part in split_at(&grants, &unguarded) {
-            for rule in &rules {
-                if let Some(e) = over_rule(rule, &part) {
-                    v.push(format!("1. {seller} ({rule:?}): {e}"));
+        // Each stretch of its rules alone (see `Eras`).
+        for (k, rules) in eras.rules.iter().enumerate() {
+            let mine: Vec<(u64, u64, u64)> = grants
+                .iter()
+                .copied()
+                .filter(|&(_, _, decided)| eras.at(decided) == Some(k))
+                .collect();
+            let after = if k > 0 {
+                format!(", its rules after a live edit ({})", k)
+            } else {
+                String::new()
+            };
+            for part in split_at(&mine, &unguarded) {
+                for rule in rules {
+                    if let Some(e) = over_rule(rule, &part) {
+                        v.push(format!("1. {seller} ({rule:?}{after}): {e}"));
+                    }
+                }
+            }
+        }
+        // Across each edit that changed them: a window whose count is kept
+        // admits at most the larger limit.
+        for k in 1..eras.rules.len() {
+            let both: Vec<(u64, u64, u64)> = grants
+                .iter()
+                .copied()
+                .filter(|&(_, _, decided)| {
+                    let (lo, hi) = eras.span(decided);
+                    lo + 1 >= k && hi <= k
+                })
+                .collect();
+            for (a, b) in eras.rules[k - 1].iter().zip(&eras.rules[k]) {
+                let Some(larger) = kept_across(a, b) else {
+                    continue;
+                };
+                for part in split_at(&both, &unguarded) {
+                    if let Some(e) = over_rule(&larger, &part) {
+                        v.push(format!(
+                            "1. {seller} across a live edit from {a:?} to {b:?}: {e}"
+                        ));
+                    }
                 }
             }
         }
@@ -846,10 +1115,10 @@ pub fn limits(sc: &Scenario, out: &Outcome) -> Vec<String> {
     // middle of a failure: seller-0 of seed 34 is admitted 11 times in
     // 150 ms under sliding_window_log 7/1s. Counted as
     // `Reach::local_dropped_without_redis`.
-    for (((e, _, _), seller), mut calls) in local {
+    for (((e, _, _), seller, k), mut calls) in local {
         calls.sort();
-        for rule in own_rules(sc, seller) {
-            if let Some(broken) = over_rule(&unpaced(rule), &calls) {
+        for rule in eras_of.get(seller).map_or(&[][..], |r| &r.rules[k][..]) {
+            if let Some(broken) = over_rule(&unpaced(*rule), &calls) {
                 v.push(format!(
                     "1. {seller} ({rule:?}) admitted locally in Redis' failure {}..{} ms: {broken}",
                     episodes[e].0, episodes[e].1
@@ -924,8 +1193,10 @@ pub fn losses_unrestored(sc: &Scenario, out: &Outcome) -> Vec<u64> {
     };
     // The hold, a watch's turn (at most 1 s) and a Redis timeout.
     let hold_ms = wait.as_millis() as u64 + 2_000;
-    let period_ms = (0..sc.sellers.len())
-        .flat_map(|i| built(&sc.rules_of(i)))
+    let eras = sc.eras();
+    let period_ms = eras
+        .iter()
+        .flat_map(|era| (0..era.sellers.len()).flat_map(|i| built(&era.rules_of(i))))
         .chain(global_rules(sc))
         .map(|r| r.period().as_millis() as u64)
         .max()
@@ -1226,15 +1497,22 @@ pub fn over_rule(rule: &Rule, grants: &[(u64, u64)]) -> Option<String> {
 }
 
 /// The most one job of `seller` may cost: the least capacity of its own
-/// rules and the global ones; none (unlimited) when it has no rule.
+/// rules and the global ones; none (unlimited) when it has no rule. Of
+/// its rules in any era of the run (`Scenario::edits`): a job may be
+/// refused for good under the limits of the moment.
 fn capacity(sc: &Scenario, seller: usize) -> Option<u64> {
-    let own = own_rules(sc, &sc.sellers[seller].name);
-    if own.is_empty() {
-        return None;
-    }
-    own.iter()
-        .chain(&global_rules(sc))
-        .map(|r| r.capacity())
+    sc.eras()
+        .iter()
+        .filter_map(|era| {
+            let own = own_rules(era, &era.sellers[seller].name);
+            if own.is_empty() {
+                return None;
+            }
+            own.iter()
+                .chain(&global_rules(era))
+                .map(|r| r.capacity())
+                .min()
+        })
         .min()
 }
 

@@ -193,6 +193,19 @@ fn a_seed_replays_alike() {
     }
 }
 
+/// A world's tiers and live edits, for a replay.
+fn print_limits(sc: &Scenario) {
+    for (t, rules) in &sc.tiers {
+        println!("tier {t}: {rules:?}");
+    }
+    for (i, t) in &sc.tier_of {
+        println!("seller-{i} in {t}");
+    }
+    for e in &sc.edits {
+        println!("edit at {} ms: {}", e.at_ms, e.what);
+    }
+}
+
 #[test]
 fn replay() {
     let Some(seed) = std::env::var("SIM_SEED").ok().and_then(|s| s.parse().ok()) else {
@@ -212,6 +225,7 @@ fn replay() {
     if !sc.global.is_empty() {
         println!("global: {:?}", sc.global);
     }
+    print_limits(&sc);
     println!("faults: {:?}", sc.faults);
     println!(
         "crashes {:?}, rebalances {:?}, clock jumps {:?}",
@@ -380,6 +394,8 @@ fn replay_fleet() {
     let (sc, fleet) = fleet_world(seed);
     println!("{fleet:?}");
     println!("sellers {:?}", sc.sellers);
+    println!("more rules {:?}, global {:?}", sc.more_rules, sc.global);
+    print_limits(&sc);
     println!("faults: {:?}", sc.faults);
     println!("stalls (at, past the session by, replica): {:?}", sc.stalls);
     let out = super::fleet::run_fleet(&sc, &fleet);

@@ -28,7 +28,6 @@ use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use throttle_worker::limiter::Policy;
 use tokio::sync::Notify;
 
 use throttle_worker::kafka::fence::Watch;
@@ -39,11 +38,13 @@ use super::run::{
     all_finished, produce, run_on_paused_runtime, start, topic_partitions, world_of, Incarnation,
     Outcome,
 };
-use super::scenario::Scenario;
+use super::scenario::{Scenario, EDIT_SPREAD_MS};
 
 /// Mixed into a world's seed for the fleet's own draws (replicas, kills,
 /// protocol), so that they do not repeat the world's draws.
 const FLEET_SALT: u64 = 0x0066_6c65_6574;
+/// When each replica reloads a live edit of `[limits]`.
+const RELOAD_SALT: u64 = 0x2e10_ad00_0000_0000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Membership {
@@ -198,6 +199,12 @@ enum Step {
     Lost(u64),
     /// The broker loses the group's commits of the last that many ms.
     LoseCommits(u64),
+    /// `Scenario::edits[k]`: the limits file edited (a ConfigMap
+    /// applied); each replica reloads it within `EDIT_SPREAD_MS`.
+    Edit(usize),
+    /// Member `id` reloads for edit `k` (if it is still there): the file
+    /// as it is then.
+    Reload(u64, usize),
 }
 
 /// Runs `sc` (its jobs and downstream faults; its own crashes and
@@ -208,8 +215,13 @@ pub fn run_fleet(sc: &Scenario, fleet: &Fleet) -> Outcome {
 
 async fn run_async(sc: &Scenario, fleet: &Fleet) -> Outcome {
     let (world, values) = world_of(sc);
-    let settings = sc.settings();
-    let policy = Policy::from_config(&settings.limits).expect("the scenario's limits are valid");
+    let policies = super::run::policies(sc);
+    // The policy in force: a replica started after an edit reads the
+    // edited file.
+    let policy = std::cell::RefCell::new(policies[0].clone());
+    // When each replica sees an edit, from a generator of its own (the
+    // fleet's draws stay what they were without edits).
+    let mut spread = StdRng::seed_from_u64(sc.seed ^ RELOAD_SALT);
     let mut rng = StdRng::seed_from_u64(sc.seed ^ FLEET_SALT);
     let roles = roles(sc);
     let mut next_id = 0u64;
@@ -229,7 +241,7 @@ async fn run_async(sc: &Scenario, fleet: &Fleet) -> Outcome {
         let inc = start(
             sc,
             &world,
-            &policy,
+            &policy.borrow(),
             next_id << 32,
             &wake,
             parts,
@@ -263,6 +275,9 @@ async fn run_async(sc: &Scenario, fleet: &Fleet) -> Outcome {
     }
     for &(at, age) in &sc.faults.lost_commits {
         steps.push((at, Step::LoseCommits(age)));
+    }
+    for (k, e) in sc.edits.iter().enumerate() {
+        steps.push((e.at_ms, Step::Edit(k)));
     }
     // The member stalled, from its stall until a rebalance assigns it
     // again; its stall's place in the journal; whether it has joined
@@ -484,6 +499,23 @@ async fn run_async(sc: &Scenario, fleet: &Fleet) -> Outcome {
                 }
             }
             Step::LoseCommits(age) => super::run::lose_commits(&world, age),
+            Step::Edit(k) => {
+                *policy.borrow_mut() = policies[k + 1].clone();
+                for m in &members {
+                    let after = spread.random_range(0..=EDIT_SPREAD_MS);
+                    steps.push((now + after, Step::Reload(m.id, k)));
+                }
+            }
+            Step::Reload(id, k) => {
+                // A replica started since the edit read it at its start.
+                // It reads the file as it is now: a later edit's, when
+                // that came first (fleet seed 1192: edits 121 ms apart,
+                // the older reload after the newer one put the older
+                // limits back in force for good).
+                if let Some(m) = members.iter().find(|m| m.id == id) {
+                    m.inc.reload(k, &policy.borrow());
+                }
+            }
             Step::SecondRound(moves) => {
                 for (tp, to) in moves {
                     // The member it was meant for may have died since: then
@@ -526,7 +558,7 @@ async fn run_async(sc: &Scenario, fleet: &Fleet) -> Outcome {
         summaries.push(m.inc.stop().await);
     }
     let mut end = super::run::End::of(&summaries, &world.broker);
-    end.held_slots = super::run::held_slots(sc, &world, &policy);
+    end.held_slots = super::run::held_slots(sc, &world, &policy.borrow());
     let summary = summaries.into_iter().flatten().last();
     let end_ms = world.now_ms();
     let log = world.journal.with(std::mem::take);

@@ -159,6 +159,9 @@ pub struct Log {
     /// Each stall of a process past the session timeout (a fleet's,
     /// `Scenario::stalls`), for invariant 20.
     pub stalls: Vec<Stalled>,
+    /// Each live edit of `[limits]` a process applied: the edit's index in
+    /// `Scenario::edits`, and when (virtual ms).
+    pub edits_applied: Vec<(usize, u64)>,
     /// A digest of the run's events, to check that a seed replays exactly.
     pub trace: Vec<String>,
     seq: u64,
@@ -323,6 +326,20 @@ pub struct Reach {
     /// A record fetched by a replica the group had already expelled (a
     /// stall past its session timeout), before it found its session lost.
     pub delivered_to_expelled: u64,
+    /// A call of a seller with a shadow rule (its own, its tier's or a
+    /// global one) in force.
+    pub shadow_rule_calls: u64,
+    /// A seller whose calls a shadow rule of its would have refused, had
+    /// it been enforced (judged per seller and era): the rule mattered.
+    pub shadow_would_refuse: u64,
+    /// A call of a seller under a tier (`limits.sellers.X.tier`).
+    pub tier_calls: u64,
+    /// A live edit of `[limits]` applied while a limiter call was under
+    /// way (it finishes with the old policy).
+    pub edits_under_way: u64,
+    /// A call of a seller whose rules an edit changed, granted after the
+    /// edit and judged against the new rules.
+    pub calls_after_edit: u64,
 }
 
 impl Log {
@@ -380,10 +397,15 @@ impl Reach {
         self.stalled_holding += o.stalled_holding;
         self.redelivered_after_lost_commit += o.redelivered_after_lost_commit;
         self.delivered_to_expelled += o.delivered_to_expelled;
+        self.shadow_rule_calls += o.shadow_rule_calls;
+        self.shadow_would_refuse += o.shadow_would_refuse;
+        self.tier_calls += o.tier_calls;
+        self.edits_under_way += o.edits_under_way;
+        self.calls_after_edit += o.calls_after_edit;
     }
 
     /// Each count by name.
-    pub fn named(&self) -> [(&'static str, u64); 38] {
+    pub fn named(&self) -> [(&'static str, u64); 43] {
         [
             ("a limiter refusal", self.denials),
             ("a loss of Redis' data found", self.losses_found),
@@ -476,6 +498,20 @@ impl Reach {
             (
                 "a record fetched by a replica the group expelled",
                 self.delivered_to_expelled,
+            ),
+            ("a call under a shadow rule", self.shadow_rule_calls),
+            (
+                "a shadow rule that would have refused",
+                self.shadow_would_refuse,
+            ),
+            ("a call under a tier", self.tier_calls),
+            (
+                "a limits edit while a limiter call was under way",
+                self.edits_under_way,
+            ),
+            (
+                "a call granted after an edit, judged by the new rules",
+                self.calls_after_edit,
             ),
         ]
     }

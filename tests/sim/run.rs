@@ -212,6 +212,8 @@ pub struct Incarnation {
     pub stall: Arc<Stall>,
     /// Its number (`start`'s `generation`), as its calls name it.
     pub process: u64,
+    /// Its limiter, to hand it edited limits (`reload`).
+    pub limiter: Arc<Limiter<SimStore>>,
     world: Arc<World>,
 }
 
@@ -222,6 +224,21 @@ impl Incarnation {
         self.world.journal.with(|log| log.ends.push(at));
         self.dead.store(true, Ordering::SeqCst);
         self.engine.abort();
+    }
+
+    /// A live edit of `[limits]`: the process's limiter is handed the new
+    /// policy as `worker::reload` hands it (`Limiter::set_policy`), the
+    /// product's own swap; its limiter calls under way finish with the
+    /// old one. Journalled: edit `k` (`Scenario::edits`) applied now.
+    pub fn reload(&self, k: usize, policy: &Policy) {
+        if self.dead.load(Ordering::SeqCst) {
+            return;
+        }
+        self.limiter.set_policy(policy.clone());
+        let at = self.world.now_ms();
+        self.world
+            .journal
+            .with(|log| log.edits_applied.push((k, at)));
     }
 
     /// A graceful stop: the engine drains and commits; its summary.
@@ -361,7 +378,7 @@ pub fn start(
     let deps: Deps<SimPorts> = Deps {
         permits: Arc::new(SimPermits {
             inner: Coalescer::start(
-                limiter,
+                limiter.clone(),
                 CoalesceSettings {
                     max: settings.redis.max_coalesced,
                     window: settings.redis.coalesce_window,
@@ -411,6 +428,7 @@ pub fn start(
     Incarnation {
         stall,
         process: generation,
+        limiter,
         world: world.clone(),
         dead,
         source,
@@ -459,6 +477,20 @@ enum Step {
     Jump(i64),
     /// The broker loses the group's commits of the last that many ms.
     LoseCommits(u64),
+    /// `Scenario::edits[k]`: the config file edited.
+    Edit(usize),
+}
+
+/// Each era's policy: the scenario's limits from the start, then after
+/// each edit (`Scenario::eras`).
+pub fn policies(sc: &Scenario) -> Vec<Policy> {
+    sc.eras()
+        .iter()
+        .map(|era| {
+            Policy::from_config(&era.settings().limits)
+                .expect("the scenario's limits are valid in every era")
+        })
+        .collect()
 }
 
 /// The broker loses the group's commits of the last `age_ms`
@@ -610,8 +642,14 @@ async fn run_async(sc: &Scenario) -> Outcome {
         world.broker.clone(),
     );
     let settings = sc.settings();
-    let policy = Policy::from_config(&settings.limits).expect("the scenario's limits are valid");
+    let policies = policies(sc);
+    // The policy in force: a process started after an edit reads the
+    // edited file.
+    let mut policy = policies[0].clone();
     let mut steps: Vec<(u64, Step)> = Vec::new();
+    for (k, e) in sc.edits.iter().enumerate() {
+        steps.push((e.at_ms, Step::Edit(k)));
+    }
     for (i, j) in sc.jobs.iter().enumerate() {
         steps.push((j.at_ms, Step::Produce(i)));
     }
@@ -737,6 +775,12 @@ async fn run_async(sc: &Scenario) -> Outcome {
             }
             Step::Jump(by) => clock.jump(by),
             Step::LoseCommits(age) => lose_commits(&world, age),
+            Step::Edit(k) => {
+                policy = policies[k + 1].clone();
+                if let Some(inc) = &current {
+                    inc.reload(k, &policy);
+                }
+            }
         }
     }
     drain_before_stop(sc, &broker).await;

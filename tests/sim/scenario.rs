@@ -58,6 +58,12 @@ const REPLICA_SALT: u64 = 0x2e91_1ca0_0000_0000;
 const STALL_SALT: u64 = 0x57a1_1ed0_0000_0000;
 /// The broker losing the group's last commits, issue 53 item 4.
 const LOST_COMMIT_SALT: u64 = 0x1057_c0aa_1700_0000;
+/// Shadow rules (`shadow = true`), issue 53 item 4.
+const SHADOW_SALT: u64 = 0x05ad_0e12_0000_0000;
+/// Tiers (`limits.tiers`, a seller's `tier`), issue 53 item 4.
+const TIER_SALT: u64 = 0x71e2_5000_0000_0000;
+/// Live edits of `[limits]` racing calls, issue 53 item 4.
+const EDIT_SALT: u64 = 0xed17_5000_0000_0000;
 
 /// Whether fleets draw stalled replicas (on unless `SIM_STALLS=0`): a
 /// replica frozen past its session timeout while it holds partitions
@@ -169,8 +175,95 @@ pub struct Scenario {
     /// their units, so the limit checker could not judge those at it.
     pub more_rules: BTreeMap<usize, Vec<RuleConfig>>,
     /// `limits.global`: rules over every limited seller's calls together.
-    /// Drawn only in worlds without a pacer, for the same reason.
+    /// Drawn only in worlds without a pacer, for the same reason (a shadow
+    /// global rule may be drawn beside a pacer: it never binds).
     pub global: Vec<RuleConfig>,
+    /// `limits.tiers`: named rule sets (never a pacer), some with a shadow
+    /// rule.
+    pub tiers: BTreeMap<String, Vec<RuleConfig>>,
+    /// A limited seller (index) under a tier (`limits.sellers.X.tier`): its
+    /// tier's rules hold it, not its `SellerSpec::rule` and `more_rules`
+    /// (kept for an edit that moves it out of its tier).
+    pub tier_of: BTreeMap<usize, String>,
+    /// Live edits of `[limits]` (the config file rewritten while calls are
+    /// under way), in order: each replica's limiter is handed the new
+    /// policy as `worker::reload` hands it (`Limiter::set_policy`), and a
+    /// process started later starts with it.
+    pub edits: Vec<Edit>,
+}
+
+/// The parts of `[limits]` an edit may change: the sellers' own rules,
+/// the tiers and who is in which. Global rules, caps and shares stay.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LimitSet {
+    /// Each seller's `SellerSpec::rule`.
+    pub rules: Vec<Option<RuleConfig>>,
+    pub more_rules: BTreeMap<usize, Vec<RuleConfig>>,
+    pub tiers: BTreeMap<String, Vec<RuleConfig>>,
+    pub tier_of: BTreeMap<usize, String>,
+}
+
+/// One live edit of `[limits]`.
+#[derive(Debug, Clone)]
+pub struct Edit {
+    /// When the file changes (virtual ms). In a fleet each replica reloads
+    /// up to `EDIT_SPREAD_MS` later (`fleet::run_fleet`), as replicas
+    /// watching one ConfigMap each see it.
+    pub at_ms: u64,
+    /// What it changes, in words (for a failing seed's report).
+    pub what: String,
+    /// The limits after it, whole.
+    pub limits: LimitSet,
+}
+
+/// In a fleet, how much later than the edit the last replica reloads.
+pub const EDIT_SPREAD_MS: u64 = 300;
+
+/// A rule of any algorithm but the pacer's, of a limit in `limits`.
+fn any_rule(g: &mut StdRng, limits: std::ops::RangeInclusive<u64>) -> RuleConfig {
+    let periods = [250u64, 1000, 2000, 5000];
+    let period = Duration::from_millis(periods[g.random_range(0..periods.len())]);
+    let limit = g.random_range(limits);
+    match g.random_range(0..6) {
+        0 => rule("fixed_window", limit, period, None),
+        1 => rule("sliding_window_log", limit, period, None),
+        2 => rule("sliding_window_counter", limit, period, None),
+        3 => rule("burst_fill", limit, period, None),
+        4 => rule(
+            "token_bucket",
+            limit,
+            period,
+            Some(limit + g.random_range(0..=limit)),
+        ),
+        _ => rule("gcra", limit, period, Some(g.random_range(1..=limit))),
+    }
+}
+
+/// A pacer (`leaky_bucket`): its grants are go-at instants, which the
+/// limit checker judges only where nothing else holds the seller.
+fn paced(r: &RuleConfig) -> bool {
+    r.algorithm == "leaky_bucket"
+}
+
+/// One rule, shadow or not: a list may not hold it twice either way.
+fn same(a: &RuleConfig, b: &RuleConfig) -> bool {
+    (&a.algorithm, a.limit, a.period, a.burst) == (&b.algorithm, b.limit, b.period, b.burst)
+}
+
+/// `r` with a new limit drawn (lowered or raised, from 1 to twice it), its
+/// algorithm and period kept, and a burst drawn again as the first draw
+/// does.
+fn relimit(g: &mut StdRng, r: &mut RuleConfig) {
+    let mut limit = g.random_range(1..=2 * r.limit.max(1));
+    if limit == r.limit {
+        limit += 1;
+    }
+    r.limit = limit;
+    r.burst = match r.algorithm.as_str() {
+        "token_bucket" => Some(limit + g.random_range(0..=limit)),
+        "gcra" => Some(g.random_range(1..=limit)),
+        _ => None,
+    };
 }
 
 pub fn rule(algorithm: &str, limit: u64, period: Duration, burst: Option<u64>) -> RuleConfig {
@@ -225,6 +318,9 @@ impl Scenario {
             min_shares: BTreeMap::new(),
             more_rules: BTreeMap::new(),
             global: Vec::new(),
+            tiers: BTreeMap::new(),
+            tier_of: BTreeMap::new(),
+            edits: Vec::new(),
         }
     }
 
@@ -599,7 +695,213 @@ impl Scenario {
             }
             sc.faults.lost_commits.sort_unstable();
         }
+        sc.draw_shadows(seed);
+        sc.draw_tiers(seed);
+        sc.draw_edits(seed, horizon);
         sc
+    }
+
+    /// Shadow rules (`shadow = true`: decided and counted, never holding
+    /// a call), issue 53 item 4, from a generator of their own, on about
+    /// a quarter of the worlds: on half the limited sellers (not a
+    /// pacer's), one beside its own rules, its limit at most its drawn
+    /// rule's (so that it would refuse, and a job may cost more than it
+    /// holds); on a third of those worlds, a global one too.
+    fn draw_shadows(&mut self, seed: u64) {
+        let mut g = StdRng::seed_from_u64(seed ^ SHADOW_SALT);
+        if !g.random_bool(0.25) {
+            return;
+        }
+        for i in 0..self.sellers.len() {
+            let Some(own) = self.sellers[i].rule.clone().filter(|r| !paced(r)) else {
+                continue;
+            };
+            if !g.random_bool(0.5) {
+                continue;
+            }
+            let mut r = any_rule(&mut g, 1..=own.limit.max(1));
+            r.shadow = true;
+            let more = self.more_rules.get(&i).map_or(&[][..], |m| &m[..]);
+            if !same(&r, &own) && !more.iter().any(|m| same(m, &r)) {
+                self.more_rules.entry(i).or_default().push(r);
+            }
+        }
+        if g.random_bool(1.0 / 3.0) {
+            let mut r = any_rule(&mut g, 1..=30);
+            r.shadow = true;
+            if !self.global.iter().any(|m| same(m, &r)) {
+                self.global.push(r);
+            }
+        }
+        debug_assert!(self.valid(), "shadow rules drawn invalid: {self:?}");
+    }
+
+    /// Tiers (`limits.tiers`, a seller's `tier`), issue 53 item 4, from a
+    /// generator of their own, on about a quarter of the worlds: one or
+    /// two tiers of one or two rules (never a pacer), a shadow rule in
+    /// some, and each limited seller (not a pacer's) in one of them with
+    /// a chance of 0.6.
+    fn draw_tiers(&mut self, seed: u64) {
+        let mut g = StdRng::seed_from_u64(seed ^ TIER_SALT);
+        if !g.random_bool(0.25) {
+            return;
+        }
+        let n = g.random_range(1..=2);
+        for t in 0..n {
+            let mut list: Vec<RuleConfig> = Vec::new();
+            for k in 0..g.random_range(1..=3) {
+                let mut r = any_rule(&mut g, 1..=20);
+                r.shadow = k == 2;
+                if !list.iter().any(|m| same(m, &r)) {
+                    list.push(r);
+                }
+            }
+            self.tiers.insert(format!("tier-{t}"), list);
+        }
+        for (i, s) in self.sellers.iter().enumerate() {
+            if s.rule.as_ref().is_some_and(|r| !paced(r)) && g.random_bool(0.6) {
+                self.tier_of
+                    .insert(i, format!("tier-{}", g.random_range(0..n)));
+            }
+        }
+        debug_assert!(self.valid(), "tiers drawn invalid: {self:?}");
+    }
+
+    /// Live edits of `[limits]` while calls are under way, issue 53 item
+    /// 4, from a generator of their own, on about 30 % of the worlds: one
+    /// to three, at instants while jobs arrive, each of one limited seller
+    /// (not a pacer's): its rule's limit lowered or raised (its tier's
+    /// rule, when it is in one: every seller of the tier), the seller
+    /// moved to another tier or out of its tier, or a rule of its made
+    /// shadow or enforced (a shadow rule added when it has none).
+    fn draw_edits(&mut self, seed: u64, horizon: u64) {
+        let mut g = StdRng::seed_from_u64(seed ^ EDIT_SALT);
+        if !g.random_bool(0.3) {
+            return;
+        }
+        let editable: Vec<usize> = (0..self.sellers.len())
+            .filter(|&i| self.sellers[i].rule.as_ref().is_some_and(|r| !paced(r)))
+            .collect();
+        if editable.is_empty() {
+            return;
+        }
+        let mut times: Vec<u64> = (0..g.random_range(1..=3))
+            .map(|_| g.random_range(0..horizon.max(1)))
+            .collect();
+        times.sort_unstable();
+        let mut set = self.limit_set();
+        for at_ms in times {
+            let i = editable[g.random_range(0..editable.len())];
+            let name = self.sellers[i].name.clone();
+            let mut next = set.clone();
+            let tier = next.tier_of.get(&i).cloned();
+            let kind = match g.random_range(0..4) {
+                2 if !next.tiers.is_empty() => 2,
+                3 => 3,
+                _ => 0,
+            };
+            let what = match (kind, tier) {
+                (0, Some(t)) => {
+                    let list = next.tiers.get_mut(&t).expect("its tier");
+                    let k = list.iter().position(|r| !r.shadow).unwrap_or(0);
+                    relimit(&mut g, &mut list[k]);
+                    format!("{t}'s rule {k} (so {name}'s) to {:?}", list[k])
+                }
+                (0, None) => {
+                    let r = next.rules[i].as_mut().expect("a limited seller");
+                    relimit(&mut g, r);
+                    format!("{name}'s rule to {r:?}")
+                }
+                (2, now) => {
+                    let others: Vec<Option<String>> = next
+                        .tiers
+                        .keys()
+                        .cloned()
+                        .map(Some)
+                        .chain(std::iter::once(None))
+                        .filter(|t| *t != now)
+                        .collect();
+                    let to = others[g.random_range(0..others.len())].clone();
+                    match &to {
+                        Some(t) => next.tier_of.insert(i, t.clone()),
+                        None => next.tier_of.remove(&i),
+                    };
+                    format!("{name} moved from {now:?} to tier {to:?}")
+                }
+                (_, Some(t)) => {
+                    let list = next.tiers.get_mut(&t).expect("its tier");
+                    let k = g.random_range(0..list.len());
+                    list[k].shadow = !list[k].shadow;
+                    if list.iter().all(|r| r.shadow) {
+                        list[k].shadow = false;
+                    }
+                    format!("{t}'s rule {k} (so {name}'s) to {:?}", list[k])
+                }
+                (_, None) => {
+                    let own = next.rules[i].clone().expect("a limited seller");
+                    let more = next.more_rules.entry(i).or_default();
+                    if more.is_empty() {
+                        let mut r = any_rule(&mut g, 1..=own.limit.max(1));
+                        r.shadow = true;
+                        if !same(&r, &own) {
+                            more.push(r);
+                        }
+                    } else {
+                        let k = g.random_range(0..more.len());
+                        more[k].shadow = !more[k].shadow;
+                    }
+                    let more = more.clone();
+                    if more.is_empty() {
+                        next.more_rules.remove(&i);
+                    }
+                    format!("{name}'s rules beside its own to {more:?}")
+                }
+            };
+            if next != set && self.with_limits(&next).valid() {
+                self.edits.push(Edit {
+                    at_ms,
+                    what,
+                    limits: next.clone(),
+                });
+                set = next;
+            }
+        }
+    }
+
+    /// The parts of the limits an edit may change, as they are now.
+    pub fn limit_set(&self) -> LimitSet {
+        LimitSet {
+            rules: self.sellers.iter().map(|s| s.rule.clone()).collect(),
+            more_rules: self.more_rules.clone(),
+            tiers: self.tiers.clone(),
+            tier_of: self.tier_of.clone(),
+        }
+    }
+
+    /// This world with `limits` in place of its own.
+    pub fn with_limits(&self, limits: &LimitSet) -> Scenario {
+        let mut sc = self.clone();
+        for (s, r) in sc.sellers.iter_mut().zip(&limits.rules) {
+            s.rule = r.clone();
+        }
+        sc.more_rules = limits.more_rules.clone();
+        sc.tiers = limits.tiers.clone();
+        sc.tier_of = limits.tier_of.clone();
+        sc.edits = Vec::new();
+        sc
+    }
+
+    /// The world's limits from the start (0) and after each edit (1..):
+    /// the world as each edit leaves it.
+    pub fn eras(&self) -> Vec<Scenario> {
+        std::iter::once(self.clone())
+            .chain(self.edits.iter().map(|e| self.with_limits(&e.limits)))
+            .collect()
+    }
+
+    /// Whether the product takes these limits.
+    pub fn valid(&self) -> bool {
+        throttle_worker::limiter::Policy::from_config(&self.limits()).is_ok()
     }
 
     /// A fleet's replica that loses Redis while the others keep it (issue
@@ -640,25 +942,7 @@ impl Scenario {
     /// global rules over every limited seller.
     fn draw_rule_sets(&mut self, seed: u64) {
         let mut g = StdRng::seed_from_u64(seed ^ RULES_SALT);
-        let periods = [250u64, 1000, 2000, 5000];
-        let draw = |g: &mut StdRng, limits: std::ops::RangeInclusive<u64>| {
-            let period = Duration::from_millis(periods[g.random_range(0..periods.len())]);
-            let limit = g.random_range(limits);
-            match g.random_range(0..6) {
-                0 => rule("fixed_window", limit, period, None),
-                1 => rule("sliding_window_log", limit, period, None),
-                2 => rule("sliding_window_counter", limit, period, None),
-                3 => rule("burst_fill", limit, period, None),
-                4 => rule(
-                    "token_bucket",
-                    limit,
-                    period,
-                    Some(limit + g.random_range(0..=limit)),
-                ),
-                _ => rule("gcra", limit, period, Some(g.random_range(1..=limit))),
-            }
-        };
-        let paced = |r: &RuleConfig| r.algorithm == "leaky_bucket";
+        let draw = any_rule;
         for (i, s) in self.sellers.iter_mut().enumerate() {
             let Some(own) = s.rule.as_mut().filter(|r| !paced(r)) else {
                 continue;
@@ -699,7 +983,12 @@ impl Scenario {
     }
 
     /// A limited seller's own rules: its drawn one and those held with it.
+    /// Under a tier, the tier's. Shadow rules included (see
+    /// [`RuleConfig::shadow`]): the limit checker leaves them out.
     pub fn rules_of(&self, seller: usize) -> Vec<RuleConfig> {
+        if let Some(t) = self.tier_of.get(&seller) {
+            return self.tiers.get(t).cloned().unwrap_or_default();
+        }
         let s = &self.sellers[seller];
         s.rule
             .iter()
@@ -733,6 +1022,11 @@ impl Scenario {
         let mut sellers = BTreeMap::new();
         for (i, s) in self.sellers.iter().enumerate() {
             let mut cfg = match &s.rule {
+                Some(_) if self.tier_of.contains_key(&i) => SellerConfig {
+                    tier: self.tier_of.get(&i).cloned(),
+                    max_in_flight: s.max_in_flight,
+                    ..SellerConfig::default()
+                },
                 Some(_) => SellerConfig {
                     rules: Some(self.rules_of(i)),
                     max_in_flight: s.max_in_flight,
@@ -752,7 +1046,7 @@ impl Scenario {
             file: None,
             default: vec![rule("fixed_window", 10, Duration::from_secs(1), None)],
             global: self.global.clone(),
-            tiers: BTreeMap::new(),
+            tiers: self.tiers.clone(),
             sellers,
             learn: self.learn.clone().unwrap_or_default(),
             ..LimitsConfig::default()
